@@ -1,0 +1,311 @@
+"""Checkpointing: a thin wrapper over `orbax.checkpoint.CheckpointManager`.
+
+One checkpoint step is a directory `<directory>/<step>/` holding three composite items:
+
+* ``state``  — the arrays (`StandardSave` / `StandardRestore`),
+* ``meta``   — the caller's JSON dict: data position, config, phase name, ... (`JsonSave`),
+* ``layout`` — our own JSON description of the state's leaves (path, shape, dtype, kind), used
+  to check the restore template before any array is read and to rebuild typed PRNG keys.
+
+Arbitrary pytrees are stored in a canonical form so that orbax only ever sees a nested dict of
+string keys whose leaves are arrays:
+
+* The state is flattened with `jax.tree_util.tree_flatten_with_path`; each leaf path is turned
+  into a tuple of strings (``DictKey(0) -> "0"``, ``GetAttrKey("value") -> "value"``, ...) and the
+  leaves are stored in a nested dict along those strings. This covers `flax.nnx.State` with
+  integer keys (from `nnx.List` layer lists), optax named tuples, `flax.struct` dataclasses, etc.
+  On restore the arrays are put back into the *template's* tree structure
+  (`tree_unflatten(treedef_of(abstract_state), leaves)`), so the result has exactly the type and
+  structure of ``abstract_state``.
+* Typed PRNG keys (`jax.random.key`, dtype ``key<impl>``) are stored as their raw ``uint32`` data
+  (`jax.random.key_data`) and the implementation name (e.g. ``"threefry2x32"``) is recorded in
+  ``layout``; on restore they are rebuilt with `jax.random.wrap_key_data(data, impl=...)`.
+  Raw (legacy ``uint32``) keys are ordinary arrays.
+* Python scalars and numpy values are stored as numpy arrays and come back as the template's
+  type (``int``, ``float``, ``bool``, numpy array/scalar).
+
+Restores use the template's shardings when present (concrete `jax.Array` leaves, or
+`jax.ShapeDtypeStruct` with ``.sharding``), so a checkpoint can be restored onto another mesh;
+leaves without a sharding go to the default device. Dtypes follow the template (orbax casts).
+
+Failure behaviour: the state and meta are validated (and the state converted) *before* orbax is
+called, so an unserialisable leaf or meta raises `TypeError` synchronously and nothing is
+written or deleted. Orbax only prunes old steps (``keep`` = ``max_to_keep``) after a new step
+has been committed, so a failed save never deletes older checkpoints. With ``async_save`` the
+arrays are copied to host before `save` returns (the caller may donate/overwrite its buffers);
+errors raised by the background write surface in `wait`, `close` or the next `save`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+_LAYOUT_FORMAT = "dllm_rl.checkpoint/1"
+
+_log = logging.getLogger(__name__)
+
+
+def _part(entry: Any) -> str:
+  """One path entry of `tree_flatten_with_path` as a string dict key for orbax."""
+  if isinstance(entry, jax.tree_util.DictKey):
+    return str(entry.key)
+  if isinstance(entry, jax.tree_util.SequenceKey):
+    return str(entry.idx)
+  if isinstance(entry, jax.tree_util.GetAttrKey):
+    return entry.name
+  if isinstance(entry, jax.tree_util.FlattenedIndexKey):
+    return str(entry.key)
+  return str(entry)
+
+
+def _is_key(leaf: Any) -> bool:
+  dtype = getattr(leaf, "dtype", None)
+  return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _leaf_kind(leaf: Any) -> str | None:
+  """'key', 'array', 'numpy' or 'scalar'; None for a leaf we cannot store."""
+  if isinstance(leaf, (np.ndarray, np.generic)):
+    return "numpy"
+  if isinstance(leaf, (bool, int, float)):
+    return "scalar"
+  if isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)):
+    return "key" if _is_key(leaf) else "array"
+  return None
+
+
+def _describe(state: Any, what: str) -> tuple[list[dict[str, Any]], list[Any], Any]:
+  """Flattens ``state``; returns (layout entries, leaves, treedef). Raises on bad leaves."""
+  flat, treedef = jax.tree_util.tree_flatten_with_path(state)
+  entries, leaves, seen = [], [], {}
+  for path, leaf in flat:
+    name = jax.tree_util.keystr(path)
+    kind = _leaf_kind(leaf)
+    if kind is None:
+      raise TypeError(
+          f"{what}: leaf at {name} has type {type(leaf).__name__}; only jax arrays, "
+          "jax.ShapeDtypeStruct, numpy arrays and Python scalars can be checkpointed.")
+    parts = [_part(p) for p in path]
+    dotted = ".".join(parts)
+    if dotted in seen:
+      raise ValueError(f"{what}: leaf paths {seen[dotted]} and {name} map to the same "
+                       f"checkpoint name {dotted!r}")
+    seen[dotted] = name
+    entry: dict[str, Any] = {"name": name, "parts": parts, "kind": kind}
+    if kind == "scalar":
+      entry.update(shape=[], dtype=np.asarray(leaf).dtype.name)
+    else:
+      entry.update(shape=list(leaf.shape), dtype=str(leaf.dtype))
+    if kind == "key" and isinstance(leaf, jax.Array):
+      entry["key_impl"] = str(jax.random.key_impl(leaf))
+    entries.append(entry)
+    leaves.append(leaf)
+  if not entries:
+    raise ValueError(f"{what}: the state has no array leaves")
+  return entries, leaves, treedef
+
+
+def _nest(entries: list[dict[str, Any]], values: list[Any]) -> dict[str, Any]:
+  """Nested dict of string keys along each entry's ``parts``."""
+  tree: dict[str, Any] = {}
+  for entry, value in zip(entries, values):
+    node = tree
+    for p in entry["parts"][:-1]:
+      node = node.setdefault(p, {})
+    node[entry["parts"][-1]] = value
+  return tree
+
+
+def _lookup(tree: Mapping[str, Any], parts: list[str]) -> Any:
+  for p in parts:
+    tree = tree[p]
+  return tree
+
+
+def _to_storable(leaf: Any, kind: str) -> Any:
+  if kind == "key":
+    return jax.random.key_data(leaf)
+  if kind in ("numpy", "scalar"):
+    return np.asarray(leaf)
+  return leaf
+
+
+def _key_data_sharding(leaf: Any) -> jax.sharding.Sharding | None:
+  """Sharding for the uint32 data of a typed-key template leaf (trailing dims replicated)."""
+  if isinstance(leaf, jax.Array):
+    return jax.random.key_data(leaf).sharding
+  sharding = getattr(leaf, "sharding", None)
+  if isinstance(sharding, (jax.sharding.NamedSharding, jax.sharding.SingleDeviceSharding)):
+    return sharding  # A NamedSharding spec shorter than the rank replicates trailing dims.
+  return None
+
+
+def _restore_target(leaf: Any, kind: str, saved: dict[str, Any]) -> Any:
+  """The orbax restore template for one leaf of ``abstract_state``."""
+  if kind in ("numpy", "scalar"):
+    return np.zeros(saved["shape"], dtype=jax.numpy.dtype(saved["dtype"]))
+  default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  if kind == "key":
+    data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(leaf.shape, leaf.dtype))
+    return jax.ShapeDtypeStruct(data.shape, data.dtype,
+                                sharding=_key_data_sharding(leaf) or default)
+  return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
+                              sharding=getattr(leaf, "sharding", None) or default)
+
+
+def _from_stored(value: Any, template: Any, kind: str, saved: dict[str, Any]) -> Any:
+  if kind == "key":
+    return jax.random.wrap_key_data(value, impl=saved["key_impl"])
+  if kind == "scalar":
+    return type(template)(np.asarray(value).item())
+  if kind == "numpy":
+    value = np.asarray(value, dtype=template.dtype)
+    return value[()] if isinstance(template, np.generic) else value
+  return value
+
+
+def _check_layout(saved: list[dict[str, Any]], wanted: list[dict[str, Any]], where: str) -> None:
+  """Raises ValueError naming the first path where the template differs from the checkpoint."""
+  for i in range(max(len(saved), len(wanted))):
+    s = saved[i] if i < len(saved) else None
+    w = wanted[i] if i < len(wanted) else None
+    if s is None or w is None or s["name"] != w["name"]:
+      raise ValueError(
+          f"State structure mismatch with checkpoint {where} at leaf #{i}: template has "
+          f"{w['name'] if w else '<nothing>'}, checkpoint has {s['name'] if s else '<nothing>'}")
+    if (s["kind"] == "key") != (w["kind"] == "key"):
+      raise ValueError(f"State structure mismatch with checkpoint {where} at {w['name']}: "
+                       f"template dtype {w['dtype']}, checkpoint dtype {s['dtype']}")
+    if s["kind"] == "key" and s["dtype"] != w["dtype"]:
+      raise ValueError(f"PRNG key implementation mismatch with checkpoint {where} at "
+                       f"{w['name']}: template {w['dtype']}, checkpoint {s['dtype']}")
+    if list(s["shape"]) != list(w["shape"]):
+      raise ValueError(f"Shape mismatch with checkpoint {where} at {w['name']}: template "
+                       f"{tuple(w['shape'])}, checkpoint {tuple(s['shape'])}")
+
+
+class Checkpointer:
+  """Saves/restores (state pytree, JSON meta) every ``save_every`` steps, keeping ``keep``.
+
+  Usage::
+
+    with Checkpointer(workdir + "/ckpt", save_every=100, keep=3) as ckpt:
+      if ckpt.latest_step() is not None:
+        state, meta = ckpt.restore(state)        # template = freshly initialised state
+      for step in range(start, num_steps + 1):
+        ...
+        ckpt.save(step, state, {"data_pos": pos}) # no-op unless step % save_every == 0
+  """
+
+  def __init__(self, directory: str, *, save_every: int, keep: int, async_save: bool = True):
+    if save_every < 1 or keep < 1:
+      raise ValueError(f"save_every and keep must be >= 1, got {save_every=} {keep=}")
+    self.directory = os.path.abspath(os.fspath(directory))
+    self.save_every = save_every
+    self.keep = keep
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep,
+        enable_async_checkpointing=async_save,
+        cleanup_tmp_directories=True,  # Drop uncommitted tmp dirs of a crashed save.
+    )
+    self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+  def all_steps(self) -> list[int]:
+    """Committed checkpoint steps, ascending."""
+    return sorted(self._manager.all_steps())
+
+  def latest_step(self) -> int | None:
+    """The newest committed step, or None when the directory holds no checkpoint."""
+    return self._manager.latest_step()
+
+  def should_save(self, step: int) -> bool:
+    """True when ``step`` is a multiple of ``save_every``."""
+    return step % self.save_every == 0
+
+  def save(self, step: int, state: Any, meta: Mapping[str, Any], *, force: bool = False) -> bool:
+    """Saves ``state`` and ``meta`` as ``step`` if `should_save(step)` or ``force``.
+
+    Returns whether a save was started. A step that already exists is never overwritten
+    (returns False). Raises TypeError/ValueError, before writing anything, for a leaf that is
+    not an array/scalar or a ``meta`` that is not JSON-serialisable.
+    """
+    if not (force or self.should_save(step)):
+      return False
+    if step in self._manager.all_steps():
+      _log.warning("Checkpoint step %d already exists in %s; not overwriting.", step,
+                   self.directory)
+      return False
+    entries, leaves, _ = _describe(state, f"save(step={step})")
+    try:
+      meta = json.loads(json.dumps(dict(meta)))
+    except (TypeError, ValueError) as e:
+      raise TypeError(f"save(step={step}): meta is not JSON-serialisable: {e}") from e
+    arrays = _nest(entries, [_to_storable(x, e["kind"]) for x, e in zip(leaves, entries)])
+    layout = {"format": _LAYOUT_FORMAT, "leaves": entries}
+    return self._manager.save(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardSave(arrays),
+            meta=ocp.args.JsonSave(meta),
+            layout=ocp.args.JsonSave(layout),
+        ),
+        force=True,  # Our own should_save policy was applied above.
+    )
+
+  def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """Restores ``step`` (None = latest) into the structure of ``abstract_state``.
+
+    ``abstract_state`` has the saved structure; its leaves may be concrete arrays or
+    `jax.ShapeDtypeStruct` (with ``.sharding`` to place the restored arrays). Returns
+    ``(state, meta)`` with ``state`` of the same pytree type as ``abstract_state``.
+    Raises FileNotFoundError when the step is absent, ValueError on a structure mismatch.
+    """
+    self.wait()
+    self._manager.reload()
+    steps = self.all_steps()
+    if not steps:
+      raise FileNotFoundError(f"No checkpoints in {self.directory} (available steps: [])")
+    if step is None:
+      step = steps[-1]
+    if step not in steps:
+      raise FileNotFoundError(
+          f"No checkpoint for step {step} in {self.directory}; available steps: {steps}")
+    where = f"{self.directory}/{step}"
+    saved = self._manager.restore(step, args=ocp.args.Composite(layout=ocp.args.JsonRestore()))
+    saved_entries = saved["layout"]["leaves"]
+    entries, leaves, treedef = _describe(abstract_state, "restore template")
+    _check_layout(saved_entries, entries, where)
+    targets = [_restore_target(x, e["kind"], s)
+               for x, e, s in zip(leaves, entries, saved_entries)]
+    out = self._manager.restore(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(_nest(entries, targets)),
+            meta=ocp.args.JsonRestore(),
+        ),
+    )
+    values = [_from_stored(_lookup(out["state"], e["parts"]), x, e["kind"], s)
+              for x, e, s in zip(leaves, entries, saved_entries)]
+    return jax.tree_util.tree_unflatten(treedef, values), dict(out["meta"])
+
+  def wait(self) -> None:
+    """Blocks until pending async saves are committed (re-raises their errors)."""
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    """Waits for pending saves and releases orbax resources."""
+    self._manager.close()
+
+  def __enter__(self) -> Checkpointer:
+    return self
+
+  def __exit__(self, *exc: object) -> None:
+    self.close()

@@ -1,0 +1,205 @@
+"""The configuration schema (one ConfigDict with every key) and its validation.
+
+Experiment files in ``configs/`` start from :func:`base_config` and change
+values; the returned dict is locked, so a typo in a key fails where it is
+written. :func:`validate` runs before anything compiles: unknown keys, wrong
+types and impossible combinations fail with a :class:`ConfigError` naming the
+key.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+import ml_collections
+
+DTYPES = ("float32", "bfloat16")
+SCHEDULES = ("constant", "cosine", "linear")
+
+
+class ConfigError(ValueError):
+  """A config problem; the message starts with the offending key."""
+
+  def __init__(self, key: str, message: str):
+    self.key = key
+    super().__init__(f"config.{key}: {message}")
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Every key the framework reads, with documented defaults."""
+  c = ml_collections.ConfigDict()
+  c.mode = "sft"  # a name in dllm_rl.run.MODES
+  c.seed = 0
+
+  c.model = m = ml_collections.ConfigDict()
+  m.vocab_size = 0        # 0 = the task tokenizer's vocabulary size
+  m.d_model = 64
+  m.n_layers = 2
+  m.n_heads = 4
+  m.n_kv_heads = 0        # 0 = n_heads (no GQA)
+  m.head_dim = 0          # 0 = d_model // n_heads
+  m.mlp_hidden = 176
+  m.rope_theta = 500000.0
+  m.rms_norm_eps = 1e-5
+  m.tie_embeddings = False
+  m.qk_norm = False
+  m.init_std = 0.02
+  m.dtype = "float32"     # compute dtype: float32 | bfloat16
+  m.param_dtype = "float32"
+
+  c.task = t = ml_collections.ConfigDict()
+  t.name = "arithmetic"   # a name in dllm_rl.tasks.TASKS
+  t.options = ml_collections.ConfigDict()  # keyword arguments of that task
+  t.train_size = 20000    # distinct training examples generated
+  t.val_size = 256        # further train-split examples, never trained on (early stopping)
+  t.test_size = 256       # held-out test-split prompts (reported accuracy)
+
+  c.data = d = ml_collections.ConfigDict()
+  d.prompt_len = 16       # prompts are left-padded to this length
+  d.completion_len = 8    # completions (answer + EOS fill) have this length
+  d.batch_size = 64
+
+  c.sampler = s = ml_collections.ConfigDict()
+  s.steps = 8             # denoising steps over the whole completion
+  s.block_len = 8         # semi-autoregressive block length
+  s.temperature = 0.0     # 0 = greedy; > 0 = Gumbel-max sampling
+  s.remasking = "low_confidence"  # a name in dllm_rl.sampling.remasking.REMASKING
+  s.threshold = 0.0       # > 0: commit every token above this confidence (dynamic)
+  s.stop_at_eos = True    # fill after the first committed EOS, skip finished blocks
+
+  c.sft = f = ml_collections.ConfigDict()
+  f.steps = 1000
+  f.lr = 1e-3
+  f.schedule = "cosine"   # constant | cosine | linear (decay after warm-up)
+  f.warmup_steps = 50
+  f.weight_decay = 0.0
+  f.b1 = 0.9
+  f.b2 = 0.999
+  f.grad_clip = 1.0       # global-norm clipping; 0 = off
+  f.t_eps = 1e-3          # masking rate t ~ U(t_eps, 1]
+  f.log_every = 20
+  f.eval_every = 200      # validation greedy accuracy every N steps; 0 = only at the end
+  f.target_accuracy = 0.0  # > 0: stop SFT once validation accuracy reaches it
+
+  c.eval = e = ml_collections.ConfigDict()
+  e.batch_size = 128
+
+  c.checkpoint = k = ml_collections.ConfigDict()
+  k.save_every = 200
+  k.keep = 3
+  k.async_save = True
+
+  c.log = g = ml_collections.ConfigDict()
+  g.tensorboard = True
+  g.progress = True
+  return c
+
+
+def locked(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Lock every level except free-form option dicts (validated elsewhere)."""
+  config.lock()
+  config.task.options.unlock()
+  return config
+
+
+def _walk(schema, config, prefix, errors):
+  for key in config.keys():
+    path = f"{prefix}{key}"
+    if key not in schema:
+      close = difflib.get_close_matches(key, list(schema.keys()), n=1)
+      hint = f"; did you mean {prefix}{close[0]}?" if close else ""
+      errors.append(ConfigError(path, f"unknown key{hint}"))
+      continue
+    want, got = schema[key], config[key]
+    if isinstance(want, ml_collections.ConfigDict):
+      if not isinstance(got, ml_collections.ConfigDict):
+        errors.append(ConfigError(path, f"expected a section, got {type(got).__name__}"))
+      elif path != "task.options":
+        _walk(want, got, path + ".", errors)
+      continue
+    if isinstance(want, bool) != isinstance(got, bool):
+      errors.append(ConfigError(path, f"expected {type(want).__name__}, got {got!r}"))
+    elif isinstance(want, float) and isinstance(got, (int, float)):
+      continue
+    elif not isinstance(got, type(want)):
+      errors.append(ConfigError(path, f"expected {type(want).__name__}, got {got!r}"))
+
+
+def _check(cond: bool, key: str, message: str):
+  if not cond:
+    raise ConfigError(key, message)
+
+
+def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Raise ConfigError for the first problem found; return the config otherwise."""
+  errors: list[ConfigError] = []
+  _walk(base_config(), config, "", errors)
+  if errors:
+    raise errors[0]
+
+  # Registry names (imported here: validation must not depend on import order).
+  from dllm_rl import run
+  from dllm_rl import tasks
+  from dllm_rl.sampling import remasking
+
+  _check(config.mode in run.MODES, "mode", run.MODES.unknown_message(config.mode))
+  _check(config.task.name in tasks.TASKS, "task.name", tasks.TASKS.unknown_message(config.task.name))
+  try:
+    tasks.make_task(config.task.name, **config.task.options.to_dict())
+  except (TypeError, ValueError) as err:
+    raise ConfigError("task.options", str(err)) from err
+  _check(config.sampler.remasking in remasking.REMASKING, "sampler.remasking",
+         remasking.REMASKING.unknown_message(config.sampler.remasking))
+
+  m = config.model
+  for key in ("d_model", "n_layers", "n_heads", "mlp_hidden"):
+    _check(m[key] > 0, f"model.{key}", f"must be positive, got {m[key]}")
+  for key in ("vocab_size", "n_kv_heads", "head_dim"):
+    _check(m[key] >= 0, f"model.{key}", f"must be >= 0 (0 = derived), got {m[key]}")
+  n_kv = m.n_kv_heads or m.n_heads
+  _check(m.n_heads % n_kv == 0, "model.n_kv_heads",
+         f"n_heads={m.n_heads} must be a multiple of n_kv_heads={n_kv}")
+  head_dim = m.head_dim or m.d_model // m.n_heads
+  _check(m.head_dim or m.d_model % m.n_heads == 0, "model.head_dim",
+         f"0 (derived) needs d_model={m.d_model} divisible by n_heads={m.n_heads}")
+  _check(head_dim % 2 == 0, "model.head_dim", f"must be even for RoPE, got {head_dim}")
+  _check(m.dtype in DTYPES, "model.dtype", f"must be one of {DTYPES}, got {m.dtype!r}")
+  _check(m.param_dtype in DTYPES, "model.param_dtype", f"must be one of {DTYPES}, got {m.param_dtype!r}")
+
+  d = config.data
+  for key in ("prompt_len", "completion_len", "batch_size"):
+    _check(d[key] > 0, f"data.{key}", f"must be positive, got {d[key]}")
+  _check(config.task.train_size >= d.batch_size, "task.train_size",
+         f"{config.task.train_size} is smaller than data.batch_size={d.batch_size}")
+  _check(config.task.test_size > 0, "task.test_size", "must be positive")
+  _check(config.task.val_size > 0, "task.val_size", "must be positive")
+
+  s = config.sampler
+  _check(s.block_len > 0, "sampler.block_len", "must be positive")
+  _check(d.completion_len % s.block_len == 0, "sampler.block_len",
+         f"data.completion_len={d.completion_len} is not a multiple of sampler.block_len={s.block_len}")
+  num_blocks = d.completion_len // s.block_len
+  _check(s.steps > 0 and s.steps % num_blocks == 0, "sampler.steps",
+         f"{s.steps} must be a positive multiple of the number of blocks ({num_blocks})")
+  _check(s.steps // num_blocks <= s.block_len, "sampler.steps",
+         f"{s.steps // num_blocks} steps per block exceed sampler.block_len={s.block_len}"
+         " (some steps would commit nothing)")
+  _check(s.temperature >= 0, "sampler.temperature", "must be >= 0")
+  _check(0 <= s.threshold < 1, "sampler.threshold", "must be in [0, 1)")
+
+  f = config.sft
+  _check(f.steps >= 0, "sft.steps", "must be >= 0")
+  _check(f.lr > 0, "sft.lr", "must be positive")
+  _check(f.schedule in SCHEDULES, "sft.schedule", f"must be one of {SCHEDULES}, got {f.schedule!r}")
+  _check(0 <= f.warmup_steps <= max(f.steps, 0), "sft.warmup_steps", "must be in [0, sft.steps]")
+  _check(0 < f.t_eps < 1, "sft.t_eps", "must be in (0, 1)")
+  _check(f.log_every > 0, "sft.log_every", "must be positive")
+  _check(f.eval_every >= 0, "sft.eval_every", "must be >= 0")
+  _check(0 <= f.target_accuracy <= 1, "sft.target_accuracy", "must be in [0, 1]")
+  _check(f.grad_clip >= 0, "sft.grad_clip", "must be >= 0")
+
+  _check(config.eval.batch_size > 0, "eval.batch_size", "must be positive")
+  _check(config.checkpoint.save_every > 0, "checkpoint.save_every", "must be positive")
+  _check(config.checkpoint.keep > 0, "checkpoint.keep", "must be positive")
+  return config

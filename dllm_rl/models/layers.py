@@ -1,0 +1,119 @@
+"""Transformer building blocks (NNX): RMSNorm, RoPE, GQA attention, SwiGLU MLP.
+
+Every parameter carries ``logical_axes`` metadata (names from
+``dllm_rl.models.transformer.LOGICAL_AXES``) so a rules table can map them onto
+a device mesh later. Parameters are stored in ``param_dtype``; matmuls run in
+``dtype`` (float32 or bfloat16); norms, RoPE and softmax run in float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+_NEG_INF = -1e30
+
+
+def _param(rngs: nnx.Rngs, shape, axes, *, std: float, dtype) -> nnx.Param:
+  value = std * jax.random.normal(rngs.params(), shape, dtype)
+  return nnx.Param(value, logical_axes=tuple(axes))
+
+
+class RMSNorm(nnx.Module):
+  """RMSNorm computed in float32, cast back, then scaled (LLaDA / Llama)."""
+
+  def __init__(self, dim: int, *, eps: float, param_dtype=jnp.float32):
+    self.eps = eps
+    self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=("norm",))
+
+  def __call__(self, x):
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return y.astype(x.dtype) * self.scale[...].astype(x.dtype)
+
+
+def rope_tables(positions_BN: jax.Array, head_dim: int, theta: float):
+  """cos/sin tables [B, N, Q] for the half-split (NeoX / rotate_half) layout."""
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  freqs = positions_BN.astype(jnp.float32)[..., None] * inv_freq  # [B, N, Q/2]
+  emb = jnp.concatenate([freqs, freqs], axis=-1)
+  return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x_BNHQ: jax.Array, cos_BNQ: jax.Array, sin_BNQ: jax.Array) -> jax.Array:
+  """Rotary embedding in float32: x·cos + rotate_half(x)·sin."""
+  x = x_BNHQ.astype(jnp.float32)
+  half = x.shape[-1] // 2
+  rot = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  out = x * cos_BNQ[:, :, None, :] + rot * sin_BNQ[:, :, None, :]
+  return out.astype(x_BNHQ.dtype)
+
+
+def attention(q_BNHQ, k_BMKQ, v_BMKQ, mask_BNM) -> jax.Array:
+  """Masked softmax attention with grouped query heads.
+
+  Query head h reads key/value head h // (H / K) (``repeat_interleave``
+  convention). ``mask_BNM`` (True = may attend) broadcasts against [B, N, M];
+  ``None`` means full bidirectional attention. Scores and softmax in float32.
+  Query rows with no allowed key get a uniform (finite) distribution.
+  """
+  b, n, h, qd = q_BNHQ.shape
+  kh = k_BMKQ.shape[2]
+  q = q_BNHQ.reshape(b, n, kh, h // kh, qd)
+  scores = jnp.einsum("bnkgq,bmkq->bkgnm", q, k_BMKQ,
+                      preferred_element_type=jnp.float32) / math.sqrt(qd)
+  if mask_BNM is not None:
+    scores = jnp.where(mask_BNM[:, None, None, :, :], scores, _NEG_INF)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v_BMKQ.dtype)
+  out = jnp.einsum("bkgnm,bmkq->bnkgq", probs, v_BMKQ)
+  return out.reshape(b, n, h, qd)
+
+
+class Attention(nnx.Module):
+  """Multi-head attention with GQA, RoPE, optional qk-norm; no biases."""
+
+  def __init__(self, cfg, rngs: nnx.Rngs):
+    d, h, kh, qd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    pdt, std = cfg.param_dtype, cfg.init_std
+    self.cfg = cfg
+    self.q_proj = _param(rngs, (d, h, qd), ("embed", "heads", "head_dim"), std=std, dtype=pdt)
+    self.k_proj = _param(rngs, (d, kh, qd), ("embed", "kv_heads", "head_dim"), std=std, dtype=pdt)
+    self.v_proj = _param(rngs, (d, kh, qd), ("embed", "kv_heads", "head_dim"), std=std, dtype=pdt)
+    self.o_proj = _param(rngs, (h, qd, d), ("heads", "head_dim", "embed"),
+                         std=std / math.sqrt(2 * cfg.n_layers), dtype=pdt)
+    if cfg.qk_norm:
+      self.q_norm = RMSNorm(qd, eps=cfg.rms_norm_eps, param_dtype=pdt)
+      self.k_norm = RMSNorm(qd, eps=cfg.rms_norm_eps, param_dtype=pdt)
+
+  def __call__(self, x_BND, cos_BNQ, sin_BNQ, mask_BNM):
+    dt = self.cfg.dtype
+    q = jnp.einsum("bnd,dhq->bnhq", x_BND, self.q_proj[...].astype(dt))
+    k = jnp.einsum("bnd,dkq->bnkq", x_BND, self.k_proj[...].astype(dt))
+    v = jnp.einsum("bnd,dkq->bnkq", x_BND, self.v_proj[...].astype(dt))
+    if self.cfg.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    q = apply_rope(q, cos_BNQ, sin_BNQ)
+    k = apply_rope(k, cos_BNQ, sin_BNQ)
+    out = attention(q, k, v, mask_BNM)
+    return jnp.einsum("bnhq,hqd->bnd", out, self.o_proj[...].astype(dt))
+
+
+class SwiGLU(nnx.Module):
+  """down(silu(gate(x)) * up(x)); no biases."""
+
+  def __init__(self, cfg, rngs: nnx.Rngs):
+    d, f, pdt, std = cfg.d_model, cfg.mlp_hidden, cfg.param_dtype, cfg.init_std
+    self.dtype = cfg.dtype
+    self.gate_proj = _param(rngs, (d, f), ("embed", "mlp"), std=std, dtype=pdt)
+    self.up_proj = _param(rngs, (d, f), ("embed", "mlp"), std=std, dtype=pdt)
+    self.down_proj = _param(rngs, (f, d), ("mlp", "embed"),
+                            std=std / math.sqrt(2 * cfg.n_layers), dtype=pdt)
+
+  def __call__(self, x_BND):
+    dt = self.dtype
+    gate = x_BND @ self.gate_proj[...].astype(dt)
+    up = x_BND @ self.up_proj[...].astype(dt)
+    return (jax.nn.silu(gate) * up) @ self.down_proj[...].astype(dt)

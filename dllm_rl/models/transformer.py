@@ -1,0 +1,132 @@
+"""LLaDA-architecture transformer (NNX): tokens, positions, attention mask → logits.
+
+Pre-norm blocks ``h = x + attn(norm(x)); out = h + mlp(norm(h))``, RMSNorm,
+SwiGLU, half-split RoPE, optional GQA and qk-norm, no biases, optional tied
+embeddings. Attention is bidirectional unless a mask says otherwise, so
+block-causal variants reuse this module with a different mask. The model knows
+nothing about diffusion or RL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from dllm_rl.models import layers
+
+# Every logical axis name a parameter may carry (the sharding rules table maps these).
+LOGICAL_AXES = ("vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "norm")
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Static model hyper-parameters (hashable; built from ``config.model``)."""
+
+  vocab_size: int
+  d_model: int
+  n_layers: int
+  n_heads: int
+  n_kv_heads: int
+  head_dim: int
+  mlp_hidden: int
+  rope_theta: float = 500000.0
+  rms_norm_eps: float = 1e-5
+  tie_embeddings: bool = False
+  qk_norm: bool = False
+  init_std: float = 0.02
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @classmethod
+  def from_config(cls, model_cfg: Mapping[str, Any]) -> "ModelConfig":
+    """From the validated ``config.model`` (preset already applied)."""
+    head_dim = model_cfg["head_dim"] or model_cfg["d_model"] // model_cfg["n_heads"]
+    return cls(
+        vocab_size=model_cfg["vocab_size"], d_model=model_cfg["d_model"],
+        n_layers=model_cfg["n_layers"], n_heads=model_cfg["n_heads"],
+        n_kv_heads=model_cfg["n_kv_heads"] or model_cfg["n_heads"],
+        head_dim=head_dim, mlp_hidden=model_cfg["mlp_hidden"],
+        rope_theta=model_cfg["rope_theta"], rms_norm_eps=model_cfg["rms_norm_eps"],
+        tie_embeddings=model_cfg["tie_embeddings"], qk_norm=model_cfg["qk_norm"],
+        init_std=model_cfg["init_std"], dtype=_DTYPES[model_cfg["dtype"]],
+        param_dtype=_DTYPES[model_cfg["param_dtype"]])
+
+
+class Block(nnx.Module):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.attn_norm = layers.RMSNorm(cfg.d_model, eps=cfg.rms_norm_eps, param_dtype=cfg.param_dtype)
+    self.attn = layers.Attention(cfg, rngs)
+    self.mlp_norm = layers.RMSNorm(cfg.d_model, eps=cfg.rms_norm_eps, param_dtype=cfg.param_dtype)
+    self.mlp = layers.SwiGLU(cfg, rngs)
+
+  def __call__(self, x_BND, cos_BNQ, sin_BNQ, mask_BNM):
+    h = x_BND + self.attn(self.attn_norm(x_BND), cos_BNQ, sin_BNQ, mask_BNM)
+    return h + self.mlp(self.mlp_norm(h))
+
+
+class Transformer(nnx.Module):
+  """(tokens_BN, positions_BN, mask) → float32 logits_BNV."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    if cfg.n_heads % cfg.n_kv_heads:
+      raise ValueError(f"n_heads={cfg.n_heads} is not a multiple of n_kv_heads={cfg.n_kv_heads}")
+    if cfg.head_dim % 2:
+      raise ValueError(f"head_dim={cfg.head_dim} must be even for RoPE")
+    self.cfg = cfg
+    self.embed = nnx.Param(
+        cfg.init_std * jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model), cfg.param_dtype),
+        logical_axes=("vocab", "embed"))
+    self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
+    self.final_norm = layers.RMSNorm(cfg.d_model, eps=cfg.rms_norm_eps, param_dtype=cfg.param_dtype)
+    if not cfg.tie_embeddings:
+      self.lm_head = nnx.Param(
+          cfg.init_std * jax.random.normal(rngs.params(), (cfg.d_model, cfg.vocab_size), cfg.param_dtype),
+          logical_axes=("embed", "vocab"))
+
+  def __call__(self, tokens_BN: jax.Array, positions_BN: jax.Array,
+               mask_BNM: jax.Array | None = None) -> jax.Array:
+    """``mask_BNM``: bool, True = query n may attend key m; broadcastable to
+    [B, N, N] (e.g. [B, 1, N] key padding); None = full bidirectional."""
+    cfg = self.cfg
+    x = jnp.take(self.embed[...], tokens_BN, axis=0).astype(cfg.dtype)
+    cos, sin = layers.rope_tables(positions_BN, cfg.head_dim, cfg.rope_theta)
+    if mask_BNM is not None:
+      mask_BNM = jnp.broadcast_to(mask_BNM, (tokens_BN.shape[0], tokens_BN.shape[1], mask_BNM.shape[-1]))
+    for block in self.blocks:
+      x = block(x, cos, sin, mask_BNM)
+    x = self.final_norm(x)
+    head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
+    return jnp.einsum("bnd,dv->bnv", x, head.astype(cfg.dtype),
+                      preferred_element_type=jnp.float32)
+
+
+def positions_from_valid(valid_BN: jax.Array) -> jax.Array:
+  """Position ids that start at 0 on the first valid (non-padding) token."""
+  return jnp.maximum(jnp.cumsum(valid_BN.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def init_model(cfg: ModelConfig, key: jax.Array) -> tuple[nnx.GraphDef, nnx.State]:
+  """Initialise and split into (static graphdef, params state)."""
+  model = Transformer(cfg, nnx.Rngs(params=key))
+  graphdef, params = nnx.split(model, nnx.Param)
+  return graphdef, params
+
+
+def abstract_model(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+  """Shapes only (no allocation): for parameter counts and sharded init."""
+  return nnx.eval_shape(lambda: nnx.split(Transformer(cfg, nnx.Rngs(params=0)), nnx.Param))
+
+
+def apply(graphdef: nnx.GraphDef, params: nnx.State, tokens_BN, positions_BN, mask_BNM=None):
+  """Pure forward: merge the params into the graph and run it."""
+  return nnx.merge(graphdef, params)(tokens_BN, positions_BN, mask_BNM)
+
+
+def count_params(params: nnx.State) -> int:
+  return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))

@@ -1,0 +1,205 @@
+"""Metrics logging, progress bars, end-of-phase summaries and plots.
+
+`MetricsLogger.log` appends one JSON object per call to ``<workdir>/metrics.jsonl``::
+
+  {"phase": "sft", "step": 100, "time": 1718000000.1, "loss": 0.41, "accuracy": 0.35}
+
+The file is opened in append mode, so a resumed run continues the same file (steps may then
+repeat; readers keep every line). Values are converted to Python ``int``/``float``/``bool``
+(jax/numpy scalars and size-1 arrays included). Strict JSON has no NaN/Infinity, so non-finite
+floats are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"``; `read_metrics` turns them
+back into floats. Non-numeric values (short strings) are written as they are.
+
+When ``tensorboard`` is on, numeric values are also written as TensorBoard scalars under
+``<workdir>/tb`` with tags ``f"{phase}/{name}"``. ``enabled=False`` makes the logger a no-op
+(for non-primary hosts).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tqdm
+
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+_RESERVED = ("phase", "step", "time")
+
+
+def _to_python(name: str, value: Any) -> Any:
+  """A JSON-ready Python value; non-finite floats become "nan"/"inf"/"-inf"."""
+  if isinstance(value, (str, bool)) or value is None:
+    return value
+  if isinstance(value, int):
+    return value
+  try:
+    arr = np.asarray(value)
+  except Exception as e:  # e.g. an object numpy cannot hold
+    raise TypeError(f"metric {name!r}: cannot convert {type(value).__name__} to a number") from e
+  if arr.size != 1 or arr.dtype.kind not in "biuf":
+    raise TypeError(f"metric {name!r}: expected a numeric scalar, got shape {arr.shape} "
+                    f"dtype {arr.dtype}")
+  item = arr.reshape(()).item()
+  if isinstance(item, float) and not math.isfinite(item):
+    return "nan" if math.isnan(item) else ("inf" if item > 0 else "-inf")
+  return item
+
+
+def _from_json(value: Any) -> Any:
+  return _NONFINITE.get(value, value) if isinstance(value, str) else value
+
+
+class MetricsLogger:
+  """Appends metrics to ``<workdir>/metrics.jsonl`` and, optionally, TensorBoard."""
+
+  def __init__(self, workdir: str, *, tensorboard: bool = True, enabled: bool = True):
+    self.workdir = os.fspath(workdir)
+    self.enabled = enabled
+    self.path = os.path.join(self.workdir, "metrics.jsonl")
+    self._file = None
+    self._writer = None
+    if not enabled:
+      return
+    os.makedirs(self.workdir, exist_ok=True)
+    self._file = open(self.path, "a", encoding="utf-8")  # Append: never truncate on resume.
+    if tensorboard:
+      import tensorboardX  # Imported lazily: only the primary host needs it.
+      self._writer = tensorboardX.SummaryWriter(os.path.join(self.workdir, "tb"))
+
+  def log(self, step: int, metrics: Mapping[str, Any], *, phase: str) -> dict[str, Any]:
+    """Writes one record; returns it as written (non-finite floats as strings)."""
+    record: dict[str, Any] = {"phase": phase, "step": int(step), "time": time.time()}
+    for name, value in metrics.items():
+      if name in _RESERVED:
+        raise ValueError(f"metric name {name!r} is reserved ({', '.join(_RESERVED)})")
+      record[name] = _to_python(name, value)
+    if not self.enabled:
+      return record
+    if self._file is None:
+      raise ValueError(f"MetricsLogger({self.workdir!r}) is closed")
+    self._file.write(json.dumps(record, allow_nan=False) + "\n")
+    if self._writer is not None:
+      for name, value in record.items():
+        if name in _RESERVED or isinstance(value, bool):
+          continue
+        value = _from_json(value)
+        if isinstance(value, (int, float)):
+          self._writer.add_scalar(f"{phase}/{name}", value, global_step=int(step))
+    return record
+
+  def flush(self) -> None:
+    """Flushes the JSONL file and TensorBoard events to disk."""
+    if self._file is not None:
+      self._file.flush()
+    if self._writer is not None:
+      self._writer.flush()
+
+  def close(self) -> None:
+    """Flushes and closes; later calls to `log` fail (except when disabled)."""
+    if self._file is not None:
+      self._file.close()
+      self._file = None
+    if self._writer is not None:
+      self._writer.close()
+      self._writer = None
+
+  def __enter__(self) -> MetricsLogger:
+    return self
+
+  def __exit__(self, *exc: object) -> None:
+    self.close()
+
+
+def read_metrics(path: str, phase: str | None = None) -> list[dict[str, Any]]:
+  """All records of a metrics.jsonl (optionally one phase), with "nan"/"inf" back as floats.
+
+  ``path`` may be the file or the workdir that holds it. A truncated last line (a crash
+  mid-write) is skipped.
+  """
+  path = os.fspath(path)
+  if os.path.isdir(path):
+    path = os.path.join(path, "metrics.jsonl")
+  records = []
+  with open(path, encoding="utf-8") as f:
+    lines = f.read().splitlines()
+  for i, line in enumerate(lines):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:
+      if i == len(lines) - 1:
+        continue
+      raise
+    if phase is None or record.get("phase") == phase:
+      records.append({k: _from_json(v) for k, v in record.items()})
+  return records
+
+
+def progress(total: int, *, desc: str, initial: int = 0,
+             disable: bool | None = None) -> tqdm.tqdm:
+  """A tqdm bar with rate and ETA, refreshed at most once a second (short CI logs).
+
+  ``disable=None`` keeps the bar on even when stderr is not a TTY.
+  """
+  return tqdm.tqdm(total=total, desc=desc, initial=initial, disable=bool(disable),
+                   mininterval=1.0, dynamic_ncols=True, file=sys.stderr,
+                   bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} "
+                              "[{elapsed}<{remaining}, {rate_fmt}{postfix}]")
+
+
+def _fmt(value: Any) -> str:
+  """Numbers with 4 significant digits; anything else as str."""
+  try:
+    value = _from_json(_to_python("", value))
+  except TypeError:
+    return str(value)
+  return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def phase_summary(phase: str, metrics: Mapping[str, Any], wall_seconds: float) -> str:
+  """One line like "[sft] done in 83.2s | step 600 | loss 0.412 | accuracy 0.352"; printed."""
+  parts = [f"[{phase}] done in {wall_seconds:.1f}s"]
+  parts += [f"{name} {_fmt(value)}" for name, value in metrics.items()]
+  line = " | ".join(parts)
+  print(line, flush=True)
+  return line
+
+
+def plot_metrics(metrics_path: str, out_png: str, keys: Sequence[str], *,
+                 phase: str | None = None) -> str:
+  """One subplot per key (value vs step) from a metrics.jsonl; missing keys are skipped."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  records = read_metrics(metrics_path, phase=phase)
+  present = [k for k in keys if any(k in r for r in records)]
+  n = max(len(present), 1)
+  fig, axes = plt.subplots(n, 1, figsize=(6, 2.2 * n), squeeze=False)
+  for ax, key in zip(axes[:, 0], present):
+    phases = sorted({r.get("phase", "") for r in records if key in r})
+    for ph in phases:
+      pts = [(r["step"], r[key]) for r in records
+             if key in r and r.get("phase", "") == ph and isinstance(r[key], (int, float))]
+      if pts:
+        steps, values = zip(*pts)
+        ax.plot(steps, values, label=ph or None, marker="." if len(pts) < 50 else None)
+    ax.set_ylabel(key)
+    ax.grid(alpha=0.3)
+    if len(phases) > 1:
+      ax.legend(fontsize="small")
+  if not present:
+    axes[0, 0].text(0.5, 0.5, f"no data for {list(keys)}", ha="center", va="center")
+  axes[-1, 0].set_xlabel("step")
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
+  fig.savefig(out_png, dpi=100)
+  plt.close(fig)
+  return os.fspath(out_png)

@@ -1,0 +1,51 @@
+"""Named registries for pluggable components (remasking policies, tasks, losses, ...).
+
+Algorithm variants are registered functions selected by name in the config; the
+config validator checks names against these registries before anything compiles.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Callable, Generic, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+  """A name → object mapping with helpful errors for unknown names."""
+
+  def __init__(self, kind: str):
+    self.kind = kind
+    self._items: dict[str, T] = {}
+
+  def register(self, name: str) -> Callable[[T], T]:
+    """Decorator: ``@REG.register("name")``."""
+
+    def deco(obj: T) -> T:
+      if name in self._items:
+        raise ValueError(f"{self.kind} {name!r} is already registered")
+      self._items[name] = obj
+      return obj
+
+    return deco
+
+  def get(self, name: str) -> T:
+    if name not in self._items:
+      raise KeyError(self.unknown_message(name))
+    return self._items[name]
+
+  def unknown_message(self, name: str) -> str:
+    close = difflib.get_close_matches(str(name), list(self._items), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return (f"unknown {self.kind} {name!r}; available: "
+            f"{', '.join(sorted(self._items))}.{hint}")
+
+  def names(self) -> list[str]:
+    return sorted(self._items)
+
+  def __contains__(self, name: object) -> bool:
+    return name in self._items
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(sorted(self._items))

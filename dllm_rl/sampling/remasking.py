@@ -1,0 +1,46 @@
+"""Remasking (confidence) policies, registered by name.
+
+Each policy maps (float32 logits_BLV, proposed tokens x0_BL, key) to a
+confidence_BL; the sampler commits the most confident masked positions of the
+current block. Higher = commit earlier.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from dllm_rl.registry import Registry
+
+REMASKING: Registry = Registry("remasking policy")
+
+
+@REMASKING.register("low_confidence")
+def low_confidence(logits_BLV, x0_BL, key):
+  """LLaDA: probability of the proposed token under softmax(logits)."""
+  del key
+  probs = jax.nn.softmax(logits_BLV, axis=-1)
+  return jnp.take_along_axis(probs, x0_BL[..., None], axis=-1)[..., 0]
+
+
+@REMASKING.register("random")
+def random(logits_BLV, x0_BL, key):
+  """LLaDA 'random' remasking: uniform confidences."""
+  del logits_BLV
+  return jax.random.uniform(key, x0_BL.shape, jnp.float32)
+
+
+@REMASKING.register("margin")
+def margin(logits_BLV, x0_BL, key):
+  """Top-1 minus top-2 probability (margin-based unmasking)."""
+  del x0_BL, key
+  top2 = jax.lax.top_k(jax.nn.softmax(logits_BLV, axis=-1), 2)[0]
+  return top2[..., 0] - top2[..., 1]
+
+
+@REMASKING.register("entropy")
+def entropy(logits_BLV, x0_BL, key):
+  """Negative entropy of the predictive distribution (low entropy = confident)."""
+  del x0_BL, key
+  probs = jax.nn.softmax(logits_BLV, axis=-1)
+  return -jnp.sum(jax.scipy.special.entr(probs), axis=-1)  # entr(0) = 0: -inf logits are safe

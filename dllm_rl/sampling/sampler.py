@@ -1,0 +1,177 @@
+"""LLaDA-style masked-diffusion sampler (semi-autoregressive blocks), jitted.
+
+The completion starts fully masked. Blocks of ``block_len`` tokens are denoised
+left to right, ``steps / num_blocks`` steps per block. Each step predicts every
+masked token (Gumbel-max with temperature, greedy at 0; the mask token itself
+is never proposed), scores confidences
+with a registered remasking policy and commits either the k most confident
+masked tokens of the current block (k from an even schedule, LLaDA
+``get_num_transfer_tokens``) or, in dynamic mode (Fast-dLLM), every token above
+``threshold`` (at least one per step, until the block is complete).
+Committed tokens are never re-masked; the step at which each token was
+committed is recorded in ``unmask_step_BL``; with ``record_trajectory`` the
+tokens after every step are returned too (``trajectory_SBL``, steps that did
+not run stay masked).
+
+With ``stop_at_eos``, a sequence whose committed blocks contain EOS is finished:
+its remaining positions are filled with EOS, and the loop over blocks ends as
+soon as every sequence is finished. Positions after the first EOS are returned
+as EOS either way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dllm_rl.models import transformer
+from dllm_rl.diffusion.sft import sequence_inputs
+from dllm_rl.sampling.remasking import REMASKING
+from dllm_rl.types import SampleOutput
+
+_NEG = -jnp.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+  completion_len: int
+  steps: int
+  block_len: int
+  temperature: float = 0.0
+  remasking: str = "low_confidence"
+  threshold: float = 0.0
+  stop_at_eos: bool = True
+  record_trajectory: bool = False
+
+  @property
+  def max_steps(self) -> int:
+    """Upper bound on denoising steps (dynamic mode commits >= 1 token per step)."""
+    return self.completion_len if self.threshold > 0 else self.steps
+
+  @property
+  def num_blocks(self) -> int:
+    return self.completion_len // self.block_len
+
+  @property
+  def steps_per_block(self) -> int:
+    return self.steps // self.num_blocks
+
+  @classmethod
+  def from_config(cls, config) -> "SamplerConfig":
+    s = config.sampler
+    return cls(completion_len=config.data.completion_len, steps=s.steps,
+               block_len=s.block_len, temperature=float(s.temperature),
+               remasking=s.remasking, threshold=float(s.threshold),
+               stop_at_eos=s.stop_at_eos)
+
+
+def transfer_schedule(block_len: int, steps_per_block: int) -> np.ndarray:
+  """Tokens to commit at each step of a block: as even as possible, remainder first."""
+  base, rem = divmod(block_len, steps_per_block)
+  return np.array([base + (s < rem) for s in range(steps_per_block)], np.int32)
+
+
+def _propose(logits_BLV, key, temperature):
+  """Gumbel-max sampling from softmax(logits / T); argmax when T == 0."""
+  if temperature == 0.0:
+    return jnp.argmax(logits_BLV, axis=-1).astype(jnp.int32)
+  g = jax.random.gumbel(key, logits_BLV.shape, jnp.float32)
+  return jnp.argmax(logits_BLV / temperature + g, axis=-1).astype(jnp.int32)
+
+
+def _rank(conf_BL):
+  """Rank of each position by descending confidence (0 = most confident)."""
+  order = jnp.argsort(-conf_BL, axis=-1, stable=True)
+  return jnp.argsort(order, axis=-1, stable=True)
+
+
+def sample(graphdef, params, prompt_BP, prompt_valid_BP, key, *,
+           cfg: SamplerConfig, mask_id: int, eos_id: int) -> SampleOutput:
+  """Denoise a completion for each prompt. Pure; jit with ``cfg`` etc. static."""
+  b, p = prompt_BP.shape
+  l, bl = cfg.completion_len, cfg.block_len
+  if l % bl or cfg.steps % cfg.num_blocks:
+    raise ValueError(f"bad sampler shape: completion_len={l}, block_len={bl}, steps={cfg.steps}")
+  policy = REMASKING.get(cfg.remasking)
+  schedule_S = jnp.asarray(transfer_schedule(bl, cfg.steps_per_block))
+  block_of_L = jnp.arange(l) // bl
+
+  def denoise_step(carry, block, k_commit):
+    (x_BL, unmask_BL, step), traj_SBL = carry
+    tokens_BN, positions_BN, mask_B1N = sequence_inputs(prompt_BP, prompt_valid_BP, x_BL)
+    logits_BLV = transformer.apply(graphdef, params, tokens_BN, positions_BN, mask_B1N)[:, p:]
+    # Never propose the mask token itself (MDLM "SUBS" parameterisation).
+    logits_BLV = logits_BLV.astype(jnp.float32).at[..., mask_id].set(_NEG)
+    k_prop, k_conf = jax.random.split(jax.random.fold_in(key, step))
+    x0_BL = _propose(logits_BLV, k_prop, cfg.temperature)
+    open_BL = (x_BL == mask_id) & (block_of_L == block)[None, :]
+    conf_BL = jnp.where(open_BL, policy(logits_BLV, x0_BL, k_conf), _NEG)
+    rank_BL = _rank(conf_BL)
+    if cfg.threshold > 0:
+      commit_BL = open_BL & ((conf_BL > cfg.threshold) | (rank_BL == 0))
+    else:
+      commit_BL = open_BL & (rank_BL < k_commit)
+    x_BL = jnp.where(commit_BL, x0_BL, x_BL)
+    unmask_BL = jnp.where(commit_BL, step, unmask_BL)
+    if cfg.record_trajectory:
+      traj_SBL = jax.lax.dynamic_update_index_in_dim(traj_SBL, x_BL, step, 0)
+    return (x_BL, unmask_BL, step + 1), traj_SBL
+
+  def run_block(carry, block):
+    if cfg.threshold > 0:
+      def cond(c):
+        open_BL = (c[0][0] == mask_id) & (block_of_L == block)[None, :]
+        return jnp.any(open_BL)
+      return jax.lax.while_loop(cond, lambda c: denoise_step(c, block, 0), carry)
+    return jax.lax.fori_loop(
+        0, cfg.steps_per_block, lambda s, c: denoise_step(c, block, schedule_S[s]), carry)
+
+  def finished(x_BL):
+    return jnp.any(x_BL == eos_id, axis=-1)
+
+  def outer_cond(c):
+    ((x_BL, _, _), _), block = c
+    more = block < cfg.num_blocks
+    if cfg.stop_at_eos:
+      more &= ~jnp.all(finished(x_BL))
+    return more
+
+  def outer_body(c):
+    carry, block = c
+    (x_BL, unmask_BL, step), traj_SBL = run_block(carry, block)
+    if cfg.stop_at_eos:  # finished rows: fill what is still masked with EOS now
+      fill_BL = finished(x_BL)[:, None] & (x_BL == mask_id)
+      x_BL = jnp.where(fill_BL, eos_id, x_BL)
+      unmask_BL = jnp.where(fill_BL, step - 1, unmask_BL)
+    return ((x_BL, unmask_BL, step), traj_SBL), block + 1
+
+  x0 = jnp.full((b, l), mask_id, jnp.int32)
+  u0 = jnp.full((b, l), -1, jnp.int32)
+  traj0 = jnp.full((cfg.max_steps if cfg.record_trajectory else 0, b, l), mask_id, jnp.int32)
+  ((x_BL, unmask_BL, steps), traj_SBL), blocks = jax.lax.while_loop(
+      outer_cond, outer_body, (((x0, u0, jnp.int32(0)), traj0), jnp.int32(0)))
+  from_eos_BL = jnp.cumsum(x_BL == eos_id, axis=-1) > 0  # first EOS and after
+  x_BL = jnp.where(from_eos_BL, eos_id, x_BL)
+  return SampleOutput(completion_BL=x_BL, unmask_step_BL=unmask_BL, num_steps=steps,
+                      num_blocks=blocks,
+                      trajectory_SBL=traj_SBL if cfg.record_trajectory else None)
+
+
+def sample_groups(graphdef, params, prompt_BP, prompt_valid_BP, key, *, group_size: int,
+                  cfg: SamplerConfig, mask_id: int, eos_id: int) -> SampleOutput:
+  """G completions per prompt (vmap over G independent keys).
+
+  Returns completion/unmask_step as [B, G, L], trajectory as [S, B, G, L] and
+  num_steps/num_blocks as [G].
+  """
+  keys_G = jax.random.split(key, group_size)
+  out = jax.vmap(lambda k: sample(graphdef, params, prompt_BP, prompt_valid_BP, k,
+                                  cfg=cfg, mask_id=mask_id, eos_id=eos_id))(keys_G)
+  traj = out.trajectory_SBL  # [G, S, B, L] → [S, B, G, L]
+  return out.replace(
+      completion_BL=jnp.swapaxes(out.completion_BL, 0, 1),
+      unmask_step_BL=jnp.swapaxes(out.unmask_step_BL, 0, 1),
+      trajectory_SBL=None if traj is None else jnp.transpose(traj, (1, 2, 0, 3)))

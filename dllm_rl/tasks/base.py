@@ -1,0 +1,148 @@
+"""Task interface: deterministic example generation, disjoint splits, verifiers.
+
+A task turns ``(split, n, seed)`` into prompts with SFT answers and scores a
+decoded completion. Splits are a pure function of an instance's canonical string
+(``split_of``), so train and test never share an instance whatever the seeds or
+the number of examples drawn.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import hashlib
+import inspect
+from typing import Any, Mapping
+
+import numpy as np
+
+from dllm_rl.registry import Registry
+
+SPLITS = ("train", "test")
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+  """One task instance.
+
+  prompt: text given to the model.
+  answer: SFT target text, without EOS.
+  meta: JSON-serialisable data the verifier needs (e.g. operands, target).
+  """
+  prompt: str
+  answer: str
+  meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyResult:
+  """Score of one completion.
+
+  reward: scalar reward (built-in tasks give 1.0 or 0.0).
+  correct: whether the completion solves the instance.
+  parsed: the normalised answer that was scored, None when malformed.
+  info: JSON-serialisable diagnostics (``reason`` when malformed or wrong).
+  """
+  reward: float
+  correct: bool
+  parsed: str | None
+  info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def malformed(reason: str, **info: Any) -> VerifyResult:
+  """Zero-reward result for a completion that could not be parsed."""
+  return VerifyResult(reward=0.0, correct=False, parsed=None,
+                      info={"reason": reason, **info})
+
+
+def split_of(canonical: str, test_fraction: float) -> str:
+  """"test" iff sha256(canonical), read as a uniform number in [0, 1), < test_fraction."""
+  digest = hashlib.sha256(canonical.encode("utf-8")).digest()
+  u = int.from_bytes(digest[:8], "big") / 2.0**64
+  return "test" if u < test_fraction else "train"
+
+
+def check_split(split: str) -> int:
+  """Returns the split's index; ValueError for anything but "train"/"test"."""
+  if split not in SPLITS:
+    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+  return SPLITS.index(split)
+
+
+class Task(abc.ABC):
+  """A verifiable task. Subclasses implement ``sample``, ``canonical``, ``verify``.
+
+  ``generate`` draws instances with ``sample`` from a numpy Generator seeded by
+  (seed, split), keeps those whose ``split_of(canonical)`` is the requested
+  split, and drops duplicates (by canonical string). It gives up with a
+  ValueError after ``max_draws(n)`` draws.
+  """
+
+  name: str = ""
+
+  def __init__(self, test_fraction: float = 0.1):
+    if not 0.0 < test_fraction < 1.0:
+      raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    self.test_fraction = float(test_fraction)
+
+  @abc.abstractmethod
+  def sample(self, rng: np.random.Generator) -> Example | None:
+    """Draws one instance (any split); None to reject the draw."""
+
+  @abc.abstractmethod
+  def canonical(self, example: Example) -> str:
+    """The string that identifies the instance (decides its split)."""
+
+  @abc.abstractmethod
+  def verify(self, example: Example, completion: str) -> VerifyResult:
+    """Scores ``completion`` (decoded model output, already cut at EOS)."""
+
+  def max_draws(self, n: int) -> int:
+    """Bound on the draws ``generate`` makes before giving up."""
+    per_hit = 1.0 / min(self.test_fraction, 1.0 - self.test_fraction)
+    return int(1000 + 20 * per_hit * n)
+
+  def generate(self, split: str, n: int, seed: int) -> list[Example]:
+    """n distinct examples of ``split``; same arguments → same list."""
+    split_idx = check_split(split)
+    if n < 0 or seed < 0:
+      raise ValueError(f"n and seed must be >= 0, got n={n}, seed={seed}")
+    rng = np.random.default_rng([seed, split_idx])
+    seen: set[str] = set()
+    out: list[Example] = []
+    budget = self.max_draws(n)
+    for _ in range(budget):
+      if len(out) == n:
+        break
+      ex = self.sample(rng)
+      if ex is None:
+        continue
+      key = self.canonical(ex)
+      if key in seen or split_of(key, self.test_fraction) != split:
+        continue
+      seen.add(key)
+      out.append(ex)
+    if len(out) < n:
+      raise ValueError(
+          f"task {self.name!r}: found only {len(out)} distinct {split!r} instances "
+          f"of the {n} requested after {budget} draws; the instance space of this "
+          "config is too small (ask for fewer examples or enlarge the task)")
+    return out
+
+
+TASKS: Registry[type[Task]] = Registry("task")
+
+
+def make_task(name: str, **kwargs: Any) -> Task:
+  """Builds the registered task ``name``; ValueError on unknown names or kwargs."""
+  if name not in TASKS:
+    raise ValueError(TASKS.unknown_message(name))
+  cls = TASKS.get(name)
+  params = inspect.signature(cls).parameters
+  accepted = sorted(k for k, p in params.items()
+                    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+  unknown = sorted(set(kwargs) - set(accepted))
+  if unknown:
+    raise ValueError(f"task {name!r} got unknown option(s) {unknown}; "
+                     f"accepted: {accepted}")
+  return cls(**kwargs)

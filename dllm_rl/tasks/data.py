@@ -1,0 +1,105 @@
+"""Host-side collation of examples into fixed-shape numpy batches, and a
+deterministic, resumable batch iterator.
+
+Layout (LLaDA SFT convention): prompts are left-padded with PAD so every prompt
+ends at column P-1 and completions start at the same position; a completion is
+the answer, one EOS, then EOS fill up to L. The EOS fill is a target (the model
+learns to stop), so ``completion_valid_BL`` is True on it; it stays in the
+batch for a future right-padding scheme.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+
+from dllm_rl.tasks.base import Example
+from dllm_rl.tasks.tokenizer import CharTokenizer
+
+
+def encode_examples(examples: Sequence[Example], tokenizer: CharTokenizer,
+                    prompt_len: int, completion_len: int) -> dict[str, np.ndarray]:
+  """Encodes examples into ``prompt_BP``, ``prompt_valid_BP``, ``completion_BL``,
+  ``completion_valid_BL`` (int32 ids / bool masks; B = len(examples)).
+
+  Raises ValueError naming the example index, its length and the config key
+  (``data.prompt_len`` / ``data.completion_len``) when a prompt, or an answer
+  plus one EOS, does not fit.
+  """
+  if prompt_len < 1 or completion_len < 1:
+    raise ValueError(f"prompt_len and completion_len must be >= 1, got "
+                     f"{prompt_len}, {completion_len}")
+  n = len(examples)
+  prompt_BP = np.full((n, prompt_len), tokenizer.pad_id, np.int32)
+  prompt_valid_BP = np.zeros((n, prompt_len), bool)
+  completion_BL = np.full((n, completion_len), tokenizer.eos_id, np.int32)
+  completion_valid_BL = np.ones((n, completion_len), bool)
+  for b, ex in enumerate(examples):
+    p = tokenizer.encode(ex.prompt)
+    if len(p) > prompt_len:
+      raise ValueError(f"example {b}: prompt has {len(p)} tokens > data.prompt_len="
+                       f"{prompt_len} (prompt {ex.prompt[:40]!r})")
+    a = tokenizer.encode(ex.answer)
+    if len(a) + 1 > completion_len:
+      raise ValueError(f"example {b}: answer has {len(a)} tokens + 1 EOS > "
+                       f"data.completion_len={completion_len} (answer {ex.answer[:40]!r})")
+    if p:
+      prompt_BP[b, prompt_len - len(p):] = p
+      prompt_valid_BP[b, prompt_len - len(p):] = True
+    completion_BL[b, :len(a)] = a
+  return {"prompt_BP": prompt_BP, "prompt_valid_BP": prompt_valid_BP,
+          "completion_BL": completion_BL, "completion_valid_BL": completion_valid_BL}
+
+
+class BatchIterator:
+  """Infinite iterator of batches over arrays of shape [N, ...].
+
+  Epoch e visits rows in ``default_rng([seed, e]).permutation(N)`` order in
+  ``N // batch_size`` full batches (the remainder is dropped for that epoch).
+  ``position`` is the number of batches served so far; constructing with
+  ``position=k`` resumes exactly where an uninterrupted iterator would be after
+  k batches, so checkpointing ``position`` is enough to resume the data stream.
+  """
+
+  def __init__(self, arrays: Mapping[str, np.ndarray], batch_size: int, seed: int,
+               position: int = 0):
+    if not arrays:
+      raise ValueError("BatchIterator needs at least one array")
+    sizes = {k: len(v) for k, v in arrays.items()}
+    n = next(iter(sizes.values()))
+    if any(s != n for s in sizes.values()):
+      raise ValueError(f"arrays have different leading sizes: {sizes}")
+    if not 1 <= batch_size <= n:
+      raise ValueError(f"batch_size must be in [1, N={n}], got {batch_size}")
+    if seed < 0 or position < 0:
+      raise ValueError(f"seed and position must be >= 0, got {seed}, {position}")
+    self.arrays = {k: np.asarray(v) for k, v in arrays.items()}
+    self.num_rows = n
+    self.batch_size = int(batch_size)
+    self.seed = int(seed)
+    self.position = int(position)
+    self.batches_per_epoch = n // self.batch_size
+    self._perm_epoch = -1
+    self._perm = np.arange(0)
+
+  @property
+  def epoch(self) -> int:
+    """Epoch of the next batch."""
+    return self.position // self.batches_per_epoch
+
+  def indices(self, position: int) -> np.ndarray:
+    """Row indices of batch number ``position`` (pure function of seed and position)."""
+    epoch, k = divmod(position, self.batches_per_epoch)
+    if epoch != self._perm_epoch:
+      self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_rows)
+      self._perm_epoch = epoch
+    return self._perm[k * self.batch_size:(k + 1) * self.batch_size]
+
+  def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    idx = self.indices(self.position)
+    self.position += 1
+    return {k: v[idx] for k, v in self.arrays.items()}

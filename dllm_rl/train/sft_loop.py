@@ -1,0 +1,118 @@
+"""SFT phase orchestration: data → jitted step → metrics → eval → checkpoint. No math here."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import jax
+import numpy as np
+
+from dllm_rl import evaluation
+from dllm_rl.checkpoint import Checkpointer
+from dllm_rl.observability import MetricsLogger, phase_summary, progress
+from dllm_rl.setup import Context, init_params, to_device
+from dllm_rl.tasks.data import BatchIterator
+from dllm_rl.train.optim import make_optimizer
+from dllm_rl.train.sft_step import init_train_state, make_sft_step
+from dllm_rl.types import SFTBatch
+
+PHASE = "sft"
+
+
+def checkpoint_dir(workdir: str, phase: str) -> str:
+  return os.path.join(workdir, "checkpoints", phase)
+
+
+def open_checkpointer(ctx: Context, phase: str) -> Checkpointer:
+  c = ctx.config.checkpoint
+  return Checkpointer(checkpoint_dir(ctx.workdir, phase), save_every=c.save_every,
+                      keep=c.keep, async_save=c.async_save)
+
+
+def _mean_metrics(window: list[dict]) -> dict:
+  host = jax.device_get(window)
+  return {k: float(np.mean([m[k] for m in host])) for k in host[0]}
+
+
+def run_sft(ctx: Context) -> dict:
+  """Train with the masked-diffusion SFT loss; resume from ``workdir`` when possible.
+
+  Returns a summary with validation/test greedy accuracy, steps and timings.
+  """
+  config, f = ctx.config, ctx.config.sft
+  wall0 = time.time()
+  graphdef, params = init_params(ctx)
+  optimizer, schedule = make_optimizer(f)
+  state = init_train_state(params, optimizer, jax.random.fold_in(jax.random.key(config.seed), 1))
+  ckpt = open_checkpointer(ctx, PHASE)
+  position, stopped_early = 0, False
+  if ckpt.latest_step() is not None:
+    state, meta = ckpt.restore(state)
+    position, stopped_early = meta["data_position"], meta["stopped_early"]
+    print(f"[sft] resumed from step {int(state.step)} (data position {position})", flush=True)
+
+  batches = BatchIterator(ctx.train_arrays, config.data.batch_size, config.seed, position=position)
+  step_fn = make_sft_step(graphdef, optimizer, schedule, mask_id=ctx.tokenizer.mask_id, t_eps=f.t_eps)
+  greedy_cfg = dataclasses.replace(ctx.sampler_cfg, temperature=0.0)
+  sample_fn = evaluation.make_sample_fn(graphdef, greedy_cfg, mask_id=ctx.tokenizer.mask_id,
+                                        eos_id=ctx.tokenizer.eos_id)
+
+  def accuracy(params, split: str) -> dict:
+    examples, arrays = ((ctx.val_examples, ctx.val_arrays) if split == "val"
+                        else (ctx.test_examples, ctx.test_arrays))
+    return evaluation.greedy_accuracy(graphdef, params, task=ctx.task, tokenizer=ctx.tokenizer,
+                                      examples=examples, arrays=arrays, cfg=greedy_cfg,
+                                      batch_size=config.eval.batch_size, sample_fn=sample_fn)
+
+  step = int(state.step)
+  finished = stopped_early or step >= f.steps
+  val = {}
+  timed_steps, timed_seconds, window = 0, 0.0, []
+  with MetricsLogger(ctx.workdir, tensorboard=config.log.tensorboard) as logger:
+    bar = progress(f.steps, desc=PHASE, initial=step, disable=not config.log.progress)
+    while not finished and step < f.steps:
+      t0 = time.perf_counter()
+      batch = to_device(next(batches), SFTBatch)
+      state, metrics = step_fn(state, batch, jax.random.fold_in(state.rng, step))
+      step += 1
+      window.append(metrics)
+      bar.update(1)
+      if step % f.log_every == 0:
+        logged = _mean_metrics(window)  # blocks on the device: timing below is real
+        window = []
+        logger.log(step, logged, phase=PHASE)
+        bar.set_postfix(loss=f"{logged['loss']:.3f}", refresh=False)
+      if step > 1:  # the first step includes compilation
+        timed_steps, timed_seconds = timed_steps + 1, timed_seconds + time.perf_counter() - t0
+      if f.eval_every and step % f.eval_every == 0:
+        val = accuracy(state.params, "val")
+        logger.log(step, {f"val_{k}": v for k, v in val.items()}, phase=PHASE)
+        stopped_early = 0 < f.target_accuracy <= val["accuracy"]
+      finished = stopped_early or step >= f.steps
+      if finished or ckpt.should_save(step):
+        ckpt.save(step, state, {"phase": PHASE, "data_position": batches.position,
+                                "stopped_early": bool(stopped_early),
+                                "config": config.to_json()}, force=finished)
+    bar.close()
+    ckpt.wait()
+    t_eval = time.perf_counter()
+    test = accuracy(state.params, "test")
+    eval_seconds = time.perf_counter() - t_eval
+    logger.log(step, {f"test_{k}": v for k, v in test.items()}, phase=PHASE)
+  ckpt.close()
+
+  n_tokens = len(ctx.test_examples) * ctx.sampler_cfg.completion_len
+  summary = {
+      "sft_steps": step,
+      "sft_val_accuracy": val.get("accuracy"),
+      "sft_accuracy": test["accuracy"],
+      "sft_step_seconds": timed_seconds / timed_steps if timed_steps else None,
+      "eval_tokens_per_second": n_tokens / eval_seconds,
+      "sft_wall_seconds": time.time() - wall0,
+  }
+  phase_summary(PHASE, {"step": step, "test_accuracy": test["accuracy"],
+                        "step_ms": 1e3 * (summary["sft_step_seconds"] or 0.0)},
+                summary["sft_wall_seconds"])
+  return summary

@@ -1,0 +1,73 @@
+"""Shared pytrees and the shape-letter legend.
+
+Shape suffixes on array names (``logits_BNV``, ``mask_BL``):
+
+* ``B`` batch (prompts), ``G`` completions per prompt (group size)
+* ``P`` prompt length, ``L`` completion length, ``N`` = P + L full sequence
+* ``V`` vocabulary, ``D`` model width, ``H`` query heads, ``K`` key/value heads
+* ``Q`` head dimension, ``F`` MLP hidden width, ``S`` denoising states/steps
+* ``T`` Monte-Carlo samples of the likelihood estimators
+
+Log-probabilities, ratios and advantages are always float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from flax import struct
+
+
+@struct.dataclass
+class PromptBatch:
+  """Left-padded prompts; ``prompt_valid_BP`` is False on padding."""
+
+  prompt_BP: jax.Array
+  prompt_valid_BP: jax.Array
+
+
+@struct.dataclass
+class SFTBatch:
+  """Prompt + target completion (answer, EOS, EOS fill) for masked-diffusion SFT.
+
+  ``completion_valid_BL`` marks completion positions that are targets (and may
+  be masked); everything else is never masked and carries no loss.
+  """
+
+  prompt_BP: jax.Array
+  prompt_valid_BP: jax.Array
+  completion_BL: jax.Array
+  completion_valid_BL: jax.Array
+
+
+@struct.dataclass
+class TrainState:
+  """Everything a step needs, as one pytree (checkpointed whole).
+
+  ``params`` is an ``nnx.State`` of the model's Params; the graph definition is
+  static and lives outside the state (see ``dllm_rl.models.build``).
+  """
+
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  rng: jax.Array
+
+
+@struct.dataclass
+class SampleOutput:
+  """Sampler result.
+
+  ``completion_BL``: committed tokens (EOS-filled after the first EOS when the
+  sampler stops at EOS). ``unmask_step_BL``: the (0-based, global) denoising
+  step at which each completion token was committed. ``num_steps``: denoising
+  steps the sampler ran (model evaluations), ``num_blocks``: blocks visited.
+  ``trajectory_SBL``: tokens after each step when recorded, else None.
+  """
+
+  completion_BL: jax.Array
+  unmask_step_BL: jax.Array
+  num_steps: jax.Array
+  num_blocks: jax.Array
+  trajectory_SBL: Any = None

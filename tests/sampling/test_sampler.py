@@ -1,0 +1,137 @@
+"""Sampler invariants: schedule, no re-masking, step/block counts, determinism, EOS."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from dllm_rl.models import transformer as T
+from dllm_rl.sampling import sampler as S
+from dllm_rl.sampling.remasking import REMASKING
+
+MASK, EOS = 2, 1
+CFG = T.ModelConfig(vocab_size=30, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=8,
+                    mlp_hidden=48)
+
+
+@pytest.fixture(scope="module")
+def model():
+  return T.init_model(CFG, jax.random.key(0))
+
+
+def _prompts(b=3, p=5):
+  prompt = jax.random.randint(jax.random.key(7), (b, p), 3, 30)
+  valid = jnp.ones((b, p), bool).at[0, :2].set(False)  # one left-padded row
+  return prompt, valid
+
+
+def _run(model, cfg, key=1, **kw):
+  g, params = model
+  prompt, valid = _prompts(**kw)
+  fn = jax.jit(lambda pr, k: S.sample(g, params, pr, valid, k, cfg=cfg, mask_id=MASK, eos_id=EOS))
+  return fn(prompt, jax.random.key(key))
+
+
+def test_transfer_schedule():
+  np.testing.assert_array_equal(S.transfer_schedule(8, 3), [3, 3, 2])
+  assert S.transfer_schedule(32, 32).sum() == 32
+
+
+@pytest.mark.parametrize("remasking", REMASKING.names())
+def test_commits_scheduled_tokens_per_step_and_never_remasks(model, remasking):
+  cfg = S.SamplerConfig(completion_len=12, steps=6, block_len=4, temperature=0.7,
+                        remasking=remasking, stop_at_eos=False, record_trajectory=True)
+  out = _run(model, cfg)
+  assert int(out.num_steps) == 6 and int(out.num_blocks) == 3
+  traj = np.asarray(out.trajectory_SBL)
+  sched = np.tile(S.transfer_schedule(4, 2), 3)
+  prev = np.full(traj.shape[1:], MASK)
+  for s in range(6):
+    newly = (prev == MASK) & (traj[s] != MASK)
+    np.testing.assert_array_equal(newly.sum(-1), sched[s])  # exactly k_s per row
+    kept = prev != MASK
+    np.testing.assert_array_equal(traj[s][kept], prev[kept])  # committed tokens never change
+    block = s // 2
+    assert np.all(np.nonzero(newly)[1] // 4 == block)  # only inside the current block
+    prev = traj[s]
+  completion = np.asarray(out.completion_BL)
+  assert not np.any(completion == MASK)
+  unmask = np.asarray(out.unmask_step_BL)
+  first_seen = np.argmax(traj != MASK, axis=0)
+  np.testing.assert_array_equal(unmask, first_seen)
+
+
+def test_same_seed_same_output_and_different_seed_differs(model):
+  cfg = S.SamplerConfig(completion_len=8, steps=4, block_len=4, temperature=1.0, stop_at_eos=False)
+  a, b, c = _run(model, cfg, key=3), _run(model, cfg, key=3), _run(model, cfg, key=4)
+  np.testing.assert_array_equal(a.completion_BL, b.completion_BL)
+  assert not np.array_equal(a.completion_BL, c.completion_BL)
+
+
+def test_greedy_ignores_key(model):
+  cfg = S.SamplerConfig(completion_len=8, steps=8, block_len=4, temperature=0.0, stop_at_eos=False)
+  np.testing.assert_array_equal(_run(model, cfg, key=3).completion_BL,
+                                _run(model, cfg, key=9).completion_BL)
+
+
+def test_threshold_mode_commits_at_least_one_per_step(model):
+  cfg = S.SamplerConfig(completion_len=8, steps=2, block_len=4, temperature=0.5, threshold=0.05,
+                        stop_at_eos=False, record_trajectory=True)
+  out = _run(model, cfg)
+  n = int(out.num_steps)
+  assert 2 <= n <= 8
+  traj = np.asarray(out.trajectory_SBL)
+  counts = [(traj[s] != MASK).sum() for s in range(n)]
+  assert all(b > a for a, b in zip([0] + counts, counts))  # progress every step
+  assert not np.any(np.asarray(out.completion_BL) == MASK)
+
+
+def test_stop_at_eos_fills_and_skips_blocks(model):
+  g, params = model
+  pure = nnx.to_pure_dict(params)
+  pure["final_norm"]["scale"] = jnp.zeros_like(pure["final_norm"]["scale"])  # logits all 0
+  nnx.replace_by_pure_dict(params, pure)  # → argmax proposes token 0 everywhere
+  prompt, valid = _prompts()
+  cfg = S.SamplerConfig(completion_len=12, steps=6, block_len=4, stop_at_eos=True)
+  out = S.sample(g, params, prompt, valid, jax.random.key(0), cfg=cfg, mask_id=MASK, eos_id=0)
+  assert int(out.num_blocks) == 1 and int(out.num_steps) == 2  # only the first block ran
+  np.testing.assert_array_equal(out.completion_BL, 0)
+  assert np.all(np.asarray(out.unmask_step_BL)[:, 4:] == 1)  # filled when block 0 finished
+
+
+def test_tokens_after_first_eos_are_eos(model):
+  cfg = S.SamplerConfig(completion_len=12, steps=12, block_len=4, temperature=3.0, stop_at_eos=True)
+  g, params = model
+  prompt, valid = _prompts(b=16)
+  out = S.sample(g, params, prompt, valid, jax.random.key(5), cfg=cfg, mask_id=MASK, eos_id=EOS)
+  c = np.asarray(out.completion_BL)
+  assert not np.any(c == MASK)
+  for row in c:
+    hits = np.nonzero(row == EOS)[0]
+    if hits.size:
+      assert np.all(row[hits[0]:] == EOS)
+
+
+def test_group_rollouts_match_per_key_samples(model):
+  g, params = model
+  prompt, valid = _prompts()
+  cfg = S.SamplerConfig(completion_len=8, steps=4, block_len=4, temperature=1.0, stop_at_eos=False)
+  key = jax.random.key(11)
+  out = S.sample_groups(g, params, prompt, valid, key, group_size=3, cfg=cfg, mask_id=MASK,
+                        eos_id=EOS)
+  assert out.completion_BL.shape == (3, 3, 8)
+  for i, k in enumerate(jax.random.split(key, 3)):
+    one = S.sample(g, params, prompt, valid, k, cfg=cfg, mask_id=MASK, eos_id=EOS)
+    np.testing.assert_array_equal(out.completion_BL[:, i], one.completion_BL)
+  assert not np.array_equal(out.completion_BL[:, 0], out.completion_BL[:, 1])
+
+
+def test_bad_shape_rejected(model):
+  g, params = model
+  prompt, valid = _prompts()
+  with pytest.raises(ValueError, match="block_len"):
+    S.sample(g, params, prompt, valid, jax.random.key(0),
+             cfg=S.SamplerConfig(completion_len=10, steps=4, block_len=4), mask_id=MASK, eos_id=EOS)

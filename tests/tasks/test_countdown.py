@@ -1,0 +1,111 @@
+"""Countdown: generator invariants, exact-once usage, hostile completions."""
+
+import time
+from collections import Counter
+
+import pytest
+
+from dllm_rl.tasks import CharTokenizer, make_task
+from dllm_rl.tasks.countdown import combine
+from dllm_rl.tasks.base import Example
+from dllm_rl.tasks.safe_arith import parse_expression
+
+
+def _ex(numbers, target):
+  prompt = ",".join(map(str, numbers)) + f">{target}="
+  return Example(prompt=prompt, answer="", meta={"numbers": numbers, "target": target})
+
+
+@pytest.mark.parametrize("num_numbers", [3, 4])
+def test_generated_examples(num_numbers):
+  task = make_task("countdown", num_numbers=num_numbers)
+  train = task.generate("train", 2000, 0)
+  test = task.generate("test", 200, 0)
+  assert train == task.generate("train", 2000, 0)
+  assert not {task.canonical(e) for e in train} & {task.canonical(e) for e in test}
+  assert len({task.canonical(e) for e in train}) == 2000
+  tok = CharTokenizer()
+  for ex in train + test:
+    nums, target = ex.meta["numbers"], ex.meta["target"]
+    assert len(nums) == num_numbers and all(1 <= x <= 20 for x in nums)
+    assert 1 <= target <= 100
+    assert ex.prompt == ",".join(map(str, nums)) + f">{target}="
+    assert " " not in ex.answer
+    value, literals = parse_expression(ex.answer)
+    assert value == target and Counter(literals) == Counter(nums)
+    tok.encode(ex.prompt + ex.answer)
+    assert task.verify(ex, ex.answer).correct
+
+
+def test_minimal_parentheses_keep_value():
+  a, b, c = ((parse_expression(s).value, s, 3) for s in ("8", "4", "2"))
+  for op1 in "+-*/":
+    for op2 in "+-*/":
+      inner = combine(b, op1, c)
+      for node in (combine(a, op2, inner), combine(inner, op2, a)):
+        if node is not None:
+          assert parse_expression(node[1]).value == node[0]
+  assert combine(a, "-", combine(b, "-", c))[1] == "8-(4-2)"
+  assert combine(a, "+", combine(b, "-", c))[1] == "8+4-2"
+  assert combine(combine(a, "+", b), "*", c)[1] == "(8+4)*2"
+  assert combine(a, "/", combine(b, "*", c))[1] == "8/(4*2)"
+  assert combine(a, "*", combine(b, "/", c))[1] == "8*4/2"
+  assert combine(c, "/", b) is None  # 2/4 is not exact
+  assert combine(a, "/", combine(c, "-", c)) is None  # division by zero
+
+
+def test_verify_right_and_wrong():
+  task = make_task("countdown")
+  ex = _ex([3, 5, 7], 22)
+  for good in ("3*5+7", "7+3*5", "(5*3)+7", " 7 + 5*3 \n"):
+    r = task.verify(ex, good)
+    assert r.correct and r.reward == 1.0, good
+  cases = {
+      "3*5+7+0": "exactly once",   # extra number
+      "5*5-3": "exactly once",     # reuse, missing 7
+      "3*7+1": "exactly once",     # foreign number
+      "15+7": "exactly once",      # missing numbers
+      "3+5+7": "wrong value",
+      "7*3+5/5": "exactly once",
+  }
+  for text, reason in cases.items():
+    r = task.verify(ex, text)
+    assert not r.correct and r.reward == 0.0 and reason in r.info["reason"], text
+  # Duplicates in the given numbers must be used exactly as many times.
+  ex2 = _ex([4, 4, 2], 10)
+  assert task.verify(ex2, "4+4+2").correct
+  assert not task.verify(ex2, "4*2+2").correct
+  # Rational intermediates are fine if the value is exact.
+  assert task.verify(_ex([1, 3, 9], 3), "1/3*9").correct
+
+
+def test_hostile_completions_score_zero_quickly():
+  task = make_task("countdown")
+  ex = _ex([3, 5, 7], 22)
+  hostile = [
+      "__import__('os').system('ls')",
+      "1" * 10000,
+      "(" * 5000,
+      "(" * 40 + "3*5+7" + ")" * 40,
+      "2**99999",
+      "3**5**7",
+      "-3+5*7",
+      "3*5+7; import os",
+      "",
+      "3/0+5+7",
+      "open('/etc/passwd').read()",
+  ]
+  start = time.perf_counter()
+  for text in hostile:
+    r = task.verify(ex, text)
+    assert (r.reward, r.correct, r.parsed) == (0.0, False, None), text
+    assert r.info["reason"].startswith("parse error")
+  assert time.perf_counter() - start < 0.5
+
+
+def test_validation():
+  for n in (2, 5):
+    with pytest.raises(ValueError, match="num_numbers"):
+      make_task("countdown", num_numbers=n)
+  with pytest.raises(ValueError, match="max_number"):
+    make_task("countdown", max_number=0)

@@ -1,0 +1,100 @@
+"""encode_examples layout and BatchIterator determinism / resume / coverage."""
+
+import numpy as np
+import pytest
+
+from dllm_rl.tasks import CharTokenizer, Example, make_task
+from dllm_rl.tasks.data import BatchIterator, encode_examples
+
+
+def test_encode_layout():
+  tok = CharTokenizer()
+  exs = [Example("12+3=", "51"), Example("1+1=", "2"), Example("", "")]
+  out = encode_examples(exs, tok, prompt_len=6, completion_len=4)
+  assert set(out) == {"prompt_BP", "prompt_valid_BP", "completion_BL", "completion_valid_BL"}
+  assert out["prompt_BP"].dtype == np.int32 and out["completion_BL"].dtype == np.int32
+  assert out["prompt_valid_BP"].dtype == bool and out["completion_valid_BL"].dtype == bool
+  assert out["prompt_BP"].shape == (3, 6) and out["completion_BL"].shape == (3, 4)
+  pad, eos = tok.pad_id, tok.eos_id
+  np.testing.assert_array_equal(out["prompt_BP"][0], [pad] + tok.encode("12+3="))
+  np.testing.assert_array_equal(out["prompt_BP"][1], [pad, pad] + tok.encode("1+1="))
+  np.testing.assert_array_equal(out["prompt_BP"][2], [pad] * 6)
+  np.testing.assert_array_equal(out["prompt_valid_BP"], out["prompt_BP"] != pad)
+  np.testing.assert_array_equal(out["completion_BL"][0], tok.encode("51") + [eos, eos])
+  np.testing.assert_array_equal(out["completion_BL"][1], tok.encode("2") + [eos] * 3)
+  np.testing.assert_array_equal(out["completion_BL"][2], [eos] * 4)
+  assert out["completion_valid_BL"].all()
+  for b, ex in enumerate(exs):
+    assert tok.decode(out["prompt_BP"][b]) == ex.prompt
+    assert tok.decode(out["completion_BL"][b]) == ex.answer
+
+
+def test_encode_length_errors_name_index_and_key():
+  tok = CharTokenizer()
+  exs = [Example("1=", "1"), Example("123+456=", "975")]
+  with pytest.raises(ValueError, match=r"example 1: prompt has 8 tokens > data\.prompt_len=7"):
+    encode_examples(exs, tok, prompt_len=7, completion_len=8)
+  # The answer needs one EOS after it: 3 + 1 > 3.
+  with pytest.raises(ValueError, match=r"example 1: answer has 3 tokens.*data\.completion_len=3"):
+    encode_examples(exs, tok, prompt_len=8, completion_len=3)
+  encode_examples(exs, tok, prompt_len=8, completion_len=4)  # exact fit is fine
+  with pytest.raises(ValueError, match="position 0"):
+    encode_examples([Example("é", "1")], tok, prompt_len=8, completion_len=4)
+
+
+def test_encode_real_task():
+  tok = CharTokenizer()
+  exs = make_task("countdown", num_numbers=4).generate("train", 64, 0)
+  out = encode_examples(exs, tok, prompt_len=16, completion_len=24)
+  assert (out["prompt_BP"][:, -1] == tok.encode("=")[0]).all()  # prompts end aligned
+
+
+def _arrays(n):
+  return {"x": np.arange(n), "y": np.arange(n)[:, None] * np.ones((1, 3), int)}
+
+
+def test_batches_consistent_and_epoch_coverage():
+  it = BatchIterator(_arrays(10), batch_size=3, seed=0)
+  assert it.batches_per_epoch == 3
+  seen = []
+  for _ in range(3):
+    batch = next(it)
+    np.testing.assert_array_equal(batch["y"][:, 0], batch["x"])
+    assert batch["x"].shape == (3,) and batch["y"].shape == (3, 3)
+    seen += batch["x"].tolist()
+  assert len(set(seen)) == 9 and it.position == 3 and it.epoch == 1  # one row dropped
+  epoch1 = np.concatenate([next(it)["x"] for _ in range(3)])
+  assert len(set(epoch1.tolist())) == 9
+  assert epoch1.tolist() != seen  # reshuffled per epoch
+  # Over many epochs every row is served.
+  it = BatchIterator(_arrays(10), batch_size=3, seed=0)
+  assert set(np.concatenate([next(it)["x"] for _ in range(30)]).tolist()) == set(range(10))
+
+
+def test_exact_epoch_is_a_permutation():
+  it = BatchIterator(_arrays(12), batch_size=4, seed=7)
+  for _ in range(4):
+    rows = np.concatenate([next(it)["x"] for _ in range(3)])
+    assert sorted(rows.tolist()) == list(range(12))
+
+
+def test_resume_equals_uninterrupted():
+  arrays = _arrays(17)
+  ref = BatchIterator(arrays, batch_size=4, seed=3)
+  ref_batches = [next(ref)["x"] for _ in range(20)]
+  for k in (0, 1, 4, 5, 13):
+    resumed = BatchIterator(arrays, batch_size=4, seed=3, position=k)
+    for j in range(k, 20):
+      np.testing.assert_array_equal(next(resumed)["x"], ref_batches[j])
+    assert resumed.position == 20
+  other = BatchIterator(arrays, batch_size=4, seed=4)
+  assert any((next(other)["x"] != b).any() for b in ref_batches[:4])
+
+
+def test_iterator_errors():
+  with pytest.raises(ValueError, match="batch_size"):
+    BatchIterator(_arrays(4), batch_size=5, seed=0)
+  with pytest.raises(ValueError, match="leading sizes"):
+    BatchIterator({"a": np.zeros(3), "b": np.zeros(4)}, batch_size=1, seed=0)
+  with pytest.raises(ValueError, match="at least one"):
+    BatchIterator({}, batch_size=1, seed=0)

@@ -1,0 +1,104 @@
+"""Config validation: every error names its key, and fails before compilation."""
+
+import os
+import subprocess
+import sys
+import time
+
+import ml_collections
+import pytest
+
+from dllm_rl.config import ConfigError, base_config, locked, validate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cfg(**updates):
+  c = base_config()
+  for dotted, value in updates.items():
+    *path, leaf = dotted.split("__")
+    node = c
+    for part in path:
+      node = node[part]
+    node[leaf] = value
+  return c
+
+
+def test_base_and_tiny_cpu_configs_validate():
+  validate(base_config())
+  sys.path.insert(0, os.path.join(ROOT, "configs"))
+  try:
+    import tiny_cpu
+  finally:
+    sys.path.pop(0)
+  validate(tiny_cpu.get_config())
+
+
+@pytest.mark.parametrize("updates, key", [
+    ({"data__completion_len": 10, "sampler__block_len": 4}, "sampler.block_len"),
+    ({"sampler__block_len": 4, "sampler__steps": 3}, "sampler.steps"),
+    ({"sampler__steps": 64}, "sampler.steps"),
+    ({"sampler__remasking": "low_confidance"}, "sampler.remasking"),
+    ({"task__name": "sudokuu"}, "task.name"),
+    ({"mode": "train"}, "mode"),
+    ({"model__n_kv_heads": 3}, "model.n_kv_heads"),
+    ({"model__dtype": "float16"}, "model.dtype"),
+    ({"sft__schedule": "step"}, "sft.schedule"),
+    ({"sampler__threshold": 1.5}, "sampler.threshold"),
+    ({"data__batch_size": 0}, "data.batch_size"),
+])
+def test_bad_values_name_their_key(updates, key):
+  with pytest.raises(ConfigError) as err:
+    validate(_cfg(**updates))
+  assert err.value.key == key and str(err.value).startswith(f"config.{key}:")
+
+
+def test_unknown_registry_name_lists_choices():
+  with pytest.raises(ConfigError, match="Did you mean 'low_confidence'"):
+    validate(_cfg(sampler__remasking="low_confidance"))
+
+
+def test_unknown_and_mistyped_keys():
+  c = base_config()
+  c.sft.stepz = 3
+  with pytest.raises(ConfigError, match=r"config\.sft\.stepz: unknown key; did you mean sft\.steps"):
+    validate(c)
+  c = base_config()
+  with pytest.raises(TypeError):
+    c.sft.steps = "many"  # ConfigDict is type-safe on assignment
+  raw = base_config().to_dict()
+  raw["sft"]["lr"] = "fast"
+  with pytest.raises(ConfigError, match=r"config\.sft\.lr: expected float"):
+    validate(ml_collections.ConfigDict(raw))
+
+
+def test_locked_config_rejects_typos_where_written():
+  c = locked(base_config())
+  with pytest.raises(AttributeError):
+    c.sampler.block_lenght = 4
+  c.task.options.num_digits = 2  # task options stay free-form (checked by the task)
+  validate(c)
+
+
+def test_bad_task_option_is_reported():
+  c = base_config()
+  c.task.options.num_digitz = 2
+  with pytest.raises(ConfigError, match=r"config\.task\.options:.*num_digitz"):
+    validate(c)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("--config.sampler.block_len=3", "sampler.block_len"),
+    ("--config.sft.stepz=3", "stepz"),
+])
+def test_cli_fails_fast_naming_the_key(tmp_path, override, key):
+  t0 = time.time()
+  proc = subprocess.run(
+      [sys.executable, "-m", "dllm_rl.main", "--config=configs/tiny_cpu.py",
+       f"--workdir={tmp_path}", override],
+      cwd=ROOT, capture_output=True, text=True, timeout=120,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode != 0
+  assert key in proc.stderr
+  assert time.time() - t0 < 60
+  assert not os.path.exists(tmp_path / "checkpoints")

@@ -1,0 +1,105 @@
+"""Tests for dllm_rl.observability: JSONL records, resume append, NaN round trip, TB, plots."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dllm_rl.observability import (MetricsLogger, phase_summary, plot_metrics, progress,
+                                   read_metrics)
+
+
+def test_one_json_object_per_log_call(tmp_path):
+  with MetricsLogger(str(tmp_path), tensorboard=False) as logger:
+    out = logger.log(1, {"loss": jnp.float32(0.5), "acc": np.float64(0.25), "n": jnp.int32(3),
+                         "lr": 1e-3, "vec1": jnp.ones((1,))}, phase="sft")
+    logger.log(2, {"loss": 0.4}, phase="sft")
+    logger.log(1, {"reward": 1.0}, phase="rl")
+  assert out["loss"] == 0.5 and type(out["loss"]) is float
+  assert out["n"] == 3 and type(out["n"]) is int
+  assert out["vec1"] == 1.0
+  lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+  assert len(lines) == 3
+  first = json.loads(lines[0])
+  assert first["phase"] == "sft" and first["step"] == 1 and isinstance(first["time"], float)
+  assert first["acc"] == 0.25
+  assert [r["step"] for r in read_metrics(str(tmp_path), phase="sft")] == [1, 2]
+  assert read_metrics(str(tmp_path / "metrics.jsonl"), phase="rl")[0]["reward"] == 1.0
+
+
+def test_bad_metrics_rejected(tmp_path):
+  with MetricsLogger(str(tmp_path), tensorboard=False) as logger:
+    with pytest.raises(TypeError, match="vec"):
+      logger.log(1, {"vec": jnp.ones(3)}, phase="sft")
+    with pytest.raises(ValueError, match="reserved"):
+      logger.log(1, {"step": 3}, phase="sft")
+
+
+def test_append_across_loggers(tmp_path):
+  with MetricsLogger(str(tmp_path), tensorboard=False) as logger:
+    logger.log(1, {"loss": 1.0}, phase="sft")
+  with MetricsLogger(str(tmp_path), tensorboard=False) as logger:  # A resumed run.
+    logger.log(2, {"loss": 0.5}, phase="sft")
+  assert [r["loss"] for r in read_metrics(str(tmp_path))] == [1.0, 0.5]
+
+
+def test_nonfinite_round_trip_and_strict_json(tmp_path):
+  with MetricsLogger(str(tmp_path), tensorboard=False) as logger:
+    out = logger.log(1, {"a": jnp.nan, "b": np.inf, "c": -math.inf, "d": 2.0}, phase="rl")
+  assert out["a"] == "nan" and out["b"] == "inf" and out["c"] == "-inf"
+  line = (tmp_path / "metrics.jsonl").read_text().strip()
+  json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+  rec = read_metrics(str(tmp_path))[0]
+  assert math.isnan(rec["a"]) and rec["b"] == math.inf and rec["c"] == -math.inf
+  assert rec["d"] == 2.0
+
+
+def test_disabled_logger_writes_nothing(tmp_path):
+  logger = MetricsLogger(str(tmp_path / "w"), enabled=False)
+  assert logger.log(1, {"loss": 1.0}, phase="sft")["loss"] == 1.0
+  logger.close()
+  assert not os.path.exists(tmp_path / "w")
+
+
+def test_tensorboard_event_file(tmp_path):
+  with MetricsLogger(str(tmp_path)) as logger:
+    logger.log(1, {"loss": 1.0, "x": math.nan}, phase="sft")
+    logger.flush()
+  files = os.listdir(tmp_path / "tb")
+  assert any(f.startswith("events.out.tfevents") for f in files)
+  assert sum(os.path.getsize(tmp_path / "tb" / f) for f in files) > 0
+
+
+def test_plot_metrics(tmp_path):
+  with MetricsLogger(str(tmp_path), tensorboard=False) as logger:
+    for step in range(5):
+      logger.log(step, {"loss": 1.0 / (step + 1)}, phase="sft")
+      logger.log(step, {"reward": step * 0.1, "loss": 0.3}, phase="rl")
+  out = plot_metrics(str(tmp_path / "metrics.jsonl"), str(tmp_path / "p" / "m.png"),
+                     ["loss", "reward", "missing"])
+  assert out == str(tmp_path / "p" / "m.png")
+  data = open(out, "rb").read()
+  assert data.startswith(b"\x89PNG") and len(data) > 1000
+  out2 = plot_metrics(str(tmp_path), str(tmp_path / "sft.png"), ["loss"], phase="sft")
+  assert os.path.getsize(out2) > 0
+
+
+def test_phase_summary_format(capsys):
+  line = phase_summary("sft", {"step": 600, "loss": jnp.float32(0.41234),
+                               "accuracy": 0.3519, "note": "ok"}, 83.24)
+  assert line == "[sft] done in 83.2s | step 600 | loss 0.4123 | accuracy 0.3519 | note ok"
+  assert capsys.readouterr().out.strip() == line
+
+
+def test_progress_bar():
+  bar = progress(10, desc="sft", initial=4)
+  assert bar.n == 4 and bar.total == 10 and not bar.disable and bar.mininterval == 1.0
+  bar.update(2)
+  assert bar.n == 6
+  bar.close()
+  assert progress(3, desc="x", disable=True).disable
