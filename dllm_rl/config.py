@@ -82,8 +82,51 @@ def base_config() -> ml_collections.ConfigDict:
   f.eval_every = 200      # validation greedy accuracy every N steps; 0 = only at the end
   f.target_accuracy = 0.0  # > 0: stop SFT once validation accuracy reaches it
 
+  c.rl = r = ml_collections.ConfigDict()
+  r.steps = 300           # rollout batches (each followed by inner_steps updates)
+  r.batch_prompts = 8     # B prompts per rollout batch
+  r.group_size = 16       # G completions per prompt
+  r.inner_steps = 2       # μ policy updates per rollout batch, fresh estimator masks each
+  r.temperature = 1.0     # rollout sampling temperature
+  r.loss = "stabledrl"    # a name in dllm_rl.rl.losses.LOSSES
+  r.advantage = "centered"  # a name in dllm_rl.rl.advantages.ADVANTAGES
+  r.clip = "upper"        # stabledrl: upper = min(ρ, C) | symmetric = clip(ρ, 1 − ε, 1 + ε)
+  r.clip_C = 5.0
+  r.eps = 0.2
+  r.beta = 1.0            # risk_sensitive β
+  r.beta_start = 0.0      # steprs: β at the first (most masked) denoising state
+  r.beta_end = 2.0        # steprs: β at the last state
+  r.beta_schedule = "linear"  # linear | cosine | step
+  r.kl_coef = 0.0         # KL to the starting policy; 0 = off
+  r.kl_estimator = "k3"   # k1 | k2 | k3
+  r.lr = 1e-4
+  r.schedule = "constant"
+  r.warmup_steps = 0
+  r.weight_decay = 0.0
+  r.b1 = 0.9
+  r.b2 = 0.99
+  r.grad_clip = 1.0
+  r.log_every = 10
+  r.eval_every = 100      # validation greedy accuracy every N rollout batches; 0 = end only
+
+  c.estimator = x = ml_collections.ConfigDict()
+  x.name = "elbo"         # a name in dllm_rl.diffusion.estimators.ESTIMATORS
+  x.num_samples = 1       # K Monte-Carlo draws
+  x.antithetic = True     # θ and θ_old share masks
+  x.coupled = False       # elbo: complementary mask pairs
+  x.stratified = False    # elbo: stratified t
+  x.prompt_mask_prob = 0.0
+  x.t_eps = 1e-3
+  x.reduction = "mean"    # mean_field: sum | mean
+  x.spg_beta = 1.5
+  x.spg_omega = 0.5
+  x.spg_block_len = 32
+
   c.eval = e = ml_collections.ConfigDict()
   e.batch_size = 128
+  e.num_samples = 8       # n samples per test prompt for pass@k
+  e.pass_k = (1, 4, 8)    # k values (each <= num_samples)
+  e.temperature = 1.0     # sampling temperature for pass@k
 
   c.checkpoint = k = ml_collections.ConfigDict()
   k.save_every = 200
@@ -121,6 +164,8 @@ def _walk(schema, config, prefix, errors):
     if isinstance(want, bool) != isinstance(got, bool):
       errors.append(ConfigError(path, f"expected {type(want).__name__}, got {got!r}"))
     elif isinstance(want, float) and isinstance(got, (int, float)):
+      continue
+    elif isinstance(want, tuple) and isinstance(got, (tuple, list)):
       continue
     elif not isinstance(got, type(want)):
       errors.append(ConfigError(path, f"expected {type(want).__name__}, got {got!r}"))
@@ -199,7 +244,49 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check(0 <= f.target_accuracy <= 1, "sft.target_accuracy", "must be in [0, 1]")
   _check(f.grad_clip >= 0, "sft.grad_clip", "must be >= 0")
 
-  _check(config.eval.batch_size > 0, "eval.batch_size", "must be positive")
+  r = config.rl
+  from dllm_rl.diffusion import estimators
+  from dllm_rl.rl import advantages, losses
+  _check(r.loss in losses.LOSSES, "rl.loss", losses.LOSSES.unknown_message(r.loss))
+  _check(r.advantage in advantages.ADVANTAGES, "rl.advantage",
+         advantages.ADVANTAGES.unknown_message(r.advantage))
+  _check(config.estimator.name in estimators.ESTIMATORS, "estimator.name",
+         estimators.ESTIMATORS.unknown_message(config.estimator.name))
+  for key in ("steps", "batch_prompts", "inner_steps", "log_every"):
+    _check(r[key] > 0, f"rl.{key}", f"must be positive, got {r[key]}")
+  _check(r.group_size >= 2, "rl.group_size", "group advantages need at least 2 completions")
+  _check(r.clip in losses.CLIP_MODES, "rl.clip", f"must be one of {losses.CLIP_MODES}")
+  _check(r.clip_C > 1, "rl.clip_C", "must be > 1")
+  _check(0 < r.eps < 1, "rl.eps", "must be in (0, 1)")
+  _check(r.beta_schedule in advantages.SCHEDULES, "rl.beta_schedule",
+         f"must be one of {advantages.SCHEDULES}")
+  _check(r.kl_estimator in ("k1", "k2", "k3"), "rl.kl_estimator", "must be k1, k2 or k3")
+  _check(r.kl_coef >= 0, "rl.kl_coef", "must be >= 0")
+  _check(r.schedule in SCHEDULES, "rl.schedule", f"must be one of {SCHEDULES}")
+  _check(0 <= r.warmup_steps <= r.steps * r.inner_steps, "rl.warmup_steps",
+         "must be in [0, rl.steps * rl.inner_steps]")
+  _check(r.temperature >= 0, "rl.temperature", "must be >= 0")
+  _check(r.eval_every >= 0, "rl.eval_every", "must be >= 0")
+  x = config.estimator
+  _check(x.num_samples > 0, "estimator.num_samples", "must be positive")
+  _check(not x.coupled or x.num_samples % 2 == 0, "estimator.num_samples",
+         f"coupled masks come in pairs: needs an even number, got {x.num_samples}")
+  _check(0 <= x.prompt_mask_prob < 1, "estimator.prompt_mask_prob", "must be in [0, 1)")
+  _check(0 < x.t_eps < 1, "estimator.t_eps", "must be in (0, 1)")
+  _check(x.reduction in ("sum", "mean"), "estimator.reduction", "must be sum or mean")
+  _check(r.loss != "grpo_token" or (x.name == "mean_field" and x.reduction == "sum"),
+         "rl.loss", "grpo_token (d1 per-token ratios) needs estimator.name=mean_field with"
+         " estimator.reduction=sum")
+  _check(x.spg_block_len > 0, "estimator.spg_block_len", "must be positive")
+  _check(r.loss != "spg" or x.name == "spg_block", "rl.loss",
+         "spg needs estimator.name=spg_block (it uses the EUBO)")
+
+  e = config.eval
+  _check(e.batch_size > 0, "eval.batch_size", "must be positive")
+  _check(e.num_samples > 0, "eval.num_samples", "must be positive")
+  _check(len(e.pass_k) > 0 and all(0 < k <= e.num_samples for k in e.pass_k), "eval.pass_k",
+         f"every k must be in [1, eval.num_samples={e.num_samples}], got {tuple(e.pass_k)}")
+  _check(e.temperature >= 0, "eval.temperature", "must be >= 0")
   _check(config.checkpoint.save_every > 0, "checkpoint.save_every", "must be positive")
   _check(config.checkpoint.keep > 0, "checkpoint.keep", "must be positive")
   return config

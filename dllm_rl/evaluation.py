@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from typing import Any, Sequence
 
 import jax
@@ -56,3 +57,69 @@ def greedy_accuracy(graphdef, params, *, task, tokenizer, examples, arrays: dict
   completions = generate(sample_fn, params, arrays["prompt_BP"], arrays["prompt_valid_BP"],
                          jax.random.key(0), batch_size)
   return score(task, tokenizer, examples, completions)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+  """Unbiased pass@k (Chen et al. 2021): 1 − C(n − c, k) / C(n, k), computed stably."""
+  if not 0 < k <= n or not 0 <= c <= n:
+    raise ValueError(f"need 0 < k <= n and 0 <= c <= n, got n={n}, c={c}, k={k}")
+  if n - c < k:
+    return 1.0
+  return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def verify_groups(task, tokenizer, examples: Sequence[Any], completions_BGL: np.ndarray):
+  """Host verifiers over [B, G] completions → (rewards_BG float32, correct_BG bool, parsed)."""
+  b, g, _ = completions_BGL.shape
+  rewards = np.zeros((b, g), np.float32)
+  correct = np.zeros((b, g), bool)
+  parsed = []
+  for i, ex in enumerate(examples):
+    row = []
+    for j in range(g):
+      text = tokenizer.decode(completions_BGL[i, j])
+      result = task.verify(ex, text)
+      rewards[i, j], correct[i, j] = result.reward, result.correct
+      row.append(result.parsed if result.parsed is not None else text)
+    parsed.append(row)
+  return rewards, correct, parsed
+
+
+def sampled_metrics(sample_fn, params, *, task, tokenizer, examples, arrays: dict, num_samples: int,
+                    ks: Sequence[int], batch_size: int, key: jax.Array) -> dict:
+  """n samples per prompt: unbiased pass@k for each k, mean sample accuracy, and
+  answer diversity (distinct answers per prompt, malformed outputs by their text)."""
+  n = num_samples
+  prompts = np.repeat(arrays["prompt_BP"], n, axis=0)
+  valid = np.repeat(arrays["prompt_valid_BP"], n, axis=0)
+  completions = generate(sample_fn, params, prompts, valid, key, batch_size)
+  completions = completions.reshape(len(examples), n, -1)
+  _, correct, parsed = verify_groups(task, tokenizer, examples, completions)
+  counts = correct.sum(-1)
+  return {
+      "pass_at_k": {str(k): float(np.mean([pass_at_k(n, int(c), k) for c in counts])) for k in ks},
+      "sample_accuracy": float(correct.mean()),
+      "diversity": float(np.mean([len(set(row)) for row in parsed])),
+  }
+
+
+def evaluate_policy(graphdef, params, ctx, *, sample_fn=None) -> dict:
+  """The held-out report of a policy on the test split: greedy accuracy, and
+  pass@k / sample accuracy / diversity from ``eval.num_samples`` samples at
+  ``eval.temperature``. ``sample_fn``: a jitted greedy sampler to reuse (the
+  greedy pass is then timed without compilation: ``greedy_seconds``)."""
+  e = ctx.config.eval
+  t0 = time.perf_counter()
+  greedy = greedy_accuracy(graphdef, params, task=ctx.task, tokenizer=ctx.tokenizer,
+                           examples=ctx.test_examples, arrays=ctx.test_arrays,
+                           cfg=ctx.sampler_cfg, batch_size=e.batch_size, sample_fn=sample_fn)
+  greedy_seconds = time.perf_counter() - t0
+  sampler_cfg = dataclasses.replace(ctx.sampler_cfg, temperature=float(e.temperature))
+  sampled = sampled_metrics(
+      make_sample_fn(graphdef, sampler_cfg, mask_id=ctx.tokenizer.mask_id,
+                     eos_id=ctx.tokenizer.eos_id),
+      params, task=ctx.task, tokenizer=ctx.tokenizer, examples=ctx.test_examples,
+      arrays=ctx.test_arrays, num_samples=e.num_samples, ks=tuple(e.pass_k),
+      batch_size=e.batch_size, key=jax.random.fold_in(jax.random.key(ctx.config.seed), 7))
+  return {"accuracy": greedy["accuracy"], "reward": greedy["reward"],
+          "greedy_seconds": greedy_seconds, **sampled}

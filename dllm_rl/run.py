@@ -27,6 +27,29 @@ def _eval(ctx) -> dict:
   return run_eval(ctx)
 
 
+@MODES.register("rl")
+def _rl(ctx) -> dict:
+  from dllm_rl.train.rl_loop import run_rl
+  return run_rl(ctx)
+
+
+@MODES.register("pipeline")
+def _pipeline(ctx) -> dict:
+  """SFT warm-up → RL → held-out evaluation, with a PNG of the RL curves."""
+  from dllm_rl.observability import plot_metrics
+  from dllm_rl.train.rl_loop import run_rl
+  from dllm_rl.train.sft_loop import run_sft
+
+  sft = run_sft(ctx)
+  rl = run_rl(ctx)
+  plot = plot_metrics(os.path.join(ctx.workdir, "metrics.jsonl"),
+                      os.path.join(ctx.workdir, "rl_curves.png"),
+                      ["reward_mean", "accuracy", "val_accuracy", "grad_norm", "ratio_max",
+                       "bypass_fraction"], phase="rl")
+  return {**sft, **rl, "pass_at_k": rl["rl_pass_at_k"],
+          "rl_gain": rl["rl_accuracy"] - sft["sft_accuracy"], "plot": plot}
+
+
 def run(config, workdir: str) -> dict:
   """Run ``config.mode``; write ``workdir/summary.json`` and return the summary."""
   from dllm_rl.config import validate

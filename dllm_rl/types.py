@@ -28,8 +28,8 @@ class PromptBatch:
 
 
 @struct.dataclass
-class SFTBatch:
-  """Prompt + target completion (answer, EOS, EOS fill) for masked-diffusion SFT.
+class SequenceBatch:
+  """Prompt + completion: SFT targets (answer, EOS, EOS fill) or RL rollouts.
 
   ``completion_valid_BL`` marks completion positions that are targets (and may
   be masked); everything else is never masked and carries no loss.
@@ -46,13 +46,16 @@ class TrainState:
   """Everything a step needs, as one pytree (checkpointed whole).
 
   ``params`` is an ``nnx.State`` of the model's Params; the graph definition is
-  static and lives outside the state (see ``dllm_rl.models.build``).
+  static and lives outside the state (see ``dllm_rl.models.transformer``).
+  ``step`` counts optimizer updates. ``ref_params``: frozen reference policy
+  for a KL penalty (None when unused).
   """
 
   step: jax.Array
   params: Any
   opt_state: Any
   rng: jax.Array
+  ref_params: Any = None
 
 
 @struct.dataclass

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from dllm_rl.diffusion import masking
 from dllm_rl.models import transformer
-from dllm_rl.types import SFTBatch
+from dllm_rl.types import SequenceBatch
 
 
 def sequence_inputs(prompt_BP, prompt_valid_BP, completion_BL):
@@ -32,7 +32,7 @@ def token_log_probs(logits_BLV: jax.Array, targets_BL: jax.Array) -> jax.Array:
   return jnp.take_along_axis(logp, targets_BL[..., None], axis=-1)[..., 0]
 
 
-def sft_loss(graphdef, params, batch: SFTBatch, key: jax.Array, *, mask_id: int,
+def sft_loss(graphdef, params, batch: SequenceBatch, key: jax.Array, *, mask_id: int,
              t_eps: float):
   """Masked-diffusion SFT loss and metrics for one batch (one (t, mask) draw per sequence)."""
   k_t, k_m = jax.random.split(key)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import jax
@@ -10,10 +9,11 @@ import jax
 from dllm_rl import evaluation
 from dllm_rl.setup import Context, init_params
 from dllm_rl.train.optim import make_optimizer
+from dllm_rl.train.rl_loop import rl_optimizer
 from dllm_rl.train.sft_loop import checkpoint_dir, open_checkpointer
 from dllm_rl.train.sft_step import init_train_state
 
-PHASES = ("sft",)  # newest last
+PHASES = ("sft", "rl")  # newest last
 
 
 def run_eval(ctx: Context) -> dict:
@@ -25,16 +25,15 @@ def run_eval(ctx: Context) -> dict:
         f"eval mode needs a checkpoint: none under {os.path.join(ctx.workdir, 'checkpoints')}"
         " (run mode 'sft' with this --workdir first)")
   graphdef, params = init_params(ctx)
-  optimizer, _ = make_optimizer(ctx.config.sft)
+  optimizer = (rl_optimizer(ctx.config.rl) if phase == "rl" else make_optimizer(ctx.config.sft))[0]
   template = init_train_state(params, optimizer, jax.random.key(0))
+  if phase == "rl" and ctx.config.rl.kl_coef > 0:
+    template = template.replace(ref_params=params)
   with open_checkpointer(ctx, phase) as ckpt:
     state, _ = ckpt.restore(template)
-  result = evaluation.greedy_accuracy(
-      graphdef, state.params, task=ctx.task, tokenizer=ctx.tokenizer,
-      examples=ctx.test_examples, arrays=ctx.test_arrays,
-      cfg=dataclasses.replace(ctx.sampler_cfg, temperature=0.0),
-      batch_size=ctx.config.eval.batch_size)
-  print(f"[eval] {phase} checkpoint step {int(state.step)}: test accuracy {result['accuracy']:.3f}",
-        flush=True)
+  result = evaluation.evaluate_policy(graphdef, state.params, ctx)
+  print(f"[eval] {phase} checkpoint step {int(state.step)}: test accuracy {result['accuracy']:.3f}"
+        f", pass@k {result['pass_at_k']}", flush=True)
   return {"phase": phase, "step": int(state.step), "test_accuracy": result["accuracy"],
-          "test_reward": result["reward"]}
+          "test_reward": result["reward"], "pass_at_k": result["pass_at_k"],
+          "sample_accuracy": result["sample_accuracy"], "diversity": result["diversity"]}

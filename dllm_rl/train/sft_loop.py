@@ -16,7 +16,7 @@ from dllm_rl.setup import Context, init_params, to_device
 from dllm_rl.tasks.data import BatchIterator
 from dllm_rl.train.optim import make_optimizer
 from dllm_rl.train.sft_step import init_train_state, make_sft_step
-from dllm_rl.types import SFTBatch
+from dllm_rl.types import SequenceBatch
 
 PHASE = "sft"
 
@@ -31,7 +31,7 @@ def open_checkpointer(ctx: Context, phase: str) -> Checkpointer:
                       keep=c.keep, async_save=c.async_save)
 
 
-def _mean_metrics(window: list[dict]) -> dict:
+def mean_metrics(window: list[dict]) -> dict:
   host = jax.device_get(window)
   return {k: float(np.mean([m[k] for m in host])) for k in host[0]}
 
@@ -39,7 +39,7 @@ def _mean_metrics(window: list[dict]) -> dict:
 def run_sft(ctx: Context) -> dict:
   """Train with the masked-diffusion SFT loss; resume from ``workdir`` when possible.
 
-  Returns a summary with validation/test greedy accuracy, steps and timings.
+  Returns a summary with validation/test greedy accuracy, pass@k, steps and timings.
   """
   config, f = ctx.config, ctx.config.sft
   wall0 = time.time()
@@ -59,12 +59,11 @@ def run_sft(ctx: Context) -> dict:
   sample_fn = evaluation.make_sample_fn(graphdef, greedy_cfg, mask_id=ctx.tokenizer.mask_id,
                                         eos_id=ctx.tokenizer.eos_id)
 
-  def accuracy(params, split: str) -> dict:
-    examples, arrays = ((ctx.val_examples, ctx.val_arrays) if split == "val"
-                        else (ctx.test_examples, ctx.test_arrays))
+  def val_accuracy(params) -> dict:
     return evaluation.greedy_accuracy(graphdef, params, task=ctx.task, tokenizer=ctx.tokenizer,
-                                      examples=examples, arrays=arrays, cfg=greedy_cfg,
-                                      batch_size=config.eval.batch_size, sample_fn=sample_fn)
+                                      examples=ctx.val_examples, arrays=ctx.val_arrays,
+                                      cfg=greedy_cfg, batch_size=config.eval.batch_size,
+                                      sample_fn=sample_fn)
 
   step = int(state.step)
   finished = stopped_early or step >= f.steps
@@ -74,20 +73,20 @@ def run_sft(ctx: Context) -> dict:
     bar = progress(f.steps, desc=PHASE, initial=step, disable=not config.log.progress)
     while not finished and step < f.steps:
       t0 = time.perf_counter()
-      batch = to_device(next(batches), SFTBatch)
+      batch = to_device(next(batches), SequenceBatch)
       state, metrics = step_fn(state, batch, jax.random.fold_in(state.rng, step))
       step += 1
       window.append(metrics)
       bar.update(1)
       if step % f.log_every == 0:
-        logged = _mean_metrics(window)  # blocks on the device: timing below is real
+        logged = mean_metrics(window)  # blocks on the device: timing below is real
         window = []
         logger.log(step, logged, phase=PHASE)
         bar.set_postfix(loss=f"{logged['loss']:.3f}", refresh=False)
       if step > 1:  # the first step includes compilation
         timed_steps, timed_seconds = timed_steps + 1, timed_seconds + time.perf_counter() - t0
       if f.eval_every and step % f.eval_every == 0:
-        val = accuracy(state.params, "val")
+        val = val_accuracy(state.params)
         logger.log(step, {f"val_{k}": v for k, v in val.items()}, phase=PHASE)
         stopped_early = 0 < f.target_accuracy <= val["accuracy"]
       finished = stopped_early or step >= f.steps
@@ -97,22 +96,25 @@ def run_sft(ctx: Context) -> dict:
                                 "config": config.to_json()}, force=finished)
     bar.close()
     ckpt.wait()
-    t_eval = time.perf_counter()
-    test = accuracy(state.params, "test")
-    eval_seconds = time.perf_counter() - t_eval
-    logger.log(step, {f"test_{k}": v for k, v in test.items()}, phase=PHASE)
+    report = evaluation.evaluate_policy(graphdef, state.params, ctx, sample_fn=sample_fn)
+    logger.log(step, {"test_accuracy": report["accuracy"], "test_sample_accuracy":
+                      report["sample_accuracy"], "test_diversity": report["diversity"]},
+               phase=PHASE)
   ckpt.close()
 
   n_tokens = len(ctx.test_examples) * ctx.sampler_cfg.completion_len
   summary = {
       "sft_steps": step,
       "sft_val_accuracy": val.get("accuracy"),
-      "sft_accuracy": test["accuracy"],
+      "sft_accuracy": report["accuracy"],
+      "sft_pass_at_k": report["pass_at_k"],
+      "sft_sample_accuracy": report["sample_accuracy"],
+      "sft_diversity": report["diversity"],
       "sft_step_seconds": timed_seconds / timed_steps if timed_steps else None,
-      "eval_tokens_per_second": n_tokens / eval_seconds,
+      "eval_tokens_per_second": n_tokens / report["greedy_seconds"],
       "sft_wall_seconds": time.time() - wall0,
   }
-  phase_summary(PHASE, {"step": step, "test_accuracy": test["accuracy"],
+  phase_summary(PHASE, {"step": step, "test_accuracy": report["accuracy"],
                         "step_ms": 1e3 * (summary["sft_step_seconds"] or 0.0)},
                 summary["sft_wall_seconds"])
   return summary

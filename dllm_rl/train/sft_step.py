@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from dllm_rl.diffusion.sft import sft_loss
-from dllm_rl.types import SFTBatch, TrainState
+from dllm_rl.types import SequenceBatch, TrainState
 
 
 def init_train_state(params, optimizer: optax.GradientTransformation, rng: jax.Array) -> TrainState:
@@ -21,7 +21,7 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation, schedule: o
                   *, mask_id: int, t_eps: float) -> Callable:
   """Build the jitted step (state donated). Metrics: loss, grad_norm (pre-clip), lr."""
 
-  def sft_step(state: TrainState, batch: SFTBatch, key: jax.Array):
+  def sft_step(state: TrainState, batch: SequenceBatch, key: jax.Array):
     def loss_fn(params):
       return sft_loss(graphdef, params, batch, key, mask_id=mask_id, t_eps=t_eps)
 

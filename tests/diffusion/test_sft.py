@@ -9,7 +9,7 @@ from dllm_rl.diffusion import masking
 from dllm_rl.diffusion.sft import sft_loss
 from dllm_rl.models import transformer as T
 from dllm_rl.train.sft_step import init_train_state, make_sft_step
-from dllm_rl.types import SFTBatch
+from dllm_rl.types import SequenceBatch
 
 MASK = 2
 CFG = T.ModelConfig(vocab_size=20, d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=16,
@@ -21,7 +21,7 @@ def _batch():
   valid = jnp.ones((8, 6), bool).at[:, :2].set(False)
   completion = jax.random.randint(jax.random.key(1), (8, 5), 3, 20)
   comp_valid = jnp.ones((8, 5), bool).at[:4, 3:].set(False)
-  return SFTBatch(prompt, valid, completion, comp_valid)
+  return SequenceBatch(prompt, valid, completion, comp_valid)
 
 
 def test_masking_only_touches_eligible_positions():

@@ -1,4 +1,5 @@
-"""End to end (tiny): SFT mode writes metrics/checkpoints/summary, resumes exactly, eval mode."""
+"""End to end (tiny): SFT writes metrics/checkpoints/summary and resumes exactly; the
+pipeline (SFT → RL → eval) writes its summary and plot; eval mode."""
 
 import json
 import os
@@ -16,15 +17,19 @@ from dllm_rl.train.sft_loop import open_checkpointer
 from dllm_rl.train.sft_step import init_train_state
 
 
-def _config(steps: int):
+def _config(steps: int, mode: str = "sft"):
   c = get_config()
+  c.mode = mode
   c.model.d_model, c.model.n_layers, c.model.mlp_hidden = 32, 1, 64
   c.task.train_size, c.task.val_size, c.task.test_size = 256, 32, 32
   c.data.batch_size = 32
   c.sft.steps, c.sft.warmup_steps, c.sft.schedule = steps, 0, "constant"
   c.sft.eval_every, c.sft.log_every = 10, 5
+  c.sft.target_accuracy = 0.0
   c.checkpoint.save_every = 10
   c.log.progress = False
+  c.rl.steps, c.rl.batch_prompts, c.rl.group_size, c.rl.log_every, c.rl.eval_every = 4, 2, 4, 2, 2
+  c.eval.num_samples, c.eval.pass_k = 4, (1, 4)
   return c
 
 
@@ -57,9 +62,28 @@ def test_sft_writes_outputs_and_rerun_resumes(tmp_path):
 
 
 def _with_mode(mode):
-  c = _config(20)
-  c.mode = mode
-  return c
+  return _config(20, mode)
+
+
+def test_pipeline_sft_rl_eval(tmp_path):
+  summary = run.run(_config(10, "pipeline"), str(tmp_path))
+  saved = json.load(open(tmp_path / "summary.json"))
+  for key in ("sft_accuracy", "rl_accuracy", "pass_at_k", "wall_seconds", "rl_gain"):
+    assert key in saved
+  assert set(saved["pass_at_k"]) == {"1", "4"}
+  assert 0 <= saved["pass_at_k"]["1"] <= saved["pass_at_k"]["4"] <= 1
+  assert saved["rl_steps"] == 4 and saved["sft_steps"] == 10
+  assert os.path.getsize(summary["plot"]) > 0
+  rl_records = read_metrics(str(tmp_path / "metrics.jsonl"), phase="rl")
+  assert [r["step"] for r in rl_records if "reward_mean" in r] == [2, 4]
+  assert [r["step"] for r in rl_records if "val_accuracy" in r] == [0, 2, 4]
+  evaluated = run.run(_config(10, "eval"), str(tmp_path))  # the newest phase: rl
+  assert evaluated["phase"] == "rl" and evaluated["test_accuracy"] == saved["rl_accuracy"]
+
+
+def test_rl_mode_needs_an_sft_checkpoint(tmp_path):
+  with pytest.raises(FileNotFoundError, match="SFT checkpoint"):
+    run.run(_config(10, "rl"), str(tmp_path))
 
 
 def test_resume_equals_uninterrupted_run(tmp_path):

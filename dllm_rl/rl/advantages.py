@@ -1,0 +1,348 @@
+"""Group-relative advantages, registered by name.
+
+Rewards come as ``rewards_BG`` (B prompts, G completions per prompt; the group
+is the last axis). Sequence-level advantages (GRPO, Dr. GRPO, RS-GRPO) are
+functions of the group only; StepRS-GRPO gives every completion token its own
+risk-sensitivity β, set by the denoising state in which the sampler unmasked
+it, so its advantages are per token, ``[B, G, L]``.
+
+Every registered advantage has the one signature
+
+    fn(rewards_BG, progress_BGL, mask_BGL, cfg) -> float32 adv_BGL
+
+where ``progress_BGL`` ∈ [0, 1] is the normalised unmasking state of each token
+(:func:`progress_from_unmask_step`), ``mask_BGL`` marks the completion tokens
+that carry loss (the output is 0 elsewhere) and ``cfg`` is an
+:class:`AdvantageConfig` (or anything with its attributes). All math is float32
+and free of Python control flow on traced values, so everything jits.
+
+Group means are computed as r₀ + mean(r − r₀) (r₀ the group's first reward), so
+a group of identical rewards gets advantages that are exactly 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Callable, Mapping, Protocol
+
+import jax
+import jax.numpy as jnp
+
+from dllm_rl.registry import Registry
+
+ArrayLike = Any
+
+SCHEDULES = ("linear", "cosine", "step")
+_SMALL_BETA = 1e-6   # |β| below this: the β → 0 limit (centered / w = 1) is used
+_LSE_SWITCH = 30.0   # max β(r − r̄) above this: log-mean-exp via logsumexp
+
+
+# ---------------------------------------------------------------- sequence level
+
+
+def _group_mean(r_xG: jax.Array) -> jax.Array:
+  """Mean over the last axis, shifted by the first element (exact for constant groups)."""
+  r0 = r_xG[..., :1]
+  return (r0 + jnp.mean(r_xG - r0, axis=-1, keepdims=True))[..., 0]
+
+
+@jax.jit
+def centered(rewards_BG: ArrayLike) -> jax.Array:
+  """Dr. GRPO (Liu et al. 2025, eq. 2 without the std): A_i = r_i − mean_j r_j."""
+  r = jnp.asarray(rewards_BG, jnp.float32)
+  return r - _group_mean(r)[..., None]
+
+
+@jax.jit
+def grpo(rewards_BG: ArrayLike, eps: float = 1e-4) -> jax.Array:
+  """GRPO (Shao et al. 2024, eq. 3): A_i = (r_i − mean r) / (std r + eps).
+
+  std uses ddof = 1 (the unbiased estimate, as TRL's GRPOTrainer and d1 via
+  ``torch.std``); for G = 1 the std is taken as 0.
+  """
+  d = centered(rewards_BG)
+  g = d.shape[-1]
+  std = jnp.sqrt(jnp.sum(d * d, axis=-1, keepdims=True) / max(g - 1, 1))
+  return d / (std + eps)
+
+
+def _log_mean_exp(e_xG: jax.Array) -> jax.Array:
+  """log mean_j exp(e_j) over the last axis, accurate when all |e_j| ≪ 1 too.
+
+  log1p(mean expm1(e)) keeps full relative precision for tiny e (logsumexp − log G
+  would cancel against log G); logsumexp takes over when exp(e) could overflow.
+  The small branch sees e clipped, so gradients are finite on both branches.
+  """
+  m = jnp.max(e_xG, axis=-1)
+  small = jnp.log1p(jnp.mean(jnp.expm1(jnp.minimum(e_xG, _LSE_SWITCH)), axis=-1))
+  large = jax.nn.logsumexp(e_xG, axis=-1) - math.log(e_xG.shape[-1])
+  return jnp.where(m > _LSE_SWITCH, large, small)
+
+
+def _rs(r_own: jax.Array, r_grp_xG: jax.Array, beta: jax.Array) -> jax.Array:
+  """Risk-sensitive advantage of ``r_own`` in group ``r_grp_xG`` at ``beta``.
+
+  ``r_own`` and ``beta`` have the output shape; ``r_grp_xG`` broadcasts against
+  it with the group appended. With r̄ the group mean and e_j = β(r_j − r̄),
+  β(r_i − Z) = e_i − log mean_j exp(e_j), so A = expm1(e_i − lme(e)) / β.
+  """
+  mean = _group_mean(r_grp_xG)
+  small = jnp.abs(beta) < _SMALL_BETA
+  safe_beta = jnp.where(small, 1.0, beta)
+  e_xG = safe_beta[..., None] * (r_grp_xG - mean[..., None])
+  e_own = safe_beta * (r_own - mean)
+  adv = jnp.expm1(e_own - _log_mean_exp(e_xG)) / safe_beta
+  return jnp.where(small, r_own - mean, adv)
+
+
+@jax.jit
+def risk_sensitive(rewards_BG: ArrayLike, beta: ArrayLike) -> jax.Array:
+  """RS-GRPO (arXiv 2509.24261): A_i = (1/β)(e^{β r_i} / mean_j e^{β r_j} − 1).
+
+  Computed as expm1(β(r_i − Z))/β with Z = (logsumexp_j(β r_j) − log G)/β, in a
+  mean-shifted form that is accurate for tiny |β| and finite for large |β|.
+  ``beta`` is a scalar or broadcastable to ``rewards_BG``: completion g of
+  prompt b is transformed with β[b, g] (its normaliser Z uses that β over the
+  whole group). |β| < 1e-6 returns :func:`centered` (the β → 0 limit; exact at
+  β = 0, NaN-free gradients). Zero-sum within a group for every β.
+  """
+  r = jnp.asarray(rewards_BG, jnp.float32)
+  beta_BG = jnp.broadcast_to(jnp.asarray(beta, jnp.float32), r.shape)
+  return _rs(r, r[..., None, :], beta_BG)
+
+
+@jax.jit
+def rs_weight(beta: ArrayLike, p: ArrayLike) -> jax.Array:
+  """w_β(p) = (e^β − 1) / (β(1 + p(e^β − 1))), with w → 1 as β → 0.
+
+  For binary rewards with group success rate p̂, RS-GRPO equals
+  w_β(p̂)·(r − p̂). Evaluated via the symmetry w_β(p) = w_{−β}(1 − p) on
+  a = |β| only (no overflow of e^β); |β| < 1e-6 gives 1.
+  """
+  beta = jnp.asarray(beta, jnp.float32)
+  p = jnp.asarray(p, jnp.float32)
+  a = jnp.abs(beta)
+  small = a < _SMALL_BETA
+  safe_a = jnp.where(small, 1.0, a)
+  q = jnp.where(beta > 0, 1.0 - p, p)
+  em = jnp.expm1(-safe_a)
+  return jnp.where(small, 1.0, -em / (safe_a * (1.0 + q * em)))
+
+
+# ---------------------------------------------------------------- StepRS-GRPO
+
+
+@functools.partial(jax.jit, static_argnames="schedule")
+def beta_schedule(progress: ArrayLike, beta_start: ArrayLike, beta_end: ArrayLike,
+                  schedule: str) -> jax.Array:
+  """β(u) = β_start + (β_end − β_start)·g(u) (StepRS-GRPO, arXiv 2610.00661).
+
+  g(u) = u ("linear"), (1 − cos πu)/2 ("cosine") or 1[u ≥ 0.5] ("step");
+  u = 0 is the first (most-masked) denoising state.
+  """
+  if schedule not in SCHEDULES:
+    raise ValueError(f"unknown beta schedule {schedule!r}; choices: {', '.join(SCHEDULES)}")
+  u = jnp.asarray(progress, jnp.float32)
+  if schedule == "linear":
+    g = u
+  elif schedule == "cosine":
+    g = 0.5 * (1.0 - jnp.cos(jnp.pi * u))
+  else:
+    g = (u >= 0.5).astype(jnp.float32)
+  b0 = jnp.asarray(beta_start, jnp.float32)
+  b1 = jnp.asarray(beta_end, jnp.float32)
+  return b0 + (b1 - b0) * g
+
+
+@jax.jit
+def progress_from_unmask_step(unmask_step_BGL: ArrayLike, num_states: int) -> jax.Array:
+  """u = s / (S − 1) ∈ [0, 1] (float32) for the state s a token was unmasked in.
+
+  States are numbered 0..S−1 in the order they happen (0 = first, most masked);
+  s is clipped into [0, S − 1] (e.g. −1 for never-unmasked padding → 0), and
+  u = 0 when S = 1.
+  """
+  s = jnp.asarray(unmask_step_BGL).astype(jnp.float32)
+  last = jnp.asarray(num_states, jnp.float32) - 1.0
+  return jnp.clip(s, 0.0, jnp.maximum(last, 0.0)) / jnp.maximum(last, 1.0)
+
+
+@functools.partial(jax.jit, static_argnames="schedule")
+def steprs(rewards_BG: ArrayLike, progress_BGL: ArrayLike, beta_start: ArrayLike,
+           beta_end: ArrayLike, schedule: str = "linear") -> jax.Array:
+  """StepRS-GRPO (arXiv 2610.00661): per-token risk-sensitive advantages [B, G, L].
+
+  Token (b, g, l) gets risk_sensitive(rewards[b], β_bgl)[g] with
+  β_bgl = beta_schedule(progress[b, g, l]): its normaliser Z uses its own β over
+  the whole group of prompt b. Vectorised as r_B11G against β_BGL (an
+  intermediate of B·G·L·G floats). β_start == β_end gives RS-GRPO over L.
+  """
+  r = jnp.asarray(rewards_BG, jnp.float32)
+  beta_BGL = beta_schedule(progress_BGL, beta_start, beta_end, schedule)
+  beta_BGL = jnp.broadcast_to(beta_BGL, jnp.broadcast_shapes(beta_BGL.shape, r[..., None].shape))
+  r_own_BGL = jnp.broadcast_to(r[..., None], beta_BGL.shape)
+  return _rs(r_own_BGL, r[..., None, None, :], beta_BGL)
+
+
+def _group_rescale(adv_BGL: jax.Array, rewards_BG: ArrayLike, mask_BGL: ArrayLike,
+                   stat: Callable[[jax.Array], jax.Array], power: float) -> jax.Array:
+  """Scale each group so Σ_valid stat(adv) matches Σ_valid stat(centered), stat^power."""
+  adv = jnp.asarray(adv_BGL, jnp.float32)
+  m = jnp.broadcast_to(jnp.asarray(mask_BGL, bool), adv.shape)
+  ref = jnp.broadcast_to(centered(rewards_BG)[..., None], adv.shape)
+  axes = (-2, -1)
+  s_adv = jnp.sum(jnp.where(m, stat(adv), 0.0), axis=axes, keepdims=True)
+  s_ref = jnp.sum(jnp.where(m, stat(ref), 0.0), axis=axes, keepdims=True)
+  ok = (s_adv > 0) & (s_ref > 0)
+  scale = jnp.where(ok, (s_ref / jnp.where(ok, s_adv, 1.0)) ** power, 1.0)
+  return adv * scale
+
+
+@jax.jit
+def rms_matched(adv_BGL: ArrayLike, rewards_BG: ArrayLike, mask_BGL: ArrayLike) -> jax.Array:
+  """Control: rescale each group's advantages to the RMS of centered ones.
+
+  Over the valid tokens of group b, RMS(adv) is matched to RMS of
+  (r − r̄) broadcast over the same tokens, isolating the *shape* of StepRS
+  advantages from their magnitude. Groups where either RMS is 0 are unchanged.
+  """
+  return _group_rescale(adv_BGL, rewards_BG, mask_BGL, jnp.square, 0.5)
+
+
+@jax.jit
+def mass_matched(adv_BGL: ArrayLike, rewards_BG: ArrayLike, mask_BGL: ArrayLike) -> jax.Array:
+  """Control: rescale each group's advantages to the L1 mass of centered ones.
+
+  Like :func:`rms_matched` with the mean |A| over valid tokens instead of the RMS.
+  """
+  return _group_rescale(adv_BGL, rewards_BG, mask_BGL, jnp.abs, 1.0)
+
+
+# ---------------------------------------------------------------- calibration
+
+
+def _p_of_beta(beta: float) -> float:
+  """p(β) = 1/β − 1/(e^β − 1), float64; the series 1/2 − β/12 + β³/720 near 0."""
+  if abs(beta) < 1e-4:
+    return 0.5 - beta / 12.0 + beta ** 3 / 720.0
+  em = math.expm1(beta) if beta < 700 else math.inf
+  return 1.0 / beta - 1.0 / em
+
+
+def calibrated_beta(p_bar: float) -> float:
+  """The β with w_β(p̄) = 1, i.e. the root of p̄ = 1/β − 1/(e^β − 1) (host-side).
+
+  p(β) decreases from 1 (β → −∞) through 1/2 (β = 0) to 0 (β → +∞), so
+  p̄ < 1/2 gives β > 0. Bracketed, then bisected to |Δβ| ≤ 1e-12·max(1, |β|).
+  """
+  p_bar = float(p_bar)
+  if not (0.0 < p_bar < 1.0):
+    raise ValueError(f"p_bar must lie in (0, 1), got {p_bar}")
+  if p_bar == 0.5:
+    return 0.0
+  lo, hi = -1.0, 1.0
+  while _p_of_beta(lo) <= p_bar:
+    lo *= 2.0
+  while _p_of_beta(hi) >= p_bar:
+    hi *= 2.0
+  for _ in range(400):
+    mid = 0.5 * (lo + hi)
+    if _p_of_beta(mid) > p_bar:
+      lo = mid
+    else:
+      hi = mid
+    if hi - lo <= 1e-12 * max(1.0, abs(mid)):
+      break
+  return 0.5 * (lo + hi)
+
+
+# ---------------------------------------------------------------- registry
+
+
+class AdvantageFn(Protocol):
+  """``fn(rewards_BG, progress_BGL, mask_BGL, cfg) -> float32 adv_BGL`` (0 off the mask)."""
+
+  def __call__(self, rewards_BG: jax.Array, progress_BGL: jax.Array, mask_BGL: jax.Array,
+               cfg: Any) -> jax.Array:
+    ...
+
+
+ADVANTAGES: Registry[AdvantageFn] = Registry("advantage")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageConfig:
+  """Static options (from ``config.advantage``); each advantage reads what it needs."""
+
+  beta: float = 1.0             # risk_sensitive: β
+  beta_start: float = 0.0       # steprs*: β at the first (most-masked) state
+  beta_end: float = 2.0         # steprs*: β at the last state
+  beta_schedule: str = "linear"  # steprs*: one of SCHEDULES
+
+  def __post_init__(self):
+    if self.beta_schedule not in SCHEDULES:
+      raise ValueError(f"unknown beta schedule {self.beta_schedule!r}; "
+                       f"choices: {', '.join(SCHEDULES)}")
+
+  @classmethod
+  def from_config(cls, section: Mapping[str, Any]) -> "AdvantageConfig":
+    d = dict(section)
+    d.pop("name", None)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+      raise ValueError(f"unknown advantage options {unknown}; known: {sorted(known)}")
+    return cls(**d)
+
+
+def _per_token(adv_BG: jax.Array, progress_BGL: ArrayLike, mask_BGL: ArrayLike) -> jax.Array:
+  shape = jnp.broadcast_shapes(jnp.shape(progress_BGL), jnp.shape(mask_BGL))
+  adv_BGL = jnp.broadcast_to(adv_BG[..., None], shape)
+  return jnp.where(jnp.asarray(mask_BGL, bool), adv_BGL, 0.0)
+
+
+@ADVANTAGES.register("grpo")
+def grpo_tokens(rewards_BG, progress_BGL, mask_BGL, cfg) -> jax.Array:
+  """:func:`grpo` broadcast over the completion tokens."""
+  del cfg
+  return _per_token(grpo(rewards_BG), progress_BGL, mask_BGL)
+
+
+@ADVANTAGES.register("centered")
+def centered_tokens(rewards_BG, progress_BGL, mask_BGL, cfg) -> jax.Array:
+  """:func:`centered` broadcast over the completion tokens."""
+  del cfg
+  return _per_token(centered(rewards_BG), progress_BGL, mask_BGL)
+
+
+@ADVANTAGES.register("risk_sensitive")
+def risk_sensitive_tokens(rewards_BG, progress_BGL, mask_BGL, cfg) -> jax.Array:
+  """:func:`risk_sensitive` at ``cfg.beta`` broadcast over the completion tokens."""
+  return _per_token(risk_sensitive(rewards_BG, cfg.beta), progress_BGL, mask_BGL)
+
+
+def _steprs_cfg(rewards_BG, progress_BGL, cfg) -> jax.Array:
+  return steprs(rewards_BG, progress_BGL, cfg.beta_start, cfg.beta_end, cfg.beta_schedule)
+
+
+@ADVANTAGES.register("steprs")
+def steprs_tokens(rewards_BG, progress_BGL, mask_BGL, cfg) -> jax.Array:
+  """:func:`steprs` with ``cfg.beta_start/beta_end/beta_schedule``."""
+  adv = _steprs_cfg(rewards_BG, progress_BGL, cfg)
+  return jnp.where(jnp.asarray(mask_BGL, bool), adv, 0.0)
+
+
+@ADVANTAGES.register("steprs_rms_matched")
+def steprs_rms_matched_tokens(rewards_BG, progress_BGL, mask_BGL, cfg) -> jax.Array:
+  """:func:`steprs` rescaled per group by :func:`rms_matched`."""
+  adv = rms_matched(_steprs_cfg(rewards_BG, progress_BGL, cfg), rewards_BG, mask_BGL)
+  return jnp.where(jnp.asarray(mask_BGL, bool), adv, 0.0)
+
+
+@ADVANTAGES.register("steprs_mass_matched")
+def steprs_mass_matched_tokens(rewards_BG, progress_BGL, mask_BGL, cfg) -> jax.Array:
+  """:func:`steprs` rescaled per group by :func:`mass_matched`."""
+  adv = mass_matched(_steprs_cfg(rewards_BG, progress_BGL, cfg), rewards_BG, mask_BGL)
+  return jnp.where(jnp.asarray(mask_BGL, bool), adv, 0.0)

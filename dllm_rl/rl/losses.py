@@ -1,0 +1,198 @@
+"""Policy losses for estimated likelihood ratios, registered by name.
+
+Sequence-level forms take [B, G] arrays (B prompts, G completions per prompt)
+of ℓ̂_θ (``logp``, differentiable), ℓ̂_old and advantages, and return a scalar:
+per group, then the mean over groups. Per-token forms take per-token
+likelihood contributions ``token_BGL`` (which sum to ℓ̂_θ over L) and per-token
+advantages ``adv_BGL``; with an advantage that is constant over L they have the
+same value (StableDRL) or the same gradient (GRPO) as the sequence form, and
+with StepRS advantages every token's contribution gets its own weight.
+
+Registered losses share the signature
+
+    fn(lik, lik_old, adv_BGL, mask_BGL, lengths_BG, cfg: LossConfig) -> (loss, metrics)
+
+where ``lik``/``lik_old`` are :class:`~dllm_rl.diffusion.estimators.Likelihood`
+reshaped to [B, G, ...] (so ``lik.token_BL`` holds [B, G, L] and ``lik.seq_B``
+[B, G]) and ``lengths_BG`` counts completion tokens through the first EOS.
+Ratios, weights and advantages are float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from dllm_rl.registry import Registry
+from dllm_rl.rl.spg import spg_loss, spg_loss_tokens  # noqa: F401  (public here too)
+
+LOSSES: Registry = Registry("policy loss")
+CLIP_MODES = ("upper", "symmetric")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+  clip: str = "upper"   # stabledrl: "upper" min(ρ, C) | "symmetric" clip(ρ, 1 − ε, 1 + ε)
+  clip_C: float = 5.0
+  eps: float = 0.2
+  spg_omega: float = 0.5
+
+
+def _sg(x):
+  return jax.lax.stop_gradient(x)
+
+
+# ----------------------------------------------------------------------------- GRPO
+
+
+def grpo(logp_BG, logp_old_BG, adv_BG, eps: float = 0.2):
+  """GRPO with conditional clipping and a fixed 1/G (DESIGN "Policy losses"):
+
+      L = −mean_B (1/G) Σ_i min(ρ̂_i A_i, clip(ρ̂_i, 1 − ε, 1 + ε) A_i),
+      ρ̂_i = exp(ℓ̂_θ(o_i) − ℓ̂_old(o_i)).
+
+  When A_i < 0 and ρ̂_i > 1 + ε the unclipped term is selected: the gradient
+  weight ρ̂_i is unbounded (the "bypass" behind loss spikes).
+  """
+  ratio = jnp.exp(logp_BG - _sg(logp_old_BG))
+  obj = jnp.minimum(ratio * adv_BG, jnp.clip(ratio, 1 - eps, 1 + eps) * adv_BG)
+  return -obj.mean(-1).mean()
+
+
+def grpo_active(ratio, adv, eps: float):
+  """Where min(ρA, clip(ρ)A) selects a term with gradient (the unclipped one)."""
+  return ((adv > 0) & (ratio <= 1 + eps)) | ((adv < 0) & (ratio >= 1 - eps))
+
+
+def grpo_tokens(token_BGL, logp_old_BG, adv_BGL, mask_BGL, eps: float = 0.2):
+  """Per-token form of :func:`grpo` with the sequence ratio ρ̂_i:
+
+      L = −mean_B (1/G) Σ_i Σ_k sg(ρ̂_i · 1[unclipped term active for A_ik]) A_ik ℓ̂_ik.
+
+  Its gradient equals grpo's when A_ik = A_i (because Σ_k ℓ̂_ik = ℓ̂_i); its
+  value is this surrogate's, not the clipped objective's.
+  """
+  logp_BG = token_BGL.sum(-1)
+  ratio_BG = jnp.exp(_sg(logp_BG - logp_old_BG))
+  coef_BGL = _sg(ratio_BG[..., None] * grpo_active(ratio_BG[..., None], adv_BGL, eps))
+  return -jnp.where(mask_BGL, coef_BGL * adv_BGL * token_BGL, 0.0).sum(-1).mean(-1).mean()
+
+
+def grpo_token_level(token_BGL, token_old_BGL, adv_BGL, mask_BGL, eps: float = 0.2):
+  """d1 / diffu-GRPO token-level variant: per-token ratios ρ̂_ik, the clipped
+  objective summed over tokens and divided by the total completion length."""
+  ratio = jnp.exp(token_BGL - _sg(token_old_BGL))
+  obj = jnp.minimum(ratio * adv_BGL, jnp.clip(ratio, 1 - eps, 1 + eps) * adv_BGL)
+  return -jnp.where(mask_BGL, obj, 0.0).sum() / jnp.maximum(mask_BGL.sum(), 1)
+
+
+# ------------------------------------------------------------------------ StableDRL
+
+
+def stabledrl_weights(log_ratio_BG, clip: str = "upper", C: float = 5.0, eps: float = 0.2):
+  """StableDRL self-normalised, unconditionally clipped weights (stop-gradient):
+
+      w_i = c(ρ̂_i) / Σ_{j ∈ group} c(ρ̂_j),
+      c(ρ) = min(ρ, C)                  ("upper", official code; a softmax over min(log ρ̂, log C))
+      c(ρ) = clip(ρ, 1 − ε, 1 + ε)      ("symmetric")
+
+  applied whatever the sign of the advantage: w ≥ 0 and Σ_g w = 1.
+  """
+  log_ratio_BG = _sg(log_ratio_BG.astype(jnp.float32))
+  if clip == "upper":
+    return jax.nn.softmax(jnp.minimum(log_ratio_BG, jnp.log(C)), axis=-1)
+  if clip == "symmetric":
+    c = jnp.clip(jnp.exp(log_ratio_BG), 1 - eps, 1 + eps)
+    return c / c.sum(-1, keepdims=True)
+  raise ValueError(f"unknown StableDRL clip mode {clip!r}; choose from {CLIP_MODES}")
+
+
+def stabledrl(logp_BG, logp_old_BG, adv_BG, clip: str = "upper", C: float = 5.0,
+              eps: float = 0.2):
+  """StableDRL: L = −mean_B Σ_i sg(w_i) · A_i · ℓ̂_θ(o_i), w from :func:`stabledrl_weights`.
+
+  The update lies in the convex hull of the per-sample gradients, its norm
+  bounded by max_i |A_i|·‖∇ℓ̂_i‖ whatever the ratio noise.
+  """
+  w = stabledrl_weights(logp_BG - logp_old_BG, clip, C, eps)
+  return -(w * adv_BG * logp_BG).sum(-1).mean()
+
+
+def stabledrl_tokens(token_BGL, logp_old_BG, adv_BGL, mask_BGL, clip: str = "upper",
+                     C: float = 5.0, eps: float = 0.2):
+  """Per-token StableDRL: −mean_B Σ_i sg(w_i) Σ_k A_ik ℓ̂_ik."""
+  w = stabledrl_weights(token_BGL.sum(-1) - logp_old_BG, clip, C, eps)
+  per_seq = jnp.where(mask_BGL, adv_BGL * token_BGL, 0.0).sum(-1)
+  return -(w * per_seq).sum(-1).mean()
+
+
+# ------------------------------------------------------------------------------- KL
+
+
+def kl_penalty(logp_BG, logp_ref_BG, kind: str = "k3"):
+  """Sequence-level KL(π_θ ‖ π_ref) estimators on ℓ̂ (Schulman's k1/k2/k3), mean."""
+  d = logp_ref_BG - logp_BG
+  if kind == "k1":
+    return (-d).mean()
+  if kind == "k2":
+    return (0.5 * d * d).mean()
+  if kind == "k3":
+    return (jnp.exp(d) - d - 1.0).mean()
+  raise ValueError(f"unknown KL estimator {kind!r}; choose from ('k1', 'k2', 'k3')")
+
+
+# ---------------------------------------------------------------- registered forms
+
+
+def ratio_metrics(log_ratio_BG, adv_BGL, mask_BGL, eps: float) -> dict:
+  """Ratio statistics and the GRPO bypass fraction (A < 0 and ρ̂ > 1 + ε)."""
+  ratio = jnp.exp(_sg(log_ratio_BG))
+  n = jnp.maximum(mask_BGL.sum(-1), 1)
+  adv_seq = jnp.where(mask_BGL, adv_BGL, 0.0).sum(-1) / n
+  return {
+      "ratio_mean": ratio.mean(), "ratio_max": ratio.max(), "ratio_std": ratio.std(),
+      "bypass_fraction": ((adv_seq < 0) & (ratio > 1 + eps)).mean(),
+  }
+
+
+@LOSSES.register("grpo")
+def _grpo(lik, lik_old, adv_BGL, mask_BGL, lengths_BG, cfg: LossConfig):
+  del lengths_BG
+  ratio = jnp.exp(_sg(lik.seq_B - lik_old.seq_B))
+  loss = grpo_tokens(lik.token_BL, lik_old.seq_B, adv_BGL, mask_BGL, cfg.eps)
+  clipped = (ratio < 1 - cfg.eps) | (ratio > 1 + cfg.eps)
+  return loss, {"clip_fraction": clipped.mean()}
+
+
+@LOSSES.register("grpo_token")
+def _grpo_token(lik, lik_old, adv_BGL, mask_BGL, lengths_BG, cfg: LossConfig):
+  del lengths_BG
+  ratio = jnp.exp(_sg(lik.token_BL - lik_old.token_BL))
+  loss = grpo_token_level(lik.token_BL, lik_old.token_BL, adv_BGL, mask_BGL, cfg.eps)
+  clipped = ((ratio < 1 - cfg.eps) | (ratio > 1 + cfg.eps)) & mask_BGL
+  return loss, {"clip_fraction": clipped.sum() / jnp.maximum(mask_BGL.sum(), 1)}
+
+
+@LOSSES.register("stabledrl")
+def _stabledrl(lik, lik_old, adv_BGL, mask_BGL, lengths_BG, cfg: LossConfig):
+  del lengths_BG
+  loss = stabledrl_tokens(lik.token_BL, lik_old.seq_B, adv_BGL, mask_BGL, cfg.clip, cfg.clip_C,
+                          cfg.eps)
+  ratio = jnp.exp(_sg(lik.seq_B - lik_old.seq_B))
+  if cfg.clip == "upper":
+    clipped = ratio > cfg.clip_C
+  else:
+    clipped = (ratio < 1 - cfg.eps) | (ratio > 1 + cfg.eps)
+  return loss, {"clip_fraction": clipped.mean()}
+
+
+@LOSSES.register("spg")
+def _spg(lik, lik_old, adv_BGL, mask_BGL, lengths_BG, cfg: LossConfig):
+  """SPG (per-token form): ELBO for A > 0, ω·EUBO + (1 − ω)·ELBO otherwise,
+  length-weighted per group. Needs the ``spg_block`` estimator (its EUBO)."""
+  del lik_old
+  loss = spg_loss_tokens(lik.token_BL, lik.extra["eubo_token_BL"], adv_BGL, mask_BGL,
+                         omega=cfg.spg_omega, lengths_BG=lengths_BG)
+  return loss, {"clip_fraction": jnp.zeros(())}

@@ -1,0 +1,159 @@
+"""RL phase orchestration: rollout → reward → rl_step (advantages, updates) → metrics →
+eval → checkpoint. No math here: advantages, ratios and losses live in dllm_rl.rl."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+import types
+
+import jax
+import numpy as np
+
+from dllm_rl import evaluation
+from dllm_rl.diffusion.estimators import EstimatorConfig
+from dllm_rl.observability import MetricsLogger, phase_summary, progress
+from dllm_rl.rl.advantages import AdvantageConfig
+from dllm_rl.rl.losses import LossConfig
+from dllm_rl.rl.step import RLStepConfig, RolloutBatch, make_rl_step
+from dllm_rl.sampling import sampler as sampler_lib
+from dllm_rl.setup import Context, init_params
+from dllm_rl.tasks.data import BatchIterator
+from dllm_rl.train.optim import make_optimizer
+from dllm_rl.train.sft_loop import PHASE as SFT
+from dllm_rl.train.sft_loop import checkpoint_dir, mean_metrics, open_checkpointer
+from dllm_rl.train.sft_step import init_train_state
+
+PHASE = "rl"
+
+
+def rl_optimizer(r):
+  """AdamW for RL; the schedule runs over steps × inner_steps optimizer updates."""
+  section = types.SimpleNamespace(lr=r.lr, steps=r.steps * r.inner_steps,
+                                  warmup_steps=r.warmup_steps, schedule=r.schedule, b1=r.b1,
+                                  b2=r.b2, weight_decay=r.weight_decay, grad_clip=r.grad_clip)
+  return make_optimizer(section)
+
+
+def step_config(ctx: Context) -> RLStepConfig:
+  r = ctx.config.rl
+  return RLStepConfig(
+      loss=r.loss, advantage=r.advantage, estimator=ctx.config.estimator.name,
+      estimator_cfg=EstimatorConfig.from_config(ctx.config.estimator),
+      loss_cfg=LossConfig(clip=r.clip, clip_C=r.clip_C, eps=r.eps,
+                          spg_omega=ctx.config.estimator.spg_omega),
+      advantage_cfg=AdvantageConfig(beta=r.beta, beta_start=r.beta_start, beta_end=r.beta_end,
+                                    beta_schedule=r.beta_schedule),
+      inner_steps=r.inner_steps, num_states=ctx.sampler_cfg.max_steps, kl_coef=r.kl_coef,
+      kl_estimator=r.kl_estimator, mask_id=ctx.tokenizer.mask_id, eos_id=ctx.tokenizer.eos_id)
+
+
+def load_sft_params(ctx: Context):
+  """The latest SFT checkpoint's parameters (the RL starting policy)."""
+  graphdef, params = init_params(ctx)
+  if not os.path.isdir(checkpoint_dir(ctx.workdir, SFT)):
+    raise FileNotFoundError(
+        f"RL starts from an SFT checkpoint: none under {checkpoint_dir(ctx.workdir, SFT)}"
+        " (use mode 'pipeline', or run mode 'sft' with this --workdir first)")
+  template = init_train_state(params, make_optimizer(ctx.config.sft)[0], jax.random.key(0))
+  with open_checkpointer(ctx, SFT) as ckpt:
+    state, _ = ckpt.restore(template)
+  return graphdef, state.params
+
+
+def run_rl(ctx: Context) -> dict:
+  """RL from the SFT policy; resumes from ``workdir/checkpoints/rl`` when present."""
+  config, r = ctx.config, ctx.config.rl
+  wall0 = time.time()
+  graphdef, params = load_sft_params(ctx)
+  optimizer, schedule = rl_optimizer(r)
+  state = init_train_state(params, optimizer, jax.random.fold_in(jax.random.key(config.seed), 2))
+  if r.kl_coef > 0:
+    state = state.replace(ref_params=jax.tree.map(lambda a: a.copy(), params))
+  ckpt = open_checkpointer(ctx, PHASE)
+  position = 0
+  if ckpt.latest_step() is not None:
+    state, meta = ckpt.restore(state)
+    position = meta["data_position"]
+    print(f"[rl] resumed at rollout batch {position}", flush=True)
+
+  prompts = {"prompt_BP": ctx.train_arrays["prompt_BP"],
+             "prompt_valid_BP": ctx.train_arrays["prompt_valid_BP"],
+             "index": np.arange(len(ctx.train_examples))}
+  batches = BatchIterator(prompts, r.batch_prompts, config.seed + 1, position=position)
+  rollout_cfg = dataclasses.replace(ctx.sampler_cfg, temperature=float(r.temperature))
+  rollout_fn = jax.jit(functools.partial(
+      sampler_lib.sample_groups, graphdef, group_size=r.group_size, cfg=rollout_cfg,
+      mask_id=ctx.tokenizer.mask_id, eos_id=ctx.tokenizer.eos_id))
+  step_fn = make_rl_step(graphdef, optimizer, schedule, step_config(ctx))
+  greedy_cfg = dataclasses.replace(ctx.sampler_cfg, temperature=0.0)
+  greedy_fn = evaluation.make_sample_fn(graphdef, greedy_cfg, mask_id=ctx.tokenizer.mask_id,
+                                        eos_id=ctx.tokenizer.eos_id)
+
+  def accuracy(params, examples, arrays) -> dict:
+    return evaluation.greedy_accuracy(graphdef, params, task=ctx.task, tokenizer=ctx.tokenizer,
+                                      examples=examples, arrays=arrays, cfg=greedy_cfg,
+                                      batch_size=config.eval.batch_size, sample_fn=greedy_fn)
+
+  it = batches.position
+  timed, timed_seconds, rollout_seconds, window = 0, 0.0, 0.0, []
+  with MetricsLogger(ctx.workdir, tensorboard=config.log.tensorboard) as logger:
+    if it == 0:
+      val = accuracy(state.params, ctx.val_examples, ctx.val_arrays)
+      logger.log(0, {f"val_{k}": v for k, v in val.items()}, phase=PHASE)
+    bar = progress(r.steps, desc=PHASE, initial=it, disable=not config.log.progress)
+    while it < r.steps:
+      t0 = time.perf_counter()
+      batch = next(batches)
+      k_roll, k_step = jax.random.split(jax.random.fold_in(state.rng, it))
+      out = rollout_fn(state.params, batch["prompt_BP"], batch["prompt_valid_BP"], k_roll)
+      completions = np.asarray(out.completion_BL)
+      t_roll = time.perf_counter() - t0
+      examples = [ctx.train_examples[i] for i in batch["index"]]
+      rewards, correct, _ = evaluation.verify_groups(ctx.task, ctx.tokenizer, examples, completions)
+      rollout = RolloutBatch(prompt_BP=batch["prompt_BP"], prompt_valid_BP=batch["prompt_valid_BP"],
+                             completion_BGL=out.completion_BL, unmask_step_BGL=out.unmask_step_BL,
+                             rewards_BG=rewards, correct_BG=correct)
+      state, metrics = step_fn(state, rollout, k_step)
+      it += 1
+      window.append(metrics)
+      bar.update(1)
+      if it % r.log_every == 0:
+        logged = mean_metrics(window)
+        window = []
+        logger.log(it, logged, phase=PHASE)
+        bar.set_postfix(reward=f"{logged['reward_mean']:.3f}", refresh=False)
+      if it > 1:
+        jax.block_until_ready(state.step)
+        timed, timed_seconds = timed + 1, timed_seconds + time.perf_counter() - t0
+        rollout_seconds += t_roll
+      if r.eval_every and it % r.eval_every == 0:
+        val = accuracy(state.params, ctx.val_examples, ctx.val_arrays)
+        logger.log(it, {f"val_{k}": v for k, v in val.items()}, phase=PHASE)
+      if it >= r.steps or ckpt.should_save(it):
+        ckpt.save(it, state, {"phase": PHASE, "data_position": batches.position,
+                              "config": config.to_json()}, force=it >= r.steps)
+    bar.close()
+    ckpt.wait()
+    test = evaluation.evaluate_policy(graphdef, state.params, ctx, sample_fn=greedy_fn)
+    logger.log(it, {"test_accuracy": test["accuracy"], "test_sample_accuracy":
+                    test["sample_accuracy"], "test_diversity": test["diversity"]}, phase=PHASE)
+  ckpt.close()
+
+  rollout_tokens = r.batch_prompts * r.group_size * ctx.sampler_cfg.completion_len
+  summary = {
+      "rl_steps": it,
+      "rl_accuracy": test["accuracy"],
+      "rl_step_seconds": timed_seconds / timed if timed else None,
+      "rollout_tokens_per_second": rollout_tokens * timed / rollout_seconds if timed else None,
+      "rl_pass_at_k": test["pass_at_k"],
+      "rl_sample_accuracy": test["sample_accuracy"],
+      "rl_diversity": test["diversity"],
+      "rl_wall_seconds": time.time() - wall0,
+  }
+  phase_summary(PHASE, {"steps": it, "test_accuracy": test["accuracy"],
+                        "step_ms": 1e3 * (summary["rl_step_seconds"] or 0.0)},
+                summary["rl_wall_seconds"])
+  return summary

@@ -1,0 +1,308 @@
+"""Advantages: paper identities (zero-sum, β → 0, binary closed form, StepRS = loop)."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dllm_rl.rl import advantages as adv
+
+BETAS = (-3.0, -0.5, 1e-8, 0.0, 0.5, 3.0, 20.0)
+
+
+def _rewards(seed: int, b: int = 5, g: int = 6) -> np.ndarray:
+  return np.random.default_rng(seed).uniform(0.0, 1.0, (b, g)).astype(np.float32)
+
+
+def _binary(seed: int, b: int = 16, g: int = 8) -> np.ndarray:
+  return (np.random.default_rng(seed).uniform(size=(b, g)) < 0.4).astype(np.float32)
+
+
+def _rs_ref(r_G: np.ndarray, beta: float) -> np.ndarray:
+  """(1/β)(e^{β r_i} / mean_j e^{β r_j} − 1) in float64; centered at β = 0."""
+  r = np.asarray(r_G, np.float64)
+  if beta == 0.0:
+    return r - r.mean()
+  w = np.exp(beta * (r - r.max()))
+  return (w / w.mean() - 1.0) / beta
+
+
+def _g(schedule: str, u: float) -> float:
+  return {"linear": u, "cosine": (1 - math.cos(math.pi * u)) / 2, "step": float(u >= 0.5)}[schedule]
+
+
+# ------------------------------------------------------------ grpo / centered
+
+
+def test_grpo_and_centered_hand_values():
+  r = np.array([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5]], np.float32)
+  c = np.asarray(adv.centered(r))
+  np.testing.assert_array_equal(c, [[0.5, -0.5, -0.5, 0.5], [0, 0, 0, 0]])
+  std = math.sqrt(4 * 0.25 / 3)  # ddof = 1
+  a = 0.5 / (std + 1e-4)
+  np.testing.assert_allclose(np.asarray(adv.grpo(r)), [[a, -a, -a, a], [0] * 4], rtol=1e-6)
+  assert adv.grpo(r).dtype == jnp.float32
+
+
+def test_constant_groups_are_exactly_zero():
+  r = np.full((3, 7), 0.1, np.float32)
+  for a in (adv.centered(r), adv.grpo(r), adv.risk_sensitive(r, 2.0), adv.risk_sensitive(r, 0.0)):
+    np.testing.assert_array_equal(np.asarray(a), 0.0)
+
+
+def test_grpo_and_centered_zero_sum():
+  r = _rewards(0)
+  np.testing.assert_allclose(np.asarray(adv.centered(r)).sum(-1), 0.0, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(adv.grpo(r)).sum(-1), 0.0, atol=1e-5)
+  # grpo has unit (ddof=1) std per group up to eps
+  np.testing.assert_allclose(np.asarray(adv.grpo(r, eps=0.0)).std(-1, ddof=1), 1.0, rtol=1e-5)
+
+
+# ------------------------------------------------------------ risk-sensitive
+
+
+@pytest.mark.parametrize("beta", BETAS)
+def test_risk_sensitive_zero_sum_and_reference(beta):
+  r = _rewards(1)
+  a = np.asarray(adv.risk_sensitive(r, beta))
+  assert a.dtype == np.float32 and np.isfinite(a).all()
+  np.testing.assert_allclose(a.sum(-1), 0.0, atol=1e-5)
+  ref = np.stack([_rs_ref(row, beta) for row in r])
+  np.testing.assert_allclose(a, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_risk_sensitive_to_centered_as_beta_to_zero():
+  r = _rewards(2)
+  c = np.asarray(adv.centered(r))
+  np.testing.assert_array_equal(np.asarray(adv.risk_sensitive(r, 0.0)), c)
+  for beta in (1e-4, -1e-4):
+    a = np.asarray(adv.risk_sensitive(r, beta))
+    assert np.linalg.norm(a - c) / np.linalg.norm(c) < 1e-4
+    # and genuinely risk-sensitive, not the centered fallback
+    assert np.abs(a - c).max() > 0
+
+
+def test_risk_sensitive_large_beta_finite():
+  r = _rewards(3)
+  for beta in (50.0, -50.0, 200.0):
+    a = np.asarray(adv.risk_sensitive(r, beta))
+    assert np.isfinite(a).all()
+    np.testing.assert_allclose(a.sum(-1), 0.0, atol=1e-5)
+    assert (a >= -1 / abs(beta) - 1e-6).all() if beta > 0 else (a <= 1 / abs(beta) + 1e-6).all()
+  np.testing.assert_allclose(np.asarray(adv.risk_sensitive(r, 50.0)),
+                             np.stack([_rs_ref(row, 50.0) for row in r]), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("beta", (-20.0, -2.0, -1e-8, 0.0, 1e-3, 1.0, 5.0, 50.0))
+def test_binary_reward_closed_form(beta):
+  r = _binary(4)
+  p = r.mean(-1, keepdims=True)
+  want = np.asarray(adv.rs_weight(beta, p)) * (r - p)
+  np.testing.assert_allclose(np.asarray(adv.risk_sensitive(r, beta)), want, rtol=1e-4, atol=1e-6)
+
+
+def test_rs_weight_limits_and_formula():
+  np.testing.assert_allclose(np.asarray(adv.rs_weight(0.0, 0.3)), 1.0)
+  np.testing.assert_allclose(np.asarray(adv.rs_weight(1e-4, 0.3)), 1.0, atol=1e-4)
+  for beta in (-4.0, -0.7, 0.7, 4.0):
+    for p in (0.0, 0.25, 1.0):
+      want = math.expm1(beta) / (beta * (1 + p * math.expm1(beta)))
+      np.testing.assert_allclose(float(adv.rs_weight(beta, p)), want, rtol=1e-5)
+  assert np.isfinite(np.asarray(adv.rs_weight(200.0, 0.5)))
+
+
+def test_risk_sensitive_per_completion_beta():
+  r = _rewards(5)
+  beta_BG = np.random.default_rng(5).uniform(-3, 3, r.shape).astype(np.float32)
+  a = np.asarray(adv.risk_sensitive(r, beta_BG))
+  for b in range(r.shape[0]):
+    for g in range(r.shape[1]):
+      assert a[b, g] == pytest.approx(_rs_ref(r[b], float(beta_BG[b, g]))[g], rel=1e-4, abs=1e-5)
+  # a per-prompt β of shape [B, 1] is the row-wise scalar call
+  beta_B1 = np.array([[-1.0], [0.0], [0.5], [2.0], [7.0]], np.float32)
+  rows = [np.asarray(adv.risk_sensitive(r[i:i + 1], float(beta_B1[i, 0])))[0] for i in range(5)]
+  np.testing.assert_allclose(np.asarray(adv.risk_sensitive(r, beta_B1)), np.stack(rows), rtol=1e-6)
+
+
+def test_risk_sensitive_gradients_finite():
+  r = jnp.asarray(_rewards(6))
+  w = np.random.default_rng(6).normal(size=r.shape).astype(np.float32)
+  loss = lambda x, bt: jnp.sum(adv.risk_sensitive(x, bt) * w)
+  grads = jax.jit(jax.grad(loss, argnums=(0, 1)))
+  for beta in (0.0, 1e-8, -1e-8, 1.0, 50.0, -50.0):
+    g_r, g_beta = grads(r, jnp.float32(beta))
+    assert np.isfinite(np.asarray(g_r)).all() and np.isfinite(float(g_beta)), beta
+    if abs(beta) < 1e-6:  # gradient of the centered map: w − mean w
+      np.testing.assert_allclose(np.asarray(g_r), w - w.mean(-1, keepdims=True), atol=1e-6)
+
+
+# ------------------------------------------------------------ schedules / progress
+
+
+@pytest.mark.parametrize("schedule", adv.SCHEDULES)
+def test_beta_schedule_endpoints_and_monotone(schedule):
+  u = np.linspace(0, 1, 101)
+  beta = np.asarray(adv.beta_schedule(u, -1.0, 3.0, schedule))
+  assert beta.dtype == np.float32
+  assert beta[0] == pytest.approx(-1.0) and beta[-1] == pytest.approx(3.0)
+  assert (np.diff(beta) >= -1e-6).all()
+  down = np.asarray(adv.beta_schedule(u, 3.0, -1.0, schedule))
+  assert (np.diff(down) <= 1e-6).all()
+  for x in (0.2, 0.4999, 0.5, 0.8):
+    assert float(adv.beta_schedule(x, -1.0, 3.0, schedule)) == pytest.approx(
+        -1.0 + 4.0 * _g(schedule, x), abs=1e-6)
+
+
+def test_beta_schedule_unknown():
+  with pytest.raises(ValueError, match="linear, cosine, step"):
+    adv.beta_schedule(0.5, 0.0, 1.0, "exponential")
+  with pytest.raises(ValueError, match="choices"):
+    adv.AdvantageConfig(beta_schedule="nope")
+
+
+def test_progress_from_unmask_step():
+  s = np.array([[[-1, 0, 1, 2, 3, 9]]])
+  u = np.asarray(adv.progress_from_unmask_step(s, 4))
+  assert u.dtype == np.float32 and u.shape == s.shape
+  np.testing.assert_allclose(u[0, 0], [0, 0, 1 / 3, 2 / 3, 1, 1], rtol=1e-6)
+  np.testing.assert_array_equal(np.asarray(adv.progress_from_unmask_step(s, 1)), 0.0)
+  np.testing.assert_allclose(np.asarray(adv.progress_from_unmask_step(np.array([0, 1]), 2)), [0, 1])
+
+
+# ------------------------------------------------------------ StepRS
+
+
+def test_steprs_constant_beta_equals_risk_sensitive():
+  r = _rewards(7, 3, 5)
+  u = np.random.default_rng(7).uniform(size=(3, 5, 4)).astype(np.float32)
+  for beta in (-2.0, 0.0, 0.7, 30.0):
+    for schedule in adv.SCHEDULES:
+      got = np.asarray(adv.steprs(r, u, beta, beta, schedule))
+      want = np.broadcast_to(np.asarray(adv.risk_sensitive(r, beta))[..., None], got.shape)
+      np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("schedule", adv.SCHEDULES)
+def test_steprs_matches_python_loop(schedule):
+  b, g, length, states = 2, 4, 6, 5
+  rng = np.random.default_rng(8)
+  r = rng.uniform(size=(b, g)).astype(np.float32)
+  r[1] = (rng.uniform(size=g) < 0.5).astype(np.float32)
+  s = rng.integers(0, states, size=(b, g, length))
+  u = adv.progress_from_unmask_step(s, states)
+  got = np.asarray(adv.steprs(r, u, 0.0, 4.0, schedule))
+  assert got.shape == (b, g, length) and got.dtype == np.float32
+  for i in range(b):
+    for j in range(g):
+      for k in range(length):
+        beta = 4.0 * _g(schedule, s[i, j, k] / (states - 1))
+        assert got[i, j, k] == pytest.approx(_rs_ref(r[i], beta)[j], rel=1e-4, abs=1e-6)
+
+
+def _group_stat(x_BGL, mask_BGL, fn):
+  return np.array([fn(x_BGL[i][mask_BGL[i]]) for i in range(x_BGL.shape[0])])
+
+
+def test_rms_and_mass_matched():
+  b, g, length = 4, 5, 7
+  rng = np.random.default_rng(9)
+  r = rng.uniform(size=(b, g)).astype(np.float32)
+  r[2] = 1.0  # all-equal group
+  mask = rng.uniform(size=(b, g, length)) < 0.7
+  mask[:, :, 0] = True
+  u = rng.uniform(size=(b, g, length)).astype(np.float32)
+  a = np.asarray(adv.steprs(r, u, 0.0, 5.0))
+  c = np.broadcast_to(np.asarray(adv.centered(r))[..., None], a.shape)
+  rms = lambda x: np.sqrt(np.mean(x ** 2))
+  mass = lambda x: np.mean(np.abs(x))
+  for fn, stat in ((adv.rms_matched, rms), (adv.mass_matched, mass)):
+    m = np.asarray(fn(a, r, mask))
+    assert np.isfinite(m).all()
+    np.testing.assert_allclose(_group_stat(m, mask, stat), _group_stat(c, mask, stat), rtol=1e-5)
+    np.testing.assert_array_equal(m[2], 0.0)
+    # only the magnitude changes: a positive per-group rescaling of the StepRS values
+    ratio = m[[0, 1, 3]] / a[[0, 1, 3]]
+    np.testing.assert_allclose(ratio, ratio[:, :1, :1] * np.ones_like(ratio), rtol=1e-5)
+    assert (ratio > 0).all()
+  # a group whose advantages are all 0 but centered is not stays unchanged (no NaN)
+  zero = np.asarray(adv.rms_matched(np.zeros_like(a), r, mask))
+  np.testing.assert_array_equal(zero, 0.0)
+
+
+# ------------------------------------------------------------ calibration
+
+
+@pytest.mark.parametrize("p_bar", (0.1, 0.3, 0.5, 0.7, 0.9))
+def test_calibrated_beta_round_trip(p_bar):
+  beta = adv.calibrated_beta(p_bar)
+  if p_bar < 0.5:
+    assert beta > 0
+  elif p_bar > 0.5:
+    assert beta < 0
+  else:
+    assert beta == 0.0
+  if beta != 0.0:
+    w = math.expm1(beta) / (beta * (1 + p_bar * math.expm1(beta)))
+    assert w == pytest.approx(1.0, abs=1e-10)
+    assert 1 / beta - 1 / math.expm1(beta) == pytest.approx(p_bar, abs=1e-10)
+  assert float(adv.rs_weight(beta, p_bar)) == pytest.approx(1.0, abs=1e-5)
+  assert adv.calibrated_beta(1 - p_bar) == pytest.approx(-beta, abs=1e-9)
+
+
+def test_calibrated_beta_rejects_out_of_range():
+  for bad in (0.0, 1.0, -0.1, 1.5, float("nan")):
+    with pytest.raises(ValueError):
+      adv.calibrated_beta(bad)
+  assert adv.calibrated_beta(1e-3) > 900  # p ≈ 1/β for small p
+
+
+# ------------------------------------------------------------ registry
+
+
+def test_registry_names():
+  assert adv.ADVANTAGES.names() == sorted([
+      "grpo", "centered", "risk_sensitive", "steprs", "steprs_rms_matched",
+      "steprs_mass_matched"])
+  with pytest.raises(KeyError, match="steprs"):
+    adv.ADVANTAGES.get("step_rs")
+
+
+def test_advantage_config_from_config():
+  cfg = adv.AdvantageConfig.from_config({"name": "steprs", "beta_end": 4.0,
+                                         "beta_schedule": "cosine"})
+  assert cfg == adv.AdvantageConfig(beta_end=4.0, beta_schedule="cosine")
+  assert adv.AdvantageConfig() == adv.AdvantageConfig(1.0, 0.0, 2.0, "linear")
+  with pytest.raises(ValueError, match="bogus"):
+    adv.AdvantageConfig.from_config({"bogus": 1})
+
+
+@pytest.mark.parametrize("name", adv.ADVANTAGES.names())
+def test_registered_fns_jit_mask_and_values(name):
+  b, g, length = 3, 4, 5
+  rng = np.random.default_rng(10)
+  r = rng.uniform(size=(b, g)).astype(np.float32)
+  u = rng.uniform(size=(b, g, length)).astype(np.float32)
+  mask = rng.uniform(size=(b, g, length)) < 0.8
+  mask[:, :, 0] = True
+  cfg = adv.AdvantageConfig(beta=1.5, beta_start=-1.0, beta_end=3.0, beta_schedule="cosine")
+  fn = adv.ADVANTAGES.get(name)
+  eager = np.asarray(fn(r, u, mask, cfg))
+  jitted = np.asarray(jax.jit(functools.partial(fn, cfg=cfg))(r, u, mask))
+  assert jitted.shape == (b, g, length) and jitted.dtype == np.float32
+  np.testing.assert_allclose(jitted, eager, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(eager[~mask], 0.0)
+  steprs = np.asarray(adv.steprs(r, u, -1.0, 3.0, "cosine"))
+  want = {
+      "grpo": np.asarray(adv.grpo(r))[..., None],
+      "centered": np.asarray(adv.centered(r))[..., None],
+      "risk_sensitive": np.asarray(adv.risk_sensitive(r, 1.5))[..., None],
+      "steprs": steprs,
+      "steprs_rms_matched": np.asarray(adv.rms_matched(steprs, r, mask)),
+      "steprs_mass_matched": np.asarray(adv.mass_matched(steprs, r, mask)),
+  }[name]
+  np.testing.assert_allclose(eager, np.where(mask, want, 0.0), rtol=1e-5, atol=1e-7)
