@@ -15,7 +15,7 @@ import numpy as np
 from dllm_rl import evaluation
 from dllm_rl.diffusion.estimators import EstimatorConfig
 from dllm_rl.observability import MetricsLogger, phase_summary, progress
-from dllm_rl.rl.advantages import AdvantageConfig
+from dllm_rl.rl.advantages import AdvantageConfig, calibrated_beta
 from dllm_rl.rl.losses import LossConfig
 from dllm_rl.rl.step import RLStepConfig, RolloutBatch, make_rl_step
 from dllm_rl.sampling import sampler as sampler_lib
@@ -73,10 +73,10 @@ def run_rl(ctx: Context) -> dict:
   if r.kl_coef > 0:
     state = state.replace(ref_params=jax.tree.map(lambda a: a.copy(), params))
   ckpt = open_checkpointer(ctx, PHASE)
-  position = 0
+  position, base_accuracy = 0, None
   if ckpt.latest_step() is not None:
     state, meta = ckpt.restore(state)
-    position = meta["data_position"]
+    position, base_accuracy = meta["data_position"], meta["base_accuracy"]
     print(f"[rl] resumed at rollout batch {position}", flush=True)
 
   prompts = {"prompt_BP": ctx.train_arrays["prompt_BP"],
@@ -123,6 +123,8 @@ def run_rl(ctx: Context) -> dict:
       if it % r.log_every == 0:
         logged = mean_metrics(window)
         window = []
+        if base_accuracy is None:  # the starting policy's training accuracy (first window)
+          base_accuracy = logged["accuracy"]
         logger.log(it, logged, phase=PHASE)
         bar.set_postfix(reward=f"{logged['reward_mean']:.3f}", refresh=False)
       if it > 1:
@@ -134,7 +136,8 @@ def run_rl(ctx: Context) -> dict:
         logger.log(it, {f"val_{k}": v for k, v in val.items()}, phase=PHASE)
       if it >= r.steps or ckpt.should_save(it):
         ckpt.save(it, state, {"phase": PHASE, "data_position": batches.position,
-                              "config": config.to_json()}, force=it >= r.steps)
+                              "base_accuracy": base_accuracy, "config": config.to_json()},
+                  force=it >= r.steps)
     bar.close()
     ckpt.wait()
     test = evaluation.evaluate_policy(graphdef, state.params, ctx, sample_fn=greedy_fn)
@@ -152,6 +155,10 @@ def run_rl(ctx: Context) -> dict:
       "rl_sample_accuracy": test["sample_accuracy"],
       "rl_diversity": test["diversity"],
       "rl_wall_seconds": time.time() - wall0,
+      # StepRS calibration: the β with w_β(p̄) = 1 at the starting policy's training accuracy.
+      "base_train_accuracy": base_accuracy,
+      "calibrated_beta": (calibrated_beta(base_accuracy)
+                          if base_accuracy is not None and 0 < base_accuracy < 1 else None),
   }
   phase_summary(PHASE, {"steps": it, "test_accuracy": test["accuracy"],
                         "step_ms": 1e3 * (summary["rl_step_seconds"] or 0.0)},
