@@ -128,6 +128,19 @@ def base_config() -> ml_collections.ConfigDict:
   e.pass_k = (1, 4, 8)    # k values (each <= num_samples)
   e.temperature = 1.0     # sampling temperature for pass@k
 
+  c.mesh = h = ml_collections.ConfigDict()
+  h.data = -1             # data-parallel axis; -1 = fill with the remaining devices
+  h.fsdp = 1              # parameters (model width) and batch sharded over this axis
+  h.tensor = 1            # heads / MLP / vocabulary sharded over this axis
+  # Without -1, a single process may use a prefix of its devices (debugging, tests).
+
+  c.distributed = z = ml_collections.ConfigDict()
+  z.initialize = "auto"   # auto (multi-host env detected) | never | explicit
+  z.coordinator_address = ""  # explicit: host:port ("" = $DLLM_COORDINATOR_ADDRESS)
+  z.num_processes = 0     # explicit: 0 = $DLLM_NUM_PROCESSES
+  z.process_id = -1       # explicit: -1 = $DLLM_PROCESS_ID
+  z.local_device_ids = ""  # e.g. "0,1"; "" = all local devices
+
   c.checkpoint = k = ml_collections.ConfigDict()
   k.save_every = 200
   k.keep = 3
@@ -287,6 +300,13 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check(len(e.pass_k) > 0 and all(0 < k <= e.num_samples for k in e.pass_k), "eval.pass_k",
          f"every k must be in [1, eval.num_samples={e.num_samples}], got {tuple(e.pass_k)}")
   _check(e.temperature >= 0, "eval.temperature", "must be >= 0")
+  for key in ("data", "fsdp", "tensor"):
+    _check(config.mesh[key] == -1 or config.mesh[key] > 0, f"mesh.{key}",
+           f"must be positive or -1 (fill), got {config.mesh[key]}")
+  _check([config.mesh[k] for k in ("data", "fsdp", "tensor")].count(-1) <= 1, "mesh",
+         "at most one axis may be -1")
+  _check(config.distributed.initialize in ("auto", "never", "explicit"), "distributed.initialize",
+         f"must be auto, never or explicit, got {config.distributed.initialize!r}")
   _check(config.checkpoint.save_every > 0, "checkpoint.save_every", "must be positive")
   _check(config.checkpoint.keep > 0, "checkpoint.keep", "must be positive")
   return config

@@ -10,13 +10,22 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from dllm_rl.parallel.constraints import jit_sharded
+from dllm_rl.parallel.shard import replicated
 from dllm_rl.sampling import sampler as sampler_lib
 
 
-def make_sample_fn(graphdef, cfg: sampler_lib.SamplerConfig, *, mask_id: int, eos_id: int):
-  """Jitted ``fn(params, prompt_BP, prompt_valid_BP, key) -> SampleOutput``."""
-  return jax.jit(functools.partial(sampler_lib.sample, graphdef, cfg=cfg,
-                                   mask_id=mask_id, eos_id=eos_id))
+def make_sample_fn(graphdef, cfg: sampler_lib.SamplerConfig, *, mask_id: int, eos_id: int,
+                   mesh=None, group_size: int = 0):
+  """Jitted ``fn(params, prompt_BP, prompt_valid_BP, key) -> SampleOutput``
+  (``group_size`` > 0: G completions per prompt). With a ``mesh`` the outputs are
+  replicated, so every host can decode and verify them."""
+  if group_size:
+    fn = functools.partial(sampler_lib.sample_groups, graphdef, group_size=group_size, cfg=cfg,
+                           mask_id=mask_id, eos_id=eos_id)
+  else:
+    fn = functools.partial(sampler_lib.sample, graphdef, cfg=cfg, mask_id=mask_id, eos_id=eos_id)
+  return jit_sharded(fn, mesh, out_shardings=None if mesh is None else replicated(mesh))
 
 
 def _pad_rows(a: np.ndarray, rows: int) -> np.ndarray:
@@ -49,11 +58,12 @@ def score(task, tokenizer, examples: Sequence[Any], completions_NL: np.ndarray) 
 
 
 def greedy_accuracy(graphdef, params, *, task, tokenizer, examples, arrays: dict,
-                    cfg: sampler_lib.SamplerConfig, batch_size: int, sample_fn=None) -> dict:
+                    cfg: sampler_lib.SamplerConfig, batch_size: int, sample_fn=None,
+                    mesh=None) -> dict:
   """Greedy (temperature 0) held-out accuracy on ``examples`` (encoded in ``arrays``)."""
   if sample_fn is None:
     sample_fn = make_sample_fn(graphdef, dataclasses.replace(cfg, temperature=0.0),
-                               mask_id=tokenizer.mask_id, eos_id=tokenizer.eos_id)
+                               mask_id=tokenizer.mask_id, eos_id=tokenizer.eos_id, mesh=mesh)
   completions = generate(sample_fn, params, arrays["prompt_BP"], arrays["prompt_valid_BP"],
                          jax.random.key(0), batch_size)
   return score(task, tokenizer, examples, completions)
@@ -112,12 +122,13 @@ def evaluate_policy(graphdef, params, ctx, *, sample_fn=None) -> dict:
   t0 = time.perf_counter()
   greedy = greedy_accuracy(graphdef, params, task=ctx.task, tokenizer=ctx.tokenizer,
                            examples=ctx.test_examples, arrays=ctx.test_arrays,
-                           cfg=ctx.sampler_cfg, batch_size=e.batch_size, sample_fn=sample_fn)
+                           cfg=ctx.sampler_cfg, batch_size=e.batch_size, sample_fn=sample_fn,
+                           mesh=ctx.mesh)
   greedy_seconds = time.perf_counter() - t0
   sampler_cfg = dataclasses.replace(ctx.sampler_cfg, temperature=float(e.temperature))
   sampled = sampled_metrics(
       make_sample_fn(graphdef, sampler_cfg, mask_id=ctx.tokenizer.mask_id,
-                     eos_id=ctx.tokenizer.eos_id),
+                     eos_id=ctx.tokenizer.eos_id, mesh=ctx.mesh),
       params, task=ctx.task, tokenizer=ctx.tokenizer, examples=ctx.test_examples,
       arrays=ctx.test_arrays, num_samples=e.num_samples, ks=tuple(e.pass_k),
       batch_size=e.batch_size, key=jax.random.fold_in(jax.random.key(ctx.config.seed), 7))

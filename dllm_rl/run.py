@@ -55,11 +55,16 @@ def run(config, workdir: str) -> dict:
   from dllm_rl.config import validate
   from dllm_rl.setup import build_context
 
+  from dllm_rl.parallel.distributed import initialize
+
   t0 = time.time()
   validate(config)
+  initialize(config.distributed)  # before anything touches devices
   ctx = build_context(config, workdir)
   summary = {"mode": config.mode, **MODES.get(config.mode)(ctx)}
   summary["wall_seconds"] = time.time() - t0
-  with open(os.path.join(workdir, "summary.json"), "w") as fh:
-    json.dump(summary, fh, indent=2)
+  from dllm_rl.parallel.distributed import is_primary
+  if is_primary():
+    with open(os.path.join(workdir, "summary.json"), "w") as fh:
+      json.dump(summary, fh, indent=2)
   return summary

@@ -13,6 +13,9 @@ import numpy as np
 from dllm_rl import tasks as tasks_lib
 from dllm_rl.config import ConfigError
 from dllm_rl.models import transformer
+from dllm_rl.parallel.distributed import host_rows
+from dllm_rl.parallel.mesh import make_mesh
+from dllm_rl.parallel.shard import batch_divisor, init_params_sharded, shard_batch
 from dllm_rl.sampling.sampler import SamplerConfig
 from dllm_rl.tasks import data as data_lib
 
@@ -31,6 +34,7 @@ class Context:
   val_arrays: dict
   test_examples: list
   test_arrays: dict
+  mesh: Any = None
 
 
 def model_config(config, vocab_size: int) -> transformer.ModelConfig:
@@ -52,8 +56,25 @@ def _encode(examples, tokenizer, config, split: str) -> dict:
     raise ValueError(f"{split} split of task {config.task.name!r}: {err}") from err
 
 
+def check_batch_sizes(config, mesh) -> None:
+  """Every global batch must split evenly over the batch axes (data × fsdp)."""
+  div = batch_divisor(mesh)
+  for key in ("data.batch_size", "rl.batch_prompts", "eval.batch_size"):
+    section, name = key.split(".")
+    value = config[section][name]
+    if value % div:
+      raise ConfigError(key, f"{value} is not a multiple of mesh data × fsdp = {div}"
+                        f" (mesh {dict(mesh.shape)})")
+
+
 def build_context(config, workdir: str) -> Context:
-  """Generate the task data (host side) and resolve static configs; no compilation."""
+  """Generate the task data (host side), build the mesh and resolve static
+  configs; no compilation."""
+  try:
+    mesh = make_mesh(config.mesh)
+  except ValueError as err:
+    raise ConfigError("mesh", str(err)) from err
+  check_batch_sizes(config, mesh)
   os.makedirs(workdir, exist_ok=True)
   task = tasks_lib.make_task(config.task.name, **config.task.options.to_dict())
   tokenizer = tasks_lib.CharTokenizer()
@@ -66,15 +87,18 @@ def build_context(config, workdir: str) -> Context:
       sampler_cfg=SamplerConfig.from_config(config),
       train_examples=train, train_arrays=_encode(train, tokenizer, config, "train"),
       val_examples=val, val_arrays=_encode(val, tokenizer, config, "validation"),
-      test_examples=test, test_arrays=_encode(test, tokenizer, config, "test"))
+      test_examples=test, test_arrays=_encode(test, tokenizer, config, "test"), mesh=mesh)
 
 
 def init_params(ctx: Context):
-  """Fresh (graphdef, params) from the run seed."""
+  """Fresh (graphdef, params) from the run seed, initialised into their shardings."""
   key = jax.random.fold_in(jax.random.key(ctx.config.seed), 0)
-  return transformer.init_model(ctx.model_cfg, key)
+  return init_params_sharded(ctx.model_cfg, key, ctx.mesh)
 
 
-def to_device(arrays: dict, cls):
-  """numpy dict → a batch pytree of jax arrays."""
-  return cls(**{k: jax.numpy.asarray(np.asarray(v)) for k, v in arrays.items()})
+def to_device(ctx: Context, global_batch: dict, cls):
+  """A global numpy batch (identical on every process) → the batch pytree,
+  sharded over the batch axes; each process contributes only its own rows."""
+  n = len(next(iter(global_batch.values())))
+  rows = host_rows(n)
+  return shard_batch(ctx.mesh, cls(**{k: np.asarray(v)[rows] for k, v in global_batch.items()}))

@@ -30,6 +30,7 @@ def _config(steps: int, mode: str = "sft"):
   c.log.progress = False
   c.rl.steps, c.rl.batch_prompts, c.rl.group_size, c.rl.log_every, c.rl.eval_every = 4, 2, 4, 2, 2
   c.eval.num_samples, c.eval.pass_k = 4, (1, 4)
+  c.mesh.data = 2  # a 2-device data-parallel mesh (prefix of the 8 simulated devices)
   return c
 
 

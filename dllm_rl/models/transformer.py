@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from dllm_rl.models import layers
+from dllm_rl.parallel.constraints import constrain_activations
 
 # Every logical axis name a parameter may carry (the sharding rules table maps these).
 LOGICAL_AXES = ("vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "norm")
@@ -99,7 +100,7 @@ class Transformer(nnx.Module):
     if mask_BNM is not None:
       mask_BNM = jnp.broadcast_to(mask_BNM, (tokens_BN.shape[0], tokens_BN.shape[1], mask_BNM.shape[-1]))
     for block in self.blocks:
-      x = block(x, cos, sin, mask_BNM)
+      x = constrain_activations(block(x, cos, sin, mask_BNM))
     x = self.final_norm(x)
     head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
     return jnp.einsum("bnd,dv->bnv", x, head.astype(cfg.dtype),

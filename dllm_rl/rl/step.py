@@ -28,6 +28,8 @@ from flax import struct
 
 from dllm_rl.diffusion.estimators import ESTIMATORS, EstimatorConfig
 from dllm_rl.models import transformer
+from dllm_rl.parallel.constraints import jit_sharded
+from dllm_rl.parallel.shard import replicated
 from dllm_rl.rl import advantages as adv_lib
 from dllm_rl.rl.losses import LOSSES, LossConfig, kl_penalty, ratio_metrics
 from dllm_rl.types import SequenceBatch, TrainState
@@ -86,8 +88,9 @@ def _group(tree, b: int, g: int):
 
 
 def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
-                 cfg: RLStepConfig) -> Callable:
-  """Build the jitted step (state donated)."""
+                 cfg: RLStepConfig, *, mesh=None, state_sharding=None) -> Callable:
+  """Build the jitted step (state donated). With a ``mesh``, the new state keeps
+  ``state_sharding`` and the metrics are replicated."""
   estimator = ESTIMATORS.get(cfg.estimator)
   loss_fn_ = LOSSES.get(cfg.loss)
   advantage_fn = adv_lib.ADVANTAGES.get(cfg.advantage)
@@ -149,4 +152,5 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
     new_state = state.replace(step=step, params=params, opt_state=opt_state)
     return new_state, metrics
 
-  return jax.jit(rl_step, donate_argnums=0)
+  out = None if mesh is None else (state_sharding, replicated(mesh))
+  return jit_sharded(rl_step, mesh, out_shardings=out, donate_argnums=0)

@@ -11,7 +11,7 @@ from dllm_rl.setup import Context, init_params
 from dllm_rl.train.optim import make_optimizer
 from dllm_rl.train.rl_loop import rl_optimizer
 from dllm_rl.train.sft_loop import checkpoint_dir, open_checkpointer
-from dllm_rl.train.sft_step import init_train_state
+from dllm_rl.parallel.shard import init_state_sharded
 
 PHASES = ("sft", "rl")  # newest last
 
@@ -26,9 +26,9 @@ def run_eval(ctx: Context) -> dict:
         " (run mode 'sft' with this --workdir first)")
   graphdef, params = init_params(ctx)
   optimizer = (rl_optimizer(ctx.config.rl) if phase == "rl" else make_optimizer(ctx.config.sft))[0]
-  template = init_train_state(params, optimizer, jax.random.key(0))
-  if phase == "rl" and ctx.config.rl.kl_coef > 0:
-    template = template.replace(ref_params=params)
+  kl = phase == "rl" and ctx.config.rl.kl_coef > 0
+  template, _ = init_state_sharded(params, optimizer, jax.random.key(0), ctx.mesh,
+                                   ref_params=params if kl else None)
   with open_checkpointer(ctx, phase) as ckpt:
     state, _ = ckpt.restore(template)
   result = evaluation.evaluate_policy(graphdef, state.params, ctx)

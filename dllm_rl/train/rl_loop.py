@@ -4,7 +4,6 @@ eval → checkpoint. No math here: advantages, ratios and losses live in dllm_rl
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import time
 import types
@@ -18,13 +17,13 @@ from dllm_rl.observability import MetricsLogger, phase_summary, progress
 from dllm_rl.rl.advantages import AdvantageConfig, calibrated_beta
 from dllm_rl.rl.losses import LossConfig
 from dllm_rl.rl.step import RLStepConfig, RolloutBatch, make_rl_step
-from dllm_rl.sampling import sampler as sampler_lib
 from dllm_rl.setup import Context, init_params
 from dllm_rl.tasks.data import BatchIterator
 from dllm_rl.train.optim import make_optimizer
 from dllm_rl.train.sft_loop import PHASE as SFT
 from dllm_rl.train.sft_loop import checkpoint_dir, mean_metrics, open_checkpointer
-from dllm_rl.train.sft_step import init_train_state
+from dllm_rl.parallel.distributed import is_primary
+from dllm_rl.parallel.shard import init_state_sharded, put_global
 
 PHASE = "rl"
 
@@ -57,7 +56,8 @@ def load_sft_params(ctx: Context):
     raise FileNotFoundError(
         f"RL starts from an SFT checkpoint: none under {checkpoint_dir(ctx.workdir, SFT)}"
         " (use mode 'pipeline', or run mode 'sft' with this --workdir first)")
-  template = init_train_state(params, make_optimizer(ctx.config.sft)[0], jax.random.key(0))
+  template, _ = init_state_sharded(params, make_optimizer(ctx.config.sft)[0], jax.random.key(0),
+                                   ctx.mesh)
   with open_checkpointer(ctx, SFT) as ckpt:
     state, _ = ckpt.restore(template)
   return graphdef, state.params
@@ -69,9 +69,9 @@ def run_rl(ctx: Context) -> dict:
   wall0 = time.time()
   graphdef, params = load_sft_params(ctx)
   optimizer, schedule = rl_optimizer(r)
-  state = init_train_state(params, optimizer, jax.random.fold_in(jax.random.key(config.seed), 2))
-  if r.kl_coef > 0:
-    state = state.replace(ref_params=jax.tree.map(lambda a: a.copy(), params))
+  state, state_sharding = init_state_sharded(
+      params, optimizer, jax.random.fold_in(jax.random.key(config.seed), 2), ctx.mesh,
+      ref_params=params if r.kl_coef > 0 else None)
   ckpt = open_checkpointer(ctx, PHASE)
   position, base_accuracy = 0, None
   if ckpt.latest_step() is not None:
@@ -84,13 +84,14 @@ def run_rl(ctx: Context) -> dict:
              "index": np.arange(len(ctx.train_examples))}
   batches = BatchIterator(prompts, r.batch_prompts, config.seed + 1, position=position)
   rollout_cfg = dataclasses.replace(ctx.sampler_cfg, temperature=float(r.temperature))
-  rollout_fn = jax.jit(functools.partial(
-      sampler_lib.sample_groups, graphdef, group_size=r.group_size, cfg=rollout_cfg,
-      mask_id=ctx.tokenizer.mask_id, eos_id=ctx.tokenizer.eos_id))
-  step_fn = make_rl_step(graphdef, optimizer, schedule, step_config(ctx))
+  rollout_fn = evaluation.make_sample_fn(graphdef, rollout_cfg, mask_id=ctx.tokenizer.mask_id,
+                                         eos_id=ctx.tokenizer.eos_id, mesh=ctx.mesh,
+                                         group_size=r.group_size)
+  step_fn = make_rl_step(graphdef, optimizer, schedule, step_config(ctx), mesh=ctx.mesh,
+                         state_sharding=state_sharding)
   greedy_cfg = dataclasses.replace(ctx.sampler_cfg, temperature=0.0)
   greedy_fn = evaluation.make_sample_fn(graphdef, greedy_cfg, mask_id=ctx.tokenizer.mask_id,
-                                        eos_id=ctx.tokenizer.eos_id)
+                                        eos_id=ctx.tokenizer.eos_id, mesh=ctx.mesh)
 
   def accuracy(params, examples, arrays) -> dict:
     return evaluation.greedy_accuracy(graphdef, params, task=ctx.task, tokenizer=ctx.tokenizer,
@@ -99,11 +100,13 @@ def run_rl(ctx: Context) -> dict:
 
   it = batches.position
   timed, timed_seconds, rollout_seconds, window = 0, 0.0, 0.0, []
-  with MetricsLogger(ctx.workdir, tensorboard=config.log.tensorboard) as logger:
+  with MetricsLogger(ctx.workdir, tensorboard=config.log.tensorboard,
+                     enabled=is_primary()) as logger:
     if it == 0:
       val = accuracy(state.params, ctx.val_examples, ctx.val_arrays)
       logger.log(0, {f"val_{k}": v for k, v in val.items()}, phase=PHASE)
-    bar = progress(r.steps, desc=PHASE, initial=it, disable=not config.log.progress)
+    bar = progress(r.steps, desc=PHASE, initial=it,
+                   disable=not (config.log.progress and is_primary()))
     while it < r.steps:
       t0 = time.perf_counter()
       batch = next(batches)
@@ -113,9 +116,10 @@ def run_rl(ctx: Context) -> dict:
       t_roll = time.perf_counter() - t0
       examples = [ctx.train_examples[i] for i in batch["index"]]
       rewards, correct, _ = evaluation.verify_groups(ctx.task, ctx.tokenizer, examples, completions)
-      rollout = RolloutBatch(prompt_BP=batch["prompt_BP"], prompt_valid_BP=batch["prompt_valid_BP"],
-                             completion_BGL=out.completion_BL, unmask_step_BGL=out.unmask_step_BL,
-                             rewards_BG=rewards, correct_BG=correct)
+      rollout = put_global(ctx.mesh, RolloutBatch(
+          prompt_BP=batch["prompt_BP"], prompt_valid_BP=batch["prompt_valid_BP"],
+          completion_BGL=completions, unmask_step_BGL=np.asarray(out.unmask_step_BL),
+          rewards_BG=rewards, correct_BG=correct))
       state, metrics = step_fn(state, rollout, k_step)
       it += 1
       window.append(metrics)

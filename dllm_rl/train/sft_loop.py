@@ -15,7 +15,9 @@ from dllm_rl.observability import MetricsLogger, phase_summary, progress
 from dllm_rl.setup import Context, init_params, to_device
 from dllm_rl.tasks.data import BatchIterator
 from dllm_rl.train.optim import make_optimizer
-from dllm_rl.train.sft_step import init_train_state, make_sft_step
+from dllm_rl.parallel.distributed import is_primary
+from dllm_rl.parallel.shard import init_state_sharded
+from dllm_rl.train.sft_step import make_sft_step
 from dllm_rl.types import SequenceBatch
 
 PHASE = "sft"
@@ -45,7 +47,8 @@ def run_sft(ctx: Context) -> dict:
   wall0 = time.time()
   graphdef, params = init_params(ctx)
   optimizer, schedule = make_optimizer(f)
-  state = init_train_state(params, optimizer, jax.random.fold_in(jax.random.key(config.seed), 1))
+  state, state_sharding = init_state_sharded(
+      params, optimizer, jax.random.fold_in(jax.random.key(config.seed), 1), ctx.mesh)
   ckpt = open_checkpointer(ctx, PHASE)
   position, stopped_early = 0, False
   if ckpt.latest_step() is not None:
@@ -54,10 +57,11 @@ def run_sft(ctx: Context) -> dict:
     print(f"[sft] resumed from step {int(state.step)} (data position {position})", flush=True)
 
   batches = BatchIterator(ctx.train_arrays, config.data.batch_size, config.seed, position=position)
-  step_fn = make_sft_step(graphdef, optimizer, schedule, mask_id=ctx.tokenizer.mask_id, t_eps=f.t_eps)
+  step_fn = make_sft_step(graphdef, optimizer, schedule, mask_id=ctx.tokenizer.mask_id,
+                          t_eps=f.t_eps, mesh=ctx.mesh, state_sharding=state_sharding)
   greedy_cfg = dataclasses.replace(ctx.sampler_cfg, temperature=0.0)
   sample_fn = evaluation.make_sample_fn(graphdef, greedy_cfg, mask_id=ctx.tokenizer.mask_id,
-                                        eos_id=ctx.tokenizer.eos_id)
+                                        eos_id=ctx.tokenizer.eos_id, mesh=ctx.mesh)
 
   def val_accuracy(params) -> dict:
     return evaluation.greedy_accuracy(graphdef, params, task=ctx.task, tokenizer=ctx.tokenizer,
@@ -69,11 +73,13 @@ def run_sft(ctx: Context) -> dict:
   finished = stopped_early or step >= f.steps
   val = {}
   timed_steps, timed_seconds, window = 0, 0.0, []
-  with MetricsLogger(ctx.workdir, tensorboard=config.log.tensorboard) as logger:
-    bar = progress(f.steps, desc=PHASE, initial=step, disable=not config.log.progress)
+  with MetricsLogger(ctx.workdir, tensorboard=config.log.tensorboard,
+                     enabled=is_primary()) as logger:
+    bar = progress(f.steps, desc=PHASE, initial=step,
+                   disable=not (config.log.progress and is_primary()))
     while not finished and step < f.steps:
       t0 = time.perf_counter()
-      batch = to_device(next(batches), SequenceBatch)
+      batch = to_device(ctx, next(batches), SequenceBatch)
       state, metrics = step_fn(state, batch, jax.random.fold_in(state.rng, step))
       step += 1
       window.append(metrics)

@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import optax
 
 from dllm_rl.diffusion.sft import sft_loss
+from dllm_rl.parallel.constraints import jit_sharded
+from dllm_rl.parallel.shard import replicated
 from dllm_rl.types import SequenceBatch, TrainState
 
 
@@ -18,8 +20,11 @@ def init_train_state(params, optimizer: optax.GradientTransformation, rng: jax.A
 
 
 def make_sft_step(graphdef, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
-                  *, mask_id: int, t_eps: float) -> Callable:
-  """Build the jitted step (state donated). Metrics: loss, grad_norm (pre-clip), lr."""
+                  *, mask_id: int, t_eps: float, mesh=None, state_sharding=None) -> Callable:
+  """Build the jitted step (state donated). Metrics: loss, grad_norm (pre-clip), lr.
+
+  With a ``mesh``, the new state keeps ``state_sharding`` and the metrics are
+  replicated; the batch arrives sharded over the batch axes."""
 
   def sft_step(state: TrainState, batch: SequenceBatch, key: jax.Array):
     def loss_fn(params):
@@ -32,4 +37,5 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation, schedule: o
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
 
-  return jax.jit(sft_step, donate_argnums=0)
+  out = None if mesh is None else (state_sharding, replicated(mesh))
+  return jit_sharded(sft_step, mesh, out_shardings=out, donate_argnums=0)

@@ -1,0 +1,1 @@
+"""Scale-out: mesh, logical-axis rules, shard helpers and multi-host initialisation."""

@@ -1,0 +1,58 @@
+"""The one table mapping logical axis names to mesh axes, and PartitionSpec helpers.
+
+Parameters carry ``logical_axes`` metadata (see dllm_rl.models.transformer).
+FSDP shards the model width ('embed') over 'fsdp'; tensor parallelism shards
+heads, MLP width and vocabulary over 'tensor'. The batch is sharded over
+('data', 'fsdp'). A dimension that a mesh axis does not divide is replicated
+over that axis instead (e.g. 2 KV heads on a tensor axis of 4).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from jax.sharding import Mesh, PartitionSpec
+
+LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
+    "vocab": "tensor",
+    "embed": "fsdp",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "head_dim": None,
+    "mlp": "tensor",
+    "norm": None,
+    "batch": ("data", "fsdp"),
+    "length": None,
+}
+
+BATCH_AXES = ("data", "fsdp")
+
+
+def _axis_size(mesh: Mesh, axes) -> int:
+  if axes is None:
+    return 1
+  axes = (axes,) if isinstance(axes, str) else axes
+  size = 1
+  for a in axes:
+    size *= mesh.shape[a]
+  return size
+
+
+def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int] | None = None,
+                    mesh: Mesh | None = None) -> PartitionSpec:
+  """PartitionSpec for logical axis names; with ``shape`` and ``mesh``, dimensions the
+  mapped mesh axes do not divide are replicated. A mesh axis is used at most once."""
+  used: set[str] = set()
+  out = []
+  for i, name in enumerate(logical):
+    if name is not None and name not in LOGICAL_RULES:
+      raise KeyError(f"logical axis {name!r} has no sharding rule; known: {sorted(LOGICAL_RULES)}")
+    axes = LOGICAL_RULES.get(name) if name is not None else None
+    names = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+    if any(a in used for a in names):
+      axes, names = None, ()
+    if names and shape is not None and mesh is not None and shape[i] % _axis_size(mesh, names):
+      axes, names = None, ()
+    used.update(names)
+    out.append(axes)
+  return PartitionSpec(*out)

@@ -1,0 +1,115 @@
+"""Shardings for parameters, optimizer state, train state and batches; sharded init.
+
+Parameters never exist unsharded: :func:`init_params_sharded` builds the
+abstract model (``eval_shape``), maps each parameter's logical axes through
+:data:`~dllm_rl.parallel.rules.LOGICAL_RULES`, and runs the initialiser under
+``jit`` with those output shardings, so every device materialises only its
+shard.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from dllm_rl.models import transformer
+from dllm_rl.parallel.rules import BATCH_AXES, logical_to_spec
+from dllm_rl.types import TrainState
+
+
+def _is_var(x) -> bool:
+  return isinstance(x, nnx.Variable)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def param_shardings(abstract_params: nnx.State, mesh: Mesh) -> nnx.State:
+  """NamedSharding per parameter from its ``logical_axes`` (same tree as the params)."""
+
+  def one(var: nnx.Variable):
+    shape = jax.tree_util.tree_leaves(var)[0].shape  # concrete or ShapeDtypeStruct
+    axes = var.get_metadata().get("logical_axes")
+    if axes is None:
+      raise ValueError(f"parameter of shape {shape} has no logical_axes metadata")
+    return var.replace(NamedSharding(mesh, logical_to_spec(axes, shape, mesh)))
+
+  return jax.tree.map(one, abstract_params, is_leaf=_is_var)
+
+
+def state_shardings(abstract_state: TrainState, optimizer: optax.GradientTransformation,
+                    mesh: Mesh) -> TrainState:
+  """Shardings for a whole TrainState: optimizer moments follow their parameters,
+  counters and the RNG key are replicated."""
+  p_sh = param_shardings(abstract_state.params, mesh)
+  rep = replicated(mesh)
+  opt_sh = optax.tree_map_params(optimizer, lambda _, s: s, abstract_state.opt_state, p_sh,
+                                 transform_non_params=lambda _: rep, is_leaf=_is_var)
+  ref_sh = None if abstract_state.ref_params is None else p_sh
+  return TrainState(step=rep, params=p_sh, opt_state=opt_sh, rng=rep, ref_params=ref_sh)
+
+
+def init_params_sharded(cfg: transformer.ModelConfig, key: jax.Array, mesh: Mesh):
+  """(graphdef, params) initialised directly into their shardings (never on one device)."""
+  graphdef, abstract = transformer.abstract_model(cfg)
+  shardings = param_shardings(abstract, mesh)
+  params = jax.jit(lambda k: transformer.init_model(cfg, k)[1], out_shardings=shardings)(key)
+  return graphdef, params
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+  """Leading (batch) dimension over ('data', 'fsdp'), the rest replicated."""
+  return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def batch_shardings(mesh: Mesh, batch: Any) -> Any:
+  """Batch sharding for every array leaf of a batch pytree."""
+  return jax.tree.map(lambda a: batch_sharding(mesh, np.ndim(a)), batch)
+
+
+def put_global(mesh: Mesh, batch: Any) -> Any:
+  """Arrays every process holds in full (e.g. rewards computed on every host) →
+  global arrays sharded over the batch axes."""
+
+  def one(a):
+    a = np.asarray(a)
+    return jax.make_array_from_callback(a.shape, batch_sharding(mesh, a.ndim), lambda idx: a[idx])
+
+  return jax.tree.map(one, batch)
+
+
+def shard_batch(mesh: Mesh, batch: Any) -> Any:
+  """Host-local rows → global arrays sharded over the batch axes.
+
+  Each process passes the rows it loaded (``distributed.host_rows``); in a
+  single process that is the whole batch.
+  """
+  return jax.tree.map(
+      lambda a: jax.make_array_from_process_local_data(batch_sharding(mesh, np.ndim(a)),
+                                                       np.asarray(a)), batch)
+
+
+def batch_divisor(mesh: Mesh) -> int:
+  """Global batch sizes must be multiples of this (data × fsdp)."""
+  return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def init_state_sharded(params: nnx.State, optimizer: optax.GradientTransformation, rng: jax.Array,
+                       mesh: Mesh, *, ref_params: Any = None):
+  """(TrainState placed on its shardings, the state shardings) for sharded params."""
+  from dllm_rl.train.sft_step import init_train_state
+
+  def build(p, r):
+    state = init_train_state(p, optimizer, rng)
+    return state.replace(ref_params=r)
+
+  abstract = jax.eval_shape(build, params, ref_params)
+  shardings = state_shardings(abstract, optimizer, mesh)
+  state = jax.jit(build, out_shardings=shardings)(params, ref_params)
+  return state, shardings

@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+#SBATCH --job-name=dllm_rl
+#SBATCH --nodes=2
+#SBATCH --gpus-per-node=8
+#SBATCH --exclusive
+#SBATCH --time=24:00:00
+#SBATCH --output=%x-%j.out
+# Run dllm_rl on several GPU nodes under SLURM: one JAX process per node (default) or per GPU.
+#
+# Usage:
+#   launch/slurm_gpu.sh --config FILE --workdir DIR [options] [-- OVERRIDES...]
+#       outside an allocation: submits this script with sbatch (the options below become sbatch
+#       options); inside one (sbatch, salloc): starts the processes with srun
+#   sbatch [sbatch options] launch/slurm_gpu.sh --config FILE --workdir DIR [-- OVERRIDES...]
+#       the same, with the #SBATCH defaults above
+#
+# Examples:
+#   launch/slurm_gpu.sh --nodes 4 --partition gpu --config configs/llada_tpu.py \
+#       --workdir /shared/runs/llada-rl -- --config.rl.steps=500
+#   launch/slurm_gpu.sh --dry-run --config configs/tiny_cpu.py --workdir /tmp/run
+#
+# Inside the allocation the first node (of scontrol show hostnames $SLURM_JOB_NODELIST) hosts
+# the JAX coordinator, and every task runs
+#   PYTHON -m dllm_rl.main --config=FILE --workdir=DIR --config.distributed.initialize=explicit
+#     --config.distributed.coordinator_address=FIRST_NODE:PORT
+#     --config.distributed.num_processes=$SLURM_NTASKS --config.distributed.process_id=$SLURM_PROCID
+#     [--config.distributed.local_device_ids=$SLURM_LOCALID  (per-gpu only)]  OVERRIDES...
+#
+# Options (environment variable in brackets; a flag wins over its variable):
+#   --config FILE          config file, relative to the checkout     [DLLM_CONFIG]  required
+#   --workdir DIR          run directory on a filesystem all nodes share  [DLLM_WORKDIR]  required
+#   --nodes N              nodes                       [DLLM_NODES] the allocation's, else 2
+#   --gpus-per-node G      GPUs per node               [DLLM_GPUS_PER_NODE] 8
+#   --procs per-node|per-gpu  one process per node (it sees all the node's GPUs) or per GPU
+#                                                      [DLLM_PROCS] per-node
+#   --port P               coordinator port            [DLLM_PORT] 20000 + SLURM_JOB_ID % 10000
+#   --python BIN           Python on the nodes (an activated venv's, say)  [DLLM_PYTHON] python3
+#   --partition P, --account A, --time T   sbatch options when submitting (sbatch also reads
+#                          SBATCH_PARTITION, SBATCH_ACCOUNT, SBATCH_TIMELIMIT itself)
+#   --dry-run              print the commands (sbatch, scontrol, srun), run nothing
+#   -h, --help             this text
+# Everything after `--` goes to dllm_rl.main in every process (e.g. --config.rl.steps=500).
+# The checkout is this script's parent directory (or DLLM_REPO, which submission sets, since
+# sbatch runs a spooled copy of the script).
+set -euo pipefail
+
+usage() { sed -n '/^# Run dllm_rl/,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
+die() { echo "slurm_gpu.sh: $*" >&2; exit 2; }
+
+# Shell-quotes one word only where needed, so printed commands stay readable and runnable.
+quote() {
+  if [[ $1 =~ ^[A-Za-z0-9_./:=@,+%-]+$ ]]; then printf '%s' "$1"
+  elif [[ $1 != *\'* ]]; then printf "'%s'" "$1"
+  elif [[ $1 != *[\$\`\"\\!]* ]]; then printf '"%s"' "$1"
+  else printf "'%s'" "${1//\'/\'\\\'\'}"; fi
+}
+quote_all() { local w out=(); for w in "$@"; do out+=("$(quote "$w")"); done; echo "${out[*]}"; }
+run() {
+  echo "+ $(quote_all "$@")"
+  if [[ $DRY_RUN == 0 ]]; then "$@"; fi
+}
+
+CONFIG=${DLLM_CONFIG:-}
+WORKDIR=${DLLM_WORKDIR:-}
+NODES=${DLLM_NODES:-${SLURM_JOB_NUM_NODES:-2}}
+GPUS_PER_NODE=${DLLM_GPUS_PER_NODE:-8}
+PROCS=${DLLM_PROCS:-per-node}
+PORT=${DLLM_PORT:-}
+PYTHON=${DLLM_PYTHON:-python3}
+PARTITION="" ACCOUNT="" TIME=""
+DRY_RUN=0
+OVERRIDES=()
+SUBMIT_ARGS=()  # the arguments, less --dry-run, for the script when it submits itself
+ALL_ARGS=("$@")
+for ((i = 0; i < ${#ALL_ARGS[@]}; i++)); do
+  if [[ ${ALL_ARGS[i]} == -- ]]; then SUBMIT_ARGS+=("${ALL_ARGS[@]:i}"); break; fi
+  [[ ${ALL_ARGS[i]} == --dry-run ]] || SUBMIT_ARGS+=("${ALL_ARGS[i]}")
+done
+
+need() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value"; }
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --config) need "$@"; CONFIG=$2; shift 2 ;;
+    --workdir) need "$@"; WORKDIR=$2; shift 2 ;;
+    --nodes) need "$@"; NODES=$2; shift 2 ;;
+    --gpus-per-node) need "$@"; GPUS_PER_NODE=$2; shift 2 ;;
+    --procs) need "$@"; PROCS=$2; shift 2 ;;
+    --port) need "$@"; PORT=$2; shift 2 ;;
+    --python) need "$@"; PYTHON=$2; shift 2 ;;
+    --partition) need "$@"; PARTITION=$2; shift 2 ;;
+    --account) need "$@"; ACCOUNT=$2; shift 2 ;;
+    --time) need "$@"; TIME=$2; shift 2 ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; OVERRIDES=("$@"); break ;;
+    *) die "unknown argument '$1' (overrides for dllm_rl.main go after --; see --help)" ;;
+  esac
+done
+
+[[ -n $CONFIG ]] || die "--config (or DLLM_CONFIG) is required, e.g. --config configs/llada_tpu.py"
+[[ -n $WORKDIR ]] || die "--workdir (or DLLM_WORKDIR) is required (on a filesystem all nodes share)"
+[[ $NODES =~ ^[1-9][0-9]*$ ]] || die "--nodes must be a positive integer, got '$NODES'"
+[[ $GPUS_PER_NODE =~ ^[1-9][0-9]*$ ]] || die "--gpus-per-node must be a positive integer"
+case $PROCS in
+  per-node) TASKS_PER_NODE=1 ;;
+  per-gpu) TASKS_PER_NODE=$GPUS_PER_NODE ;;
+  *) die "--procs must be per-node or per-gpu, got '$PROCS'" ;;
+esac
+
+if [[ -n ${DLLM_REPO:-} ]]; then
+  REPO=$DLLM_REPO
+elif [[ -f $(dirname "${BASH_SOURCE[0]}")/../dllm_rl/main.py ]]; then
+  REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+elif [[ -f ${SLURM_SUBMIT_DIR:-.}/dllm_rl/main.py ]]; then
+  REPO=$SLURM_SUBMIT_DIR
+else
+  die "cannot find the dllm_rl checkout: set DLLM_REPO"
+fi
+[[ $DRY_RUN == 1 || -f $REPO/$CONFIG ]] || die "config file $REPO/$CONFIG not found"
+
+# The first host of a SLURM node list: scontrol, or (dry run) a parse of "gpu[007-008],gpu010".
+first_host() {
+  if [[ $DRY_RUN == 0 ]]; then
+    local hosts  # no "| head -n1": with pipefail, scontrol's SIGPIPE would fail the script
+    hosts=$(scontrol show hostnames "$1")
+    echo "${hosts%%$'\n'*}"
+  else
+    local head=${1%%,*}
+    if [[ $head == *\[* ]]; then
+      local range=${1#*\[}
+      echo "${head%%\[*}${range%%[-,\]]*}"
+    else
+      echo "$head"
+    fi
+  fi
+}
+
+srun_step() {
+  local nodelist=$1 port=$2
+  echo "+ scontrol show hostnames $(quote "$nodelist")"
+  local host
+  host=$(first_host "$nodelist")
+  local fixed=("$PYTHON" -m dllm_rl.main --config="$CONFIG" --workdir="$WORKDIR"
+               --config.distributed.initialize=explicit
+               --config.distributed.coordinator_address="$host:$port")
+  # Single-quoted for bash -c: each task expands its own SLURM_* variables.
+  local task_cmd="exec $(quote_all "${fixed[@]}")"
+  task_cmd+=' --config.distributed.num_processes=$SLURM_NTASKS'
+  task_cmd+=' --config.distributed.process_id=$SLURM_PROCID'
+  [[ $PROCS == per-node ]] || task_cmd+=' --config.distributed.local_device_ids=$SLURM_LOCALID'
+  [[ ${#OVERRIDES[@]} == 0 ]] || task_cmd+=" $(quote_all "${OVERRIDES[@]}")"
+  run srun --nodes="$NODES" --ntasks=$((NODES * TASKS_PER_NODE)) \
+      --ntasks-per-node="$TASKS_PER_NODE" --gpus-per-node="$GPUS_PER_NODE" \
+      --kill-on-bad-exit=1 --chdir="$REPO" bash -c "$task_cmd"
+}
+
+if [[ -n ${SLURM_JOB_ID:-} ]]; then
+  [[ -n ${SLURM_JOB_NODELIST:-} ]] || die "SLURM_JOB_ID is set but SLURM_JOB_NODELIST is not"
+  srun_step "$SLURM_JOB_NODELIST" "${PORT:-$((20000 + SLURM_JOB_ID % 10000))}"
+else
+  [[ $DRY_RUN == 1 ]] || command -v sbatch >/dev/null || die "sbatch not found (not a SLURM host?)"
+  SBATCH=(sbatch --nodes="$NODES" --gpus-per-node="$GPUS_PER_NODE"
+          --ntasks-per-node="$TASKS_PER_NODE" --export=ALL,DLLM_REPO="$REPO"
+          --chdir="$REPO")
+  [[ -z $PARTITION ]] || SBATCH+=(--partition="$PARTITION")
+  [[ -z $ACCOUNT ]] || SBATCH+=(--account="$ACCOUNT")
+  [[ -z $TIME ]] || SBATCH+=(--time="$TIME")
+  run "${SBATCH[@]}" "$REPO/launch/slurm_gpu.sh" ${SUBMIT_ARGS[@]+"${SUBMIT_ARGS[@]}"}
+  if [[ $DRY_RUN == 1 ]]; then
+    echo "# then, inside the allocation (FIRST_NODE = its first host):"
+    srun_step FIRST_NODE "${PORT:-29500}"
+  fi
+fi

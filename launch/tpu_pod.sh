@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Run dllm_rl on every worker (host) of a Cloud TPU slice: one process per TPU VM.
+#
+# Usage:
+#   launch/tpu_pod.sh --name NAME --zone ZONE --workdir gs://BUCKET/RUN [options] [-- OVERRIDES...]
+#
+# Examples:
+#   launch/tpu_pod.sh --name my-v4 --zone us-central2-b --accelerator-type v4-32 \
+#       --create --setup --workdir gs://my-bucket/llada-rl -- --config.rl.steps=500
+#   launch/tpu_pod.sh --dry-run --name my-v4 --zone us-central2-b --workdir gs://b/run
+#
+# Steps, each printed as "+ command" before it runs (with --dry-run only printed; gcloud is
+# then not needed):
+#   1. --create  gcloud compute tpus tpu-vm create NAME --zone --accelerator-type --version
+#   2. --setup   tar this checkout, gcloud ... scp it to every worker (--worker=all), unpack it
+#                and pip install requirements.txt plus jax[tpu] of the pinned version
+#   3. run       gcloud compute tpus tpu-vm ssh NAME --worker=all --command="cd REMOTE_DIR &&
+#                PYTHON -m dllm_rl.main --config=CONFIG --workdir=WORKDIR OVERRIDES..."
+#
+# Options (environment variable in brackets; a flag wins over its variable):
+#   --name NAME              TPU name                                [TPU_NAME]   required
+#   --zone ZONE              zone, e.g. us-central2-b                [TPU_ZONE]   required
+#   --project PROJECT        GCP project (default: gcloud's)         [TPU_PROJECT]
+#   --accelerator-type TYPE  slice type for --create                 [TPU_ACCELERATOR_TYPE] v4-32
+#   --runtime-version V      TPU VM software version for --create    [TPU_RUNTIME_VERSION]
+#                                                                    tpu-ubuntu2204-base
+#   --workdir DIR            run directory every host can reach (gs://...)  [DLLM_WORKDIR]
+#                                                                    required
+#   --config FILE            config file, relative to the checkout   [DLLM_CONFIG]
+#                                                                    configs/llada_tpu.py
+#   --remote-dir DIR         checkout on the workers (relative to home)  [DLLM_REMOTE_DIR] dllm_rl
+#   --python BIN             Python on the workers                   [DLLM_PYTHON] python3
+#   --create                 create the slice first
+#   --spot                   with --create: a Spot slice
+#   --setup                  copy this checkout to every worker and install the dependencies
+#   --dry-run                print the commands, run nothing
+#   -h, --help               this text
+# Everything after `--` goes to dllm_rl.main on every worker (e.g. --config.rl.steps=500).
+#
+# All workers run the same command. config.distributed.initialize=auto (the default) detects the
+# Cloud TPU VM and calls jax.distributed.initialize(), which reads the slice's workers and this
+# worker's index from the TPU metadata server. Delete the slice when done:
+#   gcloud compute tpus tpu-vm delete NAME --zone ZONE
+set -euo pipefail
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
+die() { echo "tpu_pod.sh: $*" >&2; exit 2; }
+
+# Shell-quotes one word only where needed, so printed commands stay readable and runnable.
+quote() {
+  if [[ $1 =~ ^[A-Za-z0-9_./:=@,+%-]+$ ]]; then printf '%s' "$1"
+  elif [[ $1 != *\'* ]]; then printf "'%s'" "$1"
+  elif [[ $1 != *[\$\`\"\\!]* ]]; then printf '"%s"' "$1"
+  else printf "'%s'" "${1//\'/\'\\\'\'}"; fi
+}
+quote_all() { local w out=(); for w in "$@"; do out+=("$(quote "$w")"); done; echo "${out[*]}"; }
+run() {
+  echo "+ $(quote_all "$@")"
+  if [[ $DRY_RUN == 0 ]]; then "$@"; fi
+}
+
+NAME=${TPU_NAME:-}
+ZONE=${TPU_ZONE:-}
+PROJECT=${TPU_PROJECT:-}
+ACCELERATOR_TYPE=${TPU_ACCELERATOR_TYPE:-v4-32}
+RUNTIME_VERSION=${TPU_RUNTIME_VERSION:-tpu-ubuntu2204-base}
+WORKDIR=${DLLM_WORKDIR:-}
+CONFIG=${DLLM_CONFIG:-configs/llada_tpu.py}
+REMOTE_DIR=${DLLM_REMOTE_DIR:-dllm_rl}
+PYTHON=${DLLM_PYTHON:-python3}
+CREATE=0 SPOT=0 SETUP=0 DRY_RUN=0
+OVERRIDES=()
+
+need() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value"; }
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --name) need "$@"; NAME=$2; shift 2 ;;
+    --zone) need "$@"; ZONE=$2; shift 2 ;;
+    --project) need "$@"; PROJECT=$2; shift 2 ;;
+    --accelerator-type) need "$@"; ACCELERATOR_TYPE=$2; shift 2 ;;
+    --runtime-version) need "$@"; RUNTIME_VERSION=$2; shift 2 ;;
+    --workdir) need "$@"; WORKDIR=$2; shift 2 ;;
+    --config) need "$@"; CONFIG=$2; shift 2 ;;
+    --remote-dir) need "$@"; REMOTE_DIR=$2; shift 2 ;;
+    --python) need "$@"; PYTHON=$2; shift 2 ;;
+    --create) CREATE=1; shift ;;
+    --spot) SPOT=1; shift ;;
+    --setup) SETUP=1; shift ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; OVERRIDES=("$@"); break ;;
+    *) die "unknown argument '$1' (overrides for dllm_rl.main go after --; see --help)" ;;
+  esac
+done
+
+[[ -n $NAME ]] || die "--name (or TPU_NAME) is required"
+[[ -n $ZONE ]] || die "--zone (or TPU_ZONE) is required"
+[[ -n $WORKDIR ]] || die "--workdir (or DLLM_WORKDIR) is required"
+[[ $WORKDIR == gs://* ]] || echo "tpu_pod.sh: warning: --workdir=$WORKDIR is not gs://...;" \
+    "every worker then writes its own local copy" >&2
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [[ $DRY_RUN == 0 ]]; then
+  command -v gcloud >/dev/null || die "gcloud not found (install the Google Cloud CLI)"
+  [[ -f $REPO/$CONFIG ]] || die "config file $REPO/$CONFIG not found"
+fi
+
+GCLOUD_LOCATION=(--zone="$ZONE")
+[[ -z $PROJECT ]] || GCLOUD_LOCATION+=(--project="$PROJECT")
+
+if [[ $CREATE == 1 ]]; then
+  CREATE_ARGS=(--accelerator-type="$ACCELERATOR_TYPE" --version="$RUNTIME_VERSION")
+  [[ $SPOT == 0 ]] || CREATE_ARGS+=(--spot)
+  run gcloud compute tpus tpu-vm create "$NAME" "${GCLOUD_LOCATION[@]}" "${CREATE_ARGS[@]}"
+fi
+
+if [[ $SETUP == 1 ]]; then
+  TARBALL=${TMPDIR:-/tmp}/dllm_rl-$NAME.tgz
+  JAX_VERSION=$(sed -n 's/^jax==//p' "$REPO/requirements.txt")
+  run tar -czf "$TARBALL" --exclude=.git --exclude=.venv --exclude=__pycache__ -C "$REPO" .
+  run gcloud compute tpus tpu-vm scp "$TARBALL" "$NAME:dllm_rl.tgz" "${GCLOUD_LOCATION[@]}" \
+      --worker=all
+  SETUP_CMD="mkdir -p $(quote "$REMOTE_DIR") && tar -xzf dllm_rl.tgz -C $(quote "$REMOTE_DIR")"
+  SETUP_CMD+=" && cd $(quote "$REMOTE_DIR") && $(quote "$PYTHON") -m pip install -q"
+  SETUP_CMD+=" -r requirements.txt $(quote "jax[tpu]==$JAX_VERSION")"
+  run gcloud compute tpus tpu-vm ssh "$NAME" "${GCLOUD_LOCATION[@]}" --worker=all \
+      --command "$SETUP_CMD"
+fi
+
+MAIN_CMD="cd $(quote "$REMOTE_DIR") && $(quote_all "$PYTHON" -m dllm_rl.main \
+    --config="$CONFIG" --workdir="$WORKDIR" ${OVERRIDES[@]+"${OVERRIDES[@]}"})"
+run gcloud compute tpus tpu-vm ssh "$NAME" "${GCLOUD_LOCATION[@]}" --worker=all \
+    --command "$MAIN_CMD"

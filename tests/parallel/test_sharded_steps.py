@@ -1,0 +1,151 @@
+"""Sharded = single device: SFT and RL steps, the sampler, and checkpoints across meshes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from dllm_rl.checkpoint import Checkpointer
+from dllm_rl.diffusion.estimators import EstimatorConfig
+from dllm_rl.models import transformer as T
+from dllm_rl.parallel import shard
+from dllm_rl.parallel.mesh import make_mesh, resolve_shape
+from dllm_rl.rl.advantages import AdvantageConfig
+from dllm_rl.rl.losses import LossConfig
+from dllm_rl.rl.step import RLStepConfig, RolloutBatch, make_rl_step
+from dllm_rl.sampling.sampler import SamplerConfig
+from dllm_rl import evaluation
+from dllm_rl.train.sft_step import init_train_state, make_sft_step
+from dllm_rl.types import SequenceBatch
+
+MASK, EOS = 2, 1
+CFG = T.ModelConfig(vocab_size=16, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
+                    mlp_hidden=32)
+MESHES = [(8, 1, 1), (2, 2, 2), (1, 4, 2)]
+OPT = optax.adamw(1e-2)
+SCHEDULE = lambda s: 1e-2
+
+
+def _mesh(shape):
+  return make_mesh(dict(zip(("data", "fsdp", "tensor"), shape)))
+
+
+def _sft_batch():
+  k = jax.random.split(jax.random.key(3), 2)
+  return SequenceBatch(jax.random.randint(k[0], (8, 4), 3, 16), jnp.ones((8, 4), bool),
+                       jax.random.randint(k[1], (8, 6), 3, 16), jnp.ones((8, 6), bool))
+
+
+def _rl_batch():
+  k = jax.random.split(jax.random.key(4), 3)
+  rewards = jax.random.bernoulli(k[0], 0.5, (8, 2)).astype(jnp.float32)
+  return RolloutBatch(jax.random.randint(k[1], (8, 4), 3, 16), jnp.ones((8, 4), bool),
+                      jax.random.randint(k[2], (8, 2, 6), 3, 16),
+                      jnp.broadcast_to(jnp.arange(6) % 3, (8, 2, 6)), rewards, rewards > 0)
+
+
+RL_CFG = RLStepConfig(loss="stabledrl", advantage="steprs", estimator="elbo",
+                      estimator_cfg=EstimatorConfig(num_samples=2), loss_cfg=LossConfig(),
+                      advantage_cfg=AdvantageConfig(), inner_steps=2, num_states=3,
+                      mask_id=MASK, eos_id=EOS)
+
+
+def _run(kind, mesh):
+  key = jax.random.key(0)
+  if mesh is None:
+    graphdef, params = T.init_model(CFG, key)
+    state, sharding = init_train_state(params, OPT, jax.random.key(1)), None
+  else:
+    graphdef, params = shard.init_params_sharded(CFG, key, mesh)
+    state, sharding = shard.init_state_sharded(params, OPT, jax.random.key(1), mesh)
+  if kind == "sft":
+    fn = make_sft_step(graphdef, OPT, SCHEDULE, mask_id=MASK, t_eps=1e-3, mesh=mesh,
+                       state_sharding=sharding)
+    batch = _sft_batch()
+  else:
+    fn = make_rl_step(graphdef, OPT, SCHEDULE, RL_CFG, mesh=mesh, state_sharding=sharding)
+    batch = _rl_batch()
+  if mesh is not None:
+    batch = shard.shard_batch(mesh, jax.device_get(batch))
+  losses = []
+  for i in range(2):
+    state, metrics = fn(state, batch, jax.random.key(10 + i))
+    losses.append(float(metrics["loss"]))
+  return losses, jax.device_get(state.params), state
+
+
+@pytest.mark.parametrize("kind", ["sft", "rl"])
+def test_steps_on_meshes_match_one_device(kind):
+  ref_losses, ref_params, _ = _run(kind, None)
+  for shape in MESHES:
+    losses, params, state = _run(kind, _mesh(shape))
+    np.testing.assert_allclose(losses, ref_losses, rtol=2e-5, atol=1e-6)
+    for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(ref_params)):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    embed = state.params["embed"][...]
+    assert tuple(embed.sharding.spec) == ("tensor", "fsdp")  # the layout survives the update
+    assert embed.sharding.mesh.shape == dict(zip(("data", "fsdp", "tensor"), shape))
+
+
+def test_params_are_initialised_sharded_with_the_rules():
+  mesh = _mesh((2, 2, 2))
+  _, params = shard.init_params_sharded(CFG, jax.random.key(0), mesh)
+  spec = lambda v: tuple(v[...].sharding.spec)
+  assert spec(params["embed"]) == ("tensor", "fsdp")
+  assert spec(params["blocks"][0]["mlp"]["gate_proj"]) == ("fsdp", "tensor")
+  assert spec(params["blocks"][0]["attn"]["q_proj"]) == ("fsdp", "tensor", None)
+  shard_shape = params["embed"][...].addressable_shards[0].data.shape
+  assert shard_shape == (8, 8)  # each device holds a quarter of the [16, 16] table
+  _, ref = T.init_model(CFG, jax.random.key(0))
+  for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(ref)):
+    np.testing.assert_allclose(jax.device_get(a), b, rtol=1e-6, atol=1e-9)  # = unsharded init
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_sampler_tokens_identical_sharded_and_unsharded(temperature):
+  cfg = SamplerConfig(completion_len=8, steps=4, block_len=4, temperature=temperature)
+  graphdef, params = T.init_model(CFG, jax.random.key(0))
+  prompt = jax.random.randint(jax.random.key(5), (8, 4), 3, 16)
+  valid = jnp.ones((8, 4), bool)
+  ref = evaluation.make_sample_fn(graphdef, cfg, mask_id=MASK, eos_id=EOS)(
+      params, prompt, valid, jax.random.key(6))
+  mesh = _mesh((2, 2, 2))
+  _, sharded_params = shard.init_params_sharded(CFG, jax.random.key(0), mesh)
+  p, v = shard.shard_batch(mesh, (np.asarray(prompt), np.asarray(valid)))
+  out = evaluation.make_sample_fn(graphdef, cfg, mask_id=MASK, eos_id=EOS, mesh=mesh)(
+      sharded_params, p, v, jax.random.key(6))
+  assert out.completion_BL.sharding.is_fully_replicated
+  np.testing.assert_array_equal(out.completion_BL, ref.completion_BL)
+  np.testing.assert_array_equal(out.unmask_step_BL, ref.unmask_step_BL)
+
+
+def test_checkpoint_restores_onto_another_mesh(tmp_path):
+  mesh_a, mesh_b = _mesh((2, 2, 2)), _mesh((1, 4, 2))
+  _, params = shard.init_params_sharded(CFG, jax.random.key(0), mesh_a)
+  state, _ = shard.init_state_sharded(params, OPT, jax.random.key(1), mesh_a)
+  with Checkpointer(str(tmp_path), save_every=1, keep=2) as ckpt:
+    ckpt.save(1, state, {"data_position": 3})
+  _, params_b = shard.init_params_sharded(CFG, jax.random.key(9), mesh_b)
+  template, shardings_b = shard.init_state_sharded(params_b, OPT, jax.random.key(2), mesh_b)
+  with Checkpointer(str(tmp_path), save_every=1, keep=2) as ckpt:
+    restored, meta = ckpt.restore(template)
+  assert meta["data_position"] == 3
+  for a, b in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(restored)):
+    if jnp.issubdtype(a.dtype, jax.dtypes.prng_key):
+      a, b = jax.random.key_data(a), jax.random.key_data(b)
+    np.testing.assert_array_equal(jax.device_get(a), jax.device_get(b))
+  embed = restored.params["embed"][...]
+  assert embed.sharding.mesh.shape == mesh_b.shape and tuple(embed.sharding.spec) == ("tensor", "fsdp")
+
+
+def test_mesh_shapes():
+  assert resolve_shape((-1, 2, 2), 8) == (2, 2, 2)
+  assert resolve_shape((1, -1, 1), 8) == (1, 8, 1)
+  with pytest.raises(ValueError, match="config.mesh"):
+    resolve_shape((3, -1, 1), 8)
+  with pytest.raises(ValueError, match="config.mesh"):
+    resolve_shape((-1, -1, 1), 8)
+  with pytest.raises(ValueError, match="needs 16 devices"):
+    resolve_shape((4, 2, 2), 8)

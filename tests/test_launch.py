@@ -1,0 +1,185 @@
+"""launch/*.sh: syntax, and the commands --dry-run prints (no gcloud / SLURM needed or called)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TPU = os.path.join(REPO, "launch", "tpu_pod.sh")
+SLURM = os.path.join(REPO, "launch", "slurm_gpu.sh")
+CLUSTER_TOOLS = ("gcloud", "srun", "sbatch", "scontrol", "salloc")
+OVERRIDES = ["--config.rl.steps=5", "--config.task.name=it's \"quoted\" $HOME"]
+
+
+@pytest.fixture
+def sandbox(tmp_path):
+  """An environment whose PATH starts with cluster tools that only record that they were called."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  for tool in CLUSTER_TOOLS:
+    path = bin_dir / tool
+    path.write_text(f"#!/bin/sh\ntouch '{tmp_path}/called-{tool}'\nexit 97\n")
+    path.chmod(0o755)
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith(("SLURM_", "SBATCH_", "TPU_", "DLLM_"))}
+  env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
+  env["TMPDIR"] = str(tmp_path)
+  yield env
+  called = sorted(p.name for p in tmp_path.glob("called-*"))
+  assert not called, f"a dry run called {called}"
+
+
+def run_script(script, args, env, cwd):
+  return subprocess.run(["bash", script, *args], env=env, cwd=cwd, capture_output=True, text=True,
+                        timeout=30)
+
+
+def commands(stdout: str) -> list[list[str]]:
+  """The printed "+ cmd" lines, split into words as a shell would."""
+  return [shlex.split(line[2:]) for line in stdout.splitlines() if line.startswith("+ ")]
+
+
+def main_words(words: list[str]) -> list[str]:
+  """The words from ``-m dllm_rl.main`` on."""
+  return words[words.index("-m"):]
+
+
+@pytest.mark.parametrize("script", [TPU, SLURM])
+def test_bash_syntax_and_strict_mode(script):
+  subprocess.run(["bash", "-n", script], check=True, timeout=30)
+  with open(script) as f:
+    text = f.read()
+  assert "\nset -euo pipefail\n" in text
+  assert "--dry-run" in text.split("set -euo pipefail")[0]  # documented in the header
+
+
+def test_tpu_dry_run(sandbox, tmp_path):
+  res = run_script(TPU, ["--dry-run", "--create", "--setup", "--name", "my-v4", "--zone",
+                         "us-central2-b", "--accelerator-type", "v4-32", "--project", "proj",
+                         "--workdir", "gs://bucket/run", "--", *OVERRIDES], sandbox, tmp_path)
+  assert res.returncode == 0, res.stderr
+  create, tar, scp, setup, launch = commands(res.stdout)
+  assert create[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "create"] and "my-v4" in create
+  assert {"--zone=us-central2-b", "--project=proj", "--accelerator-type=v4-32"} <= set(create)
+  assert tar[0] == "tar" and "--exclude=.git" in tar
+  assert scp[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "scp"] and "--worker=all" in scp
+  assert "jax[tpu]==" in setup[setup.index("--command") + 1]
+  assert launch[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "my-v4"]
+  assert "--worker=all" in launch
+  remote = shlex.split(launch[launch.index("--command") + 1])
+  assert remote[:3] == ["cd", "dllm_rl", "&&"]
+  # The remote shell gets every override back word for word.
+  assert main_words(remote) == ["-m", "dllm_rl.main", "--config=configs/llada_tpu.py",
+                                "--workdir=gs://bucket/run", *OVERRIDES]
+  assert not (tmp_path / "dllm_rl-my-v4.tgz").exists()  # dry: nothing written
+
+
+def test_tpu_reads_env_and_needs_name(sandbox, tmp_path):
+  env = dict(sandbox, TPU_NAME="from-env", TPU_ZONE="europe-west4-a",
+             DLLM_WORKDIR="gs://b/r", DLLM_CONFIG="configs/tiny_cpu.py")
+  res = run_script(TPU, ["--dry-run"], env, tmp_path)
+  assert res.returncode == 0, res.stderr
+  (launch,) = commands(res.stdout)  # no --create / --setup: only the run
+  assert "from-env" in launch and "--zone=europe-west4-a" in launch
+  assert "--config=configs/tiny_cpu.py" in launch[-1]
+  res = run_script(TPU, ["--dry-run", "--zone", "z", "--workdir", "gs://b/r"], sandbox, tmp_path)
+  assert res.returncode == 2 and "--name" in res.stderr and not res.stdout
+
+
+def test_slurm_dry_run_outside_an_allocation_submits_itself(sandbox, tmp_path):
+  res = run_script(SLURM, ["--dry-run", "--nodes", "4", "--partition", "gpu", "--config",
+                           "configs/llada_tpu.py", "--workdir", "/shared/run", "--", *OVERRIDES],
+                   sandbox, tmp_path)
+  assert res.returncode == 0, res.stderr
+  sbatch, scontrol, srun = commands(res.stdout)
+  assert sbatch[0] == "sbatch" and sbatch[-1] == OVERRIDES[-1]
+  assert {"--nodes=4", "--gpus-per-node=8", "--ntasks-per-node=1", "--partition=gpu"} <= set(sbatch)
+  script_args = sbatch[sbatch.index(os.path.join(REPO, "launch", "slurm_gpu.sh")) + 1:]
+  assert "--dry-run" not in script_args and "--nodes" in script_args
+  assert scontrol[:3] == ["scontrol", "show", "hostnames"]
+  assert srun[0] == "srun" and {"--nodes=4", "--ntasks=4", "--kill-on-bad-exit=1"} <= set(srun)
+  assert srun[-3:-1] == ["bash", "-c"]
+  task = shlex.split(srun[-1])  # what bash -c runs in every task ($SLURM_* still unexpanded)
+  assert task[:2] == ["exec", "python3"]
+  assert main_words(task) == [
+      "-m", "dllm_rl.main", "--config=configs/llada_tpu.py", "--workdir=/shared/run",
+      "--config.distributed.initialize=explicit",
+      "--config.distributed.coordinator_address=FIRST_NODE:29500",
+      "--config.distributed.num_processes=$SLURM_NTASKS",
+      "--config.distributed.process_id=$SLURM_PROCID", *OVERRIDES]
+
+
+def test_slurm_dry_run_inside_an_allocation_one_process_per_gpu(sandbox, tmp_path):
+  env = dict(sandbox, SLURM_JOB_ID="4321", SLURM_JOB_NODELIST="gpu[007-008],gpu010",
+             SLURM_JOB_NUM_NODES="3")
+  res = run_script(SLURM, ["--dry-run", "--procs", "per-gpu", "--gpus-per-node", "4", "--config",
+                           "configs/tiny_cpu.py", "--workdir", "/shared/run"], env, tmp_path)
+  assert res.returncode == 0, res.stderr
+  scontrol, srun = commands(res.stdout)
+  assert scontrol == ["scontrol", "show", "hostnames", "gpu[007-008],gpu010"]
+  assert {"--nodes=3", "--ntasks=12", "--ntasks-per-node=4", "--gpus-per-node=4"} <= set(srun)
+  task = shlex.split(srun[-1])
+  assert "--config.distributed.coordinator_address=gpu007:24321" in task  # 20000 + id % 10000
+  assert "--config.distributed.local_device_ids=$SLURM_LOCALID" in task
+  assert "--config=configs/tiny_cpu.py" in task
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--workdir", "/w"], "--config"),
+    (["--config", "c.py"], "--workdir"),
+    (["--config", "c.py", "--workdir", "/w", "--procs", "per-socket"], "--procs"),
+    (["--config", "c.py", "--workdir", "/w", "--nodes", "0"], "--nodes"),
+    (["--config", "c.py", "--workdir", "/w", "--bogus"], "unknown argument"),
+])
+def test_slurm_rejects_bad_arguments(sandbox, tmp_path, args, message):
+  res = run_script(SLURM, ["--dry-run", *args], sandbox, tmp_path)
+  assert res.returncode == 2 and message in res.stderr and not res.stdout
+
+
+def recording_tools(tmp_path, scripts: dict[str, str]) -> dict[str, str]:
+  """An environment whose PATH starts with the given fake tools (name -> sh body)."""
+  bin_dir = tmp_path / "rec"
+  bin_dir.mkdir()
+  for tool, body in scripts.items():
+    (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
+    (bin_dir / tool).chmod(0o755)
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith(("SLURM_", "SBATCH_", "TPU_", "DLLM_"))}
+  env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
+  return env
+
+
+def test_tpu_runs_exactly_what_it_prints(tmp_path):
+  log = tmp_path / "gcloud.log"
+  env = recording_tools(tmp_path, {"gcloud": f"printf '%s\\n' \"$@\" > '{log}'"})
+  res = run_script(TPU, ["--name", "n", "--zone", "z", "--workdir", "gs://b/r", "--config",
+                         "configs/tiny_cpu.py", "--", *OVERRIDES], env, tmp_path)
+  assert res.returncode == 0, res.stderr
+  (printed,) = commands(res.stdout)
+  assert ["gcloud", *log.read_text().splitlines()] == printed[:-1] + printed[-1].split("\n")
+
+
+def test_slurm_tasks_expand_their_own_slurm_variables(tmp_path):
+  """A real (not dry) run with fake scontrol/srun: each task sees its own $SLURM_PROCID."""
+  out = tmp_path / "task.out"
+  env = recording_tools(tmp_path, {
+      # Many hosts: reading only the first must not kill the script (SIGPIPE under pipefail).
+      "scontrol": "echo node-a; seq 1 20000 | sed 's/^/node-/'",
+      # Drop srun's own options, run the task command as task 1 of 2.
+      "srun": f"while [ \"$1\" != bash ]; do shift; done\n"
+              f"SLURM_NTASKS=2 SLURM_PROCID=1 SLURM_LOCALID=1 \"$@\" > '{out}'"})
+  env.update(SLURM_JOB_ID="17", SLURM_JOB_NODELIST="node-[a-b]", SLURM_JOB_NUM_NODES="2",
+             DLLM_PYTHON="echo")  # the task prints its dllm_rl.main arguments
+  res = run_script(SLURM, ["--procs", "per-gpu", "--gpus-per-node", "1", "--config",
+                           "configs/tiny_cpu.py", "--workdir", "/w"], env, tmp_path)
+  assert res.returncode == 0, res.stderr
+  assert out.read_text().split() == [
+      "-m", "dllm_rl.main", "--config=configs/tiny_cpu.py", "--workdir=/w",
+      "--config.distributed.initialize=explicit",
+      "--config.distributed.coordinator_address=node-a:20017",
+      "--config.distributed.num_processes=2", "--config.distributed.process_id=1",
+      "--config.distributed.local_device_ids=1"]
