@@ -84,20 +84,23 @@ def main(argv=None) -> None:
     print(f"mesh data×fsdp×tensor={shape}: RL step {1e3 * per_step:.1f} ms "
           f"(first call incl. compile {compile_s:.1f} s)")
     with tempfile.TemporaryDirectory() as d:
-      with Checkpointer(d, save_every=1, keep=1, async_save=True) as ckpt:
-        t0 = time.perf_counter()
-        ckpt.save(1, state, {"data_position": 0})
-        t_return = time.perf_counter() - t0
-        ckpt.wait()
-        t_commit = time.perf_counter() - t0
+      with Checkpointer(d, save_every=1, keep=2, async_save=True) as ckpt:
+        timings = []
+        for save_step in (1, 2):  # the first save includes Orbax's one-time set-up
+          t0 = time.perf_counter()
+          ckpt.save(save_step, state, {"data_position": 0})
+          t_return = time.perf_counter() - t0
+          ckpt.wait()
+          timings.append((t_return, time.perf_counter() - t0))
         t0 = time.perf_counter()
         restored, _ = ckpt.restore(state)
         jax.block_until_ready(restored.params)
         t_restore = time.perf_counter() - t0
     size = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(state.params))
-    print(f"  checkpoint ({size / 1e6:.2f} MB params + Adam state): save returns in "
-          f"{1e3 * t_return:.0f} ms, committed in {1e3 * t_commit:.0f} ms; restore "
-          f"{1e3 * t_restore:.0f} ms")
+    saves = "; ".join(f"save {i + 1} returns in {1e3 * a:.0f} ms, committed in {1e3 * b:.0f} ms"
+                      for i, (a, b) in enumerate(timings))
+    print(f"  checkpoint ({size / 1e6:.2f} MB of params, plus Adam moments): {saves};"
+          f" restore {1e3 * t_restore:.0f} ms")
 
 
 if __name__ == "__main__":
