@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
 
 import jax
 import ml_collections
@@ -17,11 +13,9 @@ import pytest
 
 from dllm_rl.config import ConfigError, base_config
 from dllm_rl.parallel import distributed
+from tests.multiprocess import harness
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKER = os.path.join(REPO, "tests", "multiprocess", "psum_worker.py")
-CLUSTER_ENV_PREFIXES = ("DLLM_", "SLURM_", "OMPI_", "TPU_", "MEGASCALE_", "JAX_COORDINATOR",
-                        "JAX_LOCAL_DEVICE_IDS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+WORKER = os.path.join(harness.REPO, "tests", "multiprocess", "psum_worker.py")
 
 
 def dist_cfg(**overrides) -> ml_collections.ConfigDict:
@@ -262,50 +256,13 @@ def test_single_process_helpers():
 
 # --- a real 2-process run over localhost --------------------------------------------------------
 
-def _free_port() -> int:
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def _load_worker():
-  spec = importlib.util.spec_from_file_location("psum_worker", WORKER)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 @pytest.mark.multiprocess
 def test_two_processes_agree_with_single_process(tmp_path):
-  env = {k: v for k, v in os.environ.items() if not k.startswith(CLUSTER_ENV_PREFIXES)}
-  env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
-             PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=REPO)
-  coordinator = f"localhost:{_free_port()}"
-  outs = [tmp_path / f"out{p}.json" for p in range(2)]
-  logs = [tmp_path / f"log{p}.txt" for p in range(2)]
-  procs = []
-  try:
-    for p in range(2):
-      with open(logs[p], "w") as log:
-        procs.append(subprocess.Popen(
-            [sys.executable, WORKER, coordinator, "2", str(p), str(outs[p])],
-            env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + 120
-    for proc in procs:
-      proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-  except subprocess.TimeoutExpired:
-    pass
-  finally:
-    for proc in procs:
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-  report = "\n".join(f"--- process {p} (rc {procs[p].returncode}):\n{logs[p].read_text()[-3000:]}"
-                     for p in range(len(procs)))
-  assert [proc.returncode for proc in procs] == [0, 0], report
+  outs, logs, codes, report = harness.run_workers(WORKER, tmp_path, out_suffix=".json")
+  assert codes == [0, 0], report
 
   results = [json.loads(out.read_text()) for out in outs]
-  worker = _load_worker()
+  worker = harness.load_module(WORKER, "psum_worker")
   x_BF = worker.global_batch()
   sq_F, total = jax.jit(worker.reduce_fn)(x_BF)  # the single-process value (8 local devices)
   np.testing.assert_allclose(sq_F, (x_BF.astype(np.float64) ** 2).sum(0))
