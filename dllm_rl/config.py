@@ -33,6 +33,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.seed = 0
 
   c.model = m = ml_collections.ConfigDict()
+  # A Hugging Face checkpoint directory (config.json + safetensors [+ tokenizer files]) of a
+  # supported family (LLaDA). When set, the architecture, the weights, the token ids (mask,
+  # EOS, pad) and the tokenizer come from it and the size keys below are ignored.
+  m.hf_checkpoint = ""
   m.vocab_size = 0        # 0 = the task tokenizer's vocabulary size
   m.d_model = 64
   m.n_layers = 2
@@ -45,7 +49,7 @@ def base_config() -> ml_collections.ConfigDict:
   m.tie_embeddings = False
   m.qk_norm = False
   m.init_std = 0.02
-  m.dtype = "float32"     # compute dtype: float32 | bfloat16
+  m.dtype = "float32"     # compute dtype: float32 | bfloat16 (HF checkpoints too)
   m.param_dtype = "float32"
 
   c.task = t = ml_collections.ConfigDict()
@@ -205,7 +209,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check(config.task.name in tasks.TASKS, "task.name", tasks.TASKS.unknown_message(config.task.name))
   try:
     tasks.make_task(config.task.name, **config.task.options.to_dict())
-  except (TypeError, ValueError) as err:
+  except (TypeError, ValueError, OSError) as err:
     raise ConfigError("task.options", str(err)) from err
   _check(config.sampler.remasking in remasking.REMASKING, "sampler.remasking",
          remasking.REMASKING.unknown_message(config.sampler.remasking))

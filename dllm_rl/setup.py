@@ -35,7 +35,42 @@ class Context:
   test_examples: list
   test_arrays: dict
   mesh: Any = None
+  hf_checkpoint: str | None = None
 
+
+@dataclasses.dataclass
+class HFSource:
+  """What a Hugging Face checkpoint directory provides before any weight is read."""
+
+  model_cfg: transformer.ModelConfig
+  token_ids: Any
+  family: str
+  tokenizer: Any
+
+
+def load_hf_source(path: str, dtype: str) -> HFSource:
+  """Architecture, token ids and tokenizer of a HF checkpoint dir (weights are read later,
+  streamed onto the mesh, by :func:`init_params`)."""
+  from dllm_rl.models import hf
+  from dllm_rl.tasks.hf_tokenizer import HFTokenizer
+
+  if not os.path.isdir(path):
+    raise ConfigError("model.hf_checkpoint", f"{path!r} is not a directory")
+  try:
+    hf_config = hf.read_hf_config(path)
+    family = hf.detect_family(hf_config)
+    model_cfg, ids = hf.model_config_from_hf(hf_config, dtype=dtype)
+  except (ValueError, KeyError, FileNotFoundError) as err:
+    raise ConfigError("model.hf_checkpoint", f"{path}: {err}") from err
+  if family != "llada":
+    raise ConfigError("model.hf_checkpoint", f"{path}: family {family!r} needs the block-diffusion"
+                      " trainer (not available yet); supported here: llada")
+  pad_id = ids.pad_id if ids.pad_id is not None else ids.eos_id
+  tokenizer = HFTokenizer.from_dir(path, mask_id=ids.mask_id, eos_id=ids.eos_id, pad_id=pad_id)
+  if tokenizer.vocab_size > model_cfg.vocab_size:
+    raise ConfigError("model.hf_checkpoint", f"{path}: tokenizer has {tokenizer.vocab_size} ids,"
+                      f" the model's embedding only {model_cfg.vocab_size}")
+  return HFSource(model_cfg, ids, family, tokenizer)
 
 def model_config(config, vocab_size: int) -> transformer.ModelConfig:
   """``config.model`` with the vocabulary resolved against the tokenizer."""
@@ -49,11 +84,15 @@ def model_config(config, vocab_size: int) -> transformer.ModelConfig:
 
 
 def _encode(examples, tokenizer, config, split: str) -> dict:
+  format_prompt = getattr(tokenizer, "format_prompt", None)
+  if format_prompt is not None:  # chat template of a HF tokenizer
+    examples = [dataclasses.replace(ex, prompt=format_prompt(ex.prompt)) for ex in examples]
   try:
-    return data_lib.encode_examples(examples, tokenizer, config.data.prompt_len,
-                                    config.data.completion_len)
+    return data_lib.encode_examples(
+        examples, tokenizer, config.data.prompt_len, config.data.completion_len,
+        truncate_answers=config.mode not in ("sft", "pipeline"))  # only SFT trains on answers
   except ValueError as err:
-    raise ValueError(f"{split} split of task {config.task.name!r}: {err}") from err
+    raise ConfigError("data", f"{split} split of task {config.task.name!r}: {err}") from err
 
 
 def check_batch_sizes(config, mesh) -> None:
@@ -77,21 +116,33 @@ def build_context(config, workdir: str) -> Context:
   check_batch_sizes(config, mesh)
   os.makedirs(workdir, exist_ok=True)
   task = tasks_lib.make_task(config.task.name, **config.task.options.to_dict())
-  tokenizer = tasks_lib.CharTokenizer()
+  hf = None
+  if config.model.hf_checkpoint:
+    hf = load_hf_source(config.model.hf_checkpoint, config.model.dtype)
+    tokenizer = hf.tokenizer
+  else:
+    tokenizer = tasks_lib.CharTokenizer()
   train = task.generate("train", config.task.train_size + config.task.val_size, config.seed)
   train, val = train[:config.task.train_size], train[config.task.train_size:]
   test = task.generate("test", config.task.test_size, config.seed + 1)
   return Context(
       config=config, workdir=workdir, task=task, tokenizer=tokenizer,
-      model_cfg=model_config(config, tokenizer.vocab_size),
+      model_cfg=hf.model_cfg if hf else model_config(config, tokenizer.vocab_size),
       sampler_cfg=SamplerConfig.from_config(config),
       train_examples=train, train_arrays=_encode(train, tokenizer, config, "train"),
       val_examples=val, val_arrays=_encode(val, tokenizer, config, "validation"),
-      test_examples=test, test_arrays=_encode(test, tokenizer, config, "test"), mesh=mesh)
+      test_examples=test, test_arrays=_encode(test, tokenizer, config, "test"), mesh=mesh,
+      hf_checkpoint=config.model.hf_checkpoint or None)
 
 
 def init_params(ctx: Context):
-  """Fresh (graphdef, params) from the run seed, initialised into their shardings."""
+  """Starting (graphdef, params), placed in their shardings: the HF checkpoint's
+  weights (streamed tensor by tensor onto the mesh) or a fresh init from the seed."""
+  if ctx.hf_checkpoint:
+    from dllm_rl.models import hf
+    _, _, graphdef, params, _ = hf.load_checkpoint(ctx.hf_checkpoint, mesh=ctx.mesh,
+                                                   dtype=ctx.config.model.dtype)
+    return graphdef, params
   key = jax.random.fold_in(jax.random.key(ctx.config.seed), 0)
   return init_params_sharded(ctx.model_cfg, key, ctx.mesh)
 

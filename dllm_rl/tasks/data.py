@@ -19,13 +19,15 @@ from dllm_rl.tasks.tokenizer import CharTokenizer
 
 
 def encode_examples(examples: Sequence[Example], tokenizer: CharTokenizer,
-                    prompt_len: int, completion_len: int) -> dict[str, np.ndarray]:
+                    prompt_len: int, completion_len: int, *,
+                    truncate_answers: bool = False) -> dict[str, np.ndarray]:
   """Encodes examples into ``prompt_BP``, ``prompt_valid_BP``, ``completion_BL``,
   ``completion_valid_BL`` (int32 ids / bool masks; B = len(examples)).
 
   Raises ValueError naming the example index, its length and the config key
   (``data.prompt_len`` / ``data.completion_len``) when a prompt, or an answer
-  plus one EOS, does not fit.
+  plus one EOS, does not fit. ``truncate_answers``: cut answers to fit instead
+  (runs that never train on them: RL and evaluation use only the prompts).
   """
   if prompt_len < 1 or completion_len < 1:
     raise ValueError(f"prompt_len and completion_len must be >= 1, got "
@@ -41,6 +43,8 @@ def encode_examples(examples: Sequence[Example], tokenizer: CharTokenizer,
       raise ValueError(f"example {b}: prompt has {len(p)} tokens > data.prompt_len="
                        f"{prompt_len} (prompt {ex.prompt[:40]!r})")
     a = tokenizer.encode(ex.answer)
+    if truncate_answers:
+      a = a[:completion_len - 1]
     if len(a) + 1 > completion_len:
       raise ValueError(f"example {b}: answer has {len(a)} tokens + 1 EOS > "
                        f"data.completion_len={completion_len} (answer {ex.answer[:40]!r})")

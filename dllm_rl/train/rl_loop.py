@@ -50,12 +50,16 @@ def step_config(ctx: Context) -> RLStepConfig:
 
 
 def load_sft_params(ctx: Context):
-  """The latest SFT checkpoint's parameters (the RL starting policy)."""
+  """The RL starting policy: the latest SFT checkpoint in the workdir, else the
+  HF checkpoint of ``model.hf_checkpoint``."""
   graphdef, params = init_params(ctx)
   if not os.path.isdir(checkpoint_dir(ctx.workdir, SFT)):
+    if ctx.hf_checkpoint:
+      return graphdef, params
     raise FileNotFoundError(
         f"RL starts from an SFT checkpoint: none under {checkpoint_dir(ctx.workdir, SFT)}"
-        " (use mode 'pipeline', or run mode 'sft' with this --workdir first)")
+        " (use mode 'pipeline', run mode 'sft' with this --workdir first, or set"
+        " model.hf_checkpoint)")
   template, _ = init_state_sharded(params, make_optimizer(ctx.config.sft)[0], jax.random.key(0),
                                    ctx.mesh)
   with open_checkpointer(ctx, SFT) as ckpt:

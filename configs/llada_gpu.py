@@ -1,0 +1,34 @@
+"""StableDRL on LLaDA-8B-Instruct, GSM8K, one node of 8 GPUs (or more with launch/slurm_gpu.sh).
+
+    python -m dllm_rl.main --config=configs/llada_gpu.py --workdir=/shared/runs/llada-gsm8k \\
+        --config.model.hf_checkpoint=/path/to/LLaDA-8B-Instruct \\
+        --config.task.options.train_file=/path/to/gsm8k/train.jsonl \\
+        --config.task.options.test_file=/path/to/gsm8k/test.jsonl
+
+Same experiment and hyper-parameters as configs/llada_tpu.py (see there); only
+the layout differs: FSDP over the GPUs of the job, 8 prompts × 16 completions
+per step so that one node of 8 GPUs holds one prompt per device. Multi-node:
+launch/slurm_gpu.sh --config configs/llada_gpu.py ... (one process per node).
+"""
+
+import importlib.util
+import os
+
+from dllm_rl.config import locked
+
+
+def _tpu_config():
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llada_tpu.py")
+  spec = importlib.util.spec_from_file_location("llada_tpu", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def get_config():
+  c = _tpu_config()
+  c.unlock()
+  c.rl.batch_prompts = 8
+  c.eval.batch_size = 32
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
+  return locked(c)

@@ -1,0 +1,217 @@
+"""Hugging Face tokenizer (``tokenizer.json``) behind the ``CharTokenizer`` interface.
+
+A checkpoint directory holds ``tokenizer.json`` (read by the ``tokenizers``
+library, no ``transformers``) and ``tokenizer_config.json`` (special-token
+strings and the chat template; a ``chat_template.jinja`` file beside it takes
+precedence, as in recent ``transformers``). The PAD / EOS / MASK ids come from
+the caller (the checkpoint's ``config.json``), never from constants here.
+
+The chat template is rendered like ``transformers`` does: Jinja2 in an
+immutable sandbox, ``trim_blocks`` and ``lstrip_blocks``, with ``messages``,
+``add_generation_prompt=True``, the special-token strings, ``raise_exception``,
+``strftime_now`` and a ``tojson`` filter. Template text such as ``<|eot_id|>``
+is then encoded as the special token it names, so ``encode`` never adds
+BOS/EOS itself (``add_special_tokens=False``): the template decides.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILE = "tokenizer_config.json"
+TEMPLATE_FILE = "chat_template.jinja"
+_SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                 "cls_token", "mask_token")
+
+
+def _token_text(value: Any) -> str | None:
+  """A special token as tokenizer_config stores it: a string or {"content": ...}."""
+  if isinstance(value, dict):
+    value = value.get("content")
+  return value if isinstance(value, str) else None
+
+
+def _read_json(path: str) -> dict:
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"tokenizer file {path!r} does not exist")
+  with open(path, encoding="utf-8") as f:
+    try:
+      data = json.load(f)
+    except json.JSONDecodeError as err:
+      raise ValueError(f"{path}: not valid JSON ({err})") from err
+  if not isinstance(data, dict):
+    raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+  return data
+
+
+def _template_source(path: str, config: dict) -> str | None:
+  """The chat template text: chat_template.jinja, else tokenizer_config's
+  ``chat_template`` (a string, or a list of {"name", "template"} → "default")."""
+  jinja_path = os.path.join(path, TEMPLATE_FILE)
+  if os.path.isfile(jinja_path):
+    with open(jinja_path, encoding="utf-8") as f:
+      return f.read()
+  source = config.get("chat_template")
+  if isinstance(source, list):
+    named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+    source = named.get("default")
+    if source is None:
+      raise ValueError(f"{os.path.join(path, CONFIG_FILE)}: chat_template is a list "
+                       f"without a 'default' entry (names: {sorted(map(str, named))})")
+  if source is not None and not isinstance(source, str):
+    raise ValueError(f"{os.path.join(path, CONFIG_FILE)}: chat_template must be a "
+                     f"string, got {type(source).__name__}")
+  return source
+
+
+def _compile_template(source: str):
+  """Compiles ``source`` in an immutable Jinja2 sandbox configured like transformers."""
+  import jinja2
+  from jinja2 import sandbox
+  from jinja2.ext import loopcontrols
+
+  def raise_exception(message):
+    raise jinja2.exceptions.TemplateError(message)
+
+  def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+  def strftime_now(fmt):
+    return datetime.datetime.now().strftime(fmt)
+
+  env = sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                              extensions=[loopcontrols])
+  env.filters["tojson"] = tojson
+  env.globals["raise_exception"] = raise_exception
+  env.globals["strftime_now"] = strftime_now
+  return env.from_string(source)
+
+
+class HFTokenizer:
+  """``tokenizers.Tokenizer`` with caller-given special ids and an optional chat template.
+
+  ``vocab_size`` is the larger of the tokenizer's id range and the special
+  ids + 1. ``decode`` stops at the first EOS (or any of ``stop_ids``) when
+  ``stop_at_eos``, drops PAD, renders the other special tokens as their text
+  (MASK as ``"<mask>"`` when the tokenizer has no token with that id) and ids
+  the tokenizer does not know as ``"<unk_id_N>"``.
+  """
+
+  def __init__(self, tokenizer, *, mask_id: int, eos_id: int, pad_id: int,
+               chat_template: str | None = None,
+               special_tokens: dict[str, Any] | None = None,
+               stop_ids: Sequence[int] = ()):
+    ids = {"mask_id": mask_id, "eos_id": eos_id, "pad_id": pad_id}
+    ids.update({f"stop_ids[{i}]": s for i, s in enumerate(stop_ids)})
+    for name, value in ids.items():
+      if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    if mask_id in (eos_id, pad_id):
+      raise ValueError(f"mask_id={mask_id} must differ from eos_id={eos_id} and "
+                       f"pad_id={pad_id}")
+    self._tok = tokenizer
+    self._mask_id, self._eos_id, self._pad_id = int(mask_id), int(eos_id), int(pad_id)
+    self._stop_ids = frozenset([self._eos_id, *map(int, stop_ids)])
+    self._known = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+    self._vocab_size = max(self._known, self._mask_id + 1, self._eos_id + 1,
+                           self._pad_id + 1, *(s + 1 for s in self._stop_ids))
+    self._special_tokens = dict(special_tokens or {})
+    self.chat_template = chat_template
+    self._template = _compile_template(chat_template) if chat_template else None
+
+  @classmethod
+  def from_dir(cls, path: str, *, mask_id: int, eos_id: int, pad_id: int,
+               stop_ids: Sequence[int] = ()) -> "HFTokenizer":
+    """Loads ``path/tokenizer.json`` and ``path/tokenizer_config.json``.
+
+    Raises FileNotFoundError naming the missing directory or file.
+    """
+    from tokenizers import Tokenizer
+
+    if not os.path.isdir(path):
+      raise FileNotFoundError(f"tokenizer directory {path!r} does not exist")
+    tok_path = os.path.join(path, TOKENIZER_FILE)
+    if not os.path.isfile(tok_path):
+      raise FileNotFoundError(f"tokenizer file {tok_path!r} does not exist")
+    config = _read_json(os.path.join(path, CONFIG_FILE))
+    try:
+      tokenizer = Tokenizer.from_file(tok_path)
+    except Exception as err:  # the Rust library raises a bare Exception
+      raise ValueError(f"{tok_path}: cannot be loaded by `tokenizers` ({err})") from err
+    special = {k: _token_text(config.get(k)) for k in _SPECIAL_KEYS}
+    special["additional_special_tokens"] = [
+        t for t in map(_token_text, config.get("additional_special_tokens") or []) if t]
+    return cls(tokenizer, mask_id=mask_id, eos_id=eos_id, pad_id=pad_id,
+               chat_template=_template_source(path, config), special_tokens=special,
+               stop_ids=stop_ids)
+
+  @property
+  def vocab_size(self) -> int:
+    return self._vocab_size
+
+  @property
+  def pad_id(self) -> int:
+    return self._pad_id
+
+  @property
+  def eos_id(self) -> int:
+    return self._eos_id
+
+  @property
+  def mask_id(self) -> int:
+    return self._mask_id
+
+  def format_prompt(self, text: str) -> str:
+    """``text`` as one user turn of the chat template, ready for the assistant's
+    reply; ``text`` itself when the tokenizer has no chat template."""
+    if self._template is None:
+      return text
+    return self._template.render(messages=[{"role": "user", "content": text}],
+                                 add_generation_prompt=True, **self._special_tokens)
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of ``text``; special-token strings in it become their ids, and
+    no BOS/EOS is added."""
+    return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+  def decode(self, ids: Sequence[int] | Iterable[int] | np.ndarray,
+             stop_at_eos: bool = True) -> str:
+    """Turns a 1-D sequence of ids (list or numpy array) back into text."""
+    arr = np.asarray(ids)
+    if arr.ndim != 1:
+      raise ValueError(f"decode expects a 1-D sequence of ids, got shape {arr.shape}")
+    pieces: list[str] = []
+    run: list[int] = []  # ids decoded together (byte-level BPE spans tokens)
+
+    def flush():
+      if run:
+        pieces.append(self._tok.decode(run, skip_special_tokens=False))
+        run.clear()
+
+    for tok in arr.tolist():
+      tok = int(tok)
+      if not 0 <= tok < self._vocab_size:
+        raise ValueError(f"token id {tok} is outside [0, {self._vocab_size})")
+      if stop_at_eos and tok in self._stop_ids:
+        break
+      if tok == self._pad_id and tok != self._eos_id:
+        continue
+      if tok < self._known and self._tok.id_to_token(tok) is not None:
+        run.append(tok)
+        continue
+      flush()
+      if tok == self._mask_id:
+        pieces.append("<mask>")
+      elif tok == self._eos_id:
+        pieces.append("<eos>")
+      else:
+        pieces.append(f"<unk_id_{tok}>")
+    flush()
+    return "".join(pieces)

@@ -1,0 +1,323 @@
+"""Tasks read from local JSONL files: GSM8K, MATH-500, Countdown, 4×4 sudoku.
+
+One JSON object per line (blank lines are ignored):
+
+* ``gsm8k``: ``{"question", "answer"}``, the answer a worked solution ending in
+  ``#### x``. SFT target: the whole answer; reference: x.
+* ``math500``: ``{"problem", "answer"}`` or ``{"problem", "solution"}`` (with
+  ``\\boxed{}``). SFT target: ``\\boxed{answer}``, else the solution; reference:
+  the answer, else the solution's last boxed body. Checked by math-verify in a
+  worker process with a hard timeout (``verify_timeout`` seconds).
+* ``countdown_jsonl``: ``{"nums": [...], "target": n}`` and optionally
+  ``"solution"`` (an expression, checked at load). SFT target: the solution or "".
+* ``sudoku_jsonl``: ``{"puzzle": 16 digits 0-4 (0 = blank), "solution": 16
+  digits 1-4}``. SFT target: the solution.
+
+Splits come from ``train_file`` and ``test_file``; without ``test_file`` the test
+split is carved out of ``train_file`` by ``split_of`` on the question, like the
+generated tasks. ``generate(split, n, seed)`` returns the first n records of
+the split after a shuffle seeded by (seed, split), so it is a pure function of
+the files and its arguments; n = -1 means every record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from dllm_rl.tasks import verifiers
+from dllm_rl.tasks.base import TASKS, Example, Task, VerifyResult, check_split, split_of
+from dllm_rl.tasks.sudoku import is_valid_solution
+
+ON_ERROR = ("raise", "skip")
+_MAX_SKIP_REASONS = 20
+
+
+class _BadRecord(ValueError):
+  """A line that does not hold a valid record (message says what is wrong)."""
+
+
+def _field(record: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+  if key not in record:
+    raise _BadRecord(f"missing field {key!r} (fields: {sorted(record)})")
+  value = record[key]
+  if isinstance(value, bool) or not isinstance(value, kind):
+    raise _BadRecord(f"field {key!r} must be {getattr(kind, '__name__', kind)}, "
+                     f"got {type(value).__name__}")
+  if isinstance(value, str) and not value.strip():
+    raise _BadRecord(f"field {key!r} is empty")
+  return value
+
+
+class JsonlTask(Task):
+  """Base of the file-backed tasks.
+
+  Options: ``train_file`` / ``test_file`` (paths; FileNotFoundError naming a
+  missing one); ``on_error``: "raise" (ValueError "file:line: what is wrong")
+  or "skip" (malformed lines are dropped and counted in ``skipped``, the first
+  few described in ``skip_reasons``); ``prompt_template``: a format string
+  over ``{question}`` and the task's own fields; ``verify_timeout``: seconds per
+  verification in a worker process (``verifiers.TimedVerifier``), 0 = in
+  process, None = the task's default.
+
+  Subclasses implement ``_fields(record)`` → (template fields, SFT answer,
+  verifier meta), raising ``_BadRecord``; ``_checker()`` and ``_args(example)``
+  name the module-level verifier and its arguments after the completion.
+  """
+
+  default_question = "{question}"
+  default_verify_timeout = 0.0  # seconds; 0 = verify in-process
+  preload: tuple[str, ...] = ()  # modules the verifier worker imports up front
+
+  def __init__(self, train_file: str = "", test_file: str = "", on_error: str = "raise",
+               prompt_template: str = "{question}", test_fraction: float = 0.1,
+               verify_timeout: float | None = None):
+    super().__init__(test_fraction)
+    if not train_file and not test_file:
+      raise ValueError(f"task {self.name!r} needs option train_file and/or test_file")
+    if on_error not in ON_ERROR:
+      raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    self.train_file, self.test_file = str(train_file), str(test_file)
+    self.on_error, self.prompt_template = on_error, str(prompt_template)
+    self.verify_timeout = float(self.default_verify_timeout if verify_timeout is None
+                                else verify_timeout)
+    self.skipped = 0
+    self.skip_reasons: list[str] = []
+    paths = dict.fromkeys(p for p in (self.train_file, self.test_file) if p)
+    self._records = {path: self._load(path) for path in paths}  # each file read once
+    self._timed: verifiers.TimedVerifier | None = None
+
+  # --- loading --------------------------------------------------------------
+
+  def _prompt(self, fields: Mapping[str, Any]) -> str:
+    try:
+      return self.prompt_template.format(**fields)
+    except (KeyError, IndexError, ValueError) as err:
+      raise ValueError(f"task {self.name!r}: prompt_template {self.prompt_template!r} "
+                       f"cannot be filled ({type(err).__name__}: {err}); available "
+                       f"fields: {sorted(fields)}") from err
+
+  def _load(self, path: str) -> list[Example]:
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"task {self.name!r}: data file {path!r} does not exist")
+    out, skipped = [], 0
+    with open(path, encoding="utf-8") as f:
+      for line_no, line in enumerate(f, start=1):
+        if not line.strip():
+          continue
+        try:
+          try:
+            record = json.loads(line)
+          except json.JSONDecodeError as err:
+            raise _BadRecord(f"invalid JSON ({err.msg} at column {err.colno})") from err
+          if not isinstance(record, dict):
+            raise _BadRecord(f"expected a JSON object, got {type(record).__name__}")
+          fields, answer, meta = self._fields(record)
+          fields["question"] = self.default_question.format(**fields)
+        except _BadRecord as err:
+          where = f"{path}:{line_no}: {err}"
+          if self.on_error == "raise":
+            raise ValueError(f"task {self.name!r}: {where}") from None
+          skipped += 1
+          if len(self.skip_reasons) < _MAX_SKIP_REASONS:
+            self.skip_reasons.append(where)
+          continue
+        out.append(Example(prompt=self._prompt(fields), answer=answer,
+                           meta={**meta, "key": self._key(fields)}))
+    if skipped:
+      logging.warning("task %r: skipped %d malformed line(s) of %s", self.name, skipped, path)
+    self.skipped += skipped
+    return out
+
+  def _fields(self, record: Mapping[str, Any]) -> tuple[dict, str, dict]:
+    raise NotImplementedError
+
+  def _key(self, fields: Mapping[str, Any]) -> str:
+    """The instance's canonical string (decides the split without test_file)."""
+    return fields["question"]
+
+  def _pool(self, split: str) -> tuple[list[Example], str]:
+    """Records of ``split`` and a description of where they come from."""
+    if split == "test" and self.test_file:
+      return self._records[self.test_file], self.test_file
+    if not self.train_file:
+      raise ValueError(f"task {self.name!r} has no train_file, so no {split!r} split")
+    if self.test_file:
+      return self._records[self.train_file], self.train_file
+    pool = [ex for ex in self._records[self.train_file]
+            if split_of(self.canonical(ex), self.test_fraction) == split]
+    return pool, f"the {split!r} part of {self.train_file} (test_fraction={self.test_fraction})"
+
+  # --- Task interface -------------------------------------------------------
+
+  def sample(self, rng: np.random.Generator) -> Example | None:
+    raise NotImplementedError(f"task {self.name!r} reads its examples from files; "
+                              "use generate()")
+
+  def canonical(self, example: Example) -> str:
+    return example.meta["key"]
+
+  def generate(self, split: str, n: int, seed: int) -> list[Example]:
+    """The first n examples of ``split`` after a shuffle seeded by (seed, split);
+    n = -1 for all of them. ValueError if the split has fewer than n."""
+    split_idx = check_split(split)
+    if n < -1 or seed < 0:
+      raise ValueError(f"n must be >= -1 and seed >= 0, got n={n}, seed={seed}")
+    pool, source = self._pool(split)
+    if n > len(pool):
+      raise ValueError(f"task {self.name!r}: asked for {n} {split!r} examples but "
+                       f"{source} has only {len(pool)}")
+    perm = np.random.default_rng([seed, split_idx]).permutation(len(pool))
+    return [pool[i] for i in perm[:len(pool) if n == -1 else n]]
+
+  def _checker(self) -> Callable[..., VerifyResult]:
+    """The module-level function that scores (completion, **meta-derived args)."""
+    raise NotImplementedError
+
+  def _args(self, example: Example) -> tuple:
+    raise NotImplementedError
+
+  def verify(self, example: Example, completion: str) -> VerifyResult:
+    fn, args = self._checker(), self._args(example)
+    if self.verify_timeout <= 0:
+      return fn(completion, *args)
+    if self._timed is None:
+      self._timed = verifiers.TimedVerifier(fn, self.verify_timeout,
+                                            preload=self.preload)
+    return self._timed(completion, *args)
+
+  def close(self) -> None:
+    """Stops the verifier worker process, if any."""
+    if self._timed is not None:
+      self._timed.close()
+
+
+@TASKS.register("gsm8k")
+class GSM8KTask(JsonlTask):
+  """Grade-school math; reward 1 iff the final number equals the reference."""
+
+  name = "gsm8k"
+
+  def _fields(self, record):
+    question = _field(record, "question", str)
+    answer = _field(record, "answer", str)
+    if "####" not in answer:
+      raise _BadRecord("field 'answer' has no '#### x' final answer")
+    reference = verifiers.gsm8k_answer(answer)
+    if reference is None:
+      raise _BadRecord("no number after '####' in field 'answer'")
+    return {"question": question.strip()}, answer, {"reference": reference}
+
+  def _checker(self):
+    return verifiers.gsm8k_result
+
+  def _args(self, example):
+    return (example.meta["reference"],)
+
+
+@TASKS.register("math500")
+class Math500Task(JsonlTask):
+  """Competition math; reward 1 iff math-verify finds the answers equivalent."""
+
+  name = "math500"
+  default_verify_timeout = 5.0
+  preload = ("math_verify",)
+
+  def _fields(self, record):
+    problem = _field(record, "problem", str)
+    if "answer" in record:
+      reference = _field(record, "answer", str).strip()
+      answer = "\\boxed{" + reference + "}"
+    elif "solution" in record:
+      answer = _field(record, "solution", str)
+      reference = verifiers.last_boxed(answer)
+      if not reference or not reference.strip():
+        raise _BadRecord("field 'solution' has no non-empty \\boxed{...} answer")
+    else:
+      raise _BadRecord(f"needs field 'answer' or 'solution' (fields: {sorted(record)})")
+    return {"question": problem.strip()}, answer, {"reference": reference}
+
+  def _checker(self):
+    return verifiers.math_result
+
+  def _args(self, example):
+    return (example.meta["reference"],)
+
+
+@TASKS.register("countdown_jsonl")
+class CountdownJsonlTask(JsonlTask):
+  """Countdown from a file; reward 1 iff each number is used once and the value hits."""
+
+  name = "countdown_jsonl"
+  default_question = ("Using the numbers {numbers}, create an equation that equals "
+                      "{target}. Use + - * / and each number exactly once. Put the "
+                      "equation inside <answer></answer>.")
+
+  def _fields(self, record):
+    nums = _field(record, "nums", list)
+    if len(nums) < 2 or any(isinstance(x, bool) or not isinstance(x, int) or not
+                            0 <= x < 10**9 for x in nums):
+      raise _BadRecord(f"field 'nums' must be >= 2 integers in [0, 10**9), got {nums!r}")
+    target = _field(record, "target", int)
+    solution = ""
+    if "solution" in record:
+      solution = _field(record, "solution", str).strip()
+      check = verifiers.countdown_reward(solution, nums, target)
+      if not check.correct:
+        raise _BadRecord(f"field 'solution' {solution!r} is wrong: {check.info['reason']}")
+    fields = {"numbers": ", ".join(map(str, nums)), "target": target}
+    return fields, solution, {"numbers": list(nums), "target": target}
+
+  def _key(self, fields):
+    nums = sorted(int(x) for x in fields["numbers"].split(", "))
+    return ",".join(map(str, nums)) + f">{fields['target']}"
+
+  def _checker(self):
+    return verifiers.countdown_reward
+
+  def _args(self, example):
+    return (example.meta["numbers"], example.meta["target"])
+
+
+@TASKS.register("sudoku_jsonl")
+class SudokuJsonlTask(JsonlTask):
+  """4×4 sudoku from a file; reward ``solved`` (0/1) or ``cell_accuracy``."""
+
+  name = "sudoku_jsonl"
+  default_question = ("Solve this 4x4 sudoku. The cells are given row by row and 0 "
+                      "marks a blank: {puzzle}. Put the 16 digits of the solution "
+                      "inside <answer></answer>.")
+
+  def __init__(self, train_file: str = "", test_file: str = "", on_error: str = "raise",
+               prompt_template: str = "{question}", test_fraction: float = 0.1,
+               verify_timeout: float | None = None, reward: str = "solved"):
+    if reward not in ("solved", "cell_accuracy"):
+      raise ValueError(f"reward must be 'solved' or 'cell_accuracy', got {reward!r}")
+    self.reward = reward
+    super().__init__(train_file, test_file, on_error, prompt_template, test_fraction,
+                     verify_timeout)
+
+  def _fields(self, record):
+    puzzle = _field(record, "puzzle", str).strip()
+    solution = _field(record, "solution", str).strip()
+    if len(puzzle) != 16 or any(ch not in "01234" for ch in puzzle):
+      raise _BadRecord(f"field 'puzzle' must be 16 digits 0-4, got {puzzle!r}")
+    if len(solution) != 16 or any(ch not in "1234" for ch in solution):
+      raise _BadRecord(f"field 'solution' must be 16 digits 1-4, got {solution!r}")
+    if not is_valid_solution([int(ch) for ch in solution]) or any(
+        p not in ("0", s) for p, s in zip(puzzle, solution)):
+      raise _BadRecord("field 'solution' is not a valid grid that keeps the puzzle's givens")
+    return {"puzzle": puzzle}, solution, {"puzzle": puzzle, "solution": solution}
+
+  def _key(self, fields):
+    return fields["puzzle"]
+
+  def _checker(self):
+    return verifiers.sudoku_result
+
+  def _args(self, example):
+    return (example.meta["puzzle"], example.meta["solution"], self.reward)

@@ -1,0 +1,498 @@
+"""Answer checkers for file-backed tasks (GSM8K, MATH, Countdown, 4×4 sudoku),
+and a hard per-call timeout for any of them.
+
+Every checker is a pure host function of strings that never evaluates the
+completion: numbers are read with regular expressions, arithmetic with the
+bounded ``safe_arith`` parser, LaTeX with ``math-verify`` (sympy). Completions
+longer than ``MAX_COMPLETION_CHARS`` score 0 without being read, and brace
+matching is one linear pass, so hostile text is cheap. ``math-verify`` can
+still spend unbounded time in sympy, hence ``TimedVerifier``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import pickle
+import re
+import resource
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import weakref
+from collections import Counter
+from fractions import Fraction
+from typing import Any, Callable, Sequence
+
+from dllm_rl.tasks.base import VerifyResult, malformed
+from dllm_rl.tasks.safe_arith import ParseError, parse_expression
+from dllm_rl.tasks.sudoku import NUM_CELLS, is_valid_solution
+
+MAX_COMPLETION_CHARS = 65_536
+MAX_ANSWER_CHARS = 1_000  # a \boxed{...} body given to math-verify
+MAX_NUMBER_DIGITS = 64
+# math-verify's own (signal-based, whole seconds) limits, used in the main
+# thread only; the hard limit is TimedVerifier's.
+MATH_VERIFY_TIMEOUT_S = 1
+
+# A number: optional sign (not right after a word character or ')'), digit
+# groups joined by commas, optional decimals, optional "/denominator". Every
+# part is optional after the first digits, so matching never backtracks far;
+# commas that are not thousands separators split the match (``_numbers``).
+_NUMBER_RE = re.compile(r"(?<![\w.)])-?\d+(?:,\d+)*(?:\.\d+)?(?:/\d+)?")
+_THOUSANDS_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?:/\d+)?")
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BRACE_RE = re.compile(r"(?<!\\)[{}]")
+_FRAC_RE = re.compile(r"\\[dt]?frac\s*\{\s*(-?[\d.,]+)\s*\}\s*\{\s*(-?[\d.,]+)\s*\}")
+_LATEX_NOISE_RE = re.compile(r"\\text\s*\{[^{}]*\}|\\mathrm\s*\{[^{}]*\}|\\[$%,;!]|\{,\}|\\left|\\right")
+_SUDOKU_SEPARATORS_RE = re.compile(r"[\s|,]")
+
+
+# --- shared extraction ------------------------------------------------------
+
+def last_boxed(text: str) -> str | None:
+  """Body of the last ``\\boxed{...}`` (or ``\\fbox{...}``) whose braces balance;
+  escaped braces ``\\{ \\}`` do not count. One linear pass over the braces."""
+  starts = [m.end() - 1 for m in _BOX_RE.finditer(text)]  # index of each '{'
+  if not starts:
+    return None
+  close_of: dict[int, int] = {}
+  stack: list[int] = []
+  for m in _BRACE_RE.finditer(text, starts[0]):
+    if m.group() == "{":
+      stack.append(m.start())
+    elif stack:
+      close_of[stack.pop()] = m.start()
+  for start in reversed(starts):
+    end = close_of.get(start)
+    if end is not None:
+      return text[start + 1:end]
+  return None
+
+
+def answer_span(text: str) -> str:
+  """Body of the last ``<answer>...</answer>`` (to the end if unclosed); the
+  whole text when there is no ``<answer>`` tag."""
+  start = text.rfind("<answer>")
+  if start < 0:
+    return text
+  body = text[start + len("<answer>"):]
+  end = body.find("</answer>")
+  return body if end < 0 else body[:end]
+
+
+# --- GSM8K ------------------------------------------------------------------
+
+def _to_fraction(number: str) -> Fraction | None:
+  digits = sum(ch.isdigit() for ch in number)
+  if digits > MAX_NUMBER_DIGITS:
+    return None
+  try:
+    return Fraction(number.replace(",", ""))
+  except (ValueError, ZeroDivisionError):
+    return None
+
+
+def _canonical(value: Fraction) -> str:
+  """"3" for 3, "0.25" for 1/4 (terminating decimals), "1/3" otherwise."""
+  if value.denominator == 1:
+    return str(value.numerator)
+  den = value.denominator
+  for p in (2, 5):
+    while den % p == 0:
+      den //= p
+  if den != 1:
+    return f"{value.numerator}/{value.denominator}"
+  scale = 0
+  while (value * 10**scale).denominator != 1:
+    scale += 1
+  text = f"{abs(value.numerator) * 10**scale // value.denominator:0{scale + 1}d}"
+  sign = "-" if value < 0 else ""
+  return f"{sign}{text[:-scale]}.{text[-scale:]}"
+
+
+def _numbers(text: str) -> list[Fraction]:
+  """Values of the numbers in ``text``, in order ("1,234" is one, "1,2345" two)."""
+  pieces = []
+  for m in _NUMBER_RE.finditer(text):
+    number = m.group()
+    if "," in number and not _THOUSANDS_RE.fullmatch(number):
+      pieces.extend(number.split(","))
+    else:
+      pieces.append(number)
+  return [v for v in map(_to_fraction, pieces) if v is not None]
+
+
+def _gsm8k_value(text: str) -> Fraction | None:
+  """The last ``#### x``, else the last balanced ``\\boxed{x}``, else the last number."""
+  if len(text) > MAX_COMPLETION_CHARS:
+    return None
+  marker = text.rfind("####")
+  if marker >= 0:
+    line = text[marker + 4:].split("\n", 1)[0]
+    found = _numbers(line.replace("$", " "))
+    if found:
+      return found[0]
+  boxed = last_boxed(text)
+  if boxed is not None:
+    boxed = _FRAC_RE.sub(r"\1/\2", boxed)
+    found = _numbers(_LATEX_NOISE_RE.sub(" ", boxed).replace("$", " "))
+    if found:
+      return found[0]
+  found = _numbers(text)
+  return found[-1] if found else None
+
+
+def gsm8k_answer(text: str) -> str | None:
+  """Normalised final answer of a GSM8K-style text, or None.
+
+  In order: the first number after the last ``####``; the first number in the
+  last ``\\boxed{...}`` (``\\frac{a}{b}`` read as a/b); the last number in the
+  text. Commas, ``$``, units and trailing periods are dropped and the value is
+  written canonically ("3.0" → "3", "1/2" and "0.50" → "0.5").
+  """
+  value = _gsm8k_value(text)
+  return None if value is None else _canonical(value)
+
+
+def gsm8k_result(completion: str, reference: str) -> VerifyResult:
+  """Reward 1 iff the completion's GSM8K answer equals the reference's (exact
+  rational comparison); ``reference`` is a full worked answer or the number."""
+  target = _gsm8k_value(reference)
+  if target is None:
+    raise ValueError(f"reference {reference[:60]!r} has no numeric answer")
+  if len(completion) > MAX_COMPLETION_CHARS:
+    return malformed(f"completion too long ({len(completion)} characters)")
+  value = _gsm8k_value(completion)
+  if value is None:
+    return malformed("no number found")
+  correct = value == target
+  info = {"target": _canonical(target)}
+  if not correct:
+    info["reason"] = "wrong value"
+  return VerifyResult(float(correct), correct, _canonical(value), info)
+
+
+def gsm8k_correct(completion: str, reference: str) -> bool:
+  return gsm8k_result(completion, reference).correct
+
+
+# --- MATH (math-verify) -----------------------------------------------------
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(reference: str, timeout: int | None):
+  from math_verify import parse
+  text = reference if "\\boxed" in reference else "\\boxed{" + reference + "}"
+  return parse(text, parsing_timeout=timeout)
+
+
+def math_result(completion: str, reference: str) -> VerifyResult:
+  """Reward 1 iff math-verify finds the completion's answer equivalent to
+  ``reference`` (a bare LaTeX answer or a solution with ``\\boxed``).
+
+  The answer is the body of the last balanced ``\\boxed{}``; without one,
+  math-verify's own extraction runs on the whole completion.
+  """
+  from math_verify import parse, verify
+
+  if len(completion) > MAX_COMPLETION_CHARS:
+    return malformed(f"completion too long ({len(completion)} characters)")
+  boxed = last_boxed(completion)
+  if boxed is not None and len(boxed) > MAX_ANSWER_CHARS:
+    return malformed(f"boxed answer too long ({len(boxed)} characters)")
+  # math-verify's signal.alarm timeouts only work in the main thread.
+  timeout = (MATH_VERIFY_TIMEOUT_S
+             if threading.current_thread() is threading.main_thread() else None)
+  try:
+    gold = _parse_gold(reference, timeout)
+  except Exception as err:
+    raise ValueError(f"math-verify cannot parse the reference {reference[:60]!r}") from err
+  if not gold:
+    raise ValueError(f"math-verify finds no answer in the reference {reference[:60]!r}")
+  try:
+    pred = parse(completion if boxed is None else "\\boxed{" + boxed + "}",
+                 parsing_timeout=timeout)
+    if not pred:
+      return malformed("no answer found")
+    correct = bool(verify(gold, pred, timeout_seconds=timeout))
+  except Exception as err:  # sympy/antlr failures on odd input score 0
+    return malformed(f"math-verify error: {type(err).__name__}")
+  info = {"target": str(gold[-1])}
+  if not correct:
+    info["reason"] = "not equivalent"
+  return VerifyResult(float(correct), correct, str(pred[-1]), info)
+
+
+def math_correct(completion: str, reference: str) -> bool:
+  return math_result(completion, reference).correct
+
+
+# --- Countdown --------------------------------------------------------------
+
+def countdown_reward(completion: str, numbers: Sequence[int], target: int) -> VerifyResult:
+  """Reward 1 iff the expression uses each of ``numbers`` exactly once and
+  equals ``target``. The expression is the ``<answer>`` body if tagged, else
+  the whole text; a trailing ``= value`` is ignored (the value is recomputed).
+  """
+  if len(completion) > MAX_COMPLETION_CHARS:
+    return malformed(f"completion too long ({len(completion)} characters)")
+  text = answer_span(completion).split("=", 1)[0].strip()
+  try:
+    value, literals = parse_expression(text)
+  except ParseError as e:
+    return malformed(f"parse error: {e}")
+  numbers = [int(x) for x in numbers]
+  info: dict = {"value": str(value), "target": int(target), "literals": literals}
+  if Counter(literals) != Counter(numbers):
+    info["reason"] = (f"must use each of {sorted(numbers)} exactly once, "
+                      f"used {sorted(literals)}")
+  elif value != target:
+    info["reason"] = "wrong value"
+  correct = "reason" not in info
+  return VerifyResult(float(correct), correct, text, info)
+
+
+# --- 4×4 sudoku -------------------------------------------------------------
+
+def sudoku_result(completion: str, puzzle: str, solution: str,
+                  reward: str = "solved") -> VerifyResult:
+  """Scores a 4×4 grid: the ``<answer>`` body (else the whole text) without
+  whitespace, '|' and ',' must be 16 digits 1-4.
+
+  ``info["cell_accuracy"]``: fraction of blank cells equal to ``solution``;
+  ``info["solved"]``: valid sudoku that keeps every given. The reward is
+  ``solved`` (0/1) or, with ``reward="cell_accuracy"``, the accuracy.
+  """
+  if reward not in ("solved", "cell_accuracy"):
+    raise ValueError(f"reward must be 'solved' or 'cell_accuracy', got {reward!r}")
+  if len(completion) > MAX_COMPLETION_CHARS:
+    return malformed(f"completion too long ({len(completion)} characters)",
+                     cell_accuracy=0.0, solved=False)
+  text = _SUDOKU_SEPARATORS_RE.sub("", answer_span(completion))
+  if len(text) != NUM_CELLS or any(ch not in "1234" for ch in text):
+    return malformed("answer is not exactly 16 digits 1-4", cell_accuracy=0.0, solved=False)
+  blanks = [i for i, ch in enumerate(puzzle) if ch == "0"]
+  cell_accuracy = sum(text[i] == solution[i] for i in blanks) / max(len(blanks), 1)
+  keeps_givens = all(p == "0" or p == t for p, t in zip(puzzle, text))
+  valid = is_valid_solution([int(ch) for ch in text])
+  solved = keeps_givens and valid
+  info = {"cell_accuracy": cell_accuracy, "solved": solved}
+  if not keeps_givens:
+    info["reason"] = "changes a given cell"
+  elif not valid:
+    info["reason"] = "not a valid sudoku"
+  score = float(solved) if reward == "solved" else cell_accuracy
+  return VerifyResult(score, solved, text, info)
+
+
+# --- hard timeout -----------------------------------------------------------
+#
+# A verifier runs in a persistent worker process (a fresh interpreter, never a
+# fork of the JAX process) that the caller talks to over a socket pair with
+# length-prefixed pickles. A call that misses its deadline gets the worker
+# killed (SIGKILL, which also stops C code such as a huge big-integer power that
+# no Python signal can interrupt) and replaced; the replacement starts at once
+# so its start-up overlaps the caller's next work. math-verify's own timeouts
+# (signal.alarm) are not enough on their own: main thread only, whole seconds,
+# and blind to long C calls.
+
+_WORKER_CODE = "from dllm_rl.tasks.verifiers import _worker_main; _worker_main()"
+_HEADER = struct.Struct("!Q")
+
+
+class VerifierError(RuntimeError):
+  """The verifier raised in the worker (a bug, not a bad completion)."""
+
+
+def timeout_result(seconds: float) -> VerifyResult:
+  """Zero reward, reason "timeout"."""
+  return malformed("timeout", seconds=seconds)
+
+
+def _send(sock: socket.socket, obj: Any, deadline: float | None) -> None:
+  data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+  sock.settimeout(None if deadline is None else max(deadline - time.monotonic(), 1e-6))
+  sock.sendall(_HEADER.pack(len(data)) + data)
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None) -> bytes:
+  buf = bytearray()
+  while len(buf) < n:
+    if deadline is not None:
+      remaining = deadline - time.monotonic()
+      if remaining <= 0:
+        raise TimeoutError
+      sock.settimeout(remaining)
+    else:
+      sock.settimeout(None)
+    chunk = sock.recv(min(n - len(buf), 1 << 20))
+    if not chunk:
+      raise EOFError("peer closed the connection")
+    buf += chunk
+  return bytes(buf)
+
+
+def _recv(sock: socket.socket, deadline: float | None) -> Any:
+  (size,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size, deadline))
+  return pickle.loads(_recv_exact(sock, size, deadline))
+
+
+def _worker_main() -> None:
+  """Worker loop: receive (fn, preload), import, then answer (args, kwargs) calls."""
+  fd, max_memory_mb = int(sys.argv[1]), int(sys.argv[2])
+  signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business.
+  if max_memory_mb > 0:
+    limit = max_memory_mb << 20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+  sock = socket.socket(fileno=fd)
+  try:
+    fn, preload = _recv(sock, None)
+    for name in preload:
+      importlib.import_module(name)
+    _send(sock, ("ready", None), None)
+    while True:
+      args, kwargs = _recv(sock, None)
+      try:
+        out = ("ok", fn(*args, **kwargs))
+      except (MemoryError, RecursionError) as err:
+        out = ("exhausted", type(err).__name__)
+      except Exception as err:
+        out = ("error", "".join(traceback.format_exception(err)))
+      _send(sock, out, None)
+  except EOFError:
+    return  # the parent went away
+
+
+def _terminate(proc: subprocess.Popen, sock: socket.socket) -> None:
+  sock.close()
+  if proc.poll() is None:
+    proc.kill()
+    proc.wait()
+
+
+class _Worker:
+  """One worker process; killed when closed, garbage-collected or at exit."""
+
+  def __init__(self, fn: Callable, preload: Sequence[str], max_memory_mb: int):
+    parent, child = socket.socketpair()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    self.proc = subprocess.Popen(
+        [sys.executable, "-c", _WORKER_CODE, str(child.fileno()), str(max_memory_mb)],
+        pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, env=env)
+    child.close()
+    self.sock = parent
+    self.ready = False
+    self._finalizer = weakref.finalize(self, _terminate, self.proc, self.sock)
+    _send(self.sock, (fn, tuple(preload)), None)
+
+  def wait_ready(self, timeout: float) -> None:
+    if self.ready:
+      return
+    try:
+      _recv(self.sock, time.monotonic() + timeout)
+    except (TimeoutError, EOFError, OSError) as err:
+      code = self.proc.poll()
+      self.close()
+      raise RuntimeError(f"verifier worker did not start within {timeout:g} s "
+                         f"(exit code {code}; its stderr is above)") from err
+    self.ready = True
+
+  def close(self) -> None:
+    self._finalizer()
+
+
+class TimedVerifier:
+  """``fn(*args, **kwargs)`` in a persistent worker process with a hard deadline.
+
+  ``fn`` must be picklable by reference (a module-level function, or a
+  ``functools.partial`` of one). A call that takes longer than ``seconds``
+  returns ``timeout_result`` (reward 0, reason "timeout") and the worker is
+  killed and restarted; a worker that dies or exhausts memory (address space
+  capped at ``max_memory_mb``, 0 = no cap) or recursion gives reward 0 with the
+  reason; any other exception in ``fn`` is re-raised here as VerifierError.
+  ``preload`` modules are imported before the first deadline starts, and
+  worker start-up never counts against a deadline. Thread-safe (calls are
+  serialised). ``timeouts`` and ``restarts`` count events.
+  """
+
+  def __init__(self, fn: Callable, seconds: float, *, preload: Sequence[str] = (),
+               max_memory_mb: int = 4096, startup_timeout: float = 120.0):
+    if not seconds > 0:
+      raise ValueError(f"seconds must be > 0, got {seconds}")
+    try:
+      pickle.dumps(fn)
+    except Exception as err:
+      raise TypeError(f"verifier {fn!r} must be picklable by reference "
+                      "(a module-level function or a functools.partial of one)") from err
+    self.fn, self.seconds = fn, float(seconds)
+    self.preload, self.max_memory_mb = tuple(preload), int(max_memory_mb)
+    self.startup_timeout = float(startup_timeout)
+    self.timeouts = self.restarts = 0
+    self._worker: _Worker | None = None
+    self._lock = threading.Lock()
+
+  def start(self) -> "TimedVerifier":
+    """Starts the worker now (otherwise the first call does); does not wait."""
+    if self._worker is None:
+      self._worker = _Worker(self.fn, self.preload, self.max_memory_mb)
+    return self
+
+  def _restart(self) -> None:
+    if self._worker is not None:
+      self._worker.close()
+    self._worker = None
+    self.restarts += 1
+    self.start()
+
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    with self._lock:
+      self.start()
+      worker = self._worker
+      try:
+        worker.wait_ready(self.startup_timeout)
+      except RuntimeError:
+        self._worker = None
+        raise
+      deadline = time.monotonic() + self.seconds
+      try:
+        _send(worker.sock, (args, kwargs), deadline)
+        status, value = _recv(worker.sock, deadline)
+      except TimeoutError:
+        self.timeouts += 1
+        self._restart()
+        return timeout_result(self.seconds)
+      except (EOFError, OSError):
+        code = worker.proc.poll()
+        self._restart()
+        return malformed("verifier worker died", exit_code=code)
+    if status == "ok":
+      return value
+    if status == "exhausted":
+      return malformed(f"verifier exhausted resources ({value})")
+    raise VerifierError(f"verifier {getattr(self.fn, '__name__', self.fn)!s} raised "
+                        f"in its worker process:\n{value}")
+
+  def close(self) -> None:
+    """Stops the worker (a later call starts a new one)."""
+    with self._lock:
+      if self._worker is not None:
+        self._worker.close()
+        self._worker = None
+
+  def __enter__(self) -> "TimedVerifier":
+    return self.start()
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+def with_timeout(fn: Callable, seconds: float, **kwargs: Any) -> TimedVerifier:
+  """``TimedVerifier(fn, seconds, **kwargs)``: ``fn`` with a hard per-call timeout."""
+  return TimedVerifier(fn, seconds, **kwargs)

@@ -1,0 +1,140 @@
+"""HFTokenizer over a small byte-level BPE built here: round trips, caller-given
+special ids, chat template rendering (sandboxed), missing-file errors."""
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("jinja2")
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
+from tokenizers.trainers import BpeTrainer  # noqa: E402
+
+from dllm_rl.tasks.base import Example  # noqa: E402
+from dllm_rl.tasks.data import encode_examples  # noqa: E402
+from dllm_rl.tasks.hf_tokenizer import HFTokenizer  # noqa: E402
+
+SPECIALS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|user|>", "<|assistant|>"]
+TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
+            "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+CORPUS = ["the answer is 42", "Natalia sold clips to 48 of her friends", "héllo wörld 日本",
+          "What is 3 + 5? #### 8", "\\boxed{\\frac{1}{2}}"] * 20
+
+
+def _save(path, template=TEMPLATE, config_extra=None):
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = BpeTrainer(vocab_size=400, special_tokens=SPECIALS, show_progress=False,
+                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  tok.train_from_iterator(CORPUS, trainer)
+  tok.save(str(path / "tokenizer.json"))
+  config = {"bos_token": "<|bos|>", "eos_token": {"content": "<|eos|>", "special": True},
+            "pad_token": "<|pad|>"}
+  if template is not None:
+    config["chat_template"] = template
+  config.update(config_extra or {})
+  (path / "tokenizer_config.json").write_text(json.dumps(config))
+  return tok
+
+
+@pytest.fixture
+def tok_dir(tmp_path):
+  raw = _save(tmp_path)
+  return tmp_path, raw
+
+
+def _load(path, raw, mask_id=1000, **kw):
+  return HFTokenizer.from_dir(str(path), mask_id=mask_id, eos_id=raw.token_to_id("<|eos|>"),
+                              pad_id=raw.token_to_id("<|pad|>"), **kw)
+
+
+def test_round_trip_and_caller_ids(tok_dir):
+  path, raw = tok_dir
+  tok = _load(path, raw)
+  assert (tok.pad_id, tok.eos_id, tok.mask_id) == (0, 2, 1000)
+  # The mask id is the caller's (beyond the tokenizer's vocabulary here).
+  assert raw.get_vocab_size() < 1000 and tok.vocab_size == 1001
+  for text in ["the answer is 42", "héllo wörld 日本 ✓", "  spaces\n\nand\ttabs ", ""]:
+    ids = tok.encode(text)
+    assert all(0 <= i < tok.vocab_size for i in ids)
+    assert tok.decode(ids) == text
+    assert tok.decode(np.asarray(ids + [tok.eos_id, 7, 8])) == text
+  ids = tok.encode("the answer")
+  # PAD dropped, MASK rendered, stop at EOS unless asked not to.
+  seq = [tok.pad_id] + ids + [tok.mask_id] + ids + [tok.eos_id] + ids
+  assert tok.decode(seq) == "the answer<mask>the answer"
+  assert tok.decode(seq, stop_at_eos=False) == (
+      "the answer<mask>the answer<|eos|>the answer")
+  assert tok.decode([999]) == "<unk_id_999>"
+  with pytest.raises(ValueError, match="outside"):
+    tok.decode([1001])
+  with pytest.raises(ValueError, match="1-D"):
+    tok.decode(np.zeros((2, 2), int))
+
+
+def test_ids_inside_the_vocabulary_and_stop_ids(tok_dir):
+  path, raw = tok_dir
+  user = raw.token_to_id("<|user|>")
+  tok = _load(path, raw, mask_id=user, stop_ids=[raw.token_to_id("<|assistant|>")])
+  assert tok.mask_id == user and tok.vocab_size == raw.get_vocab_size()
+  ids = tok.encode("the answer")
+  assert tok.decode(ids + [user]) == "the answer<|user|>"
+  assert tok.decode(ids + tok.encode("<|assistant|>") + ids) == "the answer"
+  with pytest.raises(ValueError, match="must differ"):
+    _load(path, raw, mask_id=raw.token_to_id("<|eos|>"))
+  with pytest.raises(ValueError, match="non-negative"):
+    _load(path, raw, mask_id=-1)
+
+
+def test_chat_template(tok_dir):
+  path, raw = tok_dir
+  tok = _load(path, raw)
+  prompt = tok.format_prompt("What is 3 + 5?")
+  assert prompt == "<|bos|><|user|>What is 3 + 5?<|eos|><|assistant|>"
+  ids = tok.encode(prompt)
+  # Template special tokens become their ids; no BOS/EOS added by encode.
+  assert ids[0] == raw.token_to_id("<|bos|>") and ids[1] == raw.token_to_id("<|user|>")
+  assert ids[-1] == raw.token_to_id("<|assistant|>") and ids.count(tok.eos_id) == 1
+  batch = encode_examples([Example(prompt=prompt, answer="#### 8")], tok, 32, 8)
+  assert batch["prompt_BP"][0, -1] == raw.token_to_id("<|assistant|>")
+  assert batch["prompt_BP"][0, 0] == tok.pad_id
+  assert tok.decode(batch["completion_BL"][0]) == "#### 8"
+
+
+def test_template_sources(tmp_path):
+  (tmp_path / "a").mkdir()
+  raw = _save(tmp_path / "a", template=None)
+  assert _load(tmp_path / "a", raw).format_prompt("hi {x}") == "hi {x}"
+  (tmp_path / "b").mkdir()
+  raw = _save(tmp_path / "b", template=[{"name": "tool_use", "template": "T"},
+                                        {"name": "default", "template": "D{{ messages[0].content }}"}])
+  assert _load(tmp_path / "b", raw).format_prompt("hi") == "Dhi"
+  (tmp_path / "b" / "chat_template.jinja").write_text("J{{ messages[0]['content'] }}")
+  assert _load(tmp_path / "b", raw).format_prompt("hi") == "Jhi"
+
+
+def test_template_is_sandboxed(tmp_path):
+  import jinja2
+  raw = _save(tmp_path, template="{{ ''.__class__.__mro__[1].__subclasses__() }}")
+  with pytest.raises(jinja2.exceptions.SecurityError):
+    _load(tmp_path, raw).format_prompt("x")
+  raw = _save(tmp_path, template="{{ raise_exception('only user turns') }}")
+  with pytest.raises(jinja2.exceptions.TemplateError, match="only user turns"):
+    _load(tmp_path, raw).format_prompt("x")
+
+
+def test_missing_files_are_named(tmp_path):
+  with pytest.raises(FileNotFoundError, match="nowhere"):
+    HFTokenizer.from_dir(str(tmp_path / "nowhere"), mask_id=3, eos_id=1, pad_id=0)
+  with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+    HFTokenizer.from_dir(str(tmp_path), mask_id=3, eos_id=1, pad_id=0)
+  raw = _save(tmp_path)
+  (tmp_path / "tokenizer_config.json").unlink()
+  with pytest.raises(FileNotFoundError, match="tokenizer_config.json"):
+    _load(tmp_path, raw)
+  (tmp_path / "tokenizer_config.json").write_text("{not json")
+  with pytest.raises(ValueError, match="tokenizer_config.json"):
+    _load(tmp_path, raw)

@@ -1,0 +1,202 @@
+"""Answer checkers: GSM8K number extraction, MATH equivalence (math-verify),
+Countdown, 4×4 sudoku; hostile completions; the hard per-call timeout."""
+
+import math
+import time
+
+import pytest
+
+from dllm_rl.tasks import verifiers as V
+
+pytest.importorskip("math_verify")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n#### 72", "72"),
+    ("#### 1,234", "1234"),
+    ("#### $18.00.", "18"),
+    ("#### 5 apples\nthen 7 more", "5"),
+    ("the total is \\boxed{18} dollars, not 20", "18"),
+    ("\\boxed{\\$1,000}", "1000"),
+    ("\\boxed{18 \\text{ dollars}}", "18"),
+    ("\\boxed{\\frac{1}{2}}", "0.5"),
+    ("first \\boxed{3} then \\boxed{4}", "4"),
+    ("\\boxed{7} and an unclosed \\boxed{8", "7"),
+    ("She pays $1,200 in total.", "1200"),
+    ("It costs 3.0 dollars.", "3"),
+    ("It is 2.50.", "2.5"),
+    ("the ratio is 3/4", "0.75"),
+    ("one third is 1/3", "1/3"),
+    ("5 - 3 = 2", "2"),
+    ("it dropped to -5", "-5"),
+    ("50%", "50"),
+    ("lists 1, 2, 3", "3"),
+    ("1,2345", "2345"),
+    ("no digits here", None),
+    ("", None),
+])
+def test_gsm8k_answer(text, expected):
+  assert V.gsm8k_answer(text) == expected
+
+
+def test_gsm8k_correct():
+  reference = "She has 3 boxes of 4.\n3*4=<<3*4=12>>12\n#### 12"
+  for good in ("#### 12", "The answer is 12.", "\\boxed{12.0}", "so $12", "12 eggs"):
+    assert V.gsm8k_correct(good, reference), good
+  for bad in ("#### 13", "12 then 13", "\\boxed{1.2}", "", "twelve"):
+    assert not V.gsm8k_correct(bad, reference), bad
+  assert V.gsm8k_correct("\\boxed{\\frac{1}{2}}", "0.5")
+  assert V.gsm8k_correct("#### 0.50", "1/2")
+  assert V.gsm8k_correct("#### 1,000,000", "1000000")
+  r = V.gsm8k_result("#### 13", reference)
+  assert r.reward == 0.0 and r.parsed == "13" and r.info == {"target": "12", "reason": "wrong value"}
+  with pytest.raises(ValueError, match="no numeric answer"):
+    V.gsm8k_result("1", "no number")
+
+
+def test_last_boxed():
+  assert V.last_boxed("a \\boxed{\\frac{1}{2}} b") == "\\frac{1}{2}"
+  assert V.last_boxed("\\boxed{1} \\fbox{2}") == "2"
+  assert V.last_boxed("\\boxed{\\{1, 2\\}}") == "\\{1, 2\\}"
+  assert V.last_boxed("\\boxed{1} \\boxed{2") == "1"
+  assert V.last_boxed("\\boxed{" + "{" * 1000 + "}" * 1000 + "}") == "{" * 1000 + "}" * 1000
+  assert V.last_boxed("nothing") is None
+
+
+@pytest.mark.parametrize("completion, reference, correct", [
+    ("so $\\boxed{\\frac{1}{2}}$", "0.5", True),
+    ("so \\boxed{0.5}", "\\frac{1}{2}", True),
+    ("so \\boxed{1/2}", "\\frac12", True),
+    ("so \\boxed{\\sqrt{2}}", "\\sqrt{2}", True),
+    ("so \\boxed{2^{1/2}}", "\\sqrt{2}", True),
+    ("so \\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{1}{\\sqrt{2}}", True),
+    ("so \\boxed{x^2+2x+1}", "(x+1)^2", True),
+    ("so \\boxed{[1, 2)}", "[1,2)", True),
+    ("so \\boxed{\\text{(C)}}", "C", True),
+    ("The answer is $\\frac{1}{2}$.", "\\frac{1}{2}", True),
+    ("so \\boxed{1.414}", "\\sqrt{2}", False),
+    ("so \\boxed{3}", "\\frac{1}{2}", False),
+    ("so \\boxed{(1, 2)}", "[1,2)", False),
+    ("I do not know", "\\frac{1}{2}", False),
+])
+def test_math_correct(completion, reference, correct):
+  assert V.math_correct(completion, reference) is correct
+
+
+def test_math_reference_forms():
+  solution = "We get $x = \\boxed{\\frac{3}{4}}$."
+  assert V.math_correct("\\boxed{0.75}", solution)
+  r = V.math_result("\\boxed{0.7}", "\\frac{3}{4}")
+  assert r.reward == 0.0 and r.parsed == "0.7" and r.info["reason"] == "not equivalent"
+  with pytest.raises(ValueError, match="reference"):
+    V.math_result("\\boxed{1}", "\\boxed{}")
+
+
+def test_countdown_reward():
+  nums, target = [3, 5, 7], 22
+  for good in ("3*5+7", "<answer>7 + 5*3</answer>", "think... <answer>(5*3)+7 = 22</answer>",
+               "<answer>3*5+7"):
+    assert V.countdown_reward(good, nums, target).correct, good
+  cases = {"5*5-3": "exactly once", "3*5+7+0": "exactly once", "3+5+7": "wrong value",
+           "<answer>3*5+7*1</answer>": "exactly once", "3*5+7 is it": "parse error",
+           "<answer></answer>": "parse error"}
+  for text, reason in cases.items():
+    r = V.countdown_reward(text, nums, target)
+    assert r.reward == 0.0 and reason in r.info["reason"], text
+  # The last <answer> counts.
+  assert not V.countdown_reward("<answer>3*5+7</answer><answer>3+5</answer>", nums, target).correct
+  assert V.countdown_reward("4+4+2", [4, 4, 2], 10).correct
+  assert not V.countdown_reward("4*2+2", [4, 4, 2], 10).correct
+
+
+def test_sudoku_result():
+  solution = "1234341221434321"
+  puzzle = "0034341221404301"  # 4 blanks: cells 0, 1, 13, 14
+  r = V.sudoku_result(f"<answer>\n1234\n3412\n2143\n4321\n</answer>", puzzle, solution)
+  assert r.correct and r.reward == 1.0 and r.info["cell_accuracy"] == 1.0
+  assert V.sudoku_result("1234|3412|2143|4321", puzzle, solution).correct
+  wrong = "2134341221434321"  # blanks 0 and 1 swapped: 2 of 4 blanks right, invalid columns
+  r = V.sudoku_result(wrong, puzzle, solution)
+  assert not r.correct and r.info["cell_accuracy"] == 0.5 and r.info["reason"] == "not a valid sudoku"
+  r = V.sudoku_result(wrong, puzzle, solution, reward="cell_accuracy")
+  assert r.reward == 0.5 and not r.correct
+  changed = "1234341221434312"  # last given changed
+  assert V.sudoku_result(changed, puzzle, solution).info["reason"] == "changes a given cell"
+  for bad in ("123", "12343412214343210", "5234341221434321", ""):
+    r = V.sudoku_result(bad, puzzle, solution)
+    assert r.reward == 0.0 and r.info["cell_accuracy"] == 0.0 and r.parsed is None
+
+
+def _hostile(canary):
+  code = f"__import__('os').system('touch {canary}')"
+  return [code, f"<answer>{code}</answer>", f"\\boxed{{{code}}}", f"#### {code}",
+          "9" * 10**6, "1," * 500_000, "123," * 15_000 + "1234", "\\boxed{" * 9_000,
+          "\\boxed{" + "{" * 400 + "1" + "}" * 400 + "}", "(" * 60_000, "$" * 60_000,
+          "####" * 15_000, "<answer>" * 8_000]
+
+
+def test_hostile_completions_are_cheap_and_inert(tmp_path):
+  canary = tmp_path / "pwned"
+  checks = [lambda s: V.gsm8k_result(s, "#### 5"),
+            lambda s: V.countdown_reward(s, [1, 2, 3], 6),
+            lambda s: V.sudoku_result(s, "0034341221404301", "1234341221434321")]
+  for text in _hostile(canary):
+    for check in checks:
+      start = time.monotonic()
+      r = check(text)
+      assert time.monotonic() - start < 0.5, text[:40]
+      assert r.reward == 0.0 and not r.correct
+  assert not canary.exists()
+
+
+def test_hostile_math_under_the_hard_timeout(tmp_path):
+  canary = tmp_path / "pwned"
+  with V.TimedVerifier(V.math_result, 5.0, preload=("math_verify",)) as timed:
+    for text in _hostile(canary) + ["\\boxed{9^{9^{9^{9}}}}", "\\boxed{10^{10^{10}}}"]:
+      start = time.monotonic()
+      r = timed(text, "5")
+      assert time.monotonic() - start < 5.5, text[:40]
+      assert r.reward == 0.0 and not r.correct, text[:40]
+    assert timed("\\boxed{5}", "5").correct  # still serving after all that
+  assert not canary.exists()
+
+
+def test_timeout_kills_and_restarts():
+  timed = V.with_timeout(time.sleep, 0.5)
+  assert timed(0) is None  # starts the worker (start-up is not on the clock)
+  pid = timed._worker.proc.pid
+  start = time.monotonic()
+  r = timed(60)
+  elapsed = time.monotonic() - start
+  assert 0.5 <= elapsed < 2.0
+  assert r.reward == 0.0 and not r.correct and r.info["reason"] == "timeout"
+  assert timed.timeouts == 1 and timed.restarts == 1
+  assert timed(0.01) is None and timed._worker.proc.pid != pid
+  old = timed._worker.proc
+  timed.close()
+  assert old.poll() is not None
+
+
+def test_timeout_on_a_slow_real_verifier():
+  # math-verify's own 1 s limit would stop this comparison later; the hard limit first.
+  with V.TimedVerifier(V.math_result, 0.3, preload=("math_verify",)) as timed:
+    assert timed("\\boxed{\\frac{2}{4}}", "0.5").correct
+    start = time.monotonic()
+    r = timed("\\boxed{9^{9^{9}}}", "5")
+    assert time.monotonic() - start < 1.5 and r.info["reason"] == "timeout"
+
+
+def test_worker_errors():
+  with pytest.raises(TypeError, match="picklable"):
+    V.TimedVerifier(lambda s: s, 1.0)
+  with pytest.raises(ValueError, match="seconds"):
+    V.TimedVerifier(len, 0)
+  with V.TimedVerifier(math.sqrt, 2.0, max_memory_mb=1024) as timed:
+    assert timed(4.0) == 2.0
+    with pytest.raises(V.VerifierError, match="math domain error"):
+      timed(-1.0)
+    assert timed(9.0) == 3.0
+  with V.TimedVerifier(bytearray, 2.0, max_memory_mb=1024) as timed:
+    r = timed(4 << 30)  # 4 GiB under a 1 GiB address-space cap
+    assert r.reward == 0.0 and "MemoryError" in r.info["reason"]
+    assert timed(3) == bytearray(3)
