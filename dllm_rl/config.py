@@ -33,9 +33,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.seed = 0
 
   c.model = m = ml_collections.ConfigDict()
-  # A Hugging Face checkpoint directory (config.json + safetensors [+ tokenizer files]) of a
-  # supported family (LLaDA). When set, the architecture, the weights, the token ids (mask,
-  # EOS, pad) and the tokenizer come from it and the size keys below are ignored.
+  # A Hugging Face checkpoint directory (config.json + safetensors + tokenizer files) of a
+  # supported family (LLaDA), or its `python -m dllm_rl.convert import` output. When set, the
+  # architecture, the weights, the token ids (mask, EOS, pad) and the tokenizer come from it
+  # and the size keys below are ignored.
   m.hf_checkpoint = ""
   m.vocab_size = 0        # 0 = the task tokenizer's vocabulary size
   m.d_model = 64

@@ -48,16 +48,30 @@ class HFSource:
   tokenizer: Any
 
 
+def is_imported(path: str) -> bool:
+  """A folder written by ``python -m dllm_rl.convert import`` (Orbax params + model.json)."""
+  return os.path.isfile(os.path.join(path, "model.json"))
+
+
 def load_hf_source(path: str, dtype: str) -> HFSource:
-  """Architecture, token ids and tokenizer of a HF checkpoint dir (weights are read later,
-  streamed onto the mesh, by :func:`init_params`)."""
+  """Architecture, token ids and tokenizer of a HF checkpoint dir, or of its
+  ``dllm_rl.convert import`` output (weights are read later, onto the mesh, by
+  :func:`init_params`)."""
+  import json
+
   from dllm_rl.models import hf
   from dllm_rl.tasks.hf_tokenizer import HFTokenizer
 
   if not os.path.isdir(path):
     raise ConfigError("model.hf_checkpoint", f"{path!r} is not a directory")
+  tokenizer_dir = path
   try:
-    hf_config = hf.read_hf_config(path)
+    if is_imported(path):
+      with open(os.path.join(path, "model.json")) as fh:
+        hf_config = json.load(fh)["hf_config"]
+      tokenizer_dir = os.path.join(path, "hf_extra")
+    else:
+      hf_config = hf.read_hf_config(path)
     family = hf.detect_family(hf_config)
     model_cfg, ids = hf.model_config_from_hf(hf_config, dtype=dtype)
   except (ValueError, KeyError, FileNotFoundError) as err:
@@ -66,7 +80,11 @@ def load_hf_source(path: str, dtype: str) -> HFSource:
     raise ConfigError("model.hf_checkpoint", f"{path}: family {family!r} needs the block-diffusion"
                       " trainer (not available yet); supported here: llada")
   pad_id = ids.pad_id if ids.pad_id is not None else ids.eos_id
-  tokenizer = HFTokenizer.from_dir(path, mask_id=ids.mask_id, eos_id=ids.eos_id, pad_id=pad_id)
+  try:
+    tokenizer = HFTokenizer.from_dir(tokenizer_dir, mask_id=ids.mask_id, eos_id=ids.eos_id,
+                                     pad_id=pad_id)
+  except (ValueError, FileNotFoundError) as err:
+    raise ConfigError("model.hf_checkpoint", f"tokenizer: {err}") from err
   if tokenizer.vocab_size > model_cfg.vocab_size:
     raise ConfigError("model.hf_checkpoint", f"{path}: tokenizer has {tokenizer.vocab_size} ids,"
                       f" the model's embedding only {model_cfg.vocab_size}")
@@ -138,6 +156,11 @@ def build_context(config, workdir: str) -> Context:
 def init_params(ctx: Context):
   """Starting (graphdef, params), placed in their shardings: the HF checkpoint's
   weights (streamed tensor by tensor onto the mesh) or a fresh init from the seed."""
+  if ctx.hf_checkpoint and is_imported(ctx.hf_checkpoint):
+    from dllm_rl.convert import load_imported
+    _, _, _, params, _, _ = load_imported(ctx.hf_checkpoint, mesh=ctx.mesh)
+    graphdef, _ = transformer.abstract_model(ctx.model_cfg)  # this run's compute dtype
+    return graphdef, params
   if ctx.hf_checkpoint:
     from dllm_rl.models import hf
     _, _, graphdef, params, _ = hf.load_checkpoint(ctx.hf_checkpoint, mesh=ctx.mesh,

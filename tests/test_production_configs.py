@@ -86,6 +86,17 @@ def test_production_config_runs_one_rl_step_at_tiny_size(tmp_path, name):
   assert step and all(np.isfinite(float(step[0][k])) for k in ("loss", "grad_norm", "ratio_max"))
 
 
+def test_rl_step_from_a_converted_checkpoint(tmp_path):
+  """`python -m dllm_rl.convert import` output works as model.hf_checkpoint too."""
+  from dllm_rl.convert import import_hf
+  converted = tmp_path / "converted"
+  import_hf(str(_hf_dir(tmp_path)), str(converted))
+  config = _tiny(_load_config("llada_tpu"), converted, _gsm8k(tmp_path))
+  config.model.dtype = "float32"
+  summary = run.run(config, str(tmp_path / "work"))
+  assert summary["rl_steps"] == 1 and 0.0 <= summary["rl_accuracy"] <= 1.0
+
+
 def test_production_config_without_overrides_names_the_missing_key():
   with pytest.raises(ConfigError, match="task.options"):
     validate(_load_config("llada_tpu"))
