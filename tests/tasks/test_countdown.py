@@ -100,7 +100,7 @@ def test_hostile_completions_score_zero_quickly():
     r = task.verify(ex, text)
     assert (r.reward, r.correct, r.parsed) == (0.0, False, None), text
     assert r.info["reason"].startswith("parse error")
-  assert time.perf_counter() - start < 0.5
+  assert time.perf_counter() - start < 3.0  # catches super-linear blow-ups, not speed
 
 
 def test_validation():

@@ -144,7 +144,7 @@ def test_hostile_completions_are_cheap_and_inert(tmp_path):
     for check in checks:
       start = time.monotonic()
       r = check(text)
-      assert time.monotonic() - start < 0.5, text[:40]
+      assert time.monotonic() - start < 3.0, text[:40]  # no super-linear blow-up
       assert r.reward == 0.0 and not r.correct
   assert not canary.exists()
 
@@ -155,7 +155,7 @@ def test_hostile_math_under_the_hard_timeout(tmp_path):
     for text in _hostile(canary) + ["\\boxed{9^{9^{9^{9}}}}", "\\boxed{10^{10^{10}}}"]:
       start = time.monotonic()
       r = timed(text, "5")
-      assert time.monotonic() - start < 5.5, text[:40]
+      assert time.monotonic() - start < 8.0, text[:40]  # the 5 s deadline, not math-verify
       assert r.reward == 0.0 and not r.correct, text[:40]
     assert timed("\\boxed{5}", "5").correct  # still serving after all that
   assert not canary.exists()
@@ -178,12 +178,14 @@ def test_timeout_kills_and_restarts():
 
 
 def test_timeout_on_a_slow_real_verifier():
+  # A normal comparison passes under a generous limit (timing-independent on a loaded CI box).
+  with V.TimedVerifier(V.math_result, 30.0, preload=("math_verify",)) as timed:
+    assert timed("\\boxed{\\frac{2}{4}}", "0.5").correct
   # math-verify's own 1 s limit would stop this comparison later; the hard limit first.
   with V.TimedVerifier(V.math_result, 0.3, preload=("math_verify",)) as timed:
-    assert timed("\\boxed{\\frac{2}{4}}", "0.5").correct
     start = time.monotonic()
     r = timed("\\boxed{9^{9^{9}}}", "5")
-    assert time.monotonic() - start < 1.5 and r.info["reason"] == "timeout"
+    assert r.info["reason"] == "timeout" and time.monotonic() - start < 3.0
 
 
 def test_worker_errors():
