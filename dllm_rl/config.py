@@ -50,6 +50,8 @@ def base_config() -> ml_collections.ConfigDict:
   m.tie_embeddings = False
   m.qk_norm = False
   m.init_std = 0.02
+  m.block_size = 0        # > 0: block-diffusion model (SDAR style): causal across blocks of
+                          # this size, bidirectional within; 0: bidirectional (LLaDA)
   m.dtype = "float32"     # compute dtype: float32 | bfloat16 (HF checkpoints too)
   m.param_dtype = "float32"
 
@@ -126,6 +128,7 @@ def base_config() -> ml_collections.ConfigDict:
   x.spg_beta = 1.5
   x.spg_omega = 0.5
   x.spg_block_len = 32
+  x.attention_impl = "auto"  # block_elbo staircase attention: auto | pallas | interpret | reference
 
   c.eval = e = ml_collections.ConfigDict()
   e.batch_size = 128
@@ -296,6 +299,19 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
          "rl.loss", "grpo_token (d1 per-token ratios) needs estimator.name=mean_field with"
          " estimator.reduction=sum")
   _check(x.spg_block_len > 0, "estimator.spg_block_len", "must be positive")
+  bs = config.model.block_size
+  _check(bs >= 0, "model.block_size", "must be >= 0 (0 = bidirectional masked diffusion)")
+  if bs:
+    _check(config.data.completion_len % bs == 0, "model.block_size",
+           f"data.completion_len={config.data.completion_len} is not a multiple of {bs}")
+    _check(s.block_len == bs, "sampler.block_len",
+           f"a block-diffusion model decodes its own blocks: must equal model.block_size={bs}")
+    _check(x.name == "block_elbo", "estimator.name",
+           "a block-diffusion model (model.block_size > 0) is scored with block_elbo")
+  _check(x.name != "block_elbo" or bs > 0, "estimator.name",
+         "block_elbo needs a block-diffusion model (model.block_size > 0)")
+  _check(x.attention_impl in ("auto", "pallas", "interpret", "reference"),
+         "estimator.attention_impl", "must be auto, pallas, interpret or reference")
   _check(r.loss != "spg" or x.name == "spg_block", "rl.loss",
          "spg needs estimator.name=spg_block (it uses the EUBO)")
 

@@ -16,6 +16,7 @@ from dllm_rl.models import transformer
 from dllm_rl.parallel.distributed import host_rows
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.parallel.shard import batch_divisor, init_params_sharded, shard_batch
+from dllm_rl.sampling.block_sampler import BlockSamplerConfig
 from dllm_rl.sampling.sampler import SamplerConfig
 from dllm_rl.tasks import data as data_lib
 
@@ -146,7 +147,8 @@ def build_context(config, workdir: str) -> Context:
   return Context(
       config=config, workdir=workdir, task=task, tokenizer=tokenizer,
       model_cfg=hf.model_cfg if hf else model_config(config, tokenizer.vocab_size),
-      sampler_cfg=SamplerConfig.from_config(config),
+      sampler_cfg=(BlockSamplerConfig if config.model.block_size else SamplerConfig).from_config(
+          config),
       train_examples=train, train_arrays=_encode(train, tokenizer, config, "train"),
       val_examples=val, val_arrays=_encode(val, tokenizer, config, "validation"),
       test_examples=test, test_arrays=_encode(test, tokenizer, config, "test"), mesh=mesh,

@@ -6,7 +6,9 @@ Shape suffixes on array names (``logits_BNV``, ``mask_BL``):
 * ``P`` prompt length, ``L`` completion length, ``N`` = P + L full sequence
 * ``V`` vocabulary, ``D`` model width, ``H`` query heads, ``K`` key/value heads
 * ``Q`` head dimension, ``F`` MLP hidden width, ``S`` denoising states/steps
-* ``T`` Monte-Carlo samples of the likelihood estimators
+* ``T`` Monte-Carlo samples of the likelihood estimators; in KV-cached
+  forwards (``Transformer.forward_cached``) the new tokens fed against the cache
+* ``M`` attention keys / KV-cache slots
 
 Log-probabilities, ratios and advantages are always float32.
 """

@@ -46,6 +46,13 @@ def test_base_and_tiny_cpu_configs_validate():
     ({"sft__schedule": "step"}, "sft.schedule"),
     ({"sampler__threshold": 1.5}, "sampler.threshold"),
     ({"data__batch_size": 0}, "data.batch_size"),
+    ({"estimator__name": "block_elbo"}, "estimator.name"),
+    ({"model__block_size": 4, "estimator__name": "block_elbo"}, "sampler.block_len"),
+    ({"model__block_size": 4, "sampler__block_len": 4}, "estimator.name"),
+    ({"model__block_size": -1}, "model.block_size"),
+    ({"estimator__attention_impl": "triton"}, "estimator.attention_impl"),
+    ({"rl__loss": "spg"}, "rl.loss"),
+    ({"mesh__data": 0}, "mesh.data"),
 ])
 def test_bad_values_name_their_key(updates, key):
   with pytest.raises(ConfigError) as err:

@@ -102,3 +102,23 @@ def test_resume_equals_uninterrupted_run(tmp_path):
 def test_eval_mode_without_checkpoint_is_a_clear_error(tmp_path):
   with pytest.raises(FileNotFoundError, match="needs a checkpoint"):
     run.run(_with_mode("eval"), str(tmp_path))
+
+
+def test_block_diffusion_pipeline(tmp_path):
+  """configs/tiny_block_cpu.py at tiny size: block SFT (staircase one-pass objective), RL with
+  block_elbo and StepRS over (block, step) states, KV-cache block sampling, evaluation."""
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(
+      "tiny_block_cpu", os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs",
+                                     "tiny_block_cpu.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config()
+  base = _config(10, "pipeline")
+  for section in ("task", "data", "sft", "rl", "eval", "mesh", "checkpoint", "log"):
+    c[section] = base[section]
+  c.model.d_model, c.model.n_layers, c.model.mlp_hidden = 32, 1, 64
+  c.rl.advantage = "steprs"
+  summary = run.run(c, str(tmp_path))
+  assert summary["rl_steps"] == 4 and 0.0 <= summary["rl_accuracy"] <= 1.0
+  assert set(summary["pass_at_k"]) == {"1", "4"}

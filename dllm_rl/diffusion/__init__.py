@@ -1,7 +1,7 @@
 """Masked-diffusion process, SFT loss and likelihood estimators.
 
-Importing the package registers every estimator (``elbo``, ``mean_field`` and
-``spg_block``) in ``estimators.ESTIMATORS``.
+Importing the package registers every estimator (``elbo``, ``mean_field``,
+``spg_block`` and ``block_elbo``) in ``estimators.ESTIMATORS``.
 """
 
-from dllm_rl.diffusion import estimators, spg  # noqa: F401  (registration)
+from dllm_rl.diffusion import block, estimators, spg  # noqa: F401  (registration)

@@ -44,12 +44,14 @@ class EstimatorConfig:
   spg_beta: float = 1.5       # spg_block: EUBO exponent β
   spg_omega: float = 0.5      # spg_block: EUBO weight ω for negative advantages
   spg_block_len: int = 32     # spg_block: block length of the block-wise masking
+  block_size: int = 4         # block_elbo: the model's block size (from config.model.block_size)
+  attention_impl: str = "auto"  # block_elbo: staircase attention auto | pallas | interpret | reference
 
   @classmethod
-  def from_config(cls, est_cfg) -> "EstimatorConfig":
+  def from_config(cls, est_cfg, block_size: int = 0) -> "EstimatorConfig":
     d = dict(est_cfg)
     d.pop("name", None)
-    return cls(**d)
+    return cls(**d, **({"block_size": block_size} if block_size else {}))
 
 
 @struct.dataclass

@@ -12,7 +12,7 @@ import math
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
+from flax import nnx, struct
 
 _NEG_INF = -1e30
 
@@ -52,14 +52,36 @@ def apply_rope(x_BNHQ: jax.Array, cos_BNQ: jax.Array, sin_BNQ: jax.Array) -> jax
   return out.astype(x_BNHQ.dtype)
 
 
+@struct.dataclass
+class StaircaseSpec:
+  """Structured attention for the block-diffusion training layout
+  [prompt P | clean completion L | noisy completion L] (staircase rules in
+  ``dllm_rl.kernels.staircase``), passed instead of a dense mask so the
+  attention can run as a kernel that never materialises the N×N mask.
+  ``key_valid_BN``: False on (left) padding keys, None = all valid."""
+
+  key_valid_BN: jax.Array | None
+  prompt_len: int = struct.field(pytree_node=False)
+  block_size: int = struct.field(pytree_node=False)
+  impl: str = struct.field(pytree_node=False, default="auto")
+
+
 def attention(q_BNHQ, k_BMKQ, v_BMKQ, mask_BNM) -> jax.Array:
   """Masked softmax attention with grouped query heads.
+
+  ``mask_BNM`` may also be a :class:`StaircaseSpec`: then the staircase
+  attention (Pallas kernel or its reference, see dllm_rl.kernels.staircase) runs.
 
   Query head h reads key/value head h // (H / K) (``repeat_interleave``
   convention). ``mask_BNM`` (True = may attend) broadcasts against [B, N, M];
   ``None`` means full bidirectional attention. Scores and softmax in float32.
   Query rows with no allowed key get a uniform (finite) distribution.
   """
+  if isinstance(mask_BNM, StaircaseSpec):
+    from dllm_rl.kernels.staircase import staircase_attention
+    return staircase_attention(q_BNHQ, k_BMKQ, v_BMKQ, prompt_len=mask_BNM.prompt_len,
+                               block_size=mask_BNM.block_size,
+                               key_valid_BN=mask_BNM.key_valid_BN, impl=mask_BNM.impl)
   b, n, h, qd = q_BNHQ.shape
   kh = k_BMKQ.shape[2]
   q = q_BNHQ.reshape(b, n, kh, h // kh, qd)
@@ -70,6 +92,18 @@ def attention(q_BNHQ, k_BMKQ, v_BMKQ, mask_BNM) -> jax.Array:
   probs = jax.nn.softmax(scores, axis=-1).astype(v_BMKQ.dtype)
   out = jnp.einsum("bkgnm,bmkq->bnkgq", probs, v_BMKQ)
   return out.reshape(b, n, h, qd)
+
+
+@struct.dataclass
+class KVCache:
+  """Fixed-size key/value cache for incremental decoding: one [B, M, K, Q]
+  array per layer for keys (RoPE already applied) and for values, slot m
+  holding sequence position m of the caller's layout (static M, so loops
+  jit). Which slots hold real entries is tracked by the caller
+  (``cache_valid_BM``); see ``Transformer.forward_cached``."""
+
+  k_BMKQ: tuple[jax.Array, ...]
+  v_BMKQ: tuple[jax.Array, ...]
 
 
 class Attention(nnx.Module):
@@ -88,17 +122,33 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(qd, eps=cfg.rms_norm_eps, param_dtype=pdt)
       self.k_norm = RMSNorm(qd, eps=cfg.rms_norm_eps, param_dtype=pdt)
 
-  def __call__(self, x_BND, cos_BNQ, sin_BNQ, mask_BNM):
+  def _qkv(self, x_BND, cos_BNQ, sin_BNQ):
+    """Projections, optional qk-norm, RoPE on queries and keys."""
     dt = self.cfg.dtype
     q = jnp.einsum("bnd,dhq->bnhq", x_BND, self.q_proj[...].astype(dt))
     k = jnp.einsum("bnd,dkq->bnkq", x_BND, self.k_proj[...].astype(dt))
     v = jnp.einsum("bnd,dkq->bnkq", x_BND, self.v_proj[...].astype(dt))
     if self.cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
-    q = apply_rope(q, cos_BNQ, sin_BNQ)
-    k = apply_rope(k, cos_BNQ, sin_BNQ)
+    return apply_rope(q, cos_BNQ, sin_BNQ), apply_rope(k, cos_BNQ, sin_BNQ), v
+
+  def __call__(self, x_BND, cos_BNQ, sin_BNQ, mask_BNM):
+    q, k, v = self._qkv(x_BND, cos_BNQ, sin_BNQ)
     out = attention(q, k, v, mask_BNM)
-    return jnp.einsum("bnhq,hqd->bnd", out, self.o_proj[...].astype(dt))
+    return jnp.einsum("bnhq,hqd->bnd", out, self.o_proj[...].astype(self.cfg.dtype))
+
+  def cached(self, x_BTD, cos_BTQ, sin_BTQ, k_BMKQ, v_BMKQ, offset, mask_BTM):
+    """T new tokens against a fixed-size KV cache: their keys (RoPE applied)
+    and values are written into cache slots [offset, offset + T), then their
+    queries attend over all M slots as ``mask_BTM`` allows (keys in cache
+    order, so a cache laid out like the full sequence gives the same sums).
+    Returns (out_BTD, k_BMKQ, v_BMKQ) with the written cache."""
+    q, k, v = self._qkv(x_BTD, cos_BTQ, sin_BTQ)
+    k_BMKQ = jax.lax.dynamic_update_slice_in_dim(k_BMKQ, k.astype(k_BMKQ.dtype), offset, axis=1)
+    v_BMKQ = jax.lax.dynamic_update_slice_in_dim(v_BMKQ, v.astype(v_BMKQ.dtype), offset, axis=1)
+    out = attention(q, k_BMKQ, v_BMKQ, mask_BTM)
+    out_BTD = jnp.einsum("bnhq,hqd->bnd", out, self.o_proj[...].astype(self.cfg.dtype))
+    return out_BTD, k_BMKQ, v_BMKQ
 
 
 class SwiGLU(nnx.Module):

@@ -70,6 +70,13 @@ class Block(nnx.Module):
     h = x_BND + self.attn(self.attn_norm(x_BND), cos_BNQ, sin_BNQ, mask_BNM)
     return h + self.mlp(self.mlp_norm(h))
 
+  def cached(self, x_BTD, cos_BTQ, sin_BTQ, k_BMKQ, v_BMKQ, offset, mask_BTM):
+    """``__call__`` for T new tokens against this layer's KV cache."""
+    a, k_BMKQ, v_BMKQ = self.attn.cached(self.attn_norm(x_BTD), cos_BTQ, sin_BTQ,
+                                         k_BMKQ, v_BMKQ, offset, mask_BTM)
+    h = x_BTD + a
+    return h + self.mlp(self.mlp_norm(h)), k_BMKQ, v_BMKQ
+
 
 class Transformer(nnx.Module):
   """(tokens_BN, positions_BN, mask) → float32 logits_BNV."""
@@ -93,11 +100,12 @@ class Transformer(nnx.Module):
   def __call__(self, tokens_BN: jax.Array, positions_BN: jax.Array,
                mask_BNM: jax.Array | None = None) -> jax.Array:
     """``mask_BNM``: bool, True = query n may attend key m; broadcastable to
-    [B, N, N] (e.g. [B, 1, N] key padding); None = full bidirectional."""
+    [B, N, N] (e.g. [B, 1, N] key padding); None = full bidirectional; or a
+    ``layers.StaircaseSpec`` for the block-diffusion training layout."""
     cfg = self.cfg
     x = jnp.take(self.embed[...], tokens_BN, axis=0).astype(cfg.dtype)
     cos, sin = layers.rope_tables(positions_BN, cfg.head_dim, cfg.rope_theta)
-    if mask_BNM is not None:
+    if mask_BNM is not None and not isinstance(mask_BNM, layers.StaircaseSpec):
       mask_BNM = jnp.broadcast_to(mask_BNM, (tokens_BN.shape[0], tokens_BN.shape[1], mask_BNM.shape[-1]))
     for block in self.blocks:
       x = constrain_activations(block(x, cos, sin, mask_BNM))
@@ -105,6 +113,43 @@ class Transformer(nnx.Module):
     head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
     return jnp.einsum("bnd,dv->bnv", x, head.astype(cfg.dtype),
                       preferred_element_type=jnp.float32)
+
+  def forward_cached(self, tokens_BT: jax.Array, positions_BT: jax.Array, cache: layers.KVCache,
+                     cache_valid_BM: jax.Array, offset, *, new_valid_BT: jax.Array | None = None,
+                     write: bool) -> tuple[jax.Array, layers.KVCache]:
+    """Logits_BTV for T new tokens that attend to the valid cached keys
+    (``cache_valid_BM``) and to each other (bidirectionally; ``new_valid_BT``
+    False = a new key nobody attends, e.g. prompt padding).
+
+    Every layer writes the new tokens' keys/values into cache slots
+    [offset, offset + T) (traced offset, static shapes) and attends over the
+    whole cache, so with slots laid out as the full sequence this computes
+    what ``__call__`` computes for those rows under the matching mask. Returns
+    (logits_BTV, cache): the written cache when ``write``, else the input one.
+    Marking the written slots valid is the caller's business; offset + T must
+    not exceed M (``dynamic_update_slice`` would clamp the offset).
+    """
+    cfg = self.cfg
+    b, t = tokens_BT.shape
+    m = cache_valid_BM.shape[1]
+    if new_valid_BT is None:
+      new_valid_BT = jnp.ones((b, t), bool)
+    placed_BM = jax.lax.dynamic_update_slice_in_dim(jnp.zeros((b, m), bool), new_valid_BT,
+                                                    offset, axis=1)
+    mask_BTM = jnp.broadcast_to((cache_valid_BM | placed_BM)[:, None, :], (b, t, m))
+    x = jnp.take(self.embed[...], tokens_BT, axis=0).astype(cfg.dtype)
+    cos, sin = layers.rope_tables(positions_BT, cfg.head_dim, cfg.rope_theta)
+    ks, vs = [], []
+    for block, k_BMKQ, v_BMKQ in zip(self.blocks, cache.k_BMKQ, cache.v_BMKQ):
+      x, k_BMKQ, v_BMKQ = block.cached(x, cos, sin, k_BMKQ, v_BMKQ, offset, mask_BTM)
+      x = constrain_activations(x)
+      ks.append(k_BMKQ)
+      vs.append(v_BMKQ)
+    x = self.final_norm(x)
+    head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
+    logits_BTV = jnp.einsum("bnd,dv->bnv", x, head.astype(cfg.dtype),
+                            preferred_element_type=jnp.float32)
+    return logits_BTV, (layers.KVCache(tuple(ks), tuple(vs)) if write else cache)
 
 
 def positions_from_valid(valid_BN: jax.Array) -> jax.Array:
@@ -127,6 +172,21 @@ def abstract_model(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
 def apply(graphdef: nnx.GraphDef, params: nnx.State, tokens_BN, positions_BN, mask_BNM=None):
   """Pure forward: merge the params into the graph and run it."""
   return nnx.merge(graphdef, params)(tokens_BN, positions_BN, mask_BNM)
+
+
+def init_kv_cache(cfg: ModelConfig, batch: int, max_len: int) -> layers.KVCache:
+  """An empty (all-zero) cache of ``max_len`` slots per sequence, in ``cfg.dtype``."""
+  shape = (batch, max_len, cfg.n_kv_heads, cfg.head_dim)
+  zeros = tuple(jnp.zeros(shape, cfg.dtype) for _ in range(cfg.n_layers))
+  return layers.KVCache(k_BMKQ=zeros, v_BMKQ=zeros)
+
+
+def apply_cached(graphdef: nnx.GraphDef, params: nnx.State, tokens_BT, positions_BT, cache,
+                 cache_valid_BM, offset, *, new_valid_BT=None, write: bool):
+  """Pure ``Transformer.forward_cached``: (logits_BTV, cache)."""
+  return nnx.merge(graphdef, params).forward_cached(
+      tokens_BT, positions_BT, cache, cache_valid_BM, offset, new_valid_BT=new_valid_BT,
+      write=write)
 
 
 def count_params(params: nnx.State) -> int:

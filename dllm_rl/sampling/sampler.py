@@ -88,6 +88,25 @@ def _rank(conf_BL):
   return jnp.argsort(order, axis=-1, stable=True)
 
 
+def select_commits(logits_BLV, open_BL, key, k_commit, *, cfg: SamplerConfig, mask_id: int):
+  """One denoising decision over the ``open_BL`` (masked, current-block) positions.
+
+  Proposes x0 for every position (never the mask token: MDLM "SUBS"), scores
+  it with the registered remasking policy and picks the ``k_commit`` most
+  confident open positions, or in dynamic mode (``cfg.threshold > 0``) every
+  open position above the threshold and at least the most confident one.
+  ``key`` is split into (proposal, confidence) keys. Returns (x0_BL, commit_BL).
+  """
+  logits_BLV = logits_BLV.astype(jnp.float32).at[..., mask_id].set(_NEG)
+  k_prop, k_conf = jax.random.split(key)
+  x0_BL = _propose(logits_BLV, k_prop, cfg.temperature)
+  conf_BL = jnp.where(open_BL, REMASKING.get(cfg.remasking)(logits_BLV, x0_BL, k_conf), _NEG)
+  rank_BL = _rank(conf_BL)
+  if cfg.threshold > 0:
+    return x0_BL, open_BL & ((conf_BL > cfg.threshold) | (rank_BL == 0))
+  return x0_BL, open_BL & (rank_BL < k_commit)
+
+
 def sample(graphdef, params, prompt_BP, prompt_valid_BP, key, *,
            cfg: SamplerConfig, mask_id: int, eos_id: int) -> SampleOutput:
   """Denoise a completion for each prompt. Pure; jit with ``cfg`` etc. static."""
@@ -95,7 +114,7 @@ def sample(graphdef, params, prompt_BP, prompt_valid_BP, key, *,
   l, bl = cfg.completion_len, cfg.block_len
   if l % bl or cfg.steps % cfg.num_blocks:
     raise ValueError(f"bad sampler shape: completion_len={l}, block_len={bl}, steps={cfg.steps}")
-  policy = REMASKING.get(cfg.remasking)
+  REMASKING.get(cfg.remasking)  # fail fast on an unknown name
   schedule_S = jnp.asarray(transfer_schedule(bl, cfg.steps_per_block))
   block_of_L = jnp.arange(l) // bl
 
@@ -103,17 +122,9 @@ def sample(graphdef, params, prompt_BP, prompt_valid_BP, key, *,
     (x_BL, unmask_BL, step), traj_SBL = carry
     tokens_BN, positions_BN, mask_B1N = sequence_inputs(prompt_BP, prompt_valid_BP, x_BL)
     logits_BLV = transformer.apply(graphdef, params, tokens_BN, positions_BN, mask_B1N)[:, p:]
-    # Never propose the mask token itself (MDLM "SUBS" parameterisation).
-    logits_BLV = logits_BLV.astype(jnp.float32).at[..., mask_id].set(_NEG)
-    k_prop, k_conf = jax.random.split(jax.random.fold_in(key, step))
-    x0_BL = _propose(logits_BLV, k_prop, cfg.temperature)
     open_BL = (x_BL == mask_id) & (block_of_L == block)[None, :]
-    conf_BL = jnp.where(open_BL, policy(logits_BLV, x0_BL, k_conf), _NEG)
-    rank_BL = _rank(conf_BL)
-    if cfg.threshold > 0:
-      commit_BL = open_BL & ((conf_BL > cfg.threshold) | (rank_BL == 0))
-    else:
-      commit_BL = open_BL & (rank_BL < k_commit)
+    x0_BL, commit_BL = select_commits(logits_BLV, open_BL, jax.random.fold_in(key, step),
+                                      k_commit, cfg=cfg, mask_id=mask_id)
     x_BL = jnp.where(commit_BL, x0_BL, x_BL)
     unmask_BL = jnp.where(commit_BL, step, unmask_BL)
     if cfg.record_trajectory:
@@ -167,9 +178,15 @@ def sample_groups(graphdef, params, prompt_BP, prompt_valid_BP, key, *, group_si
   Returns completion/unmask_step as [B, G, L], trajectory as [S, B, G, L] and
   num_steps/num_blocks as [G].
   """
-  keys_G = jax.random.split(key, group_size)
-  out = jax.vmap(lambda k: sample(graphdef, params, prompt_BP, prompt_valid_BP, k,
-                                  cfg=cfg, mask_id=mask_id, eos_id=eos_id))(keys_G)
+  return vmap_groups(lambda k: sample(graphdef, params, prompt_BP, prompt_valid_BP, k,
+                                      cfg=cfg, mask_id=mask_id, eos_id=eos_id), key, group_size)
+
+
+def vmap_groups(sample_fn, key, group_size: int) -> SampleOutput:
+  """Run ``sample_fn(key) -> SampleOutput`` for G split keys (vmap) and lay the
+  result out as completion/unmask_step [B, G, L], trajectory [S, B, G, L],
+  num_steps/num_blocks [G]."""
+  out = jax.vmap(sample_fn)(jax.random.split(key, group_size))
   traj = out.trajectory_SBL  # [G, S, B, L] → [S, B, G, L]
   return out.replace(
       completion_BL=jnp.swapaxes(out.completion_BL, 0, 1),

@@ -40,7 +40,8 @@ def step_config(ctx: Context) -> RLStepConfig:
   r = ctx.config.rl
   return RLStepConfig(
       loss=r.loss, advantage=r.advantage, estimator=ctx.config.estimator.name,
-      estimator_cfg=EstimatorConfig.from_config(ctx.config.estimator),
+      estimator_cfg=EstimatorConfig.from_config(ctx.config.estimator,
+                                                block_size=ctx.config.model.block_size),
       loss_cfg=LossConfig(clip=r.clip, clip_C=r.clip_C, eps=r.eps,
                           spg_omega=ctx.config.estimator.spg_omega),
       advantage_cfg=AdvantageConfig(beta=r.beta, beta_start=r.beta_start, beta_end=r.beta_end,

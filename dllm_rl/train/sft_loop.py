@@ -58,7 +58,9 @@ def run_sft(ctx: Context) -> dict:
 
   batches = BatchIterator(ctx.train_arrays, config.data.batch_size, config.seed, position=position)
   step_fn = make_sft_step(graphdef, optimizer, schedule, mask_id=ctx.tokenizer.mask_id,
-                          t_eps=f.t_eps, mesh=ctx.mesh, state_sharding=state_sharding)
+                          t_eps=f.t_eps, mesh=ctx.mesh, state_sharding=state_sharding,
+                          block_size=config.model.block_size,
+                          attention_impl=config.estimator.attention_impl)
   greedy_cfg = dataclasses.replace(ctx.sampler_cfg, temperature=0.0)
   sample_fn = evaluation.make_sample_fn(graphdef, greedy_cfg, mask_id=ctx.tokenizer.mask_id,
                                         eos_id=ctx.tokenizer.eos_id, mesh=ctx.mesh)

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from dllm_rl.diffusion.block import block_sft_loss
 from dllm_rl.diffusion.sft import sft_loss
 from dllm_rl.parallel.constraints import jit_sharded
 from dllm_rl.parallel.shard import replicated
@@ -20,14 +21,20 @@ def init_train_state(params, optimizer: optax.GradientTransformation, rng: jax.A
 
 
 def make_sft_step(graphdef, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
-                  *, mask_id: int, t_eps: float, mesh=None, state_sharding=None) -> Callable:
+                  *, mask_id: int, t_eps: float, mesh=None, state_sharding=None,
+                  block_size: int = 0, attention_impl: str = "auto") -> Callable:
   """Build the jitted step (state donated). Metrics: loss, grad_norm (pre-clip), lr.
 
-  With a ``mesh``, the new state keeps ``state_sharding`` and the metrics are
-  replicated; the batch arrives sharded over the batch axes."""
+  ``block_size > 0``: a block-diffusion model, trained with the per-block
+  objective in one staircase pass (dllm_rl.diffusion.block). With a ``mesh``,
+  the new state keeps ``state_sharding`` and the metrics are replicated; the
+  batch arrives sharded over the batch axes."""
 
   def sft_step(state: TrainState, batch: SequenceBatch, key: jax.Array):
     def loss_fn(params):
+      if block_size:
+        return block_sft_loss(graphdef, params, batch, key, mask_id=mask_id, t_eps=t_eps,
+                              block_size=block_size, attention_impl=attention_impl)
       return sft_loss(graphdef, params, batch, key, mask_id=mask_id, t_eps=t_eps)
 
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)

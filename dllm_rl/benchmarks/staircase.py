@@ -1,0 +1,146 @@
+"""Benchmark: staircase attention kernel vs the dense-mask reference.
+
+    python -m dllm_rl.benchmarks.staircase [--lengths 256 1024 4096] [--impl auto]
+
+Layout [prompt P | clean L | noisy L] (P = 128, block 32, B = 1, H = 8 query /
+2 key-value heads, head_dim 64 by default). For each completion length L prints
+the fraction of (query tile, key tile) pairs the kernel skips and the fraction
+of (query, key) pairs the mask allows, then the median time of the jitted
+forward and forward+backward, and the compiled temp memory (XLA
+memory_analysis, n/a where the backend gives none), for: the Pallas kernel, the
+jnp reference with a dense [N, N] mask and, on GPU/TPU, jax.nn.dot_product_attention
+with the same dense mask. On CPU the kernel runs in the Pallas interpreter
+(correct but slow, its times say nothing about compiled speed); lengths
+predicted to take longer than --max-interpret-s there are skipped, as are
+dense runs whose [B, H, N, N] float32 scores would not fit in half the RAM.
+Prints measured figures only; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+
+def _mask_density(p: int, l: int, bs: int) -> float:
+  """Fraction of the N×N (query, key) pairs the staircase mask allows."""
+  allowed = p * p
+  for b in range(l // bs):
+    allowed += bs * (p + (b + 1) * bs)  # clean block b
+    allowed += bs * (p + b * bs + bs)  # noisy block b
+  return allowed / (p + 2 * l) ** 2
+
+
+def _measure(fn, args, repeats: int):
+  """(median seconds, temp bytes or None, compile seconds) of jit(fn)(*args)."""
+  import jax
+  t0 = time.perf_counter()
+  compiled = jax.jit(fn).lower(*args).compile()
+  compile_s = time.perf_counter() - t0
+  try:
+    temp = compiled.memory_analysis().temp_size_in_bytes
+  except Exception:  # noqa: BLE001 - backends without memory analysis
+    temp = None
+  jax.block_until_ready(compiled(*args))  # warm-up
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times), temp, compile_s
+
+
+def _fmt_mem(x):
+  return "n/a" if x is None else f"{x / 2**20:.1f} MiB"
+
+
+def main(argv=None) -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 4096])
+  ap.add_argument("--impl", default="auto", choices=["auto", "pallas", "interpret"])
+  ap.add_argument("--prompt", type=int, default=128)
+  ap.add_argument("--block", type=int, default=32)
+  ap.add_argument("--batch", type=int, default=1)
+  ap.add_argument("--heads", type=int, default=8)
+  ap.add_argument("--kv-heads", type=int, default=2)
+  ap.add_argument("--head-dim", type=int, default=64)
+  ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+  ap.add_argument("--block-q", type=int, default=None)
+  ap.add_argument("--block-k", type=int, default=None)
+  ap.add_argument("--repeats", type=int, default=None)
+  ap.add_argument("--max-interpret-s", type=float, default=60.0)
+  args = ap.parse_args(argv)
+
+  import jax
+  import jax.numpy as jnp
+
+  from dllm_rl.kernels import staircase as sc
+
+  backend = jax.default_backend()
+  interpret = args.impl == "interpret" or (args.impl == "auto" and backend == "cpu")
+  kernel_impl = "interpret" if interpret else "pallas"
+  bq, bk = sc.default_block_sizes(kernel_impl)
+  bq, bk = args.block_q or bq, args.block_k or bk
+  dtype = jnp.dtype(args.dtype if args.dtype != "auto" else
+                    ("float32" if backend == "cpu" else "bfloat16"))
+  repeats = args.repeats or (1 if interpret else 20)
+  ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  b, p, bs, h, kh, qd = (args.batch, args.prompt, args.block, args.heads, args.kv_heads,
+                         args.head_dim)
+  print(f"jax {jax.__version__}, backend {backend} ({jax.devices()[0].device_kind}); "
+        f"B={b} P={p} block={bs} H={h} K={kh} Q={qd} {dtype.name}; tiles {bq}×{bk}; "
+        f"kernel {'Pallas INTERPRET mode (CPU: times are not kernel speed)' if interpret else 'Pallas compiled'}")
+  print(f"{'L':>6} {'N':>6}  {'method':<24} {'fwd ms':>10} {'fwd+bwd ms':>11} "
+        f"{'temp fwd':>11} {'temp f+b':>11}")
+
+  prev = None  # (interpret wall seconds, ~visited tile pairs) of the last length
+  for l in args.lengths:
+    n = p + 2 * l
+    skip = sc.tile_skip_fraction(p, l, bs, bq, bk)
+    visited = (1 - skip) * n * n / (bq * bk)  # interpret time scales with it
+    print(f"{l:>6} {n:>6}  tiles skipped {skip:.3f}; mask allows {_mask_density(p, l, bs):.3f}"
+          " of (query, key) pairs")
+    ks = jax.random.split(jax.random.key(l), 4)
+    q = jax.random.normal(ks[0], (b, n, h, qd), dtype)
+    k = jax.random.normal(ks[1], (b, n, kh, qd), dtype)
+    v = jax.random.normal(ks[2], (b, n, kh, qd), dtype)
+    cot = jax.random.normal(ks[3], (b, n, h, qd), dtype)
+
+    def runs():
+      kw = dict(prompt_len=p, block_size=bs)
+      yield "kernel " + ("[interpret]" if interpret else "[pallas]"), lambda q, k, v: (
+          sc.staircase_attention(q, k, v, impl=kernel_impl, block_q=bq, block_k=bk, **kw))
+      yield "reference (dense mask)", lambda q, k, v: sc.staircase_attention(
+          q, k, v, impl="reference", **kw)
+      if backend != "cpu":
+        mask = jnp.asarray(sc.staircase_mask(p, l, bs))[None, None]
+        yield "dot_product_attention", lambda q, k, v: jax.nn.dot_product_attention(
+            q, k, v, mask=mask)
+
+    for name, attn in runs():
+      if name.startswith("kernel") and interpret and prev is not None:
+        predicted = prev[0] * visited / prev[1]
+        if predicted > args.max_interpret_s:
+          print(f"{'':>14}{name:<24} skipped: ~{predicted:.0f} s predicted in interpret "
+                f"mode (> {args.max_interpret_s:.0f} s)")
+          continue
+      if not name.startswith("kernel") and backend == "cpu" and \
+          6 * b * h * n * n * 4 > ram / 2:
+        print(f"{'':>14}{name:<24} skipped: dense [B, H, N, N] scores too big for RAM")
+        continue
+      loss = lambda q, k, v, attn=attn: jnp.sum(attn(q, k, v).astype(jnp.float32) * cot)
+      t0 = time.perf_counter()
+      t_f, m_f, _ = _measure(attn, (q, k, v), repeats)
+      t_b, m_b, _ = _measure(jax.grad(loss, argnums=(0, 1, 2)), (q, k, v), repeats)
+      if name.startswith("kernel") and interpret:
+        prev = (time.perf_counter() - t0, visited)
+      print(f"{'':>14}{name:<24} {1e3 * t_f:>10.2f} {1e3 * t_b:>11.2f} "
+            f"{_fmt_mem(m_f):>11} {_fmt_mem(m_b):>11}")
+    del q, k, v, cot
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])

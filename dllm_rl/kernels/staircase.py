@@ -1,0 +1,524 @@
+"""Staircase attention for the block-diffusion layout [prompt P | clean L | noisy L].
+
+Row rules (True = may attend), blocks of ``block_size`` over each completion copy:
+
+* prompt rows: every prompt key (or, with ``prompt_block_causal``, prompt blocks
+  up to their own, blocks aligned to the END of the prompt);
+* clean block b: prompt ∪ clean blocks ≤ b;
+* noisy block b: prompt ∪ clean blocks < b (never its own clean tokens) ∪ noisy block b.
+
+``key_valid_BN`` (False on left padding) removes keys for every row; a row left
+with no key outputs 0. Query head h reads key/value head h // (H / K); scale
+1/sqrt(Q); scores, softmax and accumulation in float32; output in q's dtype.
+
+The Pallas kernel is flash attention (online softmax, FA-2 backward recomputing
+from the saved logsumexp); the N×N mask is never built. Every row's key set is
+[0, hi1) ∪ [lo2, hi2) (``_row_bounds``; an O(N) int32 table feeds the kernels) and
+the mask of a tile is computed from row/column indices against it. A query
+tile's union of key sets is again two intervals, so each program loops
+(``fori_loop`` with a dynamic trip count, scalar index arithmetic from
+``program_id``) only over the key tiles it can see: [0, n1) then [s2, s2 + n2);
+the dK/dV kernel does the transpose (query tiles that see a key tile). Fully
+masked tiles are never loaded or computed. The prompt is front-padded with
+invalid keys to a tile multiple so tiles line up with the clean/noisy regions;
+the tail is padded to a tile multiple. Each program holds one head's whole K/V
+(forward, dQ) or Q/dO (dK/dV) as its block and slices tiles from it: on GPU that
+is only a pointer; on TPU it sits in VMEM, double-buffered: ~8·N·Q bytes for bf16
+(16 MiB at N = 16k, Q = 128), which bounds the length under the scoped-VMEM limit.
+dK/dV are computed per query head (float32 when K < H) and summed over each
+group outside the kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+IMPLS = ("auto", "pallas", "interpret", "reference")
+_NEG = -1e30  # finite "minus infinity": masked scores, never exp'ed unmasked
+_NT = (((1,), (1,)), ((), ()))  # a @ b.T
+_NN = (((1,), (0,)), ((), ()))  # a @ b
+_DEFAULT_TILES = {"tpu": (128, 128), "gpu": (64, 64), "interpret": (32, 32)}
+
+
+# ----------------------------------------------------------------------------
+# Layout, dense mask and the jnp reference.
+
+def _check_layout(prompt_len: int, completion_len: int, block_size: int) -> None:
+  if block_size <= 0 or prompt_len < 0 or completion_len < 0:
+    raise ValueError(f"bad layout: prompt_len={prompt_len}, completion_len="
+                     f"{completion_len}, block_size={block_size}")
+  if completion_len % block_size:
+    raise ValueError(f"completion_len={completion_len} must be a multiple of "
+                     f"block_size={block_size}")
+
+
+def _completion_len(n: int, prompt_len: int) -> int:
+  if n < prompt_len or (n - prompt_len) % 2:
+    raise ValueError(f"sequence length {n} is not prompt_len={prompt_len} + 2 * L")
+  return (n - prompt_len) // 2
+
+
+def staircase_mask(prompt_len: int, completion_len: int, block_size: int, *,
+                   prompt_block_causal: bool = False) -> np.ndarray:
+  """Dense bool [N, N] mask (True = may attend), N = P + 2L; for tests/reference."""
+  _check_layout(prompt_len, completion_len, block_size)
+  p, l, bs = prompt_len, completion_len, block_size
+  m = np.zeros((p + 2 * l, p + 2 * l), bool)
+  if prompt_block_causal:  # row r sees prompt keys up to the end of its block
+    block_end = p - bs * ((p - 1 - np.arange(p)) // bs)
+    m[:p, :p] = np.arange(p)[None, :] < block_end[:, None]
+  else:
+    m[:p, :p] = True
+  for b in range(l // bs):
+    clean = slice(p + b * bs, p + (b + 1) * bs)
+    noisy = slice(p + l + b * bs, p + l + (b + 1) * bs)
+    m[clean, :p + (b + 1) * bs] = True  # prompt ∪ clean blocks ≤ b
+    m[noisy, :p + b * bs] = True  # prompt ∪ clean blocks < b
+    m[noisy, noisy] = True
+  return m
+
+
+def staircase_attention_reference(q_BNHQ, k_BNKQ, v_BNKQ, *, prompt_len: int,
+                                  block_size: int, key_valid_BN=None,
+                                  prompt_block_causal: bool = False):
+  """Dense-mask attention (materialises [N, N]); the kernel's specification."""
+  b, n, h, qd = q_BNHQ.shape
+  kh = k_BNKQ.shape[2]
+  mask_NN = jnp.asarray(staircase_mask(prompt_len, _completion_len(n, prompt_len),
+                                       block_size,
+                                       prompt_block_causal=prompt_block_causal))
+  mask_BNM = mask_NN[None]
+  if key_valid_BN is not None:
+    mask_BNM = mask_BNM & key_valid_BN.astype(bool)[:, None, :]
+  q = q_BNHQ.reshape(b, n, kh, h // kh, qd)
+  scores = jnp.einsum("bnkgq,bmkq->bkgnm", q, k_BNKQ,
+                      preferred_element_type=jnp.float32) / math.sqrt(qd)
+  mask = mask_BNM[:, None, None]
+  probs = jax.nn.softmax(jnp.where(mask, scores, _NEG), axis=-1)
+  probs = jnp.where(mask, probs, 0.0)  # rows with no valid key -> output 0
+  out = jnp.einsum("bkgnm,bmkq->bnkgq", probs, v_BNKQ.astype(jnp.float32))
+  return out.reshape(b, n, h, qd).astype(q_BNHQ.dtype)
+
+
+# ----------------------------------------------------------------------------
+# Index arithmetic shared by the kernels and tile_skip_fraction. Works on Python
+# ints, jnp arrays and scalars inside kernels (non-negative operands only).
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+  prompt: int  # padded prompt length (front padding are invalid keys)
+  completion: int
+  block: int
+  prompt_block_causal: bool
+  block_q: int
+  block_k: int
+  n: int  # padded total length, a multiple of block_q and block_k
+  scale: float = 1.0
+  kind: str = "interpret"  # or "gpu" (Triton), "tpu" (Mosaic): compiled
+
+  @property
+  def interpret(self) -> bool:
+    return self.kind == "interpret"
+
+  @property
+  def n_real(self) -> int:
+    return self.prompt + 2 * self.completion
+
+
+def _make_layout(prompt_len, completion_len, block_size, prompt_block_causal,
+                 block_q, block_k, **kw) -> tuple[_Layout, int]:
+  tile = math.lcm(block_q, block_k)
+  front = -prompt_len % tile
+  n_real = prompt_len + front + 2 * completion_len
+  lay = _Layout(prompt_len + front, completion_len, block_size, prompt_block_causal,
+                block_q, block_k, n_real + (-n_real % tile), **kw)
+  return lay, front
+
+
+def _div(x, d: int):
+  return lax.div(x, jnp.asarray(d, jnp.int32))
+
+
+def _cdiv(x, d: int):
+  return _div(x + (d - 1), d)
+
+
+def _row_bounds(r, lay: _Layout):
+  """Row r may attend to keys [0, hi1) ∪ [lo2, hi2) (before padding validity)."""
+  p, l, bs = lay.prompt, lay.completion, lay.block
+  if lay.prompt_block_causal:
+    hi_prompt = p - bs * _div(jnp.maximum(p - 1 - r, 0), bs)
+  else:
+    hi_prompt = p
+  clean = (r >= p) & (r < p + l)
+  noisy = (r >= p + l) & (r < p + 2 * l)
+  clean_blk = _div(jnp.maximum(r - p, 0), bs)
+  noisy_blk = _div(jnp.maximum(r - p - l, 0), bs)
+  hi1 = jnp.where(r < p, hi_prompt,
+                  jnp.where(clean, p + (clean_blk + 1) * bs,
+                            jnp.where(noisy, p + noisy_blk * bs, 0)))
+  lo2 = p + l + noisy_blk * bs
+  hi2 = jnp.where(noisy, lo2 + bs, 0)
+  return hi1, lo2, hi2
+
+
+def _kv_tiles_for_q_tile(qt, lay: _Layout):
+  """Key tiles seen by query tile qt: [0, n1) then [s2, s2 + n2)."""
+  p, l, nr, bk = lay.prompt, lay.completion, lay.n_real, lay.block_k
+  first = qt * lay.block_q
+  last = jnp.minimum(first + lay.block_q, nr) - 1
+  has_rows = first < nr
+  has_noisy = has_rows & (last >= p + l)
+  hi_clean = _row_bounds(jnp.minimum(last, p + l - 1), lay)[0]  # max over non-noisy
+  hi1_last, _, hi2_last = _row_bounds(last, lay)
+  lo2_first = _row_bounds(jnp.maximum(first, p + l), lay)[1]
+  hi = jnp.maximum(jnp.where(has_rows & (first < p + l), hi_clean, 0),
+                   jnp.where(has_noisy, hi1_last, 0))
+  n1 = _cdiv(hi, bk)
+  s2 = jnp.maximum(_div(lo2_first, bk), n1)
+  n2 = jnp.where(has_noisy, jnp.maximum(_cdiv(hi2_last, bk) - s2, 0), 0)
+  return n1, s2, n2
+
+
+def _q_tiles_for_kv_tile(kt, lay: _Layout):
+  """Query tiles that see key tile kt: [s1, s1 + n1) then [s2, s2 + n2)."""
+  p, l, bs, nr, bq = lay.prompt, lay.completion, lay.block, lay.n_real, lay.block_q
+  first = kt * lay.block_k
+  last = jnp.minimum(first + lay.block_k, nr) - 1
+  has_keys = first < nr
+  in_prompt = first < p
+  in_clean = (first >= p) & (first < p + l)
+  if lay.prompt_block_causal:  # rows from the start of the key's prompt block
+    lo_prompt = jnp.maximum(p - bs * (_div(jnp.maximum(p - 1 - first, 0), bs) + 1), 0)
+  else:
+    lo_prompt = 0
+  clean_blk = _div(jnp.maximum(first - p, 0), bs)
+  noisy_first = _div(jnp.maximum(first - p - l, 0), bs)
+  noisy_last = _div(jnp.maximum(last - p - l, 0), bs)
+  # Interval a: prompt keys -> [lo, nr); clean keys -> clean rows of blocks ≥ b
+  # joined with the noisy rows of the tile's noisy keys; noisy keys -> their block.
+  hi_noisy = jnp.where(last >= p + l, p + l + (noisy_last + 1) * bs, p + l)
+  lo_a = jnp.where(in_prompt, lo_prompt,
+                   jnp.where(in_clean, p + clean_blk * bs, p + l + noisy_first * bs))
+  hi_a = jnp.where(in_prompt, nr, hi_noisy)
+  # Interval b: noisy rows of blocks > b see clean block b.
+  lo_b = jnp.where(in_clean, p + l + (clean_blk + 1) * bs, nr)
+  s1, e1 = _div(lo_a, bq), _cdiv(hi_a, bq)
+  s2 = jnp.maximum(_div(lo_b, bq), e1)
+  n1 = jnp.where(has_keys, jnp.maximum(e1 - s1, 0), 0)
+  n2 = jnp.where(has_keys & (lo_b < nr), jnp.maximum(_cdiv(nr, bq) - s2, 0), 0)
+  return s1, n1, s2, n2
+
+
+def _tile_index(t, s1, n1, s2):
+  return jnp.where(t < n1, s1 + t, s2 + t - n1)
+
+
+def tile_skip_fraction(prompt_len: int, completion_len: int, block_size: int,
+                       block_q: int, block_k: int, *,
+                       prompt_block_causal: bool = False) -> float:
+  """Fraction of the kernel's (query tile, key tile) pairs that it skips."""
+  _check_layout(prompt_len, completion_len, block_size)
+  lay, _ = _make_layout(prompt_len, completion_len, block_size, prompt_block_causal,
+                        block_q, block_k)
+  nq, nk = lay.n // block_q, lay.n // block_k
+  n1, _, n2 = _kv_tiles_for_q_tile(jnp.arange(nq, dtype=jnp.int32), lay)
+  return 1.0 - float(np.sum(np.asarray(n1 + n2))) / (nq * nk)
+
+
+# ----------------------------------------------------------------------------
+# Kernels: one (batch, head, tile) per program; refs are [tokens, head_dim].
+
+def _row_table(lay: _Layout):
+  """int32 [3, N', 1]: (hi1, lo2, hi2) of every row, O(N), so that the kernels
+  need no vector integer division (unsupported on the TPU VPU)."""
+  bounds = _row_bounds(jnp.arange(lay.n, dtype=jnp.int32), lay)
+  return jnp.stack([jnp.broadcast_to(x, (lay.n,)) for x in bounds]).astype(
+      jnp.int32)[:, :, None]
+
+
+def _mask(rows, cols, valid):
+  """Row bounds (hi1, lo2, hi2) against key indices and validity, broadcast as
+  [bq, 1] vs [1, bk] (forward, dQ) or [1, bq] vs [bk, 1] (dK/dV, transposed)."""
+  hi1, lo2, hi2 = rows
+  return ((cols < hi1) | ((cols >= lo2) & (cols < hi2))) & valid
+
+
+def _dot(a, b, dims):
+  precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+  return lax.dot_general(a, b, dims, precision=precision,
+                         preferred_element_type=jnp.float32)
+
+
+def _iota(shape, dim):
+  return lax.broadcasted_iota(jnp.int32, shape, dim)
+
+
+def _fwd_kernel(rows_ref, valid_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, lay):
+  bq, bk = lay.block_q, lay.block_k
+  qt = pl.program_id(2)
+  q = q_ref[...]
+  rows = rows_ref[0], rows_ref[1], rows_ref[2]
+  n1, s2, n2 = _kv_tiles_for_q_tile(qt, lay)
+
+  def body(t, carry):
+    m, l, acc = carry
+    j = _tile_index(t, 0, n1, s2)
+    start = pl.multiple_of(j * bk, bk)
+    k = k_ref[pl.ds(start, bk), :]
+    v = v_ref[pl.ds(start, bk), :]
+    mask = _mask(rows, start + _iota((1, bk), 1), valid_ref[j] > 0)
+    s = jnp.where(mask, _dot(q, k, _NT) * lay.scale, _NEG)
+    m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+    p = jnp.where(mask, jnp.exp(s - m_new), 0.0)
+    corr = jnp.exp(m - m_new)
+    l = corr * l + jnp.sum(p, axis=1, keepdims=True)
+    acc = corr * acc + _dot(p.astype(v.dtype), v, _NN)
+    return m_new, l, acc
+
+  init = (jnp.full((bq, 1), _NEG, jnp.float32), jnp.zeros((bq, 1), jnp.float32),
+          jnp.zeros(o_ref.shape, jnp.float32))
+  m, l, acc = lax.fori_loop(0, n1 + n2, body, init)
+  seen = l > 0.0
+  l_safe = jnp.where(seen, l, 1.0)
+  o_ref[...] = jnp.where(seen, acc / l_safe, 0.0).astype(o_ref.dtype)
+  lse_ref[...] = jnp.where(seen, m + jnp.log(l_safe), 0.0)
+
+
+def _dq_kernel(rows_ref, valid_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
+               dq_ref, *, lay):
+  bk = lay.block_k
+  qt = pl.program_id(2)
+  q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+  rows = rows_ref[0], rows_ref[1], rows_ref[2]
+  n1, s2, n2 = _kv_tiles_for_q_tile(qt, lay)
+
+  def body(t, dq):
+    j = _tile_index(t, 0, n1, s2)
+    start = pl.multiple_of(j * bk, bk)
+    k = k_ref[pl.ds(start, bk), :]
+    v = v_ref[pl.ds(start, bk), :]
+    mask = _mask(rows, start + _iota((1, bk), 1), valid_ref[j] > 0)
+    p = jnp.where(mask, jnp.exp(_dot(q, k, _NT) * lay.scale - lse), 0.0)
+    ds = p * (_dot(do, v, _NT) - delta)
+    return dq + _dot(ds.astype(k.dtype), k, _NN)
+
+  dq = lax.fori_loop(0, n1 + n2, body, jnp.zeros(dq_ref.shape, jnp.float32))
+  dq_ref[...] = (dq * lay.scale).astype(dq_ref.dtype)
+
+
+def _dkdv_kernel(rows_ref, valid_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
+                 dk_ref, dv_ref, *, lay):
+  """One key tile; scores transposed ([bk, bq]) so per-row data is lane-dense."""
+  bq, bk = lay.block_q, lay.block_k
+  kt = pl.program_id(2)
+  k, v = k_ref[...], v_ref[...]
+  cols = kt * bk + _iota((bk, 1), 0)
+  valid = valid_ref[...] > 0
+  s1, n1, s2, n2 = _q_tiles_for_kv_tile(kt, lay)
+
+  def body(t, carry):
+    dk, dv = carry
+    i = _tile_index(t, s1, n1, s2)
+    start = pl.multiple_of(i * bq, bq)
+    q = q_ref[pl.ds(start, bq), :]
+    do = do_ref[pl.ds(start, bq), :]
+    mask_t = _mask((rows_ref[0, i], rows_ref[1, i], rows_ref[2, i]), cols, valid)
+    p_t = jnp.where(mask_t, jnp.exp(_dot(k, q, _NT) * lay.scale - lse_ref[i]), 0.0)
+    dv = dv + _dot(p_t.astype(do.dtype), do, _NN)
+    ds_t = p_t * (_dot(v, do, _NT) - delta_ref[i])
+    return dk + _dot(ds_t.astype(q.dtype), q, _NN), dv
+
+  zeros = jnp.zeros(dk_ref.shape, jnp.float32)
+  dk, dv = lax.fori_loop(0, n1 + n2, body, (zeros, zeros))
+  dk_ref[...] = (dk * lay.scale).astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+# ----------------------------------------------------------------------------
+# pallas_calls ([B, H|K, N, Q] layout) and the custom VJP.
+
+def _compiler_params(lay: _Layout):
+  if lay.interpret:
+    return None
+  if lay.kind == "tpu":
+    from jax.experimental.pallas import tpu as pltpu
+    return pltpu.CompilerParams(dimension_semantics=("parallel",) * 3)
+  from jax.experimental.pallas import triton as pltriton
+  return pltriton.CompilerParams(num_warps=4, num_stages=2)
+
+
+def _specs(lay: _Layout, group: int, qd: int):
+  """BlockSpecs over grid (b, h, tile): a q tile, a kv tile, whole sequences."""
+  n, bq, bk = lay.n, lay.block_q, lay.block_k
+  kv_head = lambda h: _div(h, group)
+  return dict(
+      rows_tile=pl.BlockSpec((3, bq, 1), lambda b, h, i: (0, i, 0)),
+      # Per-row data as lane-dense [N/bq, 1, bq] (a free reshape of [N, 1]).
+      rows_all=pl.BlockSpec((3, n // bq, 1, bq), lambda b, h, i: (0, 0, 0, 0)),
+      valid_all=pl.BlockSpec((None, n // bk, 1, bk), lambda b, h, i: (b, 0, 0, 0)),
+      valid_col=pl.BlockSpec((None, bk, 1), lambda b, h, i: (b, i, 0)),
+      q_tile=pl.BlockSpec((None, None, bq, qd), lambda b, h, i: (b, h, i, 0)),
+      row_tile=pl.BlockSpec((None, None, bq, 1), lambda b, h, i: (b, h, i, 0)),
+      q_all=pl.BlockSpec((None, None, n, qd), lambda b, h, i: (b, h, 0, 0)),
+      row_all=pl.BlockSpec((None, None, n // bq, 1, bq), lambda b, h, i: (b, h, 0, 0, 0)),
+      kv_tile=pl.BlockSpec((None, None, bk, qd), lambda b, h, i: (b, kv_head(h), i, 0)),
+      kv_all=pl.BlockSpec((None, None, n, qd), lambda b, h, i: (b, kv_head(h), 0, 0)),
+      # dK/dV per query head (summed over the group outside the kernel).
+      kh_tile=pl.BlockSpec((None, None, bk, qd), lambda b, h, i: (b, h, i, 0)),
+  )
+
+
+def _forward(q, k, v, valid, lay):
+  b, h, n, qd = q.shape
+  sp = _specs(lay, h // k.shape[1], qd)
+  return pl.pallas_call(
+      functools.partial(_fwd_kernel, lay=lay),
+      grid=(b, h, n // lay.block_q),
+      in_specs=[sp["rows_tile"], sp["valid_all"], sp["q_tile"], sp["kv_all"],
+                sp["kv_all"]],
+      out_specs=[sp["q_tile"], sp["row_tile"]],
+      out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                 jax.ShapeDtypeStruct((b, h, n, 1), jnp.float32)],
+      compiler_params=_compiler_params(lay), interpret=lay.interpret,
+      name="staircase_fwd")(_row_table(lay), valid, q, k, v)
+
+
+def _backward(q, k, v, valid, o, lse, do, lay):
+  b, h, n, qd = q.shape
+  kh = k.shape[1]
+  sp = _specs(lay, h // kh, qd)
+  delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), -1, keepdims=True)
+  rows = _row_table(lay)
+  common = dict(compiler_params=_compiler_params(lay), interpret=lay.interpret)
+  dq = pl.pallas_call(
+      functools.partial(_dq_kernel, lay=lay),
+      grid=(b, h, n // lay.block_q),
+      in_specs=[sp["rows_tile"], sp["valid_all"], sp["q_tile"], sp["kv_all"],
+                sp["kv_all"], sp["q_tile"], sp["row_tile"], sp["row_tile"]],
+      out_specs=sp["q_tile"],
+      out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+      name="staircase_dq", **common)(rows, valid, q, k, v, do, lse, delta)
+  bq, bk = lay.block_q, lay.block_k
+  lane_dense = lambda x: x.reshape(*x.shape[:-2], n // bq, 1, bq)
+  dkdv_dtype = k.dtype if h == kh else jnp.float32  # f32 when summing a group
+  dk, dv = pl.pallas_call(
+      functools.partial(_dkdv_kernel, lay=lay),
+      grid=(b, h, n // bk),
+      in_specs=[sp["rows_all"], sp["valid_col"], sp["q_all"], sp["kv_tile"],
+                sp["kv_tile"], sp["q_all"], sp["row_all"], sp["row_all"]],
+      out_specs=[sp["kh_tile"], sp["kh_tile"]],
+      out_shape=[jax.ShapeDtypeStruct(q.shape, dkdv_dtype)] * 2,
+      name="staircase_dkdv", **common)(
+          lane_dense(rows), valid.reshape(b, n, 1), q, k, v, do, lane_dense(lse),
+          lane_dense(delta))
+  group_sum = lambda x: x.reshape(b, kh, h // kh, n, qd).sum(2).astype(k.dtype)
+  return dq, group_sum(dk), group_sum(dv)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash(q, k, v, valid, lay):
+  return _forward(q, k, v, valid, lay)[0]
+
+
+def _flash_fwd(q, k, v, valid, lay):
+  o, lse = _forward(q, k, v, valid, lay)
+  return o, (q, k, v, valid, o, lse)
+
+
+def _flash_bwd(lay, res, do):
+  q, k, v, valid, o, lse = res
+  return (*_backward(q, k, v, valid, o, lse, do, lay), None)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+# ----------------------------------------------------------------------------
+# Dispatch.
+
+def _kernel_kind(impl: str) -> str:
+  """Which kernel build ``impl`` runs here ("auto" on CPU is only asked for tile sizes)."""
+  backend = jax.default_backend()
+  if impl == "interpret" or (impl == "auto" and backend == "cpu"):
+    return "interpret"
+  if backend == "cpu":
+    raise ValueError("impl='pallas' needs a GPU or TPU; use 'interpret' on CPU")
+  return "tpu" if backend == "tpu" else "gpu"
+
+
+def default_block_sizes(impl: str = "auto") -> tuple[int, int]:
+  """(block_q, block_k) the kernel uses for ``impl`` on this backend."""
+  return _DEFAULT_TILES[_kernel_kind(impl)]
+
+
+def _check_tiles(block_q: int, block_k: int, backend: str) -> None:
+  for name, t in (("block_q", block_q), ("block_k", block_k)):
+    if t <= 0:
+      raise ValueError(f"{name}={t} must be positive")
+    if backend == "tpu" and t % 8:
+      raise ValueError(f"{name}={t} must be a multiple of 8 on TPU")
+    if backend == "gpu" and (t < 16 or t & (t - 1)):
+      raise ValueError(f"{name}={t} must be a power of two ≥ 16 on GPU (Triton)")
+
+
+def staircase_attention(q_BNHQ, k_BNKQ, v_BNKQ, *, prompt_len: int, block_size: int,
+                        key_valid_BN=None, prompt_block_causal: bool = False,
+                        impl: str = "auto", block_q: int | None = None,
+                        block_k: int | None = None):
+  """Staircase attention, q [B, N, H, Q], k/v [B, N, K, Q] -> [B, N, H, Q].
+
+  ``impl``: "auto" (compiled Pallas on GPU/TPU; the dense reference on CPU,
+  where the Pallas interpreter is far too slow to train with), "pallas"
+  (compiled), "interpret" (the Pallas interpreter: tests on CPU) or
+  "reference" (dense jnp).
+  ``block_q``/``block_k``: kernel tile sizes (default per backend); the
+  sequence is padded internally to tile multiples.
+  """
+  if impl not in IMPLS:
+    raise ValueError(f"impl={impl!r} not in {IMPLS}")
+  b, n, h, qd = q_BNHQ.shape
+  if k_BNKQ.shape != v_BNKQ.shape or k_BNKQ.shape[:2] != (b, n) or \
+      k_BNKQ.shape[3] != qd or h % k_BNKQ.shape[2]:
+    raise ValueError(f"need q [B, N, H, Q], k/v [B, N, K, Q] with K | H; got "
+                     f"{q_BNHQ.shape}, {k_BNKQ.shape}, {v_BNKQ.shape}")
+  completion_len = _completion_len(n, prompt_len)
+  _check_layout(prompt_len, completion_len, block_size)
+  if key_valid_BN is not None and key_valid_BN.shape != (b, n):
+    raise ValueError(f"key_valid_BN shape {key_valid_BN.shape} != {(b, n)}")
+  if impl == "reference" or (impl == "auto" and jax.default_backend() == "cpu"):
+    return staircase_attention_reference(
+        q_BNHQ, k_BNKQ, v_BNKQ, prompt_len=prompt_len, block_size=block_size,
+        key_valid_BN=key_valid_BN, prompt_block_causal=prompt_block_causal)
+
+  kind = _kernel_kind(impl)
+  return _kernel_attention(q_BNHQ, k_BNKQ, v_BNKQ, key_valid_BN, prompt_len,
+                           block_size, prompt_block_causal, kind,
+                           block_q or _DEFAULT_TILES[kind][0],
+                           block_k or _DEFAULT_TILES[kind][1])
+
+
+def _kernel_attention(q_BNHQ, k_BNKQ, v_BNKQ, key_valid_BN, prompt_len, block_size,
+                      prompt_block_causal, kind, block_q, block_k):
+  """Pads to the kernel layout [B, H|K, N', Q'], runs ``_flash``, unpads."""
+  b, n, _, qd = q_BNHQ.shape
+  _check_tiles(block_q, block_k, kind)
+  lay, front = _make_layout(prompt_len, (n - prompt_len) // 2, block_size,
+                            prompt_block_causal, block_q, block_k,
+                            scale=1.0 / math.sqrt(qd), kind=kind)
+  qd_pad = qd if kind != "gpu" else max(16, pl.next_power_of_2(qd))
+  pad = ((0, 0), (front, lay.n - front - n), (0, 0), (0, qd_pad - qd))
+  to_kernel = lambda x: jnp.pad(x, pad).transpose(0, 2, 1, 3)  # [B, H|K, N', Q']
+  valid = jnp.ones((b, n), bool) if key_valid_BN is None else key_valid_BN.astype(bool)
+  valid = jnp.pad(valid, pad[:2]).astype(jnp.int32).reshape(b, lay.n // block_k, 1,
+                                                            block_k)
+  o = _flash(to_kernel(q_BNHQ), to_kernel(k_BNKQ), to_kernel(v_BNKQ), valid, lay)
+  return o.transpose(0, 2, 1, 3)[:, front:front + n, :, :qd]

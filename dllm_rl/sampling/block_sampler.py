@@ -1,0 +1,183 @@
+"""Block-diffusion sampler (SDAR / Fast-dLLM v2) with a KV cache, jitted.
+
+The model runs under a block-causal mask (:func:`block_causal_mask`): the
+(left-padded) prompt attends to itself, completion block b attends to the
+prompt and to blocks <= b (bidirectionally inside its block). Blocks of
+``block_len`` tokens are denoised left to right; inside a block each step
+makes the same decision as the masked sampler (:func:`sampler.select_commits`:
+the ``transfer_schedule`` k most confident tokens, or every token above
+``threshold`` and at least one until the block is complete), on the current
+block's logits only, with randomness ``fold_in(key, step)``. ``step`` is the
+global state index (blocks in order, steps within each block) recorded in
+``unmask_step_BL``, so StepRS numbers states in the order they happen.
+
+With ``use_cache`` the prompt is encoded once into a fixed-size KV cache whose
+slots mirror the sequence [prompt P | completion L]; each step runs the model
+on the current block only (T = block_len tokens) against the cache, the
+block's noisy keys/values overwriting its own (not yet valid) slots; once a
+block is finished one more forward of its clean tokens writes their
+keys/values and marks the slots valid (as SDAR / Fast-dLLM v2 do). Committed
+blocks are never recomputed. Without the cache every step runs the full
+sequence under the dense block-causal mask (the reference). Both paths attend
+over the same keys in the same order and consume the same random keys for the
+same decisions, so they return the same tokens and steps; their logits differ
+only by float rounding (~1e-6 in float32, from differently shaped matmuls),
+which could flip a decision only at an exact near-tie.
+
+With ``stop_at_eos`` a row whose finished blocks contain EOS is done: its
+remaining positions are filled with EOS (recorded at the last step taken) and
+the loop over blocks ends when every row is done. Positions after the first
+EOS are returned as EOS either way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from dllm_rl.diffusion.block import block_causal_mask  # noqa: F401  (public here too)
+from dllm_rl.models import transformer
+from dllm_rl.sampling.remasking import REMASKING
+from dllm_rl.sampling.sampler import SamplerConfig, select_commits, transfer_schedule, vmap_groups
+from dllm_rl.types import SampleOutput
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSamplerConfig(SamplerConfig):
+  """``SamplerConfig`` plus ``use_cache`` (False = dense reference path)."""
+
+  use_cache: bool = True
+
+
+class _Model(NamedTuple):
+  """How the sampler runs the network; ``state`` is what it carries (the cache)."""
+
+  init: Callable[[], Any]
+  block_logits: Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Any]]  # → [B, T, V]
+  commit: Callable[[Any, jax.Array, jax.Array], Any]  # the finished block's clean tokens
+
+
+def _dense_model(graphdef, params, prompt_BP, prompt_valid_BP, positions_BN, cfg) -> _Model:
+  """Reference: the full sequence under the block-causal mask at every step."""
+  p, bl = prompt_BP.shape[1], cfg.block_len
+  mask_BNN = block_causal_mask(prompt_valid_BP, cfg.completion_len, bl)
+
+  def block_logits(state, x_BL, block):
+    tokens_BN = jnp.concatenate([prompt_BP, x_BL], axis=1)
+    logits_BNV = transformer.apply(graphdef, params, tokens_BN, positions_BN, mask_BNN)
+    return jax.lax.dynamic_slice_in_dim(logits_BNV, p + block * bl, bl, axis=1), state
+
+  return _Model(init=lambda: (), block_logits=block_logits, commit=lambda state, x_BL, block: state)
+
+
+def _cached_model(graphdef, params, prompt_BP, prompt_valid_BP, positions_BN, cfg) -> _Model:
+  """KV cache with slots = sequence positions; state = (cache, cache_valid_BM)."""
+  (b, p), bl, l = prompt_BP.shape, cfg.block_len, cfg.completion_len
+
+  def run(state, x_BL, block):  # the current block against the cache, written into its slots
+    cache, valid_BM = state
+    tokens_BT = jax.lax.dynamic_slice_in_dim(x_BL, block * bl, bl, axis=1)
+    positions_BT = jax.lax.dynamic_slice_in_dim(positions_BN, p + block * bl, bl, axis=1)
+    logits_BTV, cache = transformer.apply_cached(graphdef, params, tokens_BT, positions_BT, cache,
+                                                 valid_BM, p + block * bl, write=True)
+    return logits_BTV, (cache, valid_BM)
+
+  def init():
+    model_cfg = nnx.merge(graphdef, params).cfg
+    cache = transformer.init_kv_cache(model_cfg, b, p + l)
+    _, cache = transformer.apply_cached(
+        graphdef, params, prompt_BP, positions_BN[:, :p], cache, jnp.zeros((b, p + l), bool), 0,
+        new_valid_BT=prompt_valid_BP, write=True)
+    return cache, jnp.concatenate([prompt_valid_BP, jnp.zeros((b, l), bool)], axis=1)
+
+  def commit(state, x_BL, block):
+    _, (cache, valid_BM) = run(state, x_BL, block)
+    valid_BM = jax.lax.dynamic_update_slice_in_dim(valid_BM, jnp.ones((b, bl), bool),
+                                                   p + block * bl, axis=1)
+    return cache, valid_BM
+
+  return _Model(init=init, block_logits=run, commit=commit)
+
+
+def sample_blocks(graphdef, params, prompt_BP, prompt_valid_BP, key, *,
+                  cfg: BlockSamplerConfig, mask_id: int, eos_id: int) -> SampleOutput:
+  """Denoise a completion per prompt block by block. Pure; jit with ``cfg`` etc. static."""
+  b, p = prompt_BP.shape
+  l, bl = cfg.completion_len, cfg.block_len
+  if l % bl or cfg.steps % cfg.num_blocks:
+    raise ValueError(f"bad sampler shape: completion_len={l}, block_len={bl}, steps={cfg.steps}")
+  REMASKING.get(cfg.remasking)  # fail fast on an unknown name
+  schedule_S = jnp.asarray(transfer_schedule(bl, cfg.steps_per_block))
+  valid_BN = jnp.concatenate([prompt_valid_BP, jnp.ones((b, l), bool)], axis=1)
+  positions_BN = transformer.positions_from_valid(valid_BN)
+  make = _cached_model if cfg.use_cache else _dense_model
+  model = make(graphdef, params, prompt_BP, prompt_valid_BP, positions_BN, cfg)
+
+  def denoise_step(carry, block, k_commit):
+    x_BL, unmask_BL, step, state, traj_SBL = carry
+    logits_BTV, state = model.block_logits(state, x_BL, block)
+    x_BT = jax.lax.dynamic_slice_in_dim(x_BL, block * bl, bl, axis=1)
+    u_BT = jax.lax.dynamic_slice_in_dim(unmask_BL, block * bl, bl, axis=1)
+    x0_BT, commit_BT = select_commits(logits_BTV, x_BT == mask_id, jax.random.fold_in(key, step),
+                                      k_commit, cfg=cfg, mask_id=mask_id)
+    x_BL = jax.lax.dynamic_update_slice_in_dim(x_BL, jnp.where(commit_BT, x0_BT, x_BT),
+                                               block * bl, axis=1)
+    unmask_BL = jax.lax.dynamic_update_slice_in_dim(unmask_BL, jnp.where(commit_BT, step, u_BT),
+                                                    block * bl, axis=1)
+    if cfg.record_trajectory:
+      traj_SBL = jax.lax.dynamic_update_index_in_dim(traj_SBL, x_BL, step, 0)
+    return x_BL, unmask_BL, step + 1, state, traj_SBL
+
+  def run_block(carry, block):
+    if cfg.threshold > 0:
+      def cond(c):
+        return jnp.any(jax.lax.dynamic_slice_in_dim(c[0], block * bl, bl, axis=1) == mask_id)
+      return jax.lax.while_loop(cond, lambda c: denoise_step(c, block, 0), carry)
+    return jax.lax.fori_loop(
+        0, cfg.steps_per_block, lambda s, c: denoise_step(c, block, schedule_S[s]), carry)
+
+  def finished(x_BL):
+    return jnp.any(x_BL == eos_id, axis=-1)
+
+  def more_blocks(x_BL, block):
+    more = block < cfg.num_blocks
+    if cfg.stop_at_eos:
+      more &= ~jnp.all(finished(x_BL))
+    return more
+
+  def outer_body(c):
+    carry, block = c
+    x_BL, unmask_BL, step, state, traj_SBL = run_block(carry, block)
+    if cfg.stop_at_eos:  # finished rows: fill what is still masked with EOS now
+      fill_BL = finished(x_BL)[:, None] & (x_BL == mask_id)
+      x_BL = jnp.where(fill_BL, eos_id, x_BL)
+      unmask_BL = jnp.where(fill_BL, step - 1, unmask_BL)
+    # Write the finished block's clean keys/values, unless no block follows.
+    state = jax.lax.cond(more_blocks(x_BL, block + 1),
+                         lambda s: model.commit(s, x_BL, block), lambda s: s, state)
+    return (x_BL, unmask_BL, step, state, traj_SBL), block + 1
+
+  x0 = jnp.full((b, l), mask_id, jnp.int32)
+  u0 = jnp.full((b, l), -1, jnp.int32)
+  traj0 = jnp.full((cfg.max_steps if cfg.record_trajectory else 0, b, l), mask_id, jnp.int32)
+  (x_BL, unmask_BL, steps, _, traj_SBL), blocks = jax.lax.while_loop(
+      lambda c: more_blocks(c[0][0], c[1]), outer_body,
+      ((x0, u0, jnp.int32(0), model.init(), traj0), jnp.int32(0)))
+  from_eos_BL = jnp.cumsum(x_BL == eos_id, axis=-1) > 0  # first EOS and after
+  x_BL = jnp.where(from_eos_BL, eos_id, x_BL)
+  return SampleOutput(completion_BL=x_BL, unmask_step_BL=unmask_BL, num_steps=steps,
+                      num_blocks=blocks,
+                      trajectory_SBL=traj_SBL if cfg.record_trajectory else None)
+
+
+def sample_block_groups(graphdef, params, prompt_BP, prompt_valid_BP, key, *, group_size: int,
+                        cfg: BlockSamplerConfig, mask_id: int, eos_id: int) -> SampleOutput:
+  """G completions per prompt (vmap over G independent keys); fields as
+  ``sampler.sample_groups``: [B, G, L], trajectory [S, B, G, L], counts [G]."""
+  return vmap_groups(lambda k: sample_blocks(graphdef, params, prompt_BP, prompt_valid_BP, k,
+                                             cfg=cfg, mask_id=mask_id, eos_id=eos_id),
+                     key, group_size)
