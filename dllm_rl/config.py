@@ -34,7 +34,8 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.model = m = ml_collections.ConfigDict()
   # A Hugging Face checkpoint directory (config.json + safetensors + tokenizer files) of a
-  # supported family (LLaDA), or its `python -m dllm_rl.convert import` output. When set, the
+  # supported family (LLaDA; SDAR with model.block_size = its block size), or its
+  # `python -m dllm_rl.convert import` output. When set, the
   # architecture, the weights, the token ids (mask, EOS, pad) and the tokenizer come from it
   # and the size keys below are ignored.
   m.hf_checkpoint = ""

@@ -54,7 +54,7 @@ def is_imported(path: str) -> bool:
   return os.path.isfile(os.path.join(path, "model.json"))
 
 
-def load_hf_source(path: str, dtype: str) -> HFSource:
+def load_hf_source(path: str, dtype: str, block_size: int = 0) -> HFSource:
   """Architecture, token ids and tokenizer of a HF checkpoint dir, or of its
   ``dllm_rl.convert import`` output (weights are read later, onto the mesh, by
   :func:`init_params`)."""
@@ -77,9 +77,12 @@ def load_hf_source(path: str, dtype: str) -> HFSource:
     model_cfg, ids = hf.model_config_from_hf(hf_config, dtype=dtype)
   except (ValueError, KeyError, FileNotFoundError) as err:
     raise ConfigError("model.hf_checkpoint", f"{path}: {err}") from err
-  if family != "llada":
-    raise ConfigError("model.hf_checkpoint", f"{path}: family {family!r} needs the block-diffusion"
-                      " trainer (not available yet); supported here: llada")
+  if family == "sdar" and ids.block_size != block_size:
+    raise ConfigError("model.block_size", f"{path} is a block-diffusion (SDAR) checkpoint with"
+                      f" block_size={ids.block_size}; set model.block_size={ids.block_size}"
+                      f" (got {block_size})")
+  if family == "llada" and block_size:
+    raise ConfigError("model.block_size", f"{path} is a bidirectional LLaDA checkpoint: use 0")
   pad_id = ids.pad_id if ids.pad_id is not None else ids.eos_id
   try:
     tokenizer = HFTokenizer.from_dir(tokenizer_dir, mask_id=ids.mask_id, eos_id=ids.eos_id,
@@ -137,7 +140,7 @@ def build_context(config, workdir: str) -> Context:
   task = tasks_lib.make_task(config.task.name, **config.task.options.to_dict())
   hf = None
   if config.model.hf_checkpoint:
-    hf = load_hf_source(config.model.hf_checkpoint, config.model.dtype)
+    hf = load_hf_source(config.model.hf_checkpoint, config.model.dtype, config.model.block_size)
     tokenizer = hf.tokenizer
   else:
     tokenizer = tasks_lib.CharTokenizer()

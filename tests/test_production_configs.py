@@ -17,7 +17,7 @@ from dllm_rl.config import ConfigError, validate
 tokenizers = pytest.importorskip("tokenizers")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURE = os.path.join(ROOT, "tests", "fixtures", "llada_tiny")
+FIXTURES = {"llada_tpu": "llada_tiny", "llada_gpu": "llada_tiny", "sdar_tpu": "sdar_tiny"}
 
 
 def _load_config(name):
@@ -27,12 +27,12 @@ def _load_config(name):
   return module.get_config()
 
 
-def _hf_dir(tmp_path):
-  """The LLaDA fixture plus a character-level HF tokenizer (ids < 125; EOS 125, mask 126)."""
-  d = tmp_path / "llada_hf"
+def _hf_dir(tmp_path, fixture="llada_tiny"):
+  """A parity fixture plus a character-level HF tokenizer (ids < 125; EOS 125, mask 126)."""
+  d = tmp_path / fixture
   d.mkdir()
   for f in ("config.json", "model.safetensors"):
-    shutil.copy(os.path.join(FIXTURE, f), d / f)
+    shutil.copy(os.path.join(ROOT, "tests", "fixtures", fixture, f), d / f)
   chars = [c for c in string.printable if c not in "\r\x0b\x0c"]
   vocab = {c: i for i, c in enumerate(chars)}
   vocab.update({f"<|reserved_{i}|>": i for i in range(len(chars), 125)})
@@ -67,7 +67,10 @@ def _tiny(config, hf_dir, data):
   c.task.options.prompt_template = "{question}"
   c.task.train_size, c.task.val_size, c.task.test_size = 16, 8, 8
   c.data.prompt_len, c.data.completion_len, c.data.batch_size = 32, 16, 8
-  c.sampler.steps, c.sampler.block_len = 4, 8
+  if c.model.block_size:  # SDAR: blocks of the checkpoint's size (4)
+    c.sampler.steps, c.sampler.block_len = 8, c.model.block_size
+  else:
+    c.sampler.steps, c.sampler.block_len = 4, 8
   c.rl.steps, c.rl.batch_prompts, c.rl.group_size, c.rl.eval_every = 1, 8, 2, 0
   c.estimator.spg_block_len = 8
   c.eval.batch_size, c.eval.num_samples, c.eval.pass_k = 8, 2, (1, 2)
@@ -75,9 +78,9 @@ def _tiny(config, hf_dir, data):
   return c
 
 
-@pytest.mark.parametrize("name", ["llada_tpu", "llada_gpu"])
+@pytest.mark.parametrize("name", ["llada_tpu", "llada_gpu", "sdar_tpu"])
 def test_production_config_runs_one_rl_step_at_tiny_size(tmp_path, name):
-  config = _tiny(_load_config(name), _hf_dir(tmp_path), _gsm8k(tmp_path))
+  config = _tiny(_load_config(name), _hf_dir(tmp_path, FIXTURES[name]), _gsm8k(tmp_path))
   summary = run.run(config, str(tmp_path / "work"))
   assert summary["rl_steps"] == 1
   assert 0.0 <= summary["rl_accuracy"] <= 1.0 and set(summary["rl_pass_at_k"]) == {"1", "2"}
@@ -95,6 +98,13 @@ def test_rl_step_from_a_converted_checkpoint(tmp_path):
   config.model.dtype = "float32"
   summary = run.run(config, str(tmp_path / "work"))
   assert summary["rl_steps"] == 1 and 0.0 <= summary["rl_accuracy"] <= 1.0
+
+
+def test_block_size_must_match_the_sdar_checkpoint(tmp_path):
+  config = _tiny(_load_config("sdar_tpu"), _hf_dir(tmp_path, "sdar_tiny"), _gsm8k(tmp_path))
+  config.model.block_size = config.sampler.block_len = 8
+  with pytest.raises(ConfigError, match="model.block_size.*block_size=4"):
+    run.run(config, str(tmp_path / "work"))
 
 
 def test_production_config_without_overrides_names_the_missing_key():
