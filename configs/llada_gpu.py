@@ -11,18 +11,13 @@ per step so that one node of 8 GPUs holds one prompt per device. Multi-node:
 launch/slurm_gpu.sh --config configs/llada_gpu.py ... (one process per node).
 """
 
-import importlib.util
 import os
 
-from dllm_rl.config import locked
+from dllm_rl.config import load_config_file, locked
 
 
 def _tpu_config():
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llada_tpu.py")
-  spec = importlib.util.spec_from_file_location("llada_tpu", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  return load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "llada_tpu.py"))
 
 
 def get_config():

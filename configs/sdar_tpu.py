@@ -15,18 +15,13 @@ StepRS (``--config.rl.advantage=steprs``) numbers denoising states over
 configs/llada_tpu.py; 256 tokens are decoded in 64 blocks of 4, 4 steps each.
 """
 
-import importlib.util
 import os
 
-from dllm_rl.config import locked
+from dllm_rl.config import load_config_file, locked
 
 
 def _llada_config():
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llada_tpu.py")
-  spec = importlib.util.spec_from_file_location("llada_tpu", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  return load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "llada_tpu.py"))
 
 
 def get_config():

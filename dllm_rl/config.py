@@ -161,6 +161,19 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def load_config_file(path: str) -> ml_collections.ConfigDict:
+  """``get_config()`` of a config file given by path (as ``--config=PATH`` does), e.g.
+  for a config that extends another one."""
+  import importlib.util
+  import os
+
+  name = os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(f"dllm_rl_config_{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
 def locked(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Lock every level except free-form option dicts (validated elsewhere)."""
   config.lock()

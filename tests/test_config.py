@@ -8,7 +8,7 @@ import time
 import ml_collections
 import pytest
 
-from dllm_rl.config import ConfigError, base_config, locked, validate
+from dllm_rl.config import ConfigError, base_config, load_config_file, locked, validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,12 +26,8 @@ def _cfg(**updates):
 
 def test_base_and_tiny_cpu_configs_validate():
   validate(base_config())
-  sys.path.insert(0, os.path.join(ROOT, "configs"))
-  try:
-    import tiny_cpu
-  finally:
-    sys.path.pop(0)
-  validate(tiny_cpu.get_config())
+  for name in ("tiny_cpu", "tiny_block_cpu"):
+    validate(load_config_file(os.path.join(ROOT, "configs", f"{name}.py")))
 
 
 @pytest.mark.parametrize("updates, key", [

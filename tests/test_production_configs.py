@@ -2,7 +2,6 @@
 code path: a converted HF LLaDA checkpoint (the parity fixture), a HF tokenizer from a
 local directory, and a local GSM8K-format JSONL file."""
 
-import importlib.util
 import json
 import os
 import shutil
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 
 from dllm_rl import run
-from dllm_rl.config import ConfigError, validate
+from dllm_rl.config import ConfigError, load_config_file, validate
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -21,10 +20,7 @@ FIXTURES = {"llada_tpu": "llada_tiny", "llada_gpu": "llada_tiny", "sdar_tpu": "s
 
 
 def _load_config(name):
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  return load_config_file(os.path.join(ROOT, "configs", f"{name}.py"))
 
 
 def _hf_dir(tmp_path, fixture="llada_tiny"):

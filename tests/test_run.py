@@ -107,13 +107,9 @@ def test_eval_mode_without_checkpoint_is_a_clear_error(tmp_path):
 def test_block_diffusion_pipeline(tmp_path):
   """configs/tiny_block_cpu.py at tiny size: block SFT (staircase one-pass objective), RL with
   block_elbo and StepRS over (block, step) states, KV-cache block sampling, evaluation."""
-  import importlib.util
-  spec = importlib.util.spec_from_file_location(
-      "tiny_block_cpu", os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs",
-                                     "tiny_block_cpu.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config()
+  from dllm_rl.config import load_config_file
+  c = load_config_file(os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs",
+                                    "tiny_block_cpu.py"))
   base = _config(10, "pipeline")
   for section in ("task", "data", "sft", "rl", "eval", "mesh", "checkpoint", "log"):
     c[section] = base[section]

@@ -91,18 +91,22 @@ class CountdownTask(Task):
     return ",".join(map(str, nums)) + f">{example.meta['target']}"
 
   def verify(self, example: Example, completion: str) -> VerifyResult:
-    text = completion.strip()
-    try:
-      value, literals = parse_expression(text)
-    except ParseError as e:
-      return malformed(f"parse error: {e}")
-    numbers = [int(x) for x in example.meta["numbers"]]
-    target = int(example.meta["target"])
-    info: dict = {"value": str(value), "target": target, "literals": literals}
-    if Counter(literals) != Counter(numbers):
-      info["reason"] = (f"must use each of {sorted(numbers)} exactly once, "
-                        f"used {sorted(literals)}")
-    elif value != target:
-      info["reason"] = "wrong value"
-    correct = "reason" not in info
-    return VerifyResult(reward=float(correct), correct=correct, parsed=text, info=info)
+    return grade_expression(completion.strip(), example.meta["numbers"], example.meta["target"])
+
+
+def grade_expression(text: str, numbers, target) -> VerifyResult:
+  """Reward 1 iff ``text`` parses (safe parser, never eval), uses each of ``numbers``
+  exactly once and equals ``target``; otherwise 0 with the reason in ``info``."""
+  try:
+    value, literals = parse_expression(text)
+  except ParseError as e:
+    return malformed(f"parse error: {e}")
+  numbers = [int(x) for x in numbers]
+  info: dict = {"value": str(value), "target": int(target), "literals": literals}
+  if Counter(literals) != Counter(numbers):
+    info["reason"] = (f"must use each of {sorted(numbers)} exactly once, "
+                      f"used {sorted(literals)}")
+  elif value != target:
+    info["reason"] = "wrong value"
+  correct = "reason" not in info
+  return VerifyResult(reward=float(correct), correct=correct, parsed=text, info=info)

@@ -167,15 +167,21 @@ class SudokuTask(Task):
     if not _SOLUTION_RE.fullmatch(text):
       return malformed("completion is not exactly 16 digits 1-4",
                        cell_accuracy=0.0, solved=False)
-    puzzle, solution = example.meta["puzzle"], example.meta["solution"]
-    blanks = [i for i, ch in enumerate(puzzle) if ch == "0"]
-    cell_accuracy = sum(text[i] == solution[i] for i in blanks) / max(len(blanks), 1)
-    keeps_givens = all(p == "0" or p == t for p, t in zip(puzzle, text))
-    valid = is_valid_solution([int(ch) for ch in text])
-    solved = keeps_givens and valid
-    info = {"cell_accuracy": cell_accuracy, "solved": solved}
-    if not keeps_givens:
-      info["reason"] = "changes a given cell"
-    elif not valid:
-      info["reason"] = "not a valid sudoku"
+    solved, info = grade_grid(text, example.meta["puzzle"], example.meta["solution"])
     return VerifyResult(reward=float(solved), correct=solved, parsed=text, info=info)
+
+
+def grade_grid(text: str, puzzle: str, solution: str) -> tuple[bool, dict]:
+  """Grade a well-formed 16-digit grid: solved (valid and keeps the givens) and
+  ``info`` with ``cell_accuracy`` over the blank cells, ``solved`` and a reason."""
+  blanks = [i for i, ch in enumerate(puzzle) if ch == "0"]
+  cell_accuracy = sum(text[i] == solution[i] for i in blanks) / max(len(blanks), 1)
+  keeps_givens = all(p == "0" or p == t for p, t in zip(puzzle, text))
+  valid = is_valid_solution([int(ch) for ch in text])
+  solved = keeps_givens and valid
+  info = {"cell_accuracy": cell_accuracy, "solved": solved}
+  if not keeps_givens:
+    info["reason"] = "changes a given cell"
+  elif not valid:
+    info["reason"] = "not a valid sudoku"
+  return solved, info

@@ -26,13 +26,12 @@ import threading
 import time
 import traceback
 import weakref
-from collections import Counter
 from fractions import Fraction
 from typing import Any, Callable, Sequence
 
 from dllm_rl.tasks.base import VerifyResult, malformed
-from dllm_rl.tasks.safe_arith import ParseError, parse_expression
-from dllm_rl.tasks.sudoku import NUM_CELLS, is_valid_solution
+from dllm_rl.tasks.countdown import grade_expression
+from dllm_rl.tasks.sudoku import NUM_CELLS, grade_grid
 
 MAX_COMPLETION_CHARS = 65_536
 MAX_ANSWER_CHARS = 1_000  # a \boxed{...} body given to math-verify
@@ -242,20 +241,7 @@ def countdown_reward(completion: str, numbers: Sequence[int], target: int) -> Ve
   """
   if len(completion) > MAX_COMPLETION_CHARS:
     return malformed(f"completion too long ({len(completion)} characters)")
-  text = answer_span(completion).split("=", 1)[0].strip()
-  try:
-    value, literals = parse_expression(text)
-  except ParseError as e:
-    return malformed(f"parse error: {e}")
-  numbers = [int(x) for x in numbers]
-  info: dict = {"value": str(value), "target": int(target), "literals": literals}
-  if Counter(literals) != Counter(numbers):
-    info["reason"] = (f"must use each of {sorted(numbers)} exactly once, "
-                      f"used {sorted(literals)}")
-  elif value != target:
-    info["reason"] = "wrong value"
-  correct = "reason" not in info
-  return VerifyResult(float(correct), correct, text, info)
+  return grade_expression(answer_span(completion).split("=", 1)[0].strip(), numbers, target)
 
 
 # --- 4×4 sudoku -------------------------------------------------------------
@@ -277,17 +263,8 @@ def sudoku_result(completion: str, puzzle: str, solution: str,
   text = _SUDOKU_SEPARATORS_RE.sub("", answer_span(completion))
   if len(text) != NUM_CELLS or any(ch not in "1234" for ch in text):
     return malformed("answer is not exactly 16 digits 1-4", cell_accuracy=0.0, solved=False)
-  blanks = [i for i, ch in enumerate(puzzle) if ch == "0"]
-  cell_accuracy = sum(text[i] == solution[i] for i in blanks) / max(len(blanks), 1)
-  keeps_givens = all(p == "0" or p == t for p, t in zip(puzzle, text))
-  valid = is_valid_solution([int(ch) for ch in text])
-  solved = keeps_givens and valid
-  info = {"cell_accuracy": cell_accuracy, "solved": solved}
-  if not keeps_givens:
-    info["reason"] = "changes a given cell"
-  elif not valid:
-    info["reason"] = "not a valid sudoku"
-  score = float(solved) if reward == "solved" else cell_accuracy
+  solved, info = grade_grid(text, puzzle, solution)
+  score = float(solved) if reward == "solved" else info["cell_accuracy"]
   return VerifyResult(score, solved, text, info)
 
 
