@@ -41,8 +41,9 @@ from flax import nnx
 
 from dllm_rl.diffusion.block import block_causal_mask  # noqa: F401  (public here too)
 from dllm_rl.models import transformer
-from dllm_rl.sampling.remasking import REMASKING
-from dllm_rl.sampling.sampler import SamplerConfig, select_commits, transfer_schedule, vmap_groups
+from dllm_rl.sampling.sampler import (SamplerConfig, block_schedule, fill_finished, finalize,
+                                      initial_buffers, more_blocks, run_block, select_commits,
+                                      vmap_groups)
 from dllm_rl.types import SampleOutput
 
 
@@ -108,10 +109,7 @@ def sample_blocks(graphdef, params, prompt_BP, prompt_valid_BP, key, *,
   """Denoise a completion per prompt block by block. Pure; jit with ``cfg`` etc. static."""
   b, p = prompt_BP.shape
   l, bl = cfg.completion_len, cfg.block_len
-  if l % bl or cfg.steps % cfg.num_blocks:
-    raise ValueError(f"bad sampler shape: completion_len={l}, block_len={bl}, steps={cfg.steps}")
-  REMASKING.get(cfg.remasking)  # fail fast on an unknown name
-  schedule_S = jnp.asarray(transfer_schedule(bl, cfg.steps_per_block))
+  schedule_S = block_schedule(cfg)
   valid_BN = jnp.concatenate([prompt_valid_BP, jnp.ones((b, l), bool)], axis=1)
   positions_BN = transformer.positions_from_valid(valid_BN)
   make = _cached_model if cfg.use_cache else _dense_model
@@ -132,46 +130,25 @@ def sample_blocks(graphdef, params, prompt_BP, prompt_valid_BP, key, *,
       traj_SBL = jax.lax.dynamic_update_index_in_dim(traj_SBL, x_BL, step, 0)
     return x_BL, unmask_BL, step + 1, state, traj_SBL
 
-  def run_block(carry, block):
-    if cfg.threshold > 0:
-      def cond(c):
-        return jnp.any(jax.lax.dynamic_slice_in_dim(c[0], block * bl, bl, axis=1) == mask_id)
-      return jax.lax.while_loop(cond, lambda c: denoise_step(c, block, 0), carry)
-    return jax.lax.fori_loop(
-        0, cfg.steps_per_block, lambda s, c: denoise_step(c, block, schedule_S[s]), carry)
-
-  def finished(x_BL):
-    return jnp.any(x_BL == eos_id, axis=-1)
-
-  def more_blocks(x_BL, block):
-    more = block < cfg.num_blocks
-    if cfg.stop_at_eos:
-      more &= ~jnp.all(finished(x_BL))
-    return more
+  def block_open(block):
+    return lambda c: jnp.any(jax.lax.dynamic_slice_in_dim(c[0], block * bl, bl, axis=1) == mask_id)
 
   def outer_body(c):
     carry, block = c
-    x_BL, unmask_BL, step, state, traj_SBL = run_block(carry, block)
-    if cfg.stop_at_eos:  # finished rows: fill what is still masked with EOS now
-      fill_BL = finished(x_BL)[:, None] & (x_BL == mask_id)
-      x_BL = jnp.where(fill_BL, eos_id, x_BL)
-      unmask_BL = jnp.where(fill_BL, step - 1, unmask_BL)
+    x_BL, unmask_BL, step, state, traj_SBL = run_block(
+        denoise_step, carry, block, cfg=cfg, schedule_S=schedule_S, block_open=block_open(block))
+    x_BL, unmask_BL = fill_finished(x_BL, unmask_BL, step, cfg=cfg, mask_id=mask_id,
+                                    eos_id=eos_id)
     # Write the finished block's clean keys/values, unless no block follows.
-    state = jax.lax.cond(more_blocks(x_BL, block + 1),
+    state = jax.lax.cond(more_blocks(x_BL, block + 1, cfg=cfg, eos_id=eos_id),
                          lambda s: model.commit(s, x_BL, block), lambda s: s, state)
     return (x_BL, unmask_BL, step, state, traj_SBL), block + 1
 
-  x0 = jnp.full((b, l), mask_id, jnp.int32)
-  u0 = jnp.full((b, l), -1, jnp.int32)
-  traj0 = jnp.full((cfg.max_steps if cfg.record_trajectory else 0, b, l), mask_id, jnp.int32)
+  x0, u0, traj0 = initial_buffers(b, cfg=cfg, mask_id=mask_id)
   (x_BL, unmask_BL, steps, _, traj_SBL), blocks = jax.lax.while_loop(
-      lambda c: more_blocks(c[0][0], c[1]), outer_body,
+      lambda c: more_blocks(c[0][0], c[1], cfg=cfg, eos_id=eos_id), outer_body,
       ((x0, u0, jnp.int32(0), model.init(), traj0), jnp.int32(0)))
-  from_eos_BL = jnp.cumsum(x_BL == eos_id, axis=-1) > 0  # first EOS and after
-  x_BL = jnp.where(from_eos_BL, eos_id, x_BL)
-  return SampleOutput(completion_BL=x_BL, unmask_step_BL=unmask_BL, num_steps=steps,
-                      num_blocks=blocks,
-                      trajectory_SBL=traj_SBL if cfg.record_trajectory else None)
+  return finalize(x_BL, unmask_BL, steps, blocks, traj_SBL, cfg=cfg, eos_id=eos_id)
 
 
 def sample_block_groups(graphdef, params, prompt_BP, prompt_valid_BP, key, *, group_size: int,

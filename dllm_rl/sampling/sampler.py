@@ -107,16 +107,67 @@ def select_commits(logits_BLV, open_BL, key, k_commit, *, cfg: SamplerConfig, ma
   return x0_BL, open_BL & (rank_BL < k_commit)
 
 
-def sample(graphdef, params, prompt_BP, prompt_valid_BP, key, *,
-           cfg: SamplerConfig, mask_id: int, eos_id: int) -> SampleOutput:
-  """Denoise a completion for each prompt. Pure; jit with ``cfg`` etc. static."""
-  b, p = prompt_BP.shape
+def block_schedule(cfg: SamplerConfig) -> jax.Array:
+  """Validate the sampler's shape and policy name; tokens to commit at each step of a block."""
   l, bl = cfg.completion_len, cfg.block_len
   if l % bl or cfg.steps % cfg.num_blocks:
     raise ValueError(f"bad sampler shape: completion_len={l}, block_len={bl}, steps={cfg.steps}")
   REMASKING.get(cfg.remasking)  # fail fast on an unknown name
-  schedule_S = jnp.asarray(transfer_schedule(bl, cfg.steps_per_block))
-  block_of_L = jnp.arange(l) // bl
+  return jnp.asarray(transfer_schedule(bl, cfg.steps_per_block))
+
+
+def run_block(denoise_step, carry, block, *, cfg: SamplerConfig, schedule_S, block_open):
+  """Denoise one block: the fixed schedule, or (threshold mode) until ``block_open(carry)``
+  says no masked token is left in it. ``denoise_step(carry, block, k_commit) -> carry``."""
+  if cfg.threshold > 0:
+    return jax.lax.while_loop(block_open, lambda c: denoise_step(c, block, 0), carry)
+  return jax.lax.fori_loop(
+      0, cfg.steps_per_block, lambda s, c: denoise_step(c, block, schedule_S[s]), carry)
+
+
+def _finished(x_BL, eos_id: int):
+  return jnp.any(x_BL == eos_id, axis=-1)
+
+
+def more_blocks(x_BL, block, *, cfg: SamplerConfig, eos_id: int):
+  """Blocks remain, and (with ``stop_at_eos``) some row has not committed EOS yet."""
+  more = block < cfg.num_blocks
+  if cfg.stop_at_eos:
+    more &= ~jnp.all(_finished(x_BL, eos_id))
+  return more
+
+
+def fill_finished(x_BL, unmask_BL, step, *, cfg: SamplerConfig, mask_id: int, eos_id: int):
+  """After a block: rows that committed EOS get EOS in every still-masked position,
+  recorded as unmasked at the last step that ran."""
+  if not cfg.stop_at_eos:
+    return x_BL, unmask_BL
+  fill_BL = _finished(x_BL, eos_id)[:, None] & (x_BL == mask_id)
+  return jnp.where(fill_BL, eos_id, x_BL), jnp.where(fill_BL, step - 1, unmask_BL)
+
+
+def initial_buffers(batch: int, *, cfg: SamplerConfig, mask_id: int):
+  """All-masked completion, unmask steps -1, and the (optional) trajectory buffer."""
+  l = cfg.completion_len
+  traj = jnp.full((cfg.max_steps if cfg.record_trajectory else 0, batch, l), mask_id, jnp.int32)
+  return (jnp.full((batch, l), mask_id, jnp.int32), jnp.full((batch, l), -1, jnp.int32), traj)
+
+
+def finalize(x_BL, unmask_BL, steps, blocks, traj_SBL, *, cfg: SamplerConfig,
+             eos_id: int) -> SampleOutput:
+  """EOS from the first EOS on, packed into a SampleOutput."""
+  from_eos_BL = jnp.cumsum(x_BL == eos_id, axis=-1) > 0  # first EOS and after
+  return SampleOutput(completion_BL=jnp.where(from_eos_BL, eos_id, x_BL),
+                      unmask_step_BL=unmask_BL, num_steps=steps, num_blocks=blocks,
+                      trajectory_SBL=traj_SBL if cfg.record_trajectory else None)
+
+
+def sample(graphdef, params, prompt_BP, prompt_valid_BP, key, *,
+           cfg: SamplerConfig, mask_id: int, eos_id: int) -> SampleOutput:
+  """Denoise a completion for each prompt. Pure; jit with ``cfg`` etc. static."""
+  b, p = prompt_BP.shape
+  schedule_S = block_schedule(cfg)
+  block_of_L = jnp.arange(cfg.completion_len) // cfg.block_len
 
   def denoise_step(carry, block, k_commit):
     (x_BL, unmask_BL, step), traj_SBL = carry
@@ -131,44 +182,22 @@ def sample(graphdef, params, prompt_BP, prompt_valid_BP, key, *,
       traj_SBL = jax.lax.dynamic_update_index_in_dim(traj_SBL, x_BL, step, 0)
     return (x_BL, unmask_BL, step + 1), traj_SBL
 
-  def run_block(carry, block):
-    if cfg.threshold > 0:
-      def cond(c):
-        open_BL = (c[0][0] == mask_id) & (block_of_L == block)[None, :]
-        return jnp.any(open_BL)
-      return jax.lax.while_loop(cond, lambda c: denoise_step(c, block, 0), carry)
-    return jax.lax.fori_loop(
-        0, cfg.steps_per_block, lambda s, c: denoise_step(c, block, schedule_S[s]), carry)
-
-  def finished(x_BL):
-    return jnp.any(x_BL == eos_id, axis=-1)
-
-  def outer_cond(c):
-    ((x_BL, _, _), _), block = c
-    more = block < cfg.num_blocks
-    if cfg.stop_at_eos:
-      more &= ~jnp.all(finished(x_BL))
-    return more
+  def block_open(block):
+    return lambda c: jnp.any((c[0][0] == mask_id) & (block_of_L == block)[None, :])
 
   def outer_body(c):
     carry, block = c
-    (x_BL, unmask_BL, step), traj_SBL = run_block(carry, block)
-    if cfg.stop_at_eos:  # finished rows: fill what is still masked with EOS now
-      fill_BL = finished(x_BL)[:, None] & (x_BL == mask_id)
-      x_BL = jnp.where(fill_BL, eos_id, x_BL)
-      unmask_BL = jnp.where(fill_BL, step - 1, unmask_BL)
+    (x_BL, unmask_BL, step), traj_SBL = run_block(
+        denoise_step, carry, block, cfg=cfg, schedule_S=schedule_S, block_open=block_open(block))
+    x_BL, unmask_BL = fill_finished(x_BL, unmask_BL, step, cfg=cfg, mask_id=mask_id,
+                                    eos_id=eos_id)
     return ((x_BL, unmask_BL, step), traj_SBL), block + 1
 
-  x0 = jnp.full((b, l), mask_id, jnp.int32)
-  u0 = jnp.full((b, l), -1, jnp.int32)
-  traj0 = jnp.full((cfg.max_steps if cfg.record_trajectory else 0, b, l), mask_id, jnp.int32)
+  x0, u0, traj0 = initial_buffers(b, cfg=cfg, mask_id=mask_id)
   ((x_BL, unmask_BL, steps), traj_SBL), blocks = jax.lax.while_loop(
-      outer_cond, outer_body, (((x0, u0, jnp.int32(0)), traj0), jnp.int32(0)))
-  from_eos_BL = jnp.cumsum(x_BL == eos_id, axis=-1) > 0  # first EOS and after
-  x_BL = jnp.where(from_eos_BL, eos_id, x_BL)
-  return SampleOutput(completion_BL=x_BL, unmask_step_BL=unmask_BL, num_steps=steps,
-                      num_blocks=blocks,
-                      trajectory_SBL=traj_SBL if cfg.record_trajectory else None)
+      lambda c: more_blocks(c[0][0][0], c[1], cfg=cfg, eos_id=eos_id), outer_body,
+      (((x0, u0, jnp.int32(0)), traj0), jnp.int32(0)))
+  return finalize(x_BL, unmask_BL, steps, blocks, traj_SBL, cfg=cfg, eos_id=eos_id)
 
 
 def sample_groups(graphdef, params, prompt_BP, prompt_valid_BP, key, *, group_size: int,
