@@ -118,6 +118,21 @@ def sampled_metrics(sample_fn, params, *, task, tokenizer, examples, arrays: dic
   }
 
 
+def make_greedy_evaluator(graphdef, ctx):
+  """One jitted greedy sampler for a run and ``accuracy(params, examples, arrays)`` over it
+  (for validation during training); returns (sample_fn, accuracy)."""
+  cfg = dataclasses.replace(ctx.sampler_cfg, temperature=0.0)
+  sample_fn = make_sample_fn(graphdef, cfg, mask_id=ctx.tokenizer.mask_id,
+                             eos_id=ctx.tokenizer.eos_id, mesh=ctx.mesh)
+
+  def accuracy(params, examples, arrays) -> dict:
+    return greedy_accuracy(graphdef, params, task=ctx.task, tokenizer=ctx.tokenizer,
+                           examples=examples, arrays=arrays, cfg=cfg,
+                           batch_size=ctx.config.eval.batch_size, sample_fn=sample_fn)
+
+  return sample_fn, accuracy
+
+
 def evaluate_policy(graphdef, params, ctx, *, sample_fn=None) -> dict:
   """The held-out report of a policy on the test split: greedy accuracy, and
   pass@k / sample accuracy / diversity from ``eval.num_samples`` samples at

@@ -94,14 +94,7 @@ def run_rl(ctx: Context) -> dict:
                                          group_size=r.group_size)
   step_fn = make_rl_step(graphdef, optimizer, schedule, step_config(ctx), mesh=ctx.mesh,
                          state_sharding=state_sharding)
-  greedy_cfg = dataclasses.replace(ctx.sampler_cfg, temperature=0.0)
-  greedy_fn = evaluation.make_sample_fn(graphdef, greedy_cfg, mask_id=ctx.tokenizer.mask_id,
-                                        eos_id=ctx.tokenizer.eos_id, mesh=ctx.mesh)
-
-  def accuracy(params, examples, arrays) -> dict:
-    return evaluation.greedy_accuracy(graphdef, params, task=ctx.task, tokenizer=ctx.tokenizer,
-                                      examples=examples, arrays=arrays, cfg=greedy_cfg,
-                                      batch_size=config.eval.batch_size, sample_fn=greedy_fn)
+  greedy_fn, accuracy = evaluation.make_greedy_evaluator(graphdef, ctx)
 
   it = batches.position
   timed, timed_seconds, rollout_seconds, window = 0, 0.0, 0.0, []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 
@@ -61,15 +60,7 @@ def run_sft(ctx: Context) -> dict:
                           t_eps=f.t_eps, mesh=ctx.mesh, state_sharding=state_sharding,
                           block_size=config.model.block_size,
                           attention_impl=config.estimator.attention_impl)
-  greedy_cfg = dataclasses.replace(ctx.sampler_cfg, temperature=0.0)
-  sample_fn = evaluation.make_sample_fn(graphdef, greedy_cfg, mask_id=ctx.tokenizer.mask_id,
-                                        eos_id=ctx.tokenizer.eos_id, mesh=ctx.mesh)
-
-  def val_accuracy(params) -> dict:
-    return evaluation.greedy_accuracy(graphdef, params, task=ctx.task, tokenizer=ctx.tokenizer,
-                                      examples=ctx.val_examples, arrays=ctx.val_arrays,
-                                      cfg=greedy_cfg, batch_size=config.eval.batch_size,
-                                      sample_fn=sample_fn)
+  sample_fn, accuracy = evaluation.make_greedy_evaluator(graphdef, ctx)
 
   step = int(state.step)
   finished = stopped_early or step >= f.steps
@@ -94,7 +85,7 @@ def run_sft(ctx: Context) -> dict:
       if step > 1:  # the first step includes compilation
         timed_steps, timed_seconds = timed_steps + 1, timed_seconds + time.perf_counter() - t0
       if f.eval_every and step % f.eval_every == 0:
-        val = val_accuracy(state.params)
+        val = accuracy(state.params, ctx.val_examples, ctx.val_arrays)
         logger.log(step, {f"val_{k}": v for k, v in val.items()}, phase=PHASE)
         stopped_early = 0 < f.target_accuracy <= val["accuracy"]
       finished = stopped_early or step >= f.steps
