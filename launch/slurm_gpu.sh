@@ -47,18 +47,6 @@ set -euo pipefail
 usage() { sed -n '/^# Run dllm_rl/,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 die() { echo "slurm_gpu.sh: $*" >&2; exit 2; }
 
-# Shell-quotes one word only where needed, so printed commands stay readable and runnable.
-quote() {
-  if [[ $1 =~ ^[A-Za-z0-9_./:=@,+%-]+$ ]]; then printf '%s' "$1"
-  elif [[ $1 != *\'* ]]; then printf "'%s'" "$1"
-  elif [[ $1 != *[\$\`\"\\!]* ]]; then printf '"%s"' "$1"
-  else printf "'%s'" "${1//\'/\'\\\'\'}"; fi
-}
-quote_all() { local w out=(); for w in "$@"; do out+=("$(quote "$w")"); done; echo "${out[*]}"; }
-run() {
-  echo "+ $(quote_all "$@")"
-  if [[ $DRY_RUN == 0 ]]; then "$@"; fi
-}
 
 CONFIG=${DLLM_CONFIG:-}
 WORKDIR=${DLLM_WORKDIR:-}
@@ -116,6 +104,8 @@ elif [[ -f ${SLURM_SUBMIT_DIR:-.}/dllm_rl/main.py ]]; then
 else
   die "cannot find the dllm_rl checkout: set DLLM_REPO"
 fi
+# shellcheck source=launch/common.sh
+source "$REPO/launch/common.sh"  # quote, quote_all, run
 [[ $DRY_RUN == 1 || -f $REPO/$CONFIG ]] || die "config file $REPO/$CONFIG not found"
 
 # The first host of a SLURM node list: scontrol, or (dry run) a parse of "gpu[007-008],gpu010".

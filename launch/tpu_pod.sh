@@ -46,18 +46,8 @@ set -euo pipefail
 usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 die() { echo "tpu_pod.sh: $*" >&2; exit 2; }
 
-# Shell-quotes one word only where needed, so printed commands stay readable and runnable.
-quote() {
-  if [[ $1 =~ ^[A-Za-z0-9_./:=@,+%-]+$ ]]; then printf '%s' "$1"
-  elif [[ $1 != *\'* ]]; then printf "'%s'" "$1"
-  elif [[ $1 != *[\$\`\"\\!]* ]]; then printf '"%s"' "$1"
-  else printf "'%s'" "${1//\'/\'\\\'\'}"; fi
-}
-quote_all() { local w out=(); for w in "$@"; do out+=("$(quote "$w")"); done; echo "${out[*]}"; }
-run() {
-  echo "+ $(quote_all "$@")"
-  if [[ $DRY_RUN == 0 ]]; then "$@"; fi
-}
+# shellcheck source=launch/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # quote, quote_all, run
 
 NAME=${TPU_NAME:-}
 ZONE=${TPU_ZONE:-}
