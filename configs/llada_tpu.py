@@ -18,7 +18,9 @@ Hyper-parameters are the official StableDRL ones (DESIGN.md): G = 16, 256
 generated tokens in 128 steps with blocks of 32, temperature 0.9, the SPG
 block-wise ELBO with K = 2 and prompt masking 0.15, μ = 2, AdamW lr 2e-6,
 betas (0.9, 0.99), weight decay 0.1, linear decay over 2000 steps, global-norm
-clip 0.2, no KL, centered advantages, C = 5.
+clip 0.2, no KL, centered advantages, C = 5; the official mask noise (ℓ̂_old and
+every inner iteration's ℓ̂_θ on independent masks) and, in the gradient, the SPG
+surrogate (ELBO where A > 0, ½·EUBO + ½·ELBO elsewhere).
 """
 
 from dllm_rl.config import base_config, locked
@@ -65,6 +67,11 @@ def get_config():
   c.estimator.num_samples = 2
   c.estimator.prompt_mask_prob = 0.15
   c.estimator.spg_block_len = 32
+  # Official noise: ℓ̂_old on masks drawn at rollout, fresh independent masks at every inner
+  # iteration (so log ρ̂ is pure estimator noise at the first one); with spg_block,
+  # rl.loss=stabledrl takes its gradient through the SPG surrogate (ω = spg_omega = 0.5).
+  c.estimator.antithetic = False
+  c.estimator.spg_omega = 0.5
   c.eval.batch_size = 64
   c.eval.num_samples = 8
   c.eval.pass_k = (1, 4, 8)

@@ -35,4 +35,6 @@ def get_config():
   c.estimator.num_samples = 2
   c.estimator.prompt_mask_prob = 0.15
   c.estimator.attention_impl = "auto"
+  c.estimator.antithetic = False  # official noise: independent masks for ℓ̂_old and each ℓ̂_θ
+  c.model.prompt_block_causal = True  # SDAR's generate: the prompt attends block-causally
   return locked(c)

@@ -53,6 +53,8 @@ def base_config() -> ml_collections.ConfigDict:
   m.init_std = 0.02
   m.block_size = 0        # > 0: block-diffusion model (SDAR style): causal across blocks of
                           # this size, bidirectional within; 0: bidirectional (LLaDA)
+  m.prompt_block_causal = True  # block models: the prompt attends block-causally (blocks aligned
+                                # to its end), as SDAR's official generate; False = one full block
   m.dtype = "float32"     # compute dtype: float32 | bfloat16 (HF checkpoints too)
   m.param_dtype = "float32"
 
@@ -105,6 +107,7 @@ def base_config() -> ml_collections.ConfigDict:
   r.beta_start = 0.0      # steprs: β at the first (most masked) denoising state
   r.beta_end = 2.0        # steprs: β at the last state
   r.beta_schedule = "linear"  # linear | cosine | step
+  r.control_per_state = False  # steprs_*_matched: one scale per denoising state (else per batch)
   r.kl_coef = 0.0         # KL to the starting policy; 0 = off
   r.kl_estimator = "k3"   # k1 | k2 | k3
   r.lr = 1e-4
@@ -120,7 +123,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.estimator = x = ml_collections.ConfigDict()
   x.name = "elbo"         # a name in dllm_rl.diffusion.estimators.ESTIMATORS
   x.num_samples = 1       # K Monte-Carlo draws
-  x.antithetic = True     # θ and θ_old share masks
+  x.antithetic = False    # True: θ and θ_old share masks (noise cancels in the ratio);
+                          # False: independent masks, as the official StableDRL code
   x.coupled = False       # elbo: complementary mask pairs
   x.stratified = False    # elbo: stratified t
   x.prompt_mask_prob = 0.0

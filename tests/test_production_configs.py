@@ -106,3 +106,17 @@ def test_block_size_must_match_the_sdar_checkpoint(tmp_path):
 def test_production_config_without_overrides_names_the_missing_key():
   with pytest.raises(ConfigError, match="task.options"):
     validate(_load_config("llada_tpu"))
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_official_configs_use_the_official_noise_surrogate_and_attention(name):
+  """DESIGN: configs that claim the official setup use independent masks for ℓ̂_old and
+  every ℓ̂_θ, the SPG surrogate in StableDRL's gradient, and SDAR's block-causal prompt."""
+  c = _load_config(name)
+  assert not c.estimator.antithetic
+  assert c.rl.loss == "stabledrl" and c.rl.clip == "upper" and c.rl.clip_C == 5.0
+  if name == "sdar_tpu":
+    assert c.estimator.name == "block_elbo" and c.model.prompt_block_causal
+  else:
+    assert c.estimator.name == "spg_block" and c.estimator.spg_omega == 0.5
+    assert c.estimator.num_samples == 2 and c.estimator.prompt_mask_prob == 0.15

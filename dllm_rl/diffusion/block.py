@@ -65,7 +65,7 @@ def block_elbo(logits_fn, seqs: SequenceBatch, key, cfg: EstimatorConfig,
   key_valid_BN = jnp.concatenate(
       [seqs.prompt_valid_BP, seqs.completion_valid_BL, seqs.completion_valid_BL], axis=1)
   spec = StaircaseSpec(key_valid_BN, prompt_len=p, block_size=cfg.block_size,
-                       impl=cfg.attention_impl)
+                       impl=cfg.attention_impl, prompt_block_causal=cfg.prompt_block_causal)
 
   def one(carry, xs):
     t_BL, masked_BL, k = xs
@@ -83,15 +83,27 @@ def block_elbo(logits_fn, seqs: SequenceBatch, key, cfg: EstimatorConfig,
   return Likelihood(token_BL=token_BL, seq_B=token_BL.sum(-1), entropy_B=ent_KB.mean(0))
 
 
-def block_causal_mask(prompt_valid_BP: jax.Array, completion_len: int, block_len: int) -> jax.Array:
+def prompt_block_mask(prompt_len: int, block_len: int) -> jax.Array:
+  """[P, P] block-causal prompt mask, blocks aligned to the prompt's END
+  (prompt position i is in block (i − P) // block_len < 0)."""
+  blk_P = (jnp.arange(prompt_len) - prompt_len) // block_len
+  return blk_P[None, :] <= blk_P[:, None]
+
+
+def block_causal_mask(prompt_valid_BP: jax.Array, completion_len: int, block_len: int,
+                      prompt_block_causal: bool = False) -> jax.Array:
   """Dense [B, N, N] mask (N = P + L, True = may attend) of the block model.
 
-  The prompt counts as block −1: prompt rows see the valid prompt keys;
-  completion block b sees the valid prompt keys and completion blocks <= b.
+  Completion block b sees the valid prompt keys and completion blocks <= b.
+  Prompt rows see every valid prompt key (the prompt is block −1), or with
+  ``prompt_block_causal`` (SDAR's official generate) the prompt blocks up to
+  their own, blocks aligned to the prompt's end (block (i − P) // block_len).
   """
   b, p = prompt_valid_BP.shape
   idx_N = jnp.arange(p + completion_len)
-  block_N = jnp.where(idx_N < p, -1, (idx_N - p) // block_len)
+  block_N = (idx_N - p) // block_len
+  if not prompt_block_causal:
+    block_N = jnp.where(idx_N < p, -1, block_N)
   key_valid_BN = jnp.concatenate([prompt_valid_BP, jnp.ones((b, completion_len), bool)], axis=1)
   return (block_N[None, :] <= block_N[:, None])[None] & key_valid_BN[:, None, :]
 
@@ -118,7 +130,7 @@ def block_elbo_loop(logits_fn, seqs: SequenceBatch, key, cfg: EstimatorConfig,
       comp = jnp.concatenate([seqs.completion_BL[:, :blk * bs], noisy], axis=1)
       tokens = jnp.concatenate([prompt_BP, comp], axis=1)
       positions = jnp.concatenate([p_pos, c_pos[:, :end]], axis=1)
-      mask = block_causal_mask(seqs.prompt_valid_BP, end, bs)
+      mask = block_causal_mask(seqs.prompt_valid_BP, end, bs, cfg.prompt_block_causal)
       logits = logits_fn(tokens, positions, mask)[:, p + blk * bs:p + end]
       logp_BL = logp_BL.at[:, blk * bs:end].set(
           token_log_probs(logits, seqs.completion_BL[:, blk * bs:end]))
@@ -132,10 +144,11 @@ def block_elbo_loop(logits_fn, seqs: SequenceBatch, key, cfg: EstimatorConfig,
 
 
 def block_sft_loss(graphdef, params, batch: SequenceBatch, key, *, mask_id: int, t_eps: float,
-                   block_size: int, attention_impl: str = "auto"):
+                   block_size: int, attention_impl: str = "auto",
+                   prompt_block_causal: bool = False):
   """Block-diffusion SFT: −Σ_b ELBO_b (one draw per sequence), mean over the batch."""
   cfg = EstimatorConfig(num_samples=1, t_eps=t_eps, block_size=block_size,
-                        attention_impl=attention_impl)
+                        attention_impl=attention_impl, prompt_block_causal=prompt_block_causal)
   lik = block_elbo(lambda *a: transformer.apply(graphdef, params, *a), batch, key, cfg, mask_id)
   loss = -lik.seq_B.mean()
   return loss, {"loss": loss, "entropy": lik.entropy_B.mean()}

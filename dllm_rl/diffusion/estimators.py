@@ -9,7 +9,8 @@ where ``logits_fn(tokens_BN, positions_BN, mask_B1N) -> float32 logits_BNV``
 closes over the parameters (θ, θ_old or a reference). All randomness (masking
 rates, masks) comes from ``key``: calling an estimator twice with the same key
 and different parameters uses the same masks, which is how θ and θ_old share
-noise (``antithetic``) so that it cancels in log ρ̂ = ℓ̂_θ − ℓ̂_old.
+noise (``antithetic``) so that it cancels in log ρ̂ = ℓ̂_θ − ℓ̂_old; the
+official setup gives them independent keys instead (see dllm_rl.rl.step).
 
 Invariant: ``seq_B == token_BL.sum(-1)`` and ``token_BL`` is 0 outside
 ``completion_valid_BL``. Everything is float32.
@@ -35,7 +36,7 @@ class EstimatorConfig:
   """Static options (from ``config.estimator``); each estimator reads what it needs."""
 
   num_samples: int = 1        # K Monte-Carlo draws of (t, mask)
-  antithetic: bool = True     # θ and θ_old share masks (used by the RL step)
+  antithetic: bool = False    # θ and θ_old share masks (RL step); False = official independent masks
   coupled: bool = False       # elbo: complementary mask pairs (m, 1 − m)
   stratified: bool = False    # elbo: t_k = (k + u_k) / K
   prompt_mask_prob: float = 0.0  # mask prompt tokens with this probability (d1 uses 0.15)
@@ -46,12 +47,15 @@ class EstimatorConfig:
   spg_block_len: int = 32     # spg_block: block length of the block-wise masking
   block_size: int = 4         # block_elbo: the model's block size (from config.model.block_size)
   attention_impl: str = "auto"  # block_elbo: staircase attention auto | pallas | interpret | reference
+  prompt_block_causal: bool = False  # block_elbo: block-causal prompt attention (SDAR)
 
   @classmethod
-  def from_config(cls, est_cfg, block_size: int = 0) -> "EstimatorConfig":
+  def from_config(cls, est_cfg, block_size: int = 0,
+                  prompt_block_causal: bool = False) -> "EstimatorConfig":
     d = dict(est_cfg)
     d.pop("name", None)
-    return cls(**d, **({"block_size": block_size} if block_size else {}))
+    return cls(**d, **({"block_size": block_size,
+                        "prompt_block_causal": prompt_block_causal} if block_size else {}))
 
 
 @struct.dataclass
@@ -94,12 +98,13 @@ def score_completion(logits_fn, seqs: SequenceBatch, prompt_BP, noisy_BL):
 
 @ESTIMATORS.register("mean_field")
 def mean_field(logits_fn, seqs: SequenceBatch, key, cfg: EstimatorConfig, mask_id: int) -> Likelihood:
-  """d1 / diffu-GRPO one-step estimate: mask every completion token (and prompt
+  """d1 / diffu-GRPO one-step estimate: mask every completion position (and prompt
   tokens with p = prompt_mask_prob), one forward, ℓ̂ = Σ_i log p(o_i | q̃, all masked)
-  (``reduction="sum"``) or its mean over the completion length (``"mean"``)."""
+  over the valid tokens i (``reduction="sum"``) or its mean over their number
+  (``"mean"``). As in d1, positions after the action are masks in the input too."""
   valid_BL = seqs.completion_valid_BL
   prompt_BP = mask_prompt(key, seqs, cfg.prompt_mask_prob, mask_id)
-  noisy_BL = jnp.where(valid_BL, mask_id, seqs.completion_BL)
+  noisy_BL = jnp.full_like(seqs.completion_BL, mask_id)
   logp_BL, logits_BLV = score_completion(logits_fn, seqs, prompt_BP, noisy_BL)
   token_BL = jnp.where(valid_BL, logp_BL, 0.0)
   if cfg.reduction == "mean":
@@ -109,12 +114,19 @@ def mean_field(logits_fn, seqs: SequenceBatch, key, cfg: EstimatorConfig, mask_i
 
 
 def elbo_draws(key, batch: int, cfg: EstimatorConfig) -> jax.Array:
-  """Masking rates t [K, B]: i.i.d. U[t_eps, 1], or stratified (t_k = (k + u)/K)."""
+  """Masking rates t [K, B]: i.i.d. U[t_eps, 1], or stratified (t_k = (k + u)/K).
+
+  ``coupled``: t ~ U[t_eps, 1 − t_eps], an interval symmetric about 1/2, so that
+  the complement's rate 1 − t has the same law as t and each half of the pair is
+  an unbiased estimate of the same objective (with U[t_eps, 1] the complement
+  would cover [0, 1 − t_eps] instead).
+  """
   k = cfg.num_samples // 2 if cfg.coupled else cfg.num_samples
   u = jax.random.uniform(key, (k, batch), jnp.float32)
   if cfg.stratified:
     u = (jnp.arange(k, dtype=jnp.float32)[:, None] + u) / k
-  return (1.0 - cfg.t_eps) * u + cfg.t_eps
+  hi = 1.0 - cfg.t_eps if cfg.coupled else 1.0
+  return (hi - cfg.t_eps) * u + cfg.t_eps
 
 
 @ESTIMATORS.register("elbo")
@@ -125,8 +137,9 @@ def elbo(logits_fn, seqs: SequenceBatch, key, cfg: EstimatorConfig, mask_id: int
 
   with M_k ~ Bernoulli(t_k) over the valid completion tokens and L their count
   (an unbiased estimate of the LLaDA SFT objective's negative, per sequence).
-  ``coupled``: draws come in complementary pairs (M, ¬M) with rates (t, 1 − t)
-  — each half unbiased, together they score every token once. ``stratified``:
+  ``coupled``: draws come in complementary pairs (M, ¬M) with rates (t, 1 − t),
+  t ~ U[t_eps, 1 − t_eps] (:func:`elbo_draws`) — each half unbiased for the
+  objective over that t range, together they score every token once. ``stratified``:
   stratified t over the K draws. Prompt tokens are masked with
   ``prompt_mask_prob`` independently per draw.
   """
@@ -141,7 +154,7 @@ def elbo(logits_fn, seqs: SequenceBatch, key, cfg: EstimatorConfig, mask_id: int
   weight_KB = 1.0 / t_KB
   if cfg.coupled:
     masked_KBL = jnp.concatenate([masked_KBL, ~masked_KBL & valid_BL], axis=0)
-    weight_KB = jnp.concatenate([weight_KB, 1.0 / jnp.maximum(1.0 - t_KB, cfg.t_eps)], axis=0)
+    weight_KB = jnp.concatenate([weight_KB, 1.0 / (1.0 - t_KB)], axis=0)
   length_B = jnp.maximum(valid_BL.sum(-1), 1).astype(jnp.float32)
   num = masked_KBL.shape[0]
 

@@ -58,12 +58,15 @@ class StaircaseSpec:
   [prompt P | clean completion L | noisy completion L] (staircase rules in
   ``dllm_rl.kernels.staircase``), passed instead of a dense mask so the
   attention can run as a kernel that never materialises the N×N mask.
-  ``key_valid_BN``: False on (left) padding keys, None = all valid."""
+  ``key_valid_BN``: False on (left) padding keys, None = all valid.
+  ``prompt_block_causal``: prompt rows attend block-causally over prompt blocks
+  aligned to the prompt's end (SDAR), else to the whole prompt."""
 
   key_valid_BN: jax.Array | None
   prompt_len: int = struct.field(pytree_node=False)
   block_size: int = struct.field(pytree_node=False)
   impl: str = struct.field(pytree_node=False, default="auto")
+  prompt_block_causal: bool = struct.field(pytree_node=False, default=False)
 
 
 def attention(q_BNHQ, k_BMKQ, v_BMKQ, mask_BNM) -> jax.Array:
@@ -81,7 +84,8 @@ def attention(q_BNHQ, k_BMKQ, v_BMKQ, mask_BNM) -> jax.Array:
     from dllm_rl.kernels.staircase import staircase_attention
     return staircase_attention(q_BNHQ, k_BMKQ, v_BMKQ, prompt_len=mask_BNM.prompt_len,
                                block_size=mask_BNM.block_size,
-                               key_valid_BN=mask_BNM.key_valid_BN, impl=mask_BNM.impl)
+                               key_valid_BN=mask_BNM.key_valid_BN, impl=mask_BNM.impl,
+                               prompt_block_causal=mask_BNM.prompt_block_causal)
   b, n, h, qd = q_BNHQ.shape
   kh = k_BMKQ.shape[2]
   q = q_BNHQ.reshape(b, n, kh, h // kh, qd)

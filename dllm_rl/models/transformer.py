@@ -116,10 +116,13 @@ class Transformer(nnx.Module):
 
   def forward_cached(self, tokens_BT: jax.Array, positions_BT: jax.Array, cache: layers.KVCache,
                      cache_valid_BM: jax.Array, offset, *, new_valid_BT: jax.Array | None = None,
+                     new_mask_TT: jax.Array | None = None,
                      write: bool) -> tuple[jax.Array, layers.KVCache]:
     """Logits_BTV for T new tokens that attend to the valid cached keys
     (``cache_valid_BM``) and to each other (bidirectionally; ``new_valid_BT``
-    False = a new key nobody attends, e.g. prompt padding).
+    False = a new key nobody attends, e.g. prompt padding; ``new_mask_TT``
+    [T, T], True = new token i may attend new token j, restricts that further,
+    e.g. a block-causal prompt prefill).
 
     Every layer writes the new tokens' keys/values into cache slots
     [offset, offset + T) (traced offset, static shapes) and attends over the
@@ -134,9 +137,12 @@ class Transformer(nnx.Module):
     m = cache_valid_BM.shape[1]
     if new_valid_BT is None:
       new_valid_BT = jnp.ones((b, t), bool)
-    placed_BM = jax.lax.dynamic_update_slice_in_dim(jnp.zeros((b, m), bool), new_valid_BT,
-                                                    offset, axis=1)
-    mask_BTM = jnp.broadcast_to((cache_valid_BM | placed_BM)[:, None, :], (b, t, m))
+    new_BTT = jnp.broadcast_to(new_valid_BT[:, None, :], (b, t, t))
+    if new_mask_TT is not None:
+      new_BTT = new_BTT & new_mask_TT[None]
+    placed_BTM = jax.lax.dynamic_update_slice_in_dim(jnp.zeros((b, t, m), bool), new_BTT,
+                                                     offset, axis=2)
+    mask_BTM = cache_valid_BM[:, None, :] | placed_BTM
     x = jnp.take(self.embed[...], tokens_BT, axis=0).astype(cfg.dtype)
     cos, sin = layers.rope_tables(positions_BT, cfg.head_dim, cfg.rope_theta)
     ks, vs = [], []
@@ -182,11 +188,11 @@ def init_kv_cache(cfg: ModelConfig, batch: int, max_len: int) -> layers.KVCache:
 
 
 def apply_cached(graphdef: nnx.GraphDef, params: nnx.State, tokens_BT, positions_BT, cache,
-                 cache_valid_BM, offset, *, new_valid_BT=None, write: bool):
+                 cache_valid_BM, offset, *, new_valid_BT=None, new_mask_TT=None, write: bool):
   """Pure ``Transformer.forward_cached``: (logits_BTV, cache)."""
   return nnx.merge(graphdef, params).forward_cached(
       tokens_BT, positions_BT, cache, cache_valid_BM, offset, new_valid_BT=new_valid_BT,
-      write=write)
+      new_mask_TT=new_mask_TT, write=write)
 
 
 def count_params(params: nnx.State) -> int:

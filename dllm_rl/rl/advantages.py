@@ -118,17 +118,24 @@ def rs_weight(beta: ArrayLike, p: ArrayLike) -> jax.Array:
   """w_β(p) = (e^β − 1) / (β(1 + p(e^β − 1))), with w → 1 as β → 0.
 
   For binary rewards with group success rate p̂, RS-GRPO equals
-  w_β(p̂)·(r − p̂). Evaluated via the symmetry w_β(p) = w_{−β}(1 − p) on
-  a = |β| only (no overflow of e^β); |β| < 1e-6 gives 1.
+  w_β(p̂)·(r − p̂). With a = |β|, e = e^{−a} and q = p (β > 0) or 1 − p (β < 0)
+  (the symmetry w_β(p) = w_{−β}(1 − p)) it is evaluated as
+
+      w = (1 − e) / (a·(e + q·(1 − e))),
+
+  a sum of two non-negative terms in the denominator: no e^β overflow and no
+  cancellation (at p = 0, β = 16 the naive 1 + q·expm1(−a) loses every digit).
+  |β| < 1e-6 gives 1.
   """
   beta = jnp.asarray(beta, jnp.float32)
   p = jnp.asarray(p, jnp.float32)
   a = jnp.abs(beta)
   small = a < _SMALL_BETA
   safe_a = jnp.where(small, 1.0, a)
-  q = jnp.where(beta > 0, 1.0 - p, p)
-  em = jnp.expm1(-safe_a)
-  return jnp.where(small, 1.0, -em / (safe_a * (1.0 + q * em)))
+  q = jnp.where(beta > 0, p, 1.0 - p)
+  one_minus_e = -jnp.expm1(-safe_a)
+  e = jnp.exp(-safe_a)
+  return jnp.where(small, 1.0, one_minus_e / (safe_a * (e + q * one_minus_e)))
 
 
 # ---------------------------------------------------------------- StepRS-GRPO
@@ -169,6 +176,33 @@ def progress_from_unmask_step(unmask_step_BGL: ArrayLike, num_states: int) -> ja
   return jnp.clip(s, 0.0, jnp.maximum(last, 0.0)) / jnp.maximum(last, 1.0)
 
 
+@jax.jit
+def progress_per_row(unmask_step_BGL: ArrayLike, action_BGL: ArrayLike) -> jax.Array:
+  """u = s_i / (S_i − 1) per row, for samplers whose rows pass through different
+  numbers of states (threshold / dynamic mode; DESIGN "Advantages", steprs).
+
+  The batch sampler runs one shared step counter, and a row whose block is
+  already complete commits nothing while others finish theirs; every step in
+  which a row does act commits at least one token. So the states a row went
+  through are the distinct unmask steps of its action tokens (``action_BGL``),
+  s_i is the rank of a token's step among them and S_i their number. Positions
+  outside the action get 0.
+  """
+  s_BGL = jnp.asarray(unmask_step_BGL, jnp.int32)
+  act_BGL = jnp.asarray(action_BGL, bool)
+  big = jnp.iinfo(jnp.int32).max
+  srt_BGL = jnp.sort(jnp.where(act_BGL, s_BGL, big), axis=-1)
+  first_BGL = jnp.concatenate(  # first occurrence of each distinct step in sorted order
+      [jnp.ones_like(srt_BGL[..., :1], bool), srt_BGL[..., 1:] != srt_BGL[..., :-1]], axis=-1)
+  first_BGL &= srt_BGL != big
+  num_states_BG = first_BGL.sum(-1)
+  # rank of s = number of distinct steps strictly below s
+  below_BGLL = first_BGL[..., None, :] & (srt_BGL[..., None, :] < s_BGL[..., :, None])
+  rank_BGL = below_BGLL.sum(-1).astype(jnp.float32)
+  last_BG1 = jnp.maximum(num_states_BG - 1, 1).astype(jnp.float32)[..., None]
+  return jnp.where(act_BGL, rank_BGL / last_BG1, 0.0)
+
+
 @functools.partial(jax.jit, static_argnames="schedule")
 def steprs(rewards_BG: ArrayLike, progress_BGL: ArrayLike, beta_start: ArrayLike,
            beta_end: ArrayLike, schedule: str = "linear") -> jax.Array:
@@ -186,38 +220,52 @@ def steprs(rewards_BG: ArrayLike, progress_BGL: ArrayLike, beta_start: ArrayLike
   return _rs(r_own_BGL, r[..., None, None, :], beta_BGL)
 
 
-def _group_rescale(adv_BGL: jax.Array, rewards_BG: ArrayLike, mask_BGL: ArrayLike,
-                   stat: Callable[[jax.Array], jax.Array], power: float) -> jax.Array:
-  """Scale each group so Σ_valid stat(adv) matches Σ_valid stat(centered), stat^power."""
+def _batch_rescale(adv_BGL: jax.Array, rewards_BG: ArrayLike, mask_BGL: ArrayLike,
+                   stat: Callable[[jax.Array], jax.Array], power: float, state_BGL=None,
+                   num_states: int = 1) -> jax.Array:
+  """Scale the whole batch — or, with ``state_BGL``, each denoising state across the
+  batch — so that Σ_valid stat(adv) matches Σ_valid stat(centered), to the power.
+
+  One scale for all prompts: a per-prompt scale would cancel w_β(p̂), the
+  prompt-dependent rescaling StepRS is about (DESIGN "Advantages", Controls).
+  """
   adv = jnp.asarray(adv_BGL, jnp.float32)
   m = jnp.broadcast_to(jnp.asarray(mask_BGL, bool), adv.shape)
   ref = jnp.broadcast_to(centered(rewards_BG)[..., None], adv.shape)
-  axes = (-2, -1)
-  s_adv = jnp.sum(jnp.where(m, stat(adv), 0.0), axis=axes, keepdims=True)
-  s_ref = jnp.sum(jnp.where(m, stat(ref), 0.0), axis=axes, keepdims=True)
+  seg = (jnp.zeros(adv.shape, jnp.int32) if state_BGL is None
+         else jnp.broadcast_to(jnp.asarray(state_BGL, jnp.int32), adv.shape))
+  n = num_states if state_BGL is not None else 1
+  s_adv = jax.ops.segment_sum(jnp.where(m, stat(adv), 0.0).ravel(), seg.ravel(), n)
+  s_ref = jax.ops.segment_sum(jnp.where(m, stat(ref), 0.0).ravel(), seg.ravel(), n)
   ok = (s_adv > 0) & (s_ref > 0)
   scale = jnp.where(ok, (s_ref / jnp.where(ok, s_adv, 1.0)) ** power, 1.0)
-  return adv * scale
+  return adv * scale[seg]
 
 
-@jax.jit
-def rms_matched(adv_BGL: ArrayLike, rewards_BG: ArrayLike, mask_BGL: ArrayLike) -> jax.Array:
-  """Control: rescale each group's advantages to the RMS of centered ones.
+def state_of_progress(progress_BGL: ArrayLike, num_states: int) -> jax.Array:
+  """The state index round(u·(S − 1)) of a progress u (exact for fixed-step samplers)."""
+  u = jnp.asarray(progress_BGL, jnp.float32)
+  return jnp.clip(jnp.round(u * (num_states - 1)), 0, num_states - 1).astype(jnp.int32)
 
-  Over the valid tokens of group b, RMS(adv) is matched to RMS of
-  (r − r̄) broadcast over the same tokens, isolating the *shape* of StepRS
-  advantages from their magnitude. Groups where either RMS is 0 are unchanged.
+
+@functools.partial(jax.jit, static_argnames="num_states")
+def rms_matched(adv_BGL: ArrayLike, rewards_BG: ArrayLike, mask_BGL: ArrayLike,
+                state_BGL=None, num_states: int = 1) -> jax.Array:
+  """Control: A ← A·sqrt(Σ_{b,g,l} m(A^c)² / Σ_{b,g,l} m A²) over the whole batch.
+
+  Matches the batch RMS of centered advantages A^c = r − r̄ over the same
+  tokens, isolating how StepRS distributes the signal (across prompts, through
+  w_β(p̂), and across states) from its overall magnitude. With ``state_BGL``
+  each state gets its own scale. A scale whose sums are 0 is 1.
   """
-  return _group_rescale(adv_BGL, rewards_BG, mask_BGL, jnp.square, 0.5)
+  return _batch_rescale(adv_BGL, rewards_BG, mask_BGL, jnp.square, 0.5, state_BGL, num_states)
 
 
-@jax.jit
-def mass_matched(adv_BGL: ArrayLike, rewards_BG: ArrayLike, mask_BGL: ArrayLike) -> jax.Array:
-  """Control: rescale each group's advantages to the L1 mass of centered ones.
-
-  Like :func:`rms_matched` with the mean |A| over valid tokens instead of the RMS.
-  """
-  return _group_rescale(adv_BGL, rewards_BG, mask_BGL, jnp.abs, 1.0)
+@functools.partial(jax.jit, static_argnames="num_states")
+def mass_matched(adv_BGL: ArrayLike, rewards_BG: ArrayLike, mask_BGL: ArrayLike,
+                 state_BGL=None, num_states: int = 1) -> jax.Array:
+  """Control: like :func:`rms_matched` with the L1 mass Σ m|A| instead of the RMS."""
+  return _batch_rescale(adv_BGL, rewards_BG, mask_BGL, jnp.abs, 1.0, state_BGL, num_states)
 
 
 # ---------------------------------------------------------------- calibration
@@ -280,6 +328,8 @@ class AdvantageConfig:
   beta_start: float = 0.0       # steprs*: β at the first (most-masked) state
   beta_end: float = 2.0         # steprs*: β at the last state
   beta_schedule: str = "linear"  # steprs*: one of SCHEDULES
+  control_per_state: bool = False  # steprs_*_matched: one scale per denoising state, not per batch
+  num_states: int = 1           # steprs_*_matched with control_per_state: the sampler's states
 
   def __post_init__(self):
     if self.beta_schedule not in SCHEDULES:
@@ -334,15 +384,25 @@ def steprs_tokens(rewards_BG, progress_BGL, mask_BGL, cfg) -> jax.Array:
   return jnp.where(jnp.asarray(mask_BGL, bool), adv, 0.0)
 
 
+def _control(rescale, rewards_BG, progress_BGL, mask_BGL, cfg) -> jax.Array:
+  adv = _steprs_cfg(rewards_BG, progress_BGL, cfg)
+  if cfg.control_per_state:
+    state_BGL = state_of_progress(progress_BGL, cfg.num_states)
+    adv = rescale(adv, rewards_BG, mask_BGL, state_BGL, num_states=cfg.num_states)
+  else:
+    adv = rescale(adv, rewards_BG, mask_BGL)
+  return jnp.where(jnp.asarray(mask_BGL, bool), adv, 0.0)
+
+
 @ADVANTAGES.register("steprs_rms_matched")
 def steprs_rms_matched_tokens(rewards_BG, progress_BGL, mask_BGL, cfg) -> jax.Array:
-  """:func:`steprs` rescaled per group by :func:`rms_matched`."""
-  adv = rms_matched(_steprs_cfg(rewards_BG, progress_BGL, cfg), rewards_BG, mask_BGL)
-  return jnp.where(jnp.asarray(mask_BGL, bool), adv, 0.0)
+  """:func:`steprs` rescaled to the batch RMS of centered advantages
+  (:func:`rms_matched`; per state with ``cfg.control_per_state``)."""
+  return _control(rms_matched, rewards_BG, progress_BGL, mask_BGL, cfg)
 
 
 @ADVANTAGES.register("steprs_mass_matched")
 def steprs_mass_matched_tokens(rewards_BG, progress_BGL, mask_BGL, cfg) -> jax.Array:
-  """:func:`steprs` rescaled per group by :func:`mass_matched`."""
-  adv = mass_matched(_steprs_cfg(rewards_BG, progress_BGL, cfg), rewards_BG, mask_BGL)
-  return jnp.where(jnp.asarray(mask_BGL, bool), adv, 0.0)
+  """:func:`steprs` rescaled to the batch L1 mass of centered advantages
+  (:func:`mass_matched`; per state with ``cfg.control_per_state``)."""
+  return _control(mass_matched, rewards_BG, progress_BGL, mask_BGL, cfg)

@@ -21,12 +21,13 @@ Ratios, weights and advantages are float32.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 
 from dllm_rl.registry import Registry
-from dllm_rl.rl.spg import spg_loss, spg_loss_tokens  # noqa: F401  (public here too)
+from dllm_rl.rl.spg import spg_loss, spg_loss_tokens, spg_surrogate  # noqa: F401  (public here too)
 
 LOSSES: Registry = Registry("policy loss")
 CLIP_MODES = ("upper", "symmetric")
@@ -76,7 +77,9 @@ def grpo_tokens(token_BGL, logp_old_BG, adv_BGL, mask_BGL, eps: float = 0.2):
   """
   logp_BG = token_BGL.sum(-1)
   ratio_BG = jnp.exp(_sg(logp_BG - logp_old_BG))
-  coef_BGL = _sg(ratio_BG[..., None] * grpo_active(ratio_BG[..., None], adv_BGL, eps))
+  ratio_BG1 = ratio_BG[..., None]
+  # where, not a product: a clipped term with an overflowing ratio gives 0, not inf · 0 = NaN.
+  coef_BGL = _sg(jnp.where(grpo_active(ratio_BG1, adv_BGL, eps), ratio_BG1, 0.0))
   return -jnp.where(mask_BGL, coef_BGL * adv_BGL * token_BGL, 0.0).sum(-1).mean(-1).mean()
 
 
@@ -121,25 +124,47 @@ def stabledrl(logp_BG, logp_old_BG, adv_BG, clip: str = "upper", C: float = 5.0,
 
 
 def stabledrl_tokens(token_BGL, logp_old_BG, adv_BGL, mask_BGL, clip: str = "upper",
-                     C: float = 5.0, eps: float = 0.2):
-  """Per-token StableDRL: −mean_B Σ_i sg(w_i) Σ_k A_ik ℓ̂_ik."""
+                     C: float = 5.0, eps: float = 0.2, surrogate_BGL=None):
+  """Per-token StableDRL: −mean_B Σ_i sg(w_i) Σ_k A_ik ℓ̂'_ik.
+
+  The weights come from the ratio of the per-token estimate ``token_BGL``
+  (Σ_k = ℓ̂_θ, the ELBO); the gradient term ℓ̂' is ``surrogate_BGL`` when given
+  (the SPG surrogate of the official code, :func:`spg_surrogate`), else
+  ``token_BGL`` itself.
+  """
   w = stabledrl_weights(token_BGL.sum(-1) - logp_old_BG, clip, C, eps)
-  per_seq = jnp.where(mask_BGL, adv_BGL * token_BGL, 0.0).sum(-1)
+  grad_term_BGL = token_BGL if surrogate_BGL is None else surrogate_BGL
+  per_seq = jnp.where(mask_BGL, adv_BGL * grad_term_BGL, 0.0).sum(-1)
   return -(w * per_seq).sum(-1).mean()
 
 
 # ------------------------------------------------------------------------------- KL
 
 
+_EXP_LINEAR_FROM = 20.0  # exp(d) continues linearly above this (finite, still increasing)
+_LOG_RATIO_REPORT = 30.0  # ratio statistics are computed on log ρ̂ clipped to ±this
+
+
+def _exp_safe(d):
+  """exp(d) for d ≤ 20, its tangent line above: finite for sum-reduced estimates,
+  where a sequence log-ratio of hundreds of nats would overflow float32."""
+  c = _EXP_LINEAR_FROM
+  return jnp.where(d <= c, jnp.exp(jnp.minimum(d, c)), math.exp(c) * (1.0 + d - c))
+
+
 def kl_penalty(logp_BG, logp_ref_BG, kind: str = "k3"):
-  """Sequence-level KL(π_θ ‖ π_ref) estimators on ℓ̂ (Schulman's k1/k2/k3), mean."""
-  d = logp_ref_BG - logp_BG
+  """Sequence-level KL(π_θ ‖ π_ref) estimators on ℓ̂ (Schulman's k1/k2/k3), mean.
+
+  k3 = e^d − d − 1 with d = ℓ̂_ref − ℓ̂_θ; e^d continues linearly above d = 20
+  (:func:`_exp_safe`) so that it stays finite, with a finite gradient.
+  """
+  d = (logp_ref_BG - logp_BG).astype(jnp.float32)
   if kind == "k1":
     return (-d).mean()
   if kind == "k2":
     return (0.5 * d * d).mean()
   if kind == "k3":
-    return (jnp.exp(d) - d - 1.0).mean()
+    return (_exp_safe(d) - d - 1.0).mean()
   raise ValueError(f"unknown KL estimator {kind!r}; choose from ('k1', 'k2', 'k3')")
 
 
@@ -147,23 +172,37 @@ def kl_penalty(logp_BG, logp_ref_BG, kind: str = "k3"):
 
 
 def ratio_metrics(log_ratio_BG, adv_BGL, mask_BGL, eps: float) -> dict:
-  """Ratio statistics and the GRPO bypass fraction (A < 0 and ρ̂ > 1 + ε)."""
-  ratio = jnp.exp(_sg(log_ratio_BG))
+  """Ratio statistics and the GRPO bypass fraction (A < 0 and ρ̂ > 1 + ε).
+
+  ``log_ratio_max`` is exact; mean/max/std of ρ̂ are computed on log ρ̂ clipped
+  to ±30 (ρ̂ ≤ 1.1e13), so they stay finite when sum-reduced estimators give
+  log-ratios of hundreds of nats.
+  """
+  log_ratio = _sg(log_ratio_BG).astype(jnp.float32)
+  ratio = jnp.exp(jnp.clip(log_ratio, -_LOG_RATIO_REPORT, _LOG_RATIO_REPORT))
   n = jnp.maximum(mask_BGL.sum(-1), 1)
   adv_seq = jnp.where(mask_BGL, adv_BGL, 0.0).sum(-1) / n
   return {
       "ratio_mean": ratio.mean(), "ratio_max": ratio.max(), "ratio_std": ratio.std(),
-      "bypass_fraction": ((adv_seq < 0) & (ratio > 1 + eps)).mean(),
+      "log_ratio_max": log_ratio.max(),
+      "bypass_fraction": ((adv_seq < 0) & (log_ratio > math.log1p(eps))).mean(),
   }
+
+
+def grpo_clipped(ratio, adv, eps: float):
+  """Where GRPO's clip takes effect (the clipped term is selected and carries no
+  gradient): A > 0 and ρ̂ > 1 + ε, or A < 0 and ρ̂ < 1 − ε. The other side of
+  the clip range is not clipped: that is the bypass."""
+  return ((adv > 0) & (ratio > 1 + eps)) | ((adv < 0) & (ratio < 1 - eps))
 
 
 @LOSSES.register("grpo")
 def _grpo(lik, lik_old, adv_BGL, mask_BGL, lengths_BG, cfg: LossConfig):
   del lengths_BG
-  ratio = jnp.exp(_sg(lik.seq_B - lik_old.seq_B))
+  ratio_BG = jnp.exp(_sg(lik.seq_B - lik_old.seq_B))
   loss = grpo_tokens(lik.token_BL, lik_old.seq_B, adv_BGL, mask_BGL, cfg.eps)
-  clipped = (ratio < 1 - cfg.eps) | (ratio > 1 + cfg.eps)
-  return loss, {"clip_fraction": clipped.mean()}
+  clipped = grpo_clipped(ratio_BG[..., None], adv_BGL, cfg.eps) & mask_BGL
+  return loss, {"clip_fraction": clipped.sum() / jnp.maximum(mask_BGL.sum(), 1)}
 
 
 @LOSSES.register("grpo_token")
@@ -171,15 +210,22 @@ def _grpo_token(lik, lik_old, adv_BGL, mask_BGL, lengths_BG, cfg: LossConfig):
   del lengths_BG
   ratio = jnp.exp(_sg(lik.token_BL - lik_old.token_BL))
   loss = grpo_token_level(lik.token_BL, lik_old.token_BL, adv_BGL, mask_BGL, cfg.eps)
-  clipped = ((ratio < 1 - cfg.eps) | (ratio > 1 + cfg.eps)) & mask_BGL
+  clipped = grpo_clipped(ratio, adv_BGL, cfg.eps) & mask_BGL
   return loss, {"clip_fraction": clipped.sum() / jnp.maximum(mask_BGL.sum(), 1)}
 
 
 @LOSSES.register("stabledrl")
 def _stabledrl(lik, lik_old, adv_BGL, mask_BGL, lengths_BG, cfg: LossConfig):
+  """StableDRL. With an estimator that also gives an EUBO (``spg_block``, the
+  official setup) the gradient term is the SPG surrogate, ELBO where A > 0 and
+  ω·EUBO + (1 − ω)·ELBO elsewhere (ω = ``spg_omega``; 0 = ELBO only); the
+  ratio always uses the ELBO."""
   del lengths_BG
+  surrogate = None
+  if "eubo_token_BL" in lik.extra:
+    surrogate = spg_surrogate(lik.token_BL, lik.extra["eubo_token_BL"], adv_BGL, cfg.spg_omega)
   loss = stabledrl_tokens(lik.token_BL, lik_old.seq_B, adv_BGL, mask_BGL, cfg.clip, cfg.clip_C,
-                          cfg.eps)
+                          cfg.eps, surrogate_BGL=surrogate)
   ratio = jnp.exp(_sg(lik.seq_B - lik_old.seq_B))
   if cfg.clip == "upper":
     clipped = ratio > cfg.clip_C

@@ -10,10 +10,22 @@ the host verifiers) and performs μ = ``inner_steps`` policy updates:
 3. μ updates, each with fresh estimator masks: ℓ̂_θ → log ρ̂ = ℓ̂_θ − ℓ̂_old →
    policy loss (+ KL) → grads → optax.
 
-Noise sharing: inner iteration m draws its masks from key_m. ℓ̂_old (and
-ℓ̂_ref) for iteration m use key_m; ℓ̂_θ uses key_m too when ``antithetic`` (so
-the ratio is exactly 1 before the first update) and an independent key
-otherwise.
+The action of a completion is its tokens through the first EOS
+(:func:`flatten_groups`): later positions are never scored, masked by the
+estimators' random draws or trained, and they are fed as EOS whatever the
+sampler wrote there, so nothing after the first EOS changes any loss, gradient
+or metric (DESIGN "Masked diffusion basics").
+
+Noise (DESIGN "Likelihood estimators"), one of two schemes:
+
+* independent (``antithetic=False``, the official StableDRL code): ℓ̂_old is
+  estimated once per rollout batch with its own key; inner iteration m draws a
+  fresh, independent key for ℓ̂_θ (and ℓ̂_ref). At m = 0, θ = θ_old and
+  log ρ̂ = ℓ̂_θ − ℓ̂_old is pure estimator noise — the regime StableDRL is for.
+* antithetic (``antithetic=True``, this project's variance reduction):
+  iteration m's key is shared by ℓ̂_θ, ℓ̂_old and ℓ̂_ref, so the mask noise
+  cancels in the ratio (exactly 1 before the first update); ℓ̂_old is then
+  estimated once per inner iteration.
 """
 
 from __future__ import annotations
@@ -60,27 +72,38 @@ class RLStepConfig:
   advantage_cfg: Any
   inner_steps: int
   num_states: int        # denoising states of the sampler (StepRS progress)
+  dynamic_states: bool = False  # threshold sampler: StepRS progress per row (u = s_i/(S_i − 1))
   kl_coef: float = 0.0
   kl_estimator: str = "k3"
   mask_id: int = 2
   eos_id: int = 1
 
 
-def flatten_groups(batch: RolloutBatch) -> SequenceBatch:
-  """[B, G] groups → B·G sequences (prompts repeated G times); all L completion
-  tokens (answer, EOS and EOS fill) form the action."""
+def action_mask(completion_BxL, eos_id: int):
+  """True on the action: the tokens through the first EOS (all L without EOS)."""
+  before_BxL = jnp.cumsum(completion_BxL == eos_id, axis=-1) - (completion_BxL == eos_id) == 0
+  return before_BxL
+
+
+def flatten_groups(batch: RolloutBatch, eos_id: int) -> SequenceBatch:
+  """[B, G] groups → B·G sequences (prompts repeated G times).
+
+  The action — the tokens through the first EOS — is ``completion_valid_BL``;
+  every later position is set to EOS (the sampler's fill), so what the sampler
+  committed there reaches no estimator.
+  """
   b, g, l = batch.completion_BGL.shape
   rep = lambda a: jnp.repeat(a, g, axis=0)
+  completion_BL = batch.completion_BGL.reshape(b * g, l)
+  valid_BL = action_mask(completion_BL, eos_id)
   return SequenceBatch(prompt_BP=rep(batch.prompt_BP), prompt_valid_BP=rep(batch.prompt_valid_BP),
-                       completion_BL=batch.completion_BGL.reshape(b * g, l),
-                       completion_valid_BL=jnp.ones((b * g, l), bool))
+                       completion_BL=jnp.where(valid_BL, completion_BL, eos_id),
+                       completion_valid_BL=valid_BL)
 
 
 def completion_lengths(completion_BGL, eos_id: int):
   """Tokens up to and including the first EOS (L when there is none)."""
-  is_eos = completion_BGL == eos_id
-  first = jnp.where(is_eos.any(-1), jnp.argmax(is_eos, axis=-1) + 1, completion_BGL.shape[-1])
-  return first.astype(jnp.float32)
+  return action_mask(completion_BGL, eos_id).sum(-1).astype(jnp.float32)
 
 
 def _group(tree, b: int, g: int):
@@ -101,23 +124,32 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
 
   def rl_step(state: TrainState, batch: RolloutBatch, key: jax.Array):
     b, g, l = batch.completion_BGL.shape
-    seqs = flatten_groups(batch)
+    seqs = flatten_groups(batch, cfg.eos_id)
     mask_BGL = seqs.completion_valid_BL.reshape(b, g, l)
-    progress_BGL = adv_lib.progress_from_unmask_step(batch.unmask_step_BGL, cfg.num_states)
+    if cfg.dynamic_states:
+      progress_BGL = adv_lib.progress_per_row(batch.unmask_step_BGL, mask_BGL)
+    else:
+      progress_BGL = adv_lib.progress_from_unmask_step(batch.unmask_step_BGL, cfg.num_states)
     rewards_BG = batch.rewards_BG.astype(jnp.float32)
     adv_BGL = advantage_fn(rewards_BG, progress_BGL, mask_BGL, cfg.advantage_cfg)
-    lengths_BG = completion_lengths(batch.completion_BGL, cfg.eos_id)
-    keys_M = jax.random.split(key, cfg.inner_steps)
+    lengths_BG = mask_BGL.sum(-1).astype(jnp.float32)
+    k_old, k_inner = jax.random.split(key)
+    keys_M = jax.random.split(k_inner, cfg.inner_steps)
     params_old = jax.lax.stop_gradient(state.params)
-    old = jax.lax.map(lambda k: _group(estimate(params_old, seqs, k), b, g), keys_M)
+    if cfg.estimator_cfg.antithetic:  # ℓ̂_old per inner iteration, on that iteration's masks
+      old = jax.lax.map(lambda k: _group(estimate(params_old, seqs, k), b, g), keys_M)
+      old_at = lambda m: jax.tree.map(lambda a: a[m], old)
+    else:  # ℓ̂_old once, on masks of its own
+      old_once = _group(estimate(params_old, seqs, k_old), b, g)
+      old_at = lambda m: old_once
     ref = None
     if cfg.kl_coef > 0:
       ref = jax.lax.map(lambda k: _group(estimate(state.ref_params, seqs, k), b, g).seq_B, keys_M)
 
     def inner(carry, m):
       params, opt_state, step = carry
-      k_theta = keys_M[m] if cfg.estimator_cfg.antithetic else jax.random.fold_in(keys_M[m], 1)
-      lik_old = jax.tree.map(lambda a: a[m], old)
+      k_theta = keys_M[m]
+      lik_old = old_at(m)
 
       def loss_fn(p):
         lik = _group(estimate(p, seqs, k_theta), b, g)
@@ -143,6 +175,7 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
     metrics = {k: v.mean() for k, v in inner_M.items()}
     metrics["ratio_max"] = inner_M["ratio_max"].max()
     metrics["grad_norm_max"] = inner_M["grad_norm"].max()
+    metrics["log_ratio_max"] = inner_M["log_ratio_max"].max()
     metrics["ratio_max_first"] = inner_M["ratio_max"][0]  # 1 exactly with antithetic masks
     metrics.update(
         reward_mean=rewards_BG.mean(), accuracy=batch.correct_BG.astype(jnp.float32).mean(),

@@ -1,8 +1,10 @@
 """Block-diffusion sampler (SDAR / Fast-dLLM v2) with a KV cache, jitted.
 
 The model runs under a block-causal mask (:func:`block_causal_mask`): the
-(left-padded) prompt attends to itself, completion block b attends to the
-prompt and to blocks <= b (bidirectionally inside its block). Blocks of
+(left-padded) prompt attends to itself — block-causally over blocks aligned to
+its end with ``prompt_block_causal`` (SDAR's official generate), else as one
+full block — and completion block b attends to the prompt and to blocks <= b
+(bidirectionally inside its block). Blocks of
 ``block_len`` tokens are denoised left to right; inside a block each step
 makes the same decision as the masked sampler (:func:`sampler.select_commits`:
 the ``transfer_schedule`` k most confident tokens, or every token above
@@ -39,7 +41,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dllm_rl.diffusion.block import block_causal_mask  # noqa: F401  (public here too)
+from dllm_rl.diffusion.block import block_causal_mask, prompt_block_mask  # noqa: F401
 from dllm_rl.models import transformer
 from dllm_rl.sampling.sampler import (SamplerConfig, block_schedule, fill_finished, finalize,
                                       initial_buffers, more_blocks, run_block, select_commits,
@@ -49,9 +51,18 @@ from dllm_rl.types import SampleOutput
 
 @dataclasses.dataclass(frozen=True)
 class BlockSamplerConfig(SamplerConfig):
-  """``SamplerConfig`` plus ``use_cache`` (False = dense reference path)."""
+  """``SamplerConfig`` plus ``use_cache`` (False = dense reference path) and
+  ``prompt_block_causal`` (the prompt attends block-causally, blocks aligned to
+  its end, as SDAR's official generate; False = the prompt is one full block)."""
 
   use_cache: bool = True
+  prompt_block_causal: bool = False
+
+  @classmethod
+  def from_config(cls, config) -> "BlockSamplerConfig":
+    base = SamplerConfig.from_config(config)
+    return cls(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)},
+               prompt_block_causal=config.model.prompt_block_causal)
 
 
 class _Model(NamedTuple):
@@ -65,7 +76,7 @@ class _Model(NamedTuple):
 def _dense_model(graphdef, params, prompt_BP, prompt_valid_BP, positions_BN, cfg) -> _Model:
   """Reference: the full sequence under the block-causal mask at every step."""
   p, bl = prompt_BP.shape[1], cfg.block_len
-  mask_BNN = block_causal_mask(prompt_valid_BP, cfg.completion_len, bl)
+  mask_BNN = block_causal_mask(prompt_valid_BP, cfg.completion_len, bl, cfg.prompt_block_causal)
 
   def block_logits(state, x_BL, block):
     tokens_BN = jnp.concatenate([prompt_BP, x_BL], axis=1)
@@ -90,9 +101,10 @@ def _cached_model(graphdef, params, prompt_BP, prompt_valid_BP, positions_BN, cf
   def init():
     model_cfg = nnx.merge(graphdef, params).cfg
     cache = transformer.init_kv_cache(model_cfg, b, p + l)
+    prompt_mask_PP = prompt_block_mask(p, bl) if cfg.prompt_block_causal else None
     _, cache = transformer.apply_cached(
         graphdef, params, prompt_BP, positions_BN[:, :p], cache, jnp.zeros((b, p + l), bool), 0,
-        new_valid_BT=prompt_valid_BP, write=True)
+        new_valid_BT=prompt_valid_BP, new_mask_TT=prompt_mask_PP, write=True)
     return cache, jnp.concatenate([prompt_valid_BP, jnp.zeros((b, l), bool)], axis=1)
 
   def commit(state, x_BL, block):

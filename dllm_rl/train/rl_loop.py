@@ -40,13 +40,17 @@ def step_config(ctx: Context) -> RLStepConfig:
   r = ctx.config.rl
   return RLStepConfig(
       loss=r.loss, advantage=r.advantage, estimator=ctx.config.estimator.name,
-      estimator_cfg=EstimatorConfig.from_config(ctx.config.estimator,
-                                                block_size=ctx.config.model.block_size),
+      estimator_cfg=EstimatorConfig.from_config(
+          ctx.config.estimator, block_size=ctx.config.model.block_size,
+          prompt_block_causal=ctx.config.model.prompt_block_causal),
       loss_cfg=LossConfig(clip=r.clip, clip_C=r.clip_C, eps=r.eps,
                           spg_omega=ctx.config.estimator.spg_omega),
       advantage_cfg=AdvantageConfig(beta=r.beta, beta_start=r.beta_start, beta_end=r.beta_end,
-                                    beta_schedule=r.beta_schedule),
-      inner_steps=r.inner_steps, num_states=ctx.sampler_cfg.max_steps, kl_coef=r.kl_coef,
+                                    beta_schedule=r.beta_schedule,
+                                    control_per_state=r.control_per_state,
+                                    num_states=ctx.sampler_cfg.max_steps),
+      inner_steps=r.inner_steps, num_states=ctx.sampler_cfg.max_steps,
+      dynamic_states=ctx.sampler_cfg.threshold > 0, kl_coef=r.kl_coef,
       kl_estimator=r.kl_estimator, mask_id=ctx.tokenizer.mask_id, eos_id=ctx.tokenizer.eos_id)
 
 
@@ -118,6 +122,8 @@ def run_rl(ctx: Context) -> dict:
           prompt_BP=batch["prompt_BP"], prompt_valid_BP=batch["prompt_valid_BP"],
           completion_BGL=completions, unmask_step_BGL=np.asarray(out.unmask_step_BL),
           rewards_BG=rewards, correct_BG=correct))
+      if base_accuracy is None:  # the starting policy's training accuracy: its first rollouts
+        base_accuracy = float(np.mean(correct))
       state, metrics = step_fn(state, rollout, k_step)
       it += 1
       window.append(metrics)
@@ -125,8 +131,6 @@ def run_rl(ctx: Context) -> dict:
       if it % r.log_every == 0:
         logged = mean_metrics(window)
         window = []
-        if base_accuracy is None:  # the starting policy's training accuracy (first window)
-          base_accuracy = logged["accuracy"]
         logger.log(it, logged, phase=PHASE)
         bar.set_postfix(reward=f"{logged['reward_mean']:.3f}", refresh=False)
       if it > 1:

@@ -59,7 +59,8 @@ def run_sft(ctx: Context) -> dict:
   step_fn = make_sft_step(graphdef, optimizer, schedule, mask_id=ctx.tokenizer.mask_id,
                           t_eps=f.t_eps, mesh=ctx.mesh, state_sharding=state_sharding,
                           block_size=config.model.block_size,
-                          attention_impl=config.estimator.attention_impl)
+                          attention_impl=config.estimator.attention_impl,
+                          prompt_block_causal=config.model.prompt_block_causal)
   sample_fn, accuracy = evaluation.make_greedy_evaluator(graphdef, ctx)
 
   step = int(state.step)

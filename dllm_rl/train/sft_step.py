@@ -22,7 +22,8 @@ def init_train_state(params, optimizer: optax.GradientTransformation, rng: jax.A
 
 def make_sft_step(graphdef, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
                   *, mask_id: int, t_eps: float, mesh=None, state_sharding=None,
-                  block_size: int = 0, attention_impl: str = "auto") -> Callable:
+                  block_size: int = 0, attention_impl: str = "auto",
+                  prompt_block_causal: bool = False) -> Callable:
   """Build the jitted step (state donated). Metrics: loss, grad_norm (pre-clip), lr.
 
   ``block_size > 0``: a block-diffusion model, trained with the per-block
@@ -34,7 +35,8 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation, schedule: o
     def loss_fn(params):
       if block_size:
         return block_sft_loss(graphdef, params, batch, key, mask_id=mask_id, t_eps=t_eps,
-                              block_size=block_size, attention_impl=attention_impl)
+                              block_size=block_size, attention_impl=attention_impl,
+                              prompt_block_causal=prompt_block_causal)
       return sft_loss(graphdef, params, batch, key, mask_id=mask_id, t_eps=t_eps)
 
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)

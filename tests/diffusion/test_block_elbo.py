@@ -31,10 +31,11 @@ def _seqs(b=2, p=5, l=8):
 
 
 @pytest.mark.parametrize("impl", ["reference", "interpret"])
-@pytest.mark.parametrize("prompt_mask_prob", [0.0, 0.15])
-def test_one_pass_equals_per_block_loop(model, impl, prompt_mask_prob):
+@pytest.mark.parametrize("prompt_mask_prob, prompt_block_causal", [(0.0, False), (0.15, False),
+                                                                   (0.15, True)])
+def test_one_pass_equals_per_block_loop(model, impl, prompt_mask_prob, prompt_block_causal):
   cfg = EstimatorConfig(num_samples=2, block_size=4, attention_impl=impl,
-                        prompt_mask_prob=prompt_mask_prob)
+                        prompt_mask_prob=prompt_mask_prob, prompt_block_causal=prompt_block_causal)
   seqs = _seqs()
   one = block_elbo(model, seqs, jax.random.key(3), cfg, MASK)
   loop = block_elbo_loop(model, seqs, jax.random.key(3), cfg, MASK)

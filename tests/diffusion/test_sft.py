@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from dllm_rl.diffusion import masking
 from dllm_rl.diffusion.sft import sft_loss
@@ -64,3 +65,29 @@ def test_sft_loss_decreases_on_a_fixed_batch():
   assert int(state.step) == 60
   assert np.isfinite(losses).all() and float(m["grad_norm"]) > 0
   assert np.mean(losses[-8:]) < 0.5 * np.mean(losses[:8])
+
+
+def test_sft_loss_value_is_the_llada_objective():
+  """L = mean_b −(1/t_b) Σ_{i masked} log p(x0_i | x_t) / L_b (LLaDA eq. 3; L_b the
+  valid completion length), recomputed in float64 numpy from the same draws."""
+  g, params = T.init_model(CFG, jax.random.key(0))
+  batch = _batch()
+  key = jax.random.key(5)
+  loss, metrics = sft_loss(g, params, batch, key, mask_id=MASK, t_eps=1e-3)
+  # the same (t, mask) draws as sft_loss: key → (k_t, k_m)
+  k_t, k_m = jax.random.split(key)
+  t = np.asarray(masking.sample_t(k_t, 8, 1e-3), np.float64)
+  noisy, masked = masking.forward_mask(k_m, batch.completion_BL, batch.completion_valid_BL,
+                                       jnp.asarray(t, jnp.float32), MASK)
+  tokens = jnp.concatenate([batch.prompt_BP, noisy], axis=1)
+  valid = jnp.concatenate([batch.prompt_valid_BP, jnp.ones_like(noisy, bool)], axis=1)
+  positions = T.positions_from_valid(valid)
+  logits = np.asarray(T.apply(g, params, tokens, positions, valid[:, None, :]), np.float64)[:, 6:]
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  target = np.take_along_axis(logp, np.asarray(batch.completion_BL)[..., None], -1)[..., 0]
+  masked = np.asarray(masked)
+  lengths = np.asarray(batch.completion_valid_BL).sum(-1)
+  want = np.mean(-(np.where(masked, target, 0.0).sum(-1) / t) / lengths)
+  assert masked.any() and not np.allclose(t, t[0])
+  assert float(loss) == pytest.approx(want, rel=1e-5)
+  assert float(metrics["masked_nll"]) == pytest.approx(-target[masked].mean(), rel=1e-5)

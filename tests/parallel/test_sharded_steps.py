@@ -46,8 +46,12 @@ def _rl_batch():
                       jnp.broadcast_to(jnp.arange(6) % 3, (8, 2, 6)), rewards, rewards > 0)
 
 
-RL_CFG = RLStepConfig(loss="stabledrl", advantage="steprs", estimator="elbo",
-                      estimator_cfg=EstimatorConfig(num_samples=2), loss_cfg=LossConfig(),
+# The official setup: SPG block masks (K = 2, prompt noise), the SPG surrogate, independent masks
+# for ℓ̂_old and each inner iteration; StepRS advantages.
+RL_CFG = RLStepConfig(loss="stabledrl", advantage="steprs", estimator="spg_block",
+                      estimator_cfg=EstimatorConfig(num_samples=2, spg_block_len=3,
+                                                    prompt_mask_prob=0.15, antithetic=False),
+                      loss_cfg=LossConfig(),
                       advantage_cfg=AdvantageConfig(), inner_steps=2, num_states=3,
                       mask_id=MASK, eos_id=EOS)
 

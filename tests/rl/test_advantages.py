@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import functools
 import math
 
@@ -116,6 +117,27 @@ def test_rs_weight_limits_and_formula():
   assert np.isfinite(np.asarray(adv.rs_weight(200.0, 0.5)))
 
 
+def test_rs_weight_is_accurate_up_to_beta_30_in_float32():
+  """At p = 0 and 1 the closed form must not cancel (β = 16 used to give 5.24e5
+  instead of 5.55e5, β = 20 inf instead of 2.4e7)."""
+  decimal.getcontext().prec = 50  # the float64 closed form cancels too: exact reference
+  for beta in (-30.0, -20.0, -16.0, -5.0, 5.0, 16.0, 20.0, 25.0, 30.0):
+    for p in (0.0, 1 / 16, 0.5, 15 / 16, 1.0):
+      em = decimal.Decimal(beta).exp() - 1
+      want = float(em / (decimal.Decimal(beta) * (1 + decimal.Decimal(p) * em)))
+      got = float(adv.rs_weight(np.float32(beta), np.float32(p)))
+      assert got == pytest.approx(want, rel=1e-5), (beta, p)
+  r = _binary(24, b=16, g=16)
+  r[0] = 0.0
+  r[0, 0] = 1.0  # p̂ = 1/16: e^{β(1 − p̂)} is large at β = 30
+  p = r.mean(-1, keepdims=True)
+  for beta in (16.0, 30.0, -30.0):
+    want = np.asarray(adv.rs_weight(beta, p)) * (r - p)
+    got = np.asarray(adv.risk_sensitive(r, beta))
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
 def test_risk_sensitive_per_completion_beta():
   r = _rewards(5)
   beta_BG = np.random.default_rng(5).uniform(-3, 3, r.shape).astype(np.float32)
@@ -188,6 +210,20 @@ def test_steprs_constant_beta_equals_risk_sensitive():
 
 
 @pytest.mark.parametrize("schedule", adv.SCHEDULES)
+def test_steprs_binary_identity_with_a_beta_per_state(schedule):
+  """A = w_{β_s}(p̂)(r − p̂) token by token, β_s from each token's own state."""
+  r = _binary(23, b=6, g=8)
+  s = np.random.default_rng(23).integers(0, 6, size=(6, 8, 5))
+  u = adv.progress_from_unmask_step(s, 6)
+  got = np.asarray(adv.steprs(r, u, -1.0, 6.0, schedule))
+  beta = np.asarray(adv.beta_schedule(u, -1.0, 6.0, schedule))
+  p_hat = r.mean(-1)[:, None, None]
+  want = np.asarray(adv.rs_weight(beta, np.broadcast_to(p_hat, beta.shape))) * (r[..., None] - p_hat)
+  np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-6)
+  assert len(np.unique(np.round(beta, 5))) >= 2  # the test really uses several β
+
+
+@pytest.mark.parametrize("schedule", adv.SCHEDULES)
 def test_steprs_matches_python_loop(schedule):
   b, g, length, states = 2, 4, 6, 5
   rng = np.random.default_rng(8)
@@ -204,11 +240,7 @@ def test_steprs_matches_python_loop(schedule):
         assert got[i, j, k] == pytest.approx(_rs_ref(r[i], beta)[j], rel=1e-4, abs=1e-6)
 
 
-def _group_stat(x_BGL, mask_BGL, fn):
-  return np.array([fn(x_BGL[i][mask_BGL[i]]) for i in range(x_BGL.shape[0])])
-
-
-def test_rms_and_mass_matched():
+def test_rms_and_mass_matched_rescale_the_whole_batch():
   b, g, length = 4, 5, 7
   rng = np.random.default_rng(9)
   r = rng.uniform(size=(b, g)).astype(np.float32)
@@ -223,15 +255,60 @@ def test_rms_and_mass_matched():
   for fn, stat in ((adv.rms_matched, rms), (adv.mass_matched, mass)):
     m = np.asarray(fn(a, r, mask))
     assert np.isfinite(m).all()
-    np.testing.assert_allclose(_group_stat(m, mask, stat), _group_stat(c, mask, stat), rtol=1e-5)
+    assert stat(m[mask]) == pytest.approx(stat(c[mask]), rel=1e-5)  # the batch statistic
     np.testing.assert_array_equal(m[2], 0.0)
-    # only the magnitude changes: a positive per-group rescaling of the StepRS values
+    # one positive scale for the whole batch: the prompts' relative weights survive
     ratio = m[[0, 1, 3]] / a[[0, 1, 3]]
-    np.testing.assert_allclose(ratio, ratio[:, :1, :1] * np.ones_like(ratio), rtol=1e-5)
-    assert (ratio > 0).all()
-  # a group whose advantages are all 0 but centered is not stays unchanged (no NaN)
+    np.testing.assert_allclose(ratio, ratio.flat[0], rtol=1e-5)
+    assert ratio.flat[0] > 0
+  # advantages that are all 0 stay 0 (no NaN)
   zero = np.asarray(adv.rms_matched(np.zeros_like(a), r, mask))
   np.testing.assert_array_equal(zero, 0.0)
+
+
+def test_constant_beta_control_keeps_the_prompt_weights_that_a_per_prompt_scale_cancels():
+  """With binary rewards and a constant β, StepRS = w_β(p̂)(r − p̂): the control
+  must keep w_β(p̂) (differ from centered) and only match the batch RMS."""
+  r = _binary(21, b=12, g=8)
+  r[0] = [1, 0, 0, 0, 0, 0, 0, 0]  # p̂ = 1/8
+  r[1] = [1, 1, 1, 1, 1, 1, 1, 0]  # p̂ = 7/8
+  mask = np.ones((12, 8, 3), bool)
+  u = np.zeros((12, 8, 3), np.float32)
+  cfg = adv.AdvantageConfig(beta_start=3.0, beta_end=3.0)
+  got = np.asarray(adv.ADVANTAGES.get("steprs_rms_matched")(r, u, mask, cfg))
+  c = np.broadcast_to(np.asarray(adv.centered(r))[..., None], got.shape)
+  assert np.sqrt(np.mean(got ** 2)) == pytest.approx(np.sqrt(np.mean(c ** 2)), rel=1e-5)
+  assert not np.allclose(got, c, atol=1e-3)
+  # the per-prompt weights w_β(p̂) survive: prompt 0 (hard) gains over prompt 1 (easy)
+  w = lambda p: math.expm1(3.0) / (3.0 * (1 + p * math.expm1(3.0)))
+  gain = (got[0] / c[0]).mean() / (got[1] / c[1]).mean()
+  assert gain == pytest.approx(w(1 / 8) / w(7 / 8), rel=1e-4)
+
+
+def test_per_state_control_matches_each_state():
+  r = _rewards(22, b=6, g=4)
+  s = np.random.default_rng(22).integers(0, 4, size=(6, 4, 5))
+  u = np.asarray(adv.progress_from_unmask_step(s, 4))
+  mask = np.ones(s.shape, bool)
+  cfg = adv.AdvantageConfig(beta_start=0.0, beta_end=4.0, control_per_state=True, num_states=4)
+  got = np.asarray(adv.ADVANTAGES.get("steprs_rms_matched")(r, u, mask, cfg))
+  c = np.broadcast_to(np.asarray(adv.centered(r))[..., None], got.shape)
+  for state in range(4):
+    sel = s == state
+    assert np.sqrt(np.mean(got[sel] ** 2)) == pytest.approx(np.sqrt(np.mean(c[sel] ** 2)),
+                                                            rel=1e-5)
+
+
+def test_progress_per_row_counts_each_rows_own_states():
+  """Threshold mode: two rows that finish at different step counts (shared step counter)."""
+  steps = np.array([[[0, 0, 1, 2, 5, 5],      # states {0,1,2,5}: S = 4
+                     [0, 3, 3, 3, 7, 9]]])    # states {0,3,7}, 9 is after EOS: S = 3
+  action = np.array([[[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]]], bool)
+  u = np.asarray(adv.progress_per_row(steps, action))
+  np.testing.assert_allclose(u[0, 0], [0, 0, 1 / 3, 2 / 3, 1, 1], rtol=1e-6)
+  np.testing.assert_allclose(u[0, 1], [0, 0.5, 0.5, 0.5, 1, 0], rtol=1e-6)
+  one = np.asarray(adv.progress_per_row(np.array([[4, 4]]), np.ones((1, 2), bool)))
+  np.testing.assert_array_equal(one, 0.0)  # S = 1: u = 0
 
 
 # ------------------------------------------------------------ calibration

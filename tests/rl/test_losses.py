@@ -103,3 +103,77 @@ def test_kl_estimators():
   np.testing.assert_allclose(losses.kl_penalty(logp, ref, "k3"), (np.exp(-1) + 1 - 1) / 2, rtol=1e-6)
   with pytest.raises(ValueError, match="k4"):
     losses.kl_penalty(logp, ref, "k4")
+
+
+def _lik(token_BGL, eubo_BGL=None):
+  from dllm_rl.diffusion.estimators import Likelihood
+  extra = {} if eubo_BGL is None else {"eubo_token_BL": eubo_BGL, "eubo_B": eubo_BGL.sum(-1)}
+  return Likelihood(token_BL=token_BGL, seq_B=token_BGL.sum(-1),
+                    entropy_B=jnp.zeros(token_BGL.shape[:2]), extra=extra)
+
+
+def _stabledrl_numpy(elbo, eubo, old_seq, adv, mask, omega, C=5.0):
+  """The official spg_snis loss per group: −Σ_i w_i Σ_k A_ik ℓ̂^SPG_ik, w = softmax(min(log ρ̂, log C))
+  with log ρ̂ from the ELBO; ℓ̂^SPG = ELBO if A > 0 else ω·EUBO + (1 − ω)·ELBO; mean over groups."""
+  elbo, eubo, adv = (np.asarray(x, np.float64) for x in (elbo, eubo, adv))
+  log_rho = np.minimum(np.where(mask, elbo, 0).sum(-1) - old_seq, np.log(C))
+  w = np.exp(log_rho - log_rho.max(-1, keepdims=True))
+  w /= w.sum(-1, keepdims=True)
+  surr = np.where(adv > 0, elbo, omega * eubo + (1 - omega) * elbo)
+  return -(w * np.where(mask, adv * surr, 0).sum(-1)).sum(-1).mean()
+
+
+def test_stabledrl_with_an_eubo_uses_the_spg_surrogate():
+  b, g, l = 3, 4, 5
+  mask = np.asarray(jax.random.bernoulli(jax.random.key(14), 0.8, (b, g, l)))
+  # estimator outputs are 0 off the action (Likelihood invariant)
+  elbo = jnp.where(mask, -jnp.abs(_rand(10, (b, g, l))), 0.0)
+  eubo = jnp.where(mask, -jnp.abs(_rand(11, (b, g, l))), 0.0)
+  old = np.asarray(elbo.sum(-1)) + np.asarray(_rand(12, (b, g), 0.5))
+  adv = _rand(13, (b, g, l))
+  old_lik = _lik(jnp.asarray(old)[..., None] * jnp.ones((1, 1, l)) / l)
+  fn = losses.LOSSES.get("stabledrl")
+  for omega in (0.5, 0.0, 1.0):
+    cfg = losses.LossConfig(spg_omega=omega)
+    loss, _ = fn(_lik(elbo, eubo), old_lik, adv, mask, None, cfg)
+    assert float(loss) == pytest.approx(_stabledrl_numpy(elbo, eubo, old, adv, mask, omega),
+                                        rel=1e-5)
+  # ω = 0 is the ELBO-only loss (an estimator without an EUBO), in value and gradient
+  cfg0 = losses.LossConfig(spg_omega=0.0)
+  with_eubo = lambda e: fn(_lik(e, eubo), old_lik, adv, mask, None, cfg0)[0]
+  elbo_only = lambda e: fn(_lik(e), old_lik, adv, mask, None, cfg0)[0]
+  assert float(with_eubo(elbo)) == pytest.approx(float(elbo_only(elbo)), rel=1e-6)
+  np.testing.assert_allclose(jax.grad(with_eubo)(elbo), jax.grad(elbo_only)(elbo), rtol=1e-6)
+  # the EUBO receives gradient exactly where A ≤ 0 (and the token is an action)
+  g_eubo = jax.grad(lambda u: fn(_lik(elbo, u), old_lik, adv, mask, None,
+                                 losses.LossConfig())[0])(eubo)
+  np.testing.assert_array_equal(np.asarray(g_eubo) != 0, (np.asarray(adv) <= 0) & mask)
+
+
+def test_grpo_clip_fraction_counts_only_clips_that_take_effect():
+  """A > 0 with ρ̂ > 1 + ε is clipped; A < 0 with ρ̂ > 1 + ε is the bypass, not a clip."""
+  b, g, l = 1, 4, 3
+  log_ratio = jnp.log(jnp.array([[2.0, 2.0, 0.5, 0.5]]))
+  adv = jnp.broadcast_to(jnp.array([[1.0, -1.0, 1.0, -1.0]])[..., None], (b, g, l))
+  mask = jnp.ones((b, g, l), bool)
+  old = _lik(jnp.zeros((b, g, l)))
+  new = _lik(jnp.broadcast_to(log_ratio[..., None] / l, (b, g, l)))
+  for name in ("grpo", "grpo_token"):
+    new_ = new if name == "grpo" else _lik(jnp.broadcast_to(log_ratio[..., None], (b, g, l)))
+    _, m = losses.LOSSES.get(name)(new_, old, adv, mask, None, losses.LossConfig(eps=0.2))
+    assert float(m["clip_fraction"]) == pytest.approx(0.5)  # completions 0 and 3 only
+  metrics = losses.ratio_metrics(log_ratio, adv, mask, 0.2)
+  assert float(metrics["bypass_fraction"]) == pytest.approx(0.25)  # completion 1
+
+
+def test_kl_and_ratio_metrics_stay_finite_for_sum_reduced_log_ratios():
+  logp = jnp.array([[-900.0, -5.0], [-1.0, -300.0]])
+  ref = jnp.zeros_like(logp)
+  kl, grad = jax.value_and_grad(lambda x: losses.kl_penalty(x, ref, "k3"))(logp)
+  assert np.isfinite(float(kl)) and np.all(np.isfinite(np.asarray(grad)))
+  assert float(losses.kl_penalty(jnp.array([-3.0]), jnp.zeros(1), "k3")) == pytest.approx(
+      np.exp(3.0) - 3.0 - 1.0, rel=1e-6)  # exact below the linear continuation
+  log_ratio = jnp.array([[500.0, -500.0, 0.0]])
+  m = losses.ratio_metrics(log_ratio, jnp.ones((1, 3, 2)), jnp.ones((1, 3, 2), bool), 0.2)
+  assert all(np.isfinite(float(v)) for v in m.values())
+  assert float(m["log_ratio_max"]) == 500.0

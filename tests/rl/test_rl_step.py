@@ -1,4 +1,4 @@
-"""The jitted RL step: 2-step smoke test per loss, shared-mask ratio, KL, metrics."""
+"""The jitted RL step: 2-step smoke test per loss, actions end at EOS, noise schemes, KL, metrics."""
 
 import dataclasses
 
@@ -12,7 +12,9 @@ from dllm_rl.diffusion.estimators import EstimatorConfig
 from dllm_rl.models import transformer as T
 from dllm_rl.rl.advantages import AdvantageConfig
 from dllm_rl.rl.losses import LOSSES, LossConfig
-from dllm_rl.rl.step import RLStepConfig, RolloutBatch, completion_lengths, make_rl_step
+from dllm_rl.diffusion.spg import spg_block_masks
+from dllm_rl.rl.step import (RLStepConfig, RolloutBatch, completion_lengths, flatten_groups,
+                             make_rl_step)
 from dllm_rl.train.sft_step import init_train_state
 
 MASK, EOS = 2, 1
@@ -34,12 +36,38 @@ def _batch(seed=0):
       rewards_BG=rewards, correct_BG=rewards > 0)
 
 
-def _step(loss, advantage="centered", kl_coef=0.0, antithetic=True, inner=2):
-  name, est_cfg = ESTIMATOR_FOR.get(loss, ("elbo", EstimatorConfig(num_samples=1)))
-  est_cfg = dataclasses.replace(est_cfg, antithetic=antithetic)
+def _eos_batch(seed=0):
+  """Completions whose first EOS sits at 0, 2, 5, 7 or nowhere, followed by arbitrary
+  committed tokens (not an EOS fill), as a sampler without stop_at_eos leaves them."""
+  batch = _batch(seed)
+  first = np.array([[1, 5, 8, 2], [7, 0, 3, 5]])  # 8 = no EOS
+  c = np.array(batch.completion_BGL)
+  for i in range(B):
+    for j in range(G):
+      if first[i, j] < L:
+        c[i, j, first[i, j]] = EOS
+  return batch.replace(completion_BGL=jnp.asarray(c)), first
+
+
+def _after_eos_changed(batch, first, seed):
+  """Every token (and unmask step) after the first EOS replaced."""
+  k = jax.random.split(jax.random.key(100 + seed), 2)
+  after = jnp.arange(L)[None, None, :] > jnp.asarray(first)[..., None]
+  tokens = jax.random.randint(k[0], (B, G, L), 0, 12)  # EOS and the mask id included
+  steps = jax.random.randint(k[1], (B, G, L), 0, 4)
+  return batch.replace(completion_BGL=jnp.where(after, tokens, batch.completion_BGL),
+                       unmask_step_BGL=jnp.where(after, steps, batch.unmask_step_BGL))
+
+
+def _step(loss, advantage="centered", kl_coef=0.0, antithetic=True, inner=2, estimator=None,
+          dynamic_states=False):
+  name, est_cfg = estimator or ESTIMATOR_FOR.get(loss, ("elbo", EstimatorConfig(num_samples=1)))
+  if antithetic is not None:
+    est_cfg = dataclasses.replace(est_cfg, antithetic=antithetic)
   cfg = RLStepConfig(loss=loss, advantage=advantage, estimator=name, estimator_cfg=est_cfg,
                      loss_cfg=LossConfig(), advantage_cfg=AdvantageConfig(), inner_steps=inner,
-                     num_states=4, kl_coef=kl_coef, mask_id=MASK, eos_id=EOS)
+                     num_states=4, dynamic_states=dynamic_states, kl_coef=kl_coef, mask_id=MASK,
+                     eos_id=EOS)
   graphdef, params = T.init_model(CFG, jax.random.key(0))
   opt = optax.adam(1e-2)
   state = init_train_state(params, opt, jax.random.key(1))
@@ -53,7 +81,7 @@ def test_two_rl_steps_per_loss(loss):
   step_fn, state = _step(loss)
   before = jax.tree.map(np.asarray, state.params)
   for i in range(2):
-    state, metrics = step_fn(state, _batch(i), jax.random.key(10 + i))
+    state, metrics = step_fn(state, _eos_batch(i)[0], jax.random.key(10 + i))
     for k, v in metrics.items():
       assert np.isfinite(np.asarray(v)).all(), (loss, k)
   assert int(state.step) == 4  # 2 rollout batches × μ = 2 updates
@@ -64,6 +92,58 @@ def test_two_rl_steps_per_loss(loss):
   for key in ("reward_mean", "accuracy", "ratio_mean", "ratio_max", "ratio_std", "clip_fraction",
               "bypass_fraction", "completion_length", "entropy", "grad_norm", "loss"):
     assert key in metrics
+
+
+CASES = [("stabledrl", "centered", None, False), ("grpo", "grpo", None, False),
+         ("grpo_token", "centered", None, False), ("spg", "centered", None, False),
+         ("stabledrl", "centered", ESTIMATOR_FOR["spg"], False),
+         ("stabledrl", "steprs", None, False), ("stabledrl", "steprs_rms_matched", None, True)]
+
+
+@pytest.mark.parametrize("loss, advantage, estimator, dynamic", CASES)
+def test_nothing_after_the_first_eos_changes_loss_gradient_or_metrics(loss, advantage, estimator,
+                                                                     dynamic):
+  batch, first = _eos_batch()
+  results = []
+  step_fn, state0 = _step(loss, advantage, antithetic=False, estimator=estimator,
+                          dynamic_states=dynamic)
+  for variant in (batch, _after_eos_changed(batch, first, 0), _after_eos_changed(batch, first, 1)):
+    state, metrics = step_fn(jax.tree.map(jnp.copy, state0), variant, jax.random.key(7))
+    results.append((jax.tree.map(np.asarray, state.params), jax.tree.map(np.asarray, metrics)))
+  (p0, m0) = results[0]
+  lengths = np.where(first < L, first + 1, L)
+  assert float(m0["completion_length"]) == pytest.approx(lengths.mean())
+  for p, m in results[1:]:
+    for k in m0:
+      np.testing.assert_allclose(m[k], m0[k], rtol=1e-6, atol=1e-7, err_msg=k)
+    for a, b in zip(jax.tree_util.tree_leaves(p0), jax.tree_util.tree_leaves(p)):
+      np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_actions_end_at_the_first_eos():
+  batch, first = _eos_batch()
+  seqs = flatten_groups(batch, EOS)
+  lengths = np.where(first < L, first + 1, L).reshape(-1)
+  valid = np.asarray(seqs.completion_valid_BL)
+  np.testing.assert_array_equal(valid.sum(-1), lengths)
+  np.testing.assert_array_equal(valid, np.arange(L)[None, :] < lengths[:, None])
+  np.testing.assert_array_equal(np.asarray(seqs.completion_BL)[~valid], EOS)  # canonical fill
+  np.testing.assert_array_equal(completion_lengths(batch.completion_BGL, EOS), lengths.reshape(B, G))
+  # SPG picks blocks among ceil(len / block) and scores only action tokens
+  masks = spg_block_masks(jax.random.key(0), seqs, num_samples=16, block_len=4)
+  used_blocks = -(-lengths // 4)
+  assert np.all(np.asarray(masks.block_KB) < used_blocks[None, :])
+  scored = np.asarray(masks.completion_KBL) & valid[None]
+  assert scored.any(-1).all()  # every draw scores some action token
+  assert (np.asarray(masks.completion_KBL) | valid[None]).all()  # after the action: always masks
+
+
+def test_official_noise_by_default_gives_a_noisy_ratio_at_the_first_inner_step():
+  """EstimatorConfig() is the official setup: ℓ̂_old on its own masks, ℓ̂_θ on fresh ones."""
+  assert not EstimatorConfig().antithetic
+  step_fn, state = _step("stabledrl", antithetic=None)
+  _, metrics = step_fn(state, _eos_batch()[0], jax.random.key(5))
+  assert float(metrics["ratio_max_first"]) > 1.01
 
 
 def test_ratio_is_one_before_the_first_update_with_shared_masks():

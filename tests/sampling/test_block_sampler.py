@@ -24,6 +24,9 @@ COMBOS = {  # one compile per (combo, use_cache); the tests below share these ru
     "threshold_greedy": dict(steps=3, temperature=0.0, threshold=0.3, stop_at_eos=True),
     "threshold_temp": dict(steps=3, temperature=0.8, threshold=0.3, stop_at_eos=False),
     "eos_temp": dict(steps=6, temperature=1.5, stop_at_eos=True),  # rows finish in blocks 0, 1
+    # SDAR: the (left-padded) prompt attends block-causally, blocks aligned to its end
+    "prompt_block_causal": dict(steps=6, temperature=0.8, remasking="random", stop_at_eos=False,
+                                prompt_block_causal=True),
 }
 
 
@@ -89,6 +92,14 @@ def test_forward_cached_equals_block_causal_forward(model):
                              atol=1e-5)
   np.testing.assert_allclose(blocks, full[:, p:], atol=1e-5)
   np.testing.assert_array_equal(peeks, blocks)
+
+
+def test_prompt_block_causal_changes_the_rollouts(runs):
+  """The cached prefill honours the block-causal prompt (= dense reference, checked in
+  test_cache_equals_reference) and it is a different model input than a full prompt."""
+  pbc = runs[("prompt_block_causal", True)]
+  full = runs[("fixed_temp", True)]  # the same sampler but for the prompt attention
+  assert not np.array_equal(np.asarray(pbc.completion_BL), np.asarray(full.completion_BL))
 
 
 def test_block_causal_mask_rules():
