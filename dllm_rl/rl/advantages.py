@@ -186,10 +186,10 @@ def progress_per_row(unmask_step_BGL: ArrayLike, action_BGL: ArrayLike) -> jax.A
   which a row does act commits at least one token. So the states a row went
   through are the distinct unmask steps of its action tokens (``action_BGL``),
   s_i is the rank of a token's step among them and S_i their number. Positions
-  outside the action get 0.
+  outside the action, or never committed (step −1), get 0.
   """
   s_BGL = jnp.asarray(unmask_step_BGL, jnp.int32)
-  act_BGL = jnp.asarray(action_BGL, bool)
+  act_BGL = jnp.asarray(action_BGL, bool) & (s_BGL >= 0)  # −1: never committed, no state
   big = jnp.iinfo(jnp.int32).max
   srt_BGL = jnp.sort(jnp.where(act_BGL, s_BGL, big), axis=-1)
   first_BGL = jnp.concatenate(  # first occurrence of each distinct step in sorted order

@@ -307,6 +307,8 @@ def test_progress_per_row_counts_each_rows_own_states():
   u = np.asarray(adv.progress_per_row(steps, action))
   np.testing.assert_allclose(u[0, 0], [0, 0, 1 / 3, 2 / 3, 1, 1], rtol=1e-6)
   np.testing.assert_allclose(u[0, 1], [0, 0.5, 0.5, 0.5, 1, 0], rtol=1e-6)
+  never = np.asarray(adv.progress_per_row(np.array([[-1, 2, 6]]), np.ones((1, 3), bool)))
+  np.testing.assert_allclose(never, [[0, 0, 1]])  # −1 (never committed) is not a state
   one = np.asarray(adv.progress_per_row(np.array([[4, 4]]), np.ones((1, 2), bool)))
   np.testing.assert_array_equal(one, 0.0)  # S = 1: u = 0
 
