@@ -50,7 +50,7 @@ def _load() -> str:
 
 def study(names: list[str], workdir: str, seeds: int | None, quick: bool, sets: list[str],
           results_md: str, command: str, rl_steps: int | None = None,
-          eval_every: int | None = None) -> dict:
+          eval_every: int | None = None, cache_dir: str | None = None) -> dict:
   """Run the named studies and write their JSON, plots and the markdown report."""
   import jax
 
@@ -66,8 +66,9 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool, sets: 
   os.makedirs(workdir, exist_ok=True)
   done = []
   for name in names:
-    result = runner.run_study(name, arms_lib.STUDIES.get(name)(), workdir, size.seeds, size,
-                              overrides)
+    with runner.compilation_cache(cache_dir):
+      result = runner.run_study(name, arms_lib.STUDIES.get(name)(), workdir, size.seeds, size,
+                                overrides)
     result["command"], result["quick"] = command, quick
     with open(os.path.join(workdir, f"{name}.json"), "w") as fh:
       json.dump(result, fh)
@@ -99,7 +100,7 @@ def main(argv):
   names = sorted(names, key=lambda n: n != "stability")  # stability first
   command = "python -m dllm_rl.study " + " ".join(sys.argv[1:])
   study(names, _WORKDIR.value, _SEEDS.value, _QUICK.value, _SET.value, _RESULTS.value, command,
-        _STEPS.value, _EVAL_EVERY.value)
+        _STEPS.value, _EVAL_EVERY.value, os.path.join(_WORKDIR.value, "jax_cache"))
 
 
 if __name__ == "__main__":

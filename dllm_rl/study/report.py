@@ -135,6 +135,12 @@ CAVEATS = {
 }
 
 
+def compute_seconds(studies: list[dict]) -> float:
+  """Wall seconds the runs took when they ran: each seed's SFT once + every arm."""
+  sft = {k: v.get("wall_seconds", 0.0) for st in studies for k, v in st["sft"].items()}
+  return sum(sft.values()) + sum(r["wall_seconds"] for st in studies for r in st["runs"])
+
+
 def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
   quick = meta.get("quick")
   out = ["# Results: the papers' claims at small scale", "",
@@ -148,7 +154,9 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
           f"| load average (1 min) at start / end | {meta['load_start']} / {meta['load_end']} |",
           f"| jax | {meta['jax']} |",
           f"| started (UTC) | {meta['started']} |",
-          f"| wall time | {meta['wall_seconds']:.0f} s |", ""]
+          f"| wall time of this invocation | {meta['wall_seconds']:.0f} s |",
+          f"| compute recorded in the JSON (SFT + every arm, summed over the invocations that"
+          f" produced them) | {compute_seconds(studies):.0f} s |", ""]
   out += ["Every arm starts from the same SFT checkpoint of the embedded default's task (3-digit"
           " addition, `dllm_rl/default_config.py`), one per seed, and changes only the listed"
           " keys. Official noise (independent masks for ℓ̂_old and every inner step), 1-draw"
@@ -156,8 +164,9 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
           " Intervals: mean ± 95% Student-t half-width across seeds (none with one seed)."
           " Validation accuracy: greedy, on 256 training-distribution prompts never trained on;"
           " test accuracy: greedy on the 256 test prompts after the last step. Collapse:"
-          " validation accuracy below the SFT start from some evaluation on, for at least two"
-          " evaluations. Spike: a step whose max grad norm (pre-clip, over the μ inner steps)"
+          " validation accuracy below the SFT start by more than 2 binomial standard errors"
+          " (2·sqrt(p(1 − p)/n), about 0.057 at p = 0.3, n = 256) from some evaluation on, for"
+          " at least two evaluations. Spike: a step whose max grad norm (pre-clip, over the μ inner steps)"
           f" exceeds {stats.SPIKE_FACTOR:g}× the run's median.", ""]
   verdicts = []
   for study in studies:

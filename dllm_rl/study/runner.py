@@ -1,7 +1,7 @@
 """Run a study: SFT once per seed, then every arm from that seed's SFT checkpoint.
 
 Runs go through the public ``dllm_rl.run.run(config, workdir)``: SFT in
-``DIR/<study>/seed<k>/sft`` (``config.mode=sft``), each arm in
+``DIR/sft/seed<k>`` (``config.mode=sft``; shared by the studies run in one DIR), each arm in
 ``DIR/<study>/seed<k>/<arm>`` (``config.mode=rl``) with a copy of the SFT
 checkpoint under ``checkpoints/sft``, which ``rl`` mode restores. A finished arm
 keeps ``run.json`` and is not rerun, so an interrupted study resumes.
@@ -9,6 +9,7 @@ keeps ``run.json`` and is not rerun, so an interrupted study resumes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,6 +24,31 @@ from dllm_rl.study.arms import Arm, Size
 STEP_KEYS = ("reward_mean", "accuracy", "grad_norm", "grad_norm_max", "ratio_max",
              "ratio_max_first", "log_ratio_max", "bypass_fraction", "clip_fraction", "loss",
              "entropy", "adv_abs_mean")
+
+
+@contextlib.contextmanager
+def compilation_cache(cache_dir: str | None):
+  """JAX's persistent compilation cache in ``cache_dir`` for the arms of a study: the
+  samplers and evaluators of every arm have the same programs, so only the first compiles
+  them. The previous settings are restored on exit. ``None``: unchanged."""
+  if not cache_dir:
+    yield
+    return
+  import jax
+  from jax.experimental.compilation_cache import compilation_cache as cc
+  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+          "jax_persistent_cache_min_entry_size_bytes")
+  old = {k: jax.config.values[k] for k in keys}
+  os.makedirs(cache_dir, exist_ok=True)
+  for k, v in zip(keys, (cache_dir, 0.0, 0)):
+    jax.config.update(k, v)
+  cc.reset_cache()
+  try:
+    yield
+  finally:
+    for k, v in old.items():
+      jax.config.update(k, v)
+    cc.reset_cache()
 
 
 def parse_override(text: str) -> tuple[str, object]:
@@ -84,15 +110,18 @@ def step_records(metrics_path: str) -> tuple[list[dict], list[dict], dict]:
   return [steps[s] for s in sorted(steps)], evals, final
 
 
-def arm_stats(records: list[dict], evals: list[dict]) -> dict:
-  """The arm's summary: start / final / best validation accuracy, collapse, spikes."""
+def arm_stats(records: list[dict], evals: list[dict], num_val: int) -> dict:
+  """The arm's summary: start / final / best validation accuracy, collapse (below the start
+  by more than 2 binomial standard errors on ``num_val`` prompts, and staying there), spikes."""
   start = next((e["val_accuracy"] for e in evals if e["step"] == 0), None)
   later = [e for e in evals if e["step"] > 0]
   grads = [r.get("grad_norm_max", r.get("grad_norm")) for r in records]
+  margin = stats.binomial_margin(start, num_val) if start is not None else None
   collapsed_at = (stats.collapse_step([e["step"] for e in evals],
-                                      [e["val_accuracy"] for e in evals], start)
+                                      [e["val_accuracy"] for e in evals], start, margin)
                   if start is not None else None)
   return {
+      "collapse_margin": margin,
       "start_val_accuracy": start,
       "final_val_accuracy": later[-1]["val_accuracy"] if later else None,
       "best_val_accuracy": max((e["val_accuracy"] for e in later), default=None),
@@ -124,9 +153,12 @@ def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrid
             calibrated: dict) -> dict:
   """One arm from the seed's SFT checkpoint; returns (and writes) its run record."""
   path = os.path.join(workdir, "run.json")
-  if os.path.exists(path):
+  if os.path.exists(path):  # finished: reuse it, with the summary statistics recomputed
     with open(path) as fh:
-      return json.load(fh)
+      result = json.load(fh)
+    result["stats"] = arm_stats(result["steps"], result["evals"],
+                                make_config(result["overrides"]).task.val_size)
+    return result
   target = os.path.join(workdir, "checkpoints", "sft")
   if not os.path.isdir(target):
     shutil.copytree(os.path.join(sft_dir, "checkpoints", "sft"), target)
@@ -142,7 +174,8 @@ def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrid
   records, evals, final = step_records(os.path.join(workdir, "metrics.jsonl"))
   result = {"arm": arm.name, "description": arm.description, "seed": seed,
             "overrides": run_overrides, "wall_seconds": time.time() - t0, "summary": summary,
-            "stats": arm_stats(records, evals), "evals": evals, "final": final,
+            "stats": arm_stats(records, evals, make_config(run_overrides).task.val_size),
+            "evals": evals, "final": final,
             "steps": records}
   with open(path, "w") as fh:
     json.dump(result, fh)
@@ -156,7 +189,7 @@ def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
   runs, sfts = [], {}
   for seed in range(seeds):
     seed_dir = os.path.join(workdir, name, f"seed{seed}")
-    sft_dir = os.path.join(seed_dir, "sft")
+    sft_dir = os.path.join(workdir, "sft", f"seed{seed}")  # shared by the studies of a DIR
     sfts[seed] = train_sft(seed, sft_dir, overrides)
     log(f"[study] {name} seed {seed}: SFT test accuracy {sfts[seed].get('sft_accuracy')}")
     calibrated = {}

@@ -56,6 +56,12 @@ def count_spikes(grad_norms: Sequence[float], factor: float = SPIKE_FACTOR) -> i
   return int(np.sum(~np.isfinite(x) | ((med > 0) & (x > factor * med))))
 
 
+def binomial_margin(p: float, n: int, z: float = 2.0) -> float:
+  """z standard errors of an accuracy p measured on n prompts: z·sqrt(p(1 − p)/n).
+  The collapse margin: a fall smaller than this is evaluation noise."""
+  return z * math.sqrt(max(p * (1.0 - p), 0.0) / n)
+
+
 def collapse_step(eval_steps: Sequence[int], accuracies: Sequence[float], start: float,
                   margin: float = 0.0, min_evals: int = 2) -> int | None:
   """The first evaluation step from which held-out accuracy stays below the start.

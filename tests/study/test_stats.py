@@ -48,3 +48,9 @@ def test_collapse_needs_accuracy_to_stay_below_the_start():
   assert stats.collapse_step(steps, [0.3, 0.4, 0.4, 0.4, 0.2], start=0.3, min_evals=1) == 40
   # the margin tolerates evaluation noise
   assert stats.collapse_step(steps, [0.3, 0.29, 0.28, 0.29, 0.28], start=0.3, margin=0.03) is None
+
+
+def test_binomial_margin_is_z_standard_errors():
+  assert stats.binomial_margin(0.3, 256) == pytest.approx(2 * math.sqrt(0.21 / 256))
+  assert stats.binomial_margin(0.0, 256) == 0.0
+  assert stats.binomial_margin(0.3, 256, z=1.0) < stats.binomial_margin(0.3, 64, z=1.0)

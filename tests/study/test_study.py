@@ -24,7 +24,8 @@ def test_parse_override_types_values_like_the_default():
 def test_quick_study_gives_every_arm_a_summary(tmp_path):
   workdir, md = str(tmp_path / "study"), str(tmp_path / "docs" / "results.md")
   out = study(["stability", "steprs"], workdir, None, True, TINY, md, "python -m dllm_rl.study"
-              " all --quick (test)", rl_steps=2, eval_every=1)
+              " all --quick (test)", rl_steps=2, eval_every=1,
+              cache_dir=str(tmp_path / "jax_cache"))
   for result in out["studies"]:
     name = result["study"]
     arms = [a.name for a in arms_lib.STUDIES.get(name)()]
