@@ -102,7 +102,7 @@ def base_config() -> ml_collections.ConfigDict:
   r.advantage = "centered"  # a name in dllm_rl.rl.advantages.ADVANTAGES
   r.clip = "upper"        # stabledrl: upper = min(ρ, C) | symmetric = clip(ρ, 1 − ε, 1 + ε)
                           # | none = ρ (self-normalisation only; ablation)
-  r.self_normalize = True  # stabledrl: w = c(ρ)/Σ_group c(ρ); False: c(ρ)/G (clipping-only ablation)
+  r.self_normalize = True  # stabledrl: w = c(ρ)/Σ_group c(ρ); False: c(ρ)/G (clip-only ablation)
   r.clip_C = 5.0
   r.eps = 0.2
   r.beta = 1.0            # risk_sensitive β

@@ -35,7 +35,8 @@ CLIP_MODES = ("upper", "symmetric", "none")
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-  clip: str = "upper"   # stabledrl: "upper" min(ρ, C) | "symmetric" clip(ρ, 1 − ε, 1 + ε) | "none" ρ
+  clip: str = "upper"   # stabledrl: "upper" min(ρ, C) | "symmetric" clip(ρ, 1 − ε, 1 + ε)
+                        # | "none" ρ (self-normalisation only)
   clip_C: float = 5.0
   eps: float = 0.2
   spg_omega: float = 0.5

@@ -17,7 +17,9 @@ STUDIES: Registry = Registry("study")
 
 DEFAULT_LR = 1e-4     # the embedded default's RL learning rate
 AGGRESSIVE_LR = 3e-4  # where GRPO breaks on the embedded default (README "Results": the probe)
-STEPRS_LOSS = "grpo"  # the StepRS comparison is against centered GRPO
+# GRPO collapses at the default lr under the official noise (the stability study), so the
+# StepRS arms and their centered baseline share the stable loss.
+STEPRS_LOSS = "stabledrl"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +79,8 @@ def steprs() -> list[Arm]:
   steprs_base = {**base, "rl.advantage": "steprs", "rl.beta_start": 0.0,
                  "rl.beta_schedule": "linear"}
   return [
-      Arm("centered", {**base, "rl.advantage": "centered"}, "centered GRPO (A = r − p̂)"),
+      Arm("centered", {**base, "rl.advantage": "centered"},
+          "centered advantages A = r − p̂ (the baseline)"),
       Arm("steprs", {**steprs_base, "rl.beta_end": 2.0}, "StepRS, β 0 → 2 linear"),
       Arm("steprs_calibrated", steprs_base,
           "StepRS, β 0 → β_cal linear (β_cal: w_β(p̄) = 1 at the start's training accuracy)",

@@ -60,7 +60,7 @@ def curves(study: dict, out_png: str,
   fig.suptitle(f"{study['study']}: mean over {study['seeds']} seed(s), 95% t-band")
   fig.tight_layout()
   os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
-  fig.savefig(out_png, dpi=90)
+  fig.savefig(out_png, dpi=72)
   plt.close(fig)
   return out_png
 
@@ -81,6 +81,7 @@ def spikes(study: dict, out_png: str) -> str:
       g = np.asarray([r.get("grad_norm_max", np.nan) for r in run["steps"]], np.float64)
       pos = g[np.isfinite(g) & (g > 0)]
       med = float(np.median(pos)) if pos.size else 1.0
+      g = np.where(g > 0, g, np.nan)  # a zero norm (no signal) has no place on a log axis
       ax.plot([r["step"] for r in run["steps"]], g / med, lw=0.8, label=f"seed {run['seed']}")
     ax.axhline(stats.SPIKE_FACTOR, ls="--", color="k", lw=0.8)
     ax.set_yscale("log")
@@ -90,6 +91,6 @@ def spikes(study: dict, out_png: str) -> str:
     axes[j // cols, j % cols].axis("off")
   fig.suptitle("grad norm (pre-clip, max over inner steps) / run median; dashed: spike threshold")
   fig.tight_layout()
-  fig.savefig(out_png, dpi=90)
+  fig.savefig(out_png, dpi=72)
   plt.close(fig)
   return out_png

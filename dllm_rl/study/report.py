@@ -17,6 +17,15 @@ def _fmt(iv: dict, digits: int = 3) -> str:
   return f"{iv['mean']:.{digits}f} ± {iv['half_width']:.{digits}f}"
 
 
+def _fmt_g(iv: dict) -> str:
+  """Like _fmt, in 3 significant digits (ratios span many orders of magnitude)."""
+  if iv["mean"] is None:
+    return "n/a"
+  if iv["half_width"] is None:
+    return f"{iv['mean']:.3g}"
+  return f"{iv['mean']:.3g} ± {iv['half_width']:.3g}"
+
+
 def _runs(study: dict, arm: str) -> list[dict]:
   return sorted((r for r in study["runs"] if r["arm"] == arm), key=lambda r: r["seed"])
 
@@ -45,7 +54,7 @@ def paired_difference(study: dict, arm_a: str, arm_b: str, get) -> dict:
 def stability_table(study: dict) -> str:
   rows = ["| arm | held-out test acc. (end) | val acc. start → final | best val acc. | collapsed"
           " (seeds) | grad-norm spikes (> 5× median) | max/median grad norm | max ρ̂ |"
-          " bypass fraction |", "|" + " --- |" * 9]
+          " bypass fraction (A < 0, ρ̂ > 1 + ε) |", "|" + " --- |" * 9]
   for a in study["arms"]:
     n = a["name"]
     runs = _runs(study, n)
@@ -55,7 +64,7 @@ def stability_table(study: dict) -> str:
         f"| {n} | {_fmt(_iv(study, n, _test))} | {_fmt(st('start_val_accuracy'))} → "
         f"{_fmt(st('final_val_accuracy'))} | {_fmt(st('best_val_accuracy'))} | "
         f"{collapsed}/{len(runs)} | {_fmt(st('grad_spikes'), 1)} | {_fmt(st('spike_ratio'), 1)} |"
-        f" {_fmt(st('ratio_max'), 1)} | {_fmt(st('bypass_fraction_mean'), 4)} |")
+        f" {_fmt_g(st('ratio_max'))} | {_fmt(st('bypass_fraction_mean'), 4)} |")
   return "\n".join(rows)
 
 
@@ -135,6 +144,12 @@ CAVEATS = {
 }
 
 
+def _mean_step_ms(study: dict) -> float:
+  steps = [r["summary"]["rl_step_seconds"] for r in study["runs"]
+           if r["summary"].get("rl_step_seconds")]
+  return 1e3 * sum(steps) / max(len(steps), 1)
+
+
 def compute_seconds(studies: list[dict]) -> float:
   """Wall seconds the runs took when they ran: each seed's SFT once + every arm."""
   sft = {k: v.get("wall_seconds", 0.0) for st in studies for k, v in st["sft"].items()}
@@ -166,14 +181,16 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
           " test accuracy: greedy on the 256 test prompts after the last step. Collapse:"
           " validation accuracy below the SFT start by more than 2 binomial standard errors"
           " (2·sqrt(p(1 − p)/n), about 0.057 at p = 0.3, n = 256) from some evaluation on, for"
-          " at least two evaluations. Spike: a step whose max grad norm (pre-clip, over the μ inner steps)"
+          " at least two evaluations. Spike: a step whose max grad norm (pre-clip, over the μ"
+          " inner steps)"
           f" exceeds {stats.SPIKE_FACTOR:g}× the run's median.", ""]
   verdicts = []
   for study in studies:
     name = study["study"]
     out += [f"## `{name}`", "", f"{study['seeds']} seed(s), {study['size']['rl_steps']} RL steps"
-            f" per arm, validation every {study['size']['eval_every']} steps; study wall time"
-            f" {study['wall_seconds']:.0f} s.", ""]
+            f" per arm, validation every {study['size']['eval_every']} steps; compute recorded"
+            f" for its arms {sum(r['wall_seconds'] for r in study['runs']):.0f} s (mean RL step"
+            f" {_mean_step_ms(study):.0f} ms).", ""]
     if study.get("overrides"):
       out += [f"Extra overrides: `{study['overrides']}`.", ""]
     out += ["| arm | what | overrides |", "| --- | --- | --- |"]

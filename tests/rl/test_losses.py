@@ -199,8 +199,7 @@ def test_without_self_normalisation_upper_clip_gradient_is_min_rho_c_times_a_ove
   b, g, c = 4, 6, 5.0
   logp, logp_old = _rand(21, (b, g), 3.0), _rand(22, (b, g), 3.0)
   adv = sign * jnp.abs(_rand(23, (b, g)))
-  grad = jax.grad(losses.stabledrl)(logp, logp_old, adv, clip="upper", C=c,
-                                    self_normalize=False)
+  grad = jax.grad(losses.stabledrl)(logp, logp_old, adv, clip="upper", C=c, self_normalize=False)
   rho = np.exp(np.asarray(logp - logp_old, np.float64))
   assert (rho > c).any() and (rho < c).any()  # both sides of the clip are exercised
   np.testing.assert_allclose(grad, -np.minimum(rho, c) * np.asarray(adv) / (g * b),
