@@ -84,9 +84,15 @@ def steprs_table(study: dict) -> str:
 
 
 def stability_verdict(study: dict) -> tuple[str, str]:
-  """(verdict, evidence): GRPO collapses / spikes where StableDRL does not."""
+  """(verdict, evidence): GRPO collapses where StableDRL does not.
+
+  Reproduced: at some lr GRPO collapsed in more than half of the seeds and StableDRL in
+  fewer than half. Not reproduced: at every lr GRPO collapsed no more often than StableDRL
+  (not testable when both collapsed in every seed at every lr). Otherwise inconclusive.
+  Fewer than 3 seeds: not established (with what the seeds indicate).
+  """
   seeds = study["seeds"]
-  lines, grpo_worse, any_lr_informative = [], False, False
+  lines, grpo_worse, separated, all_both = [], False, False, True
   for tag in sorted({a["name"].split("@")[1] for a in study["arms"]}):
     g, s = _runs(study, f"grpo@{tag}"), _runs(study, f"stabledrl@{tag}")
     gc, sc = sum(r["stats"]["collapsed"] for r in g), sum(r["stats"]["collapsed"] for r in s)
@@ -96,19 +102,21 @@ def stability_verdict(study: dict) -> tuple[str, str]:
     lines.append(f"at {tag}: GRPO collapsed in {gc}/{len(g)} seeds, StableDRL in {sc}/{len(s)};"
                  f" spikes GRPO − StableDRL {_fmt(spikes, 1)}; test accuracy GRPO − StableDRL"
                  f" {_fmt(acc)}")
-    if gc > sc:
-      grpo_worse = True
-    if gc != sc or gc == 0:
-      any_lr_informative = True
+    grpo_worse |= gc > sc
+    separated |= 2 * gc > len(g) and 2 * sc < len(s)
+    all_both &= gc == len(g) and sc == len(s)
   evidence = "; ".join(lines)
   if seeds < 3:
     return (f"not established ({seeds} seed(s); the claim needs ≥ 3)"
             f"{' — indicative: GRPO collapsed where StableDRL did not' if grpo_worse else ''}",
             evidence)
-  if grpo_worse:
+  if separated:
     return "reproduced (collapse)", evidence
-  return ("not reproduced at this size" if any_lr_informative
-          else "not testable at this size (both collapse at every lr tried)"), evidence
+  if all_both:
+    return "not testable at this size (both collapse in every seed at every lr tried)", evidence
+  if not grpo_worse:
+    return "not reproduced at this size", evidence
+  return "inconclusive (GRPO collapsed more often, but not in most seeds)", evidence
 
 
 def steprs_verdict(study: dict) -> tuple[str, str]:
@@ -172,17 +180,22 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
           f"| wall time of this invocation | {meta['wall_seconds']:.0f} s |",
           f"| compute recorded in the JSON (SFT + every arm, summed over the invocations that"
           f" produced them) | {compute_seconds(studies):.0f} s |", ""]
+  from dllm_rl.study.runner import make_config
+  c = make_config(studies[0]["runs"][0]["overrides"])  # the sizes every run shares
   out += ["Every arm starts from the same SFT checkpoint of the embedded default's task (3-digit"
           " addition, `dllm_rl/default_config.py`), one per seed, and changes only the listed"
-          " keys. Official noise (independent masks for ℓ̂_old and every inner step), 1-draw"
-          " ELBO, μ = 2, 8 prompts × 16 completions, centered advantages unless stated."
-          " Intervals: mean ± 95% Student-t half-width across seeds (none with one seed)."
-          " Validation accuracy: greedy, on 256 training-distribution prompts never trained on;"
-          " test accuracy: greedy on the 256 test prompts after the last step. Collapse:"
-          " validation accuracy below the SFT start by more than 2 binomial standard errors"
-          " (2·sqrt(p(1 − p)/n), about 0.057 at p = 0.3, n = 256) from some evaluation on, for"
-          " at least two evaluations. Spike: a step whose max grad norm (pre-clip, over the μ"
-          " inner steps)"
+          " keys. Official noise (independent masks for ℓ̂_old and every inner step),"
+          f" {c.estimator.num_samples}-draw {c.estimator.name.upper()}, μ = {c.rl.inner_steps},"
+          f" {c.rl.batch_prompts} prompts × {c.rl.group_size} completions, centered advantages"
+          " unless stated. Intervals: mean ± 95% Student-t half-width across seeds (none with"
+          f" one seed). Validation accuracy: greedy, on {c.task.val_size} training-distribution"
+          " prompts never trained on; test accuracy: greedy on the"
+          f" {c.task.test_size} test prompts after the last step; pass@k from"
+          f" {c.eval.num_samples} samples per test prompt at T = {c.eval.temperature:g}."
+          " Collapse: validation accuracy below the SFT start by more than 2 binomial standard"
+          f" errors (2·sqrt(p(1 − p)/n), {stats.binomial_margin(0.3, c.task.val_size):.3f} at"
+          f" p = 0.3, n = {c.task.val_size}) from some evaluation on, for at least two"
+          " evaluations. Spike: a step whose max grad norm (pre-clip, over the μ inner steps)"
           f" exceeds {stats.SPIKE_FACTOR:g}× the run's median.", ""]
   verdicts = []
   for study in studies:

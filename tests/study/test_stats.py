@@ -54,3 +54,23 @@ def test_binomial_margin_is_z_standard_errors():
   assert stats.binomial_margin(0.3, 256) == pytest.approx(2 * math.sqrt(0.21 / 256))
   assert stats.binomial_margin(0.0, 256) == 0.0
   assert stats.binomial_margin(0.3, 256, z=1.0) < stats.binomial_margin(0.3, 64, z=1.0)
+
+
+def _study(collapses: dict, seeds: int = 3):
+  """A synthetic stability study: {arm: [collapsed per seed]}."""
+  runs = [{"arm": arm, "seed": s, "summary": {"rl_accuracy": 0.1},
+           "stats": {"collapsed": c, "grad_spikes": 0}}
+          for arm, cs in collapses.items() for s, c in enumerate(cs)]
+  return {"seeds": seeds, "arms": [{"name": a} for a in collapses], "runs": runs}
+
+
+def test_stability_verdict_rules():
+  from dllm_rl.study.report import stability_verdict
+  v = lambda c, seeds=3: stability_verdict(_study(c, seeds))[0]
+  assert v({"grpo@a": [1, 1, 0], "stabledrl@a": [0, 0, 0]}).startswith("reproduced")
+  assert v({"grpo@a": [1, 0, 0], "stabledrl@a": [0, 0, 0]}).startswith("inconclusive")
+  assert v({"grpo@a": [0, 0, 0], "stabledrl@a": [0, 0, 0],
+            "grpo@b": [1, 1, 1], "stabledrl@b": [1, 1, 1]}).startswith("not reproduced")
+  assert v({"grpo@a": [1, 1, 1], "stabledrl@a": [1, 1, 1]}).startswith("not testable")
+  one = v({"grpo@a": [1], "stabledrl@a": [0]}, seeds=1)
+  assert one.startswith("not established") and "indicative" in one
