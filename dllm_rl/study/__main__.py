@@ -99,8 +99,19 @@ def main(argv):
   names = arms_lib.STUDIES.names() if name == "all" else [name]
   names = sorted(names, key=lambda n: n != "stability")  # stability first
   command = "python -m dllm_rl.study " + " ".join(sys.argv[1:])
-  study(names, _WORKDIR.value, _SEEDS.value, _QUICK.value, _SET.value, _RESULTS.value, command,
-        _STEPS.value, _EVAL_EVERY.value, os.path.join(_WORKDIR.value, "jax_cache"))
+  from dllm_rl.config import ConfigError
+  from dllm_rl.study.runner import parse_override
+  try:
+    for s in _SET.value:
+      parse_override(s)
+  except ValueError as err:
+    raise app.UsageError(str(err)) from err
+  try:
+    study(names, _WORKDIR.value, _SEEDS.value, _QUICK.value, _SET.value, _RESULTS.value, command,
+          _STEPS.value, _EVAL_EVERY.value, os.path.join(_WORKDIR.value, "jax_cache"))
+  except ConfigError as err:
+    print(f"error: {err}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -185,6 +185,9 @@ def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrid
 def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
               overrides: dict, log=print) -> dict:
   """Every arm × seed; returns the study record (also written to DIR/<name>.json)."""
+  from dllm_rl.config import validate
+  for arm in arms:  # every arm's config is checked before anything trains or compiles
+    validate(make_config({**overrides, "mode": "rl", **arm.overrides}))
   t0 = time.time()
   runs, sfts = [], {}
   for seed in range(seeds):

@@ -48,3 +48,13 @@ def test_quick_study_gives_every_arm_a_summary(tmp_path):
     assert f"| {arm} |" in text
   assert "--quick" in text
   assert os.path.exists(tmp_path / "docs" / "results" / "stability_spikes.png")
+
+
+def test_a_bad_override_fails_naming_its_key_before_anything_runs(tmp_path):
+  import pytest
+  from dllm_rl.config import ConfigError
+  from dllm_rl.study.runner import run_study
+  with pytest.raises(ConfigError, match=r"config\.rl\.eps"):
+    run_study("stability", arms_lib.STUDIES.get("stability")(), str(tmp_path), 1, arms_lib.QUICK,
+              {"rl.eps": 2.0})
+  assert not os.listdir(tmp_path)
