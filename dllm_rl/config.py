@@ -101,6 +101,8 @@ def base_config() -> ml_collections.ConfigDict:
   r.loss = "stabledrl"    # a name in dllm_rl.rl.losses.LOSSES
   r.advantage = "centered"  # a name in dllm_rl.rl.advantages.ADVANTAGES
   r.clip = "upper"        # stabledrl: upper = min(ρ, C) | symmetric = clip(ρ, 1 − ε, 1 + ε)
+                          # | none = ρ (self-normalisation only; ablation)
+  r.self_normalize = True  # stabledrl: w = c(ρ)/Σ_group c(ρ); False: c(ρ)/G (clip-only ablation)
   r.clip_C = 5.0
   r.eps = 0.2
   r.beta = 1.0            # risk_sensitive β
@@ -296,6 +298,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check(r.group_size >= 2, "rl.group_size", "group advantages need at least 2 completions")
   _check(r.clip in losses.CLIP_MODES, "rl.clip", f"must be one of {losses.CLIP_MODES}")
   _check(r.clip_C > 1, "rl.clip_C", "must be > 1")
+  _check(r.self_normalize or r.clip != "none", "rl.self_normalize",
+         "False with rl.clip=none leaves the StableDRL weight ρ̂/G unbounded; keep one of the two")
   _check(0 < r.eps < 1, "rl.eps", "must be in (0, 1)")
   _check(r.beta_schedule in advantages.SCHEDULES, "rl.beta_schedule",
          f"must be one of {advantages.SCHEDULES}")

@@ -48,6 +48,8 @@ def test_base_and_tiny_cpu_configs_validate():
     ({"model__block_size": -1}, "model.block_size"),
     ({"estimator__attention_impl": "triton"}, "estimator.attention_impl"),
     ({"rl__loss": "spg"}, "rl.loss"),
+    ({"rl__clip": "none", "rl__self_normalize": False}, "rl.self_normalize"),
+    ({"rl__clip": "lower"}, "rl.clip"),
     ({"mesh__data": 0}, "mesh.data"),
 ])
 def test_bad_values_name_their_key(updates, key):

@@ -30,15 +30,17 @@ from dllm_rl.registry import Registry
 from dllm_rl.rl.spg import spg_loss, spg_loss_tokens, spg_surrogate  # noqa: F401  (public here too)
 
 LOSSES: Registry = Registry("policy loss")
-CLIP_MODES = ("upper", "symmetric")
+CLIP_MODES = ("upper", "symmetric", "none")
 
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
   clip: str = "upper"   # stabledrl: "upper" min(ρ, C) | "symmetric" clip(ρ, 1 − ε, 1 + ε)
+                        # | "none" ρ (self-normalisation only)
   clip_C: float = 5.0
   eps: float = 0.2
   spg_omega: float = 0.5
+  self_normalize: bool = True  # stabledrl: w = c(ρ)/Σ_group c(ρ); False: w = c(ρ)/G (ablation)
 
 
 def _sg(x):
@@ -94,37 +96,53 @@ def grpo_token_level(token_BGL, token_old_BGL, adv_BGL, mask_BGL, eps: float = 0
 # ------------------------------------------------------------------------ StableDRL
 
 
-def stabledrl_weights(log_ratio_BG, clip: str = "upper", C: float = 5.0, eps: float = 0.2):
+def stabledrl_weights(log_ratio_BG, clip: str = "upper", C: float = 5.0, eps: float = 0.2,
+                      self_normalize: bool = True):
   """StableDRL self-normalised, unconditionally clipped weights (stop-gradient):
 
       w_i = c(ρ̂_i) / Σ_{j ∈ group} c(ρ̂_j),
       c(ρ) = min(ρ, C)                  ("upper", official code; a softmax over min(log ρ̂, log C))
       c(ρ) = clip(ρ, 1 − ε, 1 + ε)      ("symmetric")
+      c(ρ) = ρ                          ("none": self-normalisation only; a softmax over log ρ̂)
 
   applied whatever the sign of the advantage: w ≥ 0 and Σ_g w = 1.
+
+  ``self_normalize=False`` is the ablation that keeps only the unconditional
+  clip: w_i = c(ρ̂_i)/G with the fixed 1/G of GRPO, so Σ_g w ≠ 1 and the update
+  is no longer a convex combination (StableDRL, arXiv 2603.06743, separates the
+  two ingredients, unconditional clipping and self-normalisation, in its
+  ablations). It needs a bounding clip: with ``clip="none"`` the weight ρ̂/G
+  would be unbounded, so that combination is refused.
   """
   log_ratio_BG = _sg(log_ratio_BG.astype(jnp.float32))
-  if clip == "upper":
-    return jax.nn.softmax(jnp.minimum(log_ratio_BG, jnp.log(C)), axis=-1)
+  if clip not in CLIP_MODES:
+    raise ValueError(f"unknown StableDRL clip mode {clip!r}; choose from {CLIP_MODES}")
+  if clip == "none" and not self_normalize:
+    raise ValueError("StableDRL with clip='none' and self_normalize=False has unbounded weights"
+                     " ρ̂/G; keep one of the two")
   if clip == "symmetric":
     c = jnp.clip(jnp.exp(log_ratio_BG), 1 - eps, 1 + eps)
-    return c / c.sum(-1, keepdims=True)
-  raise ValueError(f"unknown StableDRL clip mode {clip!r}; choose from {CLIP_MODES}")
+    return c / (c.sum(-1, keepdims=True) if self_normalize else c.shape[-1])
+  log_c = jnp.minimum(log_ratio_BG, jnp.log(C)) if clip == "upper" else log_ratio_BG
+  if self_normalize:
+    return jax.nn.softmax(log_c, axis=-1)
+  return jnp.exp(log_c) / log_c.shape[-1]
 
 
 def stabledrl(logp_BG, logp_old_BG, adv_BG, clip: str = "upper", C: float = 5.0,
-              eps: float = 0.2):
+              eps: float = 0.2, self_normalize: bool = True):
   """StableDRL: L = −mean_B Σ_i sg(w_i) · A_i · ℓ̂_θ(o_i), w from :func:`stabledrl_weights`.
 
   The update lies in the convex hull of the per-sample gradients, its norm
-  bounded by max_i |A_i|·‖∇ℓ̂_i‖ whatever the ratio noise.
+  bounded by max_i |A_i|·‖∇ℓ̂_i‖ whatever the ratio noise (with self-normalisation).
   """
-  w = stabledrl_weights(logp_BG - logp_old_BG, clip, C, eps)
+  w = stabledrl_weights(logp_BG - logp_old_BG, clip, C, eps, self_normalize)
   return -(w * adv_BG * logp_BG).sum(-1).mean()
 
 
 def stabledrl_tokens(token_BGL, logp_old_BG, adv_BGL, mask_BGL, clip: str = "upper",
-                     C: float = 5.0, eps: float = 0.2, surrogate_BGL=None):
+                     C: float = 5.0, eps: float = 0.2, surrogate_BGL=None,
+                     self_normalize: bool = True):
   """Per-token StableDRL: −mean_B Σ_i sg(w_i) Σ_k A_ik ℓ̂'_ik.
 
   The weights come from the ratio of the per-token estimate ``token_BGL``
@@ -132,7 +150,7 @@ def stabledrl_tokens(token_BGL, logp_old_BG, adv_BGL, mask_BGL, clip: str = "upp
   (the SPG surrogate of the official code, :func:`spg_surrogate`), else
   ``token_BGL`` itself.
   """
-  w = stabledrl_weights(token_BGL.sum(-1) - logp_old_BG, clip, C, eps)
+  w = stabledrl_weights(token_BGL.sum(-1) - logp_old_BG, clip, C, eps, self_normalize)
   grad_term_BGL = token_BGL if surrogate_BGL is None else surrogate_BGL
   per_seq = jnp.where(mask_BGL, adv_BGL * grad_term_BGL, 0.0).sum(-1)
   return -(w * per_seq).sum(-1).mean()
@@ -225,12 +243,14 @@ def _stabledrl(lik, lik_old, adv_BGL, mask_BGL, lengths_BG, cfg: LossConfig):
   if "eubo_token_BL" in lik.extra:
     surrogate = spg_surrogate(lik.token_BL, lik.extra["eubo_token_BL"], adv_BGL, cfg.spg_omega)
   loss = stabledrl_tokens(lik.token_BL, lik_old.seq_B, adv_BGL, mask_BGL, cfg.clip, cfg.clip_C,
-                          cfg.eps, surrogate_BGL=surrogate)
+                          cfg.eps, surrogate_BGL=surrogate, self_normalize=cfg.self_normalize)
   ratio = jnp.exp(_sg(lik.seq_B - lik_old.seq_B))
   if cfg.clip == "upper":
     clipped = ratio > cfg.clip_C
-  else:
+  elif cfg.clip == "symmetric":
     clipped = (ratio < 1 - cfg.eps) | (ratio > 1 + cfg.eps)
+  else:
+    clipped = jnp.zeros_like(ratio, bool)
   return loss, {"clip_fraction": clipped.mean()}
 
 

@@ -177,3 +177,63 @@ def test_kl_and_ratio_metrics_stay_finite_for_sum_reduced_log_ratios():
   m = losses.ratio_metrics(log_ratio, jnp.ones((1, 3, 2)), jnp.ones((1, 3, 2), bool), 0.2)
   assert all(np.isfinite(float(v)) for v in m.values())
   assert float(m["log_ratio_max"]) == 500.0
+
+
+# ------------------------------------------- StableDRL ablations (arXiv 2603.06743)
+
+
+def test_clip_none_with_self_normalisation_gives_ratio_over_group_sum():
+  log_ratio = _rand(20, (3, 6), 2.0)
+  w = losses.stabledrl_weights(log_ratio, clip="none", self_normalize=True)
+  rho = np.exp(np.asarray(log_ratio, np.float64))
+  np.testing.assert_allclose(w, rho / rho.sum(-1, keepdims=True), rtol=1e-5)
+  # No clipping: a ratio far above C keeps its full share (upper would cap it at C).
+  big = jnp.array([[jnp.log(50.0), 0.0]])
+  np.testing.assert_allclose(losses.stabledrl_weights(big, clip="none"), [[50 / 51, 1 / 51]],
+                             rtol=1e-6)
+  assert float(losses.stabledrl_weights(big, clip="upper")[0, 0]) == pytest.approx(5 / 6)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_without_self_normalisation_upper_clip_gradient_is_min_rho_c_times_a_over_gb(sign):
+  b, g, c = 4, 6, 5.0
+  logp, logp_old = _rand(21, (b, g), 3.0), _rand(22, (b, g), 3.0)
+  adv = sign * jnp.abs(_rand(23, (b, g)))
+  grad = jax.grad(losses.stabledrl)(logp, logp_old, adv, clip="upper", C=c, self_normalize=False)
+  rho = np.exp(np.asarray(logp - logp_old, np.float64))
+  assert (rho > c).any() and (rho < c).any()  # both sides of the clip are exercised
+  np.testing.assert_allclose(grad, -np.minimum(rho, c) * np.asarray(adv) / (g * b),
+                             rtol=1e-5, atol=1e-7)
+
+
+def test_without_self_normalisation_symmetric_weights_are_clip_over_g():
+  log_ratio = _rand(24, (2, 5), 1.0)
+  w = losses.stabledrl_weights(log_ratio, clip="symmetric", eps=0.2, self_normalize=False)
+  np.testing.assert_allclose(w, np.clip(np.exp(np.asarray(log_ratio)), 0.8, 1.2) / 5, rtol=1e-5)
+
+
+def test_clip_none_without_self_normalisation_is_refused():
+  with pytest.raises(ValueError, match="unbounded"):
+    losses.stabledrl_weights(jnp.zeros((1, 2)), clip="none", self_normalize=False)
+
+
+def test_registered_stabledrl_passes_the_ablation_options_through():
+  from dllm_rl.diffusion.estimators import Likelihood
+  b, g, l = 2, 4, 3
+  token = _rand(25, (b, g, l), 1.0)
+  token_old = _rand(26, (b, g, l), 1.0)
+  adv = jnp.broadcast_to(_rand(27, (b, g))[..., None], (b, g, l))
+  mask = jnp.ones((b, g, l), bool)
+  lengths = jnp.full((b, g), float(l))
+  lik_of = lambda t: Likelihood(seq_B=t.sum(-1), token_BL=t, entropy_B=jnp.zeros((b, g)),
+                                extra={})
+  for clip, norm in (("upper", False), ("none", True), ("symmetric", False), ("upper", True)):
+    cfg = losses.LossConfig(clip=clip, self_normalize=norm)
+    fn = lambda t: losses.LOSSES.get("stabledrl")(lik_of(t), lik_of(token_old), adv, mask,
+                                                  lengths, cfg)[0]
+    want = lambda t: losses.stabledrl(t.sum(-1), token_old.sum(-1), adv[..., 0], clip=clip,
+                                      self_normalize=norm)
+    np.testing.assert_allclose(jax.grad(fn)(token), jax.grad(want)(token), rtol=1e-5, atol=1e-7)
+  _, metrics = losses.LOSSES.get("stabledrl")(lik_of(token), lik_of(token_old), adv, mask, lengths,
+                                              losses.LossConfig(clip="none"))
+  assert float(metrics["clip_fraction"]) == 0.0

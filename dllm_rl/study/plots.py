@@ -1,0 +1,96 @@
+"""PNG plots of a study: curves per arm with seed bands, and grad-norm spikes."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from dllm_rl.study import stats
+
+
+def _plt():
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def _series(runs: list[dict], arm: str, key: str, source: str = "steps"):
+  """(steps, values [seeds, steps]) of one arm over the steps every seed has."""
+  per_seed = []
+  for run in runs:
+    if run["arm"] == arm:
+      per_seed.append({r["step"]: r[key] for r in run[source] if r.get(key) is not None})
+  if not per_seed:
+    return np.zeros(0), np.zeros((0, 0))
+  common = sorted(set.intersection(*(set(s) for s in per_seed)))
+  return np.asarray(common), np.asarray([[s[t] for t in common] for s in per_seed], np.float64)
+
+
+def _band(ax, steps, values, label):
+  """Mean line with a 95% t-interval band across seeds (no band with one seed)."""
+  if values.size == 0:
+    return
+  mean = values.mean(0)
+  line, = ax.plot(steps, mean, label=label)
+  if values.shape[0] > 1:
+    half = np.asarray([stats.t_interval(values[:, j])["half_width"] for j in range(len(steps))])
+    ax.fill_between(steps, mean - half, mean + half, color=line.get_color(), alpha=0.2)
+
+
+def curves(study: dict, out_png: str,
+           panels=(("val_accuracy", "evals"), ("reward_mean", "steps"),
+                   ("grad_norm_max", "steps"), ("ratio_max", "steps"),
+                   ("bypass_fraction", "steps"))) -> str:
+  """One panel per metric, one line per arm (mean over seeds) with its 95% band."""
+  plt = _plt()
+  arms = [a["name"] for a in study["arms"]]
+  fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels)), squeeze=False)
+  for ax, (key, source) in zip(axes[:, 0], panels):
+    for arm in arms:
+      steps, values = _series(study["runs"], arm, key, source)
+      _band(ax, steps, values, arm)
+    ax.set_ylabel(key)
+    if key in ("grad_norm_max", "ratio_max"):
+      ax.set_yscale("symlog", linthresh=1.0)
+    ax.grid(alpha=0.3)
+  axes[0, 0].legend(fontsize="x-small", ncol=2)
+  axes[-1, 0].set_xlabel("RL step")
+  fig.suptitle(f"{study['study']}: mean over {study['seeds']} seed(s), 95% t-band")
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
+  fig.savefig(out_png, dpi=72)
+  plt.close(fig)
+  return out_png
+
+
+def spikes(study: dict, out_png: str) -> str:
+  """Per-step max grad norm / the run's median, every run, one panel per arm; the
+  dashed line is the spike threshold."""
+  plt = _plt()
+  arms = [a["name"] for a in study["arms"]]
+  cols = 2
+  rows = (len(arms) + cols - 1) // cols
+  fig, axes = plt.subplots(rows, cols, figsize=(10, 2.2 * rows), squeeze=False, sharey=True)
+  for i, arm in enumerate(arms):
+    ax = axes[i // cols, i % cols]
+    for run in study["runs"]:
+      if run["arm"] != arm:
+        continue
+      g = np.asarray([r.get("grad_norm_max", np.nan) for r in run["steps"]], np.float64)
+      pos = g[np.isfinite(g) & (g > 0)]
+      med = float(np.median(pos)) if pos.size else 1.0
+      g = np.where(g > 0, g, np.nan)  # a zero norm (no signal) has no place on a log axis
+      ax.plot([r["step"] for r in run["steps"]], g / med, lw=0.8, label=f"seed {run['seed']}")
+    ax.axhline(stats.SPIKE_FACTOR, ls="--", color="k", lw=0.8)
+    ax.set_yscale("log")
+    ax.set_title(arm, fontsize="small")
+    ax.grid(alpha=0.3)
+  for j in range(len(arms), rows * cols):
+    axes[j // cols, j % cols].axis("off")
+  fig.suptitle("grad norm (pre-clip, max over inner steps) / run median; dashed: spike threshold")
+  fig.tight_layout()
+  fig.savefig(out_png, dpi=72)
+  plt.close(fig)
+  return out_png

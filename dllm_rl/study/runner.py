@@ -1,0 +1,217 @@
+"""Run a study: SFT once per seed, then every arm from that seed's SFT checkpoint.
+
+Runs go through the public ``dllm_rl.run.run(config, workdir)``: SFT in
+``DIR/sft/seed<k>`` (``config.mode=sft``; shared by the studies run in one DIR), each arm in
+``DIR/<study>/seed<k>/<arm>`` (``config.mode=rl``) with a copy of the SFT
+checkpoint under ``checkpoints/sft``, which ``rl`` mode restores. A finished arm
+keeps ``run.json`` and is not rerun, so an interrupted study resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+
+import ml_collections
+
+from dllm_rl.default_config import get_config as default_config
+from dllm_rl.study import stats
+from dllm_rl.study.arms import Arm, Size
+
+STEP_KEYS = ("reward_mean", "accuracy", "grad_norm", "grad_norm_max", "ratio_max",
+             "ratio_max_first", "log_ratio_max", "bypass_fraction", "clip_fraction", "loss",
+             "entropy", "adv_abs_mean")
+
+
+@contextlib.contextmanager
+def compilation_cache(cache_dir: str | None):
+  """JAX's persistent compilation cache in ``cache_dir`` for the arms of a study: the
+  samplers and evaluators of every arm have the same programs, so only the first compiles
+  them. The previous settings are restored on exit. ``None``: unchanged."""
+  if not cache_dir:
+    yield
+    return
+  import jax
+  from jax.experimental.compilation_cache import compilation_cache as cc
+  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+          "jax_persistent_cache_min_entry_size_bytes")
+  old = {k: jax.config.values[k] for k in keys}
+  os.makedirs(cache_dir, exist_ok=True)
+  for k, v in zip(keys, (cache_dir, 0.0, 0)):
+    jax.config.update(k, v)
+  cc.reset_cache()
+  try:
+    yield
+  finally:
+    for k, v in old.items():
+      jax.config.update(k, v)
+    cc.reset_cache()
+
+
+def parse_override(text: str) -> tuple[str, object]:
+  """``"rl.lr=1e-3"`` → ("rl.lr", 0.001), typed like the key's default (bool, int, float, str,
+  tuple of ints)."""
+  if "=" not in text:
+    raise ValueError(f"override {text!r}: expected key=value")
+  key, raw = text.split("=", 1)
+  node = default_config()
+  for part in key.split("."):
+    if part not in node:
+      raise ValueError(f"override {text!r}: unknown config key {key!r}")
+    node = node[part]
+  if isinstance(node, bool):
+    if raw.lower() not in ("true", "false"):
+      raise ValueError(f"override {text!r}: expected True or False")
+    return key, raw.lower() == "true"
+  if isinstance(node, tuple):
+    return key, tuple(int(v) for v in raw.strip("()").split(",") if v.strip())
+  return key, type(node)(raw)
+
+
+def make_config(overrides: dict) -> ml_collections.ConfigDict:
+  """The embedded default with flattened overrides (``{"rl.lr": 1e-3}``) applied."""
+  config = default_config()
+  config.update_from_flattened_dict(dict(overrides))
+  return config
+
+
+def _run(config, workdir: str) -> dict:
+  from dllm_rl import run
+  os.makedirs(workdir, exist_ok=True)
+  return run.run(config, workdir)
+
+
+def train_sft(seed: int, workdir: str, overrides: dict) -> dict:
+  """The seed's SFT checkpoint (trained once; reused when its summary exists)."""
+  path = os.path.join(workdir, "summary.json")
+  if os.path.exists(path):
+    with open(path) as fh:
+      return json.load(fh)
+  config = make_config({**overrides, "mode": "sft", "seed": seed, "log.progress": False,
+                        "log.tensorboard": False})
+  return _run(config, workdir)
+
+
+def step_records(metrics_path: str) -> tuple[list[dict], list[dict], dict]:
+  """Per-step RL records, the validation evaluations and the final test record
+  from a run's metrics.jsonl."""
+  from dllm_rl.observability import read_metrics
+  steps, evals, final = {}, [], {}
+  for rec in read_metrics(metrics_path, phase="rl"):
+    if "val_accuracy" in rec:
+      evals.append({"step": rec["step"], "val_accuracy": rec["val_accuracy"]})
+    if "test_accuracy" in rec:
+      final = {k: v for k, v in rec.items() if k.startswith("test_")}
+    if "reward_mean" in rec:
+      steps[rec["step"]] = {"step": rec["step"], **{k: rec[k] for k in STEP_KEYS if k in rec}}
+  return [steps[s] for s in sorted(steps)], evals, final
+
+
+def arm_stats(records: list[dict], evals: list[dict], num_val: int) -> dict:
+  """The arm's summary: start / final / best validation accuracy, collapse (below the start
+  by more than 2 binomial standard errors on ``num_val`` prompts, and staying there), spikes."""
+  start = next((e["val_accuracy"] for e in evals if e["step"] == 0), None)
+  later = [e for e in evals if e["step"] > 0]
+  grads = [r.get("grad_norm_max", r.get("grad_norm")) for r in records]
+  margin = stats.binomial_margin(start, num_val) if start is not None else None
+  collapsed_at = (stats.collapse_step([e["step"] for e in evals],
+                                      [e["val_accuracy"] for e in evals], start, margin)
+                  if start is not None else None)
+  return {
+      "collapse_margin": margin,
+      "start_val_accuracy": start,
+      "final_val_accuracy": later[-1]["val_accuracy"] if later else None,
+      "best_val_accuracy": max((e["val_accuracy"] for e in later), default=None),
+      "collapsed": collapsed_at is not None,
+      "collapse_step": collapsed_at,
+      "grad_norm_max": max(grads) if grads else None,
+      "zero_grad_steps": sum(1 for g in grads if g == 0),  # no signal: all rewards equal
+      "spike_ratio": stats.spike_ratio(grads),
+      "grad_spikes": stats.count_spikes(grads),
+      "ratio_max": max((r["ratio_max"] for r in records if "ratio_max" in r), default=None),
+      "bypass_fraction_mean": (sum(r.get("bypass_fraction", 0.0) for r in records) / len(records)
+                               if records else None),
+  }
+
+
+def calibrated_beta_end(source: dict) -> float:
+  """β_end = the calibrated β of the source arm's starting policy (w_β(p̄) = 1, p̄ its first
+  rollout batch's training accuracy; that batch is the same for every arm of a seed). When
+  p̄ is 0 or 1 the β is undefined; p̄ is then the add-one estimate (c + 1)/(n + 2)."""
+  from dllm_rl.rl.advantages import calibrated_beta
+  if source.get("calibrated_beta") is not None:
+    return float(source["calibrated_beta"])
+  n = source["rollouts"]
+  c = round(source["base_train_accuracy"] * n)
+  return float(calibrated_beta((c + 1) / (n + 2)))
+
+
+def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrides: dict,
+            calibrated: dict) -> dict:
+  """One arm from the seed's SFT checkpoint; returns (and writes) its run record."""
+  path = os.path.join(workdir, "run.json")
+  if os.path.exists(path):  # finished: reuse it, with the summary statistics recomputed
+    with open(path) as fh:
+      result = json.load(fh)
+    result["stats"] = arm_stats(result["steps"], result["evals"],
+                                make_config(result["overrides"]).task.val_size)
+    return result
+  target = os.path.join(workdir, "checkpoints", "sft")
+  if not os.path.isdir(target):
+    shutil.copytree(os.path.join(sft_dir, "checkpoints", "sft"), target)
+  arm_overrides = dict(arm.overrides)
+  if arm.calibrate_from is not None:
+    arm_overrides["rl.beta_end"] = calibrated_beta_end(calibrated[arm.calibrate_from])
+  run_overrides = {"mode": "rl", "seed": seed, "rl.steps": size.rl_steps,
+                   "rl.eval_every": size.eval_every, "rl.log_every": 1,
+                   "checkpoint.save_every": size.rl_steps, "log.progress": False,
+                   "log.tensorboard": False, **overrides, **arm_overrides}
+  t0 = time.time()
+  summary = _run(make_config(run_overrides), workdir)
+  records, evals, final = step_records(os.path.join(workdir, "metrics.jsonl"))
+  result = {"arm": arm.name, "description": arm.description, "seed": seed,
+            "overrides": run_overrides, "wall_seconds": time.time() - t0, "summary": summary,
+            "stats": arm_stats(records, evals, make_config(run_overrides).task.val_size),
+            "evals": evals, "final": final,
+            "steps": records}
+  with open(path, "w") as fh:
+    json.dump(result, fh)
+  return result
+
+
+def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
+              overrides: dict, log=print) -> dict:
+  """Every arm × seed; returns the study record (also written to DIR/<name>.json)."""
+  from dllm_rl.config import validate
+  for arm in arms:  # every arm's config is checked before anything trains or compiles
+    validate(make_config({**overrides, "mode": "rl", **arm.overrides}))
+  t0 = time.time()
+  runs, sfts = [], {}
+  for seed in range(seeds):
+    seed_dir = os.path.join(workdir, name, f"seed{seed}")
+    sft_dir = os.path.join(workdir, "sft", f"seed{seed}")  # shared by the studies of a DIR
+    sfts[seed] = train_sft(seed, sft_dir, overrides)
+    log(f"[study] {name} seed {seed}: SFT test accuracy {sfts[seed].get('sft_accuracy')}")
+    calibrated = {}
+    for arm in arms:
+      rec = run_arm(arm, seed, sft_dir, os.path.join(seed_dir, arm.name.replace("@", "_")),
+                    size, overrides, calibrated)
+      r = make_config(rec["overrides"]).rl
+      calibrated[arm.name] = {"calibrated_beta": rec["summary"].get("calibrated_beta"),
+                              "base_train_accuracy": rec["summary"].get("base_train_accuracy"),
+                              "rollouts": r.batch_prompts * r.group_size}
+      s = rec["stats"]
+      log(f"[study] {name} seed {seed} {arm.name}: test {rec['summary'].get('rl_accuracy'):.3f}"
+          f" | val {s['start_val_accuracy']} → {s['final_val_accuracy']}"
+          f" | collapsed {s['collapsed']} | spikes {s['grad_spikes']}"
+          f" | {rec['wall_seconds']:.0f}s")
+      runs.append(rec)
+  return {"study": name, "arms": [{"name": a.name, "description": a.description,
+                                   "overrides": a.overrides, "calibrate_from": a.calibrate_from}
+                                  for a in arms],
+          "seeds": seeds, "size": {"rl_steps": size.rl_steps, "eval_every": size.eval_every},
+          "overrides": overrides, "sft": {str(k): v for k, v in sfts.items()}, "runs": runs,
+          "wall_seconds": time.time() - t0}

@@ -1,0 +1,85 @@
+"""Pure statistics of the studies: t-intervals across seeds, grad-norm spikes, collapse.
+
+Every function takes plain sequences of floats and returns plain Python values.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+SPIKE_FACTOR = 5.0  # a step is a grad-norm spike when its max grad norm > this × the run's median
+
+
+def t_interval(values: Sequence[float], level: float = 0.95) -> dict:
+  """Mean and half-width of the two-sided Student-t interval for the mean:
+  mean ± t_{(1+level)/2, n−1} · s/√n (s: sample standard deviation, ddof = 1).
+
+  With n = 1 (or no values) the half-width is None: one seed has no interval.
+  """
+  x = np.asarray([v for v in values if v is not None], np.float64)
+  n = int(x.size)
+  if n == 0:
+    return {"mean": None, "half_width": None, "n": 0}
+  mean = float(x.mean())
+  if n == 1:
+    return {"mean": mean, "half_width": None, "n": 1}
+  from scipy import stats  # a jax dependency
+  t = float(stats.t.ppf(0.5 + level / 2, df=n - 1))
+  return {"mean": mean, "half_width": t * float(x.std(ddof=1)) / math.sqrt(n), "n": n}
+
+
+def _median_of_signal(x: np.ndarray) -> float:
+  """Median of the finite, non-zero norms: a zero grad norm is a step without learning
+  signal (every group's rewards equal, so every advantage is 0), not a small gradient."""
+  x = x[np.isfinite(x) & (x > 0)]
+  return float(np.median(x)) if x.size else 0.0
+
+
+def spike_ratio(grad_norms: Sequence[float]) -> float | None:
+  """max / median of a run's per-step grad norms (median over the steps with a
+  non-zero norm; None when there is none)."""
+  x = np.asarray(grad_norms, np.float64)
+  med = _median_of_signal(x)
+  if med == 0.0:
+    return None
+  return float(np.max(x[np.isfinite(x)], initial=0.0)) / med
+
+
+def count_spikes(grad_norms: Sequence[float], factor: float = SPIKE_FACTOR) -> int:
+  """Steps whose grad norm exceeds ``factor`` × the run's median (median over non-zero
+  norms); non-finite norms count as spikes."""
+  x = np.asarray(grad_norms, np.float64)
+  med = _median_of_signal(x)
+  return int(np.sum(~np.isfinite(x) | ((med > 0) & (x > factor * med))))
+
+
+def binomial_margin(p: float, n: int, z: float = 2.0) -> float:
+  """z standard errors of an accuracy p measured on n prompts: z·sqrt(p(1 − p)/n).
+  The collapse margin: a fall smaller than this is evaluation noise."""
+  return z * math.sqrt(max(p * (1.0 - p), 0.0) / n)
+
+
+def collapse_step(eval_steps: Sequence[int], accuracies: Sequence[float], start: float,
+                  margin: float = 0.0, min_evals: int = 2) -> int | None:
+  """The first evaluation step from which held-out accuracy stays below the start.
+
+  Collapse = accuracy < ``start − margin`` at that evaluation and at every later
+  one, for at least ``min_evals`` evaluations (so one noisy last evaluation is
+  not a collapse). Evaluations at step 0 (the start itself) are ignored.
+  Returns None when the run did not collapse.
+  """
+  pts = [(s, a) for s, a in zip(eval_steps, accuracies) if s > 0]
+  first = None
+  for s, a in pts:
+    if a < start - margin:
+      if first is None:
+        first = s
+    else:
+      first = None
+  if first is None:
+    return None
+  tail = [s for s, _ in pts if s >= first]
+  return first if len(tail) >= min_evals else None

@@ -1,0 +1,60 @@
+"""The study command end to end at a tiny size: every arm of both studies runs from
+its seed's SFT checkpoint and produces its summary, the JSON, the plots and the report."""
+
+import json
+import os
+
+from dllm_rl.study import arms as arms_lib
+from dllm_rl.study.__main__ import study
+from dllm_rl.study.runner import parse_override
+
+TINY = ["model.d_model=32", "model.n_layers=1", "model.mlp_hidden=64", "task.train_size=256",
+        "task.val_size=16", "task.test_size=16", "data.batch_size=32", "sft.steps=4",
+        "sft.warmup_steps=0", "sft.eval_every=2", "sft.target_accuracy=0.0",
+        "rl.batch_prompts=2", "rl.group_size=4", "eval.batch_size=64", "mesh.data=2"]
+
+
+def test_parse_override_types_values_like_the_default():
+  assert parse_override("rl.lr=1e-3") == ("rl.lr", 1e-3)
+  assert parse_override("rl.steps=7") == ("rl.steps", 7)
+  assert parse_override("rl.self_normalize=False") == ("rl.self_normalize", False)
+  assert parse_override("eval.pass_k=1,4") == ("eval.pass_k", (1, 4))
+
+
+def test_quick_study_gives_every_arm_a_summary(tmp_path):
+  workdir, md = str(tmp_path / "study"), str(tmp_path / "docs" / "results.md")
+  out = study(["stability", "steprs"], workdir, None, True, TINY, md, "python -m dllm_rl.study"
+              " all --quick (test)", rl_steps=2, eval_every=1,
+              cache_dir=str(tmp_path / "jax_cache"))
+  for result in out["studies"]:
+    name = result["study"]
+    arms = [a.name for a in arms_lib.STUDIES.get(name)()]
+    assert sorted(r["arm"] for r in result["runs"]) == sorted(arms)
+    for run in result["runs"]:
+      assert len(run["steps"]) == 2 and all("grad_norm_max" in s for s in run["steps"])
+      assert run["stats"]["start_val_accuracy"] is not None
+      assert run["stats"]["final_val_accuracy"] is not None
+      assert run["summary"]["rl_accuracy"] is not None
+      assert set(run["summary"]["rl_pass_at_k"]) == {"1", "4", "8"}
+      # every arm restored the seed's one SFT checkpoint: the same starting accuracy
+      assert run["stats"]["start_val_accuracy"] == result["runs"][0]["stats"]["start_val_accuracy"]
+    with open(os.path.join(workdir, f"{name}.json")) as fh:
+      assert len(json.load(fh)["runs"]) == len(arms)
+    assert os.path.getsize(os.path.join(workdir, f"{name}_curves.png")) > 0
+  calibrated = [r for r in out["studies"][1]["runs"] if r["arm"] == "steprs_calibrated"][0]
+  assert calibrated["overrides"]["rl.beta_end"] > 0  # p̄ < 1/2 at the start gives β > 0
+  text = open(md).read()
+  for arm in [a.name for n in ("stability", "steprs") for a in arms_lib.STUDIES.get(n)()]:
+    assert f"| {arm} |" in text
+  assert "--quick" in text
+  assert os.path.exists(tmp_path / "docs" / "results" / "stability_spikes.png")
+
+
+def test_a_bad_override_fails_naming_its_key_before_anything_runs(tmp_path):
+  import pytest
+  from dllm_rl.config import ConfigError
+  from dllm_rl.study.runner import run_study
+  with pytest.raises(ConfigError, match=r"config\.rl\.eps"):
+    run_study("stability", arms_lib.STUDIES.get("stability")(), str(tmp_path), 1, arms_lib.QUICK,
+              {"rl.eps": 2.0})
+  assert not os.listdir(tmp_path)
