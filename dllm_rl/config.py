@@ -75,6 +75,9 @@ def base_config() -> ml_collections.ConfigDict:
   s.remasking = "low_confidence"  # a name in dllm_rl.sampling.remasking.REMASKING
   s.threshold = 0.0       # > 0: commit every token above this confidence (dynamic)
   s.stop_at_eos = True    # fill after the first committed EOS, skip finished blocks
+  # False (official LLaDA generate): propose and score over the whole vocabulary, mask token
+  # included; True: the mask token's logit is -inf first (MDLM "SUBS", renormalised confidences).
+  s.exclude_mask = False
 
   c.sft = f = ml_collections.ConfigDict()
   f.steps = 1000

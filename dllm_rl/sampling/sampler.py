@@ -2,8 +2,7 @@
 
 The completion starts fully masked. Blocks of ``block_len`` tokens are denoised
 left to right, ``steps / num_blocks`` steps per block. Each step predicts every
-masked token (Gumbel-max with temperature, greedy at 0; the mask token itself
-is never proposed), scores confidences
+masked token (Gumbel-max with temperature, greedy at 0) and scores confidences
 with a registered remasking policy and commits either the k most confident
 masked tokens of the current block (k from an even schedule, LLaDA
 ``get_num_transfer_tokens``) or, in dynamic mode (Fast-dLLM), every token above
@@ -12,6 +11,21 @@ Committed tokens are never re-masked; the step at which each token was
 committed is recorded in ``unmask_step_BL``; with ``record_trajectory`` the
 tokens after every step are returned too (``trajectory_SBL``, steps that did
 not run stay masked).
+
+Proposals and confidences range over the whole vocabulary, the mask token
+included, and the confidences are computed in float32: this is what the official
+LLaDA ``generate`` does (it uses float64; float32 gives the same tokens on the
+parity fixture, tests/sampling/test_official_parity.py), and the default
+reproduces it token for token. A position whose proposal is the mask token
+stays masked, as in the official code: it uses up one slot of the step's
+schedule, stays open for the block's next steps and is not recorded in
+``unmask_step_BL`` (-1 if it is never filled); a block may end with such
+positions left, and they stay in the completion as mask ids (the official
+output would hold them too; decoders print them, verifiers reject them, the
+RL step scores them like any other token). In threshold mode a block runs at
+most ``block_len`` steps, so repeated mask proposals cannot loop forever. With
+``exclude_mask`` the mask token's logit is set to -inf first (MDLM "SUBS"),
+which renormalises the confidences and changes which tokens commit.
 
 With ``stop_at_eos``, a sequence whose committed blocks contain EOS is finished:
 its remaining positions are filled with EOS, and the loop over blocks ends as
@@ -45,6 +59,7 @@ class SamplerConfig:
   threshold: float = 0.0
   stop_at_eos: bool = True
   record_trajectory: bool = False
+  exclude_mask: bool = False
 
   @property
   def max_steps(self) -> int:
@@ -65,7 +80,7 @@ class SamplerConfig:
     return cls(completion_len=config.data.completion_len, steps=s.steps,
                block_len=s.block_len, temperature=float(s.temperature),
                remasking=s.remasking, threshold=float(s.threshold),
-               stop_at_eos=s.stop_at_eos)
+               stop_at_eos=s.stop_at_eos, exclude_mask=s.exclude_mask)
 
 
 def transfer_schedule(block_len: int, steps_per_block: int) -> np.ndarray:
@@ -91,20 +106,27 @@ def _rank(conf_BL):
 def select_commits(logits_BLV, open_BL, key, k_commit, *, cfg: SamplerConfig, mask_id: int):
   """One denoising decision over the ``open_BL`` (masked, current-block) positions.
 
-  Proposes x0 for every position (never the mask token: MDLM "SUBS"), scores
-  it with the registered remasking policy and picks the ``k_commit`` most
-  confident open positions, or in dynamic mode (``cfg.threshold > 0``) every
-  open position above the threshold and at least the most confident one.
-  ``key`` is split into (proposal, confidence) keys. Returns (x0_BL, commit_BL).
+  Proposes x0 for every position over the whole vocabulary (the mask token
+  too, as the official LLaDA code; never the mask token with
+  ``cfg.exclude_mask``), scores it with the registered remasking policy and
+  picks the ``k_commit`` most confident open positions, or in dynamic mode
+  (``cfg.threshold > 0``) every open position above the threshold and at least
+  the most confident one. A picked position whose proposal is the mask token
+  is not committed (it stays masked). ``key`` is split into (proposal,
+  confidence) keys. Returns (x0_BL, commit_BL).
   """
-  logits_BLV = logits_BLV.astype(jnp.float32).at[..., mask_id].set(_NEG)
+  logits_BLV = logits_BLV.astype(jnp.float32)
+  if cfg.exclude_mask:
+    logits_BLV = logits_BLV.at[..., mask_id].set(_NEG)
   k_prop, k_conf = jax.random.split(key)
   x0_BL = _propose(logits_BLV, k_prop, cfg.temperature)
   conf_BL = jnp.where(open_BL, REMASKING.get(cfg.remasking)(logits_BLV, x0_BL, k_conf), _NEG)
   rank_BL = _rank(conf_BL)
   if cfg.threshold > 0:
-    return x0_BL, open_BL & ((conf_BL > cfg.threshold) | (rank_BL == 0))
-  return x0_BL, open_BL & (rank_BL < k_commit)
+    picked_BL = (conf_BL > cfg.threshold) | (rank_BL == 0)
+  else:
+    picked_BL = rank_BL < k_commit
+  return x0_BL, open_BL & picked_BL & (x0_BL != mask_id)
 
 
 def block_schedule(cfg: SamplerConfig) -> jax.Array:
@@ -118,9 +140,13 @@ def block_schedule(cfg: SamplerConfig) -> jax.Array:
 
 def run_block(denoise_step, carry, block, *, cfg: SamplerConfig, schedule_S, block_open):
   """Denoise one block: the fixed schedule, or (threshold mode) until ``block_open(carry)``
-  says no masked token is left in it. ``denoise_step(carry, block, k_commit) -> carry``."""
+  says no masked token is left in it, at most ``block_len`` steps (a step may commit
+  nothing when the mask token is proposed). ``denoise_step(carry, block, k_commit) -> carry``."""
   if cfg.threshold > 0:
-    return jax.lax.while_loop(block_open, lambda c: denoise_step(c, block, 0), carry)
+    _, carry = jax.lax.while_loop(
+        lambda c: (c[0] < cfg.block_len) & block_open(c[1]),
+        lambda c: (c[0] + 1, denoise_step(c[1], block, 0)), (jnp.int32(0), carry))
+    return carry
   return jax.lax.fori_loop(
       0, cfg.steps_per_block, lambda s, c: denoise_step(c, block, schedule_S[s]), carry)
 
