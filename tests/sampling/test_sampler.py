@@ -80,7 +80,7 @@ def test_greedy_ignores_key(model):
 
 def test_threshold_mode_commits_at_least_one_per_step(model):
   cfg = S.SamplerConfig(completion_len=8, steps=2, block_len=4, temperature=0.5, threshold=0.05,
-                        stop_at_eos=False, record_trajectory=True)
+                        stop_at_eos=False, record_trajectory=True, exclude_mask=True)
   out = _run(model, cfg)
   n = int(out.num_steps)
   assert 2 <= n <= 8
