@@ -201,7 +201,8 @@ def speed(args) -> dict:
 
   model_cfg, ids, graphdef, params, family = hf.load_checkpoint(args.checkpoint, dtype=args.dtype)
   if family != "llada":
-    raise SystemExit(f"{args.checkpoint}: a {family} checkpoint; this benchmarks the masked sampler")
+    raise SystemExit(f"{args.checkpoint}: a {family} checkpoint; this benchmarks the masked"
+                     " sampler")
   b, p, l = args.batch, args.prompt, args.gen
   rng = np.random.default_rng(args.seed)
   prompt = rng.integers(0, min(ids.mask_id, ids.eos_id or ids.mask_id), (b, p)).astype(np.int32)
@@ -253,8 +254,11 @@ def speed(args) -> dict:
         "token_agreement_with_exact": float((outs[mode] == outs["none"]).mean())
         if "none" in outs else None}
   if official is not None:
+    n = p + l  # the official code: every step a full forward, head on all N rows
+    flops = b * args.steps * forward_flops(model_cfg, n, n, head_rows=n)
     result["official"] = {"seconds": med["official"], "tokens_per_s": b * l / med["official"],
-                          "torch": official.info.get("torch")}
+                          "torch": official.info.get("torch"), "gflop_per_call": flops / 1e9,
+                          "fraction_of_peak": flops / med["official"] / peak}
     if "none" in outs:
       result["official"]["exact_rows_equal_to_first_eos"] = rows_equal_to_first_eos(
           outs["none"], outs["official"], ids.eos_id)

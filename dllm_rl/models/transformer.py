@@ -202,7 +202,8 @@ def _block_rows(block: Block, x_BTD, cos_BTQ, sin_BTQ, k_BMKQ, v_BMKQ, offset, m
   k_BMKQ = jax.lax.dynamic_update_slice_in_dim(k_BMKQ, k.astype(k_BMKQ.dtype), offset, axis=1)
   v_BMKQ = jax.lax.dynamic_update_slice_in_dim(v_BMKQ, v.astype(v_BMKQ.dtype), offset, axis=1)
   out = layers.attention(q, k_BMKQ, v_BMKQ, sl(mask_BTM))
-  h = sl(x_BTD) + jnp.einsum("bnhq,hqd->bnd", out, block.attn.o_proj[...].astype(block.attn.cfg.dtype))
+  o_proj = block.attn.o_proj[...].astype(block.attn.cfg.dtype)
+  h = sl(x_BTD) + jnp.einsum("bnhq,hqd->bnd", out, o_proj)
   return h + block.mlp(block.mlp_norm(h)), k_BMKQ, v_BMKQ
 
 
