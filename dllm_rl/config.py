@@ -85,6 +85,8 @@ def base_config() -> ml_collections.ConfigDict:
   # Masked (LLaDA) sampler: none = exact forward every step | prefix | dual (Fast-dLLM caches,
   # refreshed at each block start; dllm_rl/sampling/open_block.py).
   s.cache = "none"
+  s.cache_refresh = 0     # prefix/dual: also refresh the cache every N steps inside a block
+                          # (0 = only at block starts, as Fast-dLLM)
 
   c.sft = f = ml_collections.ConfigDict()
   f.steps = 1000
@@ -283,6 +285,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check(0 <= s.threshold < 1, "sampler.threshold", "must be in [0, 1)")
   from dllm_rl.sampling import open_block
   _check(s.cache in open_block.CACHES, "sampler.cache", open_block.CACHES.unknown_message(s.cache))
+  _check(s.cache_refresh >= 0, "sampler.cache_refresh", "must be >= 0 (0 = block starts only)")
   _check(s.cache == "none" or not config.model.block_size, "sampler.cache",
          "a block-diffusion model (model.block_size > 0) decodes with its own KV cache:"
          " leave sampler.cache = 'none'")

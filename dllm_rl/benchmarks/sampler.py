@@ -211,7 +211,8 @@ def speed(args) -> dict:
   fns, outs, times = {}, {}, {m: [] for m in args.modes}
   for mode in args.modes:
     fns[mode] = jax.jit(functools.partial(S.sample, graphdef, cfg=dataclasses.replace(
-        base, cache=mode), mask_id=ids.mask_id, eos_id=ids.eos_id))
+        base, cache=mode, cache_refresh=args.cache_refresh), mask_id=ids.mask_id,
+        eos_id=ids.eos_id))
     t0 = time.perf_counter()
     jax.block_until_ready(fns[mode](params, jnp.asarray(prompt), jnp.ones((b, p), bool),
                                     jax.random.key(0)))
@@ -285,12 +286,14 @@ def accuracy(args) -> dict:
     steps = max(ctx.sampler_cfg.steps // blocks, 1) * blocks
     row = {}
     for mode in args.modes:
-      cfg = dataclasses.replace(ctx.sampler_cfg, block_len=block_len, steps=steps, cache=mode)
+      cfg = dataclasses.replace(ctx.sampler_cfg, block_len=block_len, steps=steps, cache=mode,
+                                cache_refresh=args.cache_refresh)
       row[mode] = evaluation.greedy_accuracy(
           graphdef, state.params, task=ctx.task, tokenizer=ctx.tokenizer,
           examples=ctx.test_examples, arrays=ctx.test_arrays, cfg=cfg,
           batch_size=config.eval.batch_size)["accuracy"]
     out["by_block_len"][f"block {block_len}, {steps} steps"] = row
+  out["cache_refresh"] = args.cache_refresh
   out["test_prompts"] = len(ctx.test_examples)
   return out
 
@@ -313,6 +316,8 @@ def main(argv=None) -> None:
   ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                   help="compute dtype of this project's sampler (the official code: float32)")
   ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+  ap.add_argument("--cache-refresh", type=int, default=0,
+                  help="sampler.cache_refresh of the prefix/dual modes (FLOP count assumes 0)")
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--threads", type=int, default=2, help="torch threads of the official code")

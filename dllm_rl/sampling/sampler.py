@@ -65,6 +65,7 @@ class SamplerConfig:
   record_trajectory: bool = False
   exclude_mask: bool = False
   cache: str = "none"  # a name in dllm_rl.sampling.open_block.CACHES (masked sampler only)
+  cache_refresh: int = 0  # prefix/dual: also refresh every this many steps of a block (0 = off)
 
   @property
   def max_steps(self) -> int:
@@ -86,7 +87,7 @@ class SamplerConfig:
                block_len=s.block_len, temperature=float(s.temperature),
                remasking=s.remasking, threshold=float(s.threshold),
                stop_at_eos=s.stop_at_eos, exclude_mask=s.exclude_mask,
-               cache=s.cache)
+               cache=s.cache, cache_refresh=s.cache_refresh)
 
 
 def transfer_schedule(block_len: int, steps_per_block: int) -> np.ndarray:
@@ -228,14 +229,28 @@ def sample(graphdef, params, prompt_BP, prompt_valid_BP, key, *,
     then EOS fill."""
     logits_BTV, state = model.refresh(carry[0], block)
     carry = decide(carry, logits_BTV, block, schedule_S[0])
-    later = lambda c, k: decide(c, model.step(state, c[0], block), block, k)
+    every = cfg.cache_refresh if cfg.cache != "none" else 0
+
+    def later(s, c_state, k):  # step s (>= 1) of the block
+      c, st = c_state
+      if not every:
+        return decide(c, model.step(st, c[0], block), block, k), st
+
+      def refreshed():
+        logits, new_st = model.refresh(c[0], block)
+        return decide(c, logits, block, k), new_st
+
+      return jax.lax.cond(s % every == 0, refreshed,
+                          lambda: (decide(c, model.step(st, c[0], block), block, k), st))
+
     if cfg.threshold > 0:  # until the block is complete, at most block_len steps
       open_ = lambda c: jnp.any(jax.lax.dynamic_slice_in_dim(c[0], block * bl, bl, 1) == mask_id)
-      _, carry = jax.lax.while_loop(lambda c: (c[0] < bl) & open_(c[1]),
-                                    lambda c: (c[0] + 1, later(c[1], 0)), (jnp.int32(1), carry))
+      _, (carry, _) = jax.lax.while_loop(
+          lambda c: (c[0] < bl) & open_(c[1][0]),
+          lambda c: (c[0] + 1, later(c[0], c[1], 0)), (jnp.int32(1), (carry, state)))
     else:
-      carry = jax.lax.fori_loop(1, cfg.steps_per_block, lambda s, c: later(c, schedule_S[s]),
-                                carry)
+      carry, _ = jax.lax.fori_loop(1, cfg.steps_per_block,
+                                   lambda s, c: later(s, c, schedule_S[s]), (carry, state))
     x_BL, unmask_BL, step, traj_SBL = carry
     x_BL, unmask_BL = fill_finished(x_BL, unmask_BL, step, cfg=cfg, mask_id=mask_id,
                                     eos_id=eos_id)

@@ -87,6 +87,20 @@ def test_single_step_blocks_are_exact(model, cache, temperature, stop_at_eos):
 
 
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_refreshing_every_step_is_exact(model, cache):
+  """sampler.cache_refresh = 1: every step runs the block-start (exact) forward."""
+  g, params = model
+  prompt, valid = _prompts()
+  cfg = S.SamplerConfig(completion_len=L, steps=L, block_len=BL, temperature=0.8,
+                        stop_at_eos=True, record_trajectory=True)
+  ref = _sample(g, params, prompt, valid, jax.random.key(4), cfg=cfg)
+  out = _sample(g, params, prompt, valid, jax.random.key(4),
+                cfg=dataclasses.replace(cfg, cache=cache, cache_refresh=1))
+  for field in FIELDS:
+    np.testing.assert_array_equal(getattr(out, field), getattr(ref, field), err_msg=field)
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_cached_modes_keep_the_schedule_and_record_steps(model, cache):
   """Several steps per block: k_s commits per step inside the open block, unmask steps =
   the first step at which the trajectory shows the token, and close to the exact tokens."""
