@@ -69,6 +69,10 @@ def base_config() -> ml_collections.ConfigDict:
   d.prompt_len = 16       # prompts are left-padded to this length
   d.completion_len = 8    # completions (answer + EOS fill) have this length
   d.batch_size = 64
+  # Prompt-length buckets, e.g. (64, 128): each batch (rollouts, evaluation) is cut to the
+  # smallest bucket >= its longest prompt (left padding dropped; data.prompt_len when none
+  # holds it), one compiled program per bucket. () = always data.prompt_len.
+  d.prompt_buckets = ()
 
   c.sampler = s = ml_collections.ConfigDict()
   s.steps = 8             # denoising steps over the whole completion
@@ -77,6 +81,14 @@ def base_config() -> ml_collections.ConfigDict:
   s.remasking = "low_confidence"  # a name in dllm_rl.sampling.remasking.REMASKING
   s.threshold = 0.0       # > 0: commit every token above this confidence (dynamic)
   s.stop_at_eos = True    # fill after the first committed EOS, skip finished blocks
+  # False (official LLaDA generate): propose and score over the whole vocabulary, mask token
+  # included; True: the mask token's logit is -inf first (MDLM "SUBS", renormalised confidences).
+  s.exclude_mask = False
+  # Masked (LLaDA) sampler: none = exact forward every step | prefix | dual (Fast-dLLM caches,
+  # refreshed at each block start; dllm_rl/sampling/open_block.py).
+  s.cache = "none"
+  s.cache_refresh = 0     # prefix/dual: also refresh the cache every N steps inside a block
+                          # (0 = only at block starts, as Fast-dLLM)
 
   c.sft = f = ml_collections.ConfigDict()
   f.steps = 1000
@@ -256,6 +268,10 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   d = config.data
   for key in ("prompt_len", "completion_len", "batch_size"):
     _check(d[key] > 0, f"data.{key}", f"must be positive, got {d[key]}")
+  buckets = tuple(d.prompt_buckets)
+  _check(all(isinstance(w, int) and 0 < w <= d.prompt_len for w in buckets)
+         and list(buckets) == sorted(set(buckets)), "data.prompt_buckets",
+         f"must be increasing positive ints <= data.prompt_len={d.prompt_len}, got {buckets}")
   _check(config.task.train_size >= d.batch_size, "task.train_size",
          f"{config.task.train_size} is smaller than data.batch_size={d.batch_size}")
   _check(config.task.test_size > 0, "task.test_size", "must be positive")
@@ -273,6 +289,12 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
          " (some steps would commit nothing)")
   _check(s.temperature >= 0, "sampler.temperature", "must be >= 0")
   _check(0 <= s.threshold < 1, "sampler.threshold", "must be in [0, 1)")
+  from dllm_rl.sampling import open_block
+  _check(s.cache in open_block.CACHES, "sampler.cache", open_block.CACHES.unknown_message(s.cache))
+  _check(s.cache_refresh >= 0, "sampler.cache_refresh", "must be >= 0 (0 = block starts only)")
+  _check(s.cache == "none" or not config.model.block_size, "sampler.cache",
+         "a block-diffusion model (model.block_size > 0) decodes with its own KV cache:"
+         " leave sampler.cache = 'none'")
 
   f = config.sft
   _check(f.steps >= 0, "sft.steps", "must be >= 0")

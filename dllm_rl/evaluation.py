@@ -14,6 +14,7 @@ from dllm_rl.parallel.constraints import jit_sharded
 from dllm_rl.parallel.shard import replicated
 from dllm_rl.sampling import block_sampler
 from dllm_rl.sampling import sampler as sampler_lib
+from dllm_rl.tasks.data import trim_to_bucket
 
 
 def make_sample_fn(graphdef, cfg: sampler_lib.SamplerConfig, *, mask_id: int, eos_id: int,
@@ -41,13 +42,17 @@ def _pad_rows(a: np.ndarray, rows: int) -> np.ndarray:
 
 
 def generate(sample_fn, params, prompt_BP: np.ndarray, prompt_valid_BP: np.ndarray,
-             key: jax.Array, batch_size: int) -> np.ndarray:
-  """Run the sampler over all prompts in fixed-size batches (one compile); completions [N, L]."""
+             key: jax.Array, batch_size: int, buckets: Sequence[int] = ()) -> np.ndarray:
+  """Run the sampler over all prompts in fixed-size batches (one compile per prompt
+  bucket, ``data.prompt_buckets``); completions [N, L]."""
   outs = []
   n = prompt_BP.shape[0]
   for i, start in enumerate(range(0, n, batch_size)):
-    p = _pad_rows(prompt_BP[start:start + batch_size], batch_size)
-    v = _pad_rows(prompt_valid_BP[start:start + batch_size], batch_size)
+    batch, _ = trim_to_bucket(
+        {"prompt_BP": _pad_rows(prompt_BP[start:start + batch_size], batch_size),
+         "prompt_valid_BP": _pad_rows(prompt_valid_BP[start:start + batch_size], batch_size)},
+        buckets)
+    p, v = batch["prompt_BP"], batch["prompt_valid_BP"]
     out = sample_fn(params, p, v, jax.random.fold_in(key, i))
     outs.append(np.asarray(out.completion_BL)[: min(batch_size, n - start)])
   return np.concatenate(outs, axis=0)
@@ -64,13 +69,13 @@ def score(task, tokenizer, examples: Sequence[Any], completions_NL: np.ndarray) 
 
 def greedy_accuracy(graphdef, params, *, task, tokenizer, examples, arrays: dict,
                     cfg: sampler_lib.SamplerConfig, batch_size: int, sample_fn=None,
-                    mesh=None) -> dict:
+                    mesh=None, buckets: Sequence[int] = ()) -> dict:
   """Greedy (temperature 0) held-out accuracy on ``examples`` (encoded in ``arrays``)."""
   if sample_fn is None:
     sample_fn = make_sample_fn(graphdef, dataclasses.replace(cfg, temperature=0.0),
                                mask_id=tokenizer.mask_id, eos_id=tokenizer.eos_id, mesh=mesh)
   completions = generate(sample_fn, params, arrays["prompt_BP"], arrays["prompt_valid_BP"],
-                         jax.random.key(0), batch_size)
+                         jax.random.key(0), batch_size, buckets)
   return score(task, tokenizer, examples, completions)
 
 
@@ -101,13 +106,14 @@ def verify_groups(task, tokenizer, examples: Sequence[Any], completions_BGL: np.
 
 
 def sampled_metrics(sample_fn, params, *, task, tokenizer, examples, arrays: dict, num_samples: int,
-                    ks: Sequence[int], batch_size: int, key: jax.Array) -> dict:
+                    ks: Sequence[int], batch_size: int, key: jax.Array,
+                    buckets: Sequence[int] = ()) -> dict:
   """n samples per prompt: unbiased pass@k for each k, mean sample accuracy, and
   answer diversity (distinct answers per prompt, malformed outputs by their text)."""
   n = num_samples
   prompts = np.repeat(arrays["prompt_BP"], n, axis=0)
   valid = np.repeat(arrays["prompt_valid_BP"], n, axis=0)
-  completions = generate(sample_fn, params, prompts, valid, key, batch_size)
+  completions = generate(sample_fn, params, prompts, valid, key, batch_size, buckets)
   completions = completions.reshape(len(examples), n, -1)
   _, correct, parsed = verify_groups(task, tokenizer, examples, completions)
   counts = correct.sum(-1)
@@ -128,7 +134,8 @@ def make_greedy_evaluator(graphdef, ctx):
   def accuracy(params, examples, arrays) -> dict:
     return greedy_accuracy(graphdef, params, task=ctx.task, tokenizer=ctx.tokenizer,
                            examples=examples, arrays=arrays, cfg=cfg,
-                           batch_size=ctx.config.eval.batch_size, sample_fn=sample_fn)
+                           batch_size=ctx.config.eval.batch_size, sample_fn=sample_fn,
+                           buckets=tuple(ctx.config.data.prompt_buckets))
 
   return sample_fn, accuracy
 
@@ -143,7 +150,7 @@ def evaluate_policy(graphdef, params, ctx, *, sample_fn=None) -> dict:
   greedy = greedy_accuracy(graphdef, params, task=ctx.task, tokenizer=ctx.tokenizer,
                            examples=ctx.test_examples, arrays=ctx.test_arrays,
                            cfg=ctx.sampler_cfg, batch_size=e.batch_size, sample_fn=sample_fn,
-                           mesh=ctx.mesh)
+                           mesh=ctx.mesh, buckets=tuple(ctx.config.data.prompt_buckets))
   greedy_seconds = time.perf_counter() - t0
   sampler_cfg = dataclasses.replace(ctx.sampler_cfg, temperature=float(e.temperature))
   sampled = sampled_metrics(
@@ -151,6 +158,7 @@ def evaluate_policy(graphdef, params, ctx, *, sample_fn=None) -> dict:
                      eos_id=ctx.tokenizer.eos_id, mesh=ctx.mesh),
       params, task=ctx.task, tokenizer=ctx.tokenizer, examples=ctx.test_examples,
       arrays=ctx.test_arrays, num_samples=e.num_samples, ks=tuple(e.pass_k),
-      batch_size=e.batch_size, key=jax.random.fold_in(jax.random.key(ctx.config.seed), 7))
+      batch_size=e.batch_size, key=jax.random.fold_in(jax.random.key(ctx.config.seed), 7),
+      buckets=tuple(ctx.config.data.prompt_buckets))
   return {"accuracy": greedy["accuracy"], "reward": greedy["reward"],
           "greedy_seconds": greedy_seconds, **sampled}

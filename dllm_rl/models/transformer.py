@@ -158,6 +158,61 @@ class Transformer(nnx.Module):
     return logits_BTV, (layers.KVCache(tuple(ks), tuple(vs)) if write else cache)
 
 
+  def forward_cached_window(self, tokens_BT: jax.Array, positions_BT: jax.Array,
+                            cache: layers.KVCache, cache_valid_BM: jax.Array, offset, *,
+                            new_valid_BT: jax.Array | None = None, write: bool, start,
+                            length: int) -> tuple[jax.Array, layers.KVCache]:
+    """``forward_cached`` with the final norm and the head applied only at rows
+    [start, start + length) of the T new tokens (traced ``start``, static
+    ``length``): (logits_B{length}V, cache). The last layer, too, computes its
+    attention output and MLP only for those rows (its keys/values still come
+    from every row, so the logits are those of ``forward_cached``). Samplers use
+    it so that the work after the last layer's keys/values runs only where the
+    logits are read (the open block)."""
+    cfg = self.cfg
+    b, t = tokens_BT.shape
+    m = cache_valid_BM.shape[1]
+    if new_valid_BT is None:
+      new_valid_BT = jnp.ones((b, t), bool)
+    placed_BM = jax.lax.dynamic_update_slice_in_dim(jnp.zeros((b, m), bool), new_valid_BT,
+                                                    offset, axis=1)
+    mask_BTM = jnp.broadcast_to((cache_valid_BM | placed_BM)[:, None, :], (b, t, m))
+    x = jnp.take(self.embed[...], tokens_BT, axis=0).astype(cfg.dtype)
+    cos, sin = layers.rope_tables(positions_BT, cfg.head_dim, cfg.rope_theta)
+    ks, vs = [], []
+    last = len(self.blocks) - 1
+    for i, (block, k_BMKQ, v_BMKQ) in enumerate(zip(self.blocks, cache.k_BMKQ, cache.v_BMKQ)):
+      if i < last:
+        x, k_BMKQ, v_BMKQ = block.cached(x, cos, sin, k_BMKQ, v_BMKQ, offset, mask_BTM)
+      else:
+        x, k_BMKQ, v_BMKQ = _block_rows(block, x, cos, sin, k_BMKQ, v_BMKQ, offset, mask_BTM,
+                                        start, length)
+      x = constrain_activations(x)
+      ks.append(k_BMKQ)
+      vs.append(v_BMKQ)
+    x = self.final_norm(x)
+    head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
+    logits = jnp.einsum("bnd,dv->bnv", x, head.astype(cfg.dtype),
+                        preferred_element_type=jnp.float32)
+    return logits, (layers.KVCache(tuple(ks), tuple(vs)) if write else cache)
+
+
+def _block_rows(block: Block, x_BTD, cos_BTQ, sin_BTQ, k_BMKQ, v_BMKQ, offset, mask_BTM, start,
+                length: int):
+  """``Block.cached`` that returns only rows [start, start + length) of its output:
+  keys/values of all T rows are written, queries, attention, MLP run on those rows."""
+  sl = lambda a: jax.lax.dynamic_slice_in_dim(a, start, length, axis=1)
+  h_BTD = block.attn_norm(x_BTD)
+  _, k, v = block.attn._qkv(h_BTD, cos_BTQ, sin_BTQ)  # the unused q is dead code
+  q, _, _ = block.attn._qkv(sl(h_BTD), sl(cos_BTQ), sl(sin_BTQ))
+  k_BMKQ = jax.lax.dynamic_update_slice_in_dim(k_BMKQ, k.astype(k_BMKQ.dtype), offset, axis=1)
+  v_BMKQ = jax.lax.dynamic_update_slice_in_dim(v_BMKQ, v.astype(v_BMKQ.dtype), offset, axis=1)
+  out = layers.attention(q, k_BMKQ, v_BMKQ, sl(mask_BTM))
+  o_proj = block.attn.o_proj[...].astype(block.attn.cfg.dtype)
+  h = sl(x_BTD) + jnp.einsum("bnhq,hqd->bnd", out, o_proj)
+  return h + block.mlp(block.mlp_norm(h)), k_BMKQ, v_BMKQ
+
+
 def positions_from_valid(valid_BN: jax.Array) -> jax.Array:
   """Position ids that start at 0 on the first valid (non-padding) token."""
   return jnp.maximum(jnp.cumsum(valid_BN.astype(jnp.int32), axis=-1) - 1, 0)
@@ -193,6 +248,15 @@ def apply_cached(graphdef: nnx.GraphDef, params: nnx.State, tokens_BT, positions
   return nnx.merge(graphdef, params).forward_cached(
       tokens_BT, positions_BT, cache, cache_valid_BM, offset, new_valid_BT=new_valid_BT,
       new_mask_TT=new_mask_TT, write=write)
+
+
+def apply_cached_window(graphdef: nnx.GraphDef, params: nnx.State, tokens_BT, positions_BT,
+                        cache, cache_valid_BM, offset, *, new_valid_BT=None, write: bool, start,
+                        length: int):
+  """Pure ``Transformer.forward_cached_window``: (logits_B{length}V, cache)."""
+  return nnx.merge(graphdef, params).forward_cached_window(
+      tokens_BT, positions_BT, cache, cache_valid_BM, offset, new_valid_BT=new_valid_BT,
+      write=write, start=start, length=length)
 
 
 def count_params(params: nnx.State) -> int:

@@ -2,16 +2,35 @@
 
 The completion starts fully masked. Blocks of ``block_len`` tokens are denoised
 left to right, ``steps / num_blocks`` steps per block. Each step predicts every
-masked token (Gumbel-max with temperature, greedy at 0; the mask token itself
-is never proposed), scores confidences
+masked token (Gumbel-max with temperature, greedy at 0) and scores confidences
 with a registered remasking policy and commits either the k most confident
 masked tokens of the current block (k from an even schedule, LLaDA
 ``get_num_transfer_tokens``) or, in dynamic mode (Fast-dLLM), every token above
 ``threshold`` (at least one per step, until the block is complete).
+Only the open block's logits are computed (the head, Gumbel noise and softmax
+run on its ``block_len`` positions; ``sampler.cache`` picks how, see
+:mod:`dllm_rl.sampling.open_block`: ``none`` = the exact full forward, or
+Fast-dLLM's ``prefix`` / ``dual`` KV caches refreshed at each block start).
 Committed tokens are never re-masked; the step at which each token was
 committed is recorded in ``unmask_step_BL``; with ``record_trajectory`` the
 tokens after every step are returned too (``trajectory_SBL``, steps that did
 not run stay masked).
+
+Proposals and confidences range over the whole vocabulary, the mask token
+included, with confidences in float32: this is what the official LLaDA
+``generate`` does (greedy, its softmax runs on the model's float32 logits), and
+the default reproduces it token for token (tests/sampling/test_official_parity.py).
+A position whose proposal is the mask token stays masked, as in the official
+code: it uses up one slot of the step's schedule, stays open for the block's
+next steps and is not recorded in ``unmask_step_BL`` (-1 if never filled). A
+block may end with such positions left; they stay in the completion as mask
+ids (decoders print them, verifiers reject them, the RL step scores them like
+any other token). The official code would let them compete again in later
+blocks' steps; here only the open block is decided, so they stay masked. In
+threshold mode a block runs at most ``block_len`` steps, so repeated mask
+proposals cannot loop forever. With ``exclude_mask`` the mask token's logit is
+set to -inf first (MDLM "SUBS"), which renormalises the confidences and
+changes which tokens commit.
 
 With ``stop_at_eos``, a sequence whose committed blocks contain EOS is finished:
 its remaining positions are filled with EOS, and the loop over blocks ends as
@@ -27,8 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dllm_rl.models import transformer
-from dllm_rl.diffusion.sft import sequence_inputs
+from dllm_rl.sampling.open_block import CACHES
 from dllm_rl.sampling.remasking import REMASKING
 from dllm_rl.types import SampleOutput
 
@@ -45,6 +63,9 @@ class SamplerConfig:
   threshold: float = 0.0
   stop_at_eos: bool = True
   record_trajectory: bool = False
+  exclude_mask: bool = False
+  cache: str = "none"  # a name in dllm_rl.sampling.open_block.CACHES (masked sampler only)
+  cache_refresh: int = 0  # prefix/dual: also refresh every this many steps of a block (0 = off)
 
   @property
   def max_steps(self) -> int:
@@ -65,7 +86,8 @@ class SamplerConfig:
     return cls(completion_len=config.data.completion_len, steps=s.steps,
                block_len=s.block_len, temperature=float(s.temperature),
                remasking=s.remasking, threshold=float(s.threshold),
-               stop_at_eos=s.stop_at_eos)
+               stop_at_eos=s.stop_at_eos, exclude_mask=s.exclude_mask,
+               cache=s.cache, cache_refresh=s.cache_refresh)
 
 
 def transfer_schedule(block_len: int, steps_per_block: int) -> np.ndarray:
@@ -91,20 +113,27 @@ def _rank(conf_BL):
 def select_commits(logits_BLV, open_BL, key, k_commit, *, cfg: SamplerConfig, mask_id: int):
   """One denoising decision over the ``open_BL`` (masked, current-block) positions.
 
-  Proposes x0 for every position (never the mask token: MDLM "SUBS"), scores
-  it with the registered remasking policy and picks the ``k_commit`` most
-  confident open positions, or in dynamic mode (``cfg.threshold > 0``) every
-  open position above the threshold and at least the most confident one.
-  ``key`` is split into (proposal, confidence) keys. Returns (x0_BL, commit_BL).
+  Proposes x0 for every position over the whole vocabulary (the mask token
+  too, as the official LLaDA code; never the mask token with
+  ``cfg.exclude_mask``), scores it with the registered remasking policy and
+  picks the ``k_commit`` most confident open positions, or in dynamic mode
+  (``cfg.threshold > 0``) every open position above the threshold and at least
+  the most confident one. A picked position whose proposal is the mask token
+  is not committed (it stays masked). ``key`` is split into (proposal,
+  confidence) keys. Returns (x0_BL, commit_BL).
   """
-  logits_BLV = logits_BLV.astype(jnp.float32).at[..., mask_id].set(_NEG)
+  logits_BLV = logits_BLV.astype(jnp.float32)
+  if cfg.exclude_mask:
+    logits_BLV = logits_BLV.at[..., mask_id].set(_NEG)
   k_prop, k_conf = jax.random.split(key)
   x0_BL = _propose(logits_BLV, k_prop, cfg.temperature)
   conf_BL = jnp.where(open_BL, REMASKING.get(cfg.remasking)(logits_BLV, x0_BL, k_conf), _NEG)
   rank_BL = _rank(conf_BL)
   if cfg.threshold > 0:
-    return x0_BL, open_BL & ((conf_BL > cfg.threshold) | (rank_BL == 0))
-  return x0_BL, open_BL & (rank_BL < k_commit)
+    picked_BL = (conf_BL > cfg.threshold) | (rank_BL == 0)
+  else:
+    picked_BL = rank_BL < k_commit
+  return x0_BL, open_BL & picked_BL & (x0_BL != mask_id)
 
 
 def block_schedule(cfg: SamplerConfig) -> jax.Array:
@@ -112,15 +141,20 @@ def block_schedule(cfg: SamplerConfig) -> jax.Array:
   l, bl = cfg.completion_len, cfg.block_len
   if l % bl or cfg.steps % cfg.num_blocks:
     raise ValueError(f"bad sampler shape: completion_len={l}, block_len={bl}, steps={cfg.steps}")
-  REMASKING.get(cfg.remasking)  # fail fast on an unknown name
+  REMASKING.get(cfg.remasking)  # fail fast on unknown names
+  CACHES.get(cfg.cache)
   return jnp.asarray(transfer_schedule(bl, cfg.steps_per_block))
 
 
 def run_block(denoise_step, carry, block, *, cfg: SamplerConfig, schedule_S, block_open):
   """Denoise one block: the fixed schedule, or (threshold mode) until ``block_open(carry)``
-  says no masked token is left in it. ``denoise_step(carry, block, k_commit) -> carry``."""
+  says no masked token is left in it, at most ``block_len`` steps (a step may commit
+  nothing when the mask token is proposed). ``denoise_step(carry, block, k_commit) -> carry``."""
   if cfg.threshold > 0:
-    return jax.lax.while_loop(block_open, lambda c: denoise_step(c, block, 0), carry)
+    _, carry = jax.lax.while_loop(
+        lambda c: (c[0] < cfg.block_len) & block_open(c[1]),
+        lambda c: (c[0] + 1, denoise_step(c[1], block, 0)), (jnp.int32(0), carry))
+    return carry
   return jax.lax.fori_loop(
       0, cfg.steps_per_block, lambda s, c: denoise_step(c, block, schedule_S[s]), carry)
 
@@ -164,39 +198,77 @@ def finalize(x_BL, unmask_BL, steps, blocks, traj_SBL, *, cfg: SamplerConfig,
 
 def sample(graphdef, params, prompt_BP, prompt_valid_BP, key, *,
            cfg: SamplerConfig, mask_id: int, eos_id: int) -> SampleOutput:
-  """Denoise a completion for each prompt. Pure; jit with ``cfg`` etc. static."""
-  b, p = prompt_BP.shape
-  schedule_S = block_schedule(cfg)
-  block_of_L = jnp.arange(cfg.completion_len) // cfg.block_len
+  """Denoise a completion for each prompt. Pure; jit with ``cfg`` etc. static.
 
-  def denoise_step(carry, block, k_commit):
-    (x_BL, unmask_BL, step), traj_SBL = carry
-    tokens_BN, positions_BN, mask_B1N = sequence_inputs(prompt_BP, prompt_valid_BP, x_BL)
-    logits_BLV = transformer.apply(graphdef, params, tokens_BN, positions_BN, mask_B1N)[:, p:]
-    open_BL = (x_BL == mask_id) & (block_of_L == block)[None, :]
-    x0_BL, commit_BL = select_commits(logits_BLV, open_BL, jax.random.fold_in(key, step),
+  ``cfg.cache`` picks how the open block's logits are computed
+  (:mod:`dllm_rl.sampling.open_block`); the decisions, random keys and step
+  numbering are the same in every mode."""
+  b, _ = prompt_BP.shape
+  bl = cfg.block_len
+  schedule_S = block_schedule(cfg)
+  model = CACHES.get(cfg.cache)(graphdef, params, prompt_BP, prompt_valid_BP,
+                                completion_len=cfg.completion_len, block_len=bl)
+
+  def decide(carry, logits_BTV, block, k_commit):
+    """One step on the open block's logits: commit, record the step, advance."""
+    x_BL, unmask_BL, step, traj_SBL = carry
+    x_BT = jax.lax.dynamic_slice_in_dim(x_BL, block * bl, bl, axis=1)
+    u_BT = jax.lax.dynamic_slice_in_dim(unmask_BL, block * bl, bl, axis=1)
+    x0_BT, commit_BT = select_commits(logits_BTV, x_BT == mask_id, jax.random.fold_in(key, step),
                                       k_commit, cfg=cfg, mask_id=mask_id)
-    x_BL = jnp.where(commit_BL, x0_BL, x_BL)
-    unmask_BL = jnp.where(commit_BL, step, unmask_BL)
+    x_BL = jax.lax.dynamic_update_slice_in_dim(x_BL, jnp.where(commit_BT, x0_BT, x_BT),
+                                               block * bl, axis=1)
+    unmask_BL = jax.lax.dynamic_update_slice_in_dim(unmask_BL, jnp.where(commit_BT, step, u_BT),
+                                                    block * bl, axis=1)
     if cfg.record_trajectory:
       traj_SBL = jax.lax.dynamic_update_index_in_dim(traj_SBL, x_BL, step, 0)
-    return (x_BL, unmask_BL, step + 1), traj_SBL
+    return x_BL, unmask_BL, step + 1, traj_SBL
 
-  def block_open(block):
-    return lambda c: jnp.any((c[0][0] == mask_id) & (block_of_L == block)[None, :])
+  def run_open_block(carry, block):
+    """The block's first step on the refresh forward, later ones on ``model.step``;
+    then EOS fill."""
+    logits_BTV, state = model.refresh(carry[0], block)
+    carry = decide(carry, logits_BTV, block, schedule_S[0])
+    every = cfg.cache_refresh if cfg.cache != "none" else 0
 
-  def outer_body(c):
-    carry, block = c
-    (x_BL, unmask_BL, step), traj_SBL = run_block(
-        denoise_step, carry, block, cfg=cfg, schedule_S=schedule_S, block_open=block_open(block))
+    def later(s, c_state, k):  # step s (>= 1) of the block
+      c, st = c_state
+      if not every:
+        return decide(c, model.step(st, c[0], block), block, k), st
+
+      def refreshed():
+        logits, new_st = model.refresh(c[0], block)
+        return decide(c, logits, block, k), new_st
+
+      return jax.lax.cond(s % every == 0, refreshed,
+                          lambda: (decide(c, model.step(st, c[0], block), block, k), st))
+
+    if cfg.threshold > 0:  # until the block is complete, at most block_len steps
+      open_ = lambda c: jnp.any(jax.lax.dynamic_slice_in_dim(c[0], block * bl, bl, 1) == mask_id)
+      _, (carry, _) = jax.lax.while_loop(
+          lambda c: (c[0] < bl) & open_(c[1][0]),
+          lambda c: (c[0] + 1, later(c[0], c[1], 0)), (jnp.int32(1), (carry, state)))
+    else:
+      carry, _ = jax.lax.fori_loop(1, cfg.steps_per_block,
+                                   lambda s, c: later(s, c, schedule_S[s]), (carry, state))
+    x_BL, unmask_BL, step, traj_SBL = carry
     x_BL, unmask_BL = fill_finished(x_BL, unmask_BL, step, cfg=cfg, mask_id=mask_id,
                                     eos_id=eos_id)
-    return ((x_BL, unmask_BL, step), traj_SBL), block + 1
+    return x_BL, unmask_BL, step, traj_SBL
 
   x0, u0, traj0 = initial_buffers(b, cfg=cfg, mask_id=mask_id)
-  ((x_BL, unmask_BL, steps), traj_SBL), blocks = jax.lax.while_loop(
-      lambda c: more_blocks(c[0][0][0], c[1], cfg=cfg, eos_id=eos_id), outer_body,
-      (((x0, u0, jnp.int32(0)), traj0), jnp.int32(0)))
+  carry = (x0, u0, jnp.int32(0), traj0)
+  if model.static_blocks:  # block shapes differ (prefix cache): one traced copy per block
+    blocks = jnp.int32(0)
+    for block in range(cfg.num_blocks):
+      more = jnp.asarray(more_blocks(carry[0], block, cfg=cfg, eos_id=eos_id))
+      carry = jax.lax.cond(more, lambda c, blk=block: run_open_block(c, blk), lambda c: c, carry)
+      blocks += more.astype(jnp.int32)
+  else:
+    carry, blocks = jax.lax.while_loop(
+        lambda c: more_blocks(c[0][0], c[1], cfg=cfg, eos_id=eos_id),
+        lambda c: (run_open_block(c[0], c[1]), c[1] + 1), (carry, jnp.int32(0)))
+  x_BL, unmask_BL, steps, traj_SBL = carry
   return finalize(x_BL, unmask_BL, steps, blocks, traj_SBL, cfg=cfg, eos_id=eos_id)
 
 

@@ -56,6 +56,27 @@ def encode_examples(examples: Sequence[Example], tokenizer: CharTokenizer,
           "completion_BL": completion_BL, "completion_valid_BL": completion_valid_BL}
 
 
+def bucket_width(prompt_valid_BP: np.ndarray, buckets: Sequence[int]) -> int:
+  """The smallest bucket (``data.prompt_buckets``) that holds every (left-padded)
+  prompt of the batch; the full width P when none does."""
+  p = prompt_valid_BP.shape[1]
+  longest = int(prompt_valid_BP.sum(-1).max()) if prompt_valid_BP.size else 0
+  return min([w for w in buckets if longest <= w <= p], default=p)
+
+
+def trim_to_bucket(batch: Mapping[str, np.ndarray],
+                   buckets: Sequence[int]) -> tuple[dict[str, np.ndarray], float]:
+  """Drops left-padding columns so the prompts are ``bucket_width`` wide (one
+  compiled program per bucket downstream). Returns the batch and the fraction of
+  its prompt slots that are still padding."""
+  valid = np.asarray(batch["prompt_valid_BP"])
+  w = bucket_width(valid, buckets)
+  if valid[:, :valid.shape[1] - w].any():
+    raise ValueError("prompts must be left-padded to use data.prompt_buckets")
+  out = dict(batch, prompt_BP=np.asarray(batch["prompt_BP"])[:, -w:], prompt_valid_BP=valid[:, -w:])
+  return out, float(1.0 - out["prompt_valid_BP"].mean()) if valid.size else 0.0
+
+
 class BatchIterator:
   """Infinite iterator of batches over arrays of shape [N, ...].
 

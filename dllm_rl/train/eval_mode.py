@@ -16,7 +16,8 @@ from dllm_rl.parallel.shard import init_state_sharded
 PHASES = ("sft", "rl")  # newest last
 
 
-def run_eval(ctx: Context) -> dict:
+def restore_latest(ctx: Context):
+  """(phase, graphdef, state) of the latest checkpoint of the newest phase in the workdir."""
   for phase in reversed(PHASES):
     if os.path.isdir(checkpoint_dir(ctx.workdir, phase)):
       break
@@ -31,6 +32,11 @@ def run_eval(ctx: Context) -> dict:
                                    ref_params=params if kl else None)
   with open_checkpointer(ctx, phase) as ckpt:
     state, _ = ckpt.restore(template)
+  return phase, graphdef, state
+
+
+def run_eval(ctx: Context) -> dict:
+  phase, graphdef, state = restore_latest(ctx)
   result = evaluation.evaluate_policy(graphdef, state.params, ctx)
   print(f"[eval] {phase} checkpoint step {int(state.step)}: test accuracy {result['accuracy']:.3f}"
         f", pass@k {result['pass_at_k']}", flush=True)

@@ -18,7 +18,7 @@ from dllm_rl.rl.advantages import AdvantageConfig, calibrated_beta
 from dllm_rl.rl.losses import LossConfig
 from dllm_rl.rl.step import RLStepConfig, RolloutBatch, make_rl_step
 from dllm_rl.setup import Context, init_params
-from dllm_rl.tasks.data import BatchIterator
+from dllm_rl.tasks.data import BatchIterator, trim_to_bucket
 from dllm_rl.train.optim import make_optimizer
 from dllm_rl.train.sft_loop import PHASE as SFT
 from dllm_rl.train.sft_loop import checkpoint_dir, mean_metrics, open_checkpointer
@@ -112,7 +112,7 @@ def run_rl(ctx: Context) -> dict:
                    disable=not (config.log.progress and is_primary()))
     while it < r.steps:
       t0 = time.perf_counter()
-      batch = next(batches)
+      batch, padding = trim_to_bucket(next(batches), config.data.prompt_buckets)
       k_roll, k_step = jax.random.split(jax.random.fold_in(state.rng, it))
       out = rollout_fn(state.params, batch["prompt_BP"], batch["prompt_valid_BP"], k_roll)
       completions = np.asarray(out.completion_BL)
@@ -126,6 +126,7 @@ def run_rl(ctx: Context) -> dict:
       if base_accuracy is None:  # the starting policy's training accuracy: its first rollouts
         base_accuracy = float(np.mean(correct))
       state, metrics = step_fn(state, rollout, k_step)
+      metrics = dict(metrics, prompt_padding_fraction=padding)
       it += 1
       window.append(metrics)
       bar.update(1)

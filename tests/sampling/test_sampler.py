@@ -43,7 +43,8 @@ def test_transfer_schedule():
 @pytest.mark.parametrize("remasking", REMASKING.names())
 def test_commits_scheduled_tokens_per_step_and_never_remasks(model, remasking):
   cfg = S.SamplerConfig(completion_len=12, steps=6, block_len=4, temperature=0.7,
-                        remasking=remasking, stop_at_eos=False, record_trajectory=True)
+                        remasking=remasking, stop_at_eos=False, record_trajectory=True,
+                        exclude_mask=True)  # exactly k per step needs no mask proposals
   out = _run(model, cfg)
   assert int(out.num_steps) == 6 and int(out.num_blocks) == 3
   traj = np.asarray(out.trajectory_SBL)
@@ -79,7 +80,7 @@ def test_greedy_ignores_key(model):
 
 def test_threshold_mode_commits_at_least_one_per_step(model):
   cfg = S.SamplerConfig(completion_len=8, steps=2, block_len=4, temperature=0.5, threshold=0.05,
-                        stop_at_eos=False, record_trajectory=True)
+                        stop_at_eos=False, record_trajectory=True, exclude_mask=True)
   out = _run(model, cfg)
   n = int(out.num_steps)
   assert 2 <= n <= 8
@@ -102,8 +103,33 @@ def test_stop_at_eos_fills_and_skips_blocks(model):
   assert np.all(np.asarray(out.unmask_step_BL)[:, 4:] == 1)  # filled when block 0 finished
 
 
+@pytest.mark.parametrize("threshold", [0.0, 0.05])
+def test_proposed_mask_token_stays_masked_and_is_not_recorded(model, threshold):
+  """Uniform logits → greedy argmax proposes token 0; with mask id 0 every pick is
+  the mask token (the official code would write it back: the position stays masked).
+  Nothing is committed, unmask steps stay -1, threshold mode stops after block_len steps;
+  with ``exclude_mask`` token 1 is committed instead."""
+  g, params = model
+  params = jax.tree.map(lambda x: x, params)
+  pure = nnx.to_pure_dict(params)
+  pure["final_norm"]["scale"] = jnp.zeros_like(pure["final_norm"]["scale"])  # logits all 0
+  nnx.replace_by_pure_dict(params, pure)
+  prompt, valid = _prompts()
+  cfg = S.SamplerConfig(completion_len=8, steps=4, block_len=4, threshold=threshold,
+                        stop_at_eos=False)
+  out = S.sample(g, params, prompt, valid, jax.random.key(0), cfg=cfg, mask_id=0, eos_id=EOS)
+  np.testing.assert_array_equal(out.completion_BL, 0)
+  np.testing.assert_array_equal(out.unmask_step_BL, -1)
+  assert int(out.num_steps) == (8 if threshold else 4) and int(out.num_blocks) == 2
+  out = S.sample(g, params, prompt, valid, jax.random.key(0), mask_id=0, eos_id=7,
+                 cfg=dataclasses.replace(cfg, exclude_mask=True))
+  np.testing.assert_array_equal(out.completion_BL, 1)
+  assert np.all(np.asarray(out.unmask_step_BL) >= 0)
+
+
 def test_tokens_after_first_eos_are_eos(model):
-  cfg = S.SamplerConfig(completion_len=12, steps=12, block_len=4, temperature=3.0, stop_at_eos=True)
+  cfg = S.SamplerConfig(completion_len=12, steps=12, block_len=4, temperature=3.0, stop_at_eos=True,
+                        exclude_mask=True)
   g, params = model
   prompt, valid = _prompts(b=16)
   out = S.sample(g, params, prompt, valid, jax.random.key(5), cfg=cfg, mask_id=MASK, eos_id=EOS)
@@ -135,3 +161,11 @@ def test_bad_shape_rejected(model):
   with pytest.raises(ValueError, match="block_len"):
     S.sample(g, params, prompt, valid, jax.random.key(0),
              cfg=S.SamplerConfig(completion_len=10, steps=4, block_len=4), mask_id=MASK, eos_id=EOS)
+
+
+def test_exclude_mask_comes_from_the_config():
+  from dllm_rl.config import base_config
+  c = base_config()
+  assert not S.SamplerConfig.from_config(c).exclude_mask  # official LLaDA behaviour by default
+  c.sampler.exclude_mask = True
+  assert S.SamplerConfig.from_config(c).exclude_mask

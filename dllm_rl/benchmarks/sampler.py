@@ -1,0 +1,352 @@
+"""Benchmark: the masked sampler's cache modes (and the official LLaDA ``generate``) on an
+HF LLaDA checkpoint folder.
+
+    python -m dllm_rl.benchmarks.sampler --checkpoint DIR [--init-random]
+        [--batch 16 --prompt 32 --gen 128 --steps 64 --block 32] [--repeats 5]
+        [--official-llada LLaDA_REPO --official-modeling dLLM-RL_REPO
+         --official-python /tmp/torchvenv/bin/python]
+        [--accuracy-config configs/tiny_cpu.py --accuracy-workdir WORKDIR]
+        [--out results.json]
+
+Speed: greedy ``low_confidence`` with ``stop_at_eos`` off (the official code does not stop
+at EOS either), one jitted sampler per ``sampler.cache`` mode, timed after compilation.
+Rounds alternate the modes (and the official ``generate``, run by a persistent subprocess)
+so that machine load hits all of them alike; medians are reported. For each mode: tokens/s
+(B·L per call), model calls/s (denoising steps, each one forward of whatever width), FLOP/s
+from an analytic matmul count of what the mode computes, as a fraction of this machine's
+matmul peak (median of jitted 1024³ float32 matmuls, measured in the same run), and the
+fraction of tokens equal to the exact sampler's. With the official code: its tokens/s and
+the number of rows where the exact sampler's tokens equal the official ones up to and
+including the official row's first EOS.
+
+``--init-random`` writes a random LLaDA checkpoint to ``--checkpoint`` first (sizes from
+--d-model/--layers/--heads/--mlp/--vocab; default: the issue-12 shapes, 3.4M parameters).
+
+Official code: ``--official-llada`` is a checkout (or bare git dir) of ML-GSAI/LLaDA
+(``generate.py``), ``--official-modeling`` one of Gen-Verse/dLLM-RL
+(``models/llada/modeling_llada.py`` and ``configuration_llada.py``); they are copied to a
+temporary folder at run time and run by ``--official-python`` (a venv with torch and
+transformers, never this project's); nothing of theirs is part of this repository.
+
+Accuracy: with ``--accuracy-config`` (e.g. the embedded default, configs/tiny_cpu.py) and a
+workdir holding its trained checkpoint (``python -m dllm_rl.main --config=... --workdir=...``),
+the held-out greedy test accuracy of each cache mode on the same checkpoint, at the config's
+sampler shape and, with ``--accuracy-block-lens``, at other block lengths. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+MODES = ("none", "prefix", "dual")
+
+
+# ----------------------------------------------------------------------------- FLOP count
+
+def forward_flops(m, rows: int, keys: int, *, kv_rows: int | None = None,
+                  last_rows: int | None = None, head_rows: int) -> float:
+  """Matmul FLOPs of one forward of ``rows`` query rows over ``keys`` keys per sequence:
+  projections, attention (QKᵀ and PV), MLP, head. ``kv_rows``: rows whose keys/values are
+  projected (default ``rows``); ``last_rows``: rows the last layer finishes (default
+  ``rows``); ``head_rows``: rows through the head."""
+  kv_rows = rows if kv_rows is None else kv_rows
+  last_rows = rows if last_rows is None else last_rows
+  d, hq, kvq = m.d_model, m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+
+  def layer(r):  # everything but the key/value projections
+    return 2 * r * d * hq + 4 * r * keys * hq + 2 * r * hq * d + 6 * r * d * m.mlp_hidden
+
+  kv = 4 * kv_rows * d * kvq
+  return ((m.n_layers - 1) * (layer(rows) + 4 * rows * d * kvq) + layer(last_rows) + kv
+          + 2 * head_rows * d * m.vocab_size)
+
+
+def sampler_flops(m, *, batch: int, prompt: int, gen: int, steps: int, block: int,
+                  mode: str) -> float:
+  """FLOPs of one sampler call (every block runs its full step budget)."""
+  n, blocks = prompt + gen, gen // block
+  spb = steps // blocks
+  full = forward_flops(m, n, n, last_rows=block, head_rows=block)  # block start (and `none`)
+  total = 0.0
+  for b in range(blocks):
+    if mode == "none":
+      later = full
+    elif mode == "dual":
+      later = forward_flops(m, block, n, head_rows=block)
+    else:  # prefix: the block and the masked suffix
+      t = n - (prompt + b * block)
+      later = forward_flops(m, t, n, last_rows=block, head_rows=block)
+    total += full + (spb - 1) * later
+  return batch * total
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def matmul_peak(n: int = 1024, repeats: int = 7) -> float:
+  """Median FLOP/s of a jitted n×n×n float32 matmul on the default device."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  jax.block_until_ready(f(a))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(a))
+    times.append(time.perf_counter() - t0)
+  return 2 * n ** 3 / float(np.median(times))
+
+
+def write_random_checkpoint(path: str, args) -> None:
+  """A random LLaDA-architecture HF folder (mask = vocab − 1, EOS = pad = vocab − 2)."""
+  import jax
+
+  from dllm_rl.models import hf
+  from dllm_rl.models import transformer as T
+
+  cfg = T.ModelConfig(vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers,
+                      n_heads=args.heads, n_kv_heads=args.heads,
+                      head_dim=args.d_model // args.heads, mlp_hidden=args.mlp,
+                      init_std=args.init_std)
+  _, params = T.init_model(cfg, jax.random.key(args.seed))
+  ids = hf.TokenIds(mask_id=args.vocab - 1, eos_id=args.vocab - 2, pad_id=args.vocab - 2,
+                    bos_id=None, block_size=None)
+  hf.export_checkpoint(params, cfg, ids, "llada", path)
+  print(f"wrote a random LLaDA checkpoint ({T.count_params(params) / 1e6:.2f}M params) to {path}")
+
+
+def _read_source(repo: str, rel: str) -> bytes:
+  """A file of a checkout, or of a bare git dir at HEAD."""
+  path = os.path.join(repo, rel)
+  if os.path.isfile(path):
+    with open(path, "rb") as fh:
+      return fh.read()
+  return subprocess.run(["git", "--git-dir", repo, "show", f"HEAD:{rel}"], check=True,
+                        capture_output=True).stdout
+
+
+class Official:
+  """The official ``generate`` in a persistent subprocess (line-delimited JSON)."""
+
+  def __init__(self, python: str, llada_repo: str, modeling_repo: str, checkpoint: str,
+               threads: int):
+    self.tmp = tempfile.mkdtemp(prefix="llada_official_")
+    with open(os.path.join(self.tmp, "generate.py"), "wb") as fh:
+      fh.write(_read_source(llada_repo, "generate.py"))
+    pkg = os.path.join(self.tmp, "llada_official")
+    os.makedirs(pkg)
+    open(os.path.join(pkg, "__init__.py"), "w").close()
+    for name in ("modeling_llada.py", "configuration_llada.py"):
+      with open(os.path.join(pkg, name), "wb") as fh:
+        fh.write(_read_source(modeling_repo, f"models/llada/{name}"))
+    driver = os.path.join(os.path.dirname(os.path.abspath(__file__)), "official_llada_driver.py")
+    self.proc = subprocess.Popen([python, driver, self.tmp, checkpoint, str(threads)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    self.info = self._read()
+
+  def _read(self) -> dict:
+    line = self.proc.stdout.readline()
+    if not line:
+      raise RuntimeError("the official generate driver exited (see its stderr above)")
+    return json.loads(line)
+
+  def run(self, prompt, *, steps: int, gen: int, block: int, mask_id: int) -> dict:
+    req = {"prompt": prompt.tolist(), "steps": steps, "gen_length": gen, "block_length": block,
+           "mask_id": mask_id}
+    self.proc.stdin.write(json.dumps(req) + "\n")
+    self.proc.stdin.flush()
+    return self._read()
+
+  def close(self) -> None:
+    if self.proc.poll() is None:
+      self.proc.stdin.write("\n")
+      self.proc.stdin.flush()
+      self.proc.wait(timeout=60)
+    shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def rows_equal_to_first_eos(ours, official, eos_id: int) -> int:
+  """Rows whose tokens equal the official row up to and including its first EOS."""
+  import numpy as np
+
+  same = 0
+  for a, o in zip(ours, official):
+    hits = np.flatnonzero(o == eos_id)
+    n = hits[0] + 1 if hits.size else o.size
+    same += int(np.array_equal(a[:n], o[:n]))
+  return same
+
+
+# ----------------------------------------------------------------------------- sections
+
+def speed(args) -> dict:
+  import dataclasses
+  import functools
+
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from dllm_rl.models import hf
+  from dllm_rl.sampling import sampler as S
+
+  model_cfg, ids, graphdef, params, family = hf.load_checkpoint(args.checkpoint, dtype=args.dtype)
+  if family != "llada":
+    raise SystemExit(f"{args.checkpoint}: a {family} checkpoint; this benchmarks the masked"
+                     " sampler")
+  b, p, l = args.batch, args.prompt, args.gen
+  rng = np.random.default_rng(args.seed)
+  prompt = rng.integers(0, min(ids.mask_id, ids.eos_id or ids.mask_id), (b, p)).astype(np.int32)
+  base = S.SamplerConfig(completion_len=l, steps=args.steps, block_len=args.block,
+                         temperature=0.0, remasking="low_confidence", stop_at_eos=False)
+  fns, outs, times = {}, {}, {m: [] for m in args.modes}
+  for mode in args.modes:
+    fns[mode] = jax.jit(functools.partial(S.sample, graphdef, cfg=dataclasses.replace(
+        base, cache=mode, cache_refresh=args.cache_refresh), mask_id=ids.mask_id,
+        eos_id=ids.eos_id))
+    t0 = time.perf_counter()
+    jax.block_until_ready(fns[mode](params, jnp.asarray(prompt), jnp.ones((b, p), bool),
+                                    jax.random.key(0)))
+    print(f"compiled {mode!r} in {time.perf_counter() - t0:.1f}s", flush=True)
+  official = None
+  if args.official_llada:
+    official = Official(args.official_python, args.official_llada, args.official_modeling,
+                        args.checkpoint, args.threads)
+    print(f"official generate: {official.info}", flush=True)
+    official.run(prompt, steps=args.steps, gen=l, block=args.block, mask_id=ids.mask_id)  # warm-up
+    times["official"] = []
+  peaks = []
+  try:
+    for r in range(args.repeats):
+      peaks.append(matmul_peak())
+      for mode in args.modes:
+        t0 = time.perf_counter()
+        out = fns[mode](params, jnp.asarray(prompt), jnp.ones((b, p), bool), jax.random.key(0))
+        outs[mode] = np.asarray(out.completion_BL)  # blocks until done
+        times[mode].append(time.perf_counter() - t0)
+      if official is not None:
+        res = official.run(prompt, steps=args.steps, gen=l, block=args.block, mask_id=ids.mask_id)
+        times["official"].append(res["seconds"])
+        outs["official"] = np.asarray(res["output"])[:, p:]
+      print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()), flush=True)
+  finally:
+    if official is not None:
+      official.close()
+  peak = float(np.median(peaks))
+  med = {k: float(np.median(v)) for k, v in times.items()}
+  result = {"shape": dict(batch=b, prompt=p, gen=l, steps=args.steps, block=args.block),
+            "matmul_peak_gflops": peak / 1e9, "modes": {}, "load_avg": os.getloadavg()}
+  for mode in args.modes:
+    flops = sampler_flops(model_cfg, batch=b, prompt=p, gen=l, steps=args.steps,
+                          block=args.block, mode=mode)
+    result["modes"][mode] = {
+        "seconds": med[mode], "tokens_per_s": b * l / med[mode],
+        "model_calls_per_s": args.steps / med[mode], "gflop_per_call": flops / 1e9,
+        "gflops": flops / med[mode] / 1e9, "fraction_of_peak": flops / med[mode] / peak,
+        "token_agreement_with_exact": float((outs[mode] == outs["none"]).mean())
+        if "none" in outs else None}
+  if official is not None:
+    n = p + l  # the official code: every step a full forward, head on all N rows
+    flops = b * args.steps * forward_flops(model_cfg, n, n, head_rows=n)
+    result["official"] = {"seconds": med["official"], "tokens_per_s": b * l / med["official"],
+                          "torch": official.info.get("torch"), "gflop_per_call": flops / 1e9,
+                          "fraction_of_peak": flops / med["official"] / peak}
+    if "none" in outs:
+      result["official"]["exact_rows_equal_to_first_eos"] = rows_equal_to_first_eos(
+          outs["none"], outs["official"], ids.eos_id)
+      for mode in args.modes:
+        result["modes"][mode]["speedup_vs_official"] = med["official"] / med[mode]
+  return result
+
+
+def accuracy(args) -> dict:
+  import dataclasses
+
+  from dllm_rl import evaluation
+  from dllm_rl.config import load_config_file, validate
+  from dllm_rl.setup import build_context
+  from dllm_rl.train.eval_mode import restore_latest
+
+  config = load_config_file(args.accuracy_config)
+  validate(config)
+  ctx = build_context(config, args.accuracy_workdir)
+  phase, graphdef, state = restore_latest(ctx)
+  out = {"phase": phase, "step": int(state.step), "by_block_len": {}}
+  for block_len in [ctx.sampler_cfg.block_len] + list(args.accuracy_block_lens):
+    blocks = ctx.sampler_cfg.completion_len // block_len
+    steps = max(ctx.sampler_cfg.steps // blocks, 1) * blocks
+    row = {}
+    for mode in args.modes:
+      cfg = dataclasses.replace(ctx.sampler_cfg, block_len=block_len, steps=steps, cache=mode,
+                                cache_refresh=args.cache_refresh)
+      row[mode] = evaluation.greedy_accuracy(
+          graphdef, state.params, task=ctx.task, tokenizer=ctx.tokenizer,
+          examples=ctx.test_examples, arrays=ctx.test_arrays, cfg=cfg,
+          batch_size=config.eval.batch_size)["accuracy"]
+    out["by_block_len"][f"block {block_len}, {steps} steps"] = row
+  out["cache_refresh"] = args.cache_refresh
+  out["test_prompts"] = len(ctx.test_examples)
+  return out
+
+
+def main(argv=None) -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--checkpoint", help="HF LLaDA folder (written first with --init-random)")
+  ap.add_argument("--init-random", action="store_true")
+  ap.add_argument("--d-model", type=int, default=256)
+  ap.add_argument("--layers", type=int, default=4)
+  ap.add_argument("--heads", type=int, default=8)
+  ap.add_argument("--mlp", type=int, default=688)
+  ap.add_argument("--vocab", type=int, default=512)
+  ap.add_argument("--init-std", type=float, default=0.02)
+  ap.add_argument("--batch", type=int, default=16)
+  ap.add_argument("--prompt", type=int, default=32)
+  ap.add_argument("--gen", type=int, default=128)
+  ap.add_argument("--steps", type=int, default=64)
+  ap.add_argument("--block", type=int, default=32)
+  ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                  help="compute dtype of this project's sampler (the official code: float32)")
+  ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+  ap.add_argument("--cache-refresh", type=int, default=0,
+                  help="sampler.cache_refresh of the prefix/dual modes (FLOP count assumes 0)")
+  ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--threads", type=int, default=2, help="torch threads of the official code")
+  ap.add_argument("--official-llada", default="")
+  ap.add_argument("--official-modeling", default="")
+  ap.add_argument("--official-python", default="/tmp/torchvenv/bin/python")
+  ap.add_argument("--accuracy-config", default="")
+  ap.add_argument("--accuracy-workdir", default="")
+  ap.add_argument("--accuracy-block-lens", type=int, nargs="*", default=[])
+  ap.add_argument("--out", default="")
+  args = ap.parse_args(argv)
+  if bool(args.official_llada) != bool(args.official_modeling):
+    ap.error("--official-llada and --official-modeling go together")
+
+  import jax
+
+  result = {"jax": jax.__version__, "backend": jax.default_backend(),
+            "cpu_count": os.cpu_count()}
+  if args.checkpoint:
+    if args.init_random and not os.path.isdir(args.checkpoint):
+      write_random_checkpoint(args.checkpoint, args)
+    result["speed"] = speed(args)
+  if args.accuracy_config:
+    result["accuracy"] = accuracy(args)
+  print(json.dumps(result, indent=2))
+  if args.out:
+    with open(args.out, "w") as fh:
+      json.dump(result, fh, indent=2)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])
