@@ -7,9 +7,9 @@ during validation.
 from __future__ import annotations
 
 import json
-import os
 import time
 
+from dllm_rl import paths
 from dllm_rl.registry import Registry
 
 MODES: Registry = Registry("mode")
@@ -42,8 +42,8 @@ def _pipeline(ctx) -> dict:
 
   sft = run_sft(ctx)
   rl = run_rl(ctx)
-  plot = plot_metrics(os.path.join(ctx.workdir, "metrics.jsonl"),
-                      os.path.join(ctx.workdir, "rl_curves.png"),
+  plot = plot_metrics(paths.join(ctx.workdir, "metrics.jsonl"),
+                      paths.join(ctx.workdir, "rl_curves.png"),
                       ["reward_mean", "accuracy", "val_accuracy", "grad_norm", "ratio_max",
                        "bypass_fraction"], phase="rl")
   return {**sft, **rl, "pass_at_k": rl["rl_pass_at_k"],
@@ -65,6 +65,5 @@ def run(config, workdir: str) -> dict:
   summary["wall_seconds"] = time.time() - t0
   from dllm_rl.parallel.distributed import is_primary
   if is_primary():
-    with open(os.path.join(workdir, "summary.json"), "w") as fh:
-      json.dump(summary, fh, indent=2)
+    paths.resolve(workdir).joinpath("summary.json").write_text(json.dumps(summary, indent=2))
   return summary

@@ -163,7 +163,8 @@ def build_context(config, workdir: str) -> Context:
   except ValueError as err:
     raise ConfigError("mesh", str(err)) from err
   check_batch_sizes(config, mesh)
-  os.makedirs(workdir, exist_ok=True)
+  from dllm_rl import paths
+  paths.resolve(workdir).mkdir(parents=True, exist_ok=True)  # gs:// stays a URL
   task = tasks_lib.make_task(config.task.name, **config.task.options.to_dict())
   hf = None
   if config.model.hf_checkpoint:
