@@ -43,8 +43,9 @@ def model_and_tokens(config):
   """(ModelConfig, mask_id, eos_id): from the HF config.json, or the config's sizes with
   the character tokenizer's ids."""
   if config.model.hf_checkpoint:
-    model_cfg, ids, _ = setup.hf_model_config(config.model.hf_checkpoint, config.model.dtype,
-                                              config.model.param_dtype)
+    m = config.model
+    model_cfg, ids, _ = setup.hf_model_config(m.hf_checkpoint, m.dtype, m.param_dtype,
+                                              scan_layers=m.scan_layers, remat=m.remat)
     return model_cfg, ids.mask_id, ids.eos_id if ids.eos_id is not None else ids.pad_id
   from dllm_rl.tasks import CharTokenizer
   tok = CharTokenizer()

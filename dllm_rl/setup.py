@@ -54,10 +54,12 @@ def is_imported(path: str) -> bool:
   return os.path.isfile(os.path.join(path, "model.json"))
 
 
-def hf_model_config(path: str, dtype: str, param_dtype: str):
+def hf_model_config(path: str, dtype: str, param_dtype: str, *, scan_layers: bool = False,
+                    remat: str = "none"):
   """(ModelConfig, TokenIds, family) of a HF checkpoint dir or of its ``convert import``
   output: the architecture from its config.json, compute in ``dtype`` and parameters
-  (hence the optimizer moments) stored in ``param_dtype`` whatever the file holds."""
+  (hence the optimizer moments) stored in ``param_dtype`` whatever the file holds;
+  ``scan_layers`` / ``remat`` as ``config.model`` asks."""
   import json
 
   from dllm_rl.models import hf
@@ -74,7 +76,7 @@ def hf_model_config(path: str, dtype: str, param_dtype: str):
     model_cfg, ids = hf.model_config_from_hf(hf_config, dtype=dtype, param_dtype=param_dtype)
   except (ValueError, KeyError, FileNotFoundError) as err:
     raise ConfigError("model.hf_checkpoint", f"{path}: {err}") from err
-  return model_cfg, ids, family
+  return dataclasses.replace(model_cfg, scan_layers=scan_layers, remat=remat), ids, family
 
 
 def load_hf_params(path: str, model_cfg: transformer.ModelConfig, mesh):
@@ -96,13 +98,15 @@ def load_hf_params(path: str, model_cfg: transformer.ModelConfig, mesh):
 
 
 def load_hf_source(path: str, dtype: str, block_size: int = 0,
-                   param_dtype: str = "float32") -> HFSource:
+                   param_dtype: str = "float32", *, scan_layers: bool = False,
+                   remat: str = "none") -> HFSource:
   """Architecture, token ids and tokenizer of a HF checkpoint dir, or of its
   ``dllm_rl.convert import`` output (weights are read later, onto the mesh, by
   :func:`init_params`)."""
   from dllm_rl.tasks.hf_tokenizer import HFTokenizer
 
-  model_cfg, ids, family = hf_model_config(path, dtype, param_dtype)
+  model_cfg, ids, family = hf_model_config(path, dtype, param_dtype, scan_layers=scan_layers,
+                                           remat=remat)
   tokenizer_dir = os.path.join(path, "hf_extra") if is_imported(path) else path
   if family == "sdar" and ids.block_size != block_size:
     raise ConfigError("model.block_size", f"{path} is a block-diffusion (SDAR) checkpoint with"
@@ -168,8 +172,9 @@ def build_context(config, workdir: str) -> Context:
   task = tasks_lib.make_task(config.task.name, **config.task.options.to_dict())
   hf = None
   if config.model.hf_checkpoint:
-    hf = load_hf_source(config.model.hf_checkpoint, config.model.dtype, config.model.block_size,
-                        param_dtype=config.model.param_dtype)
+    m = config.model
+    hf = load_hf_source(m.hf_checkpoint, m.dtype, m.block_size, param_dtype=m.param_dtype,
+                        scan_layers=m.scan_layers, remat=m.remat)
     tokenizer = hf.tokenizer
   else:
     tokenizer = tasks_lib.CharTokenizer()
