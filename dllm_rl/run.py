@@ -50,6 +50,20 @@ def _pipeline(ctx) -> dict:
           "rl_gain": rl["rl_accuracy"] - sft["sft_accuracy"], "plot": plot}
 
 
+def enable_compilation_cache(path: str) -> str | None:
+  """Turn on JAX's persistent compilation cache in ``path`` (``~`` expanded; a gs:// URL
+  stays one); returns the directory, or None when ``path`` is empty (off)."""
+  if not path:
+    return None
+  import os
+
+  import jax
+  directory = os.fspath(paths.resolve(os.path.expanduser(path)))
+  jax.config.update("jax_compilation_cache_dir", directory)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)  # only slow compiles
+  return directory
+
+
 def run(config, workdir: str) -> dict:
   """Run ``config.mode``; write ``workdir/summary.json`` and return the summary."""
   from dllm_rl.config import validate
@@ -60,6 +74,7 @@ def run(config, workdir: str) -> dict:
   t0 = time.time()
   validate(config)
   initialize(config.distributed)  # before anything touches devices
+  enable_compilation_cache(config.compilation_cache)
   ctx = build_context(config, workdir)
   summary = {"mode": config.mode, **MODES.get(config.mode)(ctx)}
   summary["wall_seconds"] = time.time() - t0
