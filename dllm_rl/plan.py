@@ -40,6 +40,8 @@ _TOPOLOGY = flags.DEFINE_string("topology", None, "v4-N, v5e-N, v5p-N, v6e-N, GE
 _JSON = flags.DEFINE_string("json", None, "Write the plan as JSON to this path.")
 _MEMORY = flags.DEFINE_float("device_memory_gib", None,
                              "Override the memory per device (cpu:N default: 80 GiB).")
+_PROGRAMS = flags.DEFINE_list("programs", None,
+                              "Compile only these programs (default: every program of the mode).")
 _TFLOPS = flags.DEFINE_float("peak_tflops", None,
                              "Override the peak bf16 TFLOP/s per device (cpu:N default: 989).")
 
@@ -143,11 +145,17 @@ def table(topo, results: dict) -> str:
   return "\n".join(lines)
 
 
-def plan(config, topo) -> tuple[dict, list[str]]:
-  """(the JSON plan, one message per program that does not fit)."""
+def plan(config, topo, only: list[str] | None = None) -> tuple[dict, list[str]]:
+  """(the JSON plan, one message per program that does not fit); ``only``: a subset."""
   from dllm_rl.programs import build_programs
 
   programs, _, _ = build_programs(config, topo.devices)
+  if only:
+    unknown = set(only) - {p.name for p in programs}
+    if unknown:
+      raise ValueError(f"--programs: {sorted(unknown)} not among this mode's programs "
+                       f"{[p.name for p in programs]}")
+    programs = [p for p in programs if p.name in only]
   results, problems = {}, []
   for program in programs:
     r = measure(program)
@@ -180,13 +188,14 @@ def validated(config):
 
 
 def run_plan(config, topology: str, *, json_path: str | None = None,
-             device_memory_gib: float | None = None, peak_tflops: float | None = None) -> int:
+             device_memory_gib: float | None = None, peak_tflops: float | None = None,
+             programs: list[str] | None = None) -> int:
   """Plan, print the table (and write the JSON); the exit status (0 fits, 3 does not)."""
   from dllm_rl.topology import get_topology
 
   validated(config)
   topo = get_topology(topology, device_memory_gib=device_memory_gib, peak_tflops=peak_tflops)
-  out, problems = plan(config, topo)
+  out, problems = plan(config, topo, programs)
   print(table(topo, out["programs"]), flush=True)
   if json_path:
     from dllm_rl import paths
@@ -210,7 +219,8 @@ def main(argv):
   from dllm_rl.config import ConfigError
   try:
     code = run_plan(_CONFIG.value, _TOPOLOGY.value, json_path=_JSON.value,
-                    device_memory_gib=_MEMORY.value, peak_tflops=_TFLOPS.value)
+                    device_memory_gib=_MEMORY.value, peak_tflops=_TFLOPS.value,
+                    programs=_PROGRAMS.value)
   except (ConfigError, ValueError) as err:
     print(f"error: {err}", file=sys.stderr)
     code = 2

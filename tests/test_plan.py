@@ -97,6 +97,8 @@ def test_rl_plan_needs_only_config_json_and_a_misfit_exits_3(tmp_path, capsys):
 def test_bad_topology_and_config_are_named(tmp_path):
   with pytest.raises(ValueError, match="only 8 CPU devices"):
     plan.run_plan(_config(), "cpu:64")
+  with pytest.raises(ValueError, match="--programs"):
+    plan.run_plan(_config(), "cpu:8", programs=["nope"])
   config = _config()
   config.rl.batch_prompts = 3
   with pytest.raises(ConfigError, match="rl.batch_prompts"):
