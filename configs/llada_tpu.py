@@ -32,6 +32,10 @@ def get_config():
   c.model.hf_checkpoint = "REQUIRED: path to LLaDA-8B-Instruct (HF format)"
   c.model.dtype = "bfloat16"
   c.model.param_dtype = "float32"
+  # One compiled layer body, each layer recomputed in the backward pass: the plan
+  # (python -m dllm_rl.plan --topology=v5p-64) fits rl_step in ~30 % of a v5p chip.
+  c.model.scan_layers = True
+  c.model.remat = "full"
   c.task.name = "gsm8k"
   c.task.options.train_file = "REQUIRED: gsm8k train.jsonl"
   c.task.options.test_file = "REQUIRED: gsm8k test.jsonl"

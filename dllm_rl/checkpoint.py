@@ -48,6 +48,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from dllm_rl import paths
+
 _LAYOUT_FORMAT = "dllm_rl.checkpoint/1"
 
 _log = logging.getLogger(__name__)
@@ -208,7 +210,7 @@ class Checkpointer:
   def __init__(self, directory: str, *, save_every: int, keep: int, async_save: bool = True):
     if save_every < 1 or keep < 1:
       raise ValueError(f"save_every and keep must be >= 1, got {save_every=} {keep=}")
-    self.directory = os.path.abspath(os.fspath(directory))
+    self.directory = os.fspath(paths.resolve(directory))  # gs:// stays a URL
     self.save_every = save_every
     self.keep = keep
     options = ocp.CheckpointManagerOptions(
@@ -216,7 +218,7 @@ class Checkpointer:
         enable_async_checkpointing=async_save,
         cleanup_tmp_directories=True,  # Drop uncommitted tmp dirs of a crashed save.
     )
-    self._manager = ocp.CheckpointManager(self.directory, options=options)
+    self._manager = ocp.CheckpointManager(paths.resolve(directory), options=options)
 
   def all_steps(self) -> list[int]:
     """Committed checkpoint steps, ascending."""

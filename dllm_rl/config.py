@@ -57,6 +57,9 @@ def base_config() -> ml_collections.ConfigDict:
                                 # to its end), as SDAR's official generate; False = one full block
   m.dtype = "float32"     # compute dtype: float32 | bfloat16 (HF checkpoints too)
   m.param_dtype = "float32"
+  # --- scale (issue 10): layer stack as one lax.scan, rematerialisation policy per layer.
+  m.scan_layers = False   # True: one compiled block body for all layers (same param layout)
+  m.remat = "none"        # none | full | minimal | dots (dllm_rl.models.scan.REMAT_POLICIES)
 
   c.task = t = ml_collections.ConfigDict()
   t.name = "arithmetic"   # a name in dllm_rl.tasks.TASKS
@@ -176,6 +179,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.log = g = ml_collections.ConfigDict()
   g.tensorboard = True
   g.progress = True
+
+  # --- scale (issue 10): persistent XLA compilation cache, shared by runs on this machine
+  # (or bucket): a restarted 8B run skips minutes of compilation. "" = off.
+  c.compilation_cache = "~/.cache/dllm_rl/xla"
   return c
 
 
@@ -264,6 +271,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check(head_dim % 2 == 0, "model.head_dim", f"must be even for RoPE, got {head_dim}")
   _check(m.dtype in DTYPES, "model.dtype", f"must be one of {DTYPES}, got {m.dtype!r}")
   _check(m.param_dtype in DTYPES, "model.param_dtype", f"must be one of {DTYPES}, got {m.param_dtype!r}")
+  from dllm_rl.models.scan import REMAT_POLICIES
+  _check(m.remat in REMAT_POLICIES, "model.remat",
+         f"must be one of {sorted(REMAT_POLICIES)}, got {m.remat!r}")
 
   d = config.data
   for key in ("prompt_len", "completion_len", "batch_size"):

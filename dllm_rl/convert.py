@@ -96,9 +96,10 @@ def import_hf(hf_dir: str, out_dir: str, *, dtype: str = "float32", mesh=None) -
           "total_s": time.perf_counter() - t0}
 
 
-def load_imported(ckpt_dir: str, *, mesh=None):
+def load_imported(ckpt_dir: str, *, mesh=None, param_dtype: str | None = None):
   """An imported checkpoint → ``(ModelConfig, TokenIds, graphdef, params, family, hf_config)``,
-  params restored onto ``param_shardings`` on ``mesh`` (default: one device)."""
+  params restored onto ``param_shardings`` on ``mesh`` (default: one device), in
+  ``param_dtype`` (default: the dtype they were imported in)."""
   path = os.path.join(ckpt_dir, "model.json")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} not found (not a folder written by `convert import`)")
@@ -107,7 +108,8 @@ def load_imported(ckpt_dir: str, *, mesh=None):
   if meta.get("format") != FORMAT:
     raise ValueError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
   mc = dict(meta["model_config"])
-  mc.update(dtype=jnp.dtype(mc["dtype"]).type, param_dtype=jnp.dtype(mc["param_dtype"]).type)
+  mc.update(dtype=jnp.dtype(mc["dtype"]).type,
+            param_dtype=jnp.dtype(param_dtype or mc["param_dtype"]).type)
   cfg, ids = ModelConfig(**mc), hf.TokenIds(**meta["token_ids"])
   mesh = mesh if mesh is not None else make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
   graphdef, abstract = abstract_model(cfg)

@@ -13,6 +13,10 @@ back into floats. Non-numeric values (short strings) are written as they are.
 When ``tensorboard`` is on, numeric values are also written as TensorBoard scalars under
 ``<workdir>/tb`` with tags ``f"{phase}/{name}"``. ``enabled=False`` makes the logger a no-op
 (for non-primary hosts).
+
+The workdir may be a URL (``gs://bucket/run``; see dllm_rl.paths): object stores cannot
+append, so there the logger keeps the file's lines and rewrites the object on every
+`flush` (and `close`); TensorBoard gets the URL as is (tensorboardX writes gs:// and s3://).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from typing import Any
 
 import numpy as np
 import tqdm
+
+from dllm_rl import paths
 
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 _RESERVED = ("phase", "step", "time")
@@ -55,22 +61,47 @@ def _from_json(value: Any) -> Any:
   return _NONFINITE.get(value, value) if isinstance(value, str) else value
 
 
+class _RewrittenFile:
+  """Append-only text file on an object store: the lines so far (the existing object's
+  first), written back whole on `flush` and `close`."""
+
+  def __init__(self, path):
+    self.path = path
+    self._text = path.read_text(encoding="utf-8") if path.exists() else ""
+    self._dirty = False
+
+  def write(self, text: str) -> None:
+    self._text += text
+    self._dirty = True
+
+  def flush(self) -> None:
+    if self._dirty:
+      self.path.write_text(self._text, encoding="utf-8")
+      self._dirty = False
+
+  def close(self) -> None:
+    self.flush()
+
+
 class MetricsLogger:
   """Appends metrics to ``<workdir>/metrics.jsonl`` and, optionally, TensorBoard."""
 
   def __init__(self, workdir: str, *, tensorboard: bool = True, enabled: bool = True):
     self.workdir = os.fspath(workdir)
     self.enabled = enabled
-    self.path = os.path.join(self.workdir, "metrics.jsonl")
+    self.path = paths.join(self.workdir, "metrics.jsonl")
     self._file = None
     self._writer = None
     if not enabled:
       return
-    os.makedirs(self.workdir, exist_ok=True)
-    self._file = open(self.path, "a", encoding="utf-8")  # Append: never truncate on resume.
+    paths.resolve(self.workdir).mkdir(parents=True, exist_ok=True)
+    if paths.is_url(self.workdir):  # no append on object stores: rewrite on flush
+      self._file = _RewrittenFile(paths.resolve(self.path))
+    else:
+      self._file = open(self.path, "a", encoding="utf-8")  # Append: never truncate on resume.
     if tensorboard:
       import tensorboardX  # Imported lazily: only the primary host needs it.
-      self._writer = tensorboardX.SummaryWriter(os.path.join(self.workdir, "tb"))
+      self._writer = tensorboardX.SummaryWriter(paths.join(self.workdir, "tb"))
 
   def log(self, step: int, metrics: Mapping[str, Any], *, phase: str) -> dict[str, Any]:
     """Writes one record; returns it as written (non-finite floats as strings)."""
@@ -122,12 +153,11 @@ def read_metrics(path: str, phase: str | None = None) -> list[dict[str, Any]]:
   ``path`` may be the file or the workdir that holds it. A truncated last line (a crash
   mid-write) is skipped.
   """
-  path = os.fspath(path)
-  if os.path.isdir(path):
-    path = os.path.join(path, "metrics.jsonl")
+  path = paths.resolve(path)
+  if path.is_dir():
+    path = path / "metrics.jsonl"
   records = []
-  with open(path, encoding="utf-8") as f:
-    lines = f.read().splitlines()
+  lines = path.read_text(encoding="utf-8").splitlines()
   for i, line in enumerate(lines):
     if not line.strip():
       continue
@@ -199,7 +229,9 @@ def plot_metrics(metrics_path: str, out_png: str, keys: Sequence[str], *,
     axes[0, 0].text(0.5, 0.5, f"no data for {list(keys)}", ha="center", va="center")
   axes[-1, 0].set_xlabel("step")
   fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
-  fig.savefig(out_png, dpi=100)
+  out = paths.resolve(out_png)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  with out.open("wb") as fh:
+    fig.savefig(fh, dpi=100, format="png")
   plt.close(fig)
   return os.fspath(out_png)

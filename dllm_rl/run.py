@@ -7,9 +7,9 @@ during validation.
 from __future__ import annotations
 
 import json
-import os
 import time
 
+from dllm_rl import paths
 from dllm_rl.registry import Registry
 
 MODES: Registry = Registry("mode")
@@ -42,12 +42,26 @@ def _pipeline(ctx) -> dict:
 
   sft = run_sft(ctx)
   rl = run_rl(ctx)
-  plot = plot_metrics(os.path.join(ctx.workdir, "metrics.jsonl"),
-                      os.path.join(ctx.workdir, "rl_curves.png"),
+  plot = plot_metrics(paths.join(ctx.workdir, "metrics.jsonl"),
+                      paths.join(ctx.workdir, "rl_curves.png"),
                       ["reward_mean", "accuracy", "val_accuracy", "grad_norm", "ratio_max",
                        "bypass_fraction"], phase="rl")
   return {**sft, **rl, "pass_at_k": rl["rl_pass_at_k"],
           "rl_gain": rl["rl_accuracy"] - sft["sft_accuracy"], "plot": plot}
+
+
+def enable_compilation_cache(path: str) -> str | None:
+  """Turn on JAX's persistent compilation cache in ``path`` (``~`` expanded; a gs:// URL
+  stays one); returns the directory, or None when ``path`` is empty (off)."""
+  if not path:
+    return None
+  import os
+
+  import jax
+  directory = os.fspath(paths.resolve(os.path.expanduser(path)))
+  jax.config.update("jax_compilation_cache_dir", directory)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)  # only slow compiles
+  return directory
 
 
 def run(config, workdir: str) -> dict:
@@ -60,11 +74,11 @@ def run(config, workdir: str) -> dict:
   t0 = time.time()
   validate(config)
   initialize(config.distributed)  # before anything touches devices
+  enable_compilation_cache(config.compilation_cache)
   ctx = build_context(config, workdir)
   summary = {"mode": config.mode, **MODES.get(config.mode)(ctx)}
   summary["wall_seconds"] = time.time() - t0
   from dllm_rl.parallel.distributed import is_primary
   if is_primary():
-    with open(os.path.join(workdir, "summary.json"), "w") as fh:
-      json.dump(summary, fh, indent=2)
+    paths.resolve(workdir).joinpath("summary.json").write_text(json.dumps(summary, indent=2))
   return summary

@@ -54,29 +54,60 @@ def is_imported(path: str) -> bool:
   return os.path.isfile(os.path.join(path, "model.json"))
 
 
-def load_hf_source(path: str, dtype: str, block_size: int = 0) -> HFSource:
-  """Architecture, token ids and tokenizer of a HF checkpoint dir, or of its
-  ``dllm_rl.convert import`` output (weights are read later, onto the mesh, by
-  :func:`init_params`)."""
+def hf_model_config(path: str, dtype: str, param_dtype: str, *, scan_layers: bool = False,
+                    remat: str = "none"):
+  """(ModelConfig, TokenIds, family) of a HF checkpoint dir or of its ``convert import``
+  output: the architecture from its config.json, compute in ``dtype`` and parameters
+  (hence the optimizer moments) stored in ``param_dtype`` whatever the file holds;
+  ``scan_layers`` / ``remat`` as ``config.model`` asks."""
   import json
 
   from dllm_rl.models import hf
-  from dllm_rl.tasks.hf_tokenizer import HFTokenizer
 
   if not os.path.isdir(path):
     raise ConfigError("model.hf_checkpoint", f"{path!r} is not a directory")
-  tokenizer_dir = path
   try:
     if is_imported(path):
       with open(os.path.join(path, "model.json")) as fh:
         hf_config = json.load(fh)["hf_config"]
-      tokenizer_dir = os.path.join(path, "hf_extra")
     else:
       hf_config = hf.read_hf_config(path)
     family = hf.detect_family(hf_config)
-    model_cfg, ids = hf.model_config_from_hf(hf_config, dtype=dtype)
+    model_cfg, ids = hf.model_config_from_hf(hf_config, dtype=dtype, param_dtype=param_dtype)
   except (ValueError, KeyError, FileNotFoundError) as err:
     raise ConfigError("model.hf_checkpoint", f"{path}: {err}") from err
+  return dataclasses.replace(model_cfg, scan_layers=scan_layers, remat=remat), ids, family
+
+
+def load_hf_params(path: str, model_cfg: transformer.ModelConfig, mesh):
+  """(graphdef, params) of a HF checkpoint dir or of its ``convert import`` output,
+  placed on their shardings and cast to ``model_cfg.param_dtype`` (fp32 master
+  weights from a bf16 file); the graphdef computes in ``model_cfg.dtype``."""
+  from dllm_rl.models import hf
+
+  param_dtype = np.dtype(model_cfg.param_dtype).name
+  if is_imported(path):
+    from dllm_rl.convert import load_imported
+    _, _, _, params, _, _ = load_imported(path, mesh=mesh, param_dtype=param_dtype)
+  else:
+    _, _, _, params, _ = hf.load_checkpoint(path, mesh=mesh,
+                                            dtype=np.dtype(model_cfg.dtype).name,
+                                            param_dtype=param_dtype)
+  graphdef, _ = transformer.abstract_model(model_cfg)  # this run's compute dtype
+  return graphdef, params
+
+
+def load_hf_source(path: str, dtype: str, block_size: int = 0,
+                   param_dtype: str = "float32", *, scan_layers: bool = False,
+                   remat: str = "none") -> HFSource:
+  """Architecture, token ids and tokenizer of a HF checkpoint dir, or of its
+  ``dllm_rl.convert import`` output (weights are read later, onto the mesh, by
+  :func:`init_params`)."""
+  from dllm_rl.tasks.hf_tokenizer import HFTokenizer
+
+  model_cfg, ids, family = hf_model_config(path, dtype, param_dtype, scan_layers=scan_layers,
+                                           remat=remat)
+  tokenizer_dir = os.path.join(path, "hf_extra") if is_imported(path) else path
   if family == "sdar" and ids.block_size != block_size:
     raise ConfigError("model.block_size", f"{path} is a block-diffusion (SDAR) checkpoint with"
                       f" block_size={ids.block_size}; set model.block_size={ids.block_size}"
@@ -136,11 +167,14 @@ def build_context(config, workdir: str) -> Context:
   except ValueError as err:
     raise ConfigError("mesh", str(err)) from err
   check_batch_sizes(config, mesh)
-  os.makedirs(workdir, exist_ok=True)
+  from dllm_rl import paths
+  paths.resolve(workdir).mkdir(parents=True, exist_ok=True)  # gs:// stays a URL
   task = tasks_lib.make_task(config.task.name, **config.task.options.to_dict())
   hf = None
   if config.model.hf_checkpoint:
-    hf = load_hf_source(config.model.hf_checkpoint, config.model.dtype, config.model.block_size)
+    m = config.model
+    hf = load_hf_source(m.hf_checkpoint, m.dtype, m.block_size, param_dtype=m.param_dtype,
+                        scan_layers=m.scan_layers, remat=m.remat)
     tokenizer = hf.tokenizer
   else:
     tokenizer = tasks_lib.CharTokenizer()
@@ -159,18 +193,11 @@ def build_context(config, workdir: str) -> Context:
 
 
 def init_params(ctx: Context):
-  """Starting (graphdef, params), placed in their shardings: the HF checkpoint's
-  weights (streamed tensor by tensor onto the mesh) or a fresh init from the seed."""
-  if ctx.hf_checkpoint and is_imported(ctx.hf_checkpoint):
-    from dllm_rl.convert import load_imported
-    _, _, _, params, _, _ = load_imported(ctx.hf_checkpoint, mesh=ctx.mesh)
-    graphdef, _ = transformer.abstract_model(ctx.model_cfg)  # this run's compute dtype
-    return graphdef, params
+  """Starting (graphdef, params), placed in their shardings, stored in
+  ``model.param_dtype``: the HF checkpoint's weights (streamed tensor by tensor
+  onto the mesh) or a fresh init from the seed."""
   if ctx.hf_checkpoint:
-    from dllm_rl.models import hf
-    _, _, graphdef, params, _ = hf.load_checkpoint(ctx.hf_checkpoint, mesh=ctx.mesh,
-                                                   dtype=ctx.config.model.dtype)
-    return graphdef, params
+    return load_hf_params(ctx.hf_checkpoint, ctx.model_cfg, ctx.mesh)
   key = jax.random.fold_in(jax.random.key(ctx.config.seed), 0)
   return init_params_sharded(ctx.model_cfg, key, ctx.mesh)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 #SBATCH --job-name=dllm_rl
-#SBATCH --nodes=2
+#SBATCH --nodes=1
 #SBATCH --gpus-per-node=8
 #SBATCH --exclusive
 #SBATCH --time=24:00:00
@@ -29,12 +29,17 @@
 # Options (environment variable in brackets; a flag wins over its variable):
 #   --config FILE          config file, relative to the checkout     [DLLM_CONFIG]  required
 #   --workdir DIR          run directory on a filesystem all nodes share  [DLLM_WORKDIR]  required
-#   --nodes N              nodes                       [DLLM_NODES] the allocation's, else 2
+#   --nodes N              nodes                       [DLLM_NODES] the allocation's, else 1
+#                          (nodes x GPUs must divide rl.batch_prompts, eval.batch_size and
+#                          data.batch_size: configs/llada_gpu.py has 8 prompts, one node of 8)
 #   --gpus-per-node G      GPUs per node               [DLLM_GPUS_PER_NODE] 8
 #   --procs per-node|per-gpu  one process per node (it sees all the node's GPUs) or per GPU
 #                                                      [DLLM_PROCS] per-node
 #   --port P               coordinator port            [DLLM_PORT] 20000 + SLURM_JOB_ID % 10000
 #   --python BIN           Python on the nodes (an activated venv's, say)  [DLLM_PYTHON] python3
+#   --mem-fraction F       XLA_PYTHON_CLIENT_MEM_FRACTION of every process: the share of GPU
+#                          memory JAX preallocates (JAX's own default, 0.75, leaves a quarter
+#                          of an 80 GB GPU unused)    [XLA_PYTHON_CLIENT_MEM_FRACTION] 0.92
 #   --partition P, --account A, --time T   sbatch options when submitting (sbatch also reads
 #                          SBATCH_PARTITION, SBATCH_ACCOUNT, SBATCH_TIMELIMIT itself)
 #   --dry-run              print the commands (sbatch, scontrol, srun), run nothing
@@ -50,11 +55,12 @@ die() { echo "slurm_gpu.sh: $*" >&2; exit 2; }
 
 CONFIG=${DLLM_CONFIG:-}
 WORKDIR=${DLLM_WORKDIR:-}
-NODES=${DLLM_NODES:-${SLURM_JOB_NUM_NODES:-2}}
+NODES=${DLLM_NODES:-${SLURM_JOB_NUM_NODES:-1}}
 GPUS_PER_NODE=${DLLM_GPUS_PER_NODE:-8}
 PROCS=${DLLM_PROCS:-per-node}
 PORT=${DLLM_PORT:-}
 PYTHON=${DLLM_PYTHON:-python3}
+MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
 PARTITION="" ACCOUNT="" TIME=""
 DRY_RUN=0
 OVERRIDES=()
@@ -75,6 +81,7 @@ while [[ $# -gt 0 ]]; do
     --procs) need "$@"; PROCS=$2; shift 2 ;;
     --port) need "$@"; PORT=$2; shift 2 ;;
     --python) need "$@"; PYTHON=$2; shift 2 ;;
+    --mem-fraction) need "$@"; MEM_FRACTION=$2; shift 2 ;;
     --partition) need "$@"; PARTITION=$2; shift 2 ;;
     --account) need "$@"; ACCOUNT=$2; shift 2 ;;
     --time) need "$@"; TIME=$2; shift 2 ;;
@@ -89,6 +96,7 @@ done
 [[ -n $WORKDIR ]] || die "--workdir (or DLLM_WORKDIR) is required (on a filesystem all nodes share)"
 [[ $NODES =~ ^[1-9][0-9]*$ ]] || die "--nodes must be a positive integer, got '$NODES'"
 [[ $GPUS_PER_NODE =~ ^[1-9][0-9]*$ ]] || die "--gpus-per-node must be a positive integer"
+[[ $MEM_FRACTION =~ ^(0?\.[0-9]+|1(\.0*)?)$ ]] || die "--mem-fraction must be in (0, 1], got '$MEM_FRACTION'"
 case $PROCS in
   per-node) TASKS_PER_NODE=1 ;;
   per-gpu) TASKS_PER_NODE=$GPUS_PER_NODE ;;
@@ -141,7 +149,8 @@ srun_step() {
   [[ ${#OVERRIDES[@]} == 0 ]] || task_cmd+=" $(quote_all "${OVERRIDES[@]}")"
   run srun --nodes="$NODES" --ntasks=$((NODES * TASKS_PER_NODE)) \
       --ntasks-per-node="$TASKS_PER_NODE" --gpus-per-node="$GPUS_PER_NODE" \
-      --kill-on-bad-exit=1 --chdir="$REPO" bash -c "$task_cmd"
+      --kill-on-bad-exit=1 --chdir="$REPO" \
+      --export=ALL,XLA_PYTHON_CLIENT_MEM_FRACTION="$MEM_FRACTION" bash -c "$task_cmd"
 }
 
 if [[ -n ${SLURM_JOB_ID:-} ]]; then

@@ -13,7 +13,8 @@
 # then not needed):
 #   1. --create  gcloud compute tpus tpu-vm create NAME --zone --accelerator-type --version
 #   2. --setup   tar this checkout, gcloud ... scp it to every worker (--worker=all), unpack it
-#                and pip install requirements.txt plus jax[tpu] of the pinned version
+#                and pip install requirements-tpu.txt (jax[tpu] of the pinned version) and
+#                requirements-gcs.txt (gs:// workdirs)
 #   3. run       gcloud compute tpus tpu-vm ssh NAME --worker=all --command="cd REMOTE_DIR &&
 #                PYTHON -m dllm_rl.main --config=CONFIG --workdir=WORKDIR OVERRIDES..."
 #
@@ -21,7 +22,9 @@
 #   --name NAME              TPU name                                [TPU_NAME]   required
 #   --zone ZONE              zone, e.g. us-central2-b                [TPU_ZONE]   required
 #   --project PROJECT        GCP project (default: gcloud's)         [TPU_PROJECT]
-#   --accelerator-type TYPE  slice type for --create                 [TPU_ACCELERATOR_TYPE] v4-32
+#   --accelerator-type TYPE  slice type for --create                 [TPU_ACCELERATOR_TYPE] v5p-64
+#                            (the slice configs/llada_tpu.py is planned for: check a config
+#                            with python -m dllm_rl.plan --config=... --topology=TYPE first)
 #   --runtime-version V      TPU VM software version for --create    [TPU_RUNTIME_VERSION]
 #                                                                    tpu-ubuntu2204-base
 #   --workdir DIR            run directory every host can reach (gs://...)  [DLLM_WORKDIR]
@@ -52,7 +55,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # quote, quote_all, run
 NAME=${TPU_NAME:-}
 ZONE=${TPU_ZONE:-}
 PROJECT=${TPU_PROJECT:-}
-ACCELERATOR_TYPE=${TPU_ACCELERATOR_TYPE:-v4-32}
+ACCELERATOR_TYPE=${TPU_ACCELERATOR_TYPE:-v5p-64}
 RUNTIME_VERSION=${TPU_RUNTIME_VERSION:-tpu-ubuntu2204-base}
 WORKDIR=${DLLM_WORKDIR:-}
 CONFIG=${DLLM_CONFIG:-configs/llada_tpu.py}
@@ -106,13 +109,12 @@ fi
 
 if [[ $SETUP == 1 ]]; then
   TARBALL=${TMPDIR:-/tmp}/dllm_rl-$NAME.tgz
-  JAX_VERSION=$(sed -n 's/^jax==//p' "$REPO/requirements.txt")
   run tar -czf "$TARBALL" --exclude=.git --exclude=.venv --exclude=__pycache__ -C "$REPO" .
   run gcloud compute tpus tpu-vm scp "$TARBALL" "$NAME:dllm_rl.tgz" "${GCLOUD_LOCATION[@]}" \
       --worker=all
   SETUP_CMD="mkdir -p $(quote "$REMOTE_DIR") && tar -xzf dllm_rl.tgz -C $(quote "$REMOTE_DIR")"
   SETUP_CMD+=" && cd $(quote "$REMOTE_DIR") && $(quote "$PYTHON") -m pip install -q"
-  SETUP_CMD+=" -r requirements.txt $(quote "jax[tpu]==$JAX_VERSION")"
+  SETUP_CMD+=" -r requirements-tpu.txt -r requirements-gcs.txt"
   run gcloud compute tpus tpu-vm ssh "$NAME" "${GCLOUD_LOCATION[@]}" --worker=all \
       --command "$SETUP_CMD"
 fi

@@ -67,7 +67,7 @@ def test_tpu_dry_run(sandbox, tmp_path):
   assert {"--zone=us-central2-b", "--project=proj", "--accelerator-type=v4-32"} <= set(create)
   assert tar[0] == "tar" and "--exclude=.git" in tar
   assert scp[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "scp"] and "--worker=all" in scp
-  assert "jax[tpu]==" in setup[setup.index("--command") + 1]
+  assert "-r requirements-tpu.txt" in setup[setup.index("--command") + 1]
   assert launch[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "my-v4"]
   assert "--worker=all" in launch
   remote = shlex.split(launch[launch.index("--command") + 1])
@@ -122,6 +122,7 @@ def test_slurm_dry_run_inside_an_allocation_one_process_per_gpu(sandbox, tmp_pat
   scontrol, srun = commands(res.stdout)
   assert scontrol == ["scontrol", "show", "hostnames", "gpu[007-008],gpu010"]
   assert {"--nodes=3", "--ntasks=12", "--ntasks-per-node=4", "--gpus-per-node=4"} <= set(srun)
+  assert "--export=ALL,XLA_PYTHON_CLIENT_MEM_FRACTION=0.92" in srun
   task = shlex.split(srun[-1])
   assert "--config.distributed.coordinator_address=gpu007:24321" in task  # 20000 + id % 10000
   assert "--config.distributed.local_device_ids=$SLURM_LOCALID" in task
@@ -151,6 +152,20 @@ def recording_tools(tmp_path, scripts: dict[str, str]) -> dict[str, str]:
          if not k.startswith(("SLURM_", "SBATCH_", "TPU_", "DLLM_"))}
   env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
   return env
+
+
+def test_default_gpu_job_divides_the_gpu_config_batch(sandbox, tmp_path):
+  """One node of 8 GPUs by default: 8 devices divide configs/llada_gpu.py's batches."""
+  from dllm_rl.config import load_config_file
+  res = run_script(SLURM, ["--dry-run", "--config", "configs/llada_gpu.py", "--workdir", "/w"],
+                   sandbox, tmp_path)
+  assert res.returncode == 0, res.stderr
+  sbatch = commands(res.stdout)[0]
+  nodes = int(next(a for a in sbatch if a.startswith("--nodes=")).split("=")[1])
+  gpus = int(next(a for a in sbatch if a.startswith("--gpus-per-node=")).split("=")[1])
+  c = load_config_file(os.path.join(REPO, "configs", "llada_gpu.py"))
+  for batch in (c.rl.batch_prompts, c.eval.batch_size, c.data.batch_size):
+    assert batch % (nodes * gpus) == 0, (batch, nodes, gpus)
 
 
 def test_tpu_runs_exactly_what_it_prints(tmp_path):

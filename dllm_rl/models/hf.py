@@ -434,7 +434,8 @@ def _write_safetensors(path: str | None, entries: list, pure: dict, np_dtype) ->
 def _check_config(hf_config: dict, cfg: ModelConfig, ids: TokenIds) -> None:
   got_cfg, got_ids = model_config_from_hf(hf_config)
   got_cfg = dataclasses.replace(got_cfg, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                                init_std=cfg.init_std)
+                                init_std=cfg.init_std, scan_layers=cfg.scan_layers,
+                                remat=cfg.remat)
   diff = [f"{f.name}: config.json {getattr(a, f.name)!r} vs model {getattr(b, f.name)!r}"
           for a, b in ((got_cfg, cfg), (got_ids, ids)) for f in dataclasses.fields(a)
           if getattr(a, f.name) != getattr(b, f.name)]

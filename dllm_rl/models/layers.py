@@ -81,7 +81,7 @@ def attention(q_BNHQ, k_BMKQ, v_BMKQ, mask_BNM) -> jax.Array:
   Query rows with no allowed key get a uniform (finite) distribution.
   """
   if isinstance(mask_BNM, StaircaseSpec):
-    from dllm_rl.kernels.staircase import staircase_attention
+    from dllm_rl.kernels.sharded import staircase_attention  # per shard on a mesh
     return staircase_attention(q_BNHQ, k_BMKQ, v_BMKQ, prompt_len=mask_BNM.prompt_len,
                                block_size=mask_BNM.block_size,
                                key_valid_BN=mask_BNM.key_valid_BN, impl=mask_BNM.impl,

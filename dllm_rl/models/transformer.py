@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dllm_rl.models import layers
+from dllm_rl.models import layers, scan
 from dllm_rl.parallel.constraints import constrain_activations
 
 # Every logical axis name a parameter may carry (the sharding rules table maps these).
@@ -43,6 +43,8 @@ class ModelConfig:
   init_std: float = 0.02
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  scan_layers: bool = False  # one lax.scan over the layers (dllm_rl.models.scan)
+  remat: str = "none"        # rematerialisation policy per layer (scan.REMAT_POLICIES)
 
   @classmethod
   def from_config(cls, model_cfg: Mapping[str, Any]) -> "ModelConfig":
@@ -56,7 +58,8 @@ class ModelConfig:
         rope_theta=model_cfg["rope_theta"], rms_norm_eps=model_cfg["rms_norm_eps"],
         tie_embeddings=model_cfg["tie_embeddings"], qk_norm=model_cfg["qk_norm"],
         init_std=model_cfg["init_std"], dtype=_DTYPES[model_cfg["dtype"]],
-        param_dtype=_DTYPES[model_cfg["param_dtype"]])
+        param_dtype=_DTYPES[model_cfg["param_dtype"]],
+        scan_layers=model_cfg.get("scan_layers", False), remat=model_cfg.get("remat", "none"))
 
 
 class Block(nnx.Module):
@@ -107,8 +110,8 @@ class Transformer(nnx.Module):
     cos, sin = layers.rope_tables(positions_BN, cfg.head_dim, cfg.rope_theta)
     if mask_BNM is not None and not isinstance(mask_BNM, layers.StaircaseSpec):
       mask_BNM = jnp.broadcast_to(mask_BNM, (tokens_BN.shape[0], tokens_BN.shape[1], mask_BNM.shape[-1]))
-    for block in self.blocks:
-      x = constrain_activations(block(x, cos, sin, mask_BNM))
+    x = scan.run_blocks(self.blocks, x, cos, sin, mask_BNM, scan_layers=cfg.scan_layers,
+                        remat=cfg.remat, dtype=cfg.dtype)
     x = self.final_norm(x)
     head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
     return jnp.einsum("bnd,dv->bnv", x, head.astype(cfg.dtype),

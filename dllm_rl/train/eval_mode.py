@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
 
 import jax
 
-from dllm_rl import evaluation
+from dllm_rl import evaluation, paths
 from dllm_rl.setup import Context, init_params
 from dllm_rl.train.optim import make_optimizer
 from dllm_rl.train.rl_loop import rl_optimizer
@@ -19,11 +18,11 @@ PHASES = ("sft", "rl")  # newest last
 def restore_latest(ctx: Context):
   """(phase, graphdef, state) of the latest checkpoint of the newest phase in the workdir."""
   for phase in reversed(PHASES):
-    if os.path.isdir(checkpoint_dir(ctx.workdir, phase)):
+    if paths.resolve(checkpoint_dir(ctx.workdir, phase)).is_dir():
       break
   else:
     raise FileNotFoundError(
-        f"eval mode needs a checkpoint: none under {os.path.join(ctx.workdir, 'checkpoints')}"
+        f"eval mode needs a checkpoint: none under {paths.join(ctx.workdir, 'checkpoints')}"
         " (run mode 'sft' with this --workdir first)")
   graphdef, params = init_params(ctx)
   optimizer = (rl_optimizer(ctx.config.rl) if phase == "rl" else make_optimizer(ctx.config.sft))[0]

@@ -4,14 +4,13 @@ eval → checkpoint. No math here: advantages, ratios and losses live in dllm_rl
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 import types
 
 import jax
 import numpy as np
 
-from dllm_rl import evaluation
+from dllm_rl import evaluation, paths
 from dllm_rl.diffusion.estimators import EstimatorConfig
 from dllm_rl.observability import MetricsLogger, phase_summary, progress
 from dllm_rl.rl.advantages import AdvantageConfig, calibrated_beta
@@ -59,7 +58,7 @@ def load_sft_params(ctx: Context):
   """The RL starting policy: the latest SFT checkpoint in the workdir, else the
   HF checkpoint of ``model.hf_checkpoint``."""
   graphdef, params = init_params(ctx)
-  if not os.path.isdir(checkpoint_dir(ctx.workdir, SFT)):
+  if not paths.resolve(checkpoint_dir(ctx.workdir, SFT)).is_dir():
     if ctx.hf_checkpoint:
       return graphdef, params
     raise FileNotFoundError(

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import jax
 import numpy as np
 
-from dllm_rl import evaluation
+from dllm_rl import evaluation, paths
 from dllm_rl.checkpoint import Checkpointer
 from dllm_rl.observability import MetricsLogger, phase_summary, progress
 from dllm_rl.setup import Context, init_params, to_device
@@ -23,7 +22,7 @@ PHASE = "sft"
 
 
 def checkpoint_dir(workdir: str, phase: str) -> str:
-  return os.path.join(workdir, "checkpoints", phase)
+  return paths.join(workdir, "checkpoints", phase)
 
 
 def open_checkpointer(ctx: Context, phase: str) -> Checkpointer:

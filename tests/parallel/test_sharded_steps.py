@@ -56,13 +56,13 @@ RL_CFG = RLStepConfig(loss="stabledrl", advantage="steprs", estimator="spg_block
                       mask_id=MASK, eos_id=EOS)
 
 
-def _run(kind, mesh):
+def _run(kind, mesh, cfg=CFG):
   key = jax.random.key(0)
   if mesh is None:
-    graphdef, params = T.init_model(CFG, key)
+    graphdef, params = T.init_model(cfg, key)
     state, sharding = init_train_state(params, OPT, jax.random.key(1)), None
   else:
-    graphdef, params = shard.init_params_sharded(CFG, key, mesh)
+    graphdef, params = shard.init_params_sharded(cfg, key, mesh)
     state, sharding = shard.init_state_sharded(params, OPT, jax.random.key(1), mesh)
   if kind == "sft":
     fn = make_sft_step(graphdef, OPT, SCHEDULE, mask_id=MASK, t_eps=1e-3, mesh=mesh,
@@ -91,6 +91,17 @@ def test_steps_on_meshes_match_one_device(kind):
     embed = state.params["embed"][...]
     assert tuple(embed.sharding.spec) == ("tensor", "fsdp")  # the layout survives the update
     assert embed.sharding.mesh.shape == dict(zip(("data", "fsdp", "tensor"), shape))
+
+
+@pytest.mark.parametrize("kind", ["rl"])  # the RL step covers the SFT step's forward and grad
+def test_scan_and_remat_on_a_mesh_match_unrolled_on_one_device(kind):
+  import dataclasses
+  ref_losses, ref_params, _ = _run(kind, None)
+  scanned = dataclasses.replace(CFG, scan_layers=True, remat="minimal")
+  losses, params, _ = _run(kind, _mesh((2, 2, 2)), scanned)
+  np.testing.assert_allclose(losses, ref_losses, rtol=2e-5, atol=1e-6)
+  for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(ref_params)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_params_are_initialised_sharded_with_the_rules():

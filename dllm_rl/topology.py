@@ -1,0 +1,110 @@
+"""Device topologies the planner compiles for, without the hardware.
+
+* ``v4-N`` / ``v5p-N`` (N TensorCores, 2 per chip: ``v5p-64`` is 32 chips, ``v5p:2x4x4``),
+  ``v5e-N`` / ``v6e-N`` (N chips), or an explicit ``v5p:2x4x4``: compile-only TPU devices
+  from ``jax.experimental.topologies`` (needs libtpu: ``pip install -r requirements-tpu.txt``;
+  no TPU is touched).
+* ``cpu:N``: N simulated CPU devices (``--xla_force_host_platform_device_count``, set
+  before JAX starts). The CPU compiler's buffer assignment stands in for a GPU's, so a
+  ``cpu:N`` plan is an *estimate*, against ``device_memory_gib`` per device.
+
+Chip figures are the public specifications (HBM per chip, peak dense bf16 FLOP/s).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+GIB = 1024 ** 3
+
+# generation → (HBM bytes per chip, peak bf16 FLOP/s per chip, torus rank)
+TPU_CHIPS = {
+    "v4": (32 * GIB, 275e12, 3),
+    "v5e": (16 * GIB, 197e12, 2),
+    "v5p": (95 * GIB, 459e12, 3),
+    "v6e": (32 * GIB, 918e12, 2),
+}
+_CORES_PER_CHIP = {"v4": 2, "v5p": 2, "v5e": 1, "v6e": 1}  # what N counts in "v5p-N"
+# cpu:N stands in for N GPUs of this size (an 80 GB H100; override on the command line).
+CPU_DEFAULT_MEMORY_GIB = 80.0
+CPU_DEFAULT_PEAK_TFLOPS = 989.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  name: str
+  devices: tuple
+  hbm_bytes_per_device: int
+  peak_flops_per_device: float
+  estimate: bool  # True for cpu:N (not the target hardware's compiler)
+  chips: int
+
+
+def torus_shape(chips: int, rank: int) -> tuple[int, ...]:
+  """The slice shape of ``chips`` chips (a power of 2), e.g. 32, rank 3 → (2, 4, 4);
+  4, rank 3 → (2, 2, 1); 32, rank 2 → (4, 8)."""
+  if chips < 1 or chips & (chips - 1):
+    raise ValueError(f"{chips} chips: TPU slices have a power-of-2 number of chips")
+  dims = [1] * rank
+  while math.prod(dims) < chips:
+    dims[dims.index(min(dims))] *= 2
+  grown = sorted(d for d in dims if d > 1)
+  return tuple(grown + [1] * (rank - len(grown)))
+
+
+def tpu_topology_name(name: str) -> tuple[str, str]:
+  """(generation, libtpu topology name) for ``v5p-64`` or ``v5p:2x4x4``."""
+  m = re.fullmatch(r"(v4|v5e|v5p|v6e)([-:])([0-9x]+)", name)
+  if not m:
+    raise ValueError(f"topology {name!r}: expected v4-N, v5e-N, v5p-N, v6e-N, "
+                     f"GEN:AxBxC or cpu:N")
+  gen, sep, rest = m.groups()
+  if sep == ":":
+    return gen, name
+  cores = int(rest)
+  per = _CORES_PER_CHIP[gen]
+  if cores % per:
+    raise ValueError(f"topology {name!r}: {gen}-N counts TensorCores, {per} per chip")
+  shape = torus_shape(cores // per, TPU_CHIPS[gen][2])
+  return gen, f"{gen}:{'x'.join(map(str, shape))}"
+
+
+def cpu_device_count(name: str) -> int | None:
+  """N for ``cpu:N``, else None (read before JAX starts, to simulate N devices)."""
+  m = re.fullmatch(r"cpu:([0-9]+)", name)
+  return int(m.group(1)) if m else None
+
+
+def get_topology(name: str, *, device_memory_gib: float | None = None,
+                 peak_tflops: float | None = None) -> Topology:
+  """Compile-only devices and per-device budgets for a topology name."""
+  import jax
+
+  n = cpu_device_count(name)
+  if n is not None:
+    devices = jax.devices("cpu")
+    if len(devices) < n:
+      raise ValueError(f"topology {name!r}: only {len(devices)} CPU devices exist; start the "
+                       f"process with XLA_FLAGS=--xla_force_host_platform_device_count={n}")
+    return Topology(name, tuple(devices[:n]),
+                    int((device_memory_gib or CPU_DEFAULT_MEMORY_GIB) * GIB),
+                    (peak_tflops or CPU_DEFAULT_PEAK_TFLOPS) * 1e12, estimate=True, chips=n)
+  gen, tpu_name = tpu_topology_name(name)
+  import os
+  # Compile-only: let several processes load libtpu (its lockfile guards a real TPU).
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  from jax.experimental import topologies
+  try:
+    devices = topologies.get_topology_desc(platform="tpu", topology_name=tpu_name).devices
+  except (RuntimeError, ValueError, NotImplementedError) as err:
+    raise ValueError(f"topology {name!r} ({tpu_name}): libtpu could not describe it ({err});"
+                     " install it with `pip install -r requirements-tpu.txt`") from err
+  hbm, flops, _ = TPU_CHIPS[gen]
+  chips = math.prod(int(d) for d in tpu_name.split(":")[1].split("x"))
+  per_chip = len(devices) / chips  # devices per chip (cores exposed separately on some)
+  hbm = device_memory_gib * GIB if device_memory_gib else hbm / per_chip
+  return Topology(name, tuple(devices), int(hbm),
+                  (peak_tflops * 1e12) if peak_tflops else flops / per_chip, estimate=False,
+                  chips=chips)

@@ -1,0 +1,38 @@
+"""The persistent compilation cache (config.compilation_cache, on by default): a run
+writes its compiled programs there, so a restarted run loads them instead of compiling."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax._src import compilation_cache as jax_cache
+
+from dllm_rl import run
+from dllm_rl.config import base_config
+
+
+@pytest.fixture
+def fresh_cache():
+  saved = (jax.config.jax_compilation_cache_dir,
+           jax.config.jax_persistent_cache_min_compile_time_secs)
+  jax_cache.reset_cache()
+  yield
+  jax.config.update("jax_compilation_cache_dir", saved[0])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", saved[1])
+  jax_cache.reset_cache()
+
+
+def test_on_by_default_outside_the_repo():
+  path = os.path.expanduser(base_config().compilation_cache)
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  assert path and not os.path.abspath(path).startswith(repo)
+
+
+def test_compiled_programs_land_in_the_cache(tmp_path, fresh_cache):
+  assert run.enable_compilation_cache("") is None
+  directory = run.enable_compilation_cache(str(tmp_path / "xla"))
+  assert directory == str(tmp_path / "xla")
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # cache even tiny ones
+  jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.0)(jnp.ones(7)).block_until_ready()
+  assert os.listdir(directory), "nothing was written to the compilation cache"

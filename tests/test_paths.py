@@ -1,0 +1,103 @@
+"""gs:// workdirs: URLs are never made absolute; metrics, TensorBoard and checkpoints
+follow the workdir. No network: an in-memory fsspec filesystem stands in for GCS
+(epath hands gs:// paths to fsspec), and a TensorBoard writer factory over it."""
+
+import os
+
+import importlib
+from etils.epath import backend as epath_backend
+import numpy as np
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from dllm_rl import paths
+from dllm_rl.checkpoint import Checkpointer
+from dllm_rl.observability import MetricsLogger, plot_metrics, read_metrics
+
+
+class FakeGCS(MemoryFileSystem):
+  """An in-memory bucket store under the gs:// protocol (no append, like GCS)."""
+
+  protocol = ("gs", "gcs", "s3")
+  store: dict = {}
+  pseudo_dirs = [""]
+
+  @classmethod
+  def _strip_protocol(cls, path):
+    path = os.fspath(path)
+    for prefix in ("gs://", "gcs://", "s3://"):
+      path = path.removeprefix(prefix)
+    return super()._strip_protocol(path)
+
+  def _open(self, path, mode="rb", **kwargs):
+    if "a" in mode:
+      raise NotImplementedError("object stores cannot append")
+    return super()._open(path, mode, **kwargs)
+
+
+@pytest.fixture
+def fake_gcs(tmp_path, monkeypatch):
+  FakeGCS.store.clear()
+  FakeGCS.pseudo_dirs[:] = [""]
+  FakeGCS.clear_instance_cache()
+  for name in FakeGCS.protocol:  # undone after the test
+    monkeypatch.setitem(importlib.import_module("fsspec.registry")._registry, name, FakeGCS)
+  epath_backend.fsspec_backend._get_filesystem.cache_clear()
+  monkeypatch.chdir(tmp_path)  # a wrong os.path.abspath would create ./gs:/...
+  yield FakeGCS()
+  epath_backend.fsspec_backend._get_filesystem.cache_clear()
+  for scheme in ("gs:", "s3:"):
+    assert not os.path.exists(tmp_path / scheme), f"a {scheme}// path became a local folder"
+
+
+def test_resolve_keeps_urls_and_makes_local_paths_absolute(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  assert os.fspath(paths.resolve("gs://bucket/run")) == "gs://bucket/run"
+  assert paths.join("gs://bucket/run", "checkpoints", "rl") == "gs://bucket/run/checkpoints/rl"
+  assert os.fspath(paths.resolve("run")) == str(tmp_path / "run")
+  assert paths.join("run", "tb") == os.path.join("run", "tb")
+  assert paths.is_url("s3://b/x") and not paths.is_url("/tmp/gs:/x")
+
+
+def test_metrics_follow_a_gs_workdir_and_resume_appends(fake_gcs):
+  with MetricsLogger("gs://bucket/run", tensorboard=False) as logger:
+    logger.log(1, {"loss": 0.5}, phase="sft")
+    logger.flush()
+    assert fake_gcs.exists("bucket/run/metrics.jsonl")
+    logger.log(2, {"loss": float("nan")}, phase="sft")
+  with MetricsLogger("gs://bucket/run", tensorboard=False) as logger:  # a resumed run
+    logger.log(3, {"loss": 0.25}, phase="sft")
+  records = read_metrics("gs://bucket/run", phase="sft")
+  assert [r["step"] for r in records] == [1, 2, 3] and np.isnan(records[1]["loss"])
+  png = plot_metrics("gs://bucket/run/metrics.jsonl", "gs://bucket/run/curves.png", ["loss"])
+  assert png == "gs://bucket/run/curves.png"
+  assert fake_gcs.cat("bucket/run/curves.png")[:4] == b"\x89PNG"
+
+
+def test_tensorboard_follows_a_gs_workdir(fake_gcs, monkeypatch):
+  from tensorboardX import record_writer
+
+  class Factory:  # tensorboardX's own gs:// writer needs google-cloud-storage and a network
+    def open(self, path):
+      f = fake_gcs.open(path, "wb")
+      return type("Writer", (), {"write": lambda _, b: f.write(b), "flush": lambda _: f.flush(),
+                                 "close": lambda _: f.close()})()
+
+    def directory_check(self, path):
+      pass
+
+  monkeypatch.setitem(record_writer.REGISTERED_FACTORIES, "gs", Factory())
+  with MetricsLogger("gs://bucket/run", tensorboard=True) as logger:
+    logger.log(1, {"loss": 0.5}, phase="sft")
+  events = fake_gcs.ls("bucket/run/tb", detail=False)
+  assert len(events) == 1 and "tfevents" in events[0]
+  assert fake_gcs.size(events[0]) > 0
+
+
+def test_checkpointer_keeps_the_url(fake_gcs):
+  # s3:// here: on gs:// orbax also asks google-cloud-storage about the bucket (network).
+  ckpt = Checkpointer("s3://bucket/run/checkpoints/rl", save_every=1, keep=1, async_save=False)
+  assert ckpt.directory == "s3://bucket/run/checkpoints/rl"
+  assert ckpt.latest_step() is None
+  assert fake_gcs.isdir("bucket/run/checkpoints/rl")  # orbax created it through epath
+  ckpt.close()

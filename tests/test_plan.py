@@ -1,0 +1,150 @@
+"""The memory planner (python -m dllm_rl.plan): every program of a run compiled ahead of
+time from abstract shapes, at tiny size, on cpu:8 and on a small TPU topology (libtpu,
+no TPU); a config that cannot fit exits 3 naming the program."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dllm_rl import plan, topology
+from dllm_rl.config import ConfigError, load_config_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURE = os.path.join(ROOT, "tests", "fixtures", "llada_tiny")
+
+
+def _config(name="tiny_cpu.py", **model):
+  c = load_config_file(os.path.join(ROOT, "configs", name))
+  for k, v in model.items():
+    c.model[k] = v
+  return c
+
+
+def _hf_llada_dir(tmp_path, **overrides):
+  """An HF folder holding only config.json (the planner reads no weights)."""
+  cfg = json.load(open(os.path.join(FIXTURE, "config.json")))
+  cfg.update(overrides)
+  d = tmp_path / "arch"
+  d.mkdir()
+  (d / "config.json").write_text(json.dumps(cfg))
+  return str(d)
+
+
+def _tiny_rl(config, hf_dir):
+  c = config
+  c.model.hf_checkpoint = hf_dir
+  c.data.prompt_len, c.data.completion_len, c.data.batch_size = 16, 16, 8
+  c.sampler.steps, c.sampler.block_len = 4, 8
+  c.rl.batch_prompts, c.rl.group_size = 8, 2
+  c.estimator.spg_block_len = 8
+  c.eval.batch_size = 8
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
+  return c
+
+
+def test_slice_names():
+  assert topology.tpu_topology_name("v5p-64") == ("v5p", "v5p:2x4x4")
+  assert topology.tpu_topology_name("v5p-8") == ("v5p", "v5p:2x2x1")
+  assert topology.tpu_topology_name("v4-32") == ("v4", "v4:2x2x4")
+  assert topology.tpu_topology_name("v5e-16") == ("v5e", "v5e:4x4")
+  assert topology.tpu_topology_name("v6e-8") == ("v6e", "v6e:2x4")
+  assert topology.tpu_topology_name("v5p:4x4x4") == ("v5p", "v5p:4x4x4")
+  with pytest.raises(ValueError, match="power-of-2"):
+    topology.tpu_topology_name("v5e-12")
+  with pytest.raises(ValueError, match="expected"):
+    topology.tpu_topology_name("h100-8")
+  assert topology.cpu_device_count("cpu:8") == 8 and topology.cpu_device_count("v5p-8") is None
+
+
+def test_largest_buffers_from_hlo():
+  hlo = ("  %p = bf16[4,8]{1,0} parameter(0)\n"
+         "  %big = f32[16,1024]{1,0} dot(%p, %p)\n"
+         "  ROOT %t = (f32[2]{0}, s32[]) tuple(%a, %b)\n")
+  assert plan.largest_buffers(hlo, top=2) == [("big", "f32[16,1024]", 65536),
+                                              ("p", "bf16[4,8]", 64)]
+
+
+def test_pipeline_plan_on_cpu8(tmp_path, capsys):
+  """Every program of the embedded-style pipeline (SFT + RL) compiles and fits."""
+  out = tmp_path / "plan.json"
+  assert plan.run_plan(_config(), "cpu:8", json_path=str(out)) == 0
+  result = json.loads(out.read_text())
+  assert result["topology"] == "cpu:8" and result["chips"] == 8 and result["estimate"]
+  assert set(result["programs"]) == {"sft_step", "rl_step", "rollout_sampler", "greedy_sampler"}
+  for name, r in result["programs"].items():
+    assert r["argument_bytes"] > 0 and r["temp_bytes"] > 0 and r["flops"] > 0, name
+    assert r["peak_bytes_per_device"] >= r["argument_bytes"], name
+  text = capsys.readouterr().out
+  assert "ESTIMATE" in text and "rl_step" in text
+
+
+def test_rl_plan_needs_only_config_json_and_a_misfit_exits_3(tmp_path, capsys):
+  """An HF folder with config.json only; against 1 MiB per device rl_step (fp32 params
+  and Adam moments of the 0.3M-parameter fixture alone exceed 0.9 MiB) does not fit."""
+  config = _tiny_rl(_config("llada_tpu.py"), _hf_llada_dir(tmp_path))
+  out = tmp_path / "plan.json"
+  assert plan.run_plan(config, "cpu:8", json_path=str(out), device_memory_gib=1 / 1024) == 3
+  result = json.loads(out.read_text())
+  assert set(result["programs"]) == {"rl_step", "rollout_sampler", "greedy_sampler"}  # no SFT
+  assert result["hbm_bytes_per_device"] == 1024 ** 2
+  err = capsys.readouterr().err
+  assert "rl_step does not fit" in err and "largest buffers" in err
+
+
+def test_bad_topology_and_config_are_named(tmp_path):
+  with pytest.raises(ValueError, match="only 8 CPU devices"):
+    plan.run_plan(_config(), "cpu:64")
+  with pytest.raises(ValueError, match="--programs"):
+    plan.run_plan(_config(), "cpu:8", programs=["nope"])
+  config = _config()
+  config.rl.batch_prompts = 3
+  with pytest.raises(ConfigError, match="rl.batch_prompts"):
+    plan.run_plan(config, "cpu:8")
+
+
+def _tpu_available():
+  try:
+    import libtpu  # noqa: F401
+  except ImportError:
+    return False
+  return True
+
+
+needs_libtpu = pytest.mark.skipif(not _tpu_available(),
+                                  reason="libtpu not installed (pip install -r requirements-tpu.txt)")
+
+
+@needs_libtpu
+def test_tpu_plan_of_the_greedy_sampler_fits(tmp_path):
+  config = _config()
+  config.mode = "eval"  # one program: the greedy sampler
+  out = tmp_path / "plan.json"
+  assert plan.run_plan(config, "v5e-4", json_path=str(out)) == 0
+  result = json.loads(out.read_text())
+  assert result["chips"] == 4 and result["hbm_bytes_per_device"] == 16 * 1024 ** 3
+  assert not result["estimate"] and set(result["programs"]) == {"greedy_sampler"}
+  assert result["programs"]["greedy_sampler"]["flops"] > 0
+
+
+@needs_libtpu
+def test_tpu_plan_cli_exits_3_naming_the_program(tmp_path):
+  """On a v5e-4 (16 GiB per chip), an RL model whose replicated fp32 params + Adam
+  moments (a 2^20-row vocabulary) exceed a chip: exit 3, naming rl_step."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  hf_dir = _hf_llada_dir(tmp_path, embedding_size=2 ** 20, vocab_size=2 ** 20, d_model=1024,
+                         n_heads=8, n_kv_heads=8, mlp_hidden_size=256, n_layers=1)
+  big = subprocess.run([sys.executable, "-m", "dllm_rl.plan", "--topology=v5e-4",
+                        f"--config={ROOT}/configs/llada_tpu.py",
+                        f"--config.model.hf_checkpoint={hf_dir}",
+                        "--config.mesh.data=4", "--config.mesh.fsdp=1",
+                        "--config.rl.batch_prompts=4", "--config.rl.group_size=2",
+                        "--config.data.prompt_len=8", "--config.data.completion_len=8",
+                        "--config.sampler.steps=1", "--config.sampler.block_len=8",
+                        "--config.estimator.spg_block_len=8", "--config.eval.batch_size=4",
+                        "--config.estimator.num_samples=1", "--config.rl.inner_steps=1"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert big.returncode == 3, big.stderr[-2000:]
+  assert "rl_step does not fit" in big.stderr
