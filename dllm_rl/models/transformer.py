@@ -119,8 +119,8 @@ class Transformer(nnx.Module):
 
   def forward_cached(self, tokens_BT: jax.Array, positions_BT: jax.Array, cache: layers.KVCache,
                      cache_valid_BM: jax.Array, offset, *, new_valid_BT: jax.Array | None = None,
-                     new_mask_TT: jax.Array | None = None,
-                     write: bool) -> tuple[jax.Array, layers.KVCache]:
+                     new_mask_TT: jax.Array | None = None, write: bool,
+                     window: tuple | None = None) -> tuple[jax.Array, layers.KVCache]:
     """Logits_BTV for T new tokens that attend to the valid cached keys
     (``cache_valid_BM``) and to each other (bidirectionally; ``new_valid_BT``
     False = a new key nobody attends, e.g. prompt padding; ``new_mask_TT``
@@ -134,6 +134,11 @@ class Transformer(nnx.Module):
     (logits_BTV, cache): the written cache when ``write``, else the input one.
     Marking the written slots valid is the caller's business; offset + T must
     not exceed M (``dynamic_update_slice`` would clamp the offset).
+
+    ``window=(start, length)`` (traced start, static length): the last layer's
+    attention output and MLP, the final norm and the head run only for rows
+    [start, start + length) (its keys/values still come from every row), and
+    the logits are those rows' [B, length, V].
     """
     cfg = self.cfg
     b, t = tokens_BT.shape
@@ -149,8 +154,13 @@ class Transformer(nnx.Module):
     x = jnp.take(self.embed[...], tokens_BT, axis=0).astype(cfg.dtype)
     cos, sin = layers.rope_tables(positions_BT, cfg.head_dim, cfg.rope_theta)
     ks, vs = [], []
-    for block, k_BMKQ, v_BMKQ in zip(self.blocks, cache.k_BMKQ, cache.v_BMKQ):
-      x, k_BMKQ, v_BMKQ = block.cached(x, cos, sin, k_BMKQ, v_BMKQ, offset, mask_BTM)
+    last = len(self.blocks) - 1
+    for i, (block, k_BMKQ, v_BMKQ) in enumerate(zip(self.blocks, cache.k_BMKQ, cache.v_BMKQ)):
+      if window is not None and i == last:
+        x, k_BMKQ, v_BMKQ = _block_rows(block, x, cos, sin, k_BMKQ, v_BMKQ, offset, mask_BTM,
+                                        *window)
+      else:
+        x, k_BMKQ, v_BMKQ = block.cached(x, cos, sin, k_BMKQ, v_BMKQ, offset, mask_BTM)
       x = constrain_activations(x)
       ks.append(k_BMKQ)
       vs.append(v_BMKQ)
@@ -159,45 +169,6 @@ class Transformer(nnx.Module):
     logits_BTV = jnp.einsum("bnd,dv->bnv", x, head.astype(cfg.dtype),
                             preferred_element_type=jnp.float32)
     return logits_BTV, (layers.KVCache(tuple(ks), tuple(vs)) if write else cache)
-
-
-  def forward_cached_window(self, tokens_BT: jax.Array, positions_BT: jax.Array,
-                            cache: layers.KVCache, cache_valid_BM: jax.Array, offset, *,
-                            new_valid_BT: jax.Array | None = None, write: bool, start,
-                            length: int) -> tuple[jax.Array, layers.KVCache]:
-    """``forward_cached`` with the final norm and the head applied only at rows
-    [start, start + length) of the T new tokens (traced ``start``, static
-    ``length``): (logits_B{length}V, cache). The last layer, too, computes its
-    attention output and MLP only for those rows (its keys/values still come
-    from every row, so the logits are those of ``forward_cached``). Samplers use
-    it so that the work after the last layer's keys/values runs only where the
-    logits are read (the open block)."""
-    cfg = self.cfg
-    b, t = tokens_BT.shape
-    m = cache_valid_BM.shape[1]
-    if new_valid_BT is None:
-      new_valid_BT = jnp.ones((b, t), bool)
-    placed_BM = jax.lax.dynamic_update_slice_in_dim(jnp.zeros((b, m), bool), new_valid_BT,
-                                                    offset, axis=1)
-    mask_BTM = jnp.broadcast_to((cache_valid_BM | placed_BM)[:, None, :], (b, t, m))
-    x = jnp.take(self.embed[...], tokens_BT, axis=0).astype(cfg.dtype)
-    cos, sin = layers.rope_tables(positions_BT, cfg.head_dim, cfg.rope_theta)
-    ks, vs = [], []
-    last = len(self.blocks) - 1
-    for i, (block, k_BMKQ, v_BMKQ) in enumerate(zip(self.blocks, cache.k_BMKQ, cache.v_BMKQ)):
-      if i < last:
-        x, k_BMKQ, v_BMKQ = block.cached(x, cos, sin, k_BMKQ, v_BMKQ, offset, mask_BTM)
-      else:
-        x, k_BMKQ, v_BMKQ = _block_rows(block, x, cos, sin, k_BMKQ, v_BMKQ, offset, mask_BTM,
-                                        start, length)
-      x = constrain_activations(x)
-      ks.append(k_BMKQ)
-      vs.append(v_BMKQ)
-    x = self.final_norm(x)
-    head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
-    logits = jnp.einsum("bnd,dv->bnv", x, head.astype(cfg.dtype),
-                        preferred_element_type=jnp.float32)
-    return logits, (layers.KVCache(tuple(ks), tuple(vs)) if write else cache)
 
 
 def _block_rows(block: Block, x_BTD, cos_BTQ, sin_BTQ, k_BMKQ, v_BMKQ, offset, mask_BTM, start,
@@ -256,10 +227,10 @@ def apply_cached(graphdef: nnx.GraphDef, params: nnx.State, tokens_BT, positions
 def apply_cached_window(graphdef: nnx.GraphDef, params: nnx.State, tokens_BT, positions_BT,
                         cache, cache_valid_BM, offset, *, new_valid_BT=None, write: bool, start,
                         length: int):
-  """Pure ``Transformer.forward_cached_window``: (logits_B{length}V, cache)."""
-  return nnx.merge(graphdef, params).forward_cached_window(
+  """``Transformer.forward_cached`` with ``window=(start, length)``: (logits_B{length}V, cache)."""
+  return nnx.merge(graphdef, params).forward_cached(
       tokens_BT, positions_BT, cache, cache_valid_BM, offset, new_valid_BT=new_valid_BT,
-      write=write, start=start, length=length)
+      write=write, window=(start, length))
 
 
 def count_params(params: nnx.State) -> int:
