@@ -158,6 +158,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.log = g = ml_collections.ConfigDict()
   g.tensorboard = True
   g.progress = True
+
+  # --- preemption and faults (dllm_rl/train/resilience.py) ---
+  k.save_every_seconds = 0.0   # > 0: also save when this long has passed since the last save
+  c.train = n = ml_collections.ConfigDict()
+  n.max_consecutive_nonfinite = 10  # stop after this many skipped (non-finite) updates in a row
+  # --- end preemption and faults ---
   return c
 
 
@@ -344,4 +350,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
          f"must be auto, never or explicit, got {config.distributed.initialize!r}")
   _check(config.checkpoint.save_every > 0, "checkpoint.save_every", "must be positive")
   _check(config.checkpoint.keep > 0, "checkpoint.keep", "must be positive")
+  # --- preemption and faults ---
+  _check(config.checkpoint.save_every_seconds >= 0, "checkpoint.save_every_seconds",
+         "must be >= 0 (0 = step-based saving only)")
+  _check(config.train.max_consecutive_nonfinite > 0, "train.max_consecutive_nonfinite",
+         "must be positive")
   return config

@@ -4,8 +4,12 @@
 
   {"phase": "sft", "step": 100, "time": 1718000000.1, "loss": 0.41, "accuracy": 0.35}
 
-The file is opened in append mode, so a resumed run continues the same file (steps may then
-repeat; readers keep every line). Values are converted to Python ``int``/``float``/``bool``
+The file is opened in append mode, so a resumed run continues the same file, and every record
+is flushed to the OS as it is written (a crash or ``kill -9`` loses no logged line). Checkpoints
+store how many lines of their phase had been logged (`MetricsLogger.lines`); a resumed phase
+calls `MetricsLogger.supersede` with that count, which drops the phase's later lines (those
+of steps that are about to be redone), so the file, the plots and ``summary.json`` read as if
+the run had never been interrupted. Values are converted to Python ``int``/``float``/``bool``
 (jax/numpy scalars and size-1 arrays included). Strict JSON has no NaN/Infinity, so non-finite
 floats are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"``; `read_metrics` turns them
 back into floats. Non-numeric values (short strings) are written as they are.
@@ -64,10 +68,17 @@ class MetricsLogger:
     self.path = os.path.join(self.workdir, "metrics.jsonl")
     self._file = None
     self._writer = None
+    self._lines: dict[str, int] = {}
     if not enabled:
       return
     os.makedirs(self.workdir, exist_ok=True)
+    self._lines = _count_phases(self.path)
     self._file = open(self.path, "a", encoding="utf-8")  # Append: never truncate on resume.
+    if self._file.tell() > 0:
+      with open(self.path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) != b"\n":  # a line cut short by a crash: never glue a record onto it
+          self._file.write("\n")
     if tensorboard:
       import tensorboardX  # Imported lazily: only the primary host needs it.
       self._writer = tensorboardX.SummaryWriter(os.path.join(self.workdir, "tb"))
@@ -84,6 +95,8 @@ class MetricsLogger:
     if self._file is None:
       raise ValueError(f"MetricsLogger({self.workdir!r}) is closed")
     self._file.write(json.dumps(record, allow_nan=False) + "\n")
+    self._file.flush()  # line-flushed: a killed process loses no logged record
+    self._lines[phase] = self._lines.get(phase, 0) + 1
     if self._writer is not None:
       for name, value in record.items():
         if name in _RESERVED or isinstance(value, bool):
@@ -92,6 +105,41 @@ class MetricsLogger:
         if isinstance(value, (int, float)):
           self._writer.add_scalar(f"{phase}/{name}", value, global_step=int(step))
     return record
+
+  def lines(self, phase: str) -> int:
+    """Records of ``phase`` in the file (kept from earlier runs and logged by this one)."""
+    return self._lines.get(phase, 0)
+
+  def supersede(self, phase: str, keep: int) -> int:
+    """Keep only the first ``keep`` records of ``phase`` (those logged up to the checkpoint a
+    resumed run restored); later ones are dropped. Other phases and a truncated last line are
+    left as they are / dropped. Rewrites the file atomically; returns the number dropped."""
+    if not self.enabled:
+      return 0
+    self._file.close()
+    with open(self.path, encoding="utf-8") as f:
+      lines = f.read().splitlines()
+    kept, seen, dropped = [], 0, 0
+    for line in lines:
+      try:
+        record_phase = json.loads(line).get("phase")
+      except (json.JSONDecodeError, AttributeError):
+        dropped += 1  # a line cut short by a crash
+        continue
+      if record_phase == phase:
+        seen += 1
+        if seen > keep:
+          dropped += 1
+          continue
+      kept.append(line)
+    if dropped:
+      tmp = self.path + ".tmp"
+      with open(tmp, "w", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in kept))
+      os.replace(tmp, self.path)
+    self._lines = _count_phases(self.path)
+    self._file = open(self.path, "a", encoding="utf-8")
+    return dropped
 
   def flush(self) -> None:
     """Flushes the JSONL file and TensorBoard events to disk."""
@@ -114,6 +162,21 @@ class MetricsLogger:
 
   def __exit__(self, *exc: object) -> None:
     self.close()
+
+
+def _count_phases(path: str) -> dict[str, int]:
+  """Records per phase in an existing metrics.jsonl (empty when there is none)."""
+  counts: dict[str, int] = {}
+  if not os.path.exists(path):
+    return counts
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      try:
+        phase = json.loads(line).get("phase")
+      except (json.JSONDecodeError, AttributeError):
+        continue
+      counts[phase] = counts.get(phase, 0) + 1
+  return counts
 
 
 def read_metrics(path: str, phase: str | None = None) -> list[dict[str, Any]]:
