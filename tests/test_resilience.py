@@ -60,9 +60,23 @@ def test_skip_nonfinite_is_exact_on_finite_updates():
   np.testing.assert_array_equal(u1["w"], u2["w"])
 
 
-def _guard(**kw):
+class _Ckpt:
+  def __init__(self, latest):
+    self.latest, self.closed = latest, False
+
+  def wait(self):
+    pass
+
+  def latest_step(self):
+    return self.latest
+
+  def close(self):
+    self.closed = True
+
+
+def _guard(ckpt=None, **kw):
   base = dict(save_every=5, save_every_seconds=0.0, max_consecutive_nonfinite=3)
-  return resilience.StepGuard("rl", **{**base, **kw})
+  return resilience.StepGuard("rl", ckpt or _Ckpt(None), **{**base, **kw})
 
 
 def test_guard_saves_by_step_and_by_time():
@@ -77,13 +91,15 @@ def test_guard_saves_by_step_and_by_time():
 
 
 def test_guard_stops_naming_the_step_after_consecutive_nonfinite():
-  g = _guard()
+  ckpt = _Ckpt(5)
+  g = _guard(ckpt)
   state = SkipNonFiniteState((), jnp.int32(2), jnp.int32(4))
-  assert g.skipped(state, 7, 5) == 4
+  assert g.skipped(state, 7) == 4 and not ckpt.closed
   state = SkipNonFiniteState((), jnp.int32(3), jnp.int32(5))
   with pytest.raises(resilience.NonFiniteError,
                      match=r"rl step 8: 3 consecutive .*newest checkpoint \(step 5\)"):
-    g.skipped(state, 8, 5)
+    g.skipped(state, 8)
+  assert ckpt.closed  # pending writes finished: the last good checkpoint is on disk
 
 
 def test_first_signal_requests_a_stop_second_exits_at_once():

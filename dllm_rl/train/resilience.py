@@ -108,17 +108,18 @@ def agree_any(flags: np.ndarray) -> np.ndarray:
 class StepGuard:
   """Per-phase decisions after each step: save (step- or time-based), stop, non-finite."""
 
-  def __init__(self, phase: str, *, save_every: int, save_every_seconds: float,
+  def __init__(self, phase: str, ckpt, *, save_every: int, save_every_seconds: float,
                max_consecutive_nonfinite: int):
     self.phase = phase
+    self.ckpt = ckpt
     self.save_every = save_every
     self.save_every_seconds = save_every_seconds
     self.max_consecutive_nonfinite = max_consecutive_nonfinite
     self._last_save = time.monotonic()
 
   @classmethod
-  def from_config(cls, phase: str, config) -> "StepGuard":
-    return cls(phase, save_every=config.checkpoint.save_every,
+  def from_config(cls, phase: str, ckpt, config) -> "StepGuard":
+    return cls(phase, ckpt, save_every=config.checkpoint.save_every,
                save_every_seconds=float(config.checkpoint.save_every_seconds),
                max_consecutive_nonfinite=config.train.max_consecutive_nonfinite)
 
@@ -137,11 +138,14 @@ class StepGuard:
     """Restart the time-based save clock (call after each checkpoint save)."""
     self._last_save = time.monotonic()
 
-  def skipped(self, opt_state, step: int, last_checkpoint: int | None) -> int:
-    """Total skipped (non-finite) updates of the phase; raises NonFiniteError after
-    ``max_consecutive_nonfinite`` in a row."""
+  def skipped(self, opt_state, step: int) -> int:
+    """Total skipped (non-finite) updates of the phase; after ``max_consecutive_nonfinite`` in
+    a row, waits for pending checkpoint writes and raises NonFiniteError."""
     consecutive, total = skip_counters(opt_state)
     if consecutive >= self.max_consecutive_nonfinite:
+      self.ckpt.wait()
+      last_checkpoint = self.ckpt.latest_step()
+      self.ckpt.close()
       kept = (f"the newest checkpoint (step {last_checkpoint}) is the last good state"
               if last_checkpoint is not None else "no checkpoint of this phase was written")
       raise NonFiniteError(

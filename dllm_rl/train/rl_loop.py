@@ -100,7 +100,7 @@ def run_rl(ctx: Context) -> dict:
   it = batches.position
   timed, timed_seconds, rollout_seconds = 0, 0.0, 0.0
   window = meta.get("metrics_window", [])  # steps since the last log, saved with the checkpoint
-  guard, last_saved = StepGuard.from_config(PHASE, config), ckpt.latest_step()
+  guard = StepGuard.from_config(PHASE, ckpt, config)
   with MetricsLogger(ctx.workdir, tensorboard=config.log.tensorboard,
                      enabled=is_primary()) as logger:
     if "metric_lines" in meta:  # drop records of steps about to be redone
@@ -128,7 +128,7 @@ def run_rl(ctx: Context) -> dict:
       state, metrics = step_fn(state, rollout, k_step)
       faults.at("update", it)
       it += 1
-      skipped = guard.skipped(state.opt_state, it, last_saved)  # raises after too many in a row
+      skipped = guard.skipped(state.opt_state, it)  # raises after too many in a row
       window.append(metrics)
       bar.update(1)
       if it % r.log_every == 0:
@@ -152,7 +152,6 @@ def run_rl(ctx: Context) -> dict:
                               "metric_lines": logger.lines(PHASE),
                               "metrics_window": window_to_meta(window)}, force=True)
         guard.saved()
-        last_saved = it
         faults.at("checkpoint", it)
       if stop and it < r.steps:
         bar.close()

@@ -65,10 +65,10 @@ def run_sft(ctx: Context) -> dict:
 
   step = int(state.step)
   finished = stopped_early or step >= f.steps
-  val = {}
+  val = meta.get("val", {})  # the latest validation result (summary of a resumed run)
   timed_steps, timed_seconds = 0, 0.0
   window = meta.get("metrics_window", [])  # steps since the last log, saved with the checkpoint
-  guard, last_saved = StepGuard.from_config(PHASE, config), ckpt.latest_step()
+  guard = StepGuard.from_config(PHASE, ckpt, config)
   with MetricsLogger(ctx.workdir, tensorboard=config.log.tensorboard,
                      enabled=is_primary()) as logger:
     if "metric_lines" in meta:  # drop records of steps about to be redone
@@ -84,7 +84,7 @@ def run_sft(ctx: Context) -> dict:
       bar.update(1)
       if step % f.log_every == 0:
         logged = mean_metrics(window)  # blocks on the device: timing below is real
-        logged["skipped_steps"] = guard.skipped(state.opt_state, step, last_saved)
+        logged["skipped_steps"] = guard.skipped(state.opt_state, step)
         window = []
         logger.log(step, logged, phase=PHASE)
         bar.set_postfix(loss=f"{logged['loss']:.3f}", refresh=False)
@@ -97,13 +97,13 @@ def run_sft(ctx: Context) -> dict:
       finished = stopped_early or step >= f.steps
       save, stop = guard.poll(step)  # step- or time-based save; a stop signal (all hosts agree)
       if finished or save:
-        guard.skipped(state.opt_state, step, last_saved)  # never save after a non-finite run
+        guard.skipped(state.opt_state, step)  # never save after a non-finite run
         ckpt.save(step, state, {"phase": PHASE, "data_position": batches.position,
                                 "stopped_early": bool(stopped_early),
                                 "config": config.to_json(), "metric_lines": logger.lines(PHASE),
-                                "metrics_window": window_to_meta(window)}, force=True)
+                                "metrics_window": window_to_meta(window),
+                                "val": {k: float(v) for k, v in val.items()}}, force=True)
         guard.saved()
-        last_saved = step
       if stop and not finished:
         bar.close()
         ckpt.close()  # waits for the write
