@@ -13,7 +13,8 @@ make a fault happen at an exact point of the RL loop::
 * ``action``: ``sigterm``, ``sigint`` or ``sigkill`` (the process sends itself that signal, as
   a scheduler would), or ``nan`` (at ``reward``: every reward of the step becomes NaN).
 
-Steps are the 0-based index of the rollout batch (``rl`` step ``step + 1`` once finished).
+For ``rollout``, ``reward`` and ``update``, ``step`` is the 0-based index of the rollout batch
+(the step in progress is ``rl`` step ``step + 1``); for ``checkpoint`` it is the step saved.
 """
 
 from __future__ import annotations

@@ -138,3 +138,15 @@ def test_fault_spec_parsing_and_hooks(monkeypatch):
   monkeypatch.setenv(faults.ENV, "nan@reward:5")
   assert faults.at("reward", 4, rewards) is rewards
   assert np.isnan(faults.at("reward", 5, rewards)).all()
+
+
+def test_two_processes_agree_on_the_save_and_stop_steps(tmp_path):
+  import json as _json
+
+  from tests.multiprocess import harness
+  worker = os.path.join(harness.REPO, "tests", "multiprocess", "stop_worker.py")
+  outs, _, codes, report = harness.run_workers(worker, tmp_path, out_suffix=".json", devices=1)
+  assert codes == [0, 0], report
+  decisions = [_json.loads(out.read_text())["decisions"] for out in outs]
+  # process 0's time-based save at step 1 and process 1's SIGTERM at step 3, on both
+  assert decisions[0] == decisions[1] == [[1, True, False], [2, False, False], [3, True, True]]
