@@ -125,3 +125,29 @@ def test_nan_rewards_skip_updates_and_too_many_in_a_row_stop_the_run(tmp_path, m
   assert logged == {2: 2, 4: 4}  # batch 1 skipped, the run went on; batch 3 skipped
   assert max(int(s) for s in os.listdir(tmp_path / "checkpoints" / "rl")) == 4  # last good
   assert not any("tmp" in s for s in os.listdir(tmp_path / "checkpoints" / "rl"))
+
+
+def test_sft_stop_between_log_steps_resumes_to_the_same_metrics_and_params(tmp_path,
+                                                                          monkeypatch):
+  """A stop request at SFT step 3 (log every 5): the unlogged window travels in the
+  checkpoint, so the resumed run logs step 5 exactly as an uninterrupted run does."""
+  from dllm_rl.train import resilience
+  from dllm_rl.train.resilience import Preempted
+
+  def sft(steps):
+    c = _config()
+    c.mode, c.sft.steps, c.sft.eval_every, c.checkpoint.save_every = "sft", steps, 0, 100
+    return c
+
+  run.run(sft(6), str(tmp_path / "straight"))
+  polls = iter(range(1, 100))
+  monkeypatch.setattr(resilience, "stop_requested", lambda: next(polls) == 3)
+  with pytest.raises(Preempted, match="after sft step 3"):
+    run.run(sft(6), str(tmp_path / "split"))
+  assert os.listdir(tmp_path / "split" / "checkpoints" / "sft") == ["3"]
+  monkeypatch.setattr(resilience, "stop_requested", lambda: False)
+  run.run(sft(6), str(tmp_path / "split"))
+  a, b = _records(tmp_path / "straight"), _records(tmp_path / "split")
+  assert [r for r in a if "loss" in r] == [r for r in b if "loss" in r] and len(a) == len(b)
+  assert _untimed(json.load(open(tmp_path / "straight" / "summary.json"))) == _untimed(
+      json.load(open(tmp_path / "split" / "summary.json")))
