@@ -86,8 +86,25 @@ def test_guard_saves_by_step_and_by_time():
   assert g.poll(1) == (False, False)
   time.sleep(0.06)
   assert g.poll(2) == (True, False)
-  g.saved()
+  g.saved(2)
   assert g.poll(3) == (False, False)
+
+
+def test_an_async_save_overlaps_one_step_only():
+  class Ckpt(_Ckpt):
+    waits = 0
+
+    def wait(self):
+      self.waits += 1
+  ckpt = Ckpt(None)
+  g = _guard(ckpt)
+  g.saved(5)
+  g.poll(5)
+  assert ckpt.waits == 0  # the write overlaps the next step
+  g.poll(6)
+  assert ckpt.waits == 1  # then it is committed before anything else is risked
+  g.poll(7)
+  assert ckpt.waits == 1
 
 
 def test_guard_stops_naming_the_step_after_consecutive_nonfinite():

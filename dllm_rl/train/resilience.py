@@ -116,6 +116,7 @@ class StepGuard:
     self.save_every_seconds = save_every_seconds
     self.max_consecutive_nonfinite = max_consecutive_nonfinite
     self._last_save = time.monotonic()
+    self._writing: int | None = None  # the step of an asynchronous save not yet waited for
 
   @classmethod
   def from_config(cls, phase: str, ckpt, config) -> "StepGuard":
@@ -124,7 +125,13 @@ class StepGuard:
                max_consecutive_nonfinite=config.train.max_consecutive_nonfinite)
 
   def poll(self, step: int) -> tuple[bool, bool]:
-    """(save, stop) after ``step``, identical on every process."""
+    """(save, stop) after ``step``, identical on every process.
+
+    An asynchronous save overlaps one step only: the first poll after it waits until it is
+    committed, so a ``kill -9`` never loses more than the save interval."""
+    if self._writing is not None and step > self._writing and self.ckpt is not None:
+      self.ckpt.wait()
+      self._writing = None
     timed = (self.save_every_seconds > 0
              and time.monotonic() - self._last_save >= self.save_every_seconds)
     stop = stop_requested()
@@ -134,9 +141,10 @@ class StepGuard:
     save = bool(stop or timed or step % self.save_every == 0)
     return save, bool(stop)
 
-  def saved(self) -> None:
-    """Restart the time-based save clock (call after each checkpoint save)."""
+  def saved(self, step: int) -> None:
+    """Restart the time-based save clock (call after each checkpoint save of ``step``)."""
     self._last_save = time.monotonic()
+    self._writing = step
 
   def skipped(self, opt_state, step: int) -> int:
     """Total skipped (non-finite) updates of the phase; after ``max_consecutive_nonfinite`` in

@@ -151,7 +151,7 @@ def run_rl(ctx: Context) -> dict:
                               "base_accuracy": base_accuracy, "config": config.to_json(),
                               "metric_lines": logger.lines(PHASE),
                               "metrics_window": window_to_meta(window)}, force=True)
-        guard.saved()
+        guard.saved(it)
         faults.at("checkpoint", it)
       if stop and it < r.steps:
         bar.close()

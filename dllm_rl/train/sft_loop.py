@@ -103,7 +103,7 @@ def run_sft(ctx: Context) -> dict:
                                 "config": config.to_json(), "metric_lines": logger.lines(PHASE),
                                 "metrics_window": window_to_meta(window),
                                 "val": {k: float(v) for k, v in val.items()}}, force=True)
-        guard.saved()
+        guard.saved(step)
       if stop and not finished:
         bar.close()
         ckpt.close()  # waits for the write

@@ -34,7 +34,7 @@ def main(coordinator: str, num_processes: int, process_id: int, out_path: str) -
         os.kill(os.getpid(), signal.SIGTERM)
       save, stop = guard.poll(step)
       if save:
-        guard.saved()
+        guard.saved(step)
         guard.save_every_seconds = 0.0  # one time-based save only
       decisions.append([step, save, stop])
       if stop:
