@@ -83,4 +83,5 @@ def get_config():
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1  # FSDP over the slice
   c.checkpoint.save_every = 50
   c.checkpoint.keep = 3
+  c.checkpoint.save_every_seconds = 1800.0  # an 8B step is slow: never risk > 30 min of work
   return locked(c)

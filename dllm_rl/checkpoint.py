@@ -34,6 +34,13 @@ written or deleted. Orbax only prunes old steps (``keep`` = ``max_to_keep``) aft
 has been committed, so a failed save never deletes older checkpoints. With ``async_save`` the
 arrays are copied to host before `save` returns (the caller may donate/overwrite its buffers);
 errors raised by the background write surface in `wait`, `close` or the next `save`.
+
+Damaged checkpoints: `restore` without an explicit step tries the newest step first; when it
+cannot be read (a truncated or missing file, unreadable metadata) it logs a warning naming the
+damaged step and the one it falls back to, and tries the next older step. A folder without
+any readable step raises `CheckpointError` listing every step and why it failed. A template
+that does not match the checkpoint (another model) is not damage: that raises at once. The
+damaged step is deleted only when the run saves that step again (a fresh copy replaces it).
 """
 
 from __future__ import annotations
@@ -174,23 +181,31 @@ def _from_stored(value: Any, template: Any, kind: str, saved: dict[str, Any]) ->
   return value
 
 
+class CheckpointError(FileNotFoundError):
+  """No readable checkpoint (every step is damaged)."""
+
+
+class LayoutMismatch(ValueError):
+  """The restore template does not match the checkpoint (not damage: no fall-back)."""
+
+
 def _check_layout(saved: list[dict[str, Any]], wanted: list[dict[str, Any]], where: str) -> None:
   """Raises ValueError naming the first path where the template differs from the checkpoint."""
   for i in range(max(len(saved), len(wanted))):
     s = saved[i] if i < len(saved) else None
     w = wanted[i] if i < len(wanted) else None
     if s is None or w is None or s["name"] != w["name"]:
-      raise ValueError(
+      raise LayoutMismatch(
           f"State structure mismatch with checkpoint {where} at leaf #{i}: template has "
           f"{w['name'] if w else '<nothing>'}, checkpoint has {s['name'] if s else '<nothing>'}")
     if (s["kind"] == "key") != (w["kind"] == "key"):
-      raise ValueError(f"State structure mismatch with checkpoint {where} at {w['name']}: "
+      raise LayoutMismatch(f"State structure mismatch with checkpoint {where} at {w['name']}: "
                        f"template dtype {w['dtype']}, checkpoint dtype {s['dtype']}")
     if s["kind"] == "key" and s["dtype"] != w["dtype"]:
-      raise ValueError(f"PRNG key implementation mismatch with checkpoint {where} at "
+      raise LayoutMismatch(f"PRNG key implementation mismatch with checkpoint {where} at "
                        f"{w['name']}: template {w['dtype']}, checkpoint {s['dtype']}")
     if list(s["shape"]) != list(w["shape"]):
-      raise ValueError(f"Shape mismatch with checkpoint {where} at {w['name']}: template "
+      raise LayoutMismatch(f"Shape mismatch with checkpoint {where} at {w['name']}: template "
                        f"{tuple(w['shape'])}, checkpoint {tuple(s['shape'])}")
 
 
@@ -218,7 +233,8 @@ class Checkpointer:
         enable_async_checkpointing=async_save,
         cleanup_tmp_directories=True,  # Drop uncommitted tmp dirs of a crashed save.
     )
-    self._manager = ocp.CheckpointManager(paths.resolve(directory), options=options)
+    self._manager = ocp.CheckpointManager(self.directory, options=options)
+    self._damaged: set[int] = set()  # steps this process found unreadable
 
   def all_steps(self) -> list[int]:
     """Committed checkpoint steps, ascending."""
@@ -241,6 +257,10 @@ class Checkpointer:
     """
     if not (force or self.should_save(step)):
       return False
+    if step in self._damaged:  # unreadable: replaced by this fresh save of the same step
+      _log.warning("Replacing damaged checkpoint step %d in %s.", step, self.directory)
+      self._manager.delete(step)
+      self._damaged.discard(step)
     if step in self._manager.all_steps():
       _log.warning("Checkpoint step %d already exists in %s; not overwriting.", step,
                    self.directory)
@@ -263,23 +283,47 @@ class Checkpointer:
     )
 
   def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
-    """Restores ``step`` (None = latest) into the structure of ``abstract_state``.
+    """Restores ``step`` (None = the newest readable one) into the structure of ``abstract_state``.
 
     ``abstract_state`` has the saved structure; its leaves may be concrete arrays or
     `jax.ShapeDtypeStruct` (with ``.sharding`` to place the restored arrays). Returns
     ``(state, meta)`` with ``state`` of the same pytree type as ``abstract_state``.
-    Raises FileNotFoundError when the step is absent, ValueError on a structure mismatch.
+    Raises FileNotFoundError when the step is absent, `LayoutMismatch` (a ValueError) on a
+    structure mismatch, `CheckpointError` when no step can be read. With ``step=None`` a
+    damaged newest step falls back to the previous one, with a warning naming both.
     """
     self.wait()
     self._manager.reload()
     steps = self.all_steps()
     if not steps:
       raise FileNotFoundError(f"No checkpoints in {self.directory} (available steps: [])")
-    if step is None:
-      step = steps[-1]
-    if step not in steps:
-      raise FileNotFoundError(
-          f"No checkpoint for step {step} in {self.directory}; available steps: {steps}")
+    if step is not None:
+      if step not in steps:
+        raise FileNotFoundError(
+            f"No checkpoint for step {step} in {self.directory}; available steps: {steps}")
+      return self._restore_step(abstract_state, step)
+    _describe(abstract_state, "restore template")  # a bad template is not damage: raise here
+    failures = []
+    for candidate in reversed(steps):
+      try:
+        restored = self._restore_step(abstract_state, candidate)
+      except LayoutMismatch:
+        raise
+      except Exception as e:  # orbax/tensorstore/json errors of a damaged step  # noqa: BLE001
+        failures.append((candidate, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+        self._damaged.add(candidate)
+        continue
+      if failures:
+        _log.warning("Checkpoint %s is damaged (%s); restored the previous step %d instead.",
+                     ", ".join(f"{self.directory}/{s}" for s, _ in failures),
+                     "; ".join(f"step {s}: {why}" for s, why in failures), candidate)
+      return restored
+    raise CheckpointError(
+        f"No readable checkpoint in {self.directory}: "
+        + "; ".join(f"step {s}: {why}" for s, why in failures)
+        + ". Delete the damaged steps (or the folder) to start this phase afresh.")
+
+  def _restore_step(self, abstract_state: Any, step: int) -> tuple[Any, dict[str, Any]]:
     where = f"{self.directory}/{step}"
     saved = self._manager.restore(step, args=ocp.args.Composite(layout=ocp.args.JsonRestore()))
     saved_entries = saved["layout"]["leaves"]
@@ -296,6 +340,8 @@ class Checkpointer:
     )
     values = [_from_stored(_lookup(out["state"], e["parts"]), x, e["kind"], s)
               for x, e, s in zip(leaves, entries, saved_entries)]
+    if not isinstance(out["meta"], Mapping):
+      raise ValueError(f"{where}: meta is not a JSON object")
     return jax.tree_util.tree_unflatten(treedef, values), dict(out["meta"])
 
   def wait(self) -> None:

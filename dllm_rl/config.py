@@ -183,6 +183,11 @@ def base_config() -> ml_collections.ConfigDict:
   # --- scale (issue 10): persistent XLA compilation cache, shared by runs on this machine
   # (or bucket): a restarted 8B run skips minutes of compilation. "" = off.
   c.compilation_cache = "~/.cache/dllm_rl/xla"
+  # --- preemption and faults (dllm_rl/train/resilience.py) ---
+  k.save_every_seconds = 0.0   # > 0: also save when this long has passed since the last save
+  c.train = n = ml_collections.ConfigDict()
+  n.max_consecutive_nonfinite = 10  # stop after this many skipped (non-finite) updates in a row
+  # --- end preemption and faults ---
   return c
 
 
@@ -207,41 +212,74 @@ def locked(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 def _walk(schema, config, prefix, errors):
+  """Type-check ``config`` against ``schema`` (errors appended); return a copy of ``config``
+  in which every unknown or mistyped key is replaced by its schema default, so that the value
+  checks can still run and report their own errors."""
+  clean = ml_collections.ConfigDict()
   for key in config.keys():
     path = f"{prefix}{key}"
     if key not in schema:
       close = difflib.get_close_matches(key, list(schema.keys()), n=1)
       hint = f"; did you mean {prefix}{close[0]}?" if close else ""
       errors.append(ConfigError(path, f"unknown key{hint}"))
+  for key in schema.keys():
+    path = f"{prefix}{key}"
+    want = schema[key]
+    if key not in config:
+      clean[key] = want
       continue
-    want, got = schema[key], config[key]
+    got = config[key]
     if isinstance(want, ml_collections.ConfigDict):
       if not isinstance(got, ml_collections.ConfigDict):
         errors.append(ConfigError(path, f"expected a section, got {type(got).__name__}"))
-      elif path != "task.options":
-        _walk(want, got, path + ".", errors)
+        clean[key] = want
+      elif path == "task.options":
+        clean[key] = got
+      else:
+        clean[key] = _walk(want, got, path + ".", errors)
       continue
     if isinstance(want, bool) != isinstance(got, bool):
-      errors.append(ConfigError(path, f"expected {type(want).__name__}, got {got!r}"))
+      ok = False
     elif isinstance(want, float) and isinstance(got, (int, float)):
-      continue
+      ok, got = True, float(got)
     elif isinstance(want, tuple) and isinstance(got, (tuple, list)):
-      continue
-    elif not isinstance(got, type(want)):
+      ok = True
+    else:
+      ok = isinstance(got, type(want))
+    if not ok:
       errors.append(ConfigError(path, f"expected {type(want).__name__}, got {got!r}"))
+    clean[key] = got if ok else want
+  return clean
 
 
-def _check(cond: bool, key: str, message: str):
-  if not cond:
-    raise ConfigError(key, message)
+class ConfigErrors(ConfigError):
+  """Several config problems at once; ``errors`` lists them, ``key`` is the first one's."""
+
+  def __init__(self, errors: list[ConfigError]):
+    self.errors = list(errors)
+    self.key = errors[0].key
+    ValueError.__init__(self, "\n".join(str(e) for e in errors))
+
+
+def raise_all(errors: list[ConfigError]) -> None:
+  """Raise the one error, or a ConfigErrors listing them all; nothing when empty."""
+  if len(errors) == 1:
+    raise errors[0]
+  if errors:
+    raise ConfigErrors(errors)
 
 
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Raise ConfigError for the first problem found; return the config otherwise."""
+  """Raise ConfigError (ConfigErrors when several) listing every problem found; return the
+  config otherwise. Unknown or mistyped keys are reported and their defaults are used for the
+  remaining value checks, so one run lists everything."""
   errors: list[ConfigError] = []
-  _walk(base_config(), config, "", errors)
-  if errors:
-    raise errors[0]
+  given = config
+  config = _walk(base_config(), config, "", errors)
+
+  def _check(cond: bool, key: str, message: str):
+    if not cond:
+      errors.append(ConfigError(key, message))
 
   # Registry names (imported here: validation must not depend on import order).
   from dllm_rl import run
@@ -251,9 +289,10 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check(config.mode in run.MODES, "mode", run.MODES.unknown_message(config.mode))
   _check(config.task.name in tasks.TASKS, "task.name", tasks.TASKS.unknown_message(config.task.name))
   try:
-    tasks.make_task(config.task.name, **config.task.options.to_dict())
+    if config.task.name in tasks.TASKS:
+      tasks.make_task(config.task.name, **config.task.options.to_dict())
   except (TypeError, ValueError, OSError) as err:
-    raise ConfigError("task.options", str(err)) from err
+    errors.append(ConfigError("task.options", str(err)))
   _check(config.sampler.remasking in remasking.REMASKING, "sampler.remasking",
          remasking.REMASKING.unknown_message(config.sampler.remasking))
 
@@ -262,13 +301,14 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _check(m[key] > 0, f"model.{key}", f"must be positive, got {m[key]}")
   for key in ("vocab_size", "n_kv_heads", "head_dim"):
     _check(m[key] >= 0, f"model.{key}", f"must be >= 0 (0 = derived), got {m[key]}")
-  n_kv = m.n_kv_heads or m.n_heads
-  _check(m.n_heads % n_kv == 0, "model.n_kv_heads",
-         f"n_heads={m.n_heads} must be a multiple of n_kv_heads={n_kv}")
-  head_dim = m.head_dim or m.d_model // m.n_heads
-  _check(m.head_dim or m.d_model % m.n_heads == 0, "model.head_dim",
-         f"0 (derived) needs d_model={m.d_model} divisible by n_heads={m.n_heads}")
-  _check(head_dim % 2 == 0, "model.head_dim", f"must be even for RoPE, got {head_dim}")
+  if m.n_heads > 0 and m.n_kv_heads >= 0 and m.d_model > 0 and m.head_dim >= 0:
+    n_kv = m.n_kv_heads or m.n_heads
+    _check(m.n_heads % n_kv == 0, "model.n_kv_heads",
+           f"n_heads={m.n_heads} must be a multiple of n_kv_heads={n_kv}")
+    head_dim = m.head_dim or m.d_model // m.n_heads
+    _check(m.head_dim or m.d_model % m.n_heads == 0, "model.head_dim",
+           f"0 (derived) needs d_model={m.d_model} divisible by n_heads={m.n_heads}")
+    _check(head_dim % 2 == 0, "model.head_dim", f"must be even for RoPE, got {head_dim}")
   _check(m.dtype in DTYPES, "model.dtype", f"must be one of {DTYPES}, got {m.dtype!r}")
   _check(m.param_dtype in DTYPES, "model.param_dtype", f"must be one of {DTYPES}, got {m.param_dtype!r}")
   from dllm_rl.models.scan import REMAT_POLICIES
@@ -289,14 +329,15 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
   s = config.sampler
   _check(s.block_len > 0, "sampler.block_len", "must be positive")
-  _check(d.completion_len % s.block_len == 0, "sampler.block_len",
-         f"data.completion_len={d.completion_len} is not a multiple of sampler.block_len={s.block_len}")
-  num_blocks = d.completion_len // s.block_len
-  _check(s.steps > 0 and s.steps % num_blocks == 0, "sampler.steps",
-         f"{s.steps} must be a positive multiple of the number of blocks ({num_blocks})")
-  _check(s.steps // num_blocks <= s.block_len, "sampler.steps",
-         f"{s.steps // num_blocks} steps per block exceed sampler.block_len={s.block_len}"
-         " (some steps would commit nothing)")
+  if s.block_len > 0 and d.completion_len > 0:
+    _check(d.completion_len % s.block_len == 0, "sampler.block_len",
+           f"data.completion_len={d.completion_len} is not a multiple of sampler.block_len={s.block_len}")
+    num_blocks = max(d.completion_len // s.block_len, 1)
+    _check(s.steps > 0 and s.steps % num_blocks == 0, "sampler.steps",
+           f"{s.steps} must be a positive multiple of the number of blocks ({num_blocks})")
+    _check(s.steps // num_blocks <= s.block_len, "sampler.steps",
+           f"{s.steps // num_blocks} steps per block exceed sampler.block_len={s.block_len}"
+           " (some steps would commit nothing)")
   _check(s.temperature >= 0, "sampler.temperature", "must be >= 0")
   _check(0 <= s.threshold < 1, "sampler.threshold", "must be in [0, 1)")
   from dllm_rl.sampling import open_block
@@ -355,7 +396,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check(x.spg_block_len > 0, "estimator.spg_block_len", "must be positive")
   bs = config.model.block_size
   _check(bs >= 0, "model.block_size", "must be >= 0 (0 = bidirectional masked diffusion)")
-  if bs:
+  if bs > 0:
     _check(config.data.completion_len % bs == 0, "model.block_size",
            f"data.completion_len={config.data.completion_len} is not a multiple of {bs}")
     _check(s.block_len == bs, "sampler.block_len",
@@ -372,7 +413,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   e = config.eval
   _check(e.batch_size > 0, "eval.batch_size", "must be positive")
   _check(e.num_samples > 0, "eval.num_samples", "must be positive")
-  _check(len(e.pass_k) > 0 and all(0 < k <= e.num_samples for k in e.pass_k), "eval.pass_k",
+  _check(len(e.pass_k) > 0 and all(isinstance(k, int) and 0 < k <= e.num_samples
+                                   for k in e.pass_k), "eval.pass_k",
          f"every k must be in [1, eval.num_samples={e.num_samples}], got {tuple(e.pass_k)}")
   _check(e.temperature >= 0, "eval.temperature", "must be >= 0")
   for key in ("data", "fsdp", "tensor"):
@@ -384,4 +426,93 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
          f"must be auto, never or explicit, got {config.distributed.initialize!r}")
   _check(config.checkpoint.save_every > 0, "checkpoint.save_every", "must be positive")
   _check(config.checkpoint.keep > 0, "checkpoint.keep", "must be positive")
-  return config
+  # --- preemption and faults ---
+  _check(config.checkpoint.save_every_seconds >= 0, "checkpoint.save_every_seconds",
+         "must be >= 0 (0 = step-based saving only)")
+  _check(config.train.max_consecutive_nonfinite > 0, "train.max_consecutive_nonfinite",
+         "must be positive")
+  _check(0 <= config.seed < 2**31, "seed", f"must be in [0, 2**31), got {config.seed}")
+  raise_all(errors)
+  return given
+
+
+# --- command-line overrides (--config.a.b=value) ---
+
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def _parse_value(path: str, default, text: str):
+  """``text`` as the type of ``default``; raises ConfigError naming ``path``."""
+  import ast
+  if isinstance(default, ml_collections.ConfigDict):
+    raise ConfigError(path, "is a section: set one of its keys, e.g. "
+                      f"--config.{path}.{next(iter(default.keys()), 'KEY')}=...")
+  try:
+    if isinstance(default, bool):
+      if text.lower() not in _TRUE + _FALSE:
+        raise ValueError
+      return text.lower() in _TRUE
+    if isinstance(default, int):
+      return int(text)
+    if isinstance(default, float):
+      return float(text)
+    if isinstance(default, tuple):
+      value = ast.literal_eval(text if text.strip().startswith(("(", "[")) else f"({text},)")
+      if not isinstance(value, (tuple, list)):
+        raise ValueError
+      return tuple(value)
+  except (ValueError, SyntaxError):
+    raise ConfigError(path, f"expected {type(default).__name__}, got {text!r}") from None
+  return text
+
+
+def _free_form(text: str):
+  """A task option value: a Python literal when it parses as one, else the string."""
+  import ast
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+
+
+def apply_overrides(config: ml_collections.ConfigDict,
+                    overrides: list[tuple[str, str]]) -> list[ConfigError]:
+  """Set ``(dotted key, text)`` pairs (from ``--config.KEY=TEXT``) on ``config``, each parsed
+  as the type of the key's current value. Returns every problem (unknown key with a "did you
+  mean", wrong type) instead of stopping at the first; good overrides are applied."""
+  errors = []
+  for dotted, text in overrides:
+    *parents, leaf = dotted.split(".")
+    node, prefix = config, ""
+    try:
+      for part in parents:
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+          raise KeyError(prefix + part)
+        node, prefix = node[part], prefix + part + "."
+      if not isinstance(node, ml_collections.ConfigDict):
+        raise KeyError(prefix.rstrip("."))
+      if prefix == "task.options." and leaf not in node:
+        with node.unlocked():
+          node[leaf] = _free_form(text)
+        continue
+      if leaf not in node:
+        raise KeyError(dotted)
+      value = (_free_form(text) if prefix == "task.options."
+               else _parse_value(dotted, node[leaf], text))
+      with node.unlocked():
+        node[leaf] = value
+    except KeyError as e:
+      bad = e.args[0]
+      parent = config
+      for part in bad.split(".")[:-1]:
+        parent = parent[part]
+      choices = list(parent.keys()) if isinstance(parent, ml_collections.ConfigDict) else []
+      close = difflib.get_close_matches(bad.split(".")[-1], choices, n=1)
+      stem = bad.rsplit(".", 1)[0] + "." if "." in bad else ""
+      hint = f"; did you mean {stem}{close[0]}?" if close else ""
+      errors.append(ConfigError(bad, f"unknown key{hint}"))
+    except ConfigError as e:
+      errors.append(e)
+    except (TypeError, ValueError) as e:
+      errors.append(ConfigError(dotted, str(e)))
+  return errors

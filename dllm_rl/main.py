@@ -1,11 +1,23 @@
 """Entry point.
 
-    python -m dllm_rl.main --workdir=DIR                       # embedded tiny default
+    python -m dllm_rl.main --workdir=DIR [--config.rl.lr=1e-3 ...]    # embedded tiny default
     python -m dllm_rl.main --config=configs/tiny_cpu.py --workdir=DIR [--config.sft.lr=3e-4 ...]
 
-The config is validated before anything is compiled; a bad key or value exits
-with status 2 and a message that names it. Re-running with the same
-``--workdir`` resumes from the latest checkpoint.
+``--config.KEY=VALUE`` overrides any key of the config file or of the embedded default; the
+value is parsed as the type of the key. The config is validated before anything is compiled.
+
+Exit status:
+
+* 0: the run finished (``summary.json`` written);
+* 2: a config problem. Every problem is printed at once, one line each, as
+  ``error: config.<key>: <message>`` (unknown keys, wrong types, bad values), with no traceback;
+* 75 (``EX_TEMPFAIL``): stopped by SIGTERM/SIGINT after saving a checkpoint at the step in
+  progress; rerun the same command to resume (``dllm_rl.train.resilience``). A second signal
+  exits at once with 128 + the signal number (143 for SIGTERM, 130 for SIGINT);
+* 1: the run failed: e.g. ``train.max_consecutive_nonfinite`` non-finite updates in a row, or
+  no readable checkpoint (``error: ...`` names the step / the checkpoint).
+
+Re-running with the same ``--workdir`` resumes from the latest checkpoint.
 """
 
 from __future__ import annotations
@@ -14,15 +26,60 @@ import json
 import sys
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
-from dllm_rl.config import ConfigError
+from dllm_rl.config import ConfigError, apply_overrides, load_config_file
 from dllm_rl.default_config import get_config as default_config
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "ml_collections config file (default: the embedded tiny CPU config).",
-    lock_config=True)
+_CONFIG = flags.DEFINE_string("config", None,
+                              "ml_collections config file (default: the embedded tiny CPU config).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, summary.")
+_PREFIX = "--config."
+_overrides: list[tuple[str, str]] = []
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flags, with every ``--config.KEY=VALUE`` set aside (applied after loading the config,
+  so that each problem is reported as a config error naming its key)."""
+  rest = []
+  for arg in argv:
+    if arg.startswith(_PREFIX):
+      key, sep, value = arg[len(_PREFIX):].partition("=")
+      if not sep:
+        print(f"error: config.{key}: expected --config.{key}=VALUE", file=sys.stderr)
+        sys.exit(2)
+      _overrides.append((key, value))
+    else:
+      rest.append(arg)
+  try:
+    return flags.FLAGS(rest)
+  except flags.Error as e:
+    print(f"error: {e}\nPass --helpfull to see the flags.", file=sys.stderr)
+    sys.exit(2)
+
+
+def _fail(errors: list[ConfigError]):
+  for err in getattr(errors[0], "errors", None) or errors:
+    print(f"error: {err}", file=sys.stderr)
+  sys.exit(2)
+
+
+def load(path: str | None, overrides: list[tuple[str, str]]):
+  """The config file (or the embedded default) with the overrides applied and validated;
+  exits with status 2 listing every problem."""
+  from dllm_rl.config import validate
+  try:
+    config = load_config_file(path) if path else default_config()
+  except Exception as e:  # noqa: BLE001 - a broken config file: report it, no traceback
+    print(f"error: --config={path}: {type(e).__name__}: {e}", file=sys.stderr)
+    sys.exit(2)
+  errors = apply_overrides(config, overrides)
+  try:
+    validate(config)
+  except ConfigError as err:
+    errors += getattr(err, "errors", [err])
+  if errors:
+    _fail(errors)
+  return config
 
 
 def main(argv):
@@ -30,18 +87,25 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not _WORKDIR.value:
     raise app.UsageError("--workdir is required")
-  config = _CONFIG.value if _CONFIG.value is not None else default_config()
+  config = load(_CONFIG.value, _overrides)
   from dllm_rl import run  # after flag parsing: keeps --help fast
+  from dllm_rl.checkpoint import CheckpointError
+  from dllm_rl.train.resilience import EXIT_PREEMPTED, NonFiniteError, Preempted
 
   logging.set_verbosity(logging.WARNING)  # orbax is chatty at INFO
 
   try:
     summary = run.run(config, _WORKDIR.value)
   except ConfigError as err:
+    _fail([err])
+  except Preempted as stop:
+    print(f"[preemption] {stop}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_PREEMPTED)
+  except (NonFiniteError, CheckpointError) as err:
     print(f"error: {err}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(1)
   print(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -4,8 +4,12 @@
 
   {"phase": "sft", "step": 100, "time": 1718000000.1, "loss": 0.41, "accuracy": 0.35}
 
-The file is opened in append mode, so a resumed run continues the same file (steps may then
-repeat; readers keep every line). Values are converted to Python ``int``/``float``/``bool``
+The file is opened in append mode, so a resumed run continues the same file, and every record
+is flushed to the OS as it is written (a crash or ``kill -9`` loses no logged line). Checkpoints
+store how many lines of their phase had been logged (`MetricsLogger.lines`); a resumed phase
+calls `MetricsLogger.supersede` with that count, which drops the phase's later lines (those
+of steps that are about to be redone), so the file, the plots and ``summary.json`` read as if
+the run had never been interrupted. Values are converted to Python ``int``/``float``/``bool``
 (jax/numpy scalars and size-1 arrays included). Strict JSON has no NaN/Infinity, so non-finite
 floats are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"``; `read_metrics` turns them
 back into floats. Non-numeric values (short strings) are written as they are.
@@ -92,13 +96,12 @@ class MetricsLogger:
     self.path = paths.join(self.workdir, "metrics.jsonl")
     self._file = None
     self._writer = None
+    self._lines: dict[str, int] = {}
     if not enabled:
       return
     paths.resolve(self.workdir).mkdir(parents=True, exist_ok=True)
-    if paths.is_url(self.workdir):  # no append on object stores: rewrite on flush
-      self._file = _RewrittenFile(paths.resolve(self.path))
-    else:
-      self._file = open(self.path, "a", encoding="utf-8")  # Append: never truncate on resume.
+    self._lines = _count_phases(self.path)
+    self._file = _open_append(self.path)
     if tensorboard:
       import tensorboardX  # Imported lazily: only the primary host needs it.
       self._writer = tensorboardX.SummaryWriter(paths.join(self.workdir, "tb"))
@@ -115,6 +118,8 @@ class MetricsLogger:
     if self._file is None:
       raise ValueError(f"MetricsLogger({self.workdir!r}) is closed")
     self._file.write(json.dumps(record, allow_nan=False) + "\n")
+    self._file.flush()  # line-flushed: a killed process loses no logged record
+    self._lines[phase] = self._lines.get(phase, 0) + 1
     if self._writer is not None:
       for name, value in record.items():
         if name in _RESERVED or isinstance(value, bool):
@@ -123,6 +128,44 @@ class MetricsLogger:
         if isinstance(value, (int, float)):
           self._writer.add_scalar(f"{phase}/{name}", value, global_step=int(step))
     return record
+
+  def lines(self, phase: str) -> int:
+    """Records of ``phase`` in the file (kept from earlier runs and logged by this one)."""
+    return self._lines.get(phase, 0)
+
+  def supersede(self, phase: str, keep: int) -> int:
+    """Keep only the first ``keep`` records of ``phase`` (those logged up to the checkpoint a
+    resumed run restored); later ones are dropped. Other phases and a truncated last line are
+    left as they are / dropped. Rewrites the file atomically; returns the number dropped."""
+    if not self.enabled:
+      return 0
+    self._file.close()
+    lines = _read_text(self.path).splitlines()
+    kept, seen, dropped = [], 0, 0
+    for line in lines:
+      try:
+        record_phase = json.loads(line).get("phase")
+      except (json.JSONDecodeError, AttributeError):
+        dropped += 1  # a line cut short by a crash
+        continue
+      if record_phase == phase:
+        seen += 1
+        if seen > keep:
+          dropped += 1
+          continue
+      kept.append(line)
+    if dropped:
+      text = "".join(line + "\n" for line in kept)
+      if paths.is_url(self.path):  # an object is replaced whole by one write
+        paths.resolve(self.path).write_text(text, encoding="utf-8")
+      else:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+          f.write(text)
+        os.replace(tmp, self.path)
+    self._lines = _count_phases(self.path)
+    self._file = _open_append(self.path)
+    return dropped
 
   def flush(self) -> None:
     """Flushes the JSONL file and TensorBoard events to disk."""
@@ -145,6 +188,41 @@ class MetricsLogger:
 
   def __exit__(self, *exc: object) -> None:
     self.close()
+
+
+def _read_text(path: str) -> str:
+  """The file's text ("" when it does not exist); local paths and URLs alike."""
+  p = paths.resolve(path)
+  return p.read_text(encoding="utf-8") if p.exists() else ""
+
+
+def _open_append(path: str):
+  """An append-mode text file: a local file, or on an object store a `_RewrittenFile`.
+  A last line cut short by a crash gets its newline first, so no record is glued onto it."""
+  if paths.is_url(path):  # no append on object stores: rewrite on flush
+    f = _RewrittenFile(paths.resolve(path))
+    if f._text and not f._text.endswith("\n"):
+      f.write("\n")
+    return f
+  f = open(path, "a", encoding="utf-8")  # Append: never truncate on resume.
+  if f.tell() > 0:
+    with open(path, "rb") as g:
+      g.seek(-1, os.SEEK_END)
+      if g.read(1) != b"\n":
+        f.write("\n")
+  return f
+
+
+def _count_phases(path: str) -> dict[str, int]:
+  """Records per phase in an existing metrics.jsonl (empty when there is none)."""
+  counts: dict[str, int] = {}
+  for line in _read_text(path).splitlines():
+    try:
+      phase = json.loads(line).get("phase")
+    except (json.JSONDecodeError, AttributeError):
+      continue
+    counts[phase] = counts.get(phase, 0) + 1
+  return counts
 
 
 def read_metrics(path: str, phase: str | None = None) -> list[dict[str, Any]]:

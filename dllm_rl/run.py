@@ -65,7 +65,10 @@ def enable_compilation_cache(path: str) -> str | None:
 
 
 def run(config, workdir: str) -> dict:
-  """Run ``config.mode``; write ``workdir/summary.json`` and return the summary."""
+  """Run ``config.mode``; write ``workdir/summary.json`` and return the summary.
+
+  SIGTERM / SIGINT during training save a checkpoint after the current step and raise
+  ``dllm_rl.train.resilience.Preempted`` (no summary is written); see that module."""
   from dllm_rl.config import validate
   from dllm_rl.setup import build_context
 
@@ -75,8 +78,10 @@ def run(config, workdir: str) -> dict:
   validate(config)
   initialize(config.distributed)  # before anything touches devices
   enable_compilation_cache(config.compilation_cache)
-  ctx = build_context(config, workdir)
-  summary = {"mode": config.mode, **MODES.get(config.mode)(ctx)}
+  from dllm_rl.train.resilience import handle_signals
+  with handle_signals():
+    ctx = build_context(config, workdir)
+    summary = {"mode": config.mode, **MODES.get(config.mode)(ctx)}
   summary["wall_seconds"] = time.time() - t0
   from dllm_rl.parallel.distributed import is_primary
   if is_primary():

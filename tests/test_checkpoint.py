@@ -169,3 +169,72 @@ def test_failed_save_keeps_older_checkpoints(tmp_path):
     restored, meta = ckpt.restore(good)
   assert meta == {"ok": True}
   np.testing.assert_array_equal(restored["w"], np.ones(3))
+
+
+# --- damaged checkpoints fall back to the previous step (issue 11) ---
+
+import glob  # noqa: E402
+import logging as _logging  # noqa: E402
+
+from dllm_rl.checkpoint import CheckpointError  # noqa: E402
+
+
+def _three_steps(tmp_path):
+  _, state = _make_state(0)
+  directory = str(tmp_path / "ckpt")
+  with Checkpointer(directory, save_every=1, keep=5, async_save=False) as ckpt:
+    for step in (1, 2, 3):
+      ckpt.save(step, state.replace(step=jnp.asarray(step, jnp.int32)), {"at": step})
+  return directory, state
+
+
+def _truncate_arrays(step_dir):
+  files = [f for f in glob.glob(os.path.join(step_dir, "state", "**", "*"), recursive=True)
+           if os.path.isfile(f) and os.path.getsize(f) > 64 and "/d/" in f]
+  assert files
+  for f in files:
+    with open(f, "r+b") as fh:
+      fh.truncate(os.path.getsize(f) // 2)
+
+
+def _drop_meta(step_dir):
+  os.remove(os.path.join(step_dir, "meta", "metadata"))
+
+
+def _garble_layout(step_dir):
+  with open(os.path.join(step_dir, "layout", "metadata"), "w") as fh:
+    fh.write("{not json")
+
+
+@pytest.mark.parametrize("damage", [_truncate_arrays, _drop_meta, _garble_layout])
+def test_damaged_newest_step_falls_back_with_a_warning(tmp_path, caplog, damage):
+  directory, template = _three_steps(tmp_path)
+  damage(os.path.join(directory, "3"))
+  with Checkpointer(directory, save_every=1, keep=5, async_save=False) as ckpt:
+    with caplog.at_level(_logging.WARNING, logger="dllm_rl.checkpoint"):
+      state, meta = ckpt.restore(template)
+    assert meta == {"at": 2} and int(state.step) == 2
+    warning = " ".join(r.getMessage() for r in caplog.records)
+    assert f"{directory}/3 is damaged" in warning and "previous step 2" in warning
+    # the run goes on and saves step 3 again: the fresh copy replaces the damaged one
+    assert ckpt.save(3, state.replace(step=jnp.asarray(3, jnp.int32)), {"at": 33}, force=True)
+    ckpt.wait()
+    assert ckpt.restore(template)[1] == {"at": 33}
+
+
+def test_nothing_readable_is_a_clear_error(tmp_path):
+  directory, template = _three_steps(tmp_path)
+  for step in (1, 2, 3):
+    _drop_meta(os.path.join(directory, str(step)))
+  with Checkpointer(directory, save_every=1, keep=5, async_save=False) as ckpt:
+    with pytest.raises(CheckpointError, match=r"No readable checkpoint in .*step 3: .*step 1: "):
+      ckpt.restore(template)
+
+
+def test_a_template_mismatch_is_not_treated_as_damage(tmp_path):
+  directory, _ = _three_steps(tmp_path)
+  _, other = _make_state(1)
+  other = other.replace(py_count=jnp.zeros((7,)))
+  with Checkpointer(directory, save_every=1, keep=5, async_save=False) as ckpt:
+    with pytest.raises(ValueError, match="mismatch with checkpoint .*/3 "):
+      ckpt.restore(other)

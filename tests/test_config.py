@@ -107,3 +107,83 @@ def test_cli_fails_fast_naming_the_key(tmp_path, override, key):
   assert key in proc.stderr
   assert time.time() - t0 < 60
   assert not os.path.exists(tmp_path / "checkpoints")
+
+
+# --- every error at once, overrides on the embedded default, no traceback (issue 11) ---
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from dllm_rl.config import ConfigErrors, apply_overrides  # noqa: E402
+from dllm_rl.default_config import get_config as default_config  # noqa: E402
+
+
+def test_validate_lists_every_error_at_once():
+  c = base_config()
+  c.sft.stepz = 3
+  c.seed = -1
+  c.sampler.threshold = 1.5
+  c.checkpoint.save_every_seconds = -1.0
+  with pytest.raises(ConfigErrors) as err:
+    validate(c)
+  keys = [e.key for e in err.value.errors]
+  assert keys == ["sft.stepz", "sampler.threshold", "checkpoint.save_every_seconds", "seed"]
+  assert str(err.value).splitlines()[0].startswith("config.sft.stepz: unknown key")
+
+
+def test_mistyped_key_is_reported_and_the_rest_still_checked():
+  raw = base_config().to_dict()
+  raw["sampler"]["block_len"] = "four"
+  raw["train"]["max_consecutive_nonfinite"] = 0
+  with pytest.raises(ConfigErrors) as err:
+    validate(ml_collections.ConfigDict(raw))
+  assert [e.key for e in err.value.errors] == ["sampler.block_len",
+                                               "train.max_consecutive_nonfinite"]
+
+
+def test_apply_overrides_parses_types_and_collects_errors():
+  c = default_config()
+  errors = apply_overrides(c, [("rl.lr", "1e-3"), ("log.progress", "false"),
+                               ("eval.pass_k", "1,2"), ("task.options.num_digits", "2"),
+                               ("rl.nosuch", "1"), ("seed", "x"), ("rl", "3"),
+                               ("sft.steps.deeper", "1"), ("nosect.key", "1")])
+  assert c.rl.lr == 1e-3 and c.log.progress is False and tuple(c.eval.pass_k) == (1, 2)
+  assert c.task.options.num_digits == 2
+  assert [e.key for e in errors] == ["rl.nosuch", "seed", "rl", "sft.steps", "nosect"]
+  assert "expected int, got 'x'" in str(errors[1])
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(key=st.sampled_from([k for k, _ in base_config().items(preserve_field_references=False)
+                            if not isinstance(base_config()[k], ml_collections.ConfigDict)]
+                           + [f"{s}.{k}" for s in base_config().keys()
+                              if isinstance(base_config()[s], ml_collections.ConfigDict)
+                              for k in base_config()[s].keys() if s != "task" or k != "options"]),
+       text=st.one_of(st.integers(-2**40, 2**40).map(str),
+                      st.floats(allow_nan=True).map(str),
+                      st.sampled_from(["", "true", "x", "-1", "0", "(1,)", "1,0"]),
+                      st.text(max_size=8)))
+def test_any_single_override_gives_config_errors_only(key, text):
+  """Whatever one override says, validation reports ConfigErrors naming keys, never crashes."""
+  c = default_config()
+  errors = apply_overrides(c, [(key, text)])
+  try:
+    validate(c)
+  except ConfigError as err:
+    errors += getattr(err, "errors", [err])
+  for e in errors:
+    assert str(e).startswith(f"config.{e.key}: ")
+
+
+def test_cli_overrides_on_embedded_default_list_all_errors(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "dllm_rl.main", f"--workdir={tmp_path}", "--config.rl.lr=1e-3",
+       "--config.rl.nosuch=1", "--config.seed=-1", "--config.rl.steps=many"],
+      cwd=ROOT, capture_output=True, text=True, timeout=120,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 2, proc.stderr
+  assert "Traceback" not in proc.stderr
+  assert proc.stderr.splitlines() == [
+      "error: config.rl.nosuch: unknown key",
+      "error: config.rl.steps: expected int, got 'many'",
+      "error: config.seed: must be in [0, 2**31), got -1"]
+  assert not os.path.exists(tmp_path / "checkpoints")

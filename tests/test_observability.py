@@ -103,3 +103,39 @@ def test_progress_bar():
   assert bar.n == 6
   bar.close()
   assert progress(3, desc="x", disable=True).disable
+
+
+def test_every_record_reaches_the_os_before_close(tmp_path):
+  logger = MetricsLogger(str(tmp_path), tensorboard=False)
+  logger.log(1, {"loss": 0.5}, phase="rl")
+  logger.log(2, {"loss": 0.4}, phase="rl")
+  assert [r["step"] for r in read_metrics(str(tmp_path))] == [1, 2]  # no close/flush needed
+  logger.close()
+
+
+def test_supersede_drops_the_phase_records_after_the_checkpoint(tmp_path):
+  with MetricsLogger(str(tmp_path), tensorboard=False) as logger:
+    for step in (10, 20):
+      logger.log(step, {"loss": 1.0 / step}, phase="sft")
+    for step in (1, 2, 3):
+      logger.log(step, {"reward": float(step)}, phase="rl")
+    kept_at_checkpoint = 2
+    assert logger.lines("rl") == 3 and logger.lines("sft") == 2
+  with open(tmp_path / "metrics.jsonl", "a") as f:
+    f.write('{"phase": "rl", "step": 4, "rew')  # cut short by kill -9
+  with MetricsLogger(str(tmp_path), tensorboard=False) as logger:  # the resumed run
+    assert logger.supersede("rl", kept_at_checkpoint) == 2
+    assert logger.lines("rl") == 2
+    logger.log(3, {"reward": 30.0}, phase="rl")
+  records = read_metrics(str(tmp_path))
+  assert [(r["phase"], r["step"]) for r in records] == [("sft", 10), ("sft", 20), ("rl", 1),
+                                                         ("rl", 2), ("rl", 3)]
+  assert records[-1]["reward"] == 30.0
+
+
+def test_a_line_cut_short_is_never_glued_to_the_next_record(tmp_path):
+  (tmp_path / "metrics.jsonl").write_text('{"phase": "rl", "step": 1}\n{"phase": "rl", "st')
+  with MetricsLogger(str(tmp_path), tensorboard=False) as logger:
+    logger.log(2, {"reward": 1.0}, phase="rl")
+  lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+  assert json.loads(lines[-1])["step"] == 2

@@ -1,7 +1,12 @@
-"""Optimiser: optax AdamW with warm-up + decay schedule and global-norm clipping."""
+"""Optimiser: optax AdamW with warm-up + decay schedule and global-norm clipping, wrapped so
+that an update with a non-finite gradient is skipped (`skip_nonfinite`)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
 import optax
 
 
@@ -19,10 +24,51 @@ def learning_rate_schedule(lr: float, steps: int, warmup_steps: int, kind: str) 
   return optax.join_schedules([warm, decay], [warmup_steps])
 
 
+class SkipNonFiniteState(NamedTuple):
+  """The wrapped optimiser's state and two counters of skipped (non-finite) updates."""
+  inner: optax.OptState
+  consecutive: jax.Array  # int32: skipped updates since the last applied one
+  total: jax.Array        # int32: skipped updates over the whole phase
+
+
+def skip_nonfinite(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+  """Skip an update whose gradients are not all finite: zero update, ``inner`` state unchanged.
+
+  A non-finite loss (e.g. a NaN reward reaching the advantages) makes the gradient norm
+  non-finite, so checking the gradients covers both. The parameters and the optimiser moments
+  are then exactly those before the step; only the counters move. Unlike
+  ``optax.apply_if_finite`` the update is never forced through after many failures: stopping
+  the run is the training loop's decision (``train.max_consecutive_nonfinite``).
+  """
+
+  def init(params):
+    zero = jnp.zeros((), jnp.int32)
+    return SkipNonFiniteState(inner.init(params), zero, zero)
+
+  def update(grads, state, params=None):
+    finite = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+    updates, new_inner = inner.update(grads, state.inner, params)
+    pick = lambda new, old: jnp.where(finite, new, old)
+    updates = jax.tree.map(lambda u: jnp.where(finite, u, jnp.zeros_like(u)), updates)
+    new_inner = jax.tree.map(pick, new_inner, state.inner)
+    bad = 1 - finite.astype(jnp.int32)
+    return updates, SkipNonFiniteState(new_inner, (state.consecutive + bad) * bad,
+                                       state.total + bad)
+
+  return optax.GradientTransformation(init, update)
+
+
+def skip_counters(opt_state) -> tuple[int, int]:
+  """(consecutive, total) skipped updates from a `skip_nonfinite` state (host ints)."""
+  return int(opt_state.consecutive), int(opt_state.total)
+
+
 def make_optimizer(opt_cfg) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """From a section with lr, steps, warmup_steps, schedule, b1, b2, weight_decay, grad_clip."""
+  """From a section with lr, steps, warmup_steps, schedule, b1, b2, weight_decay, grad_clip.
+
+  The result is wrapped in `skip_nonfinite`, so its state is a `SkipNonFiniteState`."""
   schedule = learning_rate_schedule(opt_cfg.lr, opt_cfg.steps, opt_cfg.warmup_steps, opt_cfg.schedule)
   adamw = optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, weight_decay=opt_cfg.weight_decay)
   if opt_cfg.grad_clip > 0:
-    return optax.chain(optax.clip_by_global_norm(opt_cfg.grad_clip), adamw), schedule
-  return adamw, schedule
+    return skip_nonfinite(optax.chain(optax.clip_by_global_norm(opt_cfg.grad_clip), adamw)), schedule
+  return skip_nonfinite(adamw), schedule

@@ -10,7 +10,7 @@ import types
 import jax
 import numpy as np
 
-from dllm_rl import evaluation, paths
+from dllm_rl import evaluation, faults, paths
 from dllm_rl.diffusion.estimators import EstimatorConfig
 from dllm_rl.observability import MetricsLogger, phase_summary, progress
 from dllm_rl.rl.advantages import AdvantageConfig, calibrated_beta
@@ -19,6 +19,7 @@ from dllm_rl.rl.step import RLStepConfig, RolloutBatch, make_rl_step
 from dllm_rl.setup import Context, init_params
 from dllm_rl.tasks.data import BatchIterator, trim_to_bucket
 from dllm_rl.train.optim import make_optimizer
+from dllm_rl.train.resilience import Preempted, StepGuard, window_to_meta
 from dllm_rl.train.sft_loop import PHASE as SFT
 from dllm_rl.train.sft_loop import checkpoint_dir, mean_metrics, open_checkpointer
 from dllm_rl.parallel.distributed import is_primary
@@ -82,7 +83,7 @@ def run_rl(ctx: Context) -> dict:
       params, optimizer, jax.random.fold_in(jax.random.key(config.seed), 2), ctx.mesh,
       ref_params=params if r.kl_coef > 0 else None)
   ckpt = open_checkpointer(ctx, PHASE)
-  position, base_accuracy = 0, None
+  position, base_accuracy, meta = 0, None, {"metric_lines": 0}
   if ckpt.latest_step() is not None:
     state, meta = ckpt.restore(state)
     position, base_accuracy = meta["data_position"], meta["base_accuracy"]
@@ -101,9 +102,13 @@ def run_rl(ctx: Context) -> dict:
   greedy_fn, accuracy = evaluation.make_greedy_evaluator(graphdef, ctx)
 
   it = batches.position
-  timed, timed_seconds, rollout_seconds, window = 0, 0.0, 0.0, []
+  timed, timed_seconds, rollout_seconds = 0, 0.0, 0.0
+  window = meta.get("metrics_window", [])  # steps since the last log, saved with the checkpoint
+  guard = StepGuard.from_config(PHASE, ckpt, config)
   with MetricsLogger(ctx.workdir, tensorboard=config.log.tensorboard,
                      enabled=is_primary()) as logger:
+    if "metric_lines" in meta:  # drop records of steps about to be redone
+      logger.supersede(PHASE, meta["metric_lines"])
     if it == 0:
       val = accuracy(state.params, ctx.val_examples, ctx.val_arrays)
       logger.log(0, {f"val_{k}": v for k, v in val.items()}, phase=PHASE)
@@ -114,10 +119,12 @@ def run_rl(ctx: Context) -> dict:
       batch, padding = trim_to_bucket(next(batches), config.data.prompt_buckets)
       k_roll, k_step = jax.random.split(jax.random.fold_in(state.rng, it))
       out = rollout_fn(state.params, batch["prompt_BP"], batch["prompt_valid_BP"], k_roll)
+      faults.at("rollout", it)  # test-only hook (DLLM_FAULT), a no-op otherwise
       completions = np.asarray(out.completion_BL)
       t_roll = time.perf_counter() - t0
       examples = [ctx.train_examples[i] for i in batch["index"]]
       rewards, correct, _ = evaluation.verify_groups(ctx.task, ctx.tokenizer, examples, completions)
+      rewards = faults.at("reward", it, rewards)
       rollout = put_global(ctx.mesh, RolloutBatch(
           prompt_BP=batch["prompt_BP"], prompt_valid_BP=batch["prompt_valid_BP"],
           completion_BGL=completions, unmask_step_BGL=np.asarray(out.unmask_step_BL),
@@ -126,11 +133,13 @@ def run_rl(ctx: Context) -> dict:
         base_accuracy = float(np.mean(correct))
       state, metrics = step_fn(state, rollout, k_step)
       metrics = dict(metrics, prompt_padding_fraction=padding)
+      faults.at("update", it)
       it += 1
+      skipped = guard.skipped(state.opt_state, it)  # raises after too many in a row
       window.append(metrics)
       bar.update(1)
       if it % r.log_every == 0:
-        logged = mean_metrics(window)
+        logged = dict(mean_metrics(window), skipped_steps=skipped)
         window = []
         logger.log(it, logged, phase=PHASE)
         bar.set_postfix(reward=f"{logged['reward_mean']:.3f}", refresh=False)
@@ -141,10 +150,19 @@ def run_rl(ctx: Context) -> dict:
       if r.eval_every and it % r.eval_every == 0:
         val = accuracy(state.params, ctx.val_examples, ctx.val_arrays)
         logger.log(it, {f"val_{k}": v for k, v in val.items()}, phase=PHASE)
-      if it >= r.steps or ckpt.should_save(it):
+      save, stop = guard.poll(it)  # step- or time-based save; a stop signal (all hosts agree)
+      if it >= r.steps or save:
         ckpt.save(it, state, {"phase": PHASE, "data_position": batches.position,
-                              "base_accuracy": base_accuracy, "config": config.to_json()},
-                  force=it >= r.steps)
+                              "base_accuracy": base_accuracy, "config": config.to_json(),
+                              "metric_lines": logger.lines(PHASE),
+                              "metrics_window": window_to_meta(window)}, force=True)
+        guard.saved(it)
+        faults.at("checkpoint", it)
+      if stop and it < r.steps:
+        bar.close()
+        ckpt.close()  # waits for the write
+        logger.flush()
+        raise Preempted(PHASE, it)
     bar.close()
     ckpt.wait()
     test = evaluation.evaluate_policy(graphdef, state.params, ctx, sample_fn=greedy_fn)

@@ -13,6 +13,7 @@ from dllm_rl.observability import MetricsLogger, phase_summary, progress
 from dllm_rl.setup import Context, init_params, to_device
 from dllm_rl.tasks.data import BatchIterator
 from dllm_rl.train.optim import make_optimizer
+from dllm_rl.train.resilience import Preempted, StepGuard, window_to_meta
 from dllm_rl.parallel.distributed import is_primary
 from dllm_rl.parallel.shard import init_state_sharded
 from dllm_rl.train.sft_step import make_sft_step
@@ -32,8 +33,8 @@ def open_checkpointer(ctx: Context, phase: str) -> Checkpointer:
 
 
 def mean_metrics(window: list[dict]) -> dict:
-  host = jax.device_get(window)
-  return {k: float(np.mean([m[k] for m in host])) for k in host[0]}
+  host = jax.device_get(window)  # float64 means: equal for live and checkpointed windows
+  return {k: float(np.mean([float(m[k]) for m in host])) for k in host[0]}
 
 
 def run_sft(ctx: Context) -> dict:
@@ -48,7 +49,7 @@ def run_sft(ctx: Context) -> dict:
   state, state_sharding = init_state_sharded(
       params, optimizer, jax.random.fold_in(jax.random.key(config.seed), 1), ctx.mesh)
   ckpt = open_checkpointer(ctx, PHASE)
-  position, stopped_early = 0, False
+  position, stopped_early, meta = 0, False, {"metric_lines": 0}
   if ckpt.latest_step() is not None:
     state, meta = ckpt.restore(state)
     position, stopped_early = meta["data_position"], meta["stopped_early"]
@@ -64,10 +65,14 @@ def run_sft(ctx: Context) -> dict:
 
   step = int(state.step)
   finished = stopped_early or step >= f.steps
-  val = {}
-  timed_steps, timed_seconds, window = 0, 0.0, []
+  val = meta.get("val", {})  # the latest validation result (summary of a resumed run)
+  timed_steps, timed_seconds = 0, 0.0
+  window = meta.get("metrics_window", [])  # steps since the last log, saved with the checkpoint
+  guard = StepGuard.from_config(PHASE, ckpt, config)
   with MetricsLogger(ctx.workdir, tensorboard=config.log.tensorboard,
                      enabled=is_primary()) as logger:
+    if "metric_lines" in meta:  # drop records of steps about to be redone
+      logger.supersede(PHASE, meta["metric_lines"])
     bar = progress(f.steps, desc=PHASE, initial=step,
                    disable=not (config.log.progress and is_primary()))
     while not finished and step < f.steps:
@@ -79,6 +84,7 @@ def run_sft(ctx: Context) -> dict:
       bar.update(1)
       if step % f.log_every == 0:
         logged = mean_metrics(window)  # blocks on the device: timing below is real
+        logged["skipped_steps"] = guard.skipped(state.opt_state, step)
         window = []
         logger.log(step, logged, phase=PHASE)
         bar.set_postfix(loss=f"{logged['loss']:.3f}", refresh=False)
@@ -89,10 +95,20 @@ def run_sft(ctx: Context) -> dict:
         logger.log(step, {f"val_{k}": v for k, v in val.items()}, phase=PHASE)
         stopped_early = 0 < f.target_accuracy <= val["accuracy"]
       finished = stopped_early or step >= f.steps
-      if finished or ckpt.should_save(step):
+      save, stop = guard.poll(step)  # step- or time-based save; a stop signal (all hosts agree)
+      if finished or save:
+        guard.skipped(state.opt_state, step)  # never save after a non-finite run
         ckpt.save(step, state, {"phase": PHASE, "data_position": batches.position,
                                 "stopped_early": bool(stopped_early),
-                                "config": config.to_json()}, force=finished)
+                                "config": config.to_json(), "metric_lines": logger.lines(PHASE),
+                                "metrics_window": window_to_meta(window),
+                                "val": {k: float(v) for k, v in val.items()}}, force=True)
+        guard.saved(step)
+      if stop and not finished:
+        bar.close()
+        ckpt.close()  # waits for the write
+        logger.flush()
+        raise Preempted(PHASE, step)
     bar.close()
     ckpt.wait()
     report = evaluation.evaluate_policy(graphdef, state.params, ctx, sample_fn=sample_fn)
