@@ -19,20 +19,7 @@ import statistics
 import sys
 import time
 
-
-def matmul_peak(dtype, n: int = 8192, repeats: int = 5) -> float:
-  import jax
-  import jax.numpy as jnp
-
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
-  f = jax.jit(lambda x: jnp.dot(x, x, preferred_element_type=jnp.float32))
-  jax.block_until_ready(f(a))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(f(a))
-    times.append(time.perf_counter() - t0)
-  return 2 * n ** 3 / statistics.median(times)
+from dllm_rl.benchmarks.peak import matmul_peak
 
 
 def main(argv=None) -> None:
@@ -109,7 +96,7 @@ def main(argv=None) -> None:
     jax.block_until_ready(state.step)
     times.append(time.perf_counter() - t0)
   step_s = statistics.median(times)
-  peak = matmul_peak(dt, args.peak_n)
+  peak = matmul_peak(args.peak_n, repeats=5, dtype=dt)
   print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; model "
         f"{T.count_params(params) / 1e9:.2f}B params ({args.dtype}); batch {b}×{g}, P={p}, L={l}")
   print(f"RL step: {step_s * 1e3:.1f} ms (compile {compile_s:.0f} s); XLA FLOPs/step "

@@ -45,6 +45,8 @@ import sys
 import tempfile
 import time
 
+from dllm_rl.benchmarks.peak import matmul_peak
+
 MODES = ("none", "prefix", "dual")
 
 
@@ -88,23 +90,6 @@ def sampler_flops(m, *, batch: int, prompt: int, gen: int, steps: int, block: in
 
 
 # ----------------------------------------------------------------------------- helpers
-
-def matmul_peak(n: int = 1024, repeats: int = 7) -> float:
-  """Median FLOP/s of a jitted n×n×n float32 matmul on the default device."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
-  jax.block_until_ready(f(a))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(f(a))
-    times.append(time.perf_counter() - t0)
-  return 2 * n ** 3 / float(np.median(times))
-
 
 def write_random_checkpoint(path: str, args) -> None:
   """A random LLaDA-architecture HF folder (mask = vocab − 1, EOS = pad = vocab − 2)."""
