@@ -15,7 +15,6 @@ No weight and no data is read: an HF folder holding only config.json is enough.
 from __future__ import annotations
 
 import dataclasses
-import types
 
 import jax
 import jax.numpy as jnp
@@ -111,9 +110,8 @@ def build_programs(config, devices) -> tuple[list[Program], object, transformer.
     r = config.rl
     optimizer, schedule = rl_optimizer(r)
     state, sharding = _train_state(params, optimizer, mesh, ref=r.kl_coef > 0)
-    ctx = types.SimpleNamespace(config=config, sampler_cfg=sampler_cfg,
-                                tokenizer=types.SimpleNamespace(mask_id=mask_id, eos_id=eos_id))
-    fn = make_rl_step(graphdef, optimizer, schedule, step_config(ctx), mesh=mesh,
+    fn = make_rl_step(graphdef, optimizer, schedule,
+                      step_config(config, sampler_cfg, mask_id, eos_id), mesh=mesh,
                       state_sharding=sharding)
     b, g = r.batch_prompts, r.group_size
     batch = _batch(mesh, {"prompt_BP": ((b, p), jnp.int32), "prompt_valid_BP": ((b, p), bool),

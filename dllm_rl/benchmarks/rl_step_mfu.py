@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 
-from dllm_rl.benchmarks.peak import matmul_peak
+from dllm_rl.benchmarks.common import matmul_peak, sharded_rl_step
 
 
 def main(argv=None) -> None:
@@ -46,9 +46,7 @@ def main(argv=None) -> None:
   from dllm_rl.models import transformer as T
   from dllm_rl.parallel import shard
   from dllm_rl.parallel.mesh import make_mesh
-  from dllm_rl.rl.step import RolloutBatch, make_rl_step
-  from dllm_rl.sampling.sampler import SamplerConfig
-  from dllm_rl.train.rl_loop import rl_optimizer, step_config
+  from dllm_rl.rl.step import RolloutBatch
 
   config = get_config()
   config.unlock()
@@ -59,13 +57,6 @@ def main(argv=None) -> None:
                        n_heads=args.heads, n_kv_heads=args.heads,
                        head_dim=args.d_model // args.heads, mlp_hidden=args.mlp, dtype=dt)
 
-  class _Ctx:  # what step_config reads
-    pass
-
-  ctx = _Ctx()
-  ctx.config = config
-  ctx.tokenizer = type("Tok", (), {"mask_id": args.vocab - 1, "eos_id": args.vocab - 2})()
-  ctx.sampler_cfg = SamplerConfig.from_config(config)
   b, g, p, l = args.prompts, args.group, args.prompt, args.gen
   rng = np.random.default_rng(0)
   rewards = rng.integers(0, 2, (b, g)).astype(np.float32)
@@ -75,11 +66,7 @@ def main(argv=None) -> None:
                        np.broadcast_to(np.arange(l) % config.sampler.steps,
                                        (b, g, l)).astype(np.int32), rewards, rewards > 0)
   mesh = make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
-  optimizer, schedule = rl_optimizer(config.rl)
-  graphdef, params = shard.init_params_sharded(mcfg, jax.random.key(0), mesh)
-  state, sharding = shard.init_state_sharded(params, optimizer, jax.random.key(1), mesh)
-  step = make_rl_step(graphdef, optimizer, schedule, step_config(ctx), mesh=mesh,
-                      state_sharding=sharding)
+  step, state = sharded_rl_step(config, mcfg, mesh, mask_id=args.vocab - 1, eos_id=args.vocab - 2)
   dev_batch = shard.put_global(mesh, batch)
   t0 = time.perf_counter()
   compiled = step.lower(state, dev_batch, jax.random.key(0)).compile()
@@ -98,7 +85,7 @@ def main(argv=None) -> None:
   step_s = statistics.median(times)
   peak = matmul_peak(args.peak_n, repeats=5, dtype=dt)
   print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; model "
-        f"{T.count_params(params) / 1e9:.2f}B params ({args.dtype}); batch {b}×{g}, P={p}, L={l}")
+        f"{T.count_params(state.params) / 1e9:.2f}B params ({args.dtype}); batch {b}×{g}, P={p}, L={l}")
   print(f"RL step: {step_s * 1e3:.1f} ms (compile {compile_s:.0f} s); XLA FLOPs/step "
         f"{flops / 1e12:.2f} T → {flops / step_s / 1e12:.1f} TFLOP/s; measured {args.dtype} "
         f"matmul peak {peak / 1e12:.1f} TFLOP/s; MFU {flops / step_s / peak:.1%}")

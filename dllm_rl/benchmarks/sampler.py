@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 
-from dllm_rl.benchmarks.peak import matmul_peak
+from dllm_rl.benchmarks.common import matmul_peak
 
 MODES = ("none", "prefix", "dual")
 

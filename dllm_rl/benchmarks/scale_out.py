@@ -35,10 +35,10 @@ def main(argv=None) -> None:
   from dllm_rl.default_config import get_config
   from dllm_rl.parallel import shard
   from dllm_rl.parallel.mesh import make_mesh
-  from dllm_rl.rl.step import RolloutBatch, make_rl_step
+  from dllm_rl.benchmarks.common import sharded_rl_step
+  from dllm_rl.rl.step import RolloutBatch
   from dllm_rl.setup import model_config
   from dllm_rl.tasks import CharTokenizer
-  from dllm_rl.train.rl_loop import rl_optimizer, step_config
 
   config = get_config()
   tok = CharTokenizer()
@@ -53,24 +53,13 @@ def main(argv=None) -> None:
                        np.broadcast_to(np.arange(l), (b, g, l)).astype(np.int32), rewards,
                        rewards > 0)
 
-  class _Ctx:  # what step_config reads
-    pass
-
-  ctx = _Ctx()
-  ctx.config, ctx.tokenizer = config, tok
-  from dllm_rl.sampling.sampler import SamplerConfig
-  ctx.sampler_cfg = SamplerConfig.from_config(config)
 
   print(f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} devices, "
         f"{os.cpu_count()} CPU cores; model {mcfg.d_model}d × {mcfg.n_layers} layers; "
         f"batch {b}×{g}×{l}, μ = {r.inner_steps}")
   for shape in [(1, 1, 1), (args.devices, 1, 1)]:
     mesh = make_mesh(dict(zip(("data", "fsdp", "tensor"), shape)))
-    optimizer, schedule = rl_optimizer(r)
-    graphdef, params = shard.init_params_sharded(mcfg, jax.random.key(0), mesh)
-    state, sharding = shard.init_state_sharded(params, optimizer, jax.random.key(1), mesh)
-    step = make_rl_step(graphdef, optimizer, schedule, step_config(ctx), mesh=mesh,
-                        state_sharding=sharding)
+    step, state = sharded_rl_step(config, mcfg, mesh, mask_id=tok.mask_id, eos_id=tok.eos_id)
     dev_batch = shard.put_global(mesh, batch)
     t0 = time.perf_counter()
     state, m = step(state, dev_batch, jax.random.key(0))

@@ -36,23 +36,24 @@ def rl_optimizer(r):
   return make_optimizer(section)
 
 
-def step_config(ctx: Context) -> RLStepConfig:
-  r = ctx.config.rl
+def step_config(config, sampler_cfg, mask_id: int, eos_id: int) -> RLStepConfig:
+  """The static RL-step options of a run: its config, its sampler (StepRS states) and the
+  tokenizer's mask / EOS ids."""
+  r, x = config.rl, config.estimator
   return RLStepConfig(
-      loss=r.loss, advantage=r.advantage, estimator=ctx.config.estimator.name,
+      loss=r.loss, advantage=r.advantage, estimator=x.name,
       estimator_cfg=EstimatorConfig.from_config(
-          ctx.config.estimator, block_size=ctx.config.model.block_size,
-          prompt_block_causal=ctx.config.model.prompt_block_causal),
-      loss_cfg=LossConfig(clip=r.clip, clip_C=r.clip_C, eps=r.eps,
-                          spg_omega=ctx.config.estimator.spg_omega,
+          x, block_size=config.model.block_size,
+          prompt_block_causal=config.model.prompt_block_causal),
+      loss_cfg=LossConfig(clip=r.clip, clip_C=r.clip_C, eps=r.eps, spg_omega=x.spg_omega,
                           self_normalize=r.self_normalize),
       advantage_cfg=AdvantageConfig(beta=r.beta, beta_start=r.beta_start, beta_end=r.beta_end,
                                     beta_schedule=r.beta_schedule,
                                     control_per_state=r.control_per_state,
-                                    num_states=ctx.sampler_cfg.max_steps),
-      inner_steps=r.inner_steps, num_states=ctx.sampler_cfg.max_steps,
-      dynamic_states=ctx.sampler_cfg.threshold > 0, kl_coef=r.kl_coef,
-      kl_estimator=r.kl_estimator, mask_id=ctx.tokenizer.mask_id, eos_id=ctx.tokenizer.eos_id)
+                                    num_states=sampler_cfg.max_steps),
+      inner_steps=r.inner_steps, num_states=sampler_cfg.max_steps,
+      dynamic_states=sampler_cfg.threshold > 0, kl_coef=r.kl_coef,
+      kl_estimator=r.kl_estimator, mask_id=mask_id, eos_id=eos_id)
 
 
 def load_sft_params(ctx: Context):
@@ -97,7 +98,8 @@ def run_rl(ctx: Context) -> dict:
   rollout_fn = evaluation.make_sample_fn(graphdef, rollout_cfg, mask_id=ctx.tokenizer.mask_id,
                                          eos_id=ctx.tokenizer.eos_id, mesh=ctx.mesh,
                                          group_size=r.group_size)
-  step_fn = make_rl_step(graphdef, optimizer, schedule, step_config(ctx), mesh=ctx.mesh,
+  cfg = step_config(config, ctx.sampler_cfg, ctx.tokenizer.mask_id, ctx.tokenizer.eos_id)
+  step_fn = make_rl_step(graphdef, optimizer, schedule, cfg, mesh=ctx.mesh,
                          state_sharding=state_sharding)
   greedy_fn, accuracy = evaluation.make_greedy_evaluator(graphdef, ctx)
 

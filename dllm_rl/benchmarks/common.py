@@ -1,0 +1,42 @@
+"""Shared by the benchmarks: the device's measured matmul peak (the denominator of FLOP/s and
+MFU figures) and a fresh sharded RL step."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def matmul_peak(n: int = 1024, repeats: int = 7, dtype=None) -> float:
+  """Median FLOP/s of a jitted n×n×n matmul (``dtype`` inputs, float32 accumulation;
+  float32 by default) on the default device."""
+  import jax
+  import jax.numpy as jnp
+
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype or jnp.float32)
+  f = jax.jit(lambda x: jnp.dot(x, x, preferred_element_type=jnp.float32))
+  jax.block_until_ready(f(a))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(a))
+    times.append(time.perf_counter() - t0)
+  return 2 * n ** 3 / statistics.median(times)
+
+
+def sharded_rl_step(config, model_cfg, mesh, *, mask_id: int, eos_id: int):
+  """(jitted rl_step, fresh sharded TrainState) with ``config``'s RL options for a freshly
+  initialised ``model_cfg`` on ``mesh`` — what the RL loop builds, without data or weights."""
+  import jax
+
+  from dllm_rl.parallel import shard
+  from dllm_rl.rl.step import make_rl_step
+  from dllm_rl.sampling.sampler import SamplerConfig
+  from dllm_rl.train.rl_loop import rl_optimizer, step_config
+
+  optimizer, schedule = rl_optimizer(config.rl)
+  graphdef, params = shard.init_params_sharded(model_cfg, jax.random.key(0), mesh)
+  state, sharding = shard.init_state_sharded(params, optimizer, jax.random.key(1), mesh)
+  cfg = step_config(config, SamplerConfig.from_config(config), mask_id, eos_id)
+  return make_rl_step(graphdef, optimizer, schedule, cfg, mesh=mesh,
+                      state_sharding=sharding), state
