@@ -60,6 +60,10 @@ def base_config() -> ml_collections.ConfigDict:
   # --- scale (issue 10): layer stack as one lax.scan, rematerialisation policy per layer.
   m.scan_layers = False   # True: one compiled block body for all layers (same param layout)
   m.remat = "none"        # none | full | minimal | dots (dllm_rl.models.scan.REMAT_POLICIES)
+  # Likelihoods and SFT apply the head only at the scored rows, through a log-softmax with
+  # its own VJP, this many rows of the sequence at a time (one [batch, chunk, vocab] float32
+  # slab live; dllm_rl/models/logprob.py). 0 = the whole completion in one slab.
+  m.logits_chunk = 0
 
   c.task = t = ml_collections.ConfigDict()
   t.name = "arithmetic"   # a name in dllm_rl.tasks.TASKS
@@ -136,6 +140,10 @@ def base_config() -> ml_collections.ConfigDict:
   r.grad_clip = 1.0
   r.log_every = 10
   r.eval_every = 100      # validation greedy accuracy every N rollout batches; 0 = end only
+  # Gradient accumulation: sequences per forward/backward pass, one estimator draw at a
+  # time, after a no-grad pass that fixes the loss's weights (exactly the full-batch
+  # gradient; dllm_rl/rl/micro.py). 0 = the whole batch and all draws in one pass.
+  r.micro_batch = 0
 
   c.estimator = x = ml_collections.ConfigDict()
   x.name = "elbo"         # a name in dllm_rl.diffusion.estimators.ESTIMATORS
@@ -314,6 +322,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   from dllm_rl.models.scan import REMAT_POLICIES
   _check(m.remat in REMAT_POLICIES, "model.remat",
          f"must be one of {sorted(REMAT_POLICIES)}, got {m.remat!r}")
+  _check(m.logits_chunk >= 0, "model.logits_chunk", f"must be >= 0, got {m.logits_chunk}")
 
   d = config.data
   for key in ("prompt_len", "completion_len", "batch_size"):
@@ -383,6 +392,10 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
          "must be in [0, rl.steps * rl.inner_steps]")
   _check(r.temperature >= 0, "rl.temperature", "must be >= 0")
   _check(r.eval_every >= 0, "rl.eval_every", "must be >= 0")
+  n_seq = r.batch_prompts * r.group_size
+  _check(r.micro_batch >= 0 and (r.micro_batch == 0 or n_seq % r.micro_batch == 0),
+         "rl.micro_batch", f"must be 0 (off) or divide rl.batch_prompts × rl.group_size ="
+         f" {n_seq}, got {r.micro_batch}")
   x = config.estimator
   _check(x.num_samples > 0, "estimator.num_samples", "must be positive")
   _check(not x.coupled or x.num_samples % 2 == 0, "estimator.num_samples",

@@ -157,6 +157,9 @@ def check_batch_sizes(config, mesh) -> None:
     if value % div:
       raise ConfigError(key, f"{value} is not a multiple of mesh data × fsdp = {div}"
                         f" (mesh {dict(mesh.shape)})")
+  if config.rl.micro_batch % div:
+    raise ConfigError("rl.micro_batch", f"{config.rl.micro_batch} sequences per micro-batch do"
+                      f" not split over mesh data × fsdp = {div} (mesh {dict(mesh.shape)})")
 
 
 def build_context(config, workdir: str) -> Context:

@@ -51,6 +51,9 @@ def test_base_and_tiny_cpu_configs_validate():
     ({"rl__clip": "none", "rl__self_normalize": False}, "rl.self_normalize"),
     ({"rl__clip": "lower"}, "rl.clip"),
     ({"mesh__data": 0}, "mesh.data"),
+    ({"rl__micro_batch": 3}, "rl.micro_batch"),  # does not divide 8 × 16 sequences
+    ({"rl__micro_batch": -2}, "rl.micro_batch"),
+    ({"model__logits_chunk": -1}, "model.logits_chunk"),
 ])
 def test_bad_values_name_their_key(updates, key):
   with pytest.raises(ConfigError) as err:
@@ -187,3 +190,14 @@ def test_cli_overrides_on_embedded_default_list_all_errors(tmp_path):
       "error: config.rl.steps: expected int, got 'many'",
       "error: config.seed: must be in [0, 2**31), got -1"]
   assert not os.path.exists(tmp_path / "checkpoints")
+
+
+def test_micro_batch_must_split_over_the_batch_devices():
+  from dllm_rl.parallel.mesh import make_mesh
+  from dllm_rl.setup import check_batch_sizes
+  config = _cfg(rl__micro_batch=4, data__batch_size=64, eval__batch_size=128)
+  mesh = make_mesh({"data": 8, "fsdp": 1, "tensor": 1})
+  with pytest.raises(ConfigError) as err:
+    check_batch_sizes(config, mesh)
+  assert err.value.key == "rl.micro_batch" and "data × fsdp = 8" in str(err.value)
+  check_batch_sizes(_cfg(rl__micro_batch=16), mesh)  # a multiple of 8 is fine

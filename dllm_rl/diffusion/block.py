@@ -19,8 +19,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from dllm_rl.diffusion.estimators import (ESTIMATORS, EstimatorConfig, Likelihood, mask_prompt,
-                                          masked_entropy)
+from dllm_rl.diffusion.estimators import (ESTIMATORS, Estimator, EstimatorConfig, Likelihood,
+                                          draws_entropy, mask_prompt)
+from dllm_rl.diffusion.scoring import ModelScorer
 from dllm_rl.diffusion.sft import token_log_probs
 from dllm_rl.models import transformer
 from dllm_rl.models.layers import StaircaseSpec
@@ -53,34 +54,42 @@ def _contribution(logp_BL, masked_BL, t_BL, valid_BL):
   return jnp.where(masked_BL, logp_BL / t_BL, 0.0) / length_B[:, None]
 
 
-@ESTIMATORS.register("block_elbo")
-def block_elbo(logits_fn, seqs: SequenceBatch, key, cfg: EstimatorConfig,
-               mask_id: int) -> Likelihood:
-  """Σ_b ELBO_b for every block in one staircase forward pass per Monte-Carlo draw."""
-  p, l = seqs.prompt_BP.shape[1], seqs.completion_BL.shape[1]
+def _block_draw(key, seqs: SequenceBatch, cfg: EstimatorConfig, mask_id: int) -> dict:
   k_mask, k_prompt = jax.random.split(key)
   t_KBL, masked_KBL = block_masks(k_mask, seqs, cfg)
+  keys = jax.random.split(k_prompt, cfg.num_samples)
+  prompt_KBP = jax.vmap(lambda k: mask_prompt(k, seqs, cfg.prompt_mask_prob, mask_id))(keys)
+  return {"prompt_BP": prompt_KBP,
+          "noisy_BL": jnp.where(masked_KBL, mask_id, seqs.completion_BL[None]),
+          "scored_BL": masked_KBL, "t_BL": t_KBL}
+
+
+def staircase_forward(scorer, seqs: SequenceBatch, draw: dict, cfg: EstimatorConfig):
+  """One staircase pass on [prompt | clean completion | noisy completion], scored
+  at the noisy copy's rows."""
+  p, l = seqs.prompt_BP.shape[1], seqs.completion_BL.shape[1]
   p_pos, c_pos = _positions(seqs)
   positions_BN = jnp.concatenate([p_pos, c_pos, c_pos], axis=1)
   key_valid_BN = jnp.concatenate(
       [seqs.prompt_valid_BP, seqs.completion_valid_BL, seqs.completion_valid_BL], axis=1)
   spec = StaircaseSpec(key_valid_BN, prompt_len=p, block_size=cfg.block_size,
                        impl=cfg.attention_impl, prompt_block_causal=cfg.prompt_block_causal)
+  tokens_BN = jnp.concatenate([draw["prompt_BP"], seqs.completion_BL, draw["noisy_BL"]], axis=1)
+  return scorer(tokens_BN, positions_BN, spec, p + l, seqs.completion_BL)
 
-  def one(carry, xs):
-    t_BL, masked_BL, k = xs
-    prompt_BP = mask_prompt(k, seqs, cfg.prompt_mask_prob, mask_id)
-    noisy_BL = jnp.where(masked_BL, mask_id, seqs.completion_BL)
-    tokens_BN = jnp.concatenate([prompt_BP, seqs.completion_BL, noisy_BL], axis=1)
-    logits_BLV = logits_fn(tokens_BN, positions_BN, spec)[:, p + l:]
-    logp_BL = token_log_probs(logits_BLV, seqs.completion_BL)
-    contrib = _contribution(logp_BL, masked_BL, t_BL, seqs.completion_valid_BL)
-    return carry, (contrib, masked_entropy(logits_BLV, masked_BL))
 
-  keys = jax.random.split(k_prompt, cfg.num_samples)
-  _, (contrib_KBL, ent_KB) = jax.lax.scan(one, None, (t_KBL, masked_KBL, keys))
+def _block_reduce(logp_KBL, ent_KBL, seqs: SequenceBatch, draws: dict,
+                  cfg: EstimatorConfig) -> Likelihood:
+  contrib_KBL = jax.vmap(_contribution, in_axes=(0, 0, 0, None))(
+      logp_KBL, draws["scored_BL"], draws["t_BL"], seqs.completion_valid_BL)
   token_BL = contrib_KBL.mean(0)
-  return Likelihood(token_BL=token_BL, seq_B=token_BL.sum(-1), entropy_B=ent_KB.mean(0))
+  return Likelihood(token_BL=token_BL, seq_B=token_BL.sum(-1),
+                    entropy_B=draws_entropy(ent_KBL, draws["scored_BL"]))
+
+
+block_elbo = ESTIMATORS.register("block_elbo")(Estimator(
+    draw=_block_draw, forward=staircase_forward, reduce=_block_reduce,
+    doc="Σ_b ELBO_b for every block in one staircase forward pass per Monte-Carlo draw."))
 
 
 def prompt_block_mask(prompt_len: int, block_len: int) -> jax.Array:
@@ -145,10 +154,10 @@ def block_elbo_loop(logits_fn, seqs: SequenceBatch, key, cfg: EstimatorConfig,
 
 def block_sft_loss(graphdef, params, batch: SequenceBatch, key, *, mask_id: int, t_eps: float,
                    block_size: int, attention_impl: str = "auto",
-                   prompt_block_causal: bool = False):
+                   prompt_block_causal: bool = False, logits_chunk: int = 0):
   """Block-diffusion SFT: −Σ_b ELBO_b (one draw per sequence), mean over the batch."""
   cfg = EstimatorConfig(num_samples=1, t_eps=t_eps, block_size=block_size,
                         attention_impl=attention_impl, prompt_block_causal=prompt_block_causal)
-  lik = block_elbo(lambda *a: transformer.apply(graphdef, params, *a), batch, key, cfg, mask_id)
+  lik = block_elbo(ModelScorer(graphdef, params, logits_chunk), batch, key, cfg, mask_id)
   loss = -lik.seq_B.mean()
   return loss, {"loss": loss, "entropy": lik.entropy_B.mean()}

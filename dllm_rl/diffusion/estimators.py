@@ -1,16 +1,31 @@
 """Likelihood estimators ℓ̂_θ(o | q) for masked-diffusion policies, registered by name.
 
 log π_θ(o | q) is intractable for a dLLM; RL methods replace it with an
-estimate. Every estimator has the signature
+estimate. Every estimator is called as
 
-    estimator(logits_fn, seqs: SequenceBatch, key, cfg: EstimatorConfig, mask_id) -> Likelihood
+    estimator(model, seqs: SequenceBatch, key, cfg: EstimatorConfig, mask_id) -> Likelihood
 
-where ``logits_fn(tokens_BN, positions_BN, mask_B1N) -> float32 logits_BNV``
-closes over the parameters (θ, θ_old or a reference). All randomness (masking
-rates, masks) comes from ``key``: calling an estimator twice with the same key
-and different parameters uses the same masks, which is how θ and θ_old share
-noise (``antithetic``) so that it cancels in log ρ̂ = ℓ̂_θ − ℓ̂_old; the
-official setup gives them independent keys instead (see dllm_rl.rl.step).
+where ``model`` is a scorer (dllm_rl.diffusion.scoring: the transformer scored at
+the completion rows only, with a chunked vocabulary log-softmax) or any
+``logits_fn(tokens_BN, positions_BN, mask) -> float32 logits_BNV``; either closes
+over the parameters (θ, θ_old or a reference). All randomness (masking rates,
+masks) comes from ``key``: calling an estimator twice with the same key and
+different parameters uses the same masks, which is how θ and θ_old share noise
+(``antithetic``) so that it cancels in log ρ̂ = ℓ̂_θ − ℓ̂_old; the official setup
+gives them independent keys instead (see dllm_rl.rl.step).
+
+An :class:`Estimator` is three functions, so that the RL step can split the work
+into micro-batches of sequences and draws (``rl.micro_batch``) and still compute
+exactly the full-batch estimate and gradient:
+
+* ``draw(key, seqs, cfg, mask_id) -> draws``: every random choice, for the whole
+  batch — a dict of arrays [K, B, ...] (K draws; row b of every array belongs to
+  sequence b);
+* ``forward(scorer, seqs, draw, cfg) -> (logp_BL, entropy_BL)``: the one forward
+  pass of one draw (``draws[k]``), the only part that depends on the parameters;
+  row b of the output depends only on row b of the inputs;
+* ``reduce(logp_KBL, entropy_KBL, seqs, draws, cfg) -> Likelihood``: the estimate
+  from the per-draw log-probs, row by row, without parameters.
 
 Invariant: ``seq_B == token_BL.sum(-1)`` and ``token_BL`` is 0 outside
 ``completion_valid_BL``. Everything is float32.
@@ -19,11 +34,13 @@ Invariant: ``seq_B == token_BL.sum(-1)`` and ``token_BL`` is 0 outside
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
+from dllm_rl.diffusion.scoring import as_scorer
 from dllm_rl.diffusion.sft import sequence_inputs, token_log_probs
 from dllm_rl.registry import Registry
 from dllm_rl.types import SequenceBatch
@@ -48,14 +65,16 @@ class EstimatorConfig:
   block_size: int = 4         # block_elbo: the model's block size (from config.model.block_size)
   attention_impl: str = "auto"  # block_elbo: staircase attention auto | pallas | interpret | reference
   prompt_block_causal: bool = False  # block_elbo: block-causal prompt attention (SDAR)
+  logits_chunk: int = 0       # rows per vocabulary slab of the scorer (config.model.logits_chunk)
 
   @classmethod
-  def from_config(cls, est_cfg, block_size: int = 0,
-                  prompt_block_causal: bool = False) -> "EstimatorConfig":
+  def from_config(cls, est_cfg, block_size: int = 0, prompt_block_causal: bool = False,
+                  logits_chunk: int = 0) -> "EstimatorConfig":
     d = dict(est_cfg)
     d.pop("name", None)
-    return cls(**d, **({"block_size": block_size,
-                        "prompt_block_causal": prompt_block_causal} if block_size else {}))
+    return cls(**d, logits_chunk=logits_chunk,
+               **({"block_size": block_size,
+                   "prompt_block_causal": prompt_block_causal} if block_size else {}))
 
 
 @struct.dataclass
@@ -73,11 +92,41 @@ class Likelihood:
   extra: dict = struct.field(default_factory=dict)
 
 
-def masked_entropy(logits_BLV, scored_BL):
-  logp = jax.nn.log_softmax(logits_BLV.astype(jnp.float32), axis=-1)
-  ent_BL = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+def masked_mean(x_BL, scored_BL):
+  """Mean of ``x`` over the scored positions of each row (0 for a row with none)."""
   n = jnp.maximum(scored_BL.sum(-1), 1)
-  return jnp.where(scored_BL, ent_BL, 0.0).sum(-1) / n
+  return jnp.where(scored_BL, x_BL, 0.0).sum(-1) / n
+
+
+def draws_entropy(ent_KBL, scored_KBL):
+  """Mean predictive entropy over each draw's scored positions, averaged over draws."""
+  return jax.vmap(masked_mean)(ent_KBL, scored_KBL).mean(0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimator:
+  """A likelihood estimator as draw / forward / reduce (module docstring)."""
+
+  draw: Callable
+  forward: Callable
+  reduce: Callable
+  doc: str = ""  # what it estimates (the paper's equation)
+
+  def __call__(self, model, seqs: SequenceBatch, key, cfg: EstimatorConfig,
+               mask_id: int) -> Likelihood:
+    draws = self.draw(key, seqs, cfg, mask_id)
+    logp_KBL, ent_KBL = score_draws(self, as_scorer(model), seqs, draws, cfg)
+    return self.reduce(logp_KBL, ent_KBL, seqs, draws, cfg)
+
+
+def score_draws(estimator: Estimator, scorer, seqs: SequenceBatch, draws: dict,
+                cfg: EstimatorConfig):
+  """(logp_KBL, entropy_KBL): ``estimator.forward`` for each of the K draws (a scan)."""
+  def one(carry, draw):
+    return carry, estimator.forward(scorer, seqs, draw, cfg)
+
+  _, out = jax.lax.scan(one, None, draws)
+  return out
 
 
 def mask_prompt(key, seqs: SequenceBatch, prob: float, mask_id: int) -> jax.Array:
@@ -90,27 +139,44 @@ def mask_prompt(key, seqs: SequenceBatch, prob: float, mask_id: int) -> jax.Arra
 
 def score_completion(logits_fn, seqs: SequenceBatch, prompt_BP, noisy_BL):
   """Forward pass on (prompt, noisy completion); float32 (log p of the clean
-  completion tokens, completion logits)."""
+  completion tokens, completion logits). Full logits: for tests and references."""
   tokens_BN, positions_BN, mask_B1N = sequence_inputs(prompt_BP, seqs.prompt_valid_BP, noisy_BL)
   logits_BLV = logits_fn(tokens_BN, positions_BN, mask_B1N)[:, prompt_BP.shape[1]:]
   return token_log_probs(logits_BLV, seqs.completion_BL), logits_BLV
 
 
-@ESTIMATORS.register("mean_field")
-def mean_field(logits_fn, seqs: SequenceBatch, key, cfg: EstimatorConfig, mask_id: int) -> Likelihood:
-  """d1 / diffu-GRPO one-step estimate: mask every completion position (and prompt
-  tokens with p = prompt_mask_prob), one forward, ℓ̂ = Σ_i log p(o_i | q̃, all masked)
-  over the valid tokens i (``reduction="sum"``) or its mean over their number
-  (``"mean"``). As in d1, positions after the action are masks in the input too."""
-  valid_BL = seqs.completion_valid_BL
+def masked_forward(scorer, seqs: SequenceBatch, draw: dict, cfg: EstimatorConfig):
+  """One forward on [noisy prompt | noisy completion] (key padding only), scored at
+  the completion rows: the ``forward`` of the masked-diffusion estimators."""
+  del cfg
+  prompt_BP = draw["prompt_BP"]
+  tokens_BN, positions_BN, mask_B1N = sequence_inputs(prompt_BP, seqs.prompt_valid_BP,
+                                                      draw["noisy_BL"])
+  return scorer(tokens_BN, positions_BN, mask_B1N, prompt_BP.shape[1], seqs.completion_BL)
+
+
+def _mean_field_draw(key, seqs: SequenceBatch, cfg: EstimatorConfig, mask_id: int) -> dict:
   prompt_BP = mask_prompt(key, seqs, cfg.prompt_mask_prob, mask_id)
-  noisy_BL = jnp.full_like(seqs.completion_BL, mask_id)
-  logp_BL, logits_BLV = score_completion(logits_fn, seqs, prompt_BP, noisy_BL)
-  token_BL = jnp.where(valid_BL, logp_BL, 0.0)
+  return {"prompt_BP": prompt_BP[None],
+          "noisy_BL": jnp.full_like(seqs.completion_BL, mask_id)[None],
+          "scored_BL": seqs.completion_valid_BL[None]}
+
+
+def _mean_field_reduce(logp_KBL, ent_KBL, seqs: SequenceBatch, draws: dict,
+                       cfg: EstimatorConfig) -> Likelihood:
+  valid_BL = seqs.completion_valid_BL
+  token_BL = jnp.where(valid_BL, logp_KBL[0], 0.0)
   if cfg.reduction == "mean":
     token_BL = token_BL / jnp.maximum(valid_BL.sum(-1, keepdims=True), 1)
   return Likelihood(token_BL=token_BL, seq_B=token_BL.sum(-1),
-                    entropy_B=masked_entropy(logits_BLV, valid_BL))
+                    entropy_B=draws_entropy(ent_KBL, draws["scored_BL"]))
+
+
+mean_field = ESTIMATORS.register("mean_field")(Estimator(
+    draw=_mean_field_draw, forward=masked_forward, reduce=_mean_field_reduce, doc="""d1 / diffu-GRPO one-step estimate: mask every completion position (and
+prompt tokens with p = prompt_mask_prob), one forward, ℓ̂ = Σ_i log p(o_i | q̃, all masked)
+over the valid tokens i (``reduction="sum"``) or its mean over their number (``"mean"``).
+As in d1, positions after the action are masks in the input too. (One draw whatever K.)"""))
 
 
 def elbo_draws(key, batch: int, cfg: EstimatorConfig) -> jax.Array:
@@ -129,20 +195,7 @@ def elbo_draws(key, batch: int, cfg: EstimatorConfig) -> jax.Array:
   return (hi - cfg.t_eps) * u + cfg.t_eps
 
 
-@ESTIMATORS.register("elbo")
-def elbo(logits_fn, seqs: SequenceBatch, key, cfg: EstimatorConfig, mask_id: int) -> Likelihood:
-  """LLaDA / VRPO ELBO, K Monte-Carlo samples:
-
-      ELBO_k = (1/t_k) Σ_{i ∈ M_k} log p_θ(o_i | q, o ⊙ M_k) / L,   ℓ̂ = mean_k ELBO_k
-
-  with M_k ~ Bernoulli(t_k) over the valid completion tokens and L their count
-  (an unbiased estimate of the LLaDA SFT objective's negative, per sequence).
-  ``coupled``: draws come in complementary pairs (M, ¬M) with rates (t, 1 − t),
-  t ~ U[t_eps, 1 − t_eps] (:func:`elbo_draws`) — each half unbiased for the
-  objective over that t range, together they score every token once. ``stratified``:
-  stratified t over the K draws. Prompt tokens are masked with
-  ``prompt_mask_prob`` independently per draw.
-  """
+def _elbo_draw(key, seqs: SequenceBatch, cfg: EstimatorConfig, mask_id: int) -> dict:
   if cfg.coupled and cfg.num_samples % 2:
     raise ValueError(f"coupled ELBO needs an even num_samples, got {cfg.num_samples}")
   b, l = seqs.completion_BL.shape
@@ -156,17 +209,30 @@ def elbo(logits_fn, seqs: SequenceBatch, key, cfg: EstimatorConfig, mask_id: int
     masked_KBL = jnp.concatenate([masked_KBL, ~masked_KBL & valid_BL], axis=0)
     weight_KB = jnp.concatenate([weight_KB, 1.0 / (1.0 - t_KB)], axis=0)
   length_B = jnp.maximum(valid_BL.sum(-1), 1).astype(jnp.float32)
-  num = masked_KBL.shape[0]
+  keys = jax.random.split(k_p, masked_KBL.shape[0])
+  prompt_KBP = jax.vmap(lambda k: mask_prompt(k, seqs, cfg.prompt_mask_prob, mask_id))(keys)
+  return {"prompt_BP": prompt_KBP,
+          "noisy_BL": jnp.where(masked_KBL, mask_id, seqs.completion_BL[None]),
+          "scored_BL": masked_KBL, "weight_B": weight_KB / length_B[None]}
 
-  def one(carry, xs):
-    masked_BL, weight_B, k = xs
-    prompt_BP = mask_prompt(k, seqs, cfg.prompt_mask_prob, mask_id)
-    noisy_BL = jnp.where(masked_BL, mask_id, seqs.completion_BL)
-    logp_BL, logits_BLV = score_completion(logits_fn, seqs, prompt_BP, noisy_BL)
-    contrib_BL = jnp.where(masked_BL, logp_BL, 0.0) * (weight_B / length_B)[:, None]
-    return carry, (contrib_BL, masked_entropy(logits_BLV, masked_BL))
 
-  _, (contrib_KBL, ent_KB) = jax.lax.scan(
-      one, None, (masked_KBL, weight_KB, jax.random.split(k_p, num)))
+def _elbo_reduce(logp_KBL, ent_KBL, seqs: SequenceBatch, draws: dict,
+                 cfg: EstimatorConfig) -> Likelihood:
+  contrib_KBL = jnp.where(draws["scored_BL"], logp_KBL, 0.0) * draws["weight_B"][..., None]
   token_BL = contrib_KBL.mean(0)
-  return Likelihood(token_BL=token_BL, seq_B=token_BL.sum(-1), entropy_B=ent_KB.mean(0))
+  return Likelihood(token_BL=token_BL, seq_B=token_BL.sum(-1),
+                    entropy_B=draws_entropy(ent_KBL, draws["scored_BL"]))
+
+
+elbo = ESTIMATORS.register("elbo")(Estimator(
+    draw=_elbo_draw, forward=masked_forward, reduce=_elbo_reduce, doc="""LLaDA / VRPO ELBO, K Monte-Carlo samples:
+
+    ELBO_k = (1/t_k) Σ_{i ∈ M_k} log p_θ(o_i | q, o ⊙ M_k) / L,   ℓ̂ = mean_k ELBO_k
+
+with M_k ~ Bernoulli(t_k) over the valid completion tokens and L their count
+(an unbiased estimate of the LLaDA SFT objective's negative, per sequence).
+``coupled``: draws come in complementary pairs (M, ¬M) with rates (t, 1 − t),
+t ~ U[t_eps, 1 − t_eps] (:func:`elbo_draws`) — each half unbiased for the
+objective over that t range, together they score every token once. ``stratified``:
+stratified t over the K draws. Prompt tokens are masked with
+``prompt_mask_prob`` independently per draw."""))

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from dllm_rl.diffusion import masking
-from dllm_rl.models import transformer
+from dllm_rl.models import logprob, transformer
 from dllm_rl.types import SequenceBatch
 
 
@@ -33,8 +33,11 @@ def token_log_probs(logits_BLV: jax.Array, targets_BL: jax.Array) -> jax.Array:
 
 
 def sft_loss(graphdef, params, batch: SequenceBatch, key: jax.Array, *, mask_id: int,
-             t_eps: float):
-  """Masked-diffusion SFT loss and metrics for one batch (one (t, mask) draw per sequence)."""
+             t_eps: float, logits_chunk: int = 0):
+  """Masked-diffusion SFT loss and metrics for one batch (one (t, mask) draw per sequence).
+
+  The head and log-softmax run at the completion rows only, ``logits_chunk`` rows
+  at a time (dllm_rl.models.logprob)."""
   k_t, k_m = jax.random.split(key)
   b, p = batch.prompt_BP.shape
   t_B = masking.sample_t(k_t, b, t_eps)
@@ -42,8 +45,8 @@ def sft_loss(graphdef, params, batch: SequenceBatch, key: jax.Array, *, mask_id:
       k_m, batch.completion_BL, batch.completion_valid_BL, t_B, mask_id)
   tokens_BN, positions_BN, mask_B1N = sequence_inputs(
       batch.prompt_BP, batch.prompt_valid_BP, noisy_BL)
-  logits_BNV = transformer.apply(graphdef, params, tokens_BN, positions_BN, mask_B1N)
-  logp_BL = token_log_probs(logits_BNV[:, p:], batch.completion_BL)
+  h_BND, head_DV = transformer.apply_hidden(graphdef, params, tokens_BN, positions_BN, mask_B1N)
+  logp_BL, _ = logprob.logp_entropy(h_BND[:, p:], head_DV, batch.completion_BL, logits_chunk)
   length_B = jnp.maximum(batch.completion_valid_BL.sum(-1), 1).astype(jnp.float32)
   nll_B = -(jnp.where(masked_BL, logp_BL, 0.0).sum(-1) / t_B) / length_B
   loss = nll_B.mean()

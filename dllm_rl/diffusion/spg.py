@@ -42,8 +42,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from dllm_rl.diffusion.estimators import (ESTIMATORS, EstimatorConfig, Likelihood,
-                                          masked_entropy, score_completion)
+from dllm_rl.diffusion.estimators import (ESTIMATORS, Estimator, EstimatorConfig, Likelihood,
+                                          draws_entropy, masked_forward)
 from dllm_rl.types import SequenceBatch
 
 DEFAULT_BLOCK_LEN = 32  # SPG / StableDRL block_length (= the sampler's block size)
@@ -133,41 +133,43 @@ def spg_bounds(logp_KBL: jax.Array, scored_KBL: jax.Array, valid_BL: jax.Array, 
   return elbo_BL, eubo_BL
 
 
-def make_spg_block(block_len: int):
+def _spg_reduce(logp_KBL, ent_KBL, seqs: SequenceBatch, draws: dict,
+                cfg: EstimatorConfig) -> Likelihood:
+  """SPG's ELBO (``token_BL``/``seq_B``) and EUBO (``extra``) from the per-draw
+  log-probs, β = ``cfg.spg_beta`` (:func:`spg_bounds`)."""
+  scored_KBL = draws["scored_BL"]
+  elbo_BL, eubo_BL = spg_bounds(logp_KBL, scored_KBL, seqs.completion_valid_BL, cfg.spg_beta)
+  return Likelihood(token_BL=elbo_BL, seq_B=elbo_BL.sum(-1),
+                    entropy_B=draws_entropy(ent_KBL, scored_KBL),
+                    extra={"eubo_B": eubo_BL.sum(-1), "eubo_token_BL": eubo_BL})
+
+
+def _spg_draw(key, seqs: SequenceBatch, cfg: EstimatorConfig, mask_id: int,
+              block_len: int | None = None) -> dict:
+  """The K inputs of :func:`spg_block_masks` (``block_len`` or ``cfg.spg_block_len``)."""
+  masks = spg_block_masks(key, seqs, cfg.num_samples, block_len or cfg.spg_block_len,
+                          cfg.prompt_mask_prob)
+  return {"prompt_BP": jnp.where(masks.prompt_KBP, mask_id, seqs.prompt_BP[None]),
+          "noisy_BL": jnp.where(masks.completion_KBL, mask_id, seqs.completion_BL[None]),
+          "scored_BL": masks.completion_KBL & seqs.completion_valid_BL[None]}
+
+
+_SPG_DOC = """SPG block-wise ELBO (``token_BL``/``seq_B``) and EUBO (``extra``).
+
+K = ``cfg.num_samples`` draws of :func:`spg_block_masks`, one forward each;
+β = ``cfg.spg_beta``. ``extra["eubo_B"]`` is the per-sequence EUBO and
+``extra["eubo_token_BL"]`` its per-token terms; ``entropy_B`` the mean
+predictive entropy over scored positions, averaged over draws."""
+
+
+def make_spg_block(block_len: int) -> Estimator:
   """The ``spg_block`` estimator for a fixed (static) block length."""
-
-  def spg_block_estimator(logits_fn, seqs: SequenceBatch, key, cfg: EstimatorConfig,
-                          mask_id: int) -> Likelihood:
-    """SPG block-wise ELBO (``token_BL``/``seq_B``) and EUBO (``extra``).
-
-    K = ``cfg.num_samples`` draws of :func:`spg_block_masks`, one forward each;
-    β = ``cfg.spg_beta``. ``extra["eubo_B"]`` is the per-sequence EUBO and
-    ``extra["eubo_token_BL"]`` its per-token terms; ``entropy_B`` the mean
-    predictive entropy over scored positions, averaged over draws.
-    """
-    valid_BL = seqs.completion_valid_BL
-    masks = spg_block_masks(key, seqs, cfg.num_samples, block_len, cfg.prompt_mask_prob)
-    scored_KBL = masks.completion_KBL & valid_BL[None]
-
-    def one(carry, xs):
-      prompt_hit_BP, completion_hit_BL, scored_BL = xs
-      prompt_BP = jnp.where(prompt_hit_BP, mask_id, seqs.prompt_BP)
-      noisy_BL = jnp.where(completion_hit_BL, mask_id, seqs.completion_BL)
-      logp_BL, logits_BLV = score_completion(logits_fn, seqs, prompt_BP, noisy_BL)
-      return carry, (logp_BL, masked_entropy(logits_BLV, scored_BL))
-
-    _, (logp_KBL, ent_KB) = jax.lax.scan(
-        one, None, (masks.prompt_KBP, masks.completion_KBL, scored_KBL))
-    elbo_BL, eubo_BL = spg_bounds(logp_KBL, scored_KBL, valid_BL, cfg.spg_beta)
-    return Likelihood(token_BL=elbo_BL, seq_B=elbo_BL.sum(-1), entropy_B=ent_KB.mean(0),
-                      extra={"eubo_B": eubo_BL.sum(-1), "eubo_token_BL": eubo_BL})
-
-  return spg_block_estimator
+  return Estimator(draw=lambda key, seqs, cfg, mask_id: _spg_draw(key, seqs, cfg, mask_id,
+                                                                   block_len),
+                   forward=masked_forward, reduce=_spg_reduce, doc=_SPG_DOC)
 
 
-@ESTIMATORS.register("spg_block")
-def spg_block(logits_fn, seqs: SequenceBatch, key, cfg: EstimatorConfig,
-              mask_id: int) -> Likelihood:
-  """Registered ``spg_block``: :func:`make_spg_block` with ``cfg.spg_block_len``
-  (default 32, SPG's and StableDRL's ``block_length``)."""
-  return make_spg_block(cfg.spg_block_len)(logits_fn, seqs, key, cfg, mask_id)
+spg_block = ESTIMATORS.register("spg_block")(
+    Estimator(draw=_spg_draw, forward=masked_forward, reduce=_spg_reduce,
+              doc=_SPG_DOC + " Block length ``cfg.spg_block_len`` (default 32, SPG's and"
+              " StableDRL's ``block_length``)."))

@@ -106,16 +106,26 @@ class Transformer(nnx.Module):
     [B, N, N] (e.g. [B, 1, N] key padding); None = full bidirectional; or a
     ``layers.StaircaseSpec`` for the block-diffusion training layout."""
     cfg = self.cfg
+    return jnp.einsum("bnd,dv->bnv", self.hidden(tokens_BN, positions_BN, mask_BNM),
+                      self.head_weight().astype(cfg.dtype), preferred_element_type=jnp.float32)
+
+  def hidden(self, tokens_BN: jax.Array, positions_BN: jax.Array,
+             mask_BNM: jax.Array | None = None) -> jax.Array:
+    """The final norm's output [B, N, D] in ``dtype``: what the head multiplies
+    (``__call__`` = hidden @ head_weight). Callers that score a few rows apply the
+    head to those rows only (dllm_rl.models.logprob)."""
+    cfg = self.cfg
     x = jnp.take(self.embed[...], tokens_BN, axis=0).astype(cfg.dtype)
     cos, sin = layers.rope_tables(positions_BN, cfg.head_dim, cfg.rope_theta)
     if mask_BNM is not None and not isinstance(mask_BNM, layers.StaircaseSpec):
       mask_BNM = jnp.broadcast_to(mask_BNM, (tokens_BN.shape[0], tokens_BN.shape[1], mask_BNM.shape[-1]))
     x = scan.run_blocks(self.blocks, x, cos, sin, mask_BNM, scan_layers=cfg.scan_layers,
                         remat=cfg.remat, dtype=cfg.dtype)
-    x = self.final_norm(x)
-    head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
-    return jnp.einsum("bnd,dv->bnv", x, head.astype(cfg.dtype),
-                      preferred_element_type=jnp.float32)
+    return self.final_norm(x)
+
+  def head_weight(self) -> jax.Array:
+    """The LM head [D, V] in ``param_dtype`` (the embedding's transpose when tied)."""
+    return self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
 
   def forward_cached(self, tokens_BT: jax.Array, positions_BT: jax.Array, cache: layers.KVCache,
                      cache_valid_BM: jax.Array, offset, *, new_valid_BT: jax.Array | None = None,
@@ -165,8 +175,7 @@ class Transformer(nnx.Module):
       ks.append(k_BMKQ)
       vs.append(v_BMKQ)
     x = self.final_norm(x)
-    head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
-    logits_BTV = jnp.einsum("bnd,dv->bnv", x, head.astype(cfg.dtype),
+    logits_BTV = jnp.einsum("bnd,dv->bnv", x, self.head_weight().astype(cfg.dtype),
                             preferred_element_type=jnp.float32)
     return logits_BTV, (layers.KVCache(tuple(ks), tuple(vs)) if write else cache)
 
@@ -207,6 +216,13 @@ def abstract_model(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
 def apply(graphdef: nnx.GraphDef, params: nnx.State, tokens_BN, positions_BN, mask_BNM=None):
   """Pure forward: merge the params into the graph and run it."""
   return nnx.merge(graphdef, params)(tokens_BN, positions_BN, mask_BNM)
+
+
+def apply_hidden(graphdef: nnx.GraphDef, params: nnx.State, tokens_BN, positions_BN,
+                 mask_BNM=None):
+  """Pure ``Transformer.hidden``: (final hidden states [B, N, D], head [D, V])."""
+  model = nnx.merge(graphdef, params)
+  return model.hidden(tokens_BN, positions_BN, mask_BNM), model.head_weight()
 
 
 def init_kv_cache(cfg: ModelConfig, batch: int, max_len: int) -> layers.KVCache:

@@ -39,10 +39,11 @@ import optax
 from flax import struct
 
 from dllm_rl.diffusion.estimators import ESTIMATORS, EstimatorConfig
-from dllm_rl.models import transformer
+from dllm_rl.diffusion.scoring import ModelScorer
 from dllm_rl.parallel.constraints import jit_sharded
 from dllm_rl.parallel.shard import replicated
 from dllm_rl.rl import advantages as adv_lib
+from dllm_rl.rl import micro
 from dllm_rl.rl.losses import LOSSES, LossConfig, kl_penalty, ratio_metrics
 from dllm_rl.types import SequenceBatch, TrainState
 
@@ -77,6 +78,7 @@ class RLStepConfig:
   kl_estimator: str = "k3"
   mask_id: int = 2
   eos_id: int = 1
+  micro_batch: int = 0   # sequences per forward/backward (dllm_rl.rl.micro); 0 = one pass
 
 
 def action_mask(completion_BxL, eos_id: int):
@@ -117,14 +119,23 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
   estimator = ESTIMATORS.get(cfg.estimator)
   loss_fn_ = LOSSES.get(cfg.loss)
   advantage_fn = adv_lib.ADVANTAGES.get(cfg.advantage)
-
-  def estimate(params, seqs, key):
-    logits_fn = lambda *a: transformer.apply(graphdef, params, *a)
-    return estimator(logits_fn, seqs, key, cfg.estimator_cfg, cfg.mask_id)
+  est_cfg = cfg.estimator_cfg
+  make_scorer = lambda params: ModelScorer(graphdef, params, est_cfg.logits_chunk)
 
   def rl_step(state: TrainState, batch: RolloutBatch, key: jax.Array):
     b, g, l = batch.completion_BGL.shape
     seqs = flatten_groups(batch, cfg.eos_id)
+    n_micro = b * g // cfg.micro_batch if cfg.micro_batch else 0
+
+    def estimate(params, key):
+      """ℓ̂ of every sequence, [B, G]-grouped (no-grad use in micro-batched mode)."""
+      if not n_micro:
+        return _group(estimator(make_scorer(params), seqs, key, est_cfg, cfg.mask_id), b, g)
+      draws = estimator.draw(key, seqs, est_cfg, cfg.mask_id)
+      logp_KBL, ent_KBL = micro.score_micro(estimator, make_scorer, params, seqs, draws,
+                                            est_cfg, n_micro)
+      return _group(estimator.reduce(logp_KBL, ent_KBL, seqs, draws, est_cfg), b, g)
+
     mask_BGL = seqs.completion_valid_BL.reshape(b, g, l)
     if cfg.dynamic_states:
       progress_BGL = adv_lib.progress_per_row(batch.unmask_step_BGL, mask_BGL)
@@ -136,35 +147,51 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
     k_old, k_inner = jax.random.split(key)
     keys_M = jax.random.split(k_inner, cfg.inner_steps)
     params_old = jax.lax.stop_gradient(state.params)
-    if cfg.estimator_cfg.antithetic:  # ℓ̂_old per inner iteration, on that iteration's masks
-      old = jax.lax.map(lambda k: _group(estimate(params_old, seqs, k), b, g), keys_M)
+    if est_cfg.antithetic:  # ℓ̂_old per inner iteration, on that iteration's masks
+      old = jax.lax.map(lambda k: estimate(params_old, k), keys_M)
       old_at = lambda m: jax.tree.map(lambda a: a[m], old)
     else:  # ℓ̂_old once, on masks of its own
-      old_once = _group(estimate(params_old, seqs, k_old), b, g)
+      old_once = estimate(params_old, k_old)
       old_at = lambda m: old_once
     ref = None
     if cfg.kl_coef > 0:
-      ref = jax.lax.map(lambda k: _group(estimate(state.ref_params, seqs, k), b, g).seq_B, keys_M)
+      ref = jax.lax.map(lambda k: estimate(state.ref_params, k).seq_B, keys_M)
+
+    def objective(lik, lik_old, m):
+      """(loss, metrics) of the [B, G]-grouped estimate ``lik`` at inner step m."""
+      loss, aux = loss_fn_(lik, lik_old, adv_BGL, mask_BGL, lengths_BG, cfg.loss_cfg)
+      aux = dict(aux, **ratio_metrics(lik.seq_B - lik_old.seq_B, adv_BGL, mask_BGL,
+                                      cfg.loss_cfg.eps))
+      aux["entropy"] = lik.entropy_B.mean()
+      aux["policy_loss"] = loss
+      if ref is not None:
+        kl = kl_penalty(lik.seq_B, ref[m], cfg.kl_estimator)
+        loss = loss + cfg.kl_coef * kl
+        aux["kl"] = kl
+      return loss, aux
+
+    def loss_and_grads(params, k_theta, lik_old, m):
+      if not n_micro:
+        return jax.value_and_grad(lambda p: objective(estimate(p, k_theta), lik_old, m),
+                                  has_aux=True)(params)
+      # Micro-batched: per-draw log-probs without gradient, the loss's cotangent on them,
+      # then one backward per (micro-batch, draw) — exactly the full-batch gradient.
+      draws = estimator.draw(k_theta, seqs, est_cfg, cfg.mask_id)
+      logp_KBL, ent_KBL = micro.score_micro(estimator, make_scorer, params, seqs, draws,
+                                            est_cfg, n_micro)
+
+      def from_logp(logp_KBL):
+        lik = _group(estimator.reduce(logp_KBL, ent_KBL, seqs, draws, est_cfg), b, g)
+        return objective(lik, lik_old, m)
+
+      (loss, aux), cot_KBL = jax.value_and_grad(from_logp, has_aux=True)(logp_KBL)
+      grads = micro.accumulate_grads(estimator, make_scorer, params, seqs, draws, cot_KBL,
+                                     est_cfg, n_micro)
+      return (loss, aux), grads
 
     def inner(carry, m):
       params, opt_state, step = carry
-      k_theta = keys_M[m]
-      lik_old = old_at(m)
-
-      def loss_fn(p):
-        lik = _group(estimate(p, seqs, k_theta), b, g)
-        loss, aux = loss_fn_(lik, lik_old, adv_BGL, mask_BGL, lengths_BG, cfg.loss_cfg)
-        aux = dict(aux, **ratio_metrics(lik.seq_B - lik_old.seq_B, adv_BGL, mask_BGL,
-                                        cfg.loss_cfg.eps))
-        aux["entropy"] = lik.entropy_B.mean()
-        aux["policy_loss"] = loss
-        if ref is not None:
-          kl = kl_penalty(lik.seq_B, ref[m], cfg.kl_estimator)
-          loss = loss + cfg.kl_coef * kl
-          aux["kl"] = kl
-        return loss, aux
-
-      (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+      (loss, aux), grads = loss_and_grads(params, keys_M[m], old_at(m), m)
       updates, opt_state = optimizer.update(grads, opt_state, params)
       params = optax.apply_updates(params, updates)
       aux = dict(aux, loss=loss, grad_norm=optax.tree.norm(grads), lr=schedule(step))

@@ -44,7 +44,8 @@ def step_config(config, sampler_cfg, mask_id: int, eos_id: int) -> RLStepConfig:
       loss=r.loss, advantage=r.advantage, estimator=x.name,
       estimator_cfg=EstimatorConfig.from_config(
           x, block_size=config.model.block_size,
-          prompt_block_causal=config.model.prompt_block_causal),
+          prompt_block_causal=config.model.prompt_block_causal,
+          logits_chunk=config.model.logits_chunk),
       loss_cfg=LossConfig(clip=r.clip, clip_C=r.clip_C, eps=r.eps, spg_omega=x.spg_omega,
                           self_normalize=r.self_normalize),
       advantage_cfg=AdvantageConfig(beta=r.beta, beta_start=r.beta_start, beta_end=r.beta_end,
@@ -53,7 +54,7 @@ def step_config(config, sampler_cfg, mask_id: int, eos_id: int) -> RLStepConfig:
                                     num_states=sampler_cfg.max_steps),
       inner_steps=r.inner_steps, num_states=sampler_cfg.max_steps,
       dynamic_states=sampler_cfg.threshold > 0, kl_coef=r.kl_coef,
-      kl_estimator=r.kl_estimator, mask_id=mask_id, eos_id=eos_id)
+      kl_estimator=r.kl_estimator, mask_id=mask_id, eos_id=eos_id, micro_batch=r.micro_batch)
 
 
 def load_sft_params(ctx: Context):

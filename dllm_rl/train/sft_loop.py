@@ -60,7 +60,8 @@ def run_sft(ctx: Context) -> dict:
                           t_eps=f.t_eps, mesh=ctx.mesh, state_sharding=state_sharding,
                           block_size=config.model.block_size,
                           attention_impl=config.estimator.attention_impl,
-                          prompt_block_causal=config.model.prompt_block_causal)
+                          prompt_block_causal=config.model.prompt_block_causal,
+                          logits_chunk=config.model.logits_chunk)
   sample_fn, accuracy = evaluation.make_greedy_evaluator(graphdef, ctx)
 
   step = int(state.step)

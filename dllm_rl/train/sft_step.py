@@ -23,21 +23,24 @@ def init_train_state(params, optimizer: optax.GradientTransformation, rng: jax.A
 def make_sft_step(graphdef, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
                   *, mask_id: int, t_eps: float, mesh=None, state_sharding=None,
                   block_size: int = 0, attention_impl: str = "auto",
-                  prompt_block_causal: bool = False) -> Callable:
+                  prompt_block_causal: bool = False, logits_chunk: int = 0) -> Callable:
   """Build the jitted step (state donated). Metrics: loss, grad_norm (pre-clip), lr.
 
   ``block_size > 0``: a block-diffusion model, trained with the per-block
   objective in one staircase pass (dllm_rl.diffusion.block). With a ``mesh``,
   the new state keeps ``state_sharding`` and the metrics are replicated; the
-  batch arrives sharded over the batch axes."""
+  batch arrives sharded over the batch axes. ``logits_chunk``: rows per vocabulary
+  slab of the chunked log-softmax (``model.logits_chunk``; 0 = the whole completion)."""
 
   def sft_step(state: TrainState, batch: SequenceBatch, key: jax.Array):
     def loss_fn(params):
       if block_size:
         return block_sft_loss(graphdef, params, batch, key, mask_id=mask_id, t_eps=t_eps,
                               block_size=block_size, attention_impl=attention_impl,
-                              prompt_block_causal=prompt_block_causal)
-      return sft_loss(graphdef, params, batch, key, mask_id=mask_id, t_eps=t_eps)
+                              prompt_block_causal=prompt_block_causal,
+                              logits_chunk=logits_chunk)
+      return sft_loss(graphdef, params, batch, key, mask_id=mask_id, t_eps=t_eps,
+                      logits_chunk=logits_chunk)
 
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)

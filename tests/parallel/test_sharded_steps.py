@@ -1,5 +1,7 @@
 """Sharded = single device: SFT and RL steps, the sampler, and checkpoints across meshes."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,7 +58,7 @@ RL_CFG = RLStepConfig(loss="stabledrl", advantage="steprs", estimator="spg_block
                       mask_id=MASK, eos_id=EOS)
 
 
-def _run(kind, mesh, cfg=CFG):
+def _run(kind, mesh, cfg=CFG, scale_options=False):
   key = jax.random.key(0)
   if mesh is None:
     graphdef, params = T.init_model(cfg, key)
@@ -66,10 +68,15 @@ def _run(kind, mesh, cfg=CFG):
     state, sharding = shard.init_state_sharded(params, OPT, jax.random.key(1), mesh)
   if kind == "sft":
     fn = make_sft_step(graphdef, OPT, SCHEDULE, mask_id=MASK, t_eps=1e-3, mesh=mesh,
-                       state_sharding=sharding)
+                       state_sharding=sharding, logits_chunk=4 if scale_options else 0)
     batch = _sft_batch()
   else:
-    fn = make_rl_step(graphdef, OPT, SCHEDULE, RL_CFG, mesh=mesh, state_sharding=sharding)
+    rl_cfg = RL_CFG
+    if scale_options:
+      rl_cfg = dataclasses.replace(
+          RL_CFG, micro_batch=4,
+          estimator_cfg=dataclasses.replace(RL_CFG.estimator_cfg, logits_chunk=4))
+    fn = make_rl_step(graphdef, OPT, SCHEDULE, rl_cfg, mesh=mesh, state_sharding=sharding)
     batch = _rl_batch()
   if mesh is not None:
     batch = shard.shard_batch(mesh, jax.device_get(batch))
@@ -93,12 +100,13 @@ def test_steps_on_meshes_match_one_device(kind):
     assert embed.sharding.mesh.shape == dict(zip(("data", "fsdp", "tensor"), shape))
 
 
-@pytest.mark.parametrize("kind", ["rl"])  # the RL step covers the SFT step's forward and grad
-def test_scan_and_remat_on_a_mesh_match_unrolled_on_one_device(kind):
-  import dataclasses
+@pytest.mark.parametrize("kind", ["rl", "sft"])
+def test_every_scale_option_on_a_mesh_matches_unrolled_on_one_device(kind):
+  """scan + remat, chunked vocabulary (ragged chunks) and, for RL, micro-batches of 4 of
+  the 16 sequences (split draws) on a (2, 2, 2) mesh = the plain step on one device."""
   ref_losses, ref_params, _ = _run(kind, None)
   scanned = dataclasses.replace(CFG, scan_layers=True, remat="minimal")
-  losses, params, _ = _run(kind, _mesh((2, 2, 2)), scanned)
+  losses, params, _ = _run(kind, _mesh((2, 2, 2)), scanned, scale_options=True)
   np.testing.assert_allclose(losses, ref_losses, rtol=2e-5, atol=1e-6)
   for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(ref_params)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
