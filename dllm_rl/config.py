@@ -187,6 +187,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.log = g = ml_collections.ConfigDict()
   g.tensorboard = True
   g.progress = True
+  # --- observability (issue 10): metrics lines carry tokens_per_second, step/rollout/update
+  # seconds, memory and mfu (dllm_rl/train/throughput.py). Peak bf16 TFLOP/s per device for
+  # mfu; 0 = from the device kind (TPU v4/v5e/v5p/v6e, NVIDIA H100/H200/A100; else no mfu).
+  g.peak_tflops = 0.0
+  c.profile = o = ml_collections.ConfigDict()
+  o.steps = ""            # "a:b": jax.profiler trace of RL steps a..b (1-based, b > a) into
+                          # workdir/profile (primary process; gs:// copied there); "" = off
 
   # --- scale (issue 10): persistent XLA compilation cache, shared by runs on this machine
   # (or bucket): a restarted 8B run skips minutes of compilation. "" = off.
@@ -439,6 +446,12 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
          f"must be auto, never or explicit, got {config.distributed.initialize!r}")
   _check(config.checkpoint.save_every > 0, "checkpoint.save_every", "must be positive")
   _check(config.checkpoint.keep > 0, "checkpoint.keep", "must be positive")
+  _check(config.log.peak_tflops >= 0, "log.peak_tflops", "must be >= 0 (0 = from the device kind)")
+  from dllm_rl.train.throughput import parse_steps
+  try:
+    parse_steps(config.profile.steps)
+  except ValueError as err:
+    errors.append(ConfigError("profile.steps", str(err)))
   # --- preemption and faults ---
   _check(config.checkpoint.save_every_seconds >= 0, "checkpoint.save_every_seconds",
          "must be >= 0 (0 = step-based saving only)")

@@ -9,10 +9,12 @@ shardings only — no weights, no data: an HF folder holding only config.json is
 enough — compiles them for ``--topology`` (dllm_rl.topology: ``v5p-64``, ``v5e-8``,
 ``v4-32``, ``v6e-16``, ``v5p:2x4x4`` through libtpu, no TPU needed; ``cpu:N`` as an
 estimate) and prints, per program, the argument / output / temp / peak bytes per
-device against the device memory, the FLOPs of XLA's cost analysis and the step
-time they predict at 40 % of the device's peak. XLA counts a loop body once, so
-the FLOPs (and times) of programs built around loops (the samplers' denoising
-steps, rl_step's inner updates) are lower bounds.
+device against the device memory, the program's model FLOPs over all devices
+(analytic, dllm_rl.flops: matmuls with attention, no remat recompute; the samplers
+at their full step schedule) and the time they take at 40 % of the devices' peak.
+The JSON also keeps XLA's cost-analysis figure per device as ``xla_flops``: a lower
+bound (XLA counts a loop body once: the samplers' denoising steps, the estimators'
+draws and rl_step's inner updates), which also counts non-matmul operations.
 
 Exit status: 0 when every program peaks at ≤ 90 % of device memory; 3 when one does
 not (the message names the program and its largest buffers); 2 for a bad config or
@@ -86,12 +88,12 @@ def _out_of_memory(program, err: Exception, seconds: float) -> dict:
   m = _OOM_SIZE.search(text)
   need = int(float(m.group(2)) * _UNITS[m.group(3)]) if m else 0
   return {"argument_bytes": None, "output_bytes": None, "temp_bytes": need, "alias_bytes": None,
-          "peak_bytes_per_device": need, "xla_peak_bytes": None, "flops": None,
+          "peak_bytes_per_device": need, "xla_peak_bytes": None, "xla_flops": None,
           "compile_seconds": seconds, "compile_error": text.strip(), "_hlo": None}
 
 
 def measure(program) -> dict:
-  """Compile one program; its memory per device, FLOPs and compile time."""
+  """Compile one program; its memory per device, XLA's FLOPs and compile time."""
   t0 = time.perf_counter()
   try:
     compiled = program.fn.lower(*program.args).compile()
@@ -111,7 +113,8 @@ def measure(program) -> dict:
           "output_bytes": int(mem.output_size_in_bytes),
           "temp_bytes": int(mem.temp_size_in_bytes),
           "alias_bytes": int(mem.alias_size_in_bytes),
-          "peak_bytes_per_device": peak, "xla_peak_bytes": xla_peak, "flops": _flops(compiled),
+          "peak_bytes_per_device": peak, "xla_peak_bytes": xla_peak,
+          "xla_flops": _flops(compiled),
           "compile_seconds": seconds, "_hlo": compiled.as_text}
 
 
@@ -132,24 +135,25 @@ def table(topo, results: dict) -> str:
            f"{'program':<16} {'argument':>8} {'output':>8} {'temp':>8} {'peak':>8}"
            f" {'% mem':>6} {'TFLOP':>9} {'s @40%':>8} {'compile s':>9}"]
   for name, r in results.items():
-    flops = r["flops"]
     if r.get("compile_error"):
       lines.append(f"{name:<16} {'-':>8} {'-':>8} {_size(r['temp_bytes'])} {'>' + _size(r['peak_bytes_per_device']).strip():>8}"
                    f" {100 * r['peak_bytes_per_device'] / hbm:6.1f}  compiler: out of memory")
       continue
     lines.append(f"{name:<16} {_size(r['argument_bytes'])} {_size(r['output_bytes'])}"
                  f" {_size(r['temp_bytes'])} {_size(r['peak_bytes_per_device'])}"
-                 f" {100 * r['peak_bytes_per_device'] / hbm:6.1f} {flops / 1e12:9.3g}"
-                 f" {flops / (MFU_ASSUMED * topo.peak_flops_per_device):8.3g}"
+                 f" {100 * r['peak_bytes_per_device'] / hbm:6.1f} {r['flops'] / 1e12:9.3g}"
+                 f" {r['predicted_seconds']:8.3g}"
                  f" {r['compile_seconds']:9.1f}")
   return "\n".join(lines)
 
 
 def plan(config, topo, only: list[str] | None = None) -> tuple[dict, list[str]]:
   """(the JSON plan, one message per program that does not fit); ``only``: a subset."""
+  from dllm_rl.flops import program_flops
   from dllm_rl.programs import build_programs
 
-  programs, _, _ = build_programs(config, topo.devices)
+  programs, _, model_cfg = build_programs(config, topo.devices)
+  model_flops = program_flops(config, model_cfg)
   if only:
     unknown = set(only) - {p.name for p in programs}
     if unknown:
@@ -160,6 +164,9 @@ def plan(config, topo, only: list[str] | None = None) -> tuple[dict, list[str]]:
   for program in programs:
     r = measure(program)
     hlo = r.pop("_hlo")
+    r["flops"] = model_flops[program.name]  # all devices; the time: spread over them
+    r["predicted_seconds"] = r["flops"] / (
+        MFU_ASSUMED * topo.peak_flops_per_device * len(topo.devices))
     results[program.name] = r
     if r.get("compile_error"):
       problems.append(f"{program.name} does not fit: the compiler ran out of device memory:"

@@ -26,6 +26,7 @@ def _cfg(**updates):
 
 def test_base_and_tiny_cpu_configs_validate():
   validate(base_config())
+  validate(_cfg(profile__steps="2:3", log__peak_tflops=100.0))
   for name in ("tiny_cpu", "tiny_block_cpu"):
     validate(load_config_file(os.path.join(ROOT, "configs", f"{name}.py")))
 
@@ -54,6 +55,11 @@ def test_base_and_tiny_cpu_configs_validate():
     ({"rl__micro_batch": 3}, "rl.micro_batch"),  # does not divide 8 × 16 sequences
     ({"rl__micro_batch": -2}, "rl.micro_batch"),
     ({"model__logits_chunk": -1}, "model.logits_chunk"),
+    ({"profile__steps": "3:2"}, "profile.steps"),
+    ({"profile__steps": "0:2"}, "profile.steps"),
+    ({"profile__steps": "2"}, "profile.steps"),
+    ({"profile__steps": "a:b"}, "profile.steps"),
+    ({"log__peak_tflops": -1.0}, "log.peak_tflops"),
 ])
 def test_bad_values_name_their_key(updates, key):
   with pytest.raises(ConfigError) as err:

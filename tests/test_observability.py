@@ -139,3 +139,106 @@ def test_a_line_cut_short_is_never_glued_to_the_next_record(tmp_path):
     logger.log(2, {"reward": 1.0}, phase="rl")
   lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
   assert json.loads(lines[-1])["step"] == 2
+
+
+# --- throughput, MFU, memory and the profiler window (dllm_rl/train/throughput.py) ---
+
+def test_peak_flops_per_device_from_the_kind_or_the_override():
+  from dllm_rl.train.throughput import peak_flops_per_device
+  assert peak_flops_per_device("TPU v5 lite") == 197e12
+  assert peak_flops_per_device("TPU v5") == peak_flops_per_device("TPU v5p") == 459e12
+  assert peak_flops_per_device("TPU v4") == 275e12
+  assert peak_flops_per_device("TPU v6 lite") == 918e12
+  assert peak_flops_per_device("NVIDIA H100 80GB HBM3") == 989e12
+  assert peak_flops_per_device("NVIDIA H200") == 989e12
+  assert peak_flops_per_device("NVIDIA A100-SXM4-80GB") == 312e12
+  assert peak_flops_per_device("cpu") is None  # unknown: no mfu, never a made-up number
+  assert peak_flops_per_device("cpu", override_tflops=2.5) == 2.5e12
+
+
+class _Device:
+  def __init__(self, stats):
+    self._stats = stats
+
+  def memory_stats(self):
+    return self._stats
+
+
+def test_memory_metrics_max_over_devices_and_absent_without_stats():
+  from dllm_rl.train.throughput import GIB, memory_metrics
+  devices = [_Device({"bytes_in_use": GIB, "peak_bytes_in_use": 3 * GIB}),
+             _Device({"bytes_in_use": 2 * GIB, "peak_bytes_in_use": 2 * GIB})]
+  assert memory_metrics(devices) == {"memory_gib": 2.0, "peak_memory_gib": 3.0}
+  assert memory_metrics([_Device(None)]) == {}
+  assert memory_metrics() == {}  # the CPU backend reports no memory stats
+
+
+def test_step_timer_window(monkeypatch):
+  import types
+  from dllm_rl.train import throughput
+  monkeypatch.setattr(throughput, "device_kind", lambda: "TPU v5 lite")
+  config = types.SimpleNamespace(log=types.SimpleNamespace(peak_tflops=0.0))
+  mesh = types.SimpleNamespace(devices=np.zeros((2, 2)))
+  timer = throughput.StepTimer.from_config(config, mesh)
+  assert timer.num_devices == 4 and timer.peak_flops == 197e12
+  timer.add(2.0, tokens=100, flops=4e14, rollout_seconds=0.5)
+  timer.add(1.0, tokens=100, flops=4e14, rollout_seconds=0.5)
+  m = timer.metrics(rollout=True)
+  assert m["step_seconds"] == 1.5 and m["tokens_per_second"] == pytest.approx(200 / 3)
+  assert m["rollout_seconds"] == 0.5 and m["update_seconds"] == 1.0
+  assert m["mfu"] == pytest.approx(8e14 / (3.0 * 4 * 197e12))
+  assert timer.metrics() == {}  # reset; nothing timed since
+  monkeypatch.setattr(throughput, "device_kind", lambda: "cpu")
+  timer = throughput.StepTimer.from_config(config, mesh)
+  timer.add(1.0, tokens=1, flops=1.0)
+  assert "mfu" not in timer.metrics() and timer.peak_flops is None
+
+
+def test_profile_steps_format():
+  from dllm_rl.train.throughput import parse_steps
+  assert parse_steps("") is None and parse_steps("2:5") == (2, 5)
+  for bad in ("5:2", "0:3", "2:2", "2", "a:b", "2:3:4"):
+    with pytest.raises(ValueError, match="a:b"):
+      parse_steps(bad)
+
+
+def test_rl_run_logs_throughput_and_mfu_and_writes_a_profile(tmp_path):
+  """A tiny pipeline with profile.steps = "2:3" and a peak override: a trace under
+  workdir/profile, tokens_per_second on every step line, mfu = FLOPs / (time × devices ×
+  peak) with the analytic FLOPs of a step (full sampler schedule: stop_at_eos off)."""
+  from dllm_rl import flops, run
+  from dllm_rl.default_config import get_config
+  from dllm_rl.setup import build_context
+  c = get_config()
+  c.mode = "pipeline"
+  c.model.d_model, c.model.n_layers, c.model.mlp_hidden = 32, 1, 64
+  c.task.train_size, c.task.val_size, c.task.test_size = 256, 32, 32
+  c.data.batch_size = 32
+  c.sft.steps, c.sft.warmup_steps, c.sft.log_every, c.sft.eval_every = 4, 0, 2, 0
+  c.rl.steps, c.rl.batch_prompts, c.rl.group_size, c.rl.log_every, c.rl.eval_every = 4, 2, 4, 2, 0
+  c.sampler.stop_at_eos = False
+  c.eval.num_samples, c.eval.pass_k = 4, (1, 4)
+  c.log.progress, c.log.tensorboard = False, False
+  c.mesh.data = 2
+  c.profile.steps = "2:3"
+  c.log.peak_tflops = 0.5
+  run.run(c, str(tmp_path))
+  traces = list((tmp_path / "profile").rglob("*.xplane.pb"))
+  assert traces and all(t.stat().st_size > 0 for t in traces)
+  ctx = build_context(c, str(tmp_path))
+  peak = 0.5e12 * 2  # two devices in the mesh
+  rl = [r for r in read_metrics(str(tmp_path), phase="rl") if "reward_mean" in r]
+  step_flops = (flops.sampler_flops(ctx.model_cfg, ctx.sampler_cfg, 8, c.data.prompt_len)
+                + flops.rl_step_flops(c, ctx.model_cfg))
+  assert [r["step"] for r in rl] == [2, 4]
+  for r in rl:
+    assert r["tokens_per_second"] == pytest.approx(8 * c.data.completion_len / r["step_seconds"])
+    assert r["step_seconds"] == pytest.approx(r["rollout_seconds"] + r["update_seconds"])
+    assert r["mfu"] == pytest.approx(step_flops / (r["step_seconds"] * peak))
+    assert "memory_gib" not in r  # CPU: no memory stats
+  sft = [r for r in read_metrics(str(tmp_path), phase="sft") if "loss" in r]
+  for r in sft:
+    assert r["mfu"] == pytest.approx(flops.sft_step_flops(c, ctx.model_cfg)
+                                     / (r["step_seconds"] * peak))
+    assert r["tokens_per_second"] == pytest.approx(
+        32 * (c.data.prompt_len + c.data.completion_len) / r["step_seconds"])

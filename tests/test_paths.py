@@ -101,3 +101,22 @@ def test_checkpointer_keeps_the_url(fake_gcs):
   assert ckpt.latest_step() is None
   assert fake_gcs.isdir("bucket/run/checkpoints/rl")  # orbax created it through epath
   ckpt.close()
+
+
+def test_profile_trace_is_copied_to_a_gs_workdir(fake_gcs, tmp_path):
+  """profile.steps on a gs:// workdir: traced to a local folder, copied under workdir/profile
+  when the window's last step is done; the local copy is removed."""
+  import jax
+  import jax.numpy as jnp
+  from dllm_rl.train.throughput import ProfileWindow
+  x = jnp.ones((8, 8))
+  with ProfileWindow("1:2", "gs://bucket/run") as profile:
+    profile.before(1)
+    local = profile._local
+    assert local is not None and os.path.isdir(local)
+    for step in (1, 2):
+      x = jax.jit(lambda a: a @ a)(x)
+      profile.after(step, x)
+    assert profile._local is None
+  found = [f for f in fake_gcs.find("bucket/run/profile") if f.endswith(".xplane.pb")]
+  assert found and not os.path.exists(local)

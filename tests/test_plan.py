@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from dllm_rl import plan, topology
+from dllm_rl import flops, plan, topology
 from dllm_rl.config import ConfigError, load_config_file
+from dllm_rl.programs import model_and_tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "llada_tiny")
@@ -74,11 +75,18 @@ def test_pipeline_plan_on_cpu8(tmp_path, capsys):
   result = json.loads(out.read_text())
   assert result["topology"] == "cpu:8" and result["chips"] == 8 and result["estimate"]
   assert set(result["programs"]) == {"sft_step", "rl_step", "rollout_sampler", "greedy_sampler"}
+  config = _config()
+  analytic = flops.program_flops(config, model_and_tokens(config)[0])
+  peak = result["peak_flops_per_device"] * result["devices"]
   for name, r in result["programs"].items():
-    assert r["argument_bytes"] > 0 and r["temp_bytes"] > 0 and r["flops"] > 0, name
+    assert r["argument_bytes"] > 0 and r["temp_bytes"] > 0 and r["xla_flops"] > 0, name
     assert r["peak_bytes_per_device"] >= r["argument_bytes"], name
+    # the FLOPs column is the analytic model count; the time is it at 40 % of all devices
+    assert r["flops"] == pytest.approx(analytic[name]) and r["flops"] > 0, name
+    assert r["predicted_seconds"] == pytest.approx(r["flops"] / (plan.MFU_ASSUMED * peak)), name
   text = capsys.readouterr().out
   assert "ESTIMATE" in text and "rl_step" in text
+  assert f"{result['programs']['rl_step']['flops'] / 1e12:9.3g}" in text
 
 
 def test_rl_plan_needs_only_config_json_and_a_misfit_exits_3(tmp_path, capsys):
@@ -127,6 +135,7 @@ def test_tpu_plan_of_the_greedy_sampler_fits(tmp_path):
   assert result["chips"] == 4 and result["hbm_bytes_per_device"] == 16 * 1024 ** 3
   assert not result["estimate"] and set(result["programs"]) == {"greedy_sampler"}
   assert result["programs"]["greedy_sampler"]["flops"] > 0
+  assert result["programs"]["greedy_sampler"]["xla_flops"] > 0
 
 
 @needs_libtpu

@@ -28,7 +28,7 @@ TINY = {"model.d_model": 32, "model.n_layers": 1, "model.mlp_hidden": 64,
         "sft.target_accuracy": 0.0, "rl.steps": 12, "rl.batch_prompts": 2, "rl.group_size": 4,
         "rl.log_every": 2, "rl.eval_every": 4, "eval.num_samples": 4, "eval.pass_k": "1,4",
         "checkpoint.save_every": 4, "log.progress": "false", "mesh.data": 2}
-TIMING = ("seconds", "per_second", "plot")
+TIMING = ("seconds", "per_second", "plot", "mfu", "memory_gib")  # differ from run to run
 
 
 def _command(workdir):
@@ -47,7 +47,8 @@ def _untimed(summary):
 
 
 def _records(workdir):
-  return [{k: v for k, v in r.items() if k != "time"} for r in read_metrics(str(workdir))]
+  return [{k: v for k, v in r.items() if k != "time" and not any(t in k for t in TIMING)}
+          for r in read_metrics(str(workdir))]
 
 
 def _first_rl_record_seen(path, proc, deadline):

@@ -10,7 +10,7 @@ import types
 import jax
 import numpy as np
 
-from dllm_rl import evaluation, faults, paths
+from dllm_rl import evaluation, faults, flops, paths
 from dllm_rl.diffusion.estimators import EstimatorConfig
 from dllm_rl.observability import MetricsLogger, phase_summary, progress
 from dllm_rl.rl.advantages import AdvantageConfig, calibrated_beta
@@ -22,6 +22,7 @@ from dllm_rl.train.optim import make_optimizer
 from dllm_rl.train.resilience import Preempted, StepGuard, window_to_meta
 from dllm_rl.train.sft_loop import PHASE as SFT
 from dllm_rl.train.sft_loop import checkpoint_dir, mean_metrics, open_checkpointer
+from dllm_rl.train.throughput import ProfileWindow, StepTimer
 from dllm_rl.parallel.distributed import is_primary
 from dllm_rl.parallel.shard import init_state_sharded, put_global
 
@@ -55,6 +56,16 @@ def step_config(config, sampler_cfg, mask_id: int, eos_id: int) -> RLStepConfig:
       inner_steps=r.inner_steps, num_states=sampler_cfg.max_steps,
       dynamic_states=sampler_cfg.threshold > 0, kl_coef=r.kl_coef,
       kl_estimator=r.kl_estimator, mask_id=mask_id, eos_id=eos_id, micro_batch=r.micro_batch)
+
+
+def _step_flops(config, ctx: Context, rollout_cfg, out, prompt_len: int) -> float:
+  """Model FLOPs of one RL iteration (dllm_rl.flops): the rollout, at the blocks and
+  steps the sampler ran (max over the groups), and the rl_step."""
+  blocks, steps = int(np.max(np.asarray(out.num_blocks))), float(np.max(np.asarray(out.num_steps)))
+  r = config.rl
+  return (flops.sampler_flops(ctx.model_cfg, rollout_cfg, r.batch_prompts * r.group_size,
+                              prompt_len, blocks=blocks, steps=steps)
+          + flops.rl_step_flops(config, ctx.model_cfg, prompt_len=prompt_len))
 
 
 def load_sft_params(ctx: Context):
@@ -108,8 +119,11 @@ def run_rl(ctx: Context) -> dict:
   timed, timed_seconds, rollout_seconds = 0, 0.0, 0.0
   window = meta.get("metrics_window", [])  # steps since the last log, saved with the checkpoint
   guard = StepGuard.from_config(PHASE, ckpt, config)
+  timer, first = StepTimer.from_config(config, ctx.mesh), True
+  rollout_tokens = r.batch_prompts * r.group_size * ctx.sampler_cfg.completion_len
   with MetricsLogger(ctx.workdir, tensorboard=config.log.tensorboard,
-                     enabled=is_primary()) as logger:
+                     enabled=is_primary()) as logger, \
+       ProfileWindow(config.profile.steps, ctx.workdir, enabled=is_primary()) as profile:
     if "metric_lines" in meta:  # drop records of steps about to be redone
       logger.supersede(PHASE, meta["metric_lines"])
     if it == 0:
@@ -118,6 +132,7 @@ def run_rl(ctx: Context) -> dict:
     bar = progress(r.steps, desc=PHASE, initial=it,
                    disable=not (config.log.progress and is_primary()))
     while it < r.steps:
+      profile.before(it + 1)
       t0 = time.perf_counter()
       batch, padding = trim_to_bucket(next(batches), config.data.prompt_buckets)
       k_roll, k_step = jax.random.split(jax.random.fold_in(state.rng, it))
@@ -139,16 +154,22 @@ def run_rl(ctx: Context) -> dict:
       faults.at("update", it)
       it += 1
       skipped = guard.skipped(state.opt_state, it)  # raises after too many in a row
+      jax.block_until_ready(state.step)  # (guard.skipped has read this step's state already)
+      step_seconds = time.perf_counter() - t0
+      if not first:  # the first step compiles
+        timer.add(step_seconds, rollout_seconds=t_roll, tokens=rollout_tokens,
+                  flops=_step_flops(config, ctx, rollout_cfg, out, batch["prompt_BP"].shape[1]))
+      first = False
+      profile.after(it, state)
       window.append(metrics)
       bar.update(1)
       if it % r.log_every == 0:
-        logged = dict(mean_metrics(window), skipped_steps=skipped)
+        logged = dict(mean_metrics(window), skipped_steps=skipped, **timer.metrics(rollout=True))
         window = []
         logger.log(it, logged, phase=PHASE)
         bar.set_postfix(reward=f"{logged['reward_mean']:.3f}", refresh=False)
       if it > 1:
-        jax.block_until_ready(state.step)
-        timed, timed_seconds = timed + 1, timed_seconds + time.perf_counter() - t0
+        timed, timed_seconds = timed + 1, timed_seconds + step_seconds
         rollout_seconds += t_roll
       if r.eval_every and it % r.eval_every == 0:
         val = accuracy(state.params, ctx.val_examples, ctx.val_arrays)
@@ -173,7 +194,6 @@ def run_rl(ctx: Context) -> dict:
                     test["sample_accuracy"], "test_diversity": test["diversity"]}, phase=PHASE)
   ckpt.close()
 
-  rollout_tokens = r.batch_prompts * r.group_size * ctx.sampler_cfg.completion_len
   summary = {
       "rl_steps": it,
       "rl_accuracy": test["accuracy"],

@@ -7,7 +7,7 @@ import time
 import jax
 import numpy as np
 
-from dllm_rl import evaluation, paths
+from dllm_rl import evaluation, flops, paths
 from dllm_rl.checkpoint import Checkpointer
 from dllm_rl.observability import MetricsLogger, phase_summary, progress
 from dllm_rl.setup import Context, init_params, to_device
@@ -17,6 +17,7 @@ from dllm_rl.train.resilience import Preempted, StepGuard, window_to_meta
 from dllm_rl.parallel.distributed import is_primary
 from dllm_rl.parallel.shard import init_state_sharded
 from dllm_rl.train.sft_step import make_sft_step
+from dllm_rl.train.throughput import StepTimer
 from dllm_rl.types import SequenceBatch
 
 PHASE = "sft"
@@ -70,6 +71,24 @@ def run_sft(ctx: Context) -> dict:
   timed_steps, timed_seconds = 0, 0.0
   window = meta.get("metrics_window", [])  # steps since the last log, saved with the checkpoint
   guard = StepGuard.from_config(PHASE, ckpt, config)
+  # Throughput window: from the start of its first step to the sync of the log line (no
+  # sync per step); the first step (compilation) is untimed, evaluation and saves paused out.
+  timer, first, clock, n_timed = StepTimer.from_config(config, ctx.mesh), True, None, 0
+  d = config.data
+  step_tokens = d.batch_size * (d.prompt_len + d.completion_len)
+  step_flops = flops.sft_step_flops(config, ctx.model_cfg)
+
+  def paused(fn):
+    """``fn()`` with the throughput clock stopped (the device work before it counted)."""
+    nonlocal clock
+    if clock is None:
+      return fn()
+    jax.block_until_ready(state.step)
+    t = time.perf_counter()
+    out = fn()
+    clock += time.perf_counter() - t
+    return out
+
   with MetricsLogger(ctx.workdir, tensorboard=config.log.tensorboard,
                      enabled=is_primary()) as logger:
     if "metric_lines" in meta:  # drop records of steps about to be redone
@@ -78,32 +97,45 @@ def run_sft(ctx: Context) -> dict:
                    disable=not (config.log.progress and is_primary()))
     while not finished and step < f.steps:
       t0 = time.perf_counter()
+      if clock is None and not first:
+        clock = t0
       batch = to_device(ctx, next(batches), SequenceBatch)
       state, metrics = step_fn(state, batch, jax.random.fold_in(state.rng, step))
       step += 1
+      if first:
+        jax.block_until_ready(state.step)  # once: the timed window starts after compilation
+      else:
+        n_timed += 1
+      first = False
       window.append(metrics)
       bar.update(1)
       if step % f.log_every == 0:
         logged = mean_metrics(window)  # blocks on the device: timing below is real
         logged["skipped_steps"] = guard.skipped(state.opt_state, step)
+        if n_timed:
+          timer.add(time.perf_counter() - clock, steps=n_timed, tokens=n_timed * step_tokens,
+                    flops=n_timed * step_flops)
+        logged.update(timer.metrics())
+        clock, n_timed = None, 0
         window = []
         logger.log(step, logged, phase=PHASE)
         bar.set_postfix(loss=f"{logged['loss']:.3f}", refresh=False)
       if step > 1:  # the first step includes compilation
         timed_steps, timed_seconds = timed_steps + 1, timed_seconds + time.perf_counter() - t0
       if f.eval_every and step % f.eval_every == 0:
-        val = accuracy(state.params, ctx.val_examples, ctx.val_arrays)
+        val = paused(lambda: accuracy(state.params, ctx.val_examples, ctx.val_arrays))
         logger.log(step, {f"val_{k}": v for k, v in val.items()}, phase=PHASE)
         stopped_early = 0 < f.target_accuracy <= val["accuracy"]
       finished = stopped_early or step >= f.steps
       save, stop = guard.poll(step)  # step- or time-based save; a stop signal (all hosts agree)
       if finished or save:
         guard.skipped(state.opt_state, step)  # never save after a non-finite run
-        ckpt.save(step, state, {"phase": PHASE, "data_position": batches.position,
-                                "stopped_early": bool(stopped_early),
-                                "config": config.to_json(), "metric_lines": logger.lines(PHASE),
-                                "metrics_window": window_to_meta(window),
-                                "val": {k: float(v) for k, v in val.items()}}, force=True)
+        paused(lambda: ckpt.save(
+            step, state, {"phase": PHASE, "data_position": batches.position,
+                          "stopped_early": bool(stopped_early),
+                          "config": config.to_json(), "metric_lines": logger.lines(PHASE),
+                          "metrics_window": window_to_meta(window),
+                          "val": {k: float(v) for k, v in val.items()}}, force=True))
         guard.saved(step)
       if stop and not finished:
         bar.close()
