@@ -9,7 +9,7 @@ Required overrides as in configs/llada_tpu.py. SDAR is causal across blocks of
 4 tokens and bidirectional within a block (`model.block_size` must equal the
 checkpoint's `block_size`; validation says so otherwise): likelihoods come from
 `block_elbo` (every block scored with clean history in one staircase-attention
-pass, the Pallas kernel on TPU), rollouts from the KV-cache block sampler, and
+pass, the compiled Pallas kernel), rollouts from the KV-cache block sampler, and
 StepRS (``--config.rl.advantage=steprs``) numbers denoising states over
 (block, step). Other hyper-parameters follow the StableDRL recipe of
 configs/llada_tpu.py; 256 tokens are decoded in 64 blocks of 4, 4 steps each.
@@ -34,7 +34,10 @@ def get_config():
   c.estimator.name = "block_elbo"
   c.estimator.num_samples = 2
   c.estimator.prompt_mask_prob = 0.15
-  c.estimator.attention_impl = "auto"
+  # The compiled Pallas kernel (Mosaic on TPU), inside shard_map over the batch axes: the
+  # planner builds it for the slice's devices (python -m dllm_rl.plan --topology=v5p-64).
+  # On a CPU-only machine use --config.estimator.attention_impl=auto (the dense reference).
+  c.estimator.attention_impl = "pallas"
   c.estimator.antithetic = False  # official noise: independent masks for ℓ̂_old and each ℓ̂_θ
   c.model.prompt_block_causal = True  # SDAR's generate: the prompt attends block-causally
   return locked(c)

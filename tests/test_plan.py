@@ -157,3 +157,32 @@ def test_tpu_plan_cli_exits_3_naming_the_program(tmp_path):
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert big.returncode == 3, big.stderr[-2000:]
   assert "rl_step does not fit" in big.stderr
+
+
+@needs_libtpu
+def test_sdar_rl_step_compiles_the_mosaic_kernel_for_a_tpu_slice():
+  """configs/sdar_tpu.py (attention_impl=pallas) at tiny size, compiled in this CPU process
+  for a v5p-8 (4 chips, FSDP 4): the block model's rl_step holds the staircase kernels as
+  Mosaic custom calls (not the interpreter, not the dense reference), on per-shard shapes
+  (inside shard_map: GSPMD cannot split a custom call)."""
+  from dllm_rl import programs
+  config = _config("sdar_tpu.py")
+  assert config.estimator.attention_impl == "pallas"
+  config.model.hf_checkpoint = os.path.join(ROOT, "tests", "fixtures", "sdar_tiny")
+  config.data.prompt_len, config.data.completion_len = 16, 16
+  config.sampler.steps, config.sampler.block_len = 8, 4
+  config.rl.batch_prompts, config.rl.group_size, config.eval.batch_size = 4, 2, 4
+  topo = topology.get_topology("v5p-8")
+  progs, mesh, model_cfg = programs.build_programs(config, topo.devices)
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 1}
+  rl_step = next(p for p in progs if p.name == "rl_step")
+  lowered = rl_step.fn.lower(*rl_step.args)
+  assert "sdy.manual_computation" in lowered.as_text()  # shard_map
+  hlo = lowered.compile().as_text()
+  calls = [line for line in hlo.splitlines() if 'custom_call_target="tpu_custom_call"' in line]
+  names = {line.split("=")[0].strip().lstrip("%").split(".")[0] for line in calls}
+  assert names == {"staircase_fwd", "staircase_dq", "staircase_dkdv"}, names
+  # 4 prompts × 2 completions = 8 sequences over 4 shards: 2 per kernel call.
+  b_local, h = 8 // 4, model_cfg.n_heads
+  fwd = next(line for line in calls if line.lstrip().startswith("%staircase_fwd"))
+  assert f"bf16[{b_local},{h}," in fwd.split("custom-call")[0], fwd[:200]

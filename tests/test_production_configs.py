@@ -65,6 +65,9 @@ def _tiny(config, hf_dir, data):
   c.data.prompt_len, c.data.completion_len, c.data.batch_size = 32, 16, 8
   if c.model.block_size:  # SDAR: blocks of the checkpoint's size (4)
     c.sampler.steps, c.sampler.block_len = 8, c.model.block_size
+    # CPU has no compiled kernel: the dense reference (tests/test_plan.py compiles the
+    # config's Mosaic kernel for a TPU slice).
+    c.estimator.attention_impl = "auto"
   else:
     c.sampler.steps, c.sampler.block_len = 4, 8
   c.rl.steps, c.rl.batch_prompts, c.rl.group_size, c.rl.eval_every = 1, 8, 2, 0
@@ -117,6 +120,7 @@ def test_official_configs_use_the_official_noise_surrogate_and_attention(name):
   assert c.rl.loss == "stabledrl" and c.rl.clip == "upper" and c.rl.clip_C == 5.0
   if name == "sdar_tpu":
     assert c.estimator.name == "block_elbo" and c.model.prompt_block_causal
+    assert c.estimator.attention_impl == "pallas"  # the staircase kernel, never N×N
   else:
     assert c.estimator.name == "spg_block" and c.estimator.spg_omega == 0.5
     assert c.estimator.num_samples == 2 and c.estimator.prompt_mask_prob == 0.15

@@ -445,18 +445,32 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 # ----------------------------------------------------------------------------
 # Dispatch.
 
+def target_platform() -> str:
+  """The platform the program being traced is compiled for ("cpu", "gpu" or "tpu"): the
+  device platform of the abstract mesh it traces under (dllm_rl.parallel.constraints.
+  under_mesh), else this process's default backend. The planner traces programs for
+  compile-only TPU devices in a CPU process: the kernel must be built for the mesh's
+  devices, not for the process."""
+  mesh = jax.sharding.get_abstract_mesh()
+  device = getattr(mesh, "abstract_device", None)
+  platform = getattr(device, "platform", None) or jax.default_backend()
+  return "gpu" if platform in ("cuda", "rocm") else platform
+
+
 def _kernel_kind(impl: str) -> str:
-  """Which kernel build ``impl`` runs here ("auto" on CPU is only asked for tile sizes)."""
-  backend = jax.default_backend()
-  if impl == "interpret" or (impl == "auto" and backend == "cpu"):
+  """Which kernel build ``impl`` runs for the target platform ("auto" on CPU is only
+  asked for tile sizes)."""
+  target = target_platform()
+  if impl == "interpret" or (impl == "auto" and target == "cpu"):
     return "interpret"
-  if backend == "cpu":
-    raise ValueError("impl='pallas' needs a GPU or TPU; use 'interpret' on CPU")
-  return "tpu" if backend == "tpu" else "gpu"
+  if target == "cpu":
+    raise ValueError("impl='pallas' (estimator.attention_impl) needs a GPU or TPU target;"
+                     " on CPU use 'auto' (the dense reference) or 'interpret'")
+  return "tpu" if target == "tpu" else "gpu"
 
 
 def default_block_sizes(impl: str = "auto") -> tuple[int, int]:
-  """(block_q, block_k) the kernel uses for ``impl`` on this backend."""
+  """(block_q, block_k) the kernel uses for ``impl`` on the target platform."""
   return _DEFAULT_TILES[_kernel_kind(impl)]
 
 
@@ -476,11 +490,13 @@ def staircase_attention(q_BNHQ, k_BNKQ, v_BNKQ, *, prompt_len: int, block_size: 
                         block_k: int | None = None):
   """Staircase attention, q [B, N, H, Q], k/v [B, N, K, Q] -> [B, N, H, Q].
 
-  ``impl``: "auto" (compiled Pallas on GPU/TPU; the dense reference on CPU,
+  ``impl``: "auto" (compiled Pallas for GPU/TPU; the dense reference on CPU,
   where the Pallas interpreter is far too slow to train with), "pallas"
-  (compiled), "interpret" (the Pallas interpreter: tests on CPU) or
-  "reference" (dense jnp).
-  ``block_q``/``block_k``: kernel tile sizes (default per backend); the
+  (compiled: Mosaic for TPU, Triton for GPU), "interpret" (the Pallas
+  interpreter: tests on CPU) or "reference" (dense jnp). The platform is the
+  one the program compiles for (:func:`target_platform`: the traced mesh's
+  devices, so a CPU process planning for TPU builds the Mosaic kernel).
+  ``block_q``/``block_k``: kernel tile sizes (default per platform); the
   sequence is padded internally to tile multiples.
   """
   if impl not in IMPLS:
@@ -494,7 +510,7 @@ def staircase_attention(q_BNHQ, k_BNKQ, v_BNKQ, *, prompt_len: int, block_size: 
   _check_layout(prompt_len, completion_len, block_size)
   if key_valid_BN is not None and key_valid_BN.shape != (b, n):
     raise ValueError(f"key_valid_BN shape {key_valid_BN.shape} != {(b, n)}")
-  if impl == "reference" or (impl == "auto" and jax.default_backend() == "cpu"):
+  if impl == "reference" or (impl == "auto" and target_platform() == "cpu"):
     return staircase_attention_reference(
         q_BNHQ, k_BNKQ, v_BNKQ, prompt_len=prompt_len, block_size=block_size,
         key_valid_BN=key_valid_BN, prompt_block_causal=prompt_block_causal)

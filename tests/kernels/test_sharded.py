@@ -3,6 +3,7 @@ unsharded kernel, forward and gradients; a jitted step on a mesh holds the Palla
 call inside the shard_map."""
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -60,3 +61,45 @@ def test_pallas_call_runs_inside_shard_map():
   assert "f32[2,20,2,8]" in str(closed)  # per shard: 8/(2·2) sequences, 4/2 heads
   # Off a mesh: the plain kernel.
   assert "shard_map" not in str(jax.make_jaxpr(fn)(q, k, v))
+
+
+def _pallas_calls(jaxpr):
+  """Every pallas_call equation of a (closed) jaxpr, sub-jaxprs included."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "pallas_call":
+      found.append(eqn)
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      found += _pallas_calls(sub)
+  return found
+
+
+def _tpu_abstract_mesh(shape=(1, 4, 2)):
+  """The abstract mesh of a TPU slice (what a step traces under when compiled for TPU
+  devices, e.g. by the planner in a CPU process)."""
+  device = jax.sharding.AbstractDevice(device_kind="TPU v5", num_cores=1, platform="tpu")
+  return jax.sharding.AbstractMesh(shape, ("data", "fsdp", "tensor"), abstract_device=device)
+
+
+@pytest.mark.parametrize("impl", ["pallas", "auto"])
+def test_kernel_is_built_for_the_traced_meshs_platform(impl):
+  """A CPU process tracing for TPU devices builds the Mosaic kernel (compiled, TPU
+  compiler parameters), per shard: the platform comes from the mesh, not the process."""
+  q, k, v, valid = _inputs(8, 4, 2)
+  fn = lambda q, k, v: sharded.staircase_attention(q, k, v, prompt_len=P, block_size=BS,
+                                                   key_valid_BN=valid, impl=impl)
+  assert jax.default_backend() == "cpu"
+  with jax.sharding.use_abstract_mesh(_tpu_abstract_mesh()):
+    assert sc.target_platform() == "tpu"
+    closed = jax.make_jaxpr(fn)(q, k, v)
+  assert "shard_map" in {e.primitive.name for e in closed.jaxpr.eqns}
+  calls = _pallas_calls(closed.jaxpr)
+  assert len(calls) == 1 and calls[0].params["interpret"] is False
+  assert "dimension_semantics" in str(calls[0].params["compiler_params"])  # Mosaic's
+  # On this process's own CPU mesh: "auto" is the dense reference, "pallas" is refused.
+  mesh = make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
+  if impl == "auto":
+    assert not _pallas_calls(jax.make_jaxpr(under_mesh(fn, mesh))(q, k, v).jaxpr)
+  else:
+    with pytest.raises(ValueError, match="estimator.attention_impl.*GPU or TPU"):
+      jax.make_jaxpr(under_mesh(fn, mesh))(q, k, v)
