@@ -78,7 +78,8 @@ def test_gradient_accumulation_equals_the_full_batch(case):
   ref_leaves = jax.tree_util.tree_leaves(ref_grads)
   scale = max(float(np.abs(g).max()) for g in ref_leaves)
   assert scale > 1e-3  # a real gradient
-  for micro_batch in (2, 8):  # 4 micro-batches of 2 sequences; 1 of all 8 (draws split)
+  # 4 micro-batches of 2 sequences; once also 1 micro-batch of all 8 (only the draws split)
+  for micro_batch in (2, 8) if case == "stabledrl-spg-official" else (2,):
     grads, metrics = _run(case, micro_batch, logits_chunk=3)
     for k in ("loss", "grad_norm", "ratio_mean", "entropy", "policy_loss"):
       np.testing.assert_allclose(metrics[k], ref_metrics[k], rtol=1e-5, atol=1e-7, err_msg=k)
