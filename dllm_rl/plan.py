@@ -12,7 +12,8 @@ estimate) and prints, per program, the argument / output / temp / peak bytes per
 device against the device memory, the program's model FLOPs over all devices
 (analytic, dllm_rl.flops: matmuls with attention, no remat recompute; the samplers
 at their full step schedule) and the time they take at 40 % of the devices' peak.
-The JSON also keeps XLA's cost-analysis figure per device as ``xla_flops``: a lower
+The table (column "XLA TF/dev") and the JSON (``xla_flops``) also keep XLA's
+cost-analysis figure per device: a lower
 bound (XLA counts a loop body once: the samplers' denoising steps, the estimators'
 draws and rl_step's inner updates), which also counts non-matmul operations.
 
@@ -133,7 +134,7 @@ def table(topo, results: dict) -> str:
            f" {hbm / 1024 ** 3:.1f} GiB and {topo.peak_flops_per_device / 1e12:.0f} TFLOP/s"
            f" per device{label}",
            f"{'program':<16} {'argument':>8} {'output':>8} {'temp':>8} {'peak':>8}"
-           f" {'% mem':>6} {'TFLOP':>9} {'s @40%':>8} {'compile s':>9}"]
+           f" {'% mem':>6} {'TFLOP':>9} {'s @40%':>8} {'XLA TF/dev':>10} {'compile s':>9}"]
   for name, r in results.items():
     if r.get("compile_error"):
       lines.append(f"{name:<16} {'-':>8} {'-':>8} {_size(r['temp_bytes'])} {'>' + _size(r['peak_bytes_per_device']).strip():>8}"
@@ -142,7 +143,7 @@ def table(topo, results: dict) -> str:
     lines.append(f"{name:<16} {_size(r['argument_bytes'])} {_size(r['output_bytes'])}"
                  f" {_size(r['temp_bytes'])} {_size(r['peak_bytes_per_device'])}"
                  f" {100 * r['peak_bytes_per_device'] / hbm:6.1f} {r['flops'] / 1e12:9.3g}"
-                 f" {r['predicted_seconds']:8.3g}"
+                 f" {r['predicted_seconds']:8.3g} {(r['xla_flops'] or 0) / 1e12:10.3g}"
                  f" {r['compile_seconds']:9.1f}")
   return "\n".join(lines)
 
