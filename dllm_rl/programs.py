@@ -91,12 +91,11 @@ def build_programs(config, devices) -> tuple[list[Program], object, transformer.
 
   if config.mode in SFT_MODES:
     from dllm_rl.train.optim import make_optimizer
-    from dllm_rl.train.sft_step import make_sft_step
+    from dllm_rl.train.sft_step import make_sft_step, step_options
     optimizer, schedule = make_optimizer(config.sft)
     state, sharding = _train_state(params, optimizer, mesh)
-    fn = make_sft_step(graphdef, optimizer, schedule, mask_id=mask_id, t_eps=config.sft.t_eps,
-                       mesh=mesh, state_sharding=sharding, block_size=config.model.block_size,
-                       attention_impl=config.estimator.attention_impl)
+    fn = make_sft_step(graphdef, optimizer, schedule, mask_id=mask_id, mesh=mesh,
+                       state_sharding=sharding, **step_options(config))
     b = config.data.batch_size
     batch = _batch(mesh, {"prompt_BP": ((b, p), jnp.int32), "prompt_valid_BP": ((b, p), bool),
                           "completion_BL": ((b, l), jnp.int32),

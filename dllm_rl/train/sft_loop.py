@@ -16,7 +16,7 @@ from dllm_rl.train.optim import make_optimizer
 from dllm_rl.train.resilience import Preempted, StepGuard, window_to_meta
 from dllm_rl.parallel.distributed import is_primary
 from dllm_rl.parallel.shard import init_state_sharded
-from dllm_rl.train.sft_step import make_sft_step
+from dllm_rl.train.sft_step import make_sft_step, step_options
 from dllm_rl.train.throughput import StepTimer
 from dllm_rl.types import SequenceBatch
 
@@ -58,11 +58,7 @@ def run_sft(ctx: Context) -> dict:
 
   batches = BatchIterator(ctx.train_arrays, config.data.batch_size, config.seed, position=position)
   step_fn = make_sft_step(graphdef, optimizer, schedule, mask_id=ctx.tokenizer.mask_id,
-                          t_eps=f.t_eps, mesh=ctx.mesh, state_sharding=state_sharding,
-                          block_size=config.model.block_size,
-                          attention_impl=config.estimator.attention_impl,
-                          prompt_block_causal=config.model.prompt_block_causal,
-                          logits_chunk=config.model.logits_chunk)
+                          mesh=ctx.mesh, state_sharding=state_sharding, **step_options(config))
   sample_fn, accuracy = evaluation.make_greedy_evaluator(graphdef, ctx)
 
   step = int(state.step)

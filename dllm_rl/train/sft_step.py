@@ -20,6 +20,15 @@ def init_train_state(params, optimizer: optax.GradientTransformation, rng: jax.A
                     opt_state=optimizer.init(params), rng=rng)
 
 
+def step_options(config) -> dict:
+  """The static SFT-step options a run's config sets (shared by the SFT loop and the
+  planner, so that the planned program is the one that runs)."""
+  return dict(t_eps=config.sft.t_eps, block_size=config.model.block_size,
+              attention_impl=config.estimator.attention_impl,
+              prompt_block_causal=config.model.prompt_block_causal,
+              logits_chunk=config.model.logits_chunk)
+
+
 def make_sft_step(graphdef, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
                   *, mask_id: int, t_eps: float, mesh=None, state_sharding=None,
                   block_size: int = 0, attention_impl: str = "auto",
