@@ -148,12 +148,35 @@ def table(topo, results: dict) -> str:
   return "\n".join(lines)
 
 
+def remedies(config, program: str, batch_devices: int) -> list[str]:
+  """Config changes that shrink ``program`` and are not on yet (most effective first)."""
+  m, out = config.model, []
+  if program in ("rl_step", "sft_step"):
+    if not m.scan_layers:
+      out.append("--config.model.scan_layers=True")
+    if m.remat != "full":
+      out.append("--config.model.remat=full")
+    if m.logits_chunk <= 0 or m.logits_chunk > 64:
+      out.append("--config.model.logits_chunk=32")
+  if program == "rl_step" and not config.rl.micro_batch:
+    n = config.rl.batch_prompts * config.rl.group_size
+    if n % batch_devices == 0:
+      out.append(f"--config.rl.micro_batch={batch_devices} (one sequence per batch device and"
+                 " one draw per pass; larger multiples trade memory for fewer passes)")
+  if program == "greedy_sampler":
+    out.append("a smaller eval.batch_size")
+  if program in ("rl_step", "rollout_sampler", "sft_step"):
+    out.append("a larger slice (more chips for FSDP)")
+  return out
+
+
 def plan(config, topo, only: list[str] | None = None) -> tuple[dict, list[str]]:
   """(the JSON plan, one message per program that does not fit); ``only``: a subset."""
   from dllm_rl.flops import program_flops
   from dllm_rl.programs import build_programs
 
-  programs, _, model_cfg = build_programs(config, topo.devices)
+  programs, mesh, model_cfg = build_programs(config, topo.devices)
+  from dllm_rl.parallel.shard import batch_divisor
   model_flops = program_flops(config, model_cfg)
   if only:
     unknown = set(only) - {p.name for p in programs}
@@ -169,14 +192,18 @@ def plan(config, topo, only: list[str] | None = None) -> tuple[dict, list[str]]:
     r["predicted_seconds"] = r["flops"] / (
         MFU_ASSUMED * topo.peak_flops_per_device * len(topo.devices))
     results[program.name] = r
+    problem = None
     if r.get("compile_error"):
-      problems.append(f"{program.name} does not fit: the compiler ran out of device memory:"
-                      f" {r['compile_error'][:3000]}")
+      problem = (f"{program.name} does not fit: the compiler ran out of device memory:"
+                 f" {r['compile_error'][:3000]}")
     elif r["peak_bytes_per_device"] > FIT_FRACTION * topo.hbm_bytes_per_device:
       buffers = ", ".join(f"{n} {s} {b / 1024 ** 3:.2f} GiB" for n, s, b in largest_buffers(hlo()))
-      problems.append(f"{program.name} does not fit: peak {r['peak_bytes_per_device'] / 1024 ** 3:.2f}"
-                      f" GiB per device > {FIT_FRACTION:.0%} of {topo.hbm_bytes_per_device / 1024 ** 3:.1f}"
-                      f" GiB; largest buffers: {buffers}")
+      problem = (f"{program.name} does not fit: peak {r['peak_bytes_per_device'] / 1024 ** 3:.2f}"
+                 f" GiB per device > {FIT_FRACTION:.0%} of {topo.hbm_bytes_per_device / 1024 ** 3:.1f}"
+                 f" GiB; largest buffers: {buffers}")
+    if problem:
+      fixes = remedies(config, program.name, batch_divisor(mesh))
+      problems.append(problem + ("; try " + "; ".join(fixes) if fixes else ""))
   out = {"topology": topo.name, "chips": topo.chips, "devices": len(topo.devices),
          "estimate": topo.estimate, "hbm_bytes_per_device": topo.hbm_bytes_per_device,
          "peak_flops_per_device": topo.peak_flops_per_device, "programs": results}

@@ -100,6 +100,8 @@ def test_rl_plan_needs_only_config_json_and_a_misfit_exits_3(tmp_path, capsys):
   assert result["hbm_bytes_per_device"] == 1024 ** 2
   err = capsys.readouterr().err
   assert "rl_step does not fit" in err and "largest buffers" in err
+  # llada_tpu has scan, remat and logits_chunk on: what is left is micro-batching (8 devices).
+  assert "--config.rl.micro_batch=8" in err and "scan_layers" not in err
 
 
 def test_bad_topology_and_config_are_named(tmp_path):
@@ -186,3 +188,13 @@ def test_sdar_rl_step_compiles_the_mosaic_kernel_for_a_tpu_slice():
   b_local, h = 8 // 4, model_cfg.n_heads
   fwd = next(line for line in calls if line.lstrip().startswith("%staircase_fwd"))
   assert f"bf16[{b_local},{h}," in fwd.split("custom-call")[0], fwd[:200]
+
+
+def test_remedies_name_only_options_that_are_off():
+  config = _config()  # base config: no scan, no remat, one vocabulary slab, no micro-batching
+  fixes = plan.remedies(config, "rl_step", batch_devices=8)
+  assert fixes[:3] == ["--config.model.scan_layers=True", "--config.model.remat=full",
+                       "--config.model.logits_chunk=32"]
+  assert fixes[3].startswith("--config.rl.micro_batch=8")
+  assert not any("micro_batch" in f for f in plan.remedies(config, "sft_step", 8))
+  assert plan.remedies(config, "greedy_sampler", 8) == ["a smaller eval.batch_size"]
