@@ -22,8 +22,8 @@ import jax.numpy as jnp
 from dllm_rl.diffusion.estimators import (ESTIMATORS, Estimator, EstimatorConfig, Likelihood,
                                           draws_entropy, mask_prompt)
 from dllm_rl.diffusion.scoring import ModelScorer
-from dllm_rl.diffusion.sft import token_log_probs
 from dllm_rl.models import transformer
+from dllm_rl.models.logprob import logp_entropy_reference
 from dllm_rl.models.layers import StaircaseSpec
 from dllm_rl.types import SequenceBatch
 
@@ -141,10 +141,8 @@ def block_elbo_loop(logits_fn, seqs: SequenceBatch, key, cfg: EstimatorConfig,
       positions = jnp.concatenate([p_pos, c_pos[:, :end]], axis=1)
       mask = block_causal_mask(seqs.prompt_valid_BP, end, bs, cfg.prompt_block_causal)
       logits = logits_fn(tokens, positions, mask)[:, p + blk * bs:p + end]
-      logp_BL = logp_BL.at[:, blk * bs:end].set(
-          token_log_probs(logits, seqs.completion_BL[:, blk * bs:end]))
-      logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-      ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+      logp, ent = logp_entropy_reference(logits, seqs.completion_BL[:, blk * bs:end])
+      logp_BL = logp_BL.at[:, blk * bs:end].set(logp)
       ent_num = ent_num + jnp.where(masked_KBL[k, :, blk * bs:end], ent, 0.0).sum(-1)
     contribs.append(_contribution(logp_BL, masked_KBL[k], t_KBL[k], seqs.completion_valid_BL))
     ents.append(ent_num / jnp.maximum(masked_KBL[k].sum(-1), 1))

@@ -41,7 +41,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from dllm_rl.diffusion.scoring import as_scorer
-from dllm_rl.diffusion.sft import sequence_inputs, token_log_probs
+from dllm_rl.diffusion.sft import sequence_inputs
+from dllm_rl.models.logprob import token_log_probs
 from dllm_rl.registry import Registry
 from dllm_rl.types import SequenceBatch
 
@@ -173,7 +174,8 @@ def _mean_field_reduce(logp_KBL, ent_KBL, seqs: SequenceBatch, draws: dict,
 
 
 mean_field = ESTIMATORS.register("mean_field")(Estimator(
-    draw=_mean_field_draw, forward=masked_forward, reduce=_mean_field_reduce, doc="""d1 / diffu-GRPO one-step estimate: mask every completion position (and
+    draw=_mean_field_draw, forward=masked_forward, reduce=_mean_field_reduce,
+    doc="""d1 / diffu-GRPO one-step estimate: mask every completion position (and
 prompt tokens with p = prompt_mask_prob), one forward, ℓ̂ = Σ_i log p(o_i | q̃, all masked)
 over the valid tokens i (``reduction="sum"``) or its mean over their number (``"mean"``).
 As in d1, positions after the action are masks in the input too. (One draw whatever K.)"""))
@@ -225,7 +227,8 @@ def _elbo_reduce(logp_KBL, ent_KBL, seqs: SequenceBatch, draws: dict,
 
 
 elbo = ESTIMATORS.register("elbo")(Estimator(
-    draw=_elbo_draw, forward=masked_forward, reduce=_elbo_reduce, doc="""LLaDA / VRPO ELBO, K Monte-Carlo samples:
+    draw=_elbo_draw, forward=masked_forward, reduce=_elbo_reduce,
+    doc="""LLaDA / VRPO ELBO, K Monte-Carlo samples:
 
     ELBO_k = (1/t_k) Σ_{i ∈ M_k} log p_θ(o_i | q, o ⊙ M_k) / L,   ℓ̂ = mean_k ELBO_k
 

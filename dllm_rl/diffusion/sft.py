@@ -26,12 +26,6 @@ def sequence_inputs(prompt_BP, prompt_valid_BP, completion_BL):
   return tokens_BN, positions_BN, valid_BN[:, None, :]
 
 
-def token_log_probs(logits_BLV: jax.Array, targets_BL: jax.Array) -> jax.Array:
-  """log softmax(logits)[target] in float32."""
-  logp = jax.nn.log_softmax(logits_BLV.astype(jnp.float32), axis=-1)
-  return jnp.take_along_axis(logp, targets_BL[..., None], axis=-1)[..., 0]
-
-
 def sft_loss(graphdef, params, batch: SequenceBatch, key: jax.Array, *, mask_id: int,
              t_eps: float, logits_chunk: int = 0):
   """Masked-diffusion SFT loss and metrics for one batch (one (t, mask) draw per sequence).

@@ -52,7 +52,7 @@ def _stats(h_BCD, head_DV, y_BC):
   lse = jax.nn.logsumexp(z, axis=-1)
   p = jnp.exp(z - lse[..., None])
   ent = lse - jnp.sum(p * z, axis=-1)
-  z_y = jnp.take_along_axis(z, y_BC[..., None], axis=-1)[..., 0]
+  z_y = _at_targets(z, y_BC)
   return z_y - lse, ent, lse
 
 
@@ -79,10 +79,6 @@ def _forward(h_BLD, head_DV, y_BL, chunk):
   return (logp_BL, ent_BL), (h_BLD, head_DV, y_BL, lse_BL)
 
 
-def _fwd(h_BLD, head_DV, y_BL, chunk):
-  return _forward(h_BLD, head_DV, y_BL, chunk)
-
-
 def _bwd(chunk, res, cotangents):
   h_BLD, head_DV, y_BL, lse_BL = res
   g_BL, e_BL = (c.astype(jnp.float32) for c in cotangents)
@@ -107,7 +103,7 @@ def _bwd(chunk, res, cotangents):
   return _unchunks(dh), dhead_DV.astype(head_DV.dtype), None
 
 
-_logp_entropy.defvjp(_fwd, _bwd)
+_logp_entropy.defvjp(_forward, _bwd)
 
 
 def logp_entropy(h_BLD: jax.Array, head_DV: jax.Array, targets_BL: jax.Array,
@@ -125,8 +121,17 @@ def logp_entropy(h_BLD: jax.Array, head_DV: jax.Array, targets_BL: jax.Array,
   return logp_BL[:, :l], ent_BL[:, :l]
 
 
+def _at_targets(logp_BLV, targets_BL):
+  return jnp.take_along_axis(logp_BLV, targets_BL[..., None], axis=-1)[..., 0]
+
+
+def token_log_probs(logits_BLV: jax.Array, targets_BL: jax.Array) -> jax.Array:
+  """log softmax(logits)[target] in float32, from full logits."""
+  return _at_targets(jax.nn.log_softmax(logits_BLV.astype(jnp.float32), axis=-1), targets_BL)
+
+
 def logp_entropy_reference(logits_BLV: jax.Array, targets_BL: jax.Array):
-  """The same quantities from full logits by plain autodiff-able ops (tests, probes)."""
+  """:func:`logp_entropy` from full logits by plain autodiff-able ops (tests, probes,
+  reference paths): one log-softmax for both outputs."""
   logp = jax.nn.log_softmax(logits_BLV.astype(jnp.float32), axis=-1)
-  ent_BL = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-  return jnp.take_along_axis(logp, targets_BL[..., None], axis=-1)[..., 0], ent_BL
+  return _at_targets(logp, targets_BL), -jnp.sum(jnp.exp(logp) * logp, axis=-1)
