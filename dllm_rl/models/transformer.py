@@ -105,9 +105,7 @@ class Transformer(nnx.Module):
     """``mask_BNM``: bool, True = query n may attend key m; broadcastable to
     [B, N, N] (e.g. [B, 1, N] key padding); None = full bidirectional; or a
     ``layers.StaircaseSpec`` for the block-diffusion training layout."""
-    cfg = self.cfg
-    return jnp.einsum("bnd,dv->bnv", self.hidden(tokens_BN, positions_BN, mask_BNM),
-                      self.head_weight().astype(cfg.dtype), preferred_element_type=jnp.float32)
+    return self.logits(self.hidden(tokens_BN, positions_BN, mask_BNM))
 
   def hidden(self, tokens_BN: jax.Array, positions_BN: jax.Array,
              mask_BNM: jax.Array | None = None) -> jax.Array:
@@ -126,6 +124,11 @@ class Transformer(nnx.Module):
   def head_weight(self) -> jax.Array:
     """The LM head [D, V] in ``param_dtype`` (the embedding's transpose when tied)."""
     return self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
+
+  def logits(self, h_BND: jax.Array) -> jax.Array:
+    """float32 logits [B, N, V] of final hidden states (matmul in ``dtype``)."""
+    return jnp.einsum("bnd,dv->bnv", h_BND, self.head_weight().astype(self.cfg.dtype),
+                      preferred_element_type=jnp.float32)
 
   def forward_cached(self, tokens_BT: jax.Array, positions_BT: jax.Array, cache: layers.KVCache,
                      cache_valid_BM: jax.Array, offset, *, new_valid_BT: jax.Array | None = None,
@@ -174,9 +177,7 @@ class Transformer(nnx.Module):
       x = constrain_activations(x)
       ks.append(k_BMKQ)
       vs.append(v_BMKQ)
-    x = self.final_norm(x)
-    logits_BTV = jnp.einsum("bnd,dv->bnv", x, self.head_weight().astype(cfg.dtype),
-                            preferred_element_type=jnp.float32)
+    logits_BTV = self.logits(self.final_norm(x))
     return logits_BTV, (layers.KVCache(tuple(ks), tuple(vs)) if write else cache)
 
 
