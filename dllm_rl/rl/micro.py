@@ -49,7 +49,7 @@ def merge_rows(x):
 
 
 def _split_draws(draws, n: int):
-  """Draw arrays [K, R, ...] → [n, K, R / n, ...]."""
+  """Draw arrays (a pytree of them) [K, R, ...] → [n, K, R / n, ...]."""
   return jax.tree.map(lambda a: jnp.moveaxis(split_rows(jnp.moveaxis(a, 1, 0), n), 2, 1), draws)
 
 
@@ -78,7 +78,7 @@ def accumulate_grads(estimator: Estimator, make_scorer, params, seqs, draws, cot
   its cotangent ``cot_KBL`` = ∂L/∂logp_KBL (module docstring), float32 sums."""
   seqs_n = jax.tree.map(lambda a: split_rows(a, n), seqs)
   draws_n = _split_draws(draws, n)
-  cot_nKm = jnp.moveaxis(split_rows(jnp.moveaxis(cot_KBL, 1, 0), n), 2, 1)
+  cot_nKm = _split_draws(cot_KBL, n)
 
   def draw_grad(p, seqs_m, draw_m, cot_mL):
     logp_mL, _ = estimator.forward(make_scorer(p), seqs_m, draw_m, cfg)

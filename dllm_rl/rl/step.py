@@ -127,14 +127,21 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
     seqs = flatten_groups(batch, cfg.eos_id)
     n_micro = b * g // cfg.micro_batch if cfg.micro_batch else 0
 
+    def score_micro(params, key):
+      """(draws, logp_KBL, entropy_KBL) of every sequence, micro-batch by micro-batch,
+      without gradient."""
+      draws = estimator.draw(key, seqs, est_cfg, cfg.mask_id)
+      return (draws,) + micro.score_micro(estimator, make_scorer, params, seqs, draws, est_cfg,
+                                          n_micro)
+
+    def reduce(draws, logp_KBL, ent_KBL):
+      return _group(estimator.reduce(logp_KBL, ent_KBL, seqs, draws, est_cfg), b, g)
+
     def estimate(params, key):
       """ℓ̂ of every sequence, [B, G]-grouped (no-grad use in micro-batched mode)."""
       if not n_micro:
         return _group(estimator(make_scorer(params), seqs, key, est_cfg, cfg.mask_id), b, g)
-      draws = estimator.draw(key, seqs, est_cfg, cfg.mask_id)
-      logp_KBL, ent_KBL = micro.score_micro(estimator, make_scorer, params, seqs, draws,
-                                            est_cfg, n_micro)
-      return _group(estimator.reduce(logp_KBL, ent_KBL, seqs, draws, est_cfg), b, g)
+      return reduce(*score_micro(params, key))
 
     mask_BGL = seqs.completion_valid_BL.reshape(b, g, l)
     if cfg.dynamic_states:
@@ -176,15 +183,9 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
                                   has_aux=True)(params)
       # Micro-batched: per-draw log-probs without gradient, the loss's cotangent on them,
       # then one backward per (micro-batch, draw) — exactly the full-batch gradient.
-      draws = estimator.draw(k_theta, seqs, est_cfg, cfg.mask_id)
-      logp_KBL, ent_KBL = micro.score_micro(estimator, make_scorer, params, seqs, draws,
-                                            est_cfg, n_micro)
-
-      def from_logp(logp_KBL):
-        lik = _group(estimator.reduce(logp_KBL, ent_KBL, seqs, draws, est_cfg), b, g)
-        return objective(lik, lik_old, m)
-
-      (loss, aux), cot_KBL = jax.value_and_grad(from_logp, has_aux=True)(logp_KBL)
+      draws, logp_KBL, ent_KBL = score_micro(params, k_theta)
+      (loss, aux), cot_KBL = jax.value_and_grad(
+          lambda logp: objective(reduce(draws, logp, ent_KBL), lik_old, m), has_aux=True)(logp_KBL)
       grads = micro.accumulate_grads(estimator, make_scorer, params, seqs, draws, cot_KBL,
                                      est_cfg, n_micro)
       return (loss, aux), grads
