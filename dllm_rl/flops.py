@@ -105,13 +105,6 @@ def sft_step_flops(config, model_cfg: ModelConfig, *, prompt_len: int | None = N
   return float(3 * d.batch_size * forward_flops(model_cfg, n, head_rows=d.completion_len))
 
 
-def sampler_config(config):
-  """The run's sampler config (``BlockSamplerConfig`` for a block model), as the loops build it."""
-  from dllm_rl.sampling.block_sampler import BlockSamplerConfig
-  from dllm_rl.sampling.sampler import SamplerConfig
-  return (BlockSamplerConfig if config.model.block_size else SamplerConfig).from_config(config)
-
-
 def sampler_flops(m: ModelConfig, cfg, batch: int, prompt_len: int, *,
                   blocks: int | None = None, steps: float | None = None) -> float:
   """Model FLOPs of one sampler call on ``batch`` sequences (dllm_rl/sampling/).
@@ -170,6 +163,7 @@ def sampler_flops(m: ModelConfig, cfg, batch: int, prompt_len: int, *,
 def program_flops(config, model_cfg: ModelConfig) -> dict[str, float]:
   """Analytic FLOPs of each program of dllm_rl.programs (the planner's column), at
   ``data.prompt_len``; the samplers at their full schedule."""
+  from dllm_rl.setup import sampler_config
   sampler_cfg = sampler_config(config)
   r, p = config.rl, config.data.prompt_len
   out = {"sft_step": sft_step_flops(config, model_cfg),

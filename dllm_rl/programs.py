@@ -23,8 +23,6 @@ from dllm_rl import setup
 from dllm_rl.models import transformer
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.parallel.shard import batch_sharding, replicated, state_shardings
-from dllm_rl.sampling.block_sampler import BlockSamplerConfig
-from dllm_rl.sampling.sampler import SamplerConfig
 from dllm_rl.types import SequenceBatch
 
 SFT_MODES = ("sft", "pipeline")
@@ -84,8 +82,7 @@ def build_programs(config, devices) -> tuple[list[Program], object, transformer.
   params = _abstract(abstract, param_shardings(abstract, mesh))
   key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype,
                              sharding=replicated(mesh))
-  sampler_cfg = (BlockSamplerConfig if config.model.block_size else SamplerConfig).from_config(
-      config)
+  sampler_cfg = setup.sampler_config(config)
   p, l = config.data.prompt_len, config.data.completion_len
   programs = []
 

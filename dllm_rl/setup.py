@@ -148,6 +148,11 @@ def _encode(examples, tokenizer, config, split: str) -> dict:
     raise ConfigError("data", f"{split} split of task {config.task.name!r}: {err}") from err
 
 
+def sampler_config(config) -> SamplerConfig | BlockSamplerConfig:
+  """The run's sampler config (``BlockSamplerConfig`` for a block model)."""
+  return (BlockSamplerConfig if config.model.block_size else SamplerConfig).from_config(config)
+
+
 def check_batch_sizes(config, mesh) -> None:
   """Every global batch must split evenly over the batch axes (data × fsdp)."""
   div = batch_divisor(mesh)
@@ -187,8 +192,7 @@ def build_context(config, workdir: str) -> Context:
   return Context(
       config=config, workdir=workdir, task=task, tokenizer=tokenizer,
       model_cfg=hf.model_cfg if hf else model_config(config, tokenizer.vocab_size),
-      sampler_cfg=(BlockSamplerConfig if config.model.block_size else SamplerConfig).from_config(
-          config),
+      sampler_cfg=sampler_config(config),
       train_examples=train, train_arrays=_encode(train, tokenizer, config, "train"),
       val_examples=val, val_arrays=_encode(val, tokenizer, config, "validation"),
       test_examples=test, test_arrays=_encode(test, tokenizer, config, "test"), mesh=mesh,
