@@ -116,10 +116,10 @@ def run_rl(ctx: Context) -> dict:
   greedy_fn, accuracy = evaluation.make_greedy_evaluator(graphdef, ctx)
 
   it = batches.position
-  timed, timed_seconds, rollout_seconds = 0, 0.0, 0.0
   window = meta.get("metrics_window", [])  # steps since the last log, saved with the checkpoint
   guard = StepGuard.from_config(PHASE, ckpt, config)
   timer, first = StepTimer.from_config(config, ctx.mesh), True
+  run_timer = StepTimer(num_devices=1, peak_flops=None)  # every timed step (the summary)
   rollout_tokens = r.batch_prompts * r.group_size * ctx.sampler_cfg.completion_len
   with MetricsLogger(ctx.workdir, tensorboard=config.log.tensorboard,
                      enabled=is_primary()) as logger, \
@@ -159,6 +159,7 @@ def run_rl(ctx: Context) -> dict:
       if not first:  # the first step compiles
         timer.add(step_seconds, rollout_seconds=t_roll, tokens=rollout_tokens,
                   flops=_step_flops(config, ctx, rollout_cfg, out, batch["prompt_BP"].shape[1]))
+        run_timer.add(step_seconds, rollout_seconds=t_roll, tokens=rollout_tokens, flops=0.0)
       first = False
       profile.after(it, state)
       window.append(metrics)
@@ -168,9 +169,6 @@ def run_rl(ctx: Context) -> dict:
         window = []
         logger.log(it, logged, phase=PHASE)
         bar.set_postfix(reward=f"{logged['reward_mean']:.3f}", refresh=False)
-      if it > 1:
-        timed, timed_seconds = timed + 1, timed_seconds + step_seconds
-        rollout_seconds += t_roll
       if r.eval_every and it % r.eval_every == 0:
         val = accuracy(state.params, ctx.val_examples, ctx.val_arrays)
         logger.log(it, {f"val_{k}": v for k, v in val.items()}, phase=PHASE)
@@ -197,8 +195,9 @@ def run_rl(ctx: Context) -> dict:
   summary = {
       "rl_steps": it,
       "rl_accuracy": test["accuracy"],
-      "rl_step_seconds": timed_seconds / timed if timed else None,
-      "rollout_tokens_per_second": rollout_tokens * timed / rollout_seconds if timed else None,
+      "rl_step_seconds": run_timer.seconds / run_timer.steps if run_timer.steps else None,
+      "rollout_tokens_per_second": (run_timer.tokens / run_timer.rollout_seconds
+                                    if run_timer.steps else None),
       "rl_pass_at_k": test["pass_at_k"],
       "rl_sample_accuracy": test["sample_accuracy"],
       "rl_diversity": test["diversity"],
