@@ -100,7 +100,7 @@ class MetricsLogger:
     if not enabled:
       return
     paths.resolve(self.workdir).mkdir(parents=True, exist_ok=True)
-    self._lines = _count_phases(self.path)
+    self._lines = _count_phases(_read_text(self.path).splitlines())
     self._file = _open_append(self.path)
     if tensorboard:
       import tensorboardX  # Imported lazily: only the primary host needs it.
@@ -140,12 +140,10 @@ class MetricsLogger:
     if not self.enabled:
       return 0
     self._file.close()
-    lines = _read_text(self.path).splitlines()
     kept, seen, dropped = [], 0, 0
-    for line in lines:
-      try:
-        record_phase = json.loads(line).get("phase")
-      except (json.JSONDecodeError, AttributeError):
+    for line in _read_text(self.path).splitlines():
+      record_phase = _phase_of(line)
+      if record_phase is _CUT:
         dropped += 1  # a line cut short by a crash
         continue
       if record_phase == phase:
@@ -163,7 +161,7 @@ class MetricsLogger:
         with open(tmp, "w", encoding="utf-8") as f:
           f.write(text)
         os.replace(tmp, self.path)
-    self._lines = _count_phases(self.path)
+    self._lines = _count_phases(kept)
     self._file = _open_append(self.path)
     return dropped
 
@@ -213,15 +211,23 @@ def _open_append(path: str):
   return f
 
 
-def _count_phases(path: str) -> dict[str, int]:
-  """Records per phase in an existing metrics.jsonl (empty when there is none)."""
+_CUT = object()  # _phase_of: not a record (a line cut short by a crash)
+
+
+def _phase_of(line: str):
+  """The ``phase`` of one metrics.jsonl line, or ``_CUT`` when it is not a JSON record."""
+  try:
+    return json.loads(line).get("phase")
+  except (json.JSONDecodeError, AttributeError):
+    return _CUT
+
+
+def _count_phases(lines: Sequence[str]) -> dict[str, int]:
+  """Records per phase among metrics.jsonl ``lines``."""
   counts: dict[str, int] = {}
-  for line in _read_text(path).splitlines():
-    try:
-      phase = json.loads(line).get("phase")
-    except (json.JSONDecodeError, AttributeError):
-      continue
-    counts[phase] = counts.get(phase, 0) + 1
+  for phase in map(_phase_of, lines):
+    if phase is not _CUT:
+      counts[phase] = counts.get(phase, 0) + 1
   return counts
 
 
