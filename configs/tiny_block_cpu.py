@@ -12,7 +12,7 @@ as tiny_cpu.
 """
 
 from dllm_rl.config import locked
-from dllm_rl.default_config import get_config as _tiny
+from dllm_rl.config.defaults import get_config as _tiny
 
 
 def get_config():

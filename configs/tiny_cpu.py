@@ -1,4 +1,4 @@
-"""Tiny CPU config: the embedded default (dllm_rl/default_config.py), as a file to copy.
+"""Tiny CPU config: the embedded default (dllm_rl/config/defaults.py), as a file to copy.
 
 Masked-diffusion SFT of a 0.1M-parameter model on 3-digit addition. Run
 (2 CPU cores, about a minute):
@@ -13,4 +13,4 @@ and summary.json. Re-running the same command resumes (and finishes at once
 when done). Overrides: ``--config.sft.steps=500 --config.sft.lr=1e-3``.
 """
 
-from dllm_rl.default_config import get_config  # noqa: F401
+from dllm_rl.config.defaults import get_config  # noqa: F401

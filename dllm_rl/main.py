@@ -27,59 +27,21 @@ import sys
 
 from absl import app, flags, logging
 
-from dllm_rl.config import ConfigError, apply_overrides, load_config_file
-from dllm_rl.default_config import get_config as default_config
+from dllm_rl.config import cli
+from dllm_rl.config.defaults import get_config as default_config
+from dllm_rl.errors import ConfigError
 
 _CONFIG = flags.DEFINE_string("config", None,
                               "ml_collections config file (default: the embedded tiny CPU config).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, summary.")
-_PREFIX = "--config."
 _overrides: list[tuple[str, str]] = []
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl flags, with every ``--config.KEY=VALUE`` set aside (applied after loading the config,
-  so that each problem is reported as a config error naming its key)."""
-  rest = []
-  for arg in argv:
-    if arg.startswith(_PREFIX):
-      key, sep, value = arg[len(_PREFIX):].partition("=")
-      if not sep:
-        print(f"error: config.{key}: expected --config.{key}=VALUE", file=sys.stderr)
-        sys.exit(2)
-      _overrides.append((key, value))
-    else:
-      rest.append(arg)
-  try:
-    return flags.FLAGS(rest)
-  except flags.Error as e:
-    print(f"error: {e}\nPass --helpfull to see the flags.", file=sys.stderr)
-    sys.exit(2)
-
-
-def _fail(errors: list[ConfigError]):
-  for err in getattr(errors[0], "errors", None) or errors:
-    print(f"error: {err}", file=sys.stderr)
-  sys.exit(2)
 
 
 def load(path: str | None, overrides: list[tuple[str, str]]):
   """The config file (or the embedded default) with the overrides applied and validated;
   exits with status 2 listing every problem."""
-  from dllm_rl.config import validate
-  try:
-    config = load_config_file(path) if path else default_config()
-  except Exception as e:  # noqa: BLE001 - a broken config file: report it, no traceback
-    print(f"error: --config={path}: {type(e).__name__}: {e}", file=sys.stderr)
-    sys.exit(2)
-  errors = apply_overrides(config, overrides)
-  try:
-    validate(config)
-  except ConfigError as err:
-    errors += getattr(err, "errors", [err])
-  if errors:
-    _fail(errors)
-  return config
+  from dllm_rl.train.validate import validate
+  return cli.load(path, overrides, check=validate, default=default_config)
 
 
 def main(argv):
@@ -88,8 +50,8 @@ def main(argv):
   if not _WORKDIR.value:
     raise app.UsageError("--workdir is required")
   config = load(_CONFIG.value, _overrides)
-  from dllm_rl import run  # after flag parsing: keeps --help fast
-  from dllm_rl.checkpoint import CheckpointError
+  from dllm_rl.train import modes as run  # after flag parsing: keeps --help fast
+  from dllm_rl.infra.checkpoint import CheckpointError
   from dllm_rl.train.resilience import EXIT_PREEMPTED, NonFiniteError, Preempted
 
   logging.set_verbosity(logging.WARNING)  # orbax is chatty at INFO
@@ -97,7 +59,7 @@ def main(argv):
   try:
     summary = run.run(config, _WORKDIR.value)
   except ConfigError as err:
-    _fail([err])
+    cli.fail([err])
   except Preempted as stop:
     print(f"[preemption] {stop}", file=sys.stderr, flush=True)
     sys.exit(EXIT_PREEMPTED)
@@ -108,4 +70,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=cli.flags_parser(_overrides))

@@ -12,6 +12,13 @@ from typing import Callable, Generic, Iterator, TypeVar
 T = TypeVar("T")
 
 
+def unknown_message(kind: str, name: object, choices) -> str:
+  """"unknown KIND 'name'; available: a, b. Did you mean 'a'?" for a name not in ``choices``."""
+  close = difflib.get_close_matches(str(name), list(choices), n=1)
+  hint = f" Did you mean {close[0]!r}?" if close else ""
+  return f"unknown {kind} {name!r}; available: {', '.join(sorted(choices))}.{hint}"
+
+
 class Registry(Generic[T]):
   """A name → object mapping with helpful errors for unknown names."""
 
@@ -36,10 +43,7 @@ class Registry(Generic[T]):
     return self._items[name]
 
   def unknown_message(self, name: str) -> str:
-    close = difflib.get_close_matches(str(name), list(self._items), n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    return (f"unknown {self.kind} {name!r}; available: "
-            f"{', '.join(sorted(self._items))}.{hint}")
+    return unknown_message(self.kind, name, self._items)
 
   def names(self) -> list[str]:
     return sorted(self._items)

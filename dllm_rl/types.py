@@ -4,10 +4,11 @@ Shape suffixes on array names (``logits_BNV``, ``mask_BL``):
 
 * ``B`` batch (prompts), ``G`` completions per prompt (group size)
 * ``P`` prompt length, ``L`` completion length, ``N`` = P + L full sequence
-* ``V`` vocabulary, ``D`` model width, ``H`` query heads, ``K`` key/value heads
+* ``V`` vocabulary, ``D`` model width, ``H`` query heads, ``J`` key/value heads
 * ``Q`` head dimension, ``F`` MLP hidden width, ``S`` denoising states/steps
-* ``T`` Monte-Carlo samples of the likelihood estimators; in KV-cached
-  forwards (``Transformer.forward_cached``) the new tokens fed against the cache
+* ``K`` Monte-Carlo draws of the likelihood estimators (``logp_KBL``)
+* ``T`` in KV-cached forwards (``Transformer.forward_cached``): the new tokens fed
+  against the cache
 * ``M`` attention keys / KV-cache slots
 
 Log-probabilities, ratios and advantages are always float32.
@@ -18,7 +19,11 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import struct
+
+# Compute / parameter dtypes by config name (model.dtype, model.param_dtype, HF loads).
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 @struct.dataclass

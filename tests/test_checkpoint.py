@@ -1,4 +1,4 @@
-"""Tests for dllm_rl.checkpoint: round trips of real training-state pytrees, retention, errors."""
+"""Tests for dllm_rl.infra.checkpoint: round trips of real training-state pytrees, retention, errors."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from dllm_rl.checkpoint import Checkpointer
+from dllm_rl.infra.checkpoint import Checkpointer
 
 
 class _Tiny(nnx.Module):
@@ -176,7 +176,7 @@ def test_failed_save_keeps_older_checkpoints(tmp_path):
 import glob  # noqa: E402
 import logging as _logging  # noqa: E402
 
-from dllm_rl.checkpoint import CheckpointError  # noqa: E402
+from dllm_rl.infra.checkpoint import CheckpointError  # noqa: E402
 
 
 def _three_steps(tmp_path):
@@ -211,7 +211,7 @@ def test_damaged_newest_step_falls_back_with_a_warning(tmp_path, caplog, damage)
   directory, template = _three_steps(tmp_path)
   damage(os.path.join(directory, "3"))
   with Checkpointer(directory, save_every=1, keep=5, async_save=False) as ckpt:
-    with caplog.at_level(_logging.WARNING, logger="dllm_rl.checkpoint"):
+    with caplog.at_level(_logging.WARNING, logger="dllm_rl.infra.checkpoint"):
       state, meta = ckpt.restore(template)
     assert meta == {"at": 2} and int(state.step) == 2
     warning = " ".join(r.getMessage() for r in caplog.records)

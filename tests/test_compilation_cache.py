@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 from jax._src import compilation_cache as jax_cache
 
-from dllm_rl import run
+from dllm_rl.train import modes as run
 from dllm_rl.config import base_config
 
 

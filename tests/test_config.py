@@ -8,7 +8,9 @@ import time
 import ml_collections
 import pytest
 
-from dllm_rl.config import ConfigError, base_config, load_config_file, locked, validate
+from dllm_rl.config import ConfigError, base_config, load_config_file, locked
+
+from dllm_rl.train.validate import validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -123,7 +125,7 @@ def test_cli_fails_fast_naming_the_key(tmp_path, override, key):
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from dllm_rl.config import ConfigErrors, apply_overrides  # noqa: E402
-from dllm_rl.default_config import get_config as default_config  # noqa: E402
+from dllm_rl.config.defaults import get_config as default_config  # noqa: E402
 
 
 def test_validate_lists_every_error_at_once():
@@ -200,7 +202,7 @@ def test_cli_overrides_on_embedded_default_list_all_errors(tmp_path):
 
 def test_micro_batch_must_split_over_the_batch_devices():
   from dllm_rl.parallel.mesh import make_mesh
-  from dllm_rl.setup import check_batch_sizes
+  from dllm_rl.train.context import check_batch_sizes
   config = _cfg(rl__micro_batch=4, data__batch_size=64, eval__batch_size=128)
   mesh = make_mesh({"data": 8, "fsdp": 1, "tensor": 1})
   with pytest.raises(ConfigError) as err:

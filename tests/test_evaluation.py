@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from dllm_rl.evaluation import pass_at_k
+from dllm_rl.train.evaluation import pass_at_k
 
 
 @pytest.mark.parametrize("n", [1, 3, 6])

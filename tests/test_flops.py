@@ -1,4 +1,4 @@
-"""dllm_rl.flops: the analytic model FLOPs equal a count by hand and agree with XLA's cost
+"""dllm_rl.train.flops: the analytic model FLOPs equal a count by hand and agree with XLA's cost
 analysis of the actual programs at tiny size (unrolled layers, loops of trip count 1, so
 XLA counts every operation once); the step and sampler counts compose as documented."""
 
@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from dllm_rl import flops
-from dllm_rl.default_config import get_config
+from dllm_rl.train import flops
+from dllm_rl.config.defaults import get_config
 from dllm_rl.models import transformer as T
 from dllm_rl.sampling.block_sampler import BlockSamplerConfig
 from dllm_rl.sampling.sampler import SamplerConfig
@@ -84,7 +84,7 @@ def test_rl_step_matches_xla(antithetic, kl_coef, passes):
   """μ = K = 1 (loops of one trip): ℓ̂_old once, ℓ̂_ref when kl_coef > 0, one update = 3×."""
   from dllm_rl.rl.step import RolloutBatch, make_rl_step
   from dllm_rl.train.rl_loop import rl_optimizer, step_config
-  from dllm_rl.train.sft_step import init_train_state
+  from dllm_rl.parallel.shard import init_train_state
   c = _rl_config(antithetic=antithetic)
   c.rl.kl_coef = kl_coef
   b, g, p, l = 2, 2, 48, 16
@@ -105,7 +105,8 @@ def test_rl_step_matches_xla(antithetic, kl_coef, passes):
 
 
 def test_sft_step_matches_xla():
-  from dllm_rl.train.sft_step import init_train_state, make_sft_step
+  from dllm_rl.parallel.shard import init_train_state
+  from dllm_rl.train.sft_step import make_sft_step
   from dllm_rl.types import SequenceBatch
   c = _rl_config()
   c.data.batch_size = 4

@@ -18,10 +18,10 @@ import jax
 import numpy as np
 
 from dllm_rl.benchmarks.common import sharded_rl_step
-from dllm_rl.default_config import get_config
+from dllm_rl.config.defaults import get_config
 from dllm_rl.parallel.shard import put_global
 from dllm_rl.rl.step import RolloutBatch
-from dllm_rl.setup import build_context
+from dllm_rl.train.context import build_context
 
 GOLDEN = {"loss_1": -0.21011731028556824, "grad_norm_1": 2.011765956878662,
           "entropy_1": 2.7949602603912354, "loss_2": 0.47159790992736816,

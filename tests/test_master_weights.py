@@ -9,7 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dllm_rl import convert, setup
+from dllm_rl.models import convert
+
+from dllm_rl.train import context as setup
 from dllm_rl.config import load_config_file
 from dllm_rl.models import hf
 from dllm_rl.parallel.mesh import make_mesh
@@ -85,6 +87,6 @@ def test_fresh_init_uses_param_dtype():
   config = load_config_file(os.path.join(ROOT, "configs", "tiny_cpu.py"))
   config.model.dtype, config.model.param_dtype = "bfloat16", "float32"
   model_cfg = setup.model_config(config, vocab_size=32)
-  from dllm_rl.parallel.shard import init_params_sharded
+  from dllm_rl.models.transformer import init_params_sharded
   _, params = init_params_sharded(model_cfg, jax.random.key(0), make_mesh(config.mesh))
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))

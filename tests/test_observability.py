@@ -1,4 +1,4 @@
-"""Tests for dllm_rl.observability: JSONL records, resume append, NaN round trip, TB, plots."""
+"""Tests for dllm_rl.infra.observability: JSONL records, resume append, NaN round trip, TB, plots."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dllm_rl.observability import (MetricsLogger, phase_summary, plot_metrics, progress,
+from dllm_rl.infra.observability import (MetricsLogger, phase_summary, plot_metrics, progress,
                                    read_metrics)
 
 
@@ -206,9 +206,10 @@ def test_rl_run_logs_throughput_and_mfu_and_writes_a_profile(tmp_path):
   """A tiny pipeline with profile.steps = "2:3" and a peak override: a trace under
   workdir/profile, tokens_per_second on every step line, mfu = FLOPs / (time × devices ×
   peak) with the analytic FLOPs of a step (full sampler schedule: stop_at_eos off)."""
-  from dllm_rl import flops, run
-  from dllm_rl.default_config import get_config
-  from dllm_rl.setup import build_context
+  from dllm_rl.train import flops
+  from dllm_rl.train import modes as run
+  from dllm_rl.config.defaults import get_config
+  from dllm_rl.train.context import build_context
   c = get_config()
   c.mode = "pipeline"
   c.model.d_model, c.model.n_layers, c.model.mlp_hidden = 32, 1, 64

@@ -11,8 +11,8 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from dllm_rl import paths
-from dllm_rl.checkpoint import Checkpointer
-from dllm_rl.observability import MetricsLogger, plot_metrics, read_metrics
+from dllm_rl.infra.checkpoint import Checkpointer
+from dllm_rl.infra.observability import MetricsLogger, plot_metrics, read_metrics
 
 
 class FakeGCS(MemoryFileSystem):

@@ -9,9 +9,13 @@ import sys
 
 import pytest
 
-from dllm_rl import flops, plan, topology
+from dllm_rl.train import flops
+
+from dllm_rl.planning import planner as plan
+
+from dllm_rl.parallel import topology
 from dllm_rl.config import ConfigError, load_config_file
-from dllm_rl.programs import model_and_tokens
+from dllm_rl.planning.programs import model_and_tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "llada_tiny")
@@ -167,7 +171,7 @@ def test_sdar_rl_step_compiles_the_mosaic_kernel_for_a_tpu_slice():
   for a v5p-8 (4 chips, FSDP 4): the block model's rl_step holds the staircase kernels as
   Mosaic custom calls (not the interpreter, not the dense reference), on per-shard shapes
   (inside shard_map: GSPMD cannot split a custom call)."""
-  from dllm_rl import programs
+  from dllm_rl.planning import programs
   config = _config("sdar_tpu.py")
   assert config.estimator.attention_impl == "pallas"
   config.model.hf_checkpoint = os.path.join(ROOT, "tests", "fixtures", "sdar_tiny")

@@ -11,13 +11,11 @@ import subprocess
 import sys
 import time
 
-import jax
-import numpy as np
 import pytest
 
-from dllm_rl import run
-from dllm_rl.default_config import get_config
-from dllm_rl.observability import read_metrics
+from dllm_rl.train import modes as run
+from dllm_rl.config.defaults import get_config
+from dllm_rl.infra.observability import read_metrics
 from dllm_rl.train.resilience import EXIT_PREEMPTED, NonFiniteError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

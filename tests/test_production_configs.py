@@ -10,8 +10,9 @@ import string
 import numpy as np
 import pytest
 
-from dllm_rl import run
-from dllm_rl.config import ConfigError, load_config_file, validate
+from dllm_rl.train import modes as run
+from dllm_rl.config import ConfigError, load_config_file
+from dllm_rl.train.validate import validate
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -90,7 +91,7 @@ def test_production_config_runs_one_rl_step_at_tiny_size(tmp_path, name):
 
 def test_rl_step_from_a_converted_checkpoint(tmp_path):
   """`python -m dllm_rl.convert import` output works as model.hf_checkpoint too."""
-  from dllm_rl.convert import import_hf
+  from dllm_rl.models.convert import import_hf
   converted = tmp_path / "converted"
   import_hf(str(_hf_dir(tmp_path)), str(converted))
   config = _tiny(_load_config("llada_tpu"), converted, _gsm8k(tmp_path))

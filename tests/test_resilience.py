@@ -16,7 +16,7 @@ import numpy as np
 import optax
 import pytest
 
-from dllm_rl import faults
+from dllm_rl.infra import faults
 from dllm_rl.train import resilience
 from dllm_rl.train.optim import SkipNonFiniteState, make_optimizer, skip_counters, skip_nonfinite
 

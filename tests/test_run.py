@@ -8,13 +8,13 @@ import jax
 import numpy as np
 import pytest
 
-from dllm_rl import run
-from dllm_rl.default_config import get_config
-from dllm_rl.observability import read_metrics
-from dllm_rl.setup import build_context, init_params
+from dllm_rl.train import modes as run
+from dllm_rl.config.defaults import get_config
+from dllm_rl.infra.observability import read_metrics
+from dllm_rl.train.context import build_context, init_params
 from dllm_rl.train.optim import make_optimizer
 from dllm_rl.train.sft_loop import open_checkpointer
-from dllm_rl.train.sft_step import init_train_state
+from dllm_rl.parallel.shard import init_train_state
 
 
 def _config(steps: int, mode: str = "sft"):

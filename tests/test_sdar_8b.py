@@ -9,7 +9,7 @@ import os
 import jax
 import numpy as np
 
-from dllm_rl import programs
+from dllm_rl.planning import programs
 from dllm_rl.config import load_config_file
 from dllm_rl.models import transformer
 

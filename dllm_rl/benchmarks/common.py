@@ -29,13 +29,14 @@ def sharded_rl_step(config, model_cfg, mesh, *, mask_id: int, eos_id: int):
   initialised ``model_cfg`` on ``mesh`` — what the RL loop builds, without data or weights."""
   import jax
 
+  from dllm_rl.models import transformer
   from dllm_rl.parallel import shard
   from dllm_rl.rl.step import make_rl_step
   from dllm_rl.sampling.sampler import SamplerConfig
   from dllm_rl.train.rl_loop import rl_optimizer, step_config
 
   optimizer, schedule = rl_optimizer(config.rl)
-  graphdef, params = shard.init_params_sharded(model_cfg, jax.random.key(0), mesh)
+  graphdef, params = transformer.init_params_sharded(model_cfg, jax.random.key(0), mesh)
   state, sharding = shard.init_state_sharded(params, optimizer, jax.random.key(1), mesh)
   cfg = step_config(config, SamplerConfig.from_config(config), mask_id, eos_id)
   return make_rl_step(graphdef, optimizer, schedule, cfg, mesh=mesh,

@@ -5,7 +5,7 @@
 First the embedded default (``python -m dllm_rl.main``, plus any ``--config.KEY=V``) runs once
 uninterrupted: the reference. Then, ``--runs`` times each, at a random point of its RL phase
 (seeded by ``--seed``), a fresh run from the reference's finished SFT checkpoint gets one fault
-(``DLLM_FAULT``, see dllm_rl/faults.py; the signals are real signals to the process):
+(``DLLM_FAULT``, see dllm_rl/infra/faults.py; the signals are real signals to the process):
 
 * ``sigterm`` / ``sigkill`` during a rollout, during an update, and while an asynchronous
   checkpoint save is being written;
@@ -60,7 +60,7 @@ def _run(workdir: str, overrides: list[str], fault: str | None, log: str) -> tup
 
 
 def _records(workdir: str) -> list[dict]:
-  from dllm_rl.observability import read_metrics
+  from dllm_rl.infra.observability import read_metrics
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     return []

@@ -42,7 +42,7 @@ def main(argv=None) -> None:
   import jax.numpy as jnp
   import numpy as np
 
-  from dllm_rl.default_config import get_config
+  from dllm_rl.config.defaults import get_config
   from dllm_rl.models import transformer as T
   from dllm_rl.parallel import shard
   from dllm_rl.parallel.mesh import make_mesh

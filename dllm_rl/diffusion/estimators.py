@@ -49,6 +49,9 @@ from dllm_rl.types import SequenceBatch
 ESTIMATORS: Registry = Registry("likelihood estimator")
 
 
+REDUCTIONS = ("sum", "mean")  # mean_field: per-sequence sum or length-mean
+
+
 @dataclasses.dataclass(frozen=True)
 class EstimatorConfig:
   """Static options (from ``config.estimator``); each estimator reads what it needs."""

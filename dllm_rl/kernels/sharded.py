@@ -31,17 +31,17 @@ def _mesh_axes(b: int, h: int, kh: int):
   return mesh, batch, heads
 
 
-def staircase_attention(q_BNHQ, k_BNKQ, v_BNKQ, *, key_valid_BN=None, **options):
+def staircase_attention(q_BNHQ, k_BNJQ, v_BNJQ, *, key_valid_BN=None, **options):
   """``dllm_rl.kernels.staircase.staircase_attention`` (same arguments), per shard."""
   b, _, h, _ = q_BNHQ.shape
-  mesh, batch, heads = _mesh_axes(b, h, k_BNKQ.shape[2])
+  mesh, batch, heads = _mesh_axes(b, h, k_BNJQ.shape[2])
   if mesh is None or (batch is None and heads is None):
-    return _staircase(q_BNHQ, k_BNKQ, v_BNKQ, key_valid_BN=key_valid_BN, **options)
+    return _staircase(q_BNHQ, k_BNJQ, v_BNJQ, key_valid_BN=key_valid_BN, **options)
   qkv = P(batch, None, heads, None)
   if key_valid_BN is None:
     fn = functools.partial(_staircase, key_valid_BN=None, **options)
     return jax.shard_map(fn, mesh=mesh, in_specs=(qkv, qkv, qkv), out_specs=qkv,
-                         check_vma=False)(q_BNHQ, k_BNKQ, v_BNKQ)
+                         check_vma=False)(q_BNHQ, k_BNJQ, v_BNJQ)
   fn = lambda q, k, v, valid: _staircase(q, k, v, key_valid_BN=valid, **options)
   return jax.shard_map(fn, mesh=mesh, in_specs=(qkv, qkv, qkv, P(batch, None)), out_specs=qkv,
-                       check_vma=False)(q_BNHQ, k_BNKQ, v_BNKQ, key_valid_BN)
+                       check_vma=False)(q_BNHQ, k_BNJQ, v_BNJQ, key_valid_BN)

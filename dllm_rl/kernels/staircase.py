@@ -41,7 +41,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-IMPLS = ("auto", "pallas", "interpret", "reference")
+ATTENTION_IMPLS = ("auto", "pallas", "interpret", "reference")
 _NEG = -1e30  # finite "minus infinity": masked scores, never exp'ed unmasked
 _NT = (((1,), (1,)), ((), ()))  # a @ b.T
 _NN = (((1,), (0,)), ((), ()))  # a @ b
@@ -86,12 +86,12 @@ def staircase_mask(prompt_len: int, completion_len: int, block_size: int, *,
   return m
 
 
-def staircase_attention_reference(q_BNHQ, k_BNKQ, v_BNKQ, *, prompt_len: int,
+def staircase_attention_reference(q_BNHQ, k_BNJQ, v_BNJQ, *, prompt_len: int,
                                   block_size: int, key_valid_BN=None,
                                   prompt_block_causal: bool = False):
   """Dense-mask attention (materialises [N, N]); the kernel's specification."""
   b, n, h, qd = q_BNHQ.shape
-  kh = k_BNKQ.shape[2]
+  kh = k_BNJQ.shape[2]
   mask_NN = jnp.asarray(staircase_mask(prompt_len, _completion_len(n, prompt_len),
                                        block_size,
                                        prompt_block_causal=prompt_block_causal))
@@ -99,12 +99,12 @@ def staircase_attention_reference(q_BNHQ, k_BNKQ, v_BNKQ, *, prompt_len: int,
   if key_valid_BN is not None:
     mask_BNM = mask_BNM & key_valid_BN.astype(bool)[:, None, :]
   q = q_BNHQ.reshape(b, n, kh, h // kh, qd)
-  scores = jnp.einsum("bnkgq,bmkq->bkgnm", q, k_BNKQ,
+  scores = jnp.einsum("bnkgq,bmkq->bkgnm", q, k_BNJQ,
                       preferred_element_type=jnp.float32) / math.sqrt(qd)
   mask = mask_BNM[:, None, None]
   probs = jax.nn.softmax(jnp.where(mask, scores, _NEG), axis=-1)
   probs = jnp.where(mask, probs, 0.0)  # rows with no valid key -> output 0
-  out = jnp.einsum("bkgnm,bmkq->bnkgq", probs, v_BNKQ.astype(jnp.float32))
+  out = jnp.einsum("bkgnm,bmkq->bnkgq", probs, v_BNJQ.astype(jnp.float32))
   return out.reshape(b, n, h, qd).astype(q_BNHQ.dtype)
 
 
@@ -484,7 +484,7 @@ def _check_tiles(block_q: int, block_k: int, backend: str) -> None:
       raise ValueError(f"{name}={t} must be a power of two ≥ 16 on GPU (Triton)")
 
 
-def staircase_attention(q_BNHQ, k_BNKQ, v_BNKQ, *, prompt_len: int, block_size: int,
+def staircase_attention(q_BNHQ, k_BNJQ, v_BNJQ, *, prompt_len: int, block_size: int,
                         key_valid_BN=None, prompt_block_causal: bool = False,
                         impl: str = "auto", block_q: int | None = None,
                         block_k: int | None = None):
@@ -499,30 +499,30 @@ def staircase_attention(q_BNHQ, k_BNKQ, v_BNKQ, *, prompt_len: int, block_size: 
   ``block_q``/``block_k``: kernel tile sizes (default per platform); the
   sequence is padded internally to tile multiples.
   """
-  if impl not in IMPLS:
-    raise ValueError(f"impl={impl!r} not in {IMPLS}")
+  if impl not in ATTENTION_IMPLS:
+    raise ValueError(f"impl={impl!r} not in {ATTENTION_IMPLS}")
   b, n, h, qd = q_BNHQ.shape
-  if k_BNKQ.shape != v_BNKQ.shape or k_BNKQ.shape[:2] != (b, n) or \
-      k_BNKQ.shape[3] != qd or h % k_BNKQ.shape[2]:
+  if k_BNJQ.shape != v_BNJQ.shape or k_BNJQ.shape[:2] != (b, n) or \
+      k_BNJQ.shape[3] != qd or h % k_BNJQ.shape[2]:
     raise ValueError(f"need q [B, N, H, Q], k/v [B, N, K, Q] with K | H; got "
-                     f"{q_BNHQ.shape}, {k_BNKQ.shape}, {v_BNKQ.shape}")
+                     f"{q_BNHQ.shape}, {k_BNJQ.shape}, {v_BNJQ.shape}")
   completion_len = _completion_len(n, prompt_len)
   _check_layout(prompt_len, completion_len, block_size)
   if key_valid_BN is not None and key_valid_BN.shape != (b, n):
     raise ValueError(f"key_valid_BN shape {key_valid_BN.shape} != {(b, n)}")
   if impl == "reference" or (impl == "auto" and target_platform() == "cpu"):
     return staircase_attention_reference(
-        q_BNHQ, k_BNKQ, v_BNKQ, prompt_len=prompt_len, block_size=block_size,
+        q_BNHQ, k_BNJQ, v_BNJQ, prompt_len=prompt_len, block_size=block_size,
         key_valid_BN=key_valid_BN, prompt_block_causal=prompt_block_causal)
 
   kind = _kernel_kind(impl)
-  return _kernel_attention(q_BNHQ, k_BNKQ, v_BNKQ, key_valid_BN, prompt_len,
+  return _kernel_attention(q_BNHQ, k_BNJQ, v_BNJQ, key_valid_BN, prompt_len,
                            block_size, prompt_block_causal, kind,
                            block_q or _DEFAULT_TILES[kind][0],
                            block_k or _DEFAULT_TILES[kind][1])
 
 
-def _kernel_attention(q_BNHQ, k_BNKQ, v_BNKQ, key_valid_BN, prompt_len, block_size,
+def _kernel_attention(q_BNHQ, k_BNJQ, v_BNJQ, key_valid_BN, prompt_len, block_size,
                       prompt_block_causal, kind, block_q, block_k):
   """Pads to the kernel layout [B, H|K, N', Q'], runs ``_flash``, unpads."""
   b, n, _, qd = q_BNHQ.shape
@@ -536,5 +536,5 @@ def _kernel_attention(q_BNHQ, k_BNKQ, v_BNKQ, key_valid_BN, prompt_len, block_si
   valid = jnp.ones((b, n), bool) if key_valid_BN is None else key_valid_BN.astype(bool)
   valid = jnp.pad(valid, pad[:2]).astype(jnp.int32).reshape(b, lay.n // block_k, 1,
                                                             block_k)
-  o = _flash(to_kernel(q_BNHQ), to_kernel(k_BNKQ), to_kernel(v_BNKQ), valid, lay)
+  o = _flash(to_kernel(q_BNHQ), to_kernel(k_BNJQ), to_kernel(v_BNJQ), valid, lay)
   return o.transpose(0, 2, 1, 3)[:, front:front + n, :, :qd]

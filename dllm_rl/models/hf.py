@@ -35,7 +35,6 @@ import struct
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from flax import nnx
@@ -44,9 +43,9 @@ from safetensors import safe_open
 from dllm_rl.models.transformer import ModelConfig, abstract_model
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.parallel.shard import param_shardings
+from dllm_rl.types import DTYPES
 
 COPY, IN, OUT = "copy", "in", "out"
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # safetensors dtype code → numpy dtype; the order is safetensors' own (files are
 # sorted by dtype, highest first, then by name).
 ST_DTYPES = {"F16": np.float16, "BF16": ml_dtypes.bfloat16, "F32": np.float32, "F64": np.float64}
@@ -262,13 +261,13 @@ def model_config_from_hf(hf_config: dict, *, dtype: str = "float32",
   """(ModelConfig, TokenIds) for a checkpoint's config.json. ``dtype`` is the compute
   dtype, ``param_dtype`` (default: ``dtype``) the storage dtype of the loaded params."""
   for name in (dtype, param_dtype or dtype):
-    if name not in _DTYPES:
-      raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {name!r}")
+    if name not in DTYPES:
+      raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
   kwargs, ids = FAMILIES[detect_family(hf_config)].parse(hf_config)
   if not 0 <= ids.mask_id < kwargs["vocab_size"]:
     raise ValueError(f"config.json: 'mask_token_id'={ids.mask_id} is outside the vocabulary "
                      f"({kwargs['vocab_size']})")
-  cfg = ModelConfig(**kwargs, dtype=_DTYPES[dtype], param_dtype=_DTYPES[param_dtype or dtype])
+  cfg = ModelConfig(**kwargs, dtype=DTYPES[dtype], param_dtype=DTYPES[param_dtype or dtype])
   return cfg, ids
 
 

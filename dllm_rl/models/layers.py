@@ -69,7 +69,7 @@ class StaircaseSpec:
   prompt_block_causal: bool = struct.field(pytree_node=False, default=False)
 
 
-def attention(q_BNHQ, k_BMKQ, v_BMKQ, mask_BNM) -> jax.Array:
+def attention(q_BNHQ, k_BMJQ, v_BMJQ, mask_BNM) -> jax.Array:
   """Masked softmax attention with grouped query heads.
 
   ``mask_BNM`` may also be a :class:`StaircaseSpec`: then the staircase
@@ -82,19 +82,19 @@ def attention(q_BNHQ, k_BMKQ, v_BMKQ, mask_BNM) -> jax.Array:
   """
   if isinstance(mask_BNM, StaircaseSpec):
     from dllm_rl.kernels.sharded import staircase_attention  # per shard on a mesh
-    return staircase_attention(q_BNHQ, k_BMKQ, v_BMKQ, prompt_len=mask_BNM.prompt_len,
+    return staircase_attention(q_BNHQ, k_BMJQ, v_BMJQ, prompt_len=mask_BNM.prompt_len,
                                block_size=mask_BNM.block_size,
                                key_valid_BN=mask_BNM.key_valid_BN, impl=mask_BNM.impl,
                                prompt_block_causal=mask_BNM.prompt_block_causal)
   b, n, h, qd = q_BNHQ.shape
-  kh = k_BMKQ.shape[2]
+  kh = k_BMJQ.shape[2]
   q = q_BNHQ.reshape(b, n, kh, h // kh, qd)
-  scores = jnp.einsum("bnkgq,bmkq->bkgnm", q, k_BMKQ,
+  scores = jnp.einsum("bnkgq,bmkq->bkgnm", q, k_BMJQ,
                       preferred_element_type=jnp.float32) / math.sqrt(qd)
   if mask_BNM is not None:
     scores = jnp.where(mask_BNM[:, None, None, :, :], scores, _NEG_INF)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v_BMKQ.dtype)
-  out = jnp.einsum("bkgnm,bmkq->bnkgq", probs, v_BMKQ)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v_BMJQ.dtype)
+  out = jnp.einsum("bkgnm,bmkq->bnkgq", probs, v_BMJQ)
   return out.reshape(b, n, h, qd)
 
 
@@ -106,8 +106,8 @@ class KVCache:
   jit). Which slots hold real entries is tracked by the caller
   (``cache_valid_BM``); see ``Transformer.forward_cached``."""
 
-  k_BMKQ: tuple[jax.Array, ...]
-  v_BMKQ: tuple[jax.Array, ...]
+  k_BMJQ: tuple[jax.Array, ...]
+  v_BMJQ: tuple[jax.Array, ...]
 
 
 class Attention(nnx.Module):
@@ -141,18 +141,18 @@ class Attention(nnx.Module):
     out = attention(q, k, v, mask_BNM)
     return jnp.einsum("bnhq,hqd->bnd", out, self.o_proj[...].astype(self.cfg.dtype))
 
-  def cached(self, x_BTD, cos_BTQ, sin_BTQ, k_BMKQ, v_BMKQ, offset, mask_BTM):
+  def cached(self, x_BTD, cos_BTQ, sin_BTQ, k_BMJQ, v_BMJQ, offset, mask_BTM):
     """T new tokens against a fixed-size KV cache: their keys (RoPE applied)
     and values are written into cache slots [offset, offset + T), then their
     queries attend over all M slots as ``mask_BTM`` allows (keys in cache
     order, so a cache laid out like the full sequence gives the same sums).
-    Returns (out_BTD, k_BMKQ, v_BMKQ) with the written cache."""
+    Returns (out_BTD, k_BMJQ, v_BMJQ) with the written cache."""
     q, k, v = self._qkv(x_BTD, cos_BTQ, sin_BTQ)
-    k_BMKQ = jax.lax.dynamic_update_slice_in_dim(k_BMKQ, k.astype(k_BMKQ.dtype), offset, axis=1)
-    v_BMKQ = jax.lax.dynamic_update_slice_in_dim(v_BMKQ, v.astype(v_BMKQ.dtype), offset, axis=1)
-    out = attention(q, k_BMKQ, v_BMKQ, mask_BTM)
+    k_BMJQ = jax.lax.dynamic_update_slice_in_dim(k_BMJQ, k.astype(k_BMJQ.dtype), offset, axis=1)
+    v_BMJQ = jax.lax.dynamic_update_slice_in_dim(v_BMJQ, v.astype(v_BMJQ.dtype), offset, axis=1)
+    out = attention(q, k_BMJQ, v_BMJQ, mask_BTM)
     out_BTD = jnp.einsum("bnhq,hqd->bnd", out, self.o_proj[...].astype(self.cfg.dtype))
-    return out_BTD, k_BMKQ, v_BMKQ
+    return out_BTD, k_BMJQ, v_BMJQ
 
 
 class SwiGLU(nnx.Module):

@@ -17,12 +17,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from dllm_rl.models import layers, scan
+from dllm_rl.types import DTYPES
 from dllm_rl.parallel.constraints import constrain_activations
+from dllm_rl.parallel.shard import param_shardings
 
 # Every logical axis name a parameter may carry (the sharding rules table maps these).
 LOGICAL_AXES = ("vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "norm")
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,8 +58,8 @@ class ModelConfig:
         head_dim=head_dim, mlp_hidden=model_cfg["mlp_hidden"],
         rope_theta=model_cfg["rope_theta"], rms_norm_eps=model_cfg["rms_norm_eps"],
         tie_embeddings=model_cfg["tie_embeddings"], qk_norm=model_cfg["qk_norm"],
-        init_std=model_cfg["init_std"], dtype=_DTYPES[model_cfg["dtype"]],
-        param_dtype=_DTYPES[model_cfg["param_dtype"]],
+        init_std=model_cfg["init_std"], dtype=DTYPES[model_cfg["dtype"]],
+        param_dtype=DTYPES[model_cfg["param_dtype"]],
         scan_layers=model_cfg.get("scan_layers", False), remat=model_cfg.get("remat", "none"))
 
 
@@ -73,12 +74,12 @@ class Block(nnx.Module):
     h = x_BND + self.attn(self.attn_norm(x_BND), cos_BNQ, sin_BNQ, mask_BNM)
     return h + self.mlp(self.mlp_norm(h))
 
-  def cached(self, x_BTD, cos_BTQ, sin_BTQ, k_BMKQ, v_BMKQ, offset, mask_BTM):
+  def cached(self, x_BTD, cos_BTQ, sin_BTQ, k_BMJQ, v_BMJQ, offset, mask_BTM):
     """``__call__`` for T new tokens against this layer's KV cache."""
-    a, k_BMKQ, v_BMKQ = self.attn.cached(self.attn_norm(x_BTD), cos_BTQ, sin_BTQ,
-                                         k_BMKQ, v_BMKQ, offset, mask_BTM)
+    a, k_BMJQ, v_BMJQ = self.attn.cached(self.attn_norm(x_BTD), cos_BTQ, sin_BTQ,
+                                         k_BMJQ, v_BMJQ, offset, mask_BTM)
     h = x_BTD + a
-    return h + self.mlp(self.mlp_norm(h)), k_BMKQ, v_BMKQ
+    return h + self.mlp(self.mlp_norm(h)), k_BMJQ, v_BMJQ
 
 
 class Transformer(nnx.Module):
@@ -168,20 +169,20 @@ class Transformer(nnx.Module):
     cos, sin = layers.rope_tables(positions_BT, cfg.head_dim, cfg.rope_theta)
     ks, vs = [], []
     last = len(self.blocks) - 1
-    for i, (block, k_BMKQ, v_BMKQ) in enumerate(zip(self.blocks, cache.k_BMKQ, cache.v_BMKQ)):
+    for i, (block, k_BMJQ, v_BMJQ) in enumerate(zip(self.blocks, cache.k_BMJQ, cache.v_BMJQ)):
       if window is not None and i == last:
-        x, k_BMKQ, v_BMKQ = _block_rows(block, x, cos, sin, k_BMKQ, v_BMKQ, offset, mask_BTM,
+        x, k_BMJQ, v_BMJQ = _block_rows(block, x, cos, sin, k_BMJQ, v_BMJQ, offset, mask_BTM,
                                         *window)
       else:
-        x, k_BMKQ, v_BMKQ = block.cached(x, cos, sin, k_BMKQ, v_BMKQ, offset, mask_BTM)
+        x, k_BMJQ, v_BMJQ = block.cached(x, cos, sin, k_BMJQ, v_BMJQ, offset, mask_BTM)
       x = constrain_activations(x)
-      ks.append(k_BMKQ)
-      vs.append(v_BMKQ)
+      ks.append(k_BMJQ)
+      vs.append(v_BMJQ)
     logits_BTV = self.logits(self.final_norm(x))
     return logits_BTV, (layers.KVCache(tuple(ks), tuple(vs)) if write else cache)
 
 
-def _block_rows(block: Block, x_BTD, cos_BTQ, sin_BTQ, k_BMKQ, v_BMKQ, offset, mask_BTM, start,
+def _block_rows(block: Block, x_BTD, cos_BTQ, sin_BTQ, k_BMJQ, v_BMJQ, offset, mask_BTM, start,
                 length: int):
   """``Block.cached`` that returns only rows [start, start + length) of its output:
   keys/values of all T rows are written, queries, attention, MLP run on those rows."""
@@ -189,12 +190,12 @@ def _block_rows(block: Block, x_BTD, cos_BTQ, sin_BTQ, k_BMKQ, v_BMKQ, offset, m
   h_BTD = block.attn_norm(x_BTD)
   _, k, v = block.attn._qkv(h_BTD, cos_BTQ, sin_BTQ)  # the unused q is dead code
   q, _, _ = block.attn._qkv(sl(h_BTD), sl(cos_BTQ), sl(sin_BTQ))
-  k_BMKQ = jax.lax.dynamic_update_slice_in_dim(k_BMKQ, k.astype(k_BMKQ.dtype), offset, axis=1)
-  v_BMKQ = jax.lax.dynamic_update_slice_in_dim(v_BMKQ, v.astype(v_BMKQ.dtype), offset, axis=1)
-  out = layers.attention(q, k_BMKQ, v_BMKQ, sl(mask_BTM))
+  k_BMJQ = jax.lax.dynamic_update_slice_in_dim(k_BMJQ, k.astype(k_BMJQ.dtype), offset, axis=1)
+  v_BMJQ = jax.lax.dynamic_update_slice_in_dim(v_BMJQ, v.astype(v_BMJQ.dtype), offset, axis=1)
+  out = layers.attention(q, k_BMJQ, v_BMJQ, sl(mask_BTM))
   o_proj = block.attn.o_proj[...].astype(block.attn.cfg.dtype)
   h = sl(x_BTD) + jnp.einsum("bnhq,hqd->bnd", out, o_proj)
-  return h + block.mlp(block.mlp_norm(h)), k_BMKQ, v_BMKQ
+  return h + block.mlp(block.mlp_norm(h)), k_BMJQ, v_BMJQ
 
 
 def positions_from_valid(valid_BN: jax.Array) -> jax.Array:
@@ -230,7 +231,7 @@ def init_kv_cache(cfg: ModelConfig, batch: int, max_len: int) -> layers.KVCache:
   """An empty (all-zero) cache of ``max_len`` slots per sequence, in ``cfg.dtype``."""
   shape = (batch, max_len, cfg.n_kv_heads, cfg.head_dim)
   zeros = tuple(jnp.zeros(shape, cfg.dtype) for _ in range(cfg.n_layers))
-  return layers.KVCache(k_BMKQ=zeros, v_BMKQ=zeros)
+  return layers.KVCache(k_BMJQ=zeros, v_BMJQ=zeros)
 
 
 def apply_cached(graphdef: nnx.GraphDef, params: nnx.State, tokens_BT, positions_BT, cache,
@@ -252,3 +253,11 @@ def apply_cached_window(graphdef: nnx.GraphDef, params: nnx.State, tokens_BT, po
 
 def count_params(params: nnx.State) -> int:
   return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))
+
+
+def init_params_sharded(cfg: ModelConfig, key: jax.Array, mesh):
+  """(graphdef, params) initialised directly into their shardings (never on one device)."""
+  graphdef, abstract = abstract_model(cfg)
+  shardings = param_shardings(abstract, mesh)
+  params = jax.jit(lambda k: init_model(cfg, k)[1], out_shardings=shardings)(key)
+  return graphdef, params

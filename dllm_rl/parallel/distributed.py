@@ -39,9 +39,9 @@ from typing import Any, Callable, Mapping
 
 import jax
 
-from dllm_rl.config import ConfigError
+from dllm_rl.errors import ConfigError
 
-MODES = ("auto", "never", "explicit")
+INITIALIZE_MODES = ("auto", "never", "explicit")
 ENV_COORDINATOR = "DLLM_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "DLLM_NUM_PROCESSES"
 ENV_PROCESS_ID = "DLLM_PROCESS_ID"
@@ -191,8 +191,8 @@ def plan(dist_cfg: Any, env: Mapping[str, str] | None = None,
   """
   env = os.environ if env is None else env
   mode = str(_get(dist_cfg, "initialize", "auto"))
-  if mode not in MODES:
-    raise ConfigError("distributed.initialize", f"unknown mode {mode!r}; expected one of {MODES}")
+  if mode not in INITIALIZE_MODES:
+    raise ConfigError("distributed.initialize", f"unknown mode {mode!r}; expected one of {INITIALIZE_MODES}")
   local_ids = parse_device_ids(_get(dist_cfg, "local_device_ids", ""))
   if mode == "never":
     return Plan("single", {}, "initialize='never'")

@@ -1,10 +1,10 @@
 """Shardings for parameters, optimizer state, train state and batches; sharded init.
 
-Parameters never exist unsharded: :func:`init_params_sharded` builds the
-abstract model (``eval_shape``), maps each parameter's logical axes through
-:data:`~dllm_rl.parallel.rules.LOGICAL_RULES`, and runs the initialiser under
-``jit`` with those output shardings, so every device materialises only its
-shard.
+Parameters never exist unsharded: ``models.transformer.init_params_sharded``
+builds the abstract model (``eval_shape``), maps each parameter's logical axes
+through :data:`~dllm_rl.parallel.rules.LOGICAL_RULES` (:func:`param_shardings`),
+and runs the initialiser under ``jit`` with those output shardings, so every
+device materialises only its shard.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from dllm_rl.models import transformer
 from dllm_rl.parallel.rules import BATCH_AXES, logical_to_spec
 from dllm_rl.types import TrainState
 
@@ -53,14 +53,6 @@ def state_shardings(abstract_state: TrainState, optimizer: optax.GradientTransfo
                                  transform_non_params=lambda _: rep, is_leaf=_is_var)
   ref_sh = None if abstract_state.ref_params is None else p_sh
   return TrainState(step=rep, params=p_sh, opt_state=opt_sh, rng=rep, ref_params=ref_sh)
-
-
-def init_params_sharded(cfg: transformer.ModelConfig, key: jax.Array, mesh: Mesh):
-  """(graphdef, params) initialised directly into their shardings (never on one device)."""
-  graphdef, abstract = transformer.abstract_model(cfg)
-  shardings = param_shardings(abstract, mesh)
-  params = jax.jit(lambda k: transformer.init_model(cfg, k)[1], out_shardings=shardings)(key)
-  return graphdef, params
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
@@ -100,10 +92,15 @@ def batch_divisor(mesh: Mesh) -> int:
   return mesh.shape["data"] * mesh.shape["fsdp"]
 
 
+def init_train_state(params, optimizer: optax.GradientTransformation, rng: jax.Array) -> TrainState:
+  """Step 0, ``params``, the optimizer's initial state and ``rng`` (no reference policy)."""
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                    opt_state=optimizer.init(params), rng=rng)
+
+
 def init_state_sharded(params: nnx.State, optimizer: optax.GradientTransformation, rng: jax.Array,
                        mesh: Mesh, *, ref_params: Any = None):
   """(TrainState placed on its shardings, the state shardings) for sharded params."""
-  from dllm_rl.train.sft_step import init_train_state
 
   def build(p, r):
     state = init_train_state(p, optimizer, rng)

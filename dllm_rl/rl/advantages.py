@@ -34,7 +34,7 @@ from dllm_rl.registry import Registry
 
 ArrayLike = Any
 
-SCHEDULES = ("linear", "cosine", "step")
+BETA_SCHEDULES = ("linear", "cosine", "step")
 _SMALL_BETA = 1e-6   # |β| below this: the β → 0 limit (centered / w = 1) is used
 _LSE_SWITCH = 30.0   # max β(r − r̄) above this: log-mean-exp via logsumexp
 
@@ -149,8 +149,8 @@ def beta_schedule(progress: ArrayLike, beta_start: ArrayLike, beta_end: ArrayLik
   g(u) = u ("linear"), (1 − cos πu)/2 ("cosine") or 1[u ≥ 0.5] ("step");
   u = 0 is the first (most-masked) denoising state.
   """
-  if schedule not in SCHEDULES:
-    raise ValueError(f"unknown beta schedule {schedule!r}; choices: {', '.join(SCHEDULES)}")
+  if schedule not in BETA_SCHEDULES:
+    raise ValueError(f"unknown beta schedule {schedule!r}; choices: {', '.join(BETA_SCHEDULES)}")
   u = jnp.asarray(progress, jnp.float32)
   if schedule == "linear":
     g = u
@@ -327,14 +327,14 @@ class AdvantageConfig:
   beta: float = 1.0             # risk_sensitive: β
   beta_start: float = 0.0       # steprs*: β at the first (most-masked) state
   beta_end: float = 2.0         # steprs*: β at the last state
-  beta_schedule: str = "linear"  # steprs*: one of SCHEDULES
+  beta_schedule: str = "linear"  # steprs*: one of BETA_SCHEDULES
   control_per_state: bool = False  # steprs_*_matched: one scale per denoising state, not per batch
   num_states: int = 1           # steprs_*_matched with control_per_state: the sampler's states
 
   def __post_init__(self):
-    if self.beta_schedule not in SCHEDULES:
+    if self.beta_schedule not in BETA_SCHEDULES:
       raise ValueError(f"unknown beta schedule {self.beta_schedule!r}; "
-                       f"choices: {', '.join(SCHEDULES)}")
+                       f"choices: {', '.join(BETA_SCHEDULES)}")
 
   @classmethod
   def from_config(cls, section: Mapping[str, Any]) -> "AdvantageConfig":

@@ -27,10 +27,11 @@ import jax
 import jax.numpy as jnp
 
 from dllm_rl.registry import Registry
-from dllm_rl.rl.spg import spg_loss, spg_loss_tokens, spg_surrogate  # noqa: F401  (public here too)
+from dllm_rl.rl.spg_loss import spg_loss, spg_loss_tokens, spg_surrogate  # noqa: F401  (public here too)
 
 LOSSES: Registry = Registry("policy loss")
 CLIP_MODES = ("upper", "symmetric", "none")
+KL_ESTIMATORS = ("k1", "k2", "k3")  # kl_penalty kinds (Schulman)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +184,7 @@ def kl_penalty(logp_BG, logp_ref_BG, kind: str = "k3"):
     return (0.5 * d * d).mean()
   if kind == "k3":
     return (_exp_safe(d) - d - 1.0).mean()
-  raise ValueError(f"unknown KL estimator {kind!r}; choose from ('k1', 'k2', 'k3')")
+  raise ValueError(f"unknown KL estimator {kind!r}; choose from {KL_ESTIMATORS}")
 
 
 # ---------------------------------------------------------------- registered forms

@@ -1,11 +1,13 @@
-"""``python -m dllm_rl.study NAME --workdir=DIR [--seeds=N] [--quick] [--set=key=value ...]``
+"""``python -m dllm_rl.study NAME --workdir=DIR [--seeds=N] [--quick] [--config.key=value ...]``
 
 NAME: ``stability``, ``steprs`` or ``all``. Trains one SFT checkpoint per seed,
 runs every arm from it, writes ``DIR/<study>.json`` (every run, per-step
 records, per-arm summaries), ``DIR/<study>_curves.png`` / ``_spikes.png``, and
 ``--results`` (default ``docs/results.md``, plots and JSON copied to
-``docs/results/``) from that JSON. ``--set`` overrides a config key of every run
-(e.g. tiny sizes for tests). Finished arms are reused on rerun.
+``docs/results/``) from that JSON. ``--config.KEY=VALUE`` (or the older spelling
+``--set=KEY=VALUE``) overrides a config key of every run (e.g. tiny sizes for tests), parsed
+as ``python -m dllm_rl.main`` parses it (dllm_rl.config.cli: every problem printed, exit
+status 2). Finished arms are reused on rerun.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ import time
 
 from absl import app, flags, logging
 
+from dllm_rl.config import cli
+from dllm_rl.config.defaults import get_config as default_config
+from dllm_rl.errors import ConfigError
 from dllm_rl.study import arms as arms_lib
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory (SFT, arms, JSON, plots).")
 _SEEDS = flags.DEFINE_integer("seeds", None, "Seeds (default 3; 1 with --quick).")
 _QUICK = flags.DEFINE_bool("quick", False, "1 seed, fewer RL steps: a smoke run of the study.")
-_SET = flags.DEFINE_multi_string("set", [], "key=value config override for every run.")
+_overrides: list[tuple[str, str]] = []  # --config.KEY=VALUE and --set=KEY=VALUE
 _RESULTS = flags.DEFINE_string("results", "docs/results.md", "Markdown report to write.")
 _STEPS = flags.DEFINE_integer("rl_steps", None, "RL steps per arm (default: the study size).")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", None, "Validation every N RL steps.")
@@ -48,7 +53,8 @@ def _load() -> str:
     return "n/a"
 
 
-def study(names: list[str], workdir: str, seeds: int | None, quick: bool, sets: list[str],
+def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
+          overrides: dict[str, object],
           results_md: str, command: str, rl_steps: int | None = None,
           eval_every: int | None = None, cache_dir: str | None = None) -> dict:
   """Run the named studies and write their JSON, plots and the markdown report."""
@@ -60,7 +66,6 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool, sets: 
   size = arms_lib.Size(rl_steps=rl_steps or size.rl_steps,
                        eval_every=eval_every or size.eval_every,
                        seeds=seeds or size.seeds)
-  overrides = dict(runner.parse_override(s) for s in sets)
   started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
   t0, load_start = time.time(), _load()
   os.makedirs(workdir, exist_ok=True)
@@ -99,20 +104,13 @@ def main(argv):
   names = arms_lib.STUDIES.names() if name == "all" else [name]
   names = sorted(names, key=lambda n: n != "stability")  # stability first
   command = "python -m dllm_rl.study " + " ".join(sys.argv[1:])
-  from dllm_rl.config import ConfigError
-  from dllm_rl.study.runner import parse_override
+  overrides = cli.typed_overrides(default_config(), _overrides)  # exits 2 on a bad one
   try:
-    for s in _SET.value:
-      parse_override(s)
-  except ValueError as err:
-    raise app.UsageError(str(err)) from err
-  try:
-    study(names, _WORKDIR.value, _SEEDS.value, _QUICK.value, _SET.value, _RESULTS.value, command,
+    study(names, _WORKDIR.value, _SEEDS.value, _QUICK.value, overrides, _RESULTS.value, command,
           _STEPS.value, _EVAL_EVERY.value, os.path.join(_WORKDIR.value, "jax_cache"))
   except ConfigError as err:
-    print(f"error: {err}", file=sys.stderr)
-    sys.exit(2)
+    cli.fail([err])
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.flags_parser(_overrides, aliases=("--set=",)))

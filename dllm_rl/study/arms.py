@@ -1,6 +1,6 @@
 """What each study runs: arms (config overrides from the seed's SFT checkpoint) and sizes.
 
-Every arm starts from the embedded default config (``dllm_rl/default_config.py``)
+Every arm starts from the embedded default config (``dllm_rl/config/defaults.py``)
 and the same SFT checkpoint per seed, and changes only the keys listed here.
 All arms use the official noise (``estimator.antithetic=False``: independent
 masks for ℓ̂_old and each inner step), a 1-draw ELBO and μ = 2 (the embedded

@@ -183,7 +183,7 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
   from dllm_rl.study.runner import make_config
   c = make_config(studies[0]["runs"][0]["overrides"])  # the sizes every run shares
   out += ["Every arm starts from the same SFT checkpoint of the embedded default's task (3-digit"
-          " addition, `dllm_rl/default_config.py`), one per seed, and changes only the listed"
+          " addition, `dllm_rl/config/defaults.py`), one per seed, and changes only the listed"
           " keys. Official noise (independent masks for ℓ̂_old and every inner step),"
           f" {c.estimator.num_samples}-draw {c.estimator.name.upper()}, μ = {c.rl.inner_steps},"
           f" {c.rl.batch_prompts} prompts × {c.rl.group_size} completions, centered advantages"

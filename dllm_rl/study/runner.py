@@ -1,6 +1,6 @@
 """Run a study: SFT once per seed, then every arm from that seed's SFT checkpoint.
 
-Runs go through the public ``dllm_rl.run.run(config, workdir)``: SFT in
+Runs go through the public ``dllm_rl.train.modes.run(config, workdir)``: SFT in
 ``DIR/sft/seed<k>`` (``config.mode=sft``; shared by the studies run in one DIR), each arm in
 ``DIR/<study>/seed<k>/<arm>`` (``config.mode=rl``) with a copy of the SFT
 checkpoint under ``checkpoints/sft``, which ``rl`` mode restores. A finished arm
@@ -17,7 +17,7 @@ import time
 
 import ml_collections
 
-from dllm_rl.default_config import get_config as default_config
+from dllm_rl.config.defaults import get_config as default_config
 from dllm_rl.study import stats
 from dllm_rl.study.arms import Arm, Size
 
@@ -51,26 +51,6 @@ def compilation_cache(cache_dir: str | None):
     cc.reset_cache()
 
 
-def parse_override(text: str) -> tuple[str, object]:
-  """``"rl.lr=1e-3"`` → ("rl.lr", 0.001), typed like the key's default (bool, int, float, str,
-  tuple of ints)."""
-  if "=" not in text:
-    raise ValueError(f"override {text!r}: expected key=value")
-  key, raw = text.split("=", 1)
-  node = default_config()
-  for part in key.split("."):
-    if part not in node:
-      raise ValueError(f"override {text!r}: unknown config key {key!r}")
-    node = node[part]
-  if isinstance(node, bool):
-    if raw.lower() not in ("true", "false"):
-      raise ValueError(f"override {text!r}: expected True or False")
-    return key, raw.lower() == "true"
-  if isinstance(node, tuple):
-    return key, tuple(int(v) for v in raw.strip("()").split(",") if v.strip())
-  return key, type(node)(raw)
-
-
 def make_config(overrides: dict) -> ml_collections.ConfigDict:
   """The embedded default with flattened overrides (``{"rl.lr": 1e-3}``) applied."""
   config = default_config()
@@ -79,7 +59,7 @@ def make_config(overrides: dict) -> ml_collections.ConfigDict:
 
 
 def _run(config, workdir: str) -> dict:
-  from dllm_rl import run
+  from dllm_rl.train import modes as run
   os.makedirs(workdir, exist_ok=True)
   return run.run(config, workdir)
 
@@ -98,7 +78,7 @@ def train_sft(seed: int, workdir: str, overrides: dict) -> dict:
 def step_records(metrics_path: str) -> tuple[list[dict], list[dict], dict]:
   """Per-step RL records, the validation evaluations and the final test record
   from a run's metrics.jsonl."""
-  from dllm_rl.observability import read_metrics
+  from dllm_rl.infra.observability import read_metrics
   steps, evals, final = {}, [], {}
   for rec in read_metrics(metrics_path, phase="rl"):
     if "val_accuracy" in rec:
@@ -185,7 +165,7 @@ def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrid
 def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
               overrides: dict, log=print) -> dict:
   """Every arm × seed; returns the study record (also written to DIR/<name>.json)."""
-  from dllm_rl.config import validate
+  from dllm_rl.train.validate import validate
   for arm in arms:  # every arm's config is checked before anything trains or compiles
     validate(make_config({**overrides, "mode": "rl", **arm.overrides}))
   t0 = time.time()

@@ -9,15 +9,21 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from dllm_rl.config.choices import LR_SCHEDULES
+
 
 def learning_rate_schedule(lr: float, steps: int, warmup_steps: int, kind: str) -> optax.Schedule:
   """Linear warm-up to ``lr`` then constant / cosine / linear decay to 0 at ``steps``."""
   decay_steps = max(steps - warmup_steps, 1)
-  decay = {
-      "constant": optax.constant_schedule(lr),
-      "cosine": optax.cosine_decay_schedule(lr, decay_steps),
-      "linear": optax.linear_schedule(lr, 0.0, decay_steps),
-  }[kind]
+  decays = {
+      "constant": lambda: optax.constant_schedule(lr),
+      "cosine": lambda: optax.cosine_decay_schedule(lr, decay_steps),
+      "linear": lambda: optax.linear_schedule(lr, 0.0, decay_steps),
+  }
+  assert tuple(decays) == LR_SCHEDULES, "config.choices.LR_SCHEDULES and the decays differ"
+  if kind not in decays:
+    raise ValueError(f"unknown learning-rate schedule {kind!r}; choose from {LR_SCHEDULES}")
+  decay = decays[kind]()
   if warmup_steps == 0:
     return decay
   warm = optax.linear_schedule(0.0, lr, warmup_steps)

@@ -1,7 +1,7 @@
 """Preemption, time-based checkpoints and non-finite steps: what the SFT and RL loops ask
 after every step.
 
-Signals. :func:`handle_signals` (installed by ``dllm_rl.run.run`` around the whole run) turns
+Signals. :func:`handle_signals` (installed by ``dllm_rl.train.modes.run`` around the whole run) turns
 the first SIGTERM or SIGINT into a *stop request*: the loop finishes the step in progress,
 saves a checkpoint at that step, flushes metrics and TensorBoard and raises :class:`Preempted`;
 ``dllm_rl.main`` then exits with status :data:`EXIT_PREEMPTED` (75, ``EX_TEMPFAIL``: "rerun

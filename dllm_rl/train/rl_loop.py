@@ -10,13 +10,19 @@ import types
 import jax
 import numpy as np
 
-from dllm_rl import evaluation, faults, flops, paths
+from dllm_rl import paths
+
+from dllm_rl.train import evaluation
+
+from dllm_rl.infra import faults
+
+from dllm_rl.train import flops
 from dllm_rl.diffusion.estimators import EstimatorConfig
-from dllm_rl.observability import MetricsLogger, phase_summary, progress
+from dllm_rl.infra.observability import MetricsLogger, phase_summary, progress
 from dllm_rl.rl.advantages import AdvantageConfig, calibrated_beta
 from dllm_rl.rl.losses import LossConfig
 from dllm_rl.rl.step import RLStepConfig, RolloutBatch, make_rl_step
-from dllm_rl.setup import Context, init_params
+from dllm_rl.train.context import Context, init_params
 from dllm_rl.tasks.data import BatchIterator, trim_to_bucket
 from dllm_rl.train.optim import make_optimizer
 from dllm_rl.train.resilience import Preempted, StepGuard, window_to_meta
@@ -59,7 +65,7 @@ def step_config(config, sampler_cfg, mask_id: int, eos_id: int) -> RLStepConfig:
 
 
 def _step_flops(config, ctx: Context, rollout_cfg, out, prompt_len: int) -> float:
-  """Model FLOPs of one RL iteration (dllm_rl.flops): the rollout, at the blocks and
+  """Model FLOPs of one RL iteration (dllm_rl.train.flops): the rollout, at the blocks and
   steps the sampler ran (max over the groups), and the rl_step."""
   blocks, steps = int(np.max(np.asarray(out.num_blocks))), float(np.max(np.asarray(out.num_steps)))
   r = config.rl

@@ -7,10 +7,14 @@ import time
 import jax
 import numpy as np
 
-from dllm_rl import evaluation, flops, paths
-from dllm_rl.checkpoint import Checkpointer
-from dllm_rl.observability import MetricsLogger, phase_summary, progress
-from dllm_rl.setup import Context, init_params, to_device
+from dllm_rl import paths
+
+from dllm_rl.train import evaluation
+
+from dllm_rl.train import flops
+from dllm_rl.infra.checkpoint import Checkpointer
+from dllm_rl.infra.observability import MetricsLogger, phase_summary, progress
+from dllm_rl.train.context import Context, init_params, to_device
 from dllm_rl.tasks.data import BatchIterator
 from dllm_rl.train.optim import make_optimizer
 from dllm_rl.train.resilience import Preempted, StepGuard, window_to_meta

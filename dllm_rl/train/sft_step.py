@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import optax
 
 from dllm_rl.diffusion.block import block_sft_loss
@@ -13,11 +12,6 @@ from dllm_rl.diffusion.sft import sft_loss
 from dllm_rl.parallel.constraints import jit_sharded
 from dllm_rl.parallel.shard import replicated
 from dllm_rl.types import SequenceBatch, TrainState
-
-
-def init_train_state(params, optimizer: optax.GradientTransformation, rng: jax.Array) -> TrainState:
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                    opt_state=optimizer.init(params), rng=rng)
 
 
 def step_options(config) -> dict:

@@ -6,7 +6,7 @@ Logged with each metrics line (over the steps since the previous line):
   steps over their time (RL: the B·G·L rollout tokens; SFT: the batch's P + L tokens);
   RL also ``rollout_seconds`` (sampling, up to the completions on the host) and
   ``update_seconds`` (the rest: rewards, the rl_step);
-* ``mfu``: the steps' model FLOPs (dllm_rl.flops: rollout + update) over
+* ``mfu``: the steps' model FLOPs (dllm_rl.train.flops: rollout + update) over
   step time × devices × the peak FLOP/s per device — only where the peak is known
   (``log.peak_tflops``, else from the device kind: :func:`peak_flops_per_device`);
 * ``memory_gib`` / ``peak_memory_gib``: bytes in use / peak bytes in use, the max over
@@ -28,9 +28,9 @@ import tempfile
 import jax
 
 from dllm_rl import paths
-from dllm_rl.topology import TPU_CHIPS
+from dllm_rl.parallel.topology import TPU_CHIPS
 
-# jax Device.device_kind → generation in dllm_rl.topology.TPU_CHIPS (v4 and v5p devices are
+# jax Device.device_kind → generation in dllm_rl.parallel.topology.TPU_CHIPS (v4 and v5p devices are
 # whole chips: the two TensorCores form one megacore device).
 TPU_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5": "v5p",
              "TPU v5p": "v5p", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}

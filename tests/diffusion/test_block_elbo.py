@@ -1,6 +1,5 @@
 """Block diffusion: the one-pass staircase ELBO equals the per-block loop."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp

@@ -1,6 +1,5 @@
 """Likelihood estimators: masks independent of θ, invariants, unbiasedness by exact enumeration."""
 
-import dataclasses
 import itertools
 import math
 

@@ -9,7 +9,8 @@ import pytest
 from dllm_rl.diffusion import masking
 from dllm_rl.diffusion.sft import sft_loss
 from dllm_rl.models import transformer as T
-from dllm_rl.train.sft_step import init_train_state, make_sft_step
+from dllm_rl.parallel.shard import init_train_state
+from dllm_rl.train.sft_step import make_sft_step
 from dllm_rl.types import SequenceBatch
 
 MASK = 2

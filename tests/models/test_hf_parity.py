@@ -18,7 +18,7 @@ import safetensors.numpy
 from flax import nnx
 from safetensors import safe_open
 
-from dllm_rl import convert
+from dllm_rl.models import convert
 from dllm_rl.models import hf
 from dllm_rl.models import transformer as T
 from dllm_rl.parallel.mesh import make_mesh

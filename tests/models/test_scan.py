@@ -8,7 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dllm_rl.config import ConfigError, base_config, validate
+from dllm_rl.config import ConfigError, base_config
+
+from dllm_rl.train.validate import validate
 from dllm_rl.models import layers
 from dllm_rl.models import transformer as T
 

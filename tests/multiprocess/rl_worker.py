@@ -14,7 +14,6 @@ import os
 import sys
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
@@ -49,7 +48,7 @@ def rollout_batch() -> RolloutBatch:
 def two_rl_steps(mesh):
   """Losses of two RL steps and the final parameters (as host numpy, flattened)."""
   opt = optax.adamw(1e-2)
-  graphdef, params = shard.init_params_sharded(CFG, jax.random.key(0), mesh)
+  graphdef, params = T.init_params_sharded(CFG, jax.random.key(0), mesh)
   state, sharding = shard.init_state_sharded(params, opt, jax.random.key(1), mesh)
   step = make_rl_step(graphdef, opt, lambda s: 1e-2, STEP, mesh=mesh, state_sharding=sharding)
   batch = shard.put_global(mesh, rollout_batch())

@@ -7,9 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import nnx
 
-from dllm_rl.checkpoint import Checkpointer
+from dllm_rl.infra.checkpoint import Checkpointer
 from dllm_rl.diffusion.estimators import EstimatorConfig
 from dllm_rl.models import transformer as T
 from dllm_rl.parallel import shard
@@ -18,8 +17,9 @@ from dllm_rl.rl.advantages import AdvantageConfig
 from dllm_rl.rl.losses import LossConfig
 from dllm_rl.rl.step import RLStepConfig, RolloutBatch, make_rl_step
 from dllm_rl.sampling.sampler import SamplerConfig
-from dllm_rl import evaluation
-from dllm_rl.train.sft_step import init_train_state, make_sft_step
+from dllm_rl.train import evaluation
+from dllm_rl.parallel.shard import init_train_state
+from dllm_rl.train.sft_step import make_sft_step
 from dllm_rl.types import SequenceBatch
 
 MASK, EOS = 2, 1
@@ -64,7 +64,7 @@ def _run(kind, mesh, cfg=CFG, scale_options=False):
     graphdef, params = T.init_model(cfg, key)
     state, sharding = init_train_state(params, OPT, jax.random.key(1)), None
   else:
-    graphdef, params = shard.init_params_sharded(cfg, key, mesh)
+    graphdef, params = T.init_params_sharded(cfg, key, mesh)
     state, sharding = shard.init_state_sharded(params, OPT, jax.random.key(1), mesh)
   if kind == "sft":
     fn = make_sft_step(graphdef, OPT, SCHEDULE, mask_id=MASK, t_eps=1e-3, mesh=mesh,
@@ -114,7 +114,7 @@ def test_every_scale_option_on_a_mesh_matches_unrolled_on_one_device(kind):
 
 def test_params_are_initialised_sharded_with_the_rules():
   mesh = _mesh((2, 2, 2))
-  _, params = shard.init_params_sharded(CFG, jax.random.key(0), mesh)
+  _, params = T.init_params_sharded(CFG, jax.random.key(0), mesh)
   spec = lambda v: tuple(v[...].sharding.spec)
   assert spec(params["embed"]) == ("tensor", "fsdp")
   assert spec(params["blocks"][0]["mlp"]["gate_proj"]) == ("fsdp", "tensor")
@@ -135,7 +135,7 @@ def test_sampler_tokens_identical_sharded_and_unsharded(temperature):
   ref = evaluation.make_sample_fn(graphdef, cfg, mask_id=MASK, eos_id=EOS)(
       params, prompt, valid, jax.random.key(6))
   mesh = _mesh((2, 2, 2))
-  _, sharded_params = shard.init_params_sharded(CFG, jax.random.key(0), mesh)
+  _, sharded_params = T.init_params_sharded(CFG, jax.random.key(0), mesh)
   p, v = shard.shard_batch(mesh, (np.asarray(prompt), np.asarray(valid)))
   out = evaluation.make_sample_fn(graphdef, cfg, mask_id=MASK, eos_id=EOS, mesh=mesh)(
       sharded_params, p, v, jax.random.key(6))
@@ -146,11 +146,11 @@ def test_sampler_tokens_identical_sharded_and_unsharded(temperature):
 
 def test_checkpoint_restores_onto_another_mesh(tmp_path):
   mesh_a, mesh_b = _mesh((2, 2, 2)), _mesh((1, 4, 2))
-  _, params = shard.init_params_sharded(CFG, jax.random.key(0), mesh_a)
+  _, params = T.init_params_sharded(CFG, jax.random.key(0), mesh_a)
   state, _ = shard.init_state_sharded(params, OPT, jax.random.key(1), mesh_a)
   with Checkpointer(str(tmp_path), save_every=1, keep=2) as ckpt:
     ckpt.save(1, state, {"data_position": 3})
-  _, params_b = shard.init_params_sharded(CFG, jax.random.key(9), mesh_b)
+  _, params_b = T.init_params_sharded(CFG, jax.random.key(9), mesh_b)
   template, shardings_b = shard.init_state_sharded(params_b, OPT, jax.random.key(2), mesh_b)
   with Checkpointer(str(tmp_path), save_every=1, keep=2) as ckpt:
     restored, meta = ckpt.restore(template)

@@ -166,7 +166,7 @@ def test_risk_sensitive_gradients_finite():
 # ------------------------------------------------------------ schedules / progress
 
 
-@pytest.mark.parametrize("schedule", adv.SCHEDULES)
+@pytest.mark.parametrize("schedule", adv.BETA_SCHEDULES)
 def test_beta_schedule_endpoints_and_monotone(schedule):
   u = np.linspace(0, 1, 101)
   beta = np.asarray(adv.beta_schedule(u, -1.0, 3.0, schedule))
@@ -203,13 +203,13 @@ def test_steprs_constant_beta_equals_risk_sensitive():
   r = _rewards(7, 3, 5)
   u = np.random.default_rng(7).uniform(size=(3, 5, 4)).astype(np.float32)
   for beta in (-2.0, 0.0, 0.7, 30.0):
-    for schedule in adv.SCHEDULES:
+    for schedule in adv.BETA_SCHEDULES:
       got = np.asarray(adv.steprs(r, u, beta, beta, schedule))
       want = np.broadcast_to(np.asarray(adv.risk_sensitive(r, beta))[..., None], got.shape)
       np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("schedule", adv.SCHEDULES)
+@pytest.mark.parametrize("schedule", adv.BETA_SCHEDULES)
 def test_steprs_binary_identity_with_a_beta_per_state(schedule):
   """A = w_{β_s}(p̂)(r − p̂) token by token, β_s from each token's own state."""
   r = _binary(23, b=6, g=8)
@@ -223,7 +223,7 @@ def test_steprs_binary_identity_with_a_beta_per_state(schedule):
   assert len(np.unique(np.round(beta, 5))) >= 2  # the test really uses several β
 
 
-@pytest.mark.parametrize("schedule", adv.SCHEDULES)
+@pytest.mark.parametrize("schedule", adv.BETA_SCHEDULES)
 def test_steprs_matches_python_loop(schedule):
   b, g, length, states = 2, 4, 6, 5
   rng = np.random.default_rng(8)

@@ -1,6 +1,5 @@
 """rl.micro_batch: micro-batched likelihoods and gradient accumulation = the full batch (fp32)."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +13,7 @@ from dllm_rl.rl import micro
 from dllm_rl.rl.advantages import AdvantageConfig
 from dllm_rl.rl.losses import LossConfig
 from dllm_rl.rl.step import RLStepConfig, RolloutBatch, make_rl_step
-from dllm_rl.train.sft_step import init_train_state
+from dllm_rl.parallel.shard import init_train_state
 
 MASK, EOS = 2, 1
 CFG = T.ModelConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8,

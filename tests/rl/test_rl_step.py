@@ -12,10 +12,10 @@ from dllm_rl.diffusion.estimators import EstimatorConfig
 from dllm_rl.models import transformer as T
 from dllm_rl.rl.advantages import AdvantageConfig
 from dllm_rl.rl.losses import LOSSES, LossConfig
-from dllm_rl.diffusion.spg import spg_block_masks
+from dllm_rl.diffusion.spg_block import spg_block_masks
 from dllm_rl.rl.step import (RLStepConfig, RolloutBatch, completion_lengths, flatten_groups,
                              make_rl_step)
-from dllm_rl.train.sft_step import init_train_state
+from dllm_rl.parallel.shard import init_train_state
 
 MASK, EOS = 2, 1
 CFG = T.ModelConfig(vocab_size=12, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=8,

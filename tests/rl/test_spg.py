@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from dllm_rl.diffusion.estimators import ESTIMATORS, EstimatorConfig, score_completion
-from dllm_rl.diffusion.spg import make_spg_block, spg_block_masks, spg_bounds
+from dllm_rl.diffusion.spg_block import make_spg_block, spg_block_masks, spg_bounds
 from dllm_rl.models import transformer
-from dllm_rl.rl.spg import spg_loss, spg_loss_tokens, spg_surrogate
+from dllm_rl.rl.spg_loss import spg_loss, spg_loss_tokens, spg_surrogate
 from dllm_rl.types import SequenceBatch
 
 MASK_ID = 11

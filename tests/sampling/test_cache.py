@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dllm_rl import evaluation
+from dllm_rl.train import evaluation
 from dllm_rl.diffusion.sft import sequence_inputs
 from dllm_rl.models import transformer as T
 from dllm_rl.parallel import shard

@@ -4,21 +4,24 @@ its seed's SFT checkpoint and produces its summary, the JSON, the plots and the 
 import json
 import os
 
+from dllm_rl.config.cli import typed_overrides
+from dllm_rl.config.defaults import get_config
 from dllm_rl.study import arms as arms_lib
 from dllm_rl.study.__main__ import study
-from dllm_rl.study.runner import parse_override
 
-TINY = ["model.d_model=32", "model.n_layers=1", "model.mlp_hidden=64", "task.train_size=256",
-        "task.val_size=16", "task.test_size=16", "data.batch_size=32", "sft.steps=4",
-        "sft.warmup_steps=0", "sft.eval_every=2", "sft.target_accuracy=0.0",
-        "rl.batch_prompts=2", "rl.group_size=4", "eval.batch_size=64", "mesh.data=2"]
+TINY = typed_overrides(get_config(), [tuple(s.split("=")) for s in [
+    "model.d_model=32", "model.n_layers=1", "model.mlp_hidden=64", "task.train_size=256",
+    "task.val_size=16", "task.test_size=16", "data.batch_size=32", "sft.steps=4",
+    "sft.warmup_steps=0", "sft.eval_every=2", "sft.target_accuracy=0.0",
+    "rl.batch_prompts=2", "rl.group_size=4", "eval.batch_size=64", "mesh.data=2"]])
 
 
-def test_parse_override_types_values_like_the_default():
-  assert parse_override("rl.lr=1e-3") == ("rl.lr", 1e-3)
-  assert parse_override("rl.steps=7") == ("rl.steps", 7)
-  assert parse_override("rl.self_normalize=False") == ("rl.self_normalize", False)
-  assert parse_override("eval.pass_k=1,4") == ("eval.pass_k", (1, 4))
+def test_overrides_are_typed_like_the_default():
+  got = typed_overrides(get_config(), [("rl.lr", "1e-3"), ("rl.steps", "7"),
+                                       ("rl.self_normalize", "False"), ("eval.pass_k", "1,4")])
+  assert got == {"rl.lr": 1e-3, "rl.steps": 7, "rl.self_normalize": False,
+                 "eval.pass_k": (1, 4)}
+  assert type(got["rl.lr"]) is float and type(got["rl.steps"]) is int
 
 
 def test_quick_study_gives_every_arm_a_summary(tmp_path):

@@ -4,8 +4,9 @@ import jax
 import numpy as np
 import pytest
 
-from dllm_rl import evaluation
-from dllm_rl.config import ConfigError, base_config, validate
+from dllm_rl.train import evaluation
+from dllm_rl.config import ConfigError, base_config
+from dllm_rl.train.validate import validate
 from dllm_rl.models import transformer as T
 from dllm_rl.sampling.sampler import SamplerConfig
 from dllm_rl.tasks.data import bucket_width, trim_to_bucket

@@ -15,8 +15,9 @@ from dllm_rl.config import ConfigError
 from dllm_rl.models import transformer
 from dllm_rl.parallel.distributed import host_rows
 from dllm_rl.parallel.mesh import make_mesh
-from dllm_rl.parallel.shard import batch_divisor, init_params_sharded, shard_batch
-from dllm_rl.sampling.block_sampler import BlockSamplerConfig
+from dllm_rl.models.transformer import init_params_sharded
+from dllm_rl.parallel.shard import batch_divisor, shard_batch
+from dllm_rl.sampling.configs import sampler_config
 from dllm_rl.sampling.sampler import SamplerConfig
 from dllm_rl.tasks import data as data_lib
 
@@ -87,7 +88,7 @@ def load_hf_params(path: str, model_cfg: transformer.ModelConfig, mesh):
 
   param_dtype = np.dtype(model_cfg.param_dtype).name
   if is_imported(path):
-    from dllm_rl.convert import load_imported
+    from dllm_rl.models.convert import load_imported
     _, _, _, params, _, _ = load_imported(path, mesh=mesh, param_dtype=param_dtype)
   else:
     _, _, _, params, _ = hf.load_checkpoint(path, mesh=mesh,
@@ -101,7 +102,7 @@ def load_hf_source(path: str, dtype: str, block_size: int = 0,
                    param_dtype: str = "float32", *, scan_layers: bool = False,
                    remat: str = "none") -> HFSource:
   """Architecture, token ids and tokenizer of a HF checkpoint dir, or of its
-  ``dllm_rl.convert import`` output (weights are read later, onto the mesh, by
+  ``python -m dllm_rl.convert import`` output (weights are read later, onto the mesh, by
   :func:`init_params`)."""
   from dllm_rl.tasks.hf_tokenizer import HFTokenizer
 
@@ -146,11 +147,6 @@ def _encode(examples, tokenizer, config, split: str) -> dict:
         truncate_answers=config.mode not in ("sft", "pipeline"))  # only SFT trains on answers
   except ValueError as err:
     raise ConfigError("data", f"{split} split of task {config.task.name!r}: {err}") from err
-
-
-def sampler_config(config) -> SamplerConfig | BlockSamplerConfig:
-  """The run's sampler config (``BlockSamplerConfig`` for a block model)."""
-  return (BlockSamplerConfig if config.model.block_size else SamplerConfig).from_config(config)
 
 
 def check_batch_sizes(config, mesh) -> None:

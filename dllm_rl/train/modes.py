@@ -1,7 +1,7 @@
 """Mode dispatch: ``run(config, workdir)`` validates, builds the context, runs the mode.
 
-Modes are registered by name; ``config.mode`` is checked against this registry
-during validation.
+One runner is registered per name of ``dllm_rl.config.choices.RUN_MODES`` (the list
+validation checks ``config.mode`` against); an import-time check keeps the two equal.
 """
 
 from __future__ import annotations
@@ -10,33 +10,34 @@ import json
 import time
 
 from dllm_rl import paths
+from dllm_rl.config.choices import RUN_MODES
 from dllm_rl.registry import Registry
 
-MODES: Registry = Registry("mode")
+RUNNERS: Registry = Registry("mode")
 
 
-@MODES.register("sft")
+@RUNNERS.register("sft")
 def _sft(ctx) -> dict:
   from dllm_rl.train.sft_loop import run_sft
   return run_sft(ctx)
 
 
-@MODES.register("eval")
+@RUNNERS.register("eval")
 def _eval(ctx) -> dict:
   from dllm_rl.train.eval_mode import run_eval
   return run_eval(ctx)
 
 
-@MODES.register("rl")
+@RUNNERS.register("rl")
 def _rl(ctx) -> dict:
   from dllm_rl.train.rl_loop import run_rl
   return run_rl(ctx)
 
 
-@MODES.register("pipeline")
+@RUNNERS.register("pipeline")
 def _pipeline(ctx) -> dict:
   """SFT warm-up → RL → held-out evaluation, with a PNG of the RL curves."""
-  from dllm_rl.observability import plot_metrics
+  from dllm_rl.infra.observability import plot_metrics
   from dllm_rl.train.rl_loop import run_rl
   from dllm_rl.train.sft_loop import run_sft
 
@@ -48,6 +49,10 @@ def _pipeline(ctx) -> dict:
                        "bypass_fraction"], phase="rl")
   return {**sft, **rl, "pass_at_k": rl["rl_pass_at_k"],
           "rl_gain": rl["rl_accuracy"] - sft["sft_accuracy"], "plot": plot}
+
+
+if set(RUNNERS) != set(RUN_MODES):  # one list of modes: validation's and the runners'
+  raise ImportError(f"run modes {sorted(RUNNERS)} differ from config.choices.RUN_MODES")
 
 
 def enable_compilation_cache(path: str) -> str | None:
@@ -69,8 +74,8 @@ def run(config, workdir: str) -> dict:
 
   SIGTERM / SIGINT during training save a checkpoint after the current step and raise
   ``dllm_rl.train.resilience.Preempted`` (no summary is written); see that module."""
-  from dllm_rl.config import validate
-  from dllm_rl.setup import build_context
+  from dllm_rl.train.validate import validate
+  from dllm_rl.train.context import build_context
 
   from dllm_rl.parallel.distributed import initialize
 
@@ -81,7 +86,7 @@ def run(config, workdir: str) -> dict:
   from dllm_rl.train.resilience import handle_signals
   with handle_signals():
     ctx = build_context(config, workdir)
-    summary = {"mode": config.mode, **MODES.get(config.mode)(ctx)}
+    summary = {"mode": config.mode, **RUNNERS.get(config.mode)(ctx)}
   summary["wall_seconds"] = time.time() - t0
   from dllm_rl.parallel.distributed import is_primary
   if is_primary():

@@ -161,9 +161,9 @@ def sampler_flops(m: ModelConfig, cfg, batch: int, prompt_len: int, *,
 
 
 def program_flops(config, model_cfg: ModelConfig) -> dict[str, float]:
-  """Analytic FLOPs of each program of dllm_rl.programs (the planner's column), at
+  """Analytic FLOPs of each program of dllm_rl.planning.programs (the planner's column), at
   ``data.prompt_len``; the samplers at their full schedule."""
-  from dllm_rl.setup import sampler_config
+  from dllm_rl.sampling.configs import sampler_config
   sampler_cfg = sampler_config(config)
   r, p = config.rl, config.data.prompt_len
   out = {"sft_step": sft_step_flops(config, model_cfg),

@@ -57,7 +57,7 @@ import orbax.checkpoint as ocp
 
 from dllm_rl import paths
 
-_LAYOUT_FORMAT = "dllm_rl.checkpoint/1"
+_LAYOUT_FORMAT = "dllm_rl.infra.checkpoint/1"
 
 _log = logging.getLogger(__name__)
 

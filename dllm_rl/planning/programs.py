@@ -19,14 +19,14 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from dllm_rl import setup
+from dllm_rl.config.choices import RL_MODES, SFT_MODES
+from dllm_rl.sampling.configs import sampler_config
+from dllm_rl.train import context as setup
 from dllm_rl.models import transformer
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.parallel.shard import batch_sharding, replicated, state_shardings
 from dllm_rl.types import SequenceBatch
 
-SFT_MODES = ("sft", "pipeline")
-RL_MODES = ("rl", "pipeline")
 
 
 @dataclasses.dataclass
@@ -56,7 +56,7 @@ def _abstract(tree, shardings):
 
 def _train_state(abstract_params, optimizer, mesh, *, ref: bool = False):
   """Abstract TrainState (with shardings) and its shardings, as init_state_sharded places it."""
-  from dllm_rl.train.sft_step import init_train_state
+  from dllm_rl.parallel.shard import init_train_state
 
   def build(p):
     state = init_train_state(p, optimizer, jax.random.key(0))
@@ -82,7 +82,7 @@ def build_programs(config, devices) -> tuple[list[Program], object, transformer.
   params = _abstract(abstract, param_shardings(abstract, mesh))
   key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype,
                              sharding=replicated(mesh))
-  sampler_cfg = setup.sampler_config(config)
+  sampler_cfg = sampler_config(config)
   p, l = config.data.prompt_len, config.data.completion_len
   programs = []
 
@@ -99,7 +99,7 @@ def build_programs(config, devices) -> tuple[list[Program], object, transformer.
                           "completion_valid_BL": ((b, l), bool)}, SequenceBatch)
     programs.append(Program("sft_step", fn, (state, batch, key)))
 
-  from dllm_rl import evaluation
+  from dllm_rl.train import evaluation
   if config.mode in RL_MODES:
     from dllm_rl.rl.step import RolloutBatch, make_rl_step
     from dllm_rl.train.rl_loop import rl_optimizer, step_config

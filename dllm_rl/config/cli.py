@@ -1,0 +1,104 @@
+"""The one command-line config parser of every entry point (``main``, ``plan``, ``study``).
+
+``--config=PATH`` names a config file (``get_config()``); each ``--config.KEY=VALUE`` is set
+aside before absl parses the other flags and applied after the file is loaded, parsed as the
+type of the key. Every problem (a broken file, unknown keys with a "did you mean", wrong
+types, failed validation) is printed at once as ``error: config.<key>: <message>``, one line
+each, and the process exits with status 2 before anything compiles.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, NoReturn
+
+import ml_collections
+from absl import flags
+
+from dllm_rl.config.overrides import apply_overrides
+from dllm_rl.config.schema import load_config_file
+from dllm_rl.errors import ConfigError
+
+PREFIX = "--config."
+EXIT_CONFIG = 2
+
+
+def fail(errors: list[ConfigError]) -> NoReturn:
+  """Print every problem (``error: config.<key>: ...``) and exit with status 2."""
+  for err in errors:
+    for one in getattr(err, "errors", None) or [err]:
+      print(f"error: {one}", file=sys.stderr)
+  sys.exit(EXIT_CONFIG)
+
+
+def split_overrides(argv: list[str], aliases: tuple[str, ...] = ()) -> tuple[list[str], list]:
+  """(the other arguments, ``[(dotted key, text), ...]``) from ``--config.KEY=VALUE`` (and any
+  ``aliases`` prefix such as the study's ``--set=``); a missing ``=`` exits with status 2."""
+  rest, overrides = [], []
+  for arg in argv:
+    prefix = next((p for p in (PREFIX, *aliases) if arg.startswith(p)), None)
+    if prefix is None:
+      rest.append(arg)
+      continue
+    key, sep, value = arg[len(prefix):].partition("=")
+    if not sep or not key:
+      fail([ConfigError(key or "?", f"expected {PREFIX}KEY=VALUE, got {arg!r}")])
+    overrides.append((key, value))
+  return rest, overrides
+
+
+def flags_parser(sink: list, aliases: tuple[str, ...] = ()) -> Callable[[list[str]], list[str]]:
+  """An ``app.run(..., flags_parser=...)`` that sets the config overrides aside into ``sink``
+  and parses the remaining flags with absl (an absl flag error also exits with status 2)."""
+
+  def parse(argv: list[str]) -> list[str]:
+    rest, overrides = split_overrides(argv, aliases)
+    sink.extend(overrides)
+    try:
+      return flags.FLAGS(rest)
+    except flags.Error as e:
+      print(f"error: {e}\nPass --helpfull to see the flags.", file=sys.stderr)
+      sys.exit(EXIT_CONFIG)
+
+  return parse
+
+
+def load(path: str | None, overrides: list[tuple[str, str]], *,
+         check: Callable[[ml_collections.ConfigDict], object],
+         default: Callable[[], ml_collections.ConfigDict] | None = None,
+         ) -> ml_collections.ConfigDict:
+  """The config file (or ``default()``) with the overrides applied and ``check`` run on it
+  (the CLIs pass ``dllm_rl.train.validate.validate``, the planner its variant of it); exits
+  with status 2 listing every problem."""
+  if path is None and default is None:
+    fail([ConfigError("file", "--config=PATH is required")])
+  try:
+    config = load_config_file(path) if path else default()
+  except Exception as e:  # noqa: BLE001 - a broken config file: report it, no traceback
+    print(f"error: --config={path}: {type(e).__name__}: {e}", file=sys.stderr)
+    sys.exit(EXIT_CONFIG)
+  errors = apply_overrides(config, overrides)
+  try:
+    check(config)
+  except ConfigError as err:
+    errors += getattr(err, "errors", [err])
+  if errors:
+    fail(errors)
+  return config
+
+
+def typed_overrides(base: ml_collections.ConfigDict,
+                    overrides: list[tuple[str, str]]) -> dict[str, object]:
+  """``{dotted key: value}`` of ``overrides`` parsed against ``base`` (a copy is changed, not
+  ``base``); exits with status 2 listing every problem."""
+  config = ml_collections.ConfigDict(base.to_dict())
+  errors = apply_overrides(config, overrides)
+  if errors:
+    fail(errors)
+  out = {}
+  for key, _ in overrides:
+    node = config
+    for part in key.split("."):
+      node = node[part]
+    out[key] = node
+  return out

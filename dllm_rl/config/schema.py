@@ -1,0 +1,213 @@
+"""The configuration schema: one ConfigDict with every key the framework reads.
+
+Experiment files in ``configs/`` start from :func:`base_config` and change
+values; the returned dict is locked, so a typo in a key fails where it is
+written. ``dllm_rl.train.validate`` checks a config against this schema before
+anything compiles.
+"""
+
+from __future__ import annotations
+
+
+import ml_collections
+
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Every key the framework reads, with documented defaults."""
+  c = ml_collections.ConfigDict()
+  c.mode = "sft"  # one of dllm_rl.config.choices.RUN_MODES
+  c.seed = 0
+
+  c.model = m = ml_collections.ConfigDict()
+  # A Hugging Face checkpoint directory (config.json + safetensors + tokenizer files) of a
+  # supported family (LLaDA; SDAR with model.block_size = its block size), or its
+  # `python -m dllm_rl.convert import` output. When set, the
+  # architecture, the weights, the token ids (mask, EOS, pad) and the tokenizer come from it
+  # and the size keys below are ignored.
+  m.hf_checkpoint = ""
+  m.vocab_size = 0        # 0 = the task tokenizer's vocabulary size
+  m.d_model = 64
+  m.n_layers = 2
+  m.n_heads = 4
+  m.n_kv_heads = 0        # 0 = n_heads (no GQA)
+  m.head_dim = 0          # 0 = d_model // n_heads
+  m.mlp_hidden = 176
+  m.rope_theta = 500000.0
+  m.rms_norm_eps = 1e-5
+  m.tie_embeddings = False
+  m.qk_norm = False
+  m.init_std = 0.02
+  m.block_size = 0        # > 0: block-diffusion model (SDAR style): causal across blocks of
+                          # this size, bidirectional within; 0: bidirectional (LLaDA)
+  m.prompt_block_causal = True  # block models: the prompt attends block-causally (blocks aligned
+                                # to its end), as SDAR's official generate; False = one full block
+  m.dtype = "float32"     # compute dtype: float32 | bfloat16 (HF checkpoints too)
+  m.param_dtype = "float32"
+  # --- scale (issue 10): layer stack as one lax.scan, rematerialisation policy per layer.
+  m.scan_layers = False   # True: one compiled block body for all layers (same param layout)
+  m.remat = "none"        # none | full | minimal | dots (dllm_rl.models.scan.REMAT_POLICIES)
+  # Likelihoods and SFT apply the head only at the scored rows, through a log-softmax with
+  # its own VJP, this many rows of the sequence at a time (one [batch, chunk, vocab] float32
+  # slab live; dllm_rl/models/logprob.py). 0 = the whole completion in one slab.
+  m.logits_chunk = 0
+
+  c.task = t = ml_collections.ConfigDict()
+  t.name = "arithmetic"   # a name in dllm_rl.tasks.TASKS
+  t.options = ml_collections.ConfigDict()  # keyword arguments of that task
+  t.train_size = 20000    # distinct training examples generated
+  t.val_size = 256        # further train-split examples, never trained on (early stopping)
+  t.test_size = 256       # held-out test-split prompts (reported accuracy)
+
+  c.data = d = ml_collections.ConfigDict()
+  d.prompt_len = 16       # prompts are left-padded to this length
+  d.completion_len = 8    # completions (answer + EOS fill) have this length
+  d.batch_size = 64
+  # Prompt-length buckets, e.g. (64, 128): each batch (rollouts, evaluation) is cut to the
+  # smallest bucket >= its longest prompt (left padding dropped; data.prompt_len when none
+  # holds it), one compiled program per bucket. () = always data.prompt_len.
+  d.prompt_buckets = ()
+
+  c.sampler = s = ml_collections.ConfigDict()
+  s.steps = 8             # denoising steps over the whole completion
+  s.block_len = 8         # semi-autoregressive block length
+  s.temperature = 0.0     # 0 = greedy; > 0 = Gumbel-max sampling
+  s.remasking = "low_confidence"  # a name in dllm_rl.sampling.remasking.REMASKING
+  s.threshold = 0.0       # > 0: commit every token above this confidence (dynamic)
+  s.stop_at_eos = True    # fill after the first committed EOS, skip finished blocks
+  # False (official LLaDA generate): propose and score over the whole vocabulary, mask token
+  # included; True: the mask token's logit is -inf first (MDLM "SUBS", renormalised confidences).
+  s.exclude_mask = False
+  # Masked (LLaDA) sampler: none = exact forward every step | prefix | dual (Fast-dLLM caches,
+  # refreshed at each block start; dllm_rl/sampling/open_block.py).
+  s.cache = "none"
+  s.cache_refresh = 0     # prefix/dual: also refresh the cache every N steps inside a block
+                          # (0 = only at block starts, as Fast-dLLM)
+
+  c.sft = f = ml_collections.ConfigDict()
+  f.steps = 1000
+  f.lr = 1e-3
+  f.schedule = "cosine"   # constant | cosine | linear (decay after warm-up)
+  f.warmup_steps = 50
+  f.weight_decay = 0.0
+  f.b1 = 0.9
+  f.b2 = 0.999
+  f.grad_clip = 1.0       # global-norm clipping; 0 = off
+  f.t_eps = 1e-3          # masking rate t ~ U(t_eps, 1]
+  f.log_every = 20
+  f.eval_every = 200      # validation greedy accuracy every N steps; 0 = only at the end
+  f.target_accuracy = 0.0  # > 0: stop SFT once validation accuracy reaches it
+
+  c.rl = r = ml_collections.ConfigDict()
+  r.steps = 300           # rollout batches (each followed by inner_steps updates)
+  r.batch_prompts = 8     # B prompts per rollout batch
+  r.group_size = 16       # G completions per prompt
+  r.inner_steps = 2       # μ policy updates per rollout batch, fresh estimator masks each
+  r.temperature = 1.0     # rollout sampling temperature
+  r.loss = "stabledrl"    # a name in dllm_rl.rl.losses.LOSSES
+  r.advantage = "centered"  # a name in dllm_rl.rl.advantages.ADVANTAGES
+  r.clip = "upper"        # stabledrl: upper = min(ρ, C) | symmetric = clip(ρ, 1 − ε, 1 + ε)
+                          # | none = ρ (self-normalisation only; ablation)
+  r.self_normalize = True  # stabledrl: w = c(ρ)/Σ_group c(ρ); False: c(ρ)/G (clip-only ablation)
+  r.clip_C = 5.0
+  r.eps = 0.2
+  r.beta = 1.0            # risk_sensitive β
+  r.beta_start = 0.0      # steprs: β at the first (most masked) denoising state
+  r.beta_end = 2.0        # steprs: β at the last state
+  r.beta_schedule = "linear"  # linear | cosine | step
+  r.control_per_state = False  # steprs_*_matched: one scale per denoising state (else per batch)
+  r.kl_coef = 0.0         # KL to the starting policy; 0 = off
+  r.kl_estimator = "k3"   # k1 | k2 | k3
+  r.lr = 1e-4
+  r.schedule = "constant"
+  r.warmup_steps = 0
+  r.weight_decay = 0.0
+  r.b1 = 0.9
+  r.b2 = 0.99
+  r.grad_clip = 1.0
+  r.log_every = 10
+  r.eval_every = 100      # validation greedy accuracy every N rollout batches; 0 = end only
+  # Gradient accumulation: sequences per forward/backward pass, one estimator draw at a
+  # time, after a no-grad pass that fixes the loss's weights (exactly the full-batch
+  # gradient; dllm_rl/rl/micro.py). 0 = the whole batch and all draws in one pass.
+  r.micro_batch = 0
+
+  c.estimator = x = ml_collections.ConfigDict()
+  x.name = "elbo"         # a name in dllm_rl.diffusion.estimators.ESTIMATORS
+  x.num_samples = 1       # K Monte-Carlo draws
+  x.antithetic = False    # True: θ and θ_old share masks (noise cancels in the ratio);
+                          # False: independent masks, as the official StableDRL code
+  x.coupled = False       # elbo: complementary mask pairs
+  x.stratified = False    # elbo: stratified t
+  x.prompt_mask_prob = 0.0
+  x.t_eps = 1e-3
+  x.reduction = "mean"    # mean_field: sum | mean
+  x.spg_beta = 1.5
+  x.spg_omega = 0.5
+  x.spg_block_len = 32
+  x.attention_impl = "auto"  # block_elbo staircase attention: auto | pallas | interpret | reference
+
+  c.eval = e = ml_collections.ConfigDict()
+  e.batch_size = 128
+  e.num_samples = 8       # n samples per test prompt for pass@k
+  e.pass_k = (1, 4, 8)    # k values (each <= num_samples)
+  e.temperature = 1.0     # sampling temperature for pass@k
+
+  c.mesh = h = ml_collections.ConfigDict()
+  h.data = -1             # data-parallel axis; -1 = fill with the remaining devices
+  h.fsdp = 1              # parameters (model width) and batch sharded over this axis
+  h.tensor = 1            # heads / MLP / vocabulary sharded over this axis
+  # Without -1, a single process may use a prefix of its devices (debugging, tests).
+
+  c.distributed = z = ml_collections.ConfigDict()
+  z.initialize = "auto"   # auto (multi-host env detected) | never | explicit
+  z.coordinator_address = ""  # explicit: host:port ("" = $DLLM_COORDINATOR_ADDRESS)
+  z.num_processes = 0     # explicit: 0 = $DLLM_NUM_PROCESSES
+  z.process_id = -1       # explicit: -1 = $DLLM_PROCESS_ID
+  z.local_device_ids = ""  # e.g. "0,1"; "" = all local devices
+
+  c.checkpoint = k = ml_collections.ConfigDict()
+  k.save_every = 200
+  k.keep = 3
+  k.async_save = True
+
+  c.log = g = ml_collections.ConfigDict()
+  g.tensorboard = True
+  g.progress = True
+  # --- observability (issue 10): metrics lines carry tokens_per_second, step/rollout/update
+  # seconds, memory and mfu (dllm_rl/train/throughput.py). Peak bf16 TFLOP/s per device for
+  # mfu; 0 = from the device kind (TPU v4/v5e/v5p/v6e, NVIDIA H100/H200/A100; else no mfu).
+  g.peak_tflops = 0.0
+  c.profile = o = ml_collections.ConfigDict()
+  o.steps = ""            # "a:b": jax.profiler trace of RL steps a..b (1-based, b > a) into
+                          # workdir/profile (primary process; gs:// copied there); "" = off
+
+  # --- scale (issue 10): persistent XLA compilation cache, shared by runs on this machine
+  # (or bucket): a restarted 8B run skips minutes of compilation. "" = off.
+  c.compilation_cache = "~/.cache/dllm_rl/xla"
+  # --- preemption and faults (dllm_rl/train/resilience.py) ---
+  k.save_every_seconds = 0.0   # > 0: also save when this long has passed since the last save
+  c.train = n = ml_collections.ConfigDict()
+  n.max_consecutive_nonfinite = 10  # stop after this many skipped (non-finite) updates in a row
+  # --- end preemption and faults ---
+  return c
+
+
+def load_config_file(path: str) -> ml_collections.ConfigDict:
+  """``get_config()`` of a config file given by path (as ``--config=PATH`` does), e.g.
+  for a config that extends another one."""
+  import importlib.util
+  import os
+
+  name = os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(f"dllm_rl_config_{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def locked(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Lock every level except free-form option dicts (validated elsewhere)."""
+  config.lock()
+  config.task.options.unlock()
+  return config

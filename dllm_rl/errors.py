@@ -1,0 +1,28 @@
+"""Errors every layer may raise: a config problem names its key."""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+  """A config problem; the message starts with the offending key."""
+
+  def __init__(self, key: str, message: str):
+    self.key = key
+    super().__init__(f"config.{key}: {message}")
+
+
+class ConfigErrors(ConfigError):
+  """Several config problems at once; ``errors`` lists them, ``key`` is the first one's."""
+
+  def __init__(self, errors: list[ConfigError]):
+    self.errors = list(errors)
+    self.key = errors[0].key
+    ValueError.__init__(self, "\n".join(str(e) for e in errors))
+
+
+def raise_all(errors: list[ConfigError]) -> None:
+  """Raise the one error, or a ConfigErrors listing them all; nothing when empty."""
+  if len(errors) == 1:
+    raise errors[0]
+  if errors:
+    raise ConfigErrors(errors)

@@ -1,0 +1,90 @@
+"""The package's shape: every top-level unit sits in a layer of the import-linter contract,
+the layers hold (lazy imports included), no module is part of an import cycle, and at most 8
+modules sit loose at the top of ``dllm_rl/``."""
+
+import configparser
+import os
+import subprocess
+import sys
+
+import grimp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(ROOT, "dllm_rl")
+
+
+def _layers() -> list[list[str]]:
+  parser = configparser.ConfigParser()
+  parser.read(os.path.join(ROOT, ".importlinter"))
+  text = parser["importlinter:contract:layers"]["layers"]
+  return [[m.strip() for m in line.split("|")] for line in text.strip().splitlines()]
+
+
+def _top_level_units() -> set[str]:
+  units = set()
+  for name in os.listdir(PACKAGE):
+    path = os.path.join(PACKAGE, name)
+    if name.endswith(".py") and name != "__init__.py":
+      units.add(f"dllm_rl.{name[:-3]}")
+    elif os.path.isfile(os.path.join(path, "__init__.py")):
+      units.add(f"dllm_rl.{name}")
+  return units
+
+
+def test_every_top_level_unit_is_in_one_layer():
+  listed = [m for layer in _layers() for m in layer]
+  assert len(listed) == len(set(listed)), "a unit is listed twice"
+  assert set(listed) == _top_level_units()
+
+
+def test_at_most_eight_loose_top_level_modules():
+  loose = [n for n in os.listdir(PACKAGE) if n.endswith(".py") and n != "__init__.py"]
+  assert len(loose) <= 8, sorted(loose)
+
+
+def test_layers_contract_holds():
+  proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "lint-imports"),
+                         "--no-cache"], cwd=ROOT, capture_output=True, text=True)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+  assert "1 kept, 0 broken" in proc.stdout
+
+
+def _strongly_connected(graph: grimp.ImportGraph, modules: set[str]) -> list[list[str]]:
+  """Tarjan's components of more than one module (or a module importing itself)."""
+  index, low, stack, on_stack, out, counter = {}, {}, [], set(), [], [0]
+
+  def visit(v):
+    index[v] = low[v] = counter[0]
+    counter[0] += 1
+    stack.append(v)
+    on_stack.add(v)
+    for w in graph.find_modules_directly_imported_by(v) & modules:
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      comp = []
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        comp.append(w)
+        if w == v:
+          break
+      if len(comp) > 1 or v in graph.find_modules_directly_imported_by(v):
+        out.append(sorted(comp))
+
+  for v in sorted(modules):
+    if v not in index:
+      visit(v)
+  return out
+
+
+def test_no_module_import_cycle():
+  sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+  graph = grimp.build_graph("dllm_rl", cache_dir=None)
+  # A package's __init__ importing its own submodules (registration) is not a cycle of
+  # modules; a submodule importing its package's __init__ would be, and is reported.
+  modules = set(graph.modules)
+  assert _strongly_connected(graph, modules) == []
