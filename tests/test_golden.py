@@ -29,7 +29,7 @@ GOLDEN = {"loss_1": -0.21011731028556824, "grad_norm_1": 2.011765956878662,
 
 
 def _rollout(ctx, b: int, g: int) -> RolloutBatch:
-  arrays = ctx.test_arrays
+  arrays = ctx.test.arrays
   right_BL = arrays["completion_BL"][:b]
   wrong_BL = np.roll(right_BL, 1, axis=-1)
   completion_BGL = np.stack([right_BL if j % 2 == 0 else wrong_BL for j in range(g)], axis=1)

@@ -276,11 +276,11 @@ def accuracy(args) -> dict:
                                 cache_refresh=args.cache_refresh)
       row[mode] = evaluation.greedy_accuracy(
           graphdef, state.params, task=ctx.task, tokenizer=ctx.tokenizer,
-          examples=ctx.test_examples, arrays=ctx.test_arrays, cfg=cfg,
+          examples=ctx.test.examples, arrays=ctx.test.arrays, cfg=cfg,
           batch_size=config.eval.batch_size)["accuracy"]
     out["by_block_len"][f"block {block_len}, {steps} steps"] = row
   out["cache_refresh"] = args.cache_refresh
-  out["test_prompts"] = len(ctx.test_examples)
+  out["test_prompts"] = len(ctx.test.examples)
   return out
 
 

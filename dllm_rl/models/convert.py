@@ -34,7 +34,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -76,7 +76,7 @@ def import_hf(hf_dir: str, out_dir: str, *, dtype: str = "float32", mesh=None) -
     raise FileExistsError(f"{out_dir} already holds an imported checkpoint; use a new folder")
   hf_config = hf.read_hf_config(hf_dir)
   t0 = time.perf_counter()
-  cfg, ids, _, params, family = hf.load_checkpoint(hf_dir, mesh=mesh, dtype=dtype)
+  cfg, ids, _, params, family = hf.load_checkpoint(hf_dir, mesh=mesh, dtype=dtype)  # LoadedModel
   jax.block_until_ready(params)
   t1 = time.perf_counter()
   meta = _meta(cfg, ids, family, hf_config, hf_dir)
@@ -96,10 +96,25 @@ def import_hf(hf_dir: str, out_dir: str, *, dtype: str = "float32", mesh=None) -
           "total_s": time.perf_counter() - t0}
 
 
-def load_imported(ckpt_dir: str, *, mesh=None, param_dtype: str | None = None):
-  """An imported checkpoint → ``(ModelConfig, TokenIds, graphdef, params, family, hf_config)``,
-  params restored onto ``param_shardings`` on ``mesh`` (default: one device), in
-  ``param_dtype`` (default: the dtype they were imported in)."""
+class ImportedModel(NamedTuple):
+  """A ``convert import`` folder loaded by :func:`load_imported`."""
+
+  model_cfg: ModelConfig
+  token_ids: hf.TokenIds
+  graphdef: Any
+  params: Any          # nnx.State placed on its shardings
+  family: str
+  hf_config: dict      # the source config.json
+
+
+def is_imported(path: str) -> bool:
+  """A folder written by ``python -m dllm_rl.convert import`` (Orbax params + model.json)."""
+  return os.path.isfile(os.path.join(path, "model.json"))
+
+
+def read_meta(ckpt_dir: str) -> dict[str, Any]:
+  """The ``model.json`` of an imported folder (format checked): model_config, token_ids,
+  family, hf_config, source."""
   path = os.path.join(ckpt_dir, "model.json")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} not found (not a folder written by `convert import`)")
@@ -107,6 +122,15 @@ def load_imported(ckpt_dir: str, *, mesh=None, param_dtype: str | None = None):
     meta = json.load(f)
   if meta.get("format") != FORMAT:
     raise ValueError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+  return meta
+
+
+def load_imported(ckpt_dir: str, *, mesh=None, param_dtype: str | None = None,
+                  meta: dict[str, Any] | None = None) -> ImportedModel:
+  """An imported checkpoint → :class:`ImportedModel`, params restored onto
+  ``param_shardings`` on ``mesh`` (default: one device), in ``param_dtype`` (default: the
+  dtype they were imported in). ``meta``: its :func:`read_meta`, when already read."""
+  meta = meta if meta is not None else read_meta(ckpt_dir)
   mc = dict(meta["model_config"])
   mc.update(dtype=jnp.dtype(mc["dtype"]).type,
             param_dtype=jnp.dtype(param_dtype or mc["param_dtype"]).type)
@@ -118,7 +142,7 @@ def load_imported(ckpt_dir: str, *, mesh=None, param_dtype: str | None = None):
   with Checkpointer(os.path.join(ckpt_dir, "params"), save_every=1, keep=1,
                     async_save=False) as ckpt:
     params, _ = ckpt.restore(target, step=0)
-  return cfg, ids, graphdef, params, meta["family"], meta["hf_config"]
+  return ImportedModel(cfg, ids, graphdef, params, meta["family"], meta["hf_config"])
 
 
 def export_hf(ckpt_dir: str, hf_dir: str, *, dtype: str | None = None,

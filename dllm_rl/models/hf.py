@@ -32,7 +32,7 @@ import json
 import math
 import os
 import struct
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import ml_dtypes
@@ -52,6 +52,16 @@ ST_DTYPES = {"F16": np.float16, "BF16": ml_dtypes.bfloat16, "F32": np.float32, "
 _ST_RANK = {code: i for i, code in enumerate(ST_DTYPES)}
 _ST_CODE = {np.dtype(v).name: k for k, v in ST_DTYPES.items()}
 _MISSING = object()
+
+
+class LoadedModel(NamedTuple):
+  """A Hugging Face checkpoint loaded by :func:`load_checkpoint`."""
+
+  model_cfg: ModelConfig
+  token_ids: "TokenIds"
+  graphdef: Any
+  params: Any          # nnx.State placed on its shardings
+  family: str          # "llada" | "sdar"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,8 +376,8 @@ def _place(w: np.ndarray, fw_shape, kind, sharding, dtype) -> jax.Array:
 
 
 def load_checkpoint(ckpt_dir: str, *, mesh: jax.sharding.Mesh | None = None,
-                    dtype: str = "float32", param_dtype: str | None = None):
-  """Loads an HF folder → ``(ModelConfig, TokenIds, graphdef, params, family)``.
+                    dtype: str = "float32", param_dtype: str | None = None) -> LoadedModel:
+  """Loads an HF folder → :class:`LoadedModel` (model_cfg, token_ids, graphdef, params, family).
 
   ``params`` is an ``nnx.State`` whose arrays already carry ``param_shardings``
   on ``mesh`` (default: one device). Raises ValueError naming the tensor for a
@@ -392,7 +402,7 @@ def load_checkpoint(ckpt_dir: str, *, mesh: jax.sharding.Mesh | None = None,
           _lookup(values, path[:-1])[path[-1]] = _place(
               f.get_tensor(name), fw_shape, kind, _lookup(shardings, path), np_dtype)
   nnx.replace_by_pure_dict(abstract, values)
-  return cfg, ids, graphdef, abstract, family
+  return LoadedModel(cfg, ids, graphdef, abstract, family)
 
 
 # ----------------------------------------------------------------------------- export

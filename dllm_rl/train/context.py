@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import ml_collections
 import numpy as np
+from jax.sharding import Mesh
 
 from dllm_rl import tasks as tasks_lib
 from dllm_rl.config import ConfigError
@@ -17,27 +18,37 @@ from dllm_rl.parallel.distributed import host_rows
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.models.transformer import init_params_sharded
 from dllm_rl.parallel.shard import batch_divisor, shard_batch
+from dllm_rl.sampling.block_sampler import BlockSamplerConfig
 from dllm_rl.sampling.configs import sampler_config
 from dllm_rl.sampling.sampler import SamplerConfig
 from dllm_rl.tasks import data as data_lib
+from dllm_rl.tasks.base import Task
+from dllm_rl.train.evaluation import Decoding, EvalOptions, Split
 
 
 @dataclasses.dataclass
 class Context:
+  """What every mode needs from a validated config, built once by :func:`build_context`:
+  the task and its encoded splits, the tokenizer, typed per-component options (model,
+  sampler, evaluation) and the mesh. No compilation has happened yet."""
+
   config: ml_collections.ConfigDict
   workdir: str
-  task: Any
-  tokenizer: Any
+  task: Task
+  tokenizer: Any  # CharTokenizer | HFTokenizer: encode, decode, mask_id, eos_id, pad_id
   model_cfg: transformer.ModelConfig
-  sampler_cfg: SamplerConfig
-  train_examples: list
-  train_arrays: dict
-  val_examples: list
-  val_arrays: dict
-  test_examples: list
-  test_arrays: dict
-  mesh: Any = None
+  sampler_cfg: SamplerConfig | BlockSamplerConfig
+  eval_options: EvalOptions
+  train: Split
+  val: Split
+  test: Split
+  mesh: Mesh
   hf_checkpoint: str | None = None
+
+  @property
+  def decoding(self) -> Decoding:
+    """Task, tokenizer, sampler config and mesh: what evaluation needs."""
+    return Decoding(self.task, self.tokenizer, self.sampler_cfg, self.mesh)
 
 
 @dataclasses.dataclass
@@ -50,50 +61,49 @@ class HFSource:
   tokenizer: Any
 
 
-def is_imported(path: str) -> bool:
-  """A folder written by ``python -m dllm_rl.convert import`` (Orbax params + model.json)."""
-  return os.path.isfile(os.path.join(path, "model.json"))
+class HFArchitecture(NamedTuple):
+  """What a checkpoint folder's config.json says before any weight is read."""
+
+  model_cfg: transformer.ModelConfig
+  token_ids: Any  # models.hf.TokenIds
+  family: str
 
 
 def hf_model_config(path: str, dtype: str, param_dtype: str, *, scan_layers: bool = False,
-                    remat: str = "none"):
-  """(ModelConfig, TokenIds, family) of a HF checkpoint dir or of its ``convert import``
-  output: the architecture from its config.json, compute in ``dtype`` and parameters
-  (hence the optimizer moments) stored in ``param_dtype`` whatever the file holds;
-  ``scan_layers`` / ``remat`` as ``config.model`` asks."""
-  import json
-
-  from dllm_rl.models import hf
+                    remat: str = "none") -> HFArchitecture:
+  """The architecture of a HF checkpoint dir or of its ``convert import`` output (its
+  config.json, or the copy in model.json), compute in ``dtype`` and parameters (hence the
+  optimizer moments) stored in ``param_dtype`` whatever the file holds; ``scan_layers`` /
+  ``remat`` as ``config.model`` asks."""
+  from dllm_rl.models import convert, hf
 
   if not os.path.isdir(path):
     raise ConfigError("model.hf_checkpoint", f"{path!r} is not a directory")
   try:
-    if is_imported(path):
-      with open(os.path.join(path, "model.json")) as fh:
-        hf_config = json.load(fh)["hf_config"]
+    if convert.is_imported(path):
+      hf_config = convert.read_meta(path)["hf_config"]
     else:
       hf_config = hf.read_hf_config(path)
     family = hf.detect_family(hf_config)
     model_cfg, ids = hf.model_config_from_hf(hf_config, dtype=dtype, param_dtype=param_dtype)
   except (ValueError, KeyError, FileNotFoundError) as err:
     raise ConfigError("model.hf_checkpoint", f"{path}: {err}") from err
-  return dataclasses.replace(model_cfg, scan_layers=scan_layers, remat=remat), ids, family
+  model_cfg = dataclasses.replace(model_cfg, scan_layers=scan_layers, remat=remat)
+  return HFArchitecture(model_cfg, ids, family)
 
 
 def load_hf_params(path: str, model_cfg: transformer.ModelConfig, mesh):
   """(graphdef, params) of a HF checkpoint dir or of its ``convert import`` output,
   placed on their shardings and cast to ``model_cfg.param_dtype`` (fp32 master
   weights from a bf16 file); the graphdef computes in ``model_cfg.dtype``."""
-  from dllm_rl.models import hf
+  from dllm_rl.models import convert, hf
 
   param_dtype = np.dtype(model_cfg.param_dtype).name
-  if is_imported(path):
-    from dllm_rl.models.convert import load_imported
-    _, _, _, params, _, _ = load_imported(path, mesh=mesh, param_dtype=param_dtype)
+  if convert.is_imported(path):
+    params = convert.load_imported(path, mesh=mesh, param_dtype=param_dtype).params
   else:
-    _, _, _, params, _ = hf.load_checkpoint(path, mesh=mesh,
-                                            dtype=np.dtype(model_cfg.dtype).name,
-                                            param_dtype=param_dtype)
+    params = hf.load_checkpoint(path, mesh=mesh, dtype=np.dtype(model_cfg.dtype).name,
+                                param_dtype=param_dtype).params
   graphdef, _ = transformer.abstract_model(model_cfg)  # this run's compute dtype
   return graphdef, params
 
@@ -108,6 +118,7 @@ def load_hf_source(path: str, dtype: str, block_size: int = 0,
 
   model_cfg, ids, family = hf_model_config(path, dtype, param_dtype, scan_layers=scan_layers,
                                            remat=remat)
+  from dllm_rl.models.convert import is_imported
   tokenizer_dir = os.path.join(path, "hf_extra") if is_imported(path) else path
   if family == "sdar" and ids.block_size != block_size:
     raise ConfigError("model.block_size", f"{path} is a block-diffusion (SDAR) checkpoint with"
@@ -188,10 +199,10 @@ def build_context(config, workdir: str) -> Context:
   return Context(
       config=config, workdir=workdir, task=task, tokenizer=tokenizer,
       model_cfg=hf.model_cfg if hf else model_config(config, tokenizer.vocab_size),
-      sampler_cfg=sampler_config(config),
-      train_examples=train, train_arrays=_encode(train, tokenizer, config, "train"),
-      val_examples=val, val_arrays=_encode(val, tokenizer, config, "validation"),
-      test_examples=test, test_arrays=_encode(test, tokenizer, config, "test"), mesh=mesh,
+      sampler_cfg=sampler_config(config), eval_options=EvalOptions.from_config(config),
+      train=Split(train, _encode(train, tokenizer, config, "train")),
+      val=Split(val, _encode(val, tokenizer, config, "validation")),
+      test=Split(test, _encode(test, tokenizer, config, "test")), mesh=mesh,
       hf_checkpoint=config.model.hf_checkpoint or None)
 
 

@@ -38,7 +38,8 @@ def restore_latest(ctx: Context):
 
 def run_eval(ctx: Context) -> dict:
   phase, graphdef, state = restore_latest(ctx)
-  result = evaluation.evaluate_policy(graphdef, state.params, ctx)
+  result = evaluation.evaluate_policy(graphdef, state.params, ctx.decoding, ctx.test,
+                                      ctx.eval_options)
   print(f"[eval] {phase} checkpoint step {int(state.step)}: test accuracy {result['accuracy']:.3f}"
         f", pass@k {result['pass_at_k']}", flush=True)
   return {"phase": phase, "step": int(state.step), "test_accuracy": result["accuracy"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -124,41 +124,78 @@ def sampled_metrics(sample_fn, params, *, task, tokenizer, examples, arrays: dic
   }
 
 
-def make_greedy_evaluator(graphdef, ctx):
+@dataclasses.dataclass(frozen=True)
+class EvalOptions:
+  """The options of held-out evaluation (``config.eval``, the prompt buckets, the seed)."""
+
+  batch_size: int
+  num_samples: int                 # n samples per prompt for pass@k
+  pass_k: tuple[int, ...]
+  temperature: float               # sampling temperature of the pass@k samples
+  buckets: tuple[int, ...] = ()    # data.prompt_buckets
+  seed: int = 0
+
+  @classmethod
+  def from_config(cls, config) -> "EvalOptions":
+    e = config.eval
+    return cls(batch_size=e.batch_size, num_samples=e.num_samples, pass_k=tuple(e.pass_k),
+               temperature=float(e.temperature), buckets=tuple(config.data.prompt_buckets),
+               seed=config.seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoding:
+  """What decoding and verifying a policy's completions needs: the task (verifier), its
+  tokenizer, the sampler config and the mesh."""
+
+  task: Any
+  tokenizer: Any
+  sampler_cfg: Any  # SamplerConfig | BlockSamplerConfig
+  mesh: Any = None
+
+
+class Split(NamedTuple):
+  """A task split: its examples and their encoded arrays (``prompt_BP``, ...)."""
+
+  examples: list
+  arrays: dict
+
+
+def make_greedy_evaluator(graphdef, decoding: Decoding, options: EvalOptions):
   """One jitted greedy sampler for a run and ``accuracy(params, examples, arrays)`` over it
   (for validation during training); returns (sample_fn, accuracy)."""
-  cfg = dataclasses.replace(ctx.sampler_cfg, temperature=0.0)
-  sample_fn = make_sample_fn(graphdef, cfg, mask_id=ctx.tokenizer.mask_id,
-                             eos_id=ctx.tokenizer.eos_id, mesh=ctx.mesh)
+  cfg = dataclasses.replace(decoding.sampler_cfg, temperature=0.0)
+  sample_fn = make_sample_fn(graphdef, cfg, mask_id=decoding.tokenizer.mask_id,
+                             eos_id=decoding.tokenizer.eos_id, mesh=decoding.mesh)
 
   def accuracy(params, examples, arrays) -> dict:
-    return greedy_accuracy(graphdef, params, task=ctx.task, tokenizer=ctx.tokenizer,
+    return greedy_accuracy(graphdef, params, task=decoding.task, tokenizer=decoding.tokenizer,
                            examples=examples, arrays=arrays, cfg=cfg,
-                           batch_size=ctx.config.eval.batch_size, sample_fn=sample_fn,
-                           buckets=tuple(ctx.config.data.prompt_buckets))
+                           batch_size=options.batch_size, sample_fn=sample_fn,
+                           buckets=options.buckets)
 
   return sample_fn, accuracy
 
 
-def evaluate_policy(graphdef, params, ctx, *, sample_fn=None) -> dict:
-  """The held-out report of a policy on the test split: greedy accuracy, and
-  pass@k / sample accuracy / diversity from ``eval.num_samples`` samples at
-  ``eval.temperature``. ``sample_fn``: a jitted greedy sampler to reuse (the
-  greedy pass is then timed without compilation: ``greedy_seconds``)."""
-  e = ctx.config.eval
+def evaluate_policy(graphdef, params, decoding: Decoding, split: Split, options: EvalOptions, *,
+                    sample_fn=None) -> dict:
+  """The held-out report of a policy on ``split``: greedy accuracy, and pass@k / sample
+  accuracy / diversity from ``options.num_samples`` samples at ``options.temperature``.
+  ``sample_fn``: a jitted greedy sampler to reuse (the greedy pass is then timed without
+  compilation: ``greedy_seconds``)."""
   t0 = time.perf_counter()
-  greedy = greedy_accuracy(graphdef, params, task=ctx.task, tokenizer=ctx.tokenizer,
-                           examples=ctx.test_examples, arrays=ctx.test_arrays,
-                           cfg=ctx.sampler_cfg, batch_size=e.batch_size, sample_fn=sample_fn,
-                           mesh=ctx.mesh, buckets=tuple(ctx.config.data.prompt_buckets))
+  tok = decoding.tokenizer
+  greedy = greedy_accuracy(graphdef, params, task=decoding.task, tokenizer=tok,
+                           examples=split.examples, arrays=split.arrays,
+                           cfg=decoding.sampler_cfg, batch_size=options.batch_size,
+                           sample_fn=sample_fn, mesh=decoding.mesh, buckets=options.buckets)
   greedy_seconds = time.perf_counter() - t0
-  sampler_cfg = dataclasses.replace(ctx.sampler_cfg, temperature=float(e.temperature))
+  sampler_cfg = dataclasses.replace(decoding.sampler_cfg, temperature=options.temperature)
   sampled = sampled_metrics(
-      make_sample_fn(graphdef, sampler_cfg, mask_id=ctx.tokenizer.mask_id,
-                     eos_id=ctx.tokenizer.eos_id, mesh=ctx.mesh),
-      params, task=ctx.task, tokenizer=ctx.tokenizer, examples=ctx.test_examples,
-      arrays=ctx.test_arrays, num_samples=e.num_samples, ks=tuple(e.pass_k),
-      batch_size=e.batch_size, key=jax.random.fold_in(jax.random.key(ctx.config.seed), 7),
-      buckets=tuple(ctx.config.data.prompt_buckets))
+      make_sample_fn(graphdef, sampler_cfg, mask_id=tok.mask_id, eos_id=tok.eos_id,
+                     mesh=decoding.mesh),
+      params, task=decoding.task, tokenizer=tok, examples=split.examples, arrays=split.arrays,
+      num_samples=options.num_samples, ks=options.pass_k, batch_size=options.batch_size,
+      key=jax.random.fold_in(jax.random.key(options.seed), 7), buckets=options.buckets)
   return {"accuracy": greedy["accuracy"], "reward": greedy["reward"],
           "greedy_seconds": greedy_seconds, **sampled}

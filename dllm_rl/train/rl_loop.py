@@ -108,9 +108,9 @@ def run_rl(ctx: Context) -> dict:
     position, base_accuracy = meta["data_position"], meta["base_accuracy"]
     print(f"[rl] resumed at rollout batch {position}", flush=True)
 
-  prompts = {"prompt_BP": ctx.train_arrays["prompt_BP"],
-             "prompt_valid_BP": ctx.train_arrays["prompt_valid_BP"],
-             "index": np.arange(len(ctx.train_examples))}
+  prompts = {"prompt_BP": ctx.train.arrays["prompt_BP"],
+             "prompt_valid_BP": ctx.train.arrays["prompt_valid_BP"],
+             "index": np.arange(len(ctx.train.examples))}
   batches = BatchIterator(prompts, r.batch_prompts, config.seed + 1, position=position)
   rollout_cfg = dataclasses.replace(ctx.sampler_cfg, temperature=float(r.temperature))
   rollout_fn = evaluation.make_sample_fn(graphdef, rollout_cfg, mask_id=ctx.tokenizer.mask_id,
@@ -119,7 +119,8 @@ def run_rl(ctx: Context) -> dict:
   cfg = step_config(config, ctx.sampler_cfg, ctx.tokenizer.mask_id, ctx.tokenizer.eos_id)
   step_fn = make_rl_step(graphdef, optimizer, schedule, cfg, mesh=ctx.mesh,
                          state_sharding=state_sharding)
-  greedy_fn, accuracy = evaluation.make_greedy_evaluator(graphdef, ctx)
+  greedy_fn, accuracy = evaluation.make_greedy_evaluator(graphdef, ctx.decoding,
+                                                         ctx.eval_options)
 
   it = batches.position
   window = meta.get("metrics_window", [])  # steps since the last log, saved with the checkpoint
@@ -133,7 +134,7 @@ def run_rl(ctx: Context) -> dict:
     if "metric_lines" in meta:  # drop records of steps about to be redone
       logger.supersede(PHASE, meta["metric_lines"])
     if it == 0:
-      val = accuracy(state.params, ctx.val_examples, ctx.val_arrays)
+      val = accuracy(state.params, ctx.val.examples, ctx.val.arrays)
       logger.log(0, {f"val_{k}": v for k, v in val.items()}, phase=PHASE)
     bar = progress(r.steps, desc=PHASE, initial=it,
                    disable=not (config.log.progress and is_primary()))
@@ -146,7 +147,7 @@ def run_rl(ctx: Context) -> dict:
       faults.at("rollout", it)  # test-only hook (DLLM_FAULT), a no-op otherwise
       completions = np.asarray(out.completion_BL)
       t_roll = time.perf_counter() - t0
-      examples = [ctx.train_examples[i] for i in batch["index"]]
+      examples = [ctx.train.examples[i] for i in batch["index"]]
       rewards, correct, _ = evaluation.verify_groups(ctx.task, ctx.tokenizer, examples, completions)
       rewards = faults.at("reward", it, rewards)
       rollout = put_global(ctx.mesh, RolloutBatch(
@@ -176,7 +177,7 @@ def run_rl(ctx: Context) -> dict:
         logger.log(it, logged, phase=PHASE)
         bar.set_postfix(reward=f"{logged['reward_mean']:.3f}", refresh=False)
       if r.eval_every and it % r.eval_every == 0:
-        val = accuracy(state.params, ctx.val_examples, ctx.val_arrays)
+        val = accuracy(state.params, ctx.val.examples, ctx.val.arrays)
         logger.log(it, {f"val_{k}": v for k, v in val.items()}, phase=PHASE)
       save, stop = guard.poll(it)  # step- or time-based save; a stop signal (all hosts agree)
       if it >= r.steps or save:
@@ -193,7 +194,8 @@ def run_rl(ctx: Context) -> dict:
         raise Preempted(PHASE, it)
     bar.close()
     ckpt.wait()
-    test = evaluation.evaluate_policy(graphdef, state.params, ctx, sample_fn=greedy_fn)
+    test = evaluation.evaluate_policy(graphdef, state.params, ctx.decoding, ctx.test,
+                                      ctx.eval_options, sample_fn=greedy_fn)
     logger.log(it, {"test_accuracy": test["accuracy"], "test_sample_accuracy":
                     test["sample_accuracy"], "test_diversity": test["diversity"]}, phase=PHASE)
   ckpt.close()

@@ -60,10 +60,11 @@ def run_sft(ctx: Context) -> dict:
     position, stopped_early = meta["data_position"], meta["stopped_early"]
     print(f"[sft] resumed from step {int(state.step)} (data position {position})", flush=True)
 
-  batches = BatchIterator(ctx.train_arrays, config.data.batch_size, config.seed, position=position)
+  batches = BatchIterator(ctx.train.arrays, config.data.batch_size, config.seed, position=position)
   step_fn = make_sft_step(graphdef, optimizer, schedule, mask_id=ctx.tokenizer.mask_id,
                           mesh=ctx.mesh, state_sharding=state_sharding, **step_options(config))
-  sample_fn, accuracy = evaluation.make_greedy_evaluator(graphdef, ctx)
+  sample_fn, accuracy = evaluation.make_greedy_evaluator(graphdef, ctx.decoding,
+                                                         ctx.eval_options)
 
   step = int(state.step)
   finished = stopped_early or step >= f.steps
@@ -123,7 +124,7 @@ def run_sft(ctx: Context) -> dict:
       if step > 1:  # the first step includes compilation
         timed_steps, timed_seconds = timed_steps + 1, timed_seconds + time.perf_counter() - t0
       if f.eval_every and step % f.eval_every == 0:
-        val = paused(lambda: accuracy(state.params, ctx.val_examples, ctx.val_arrays))
+        val = paused(lambda: accuracy(state.params, ctx.val.examples, ctx.val.arrays))
         logger.log(step, {f"val_{k}": v for k, v in val.items()}, phase=PHASE)
         stopped_early = 0 < f.target_accuracy <= val["accuracy"]
       finished = stopped_early or step >= f.steps
@@ -144,13 +145,14 @@ def run_sft(ctx: Context) -> dict:
         raise Preempted(PHASE, step)
     bar.close()
     ckpt.wait()
-    report = evaluation.evaluate_policy(graphdef, state.params, ctx, sample_fn=sample_fn)
+    report = evaluation.evaluate_policy(graphdef, state.params, ctx.decoding, ctx.test,
+                                        ctx.eval_options, sample_fn=sample_fn)
     logger.log(step, {"test_accuracy": report["accuracy"], "test_sample_accuracy":
                       report["sample_accuracy"], "test_diversity": report["diversity"]},
                phase=PHASE)
   ckpt.close()
 
-  n_tokens = len(ctx.test_examples) * ctx.sampler_cfg.completion_len
+  n_tokens = len(ctx.test.examples) * ctx.sampler_cfg.completion_len
   summary = {
       "sft_steps": step,
       "sft_val_accuracy": val.get("accuracy"),

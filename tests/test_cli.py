@@ -1,0 +1,45 @@
+"""One override parser for every entry point: ``main``, ``plan`` and ``study`` report the same
+bad ``--config.KEY=VALUE`` overrides with the same lines and exit with status 2, before
+anything runs."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BAD = ["--config.rl.lr=1e-3", "--config.rl.nosuch=1", "--config.seed=-1", "--config.rl.steps=many"]
+EXPECTED = ["error: config.rl.nosuch: unknown key",
+            "error: config.rl.steps: expected int, got 'many'",
+            "error: config.seed: must be in [0, 2**31), got -1"]
+
+
+def _command(tool: str, workdir: str) -> list[str]:
+  if tool == "main":
+    return ["-m", "dllm_rl.main", f"--workdir={workdir}"]
+  if tool == "plan":
+    return ["-m", "dllm_rl.plan", "--config=configs/tiny_cpu.py", "--topology=cpu:1"]
+  return ["-m", "dllm_rl.study", "stability", f"--workdir={workdir}"]
+
+
+@pytest.mark.parametrize("tool", ["main", "plan", "study"])
+def test_bad_overrides_same_lines_and_status_2_for_every_entry_point(tool, tmp_path):
+  workdir = str(tmp_path / "w")
+  proc = subprocess.run([sys.executable, *_command(tool, workdir), *BAD], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
+  assert [l for l in proc.stderr.splitlines() if l.startswith("error:")] == EXPECTED
+  assert not os.path.exists(workdir)
+
+
+def test_study_keeps_its_older_set_spelling(tmp_path):
+  workdir = str(tmp_path / "w")
+  proc = subprocess.run([sys.executable, "-m", "dllm_rl.study", "stability",
+                         f"--workdir={workdir}", "--set=rl.steps=many"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.splitlines()[-1] == "error: config.rl.steps: expected int, got 'many'"
