@@ -69,172 +69,216 @@ def _walk(schema, config, prefix, errors):
   return clean
 
 
+def _names(config, check: "_Checks") -> None:
+  """Registry names: mode, task (and its options), remasking policy."""
+  check(config.mode in RUN_MODES, "mode", unknown_message("mode", config.mode, RUN_MODES))
+  check(config.task.name in tasks.TASKS, "task.name", tasks.TASKS.unknown_message(config.task.name))
+  try:
+    if config.task.name in tasks.TASKS:
+      tasks.make_task(config.task.name, **config.task.options.to_dict())
+  except (TypeError, ValueError, OSError) as err:
+    check.error(ConfigError("task.options", str(err)))
+  check(config.sampler.remasking in remasking.REMASKING, "sampler.remasking",
+         remasking.REMASKING.unknown_message(config.sampler.remasking))
+
+
+def _model(config, check: "_Checks") -> None:
+  """``model``: sizes, heads, dtypes, remat, logits chunk."""
+  m = config.model
+  for key in ("d_model", "n_layers", "n_heads", "mlp_hidden"):
+    check(m[key] > 0, f"model.{key}", f"must be positive, got {m[key]}")
+  for key in ("vocab_size", "n_kv_heads", "head_dim"):
+    check(m[key] >= 0, f"model.{key}", f"must be >= 0 (0 = derived), got {m[key]}")
+  if m.n_heads > 0 and m.n_kv_heads >= 0 and m.d_model > 0 and m.head_dim >= 0:
+    n_kv = m.n_kv_heads or m.n_heads
+    check(m.n_heads % n_kv == 0, "model.n_kv_heads",
+           f"n_heads={m.n_heads} must be a multiple of n_kv_heads={n_kv}")
+    head_dim = m.head_dim or m.d_model // m.n_heads
+    check(m.head_dim or m.d_model % m.n_heads == 0, "model.head_dim",
+           f"0 (derived) needs d_model={m.d_model} divisible by n_heads={m.n_heads}")
+    check(head_dim % 2 == 0, "model.head_dim", f"must be even for RoPE, got {head_dim}")
+  for key in ("dtype", "param_dtype"):
+    check(m[key] in DTYPES, f"model.{key}", f"must be one of {tuple(DTYPES)}, got {m[key]!r}")
+  check(m.remat in REMAT_POLICIES, "model.remat",
+         f"must be one of {sorted(REMAT_POLICIES)}, got {m.remat!r}")
+  check(m.logits_chunk >= 0, "model.logits_chunk", f"must be >= 0, got {m.logits_chunk}")
+
+
+def _data(config, check: "_Checks") -> None:
+  """``data`` and the task sizes."""
+  d = config.data
+  for key in ("prompt_len", "completion_len", "batch_size"):
+    check(d[key] > 0, f"data.{key}", f"must be positive, got {d[key]}")
+  buckets = tuple(d.prompt_buckets)
+  check(all(isinstance(w, int) and 0 < w <= d.prompt_len for w in buckets)
+         and list(buckets) == sorted(set(buckets)), "data.prompt_buckets",
+         f"must be increasing positive ints <= data.prompt_len={d.prompt_len}, got {buckets}")
+  check(config.task.train_size >= d.batch_size, "task.train_size",
+         f"{config.task.train_size} is smaller than data.batch_size={d.batch_size}")
+  check(config.task.test_size > 0, "task.test_size", "must be positive")
+  check(config.task.val_size > 0, "task.val_size", "must be positive")
+
+
+def _sampler(config, check: "_Checks") -> None:
+  """``sampler``: blocks, steps, temperature, threshold, cache."""
+  s, d = config.sampler, config.data
+  check(s.block_len > 0, "sampler.block_len", "must be positive")
+  if s.block_len > 0 and d.completion_len > 0:
+    check(d.completion_len % s.block_len == 0, "sampler.block_len",
+           f"data.completion_len={d.completion_len} is not a multiple of sampler.block_len={s.block_len}")
+    num_blocks = max(d.completion_len // s.block_len, 1)
+    check(s.steps > 0 and s.steps % num_blocks == 0, "sampler.steps",
+           f"{s.steps} must be a positive multiple of the number of blocks ({num_blocks})")
+    check(s.steps // num_blocks <= s.block_len, "sampler.steps",
+           f"{s.steps // num_blocks} steps per block exceed sampler.block_len={s.block_len}"
+           " (some steps would commit nothing)")
+  check(s.temperature >= 0, "sampler.temperature", "must be >= 0")
+  check(0 <= s.threshold < 1, "sampler.threshold", "must be in [0, 1)")
+  check(s.cache in open_block.CACHES, "sampler.cache", open_block.CACHES.unknown_message(s.cache))
+  check(s.cache_refresh >= 0, "sampler.cache_refresh", "must be >= 0 (0 = block starts only)")
+  check(s.cache == "none" or not config.model.block_size, "sampler.cache",
+         "a block-diffusion model (model.block_size > 0) decodes with its own KV cache:"
+         " leave sampler.cache = 'none'")
+
+
+def _sft(config, check: "_Checks") -> None:
+  """``sft``: steps, learning rate and schedule, masking rate, logging."""
+  f = config.sft
+  check(f.steps >= 0, "sft.steps", "must be >= 0")
+  check(f.lr > 0, "sft.lr", "must be positive")
+  check(f.schedule in LR_SCHEDULES, "sft.schedule",
+         f"must be one of {LR_SCHEDULES}, got {f.schedule!r}")
+  check(0 <= f.warmup_steps <= max(f.steps, 0), "sft.warmup_steps", "must be in [0, sft.steps]")
+  check(0 < f.t_eps < 1, "sft.t_eps", "must be in (0, 1)")
+  check(f.log_every > 0, "sft.log_every", "must be positive")
+  check(f.eval_every >= 0, "sft.eval_every", "must be >= 0")
+  check(0 <= f.target_accuracy <= 1, "sft.target_accuracy", "must be in [0, 1]")
+  check(f.grad_clip >= 0, "sft.grad_clip", "must be >= 0")
+
+
+def _rl(config, check: "_Checks") -> None:
+  """``rl``: registry names, sizes, clipping, β schedule, KL, schedule, micro-batches."""
+  r = config.rl
+  check(r.loss in losses.LOSSES, "rl.loss", losses.LOSSES.unknown_message(r.loss))
+  check(r.advantage in advantages.ADVANTAGES, "rl.advantage",
+         advantages.ADVANTAGES.unknown_message(r.advantage))
+  check(config.estimator.name in estimators.ESTIMATORS, "estimator.name",
+         estimators.ESTIMATORS.unknown_message(config.estimator.name))
+  for key in ("steps", "batch_prompts", "inner_steps", "log_every"):
+    check(r[key] > 0, f"rl.{key}", f"must be positive, got {r[key]}")
+  check(r.group_size >= 2, "rl.group_size", "group advantages need at least 2 completions")
+  check(r.clip in losses.CLIP_MODES, "rl.clip", f"must be one of {losses.CLIP_MODES}")
+  check(r.clip_C > 1, "rl.clip_C", "must be > 1")
+  check(r.self_normalize or r.clip != "none", "rl.self_normalize",
+         "False with rl.clip=none leaves the StableDRL weight ρ̂/G unbounded; keep one of the two")
+  check(0 < r.eps < 1, "rl.eps", "must be in (0, 1)")
+  check(r.beta_schedule in advantages.BETA_SCHEDULES, "rl.beta_schedule",
+         f"must be one of {advantages.BETA_SCHEDULES}")
+  check(r.kl_estimator in losses.KL_ESTIMATORS, "rl.kl_estimator",
+         f"must be one of {losses.KL_ESTIMATORS}")
+  check(r.kl_coef >= 0, "rl.kl_coef", "must be >= 0")
+  check(r.schedule in LR_SCHEDULES, "rl.schedule", f"must be one of {LR_SCHEDULES}")
+  check(0 <= r.warmup_steps <= r.steps * r.inner_steps, "rl.warmup_steps",
+         "must be in [0, rl.steps * rl.inner_steps]")
+  check(r.temperature >= 0, "rl.temperature", "must be >= 0")
+  check(r.eval_every >= 0, "rl.eval_every", "must be >= 0")
+  n_seq = r.batch_prompts * r.group_size
+  check(r.micro_batch >= 0 and (r.micro_batch == 0 or n_seq % r.micro_batch == 0),
+         "rl.micro_batch", f"must be 0 (off) or divide rl.batch_prompts × rl.group_size ="
+         f" {n_seq}, got {r.micro_batch}")
+
+
+def _estimator(config, check: "_Checks") -> None:
+  """``estimator`` and the combinations it must make with the model and the loss."""
+  x, r, s = config.estimator, config.rl, config.sampler
+  check(x.num_samples > 0, "estimator.num_samples", "must be positive")
+  check(not x.coupled or x.num_samples % 2 == 0, "estimator.num_samples",
+         f"coupled masks come in pairs: needs an even number, got {x.num_samples}")
+  check(0 <= x.prompt_mask_prob < 1, "estimator.prompt_mask_prob", "must be in [0, 1)")
+  check(0 < x.t_eps < 1, "estimator.t_eps", "must be in (0, 1)")
+  check(x.reduction in estimators.REDUCTIONS, "estimator.reduction",
+         f"must be one of {estimators.REDUCTIONS}")
+  check(r.loss != "grpo_token" or (x.name == "mean_field" and x.reduction == "sum"),
+         "rl.loss", "grpo_token (d1 per-token ratios) needs estimator.name=mean_field with"
+         " estimator.reduction=sum")
+  check(x.spg_block_len > 0, "estimator.spg_block_len", "must be positive")
+  bs = config.model.block_size
+  check(bs >= 0, "model.block_size", "must be >= 0 (0 = bidirectional masked diffusion)")
+  if bs > 0:
+    check(config.data.completion_len % bs == 0, "model.block_size",
+           f"data.completion_len={config.data.completion_len} is not a multiple of {bs}")
+    check(s.block_len == bs, "sampler.block_len",
+           f"a block-diffusion model decodes its own blocks: must equal model.block_size={bs}")
+    check(x.name == "block_elbo", "estimator.name",
+           "a block-diffusion model (model.block_size > 0) is scored with block_elbo")
+  check(x.name != "block_elbo" or bs > 0, "estimator.name",
+         "block_elbo needs a block-diffusion model (model.block_size > 0)")
+  check(x.attention_impl in ATTENTION_IMPLS, "estimator.attention_impl",
+         f"must be one of {ATTENTION_IMPLS}, got {x.attention_impl!r}")
+  check(r.loss != "spg" or x.name == "spg_block", "rl.loss",
+         "spg needs estimator.name=spg_block (it uses the EUBO)")
+
+
+def _eval(config, check: "_Checks") -> None:
+  """``eval``: batch, samples, pass@k."""
+  e = config.eval
+  check(e.batch_size > 0, "eval.batch_size", "must be positive")
+  check(e.num_samples > 0, "eval.num_samples", "must be positive")
+  check(len(e.pass_k) > 0 and all(isinstance(k, int) and 0 < k <= e.num_samples
+                                   for k in e.pass_k), "eval.pass_k",
+         f"every k must be in [1, eval.num_samples={e.num_samples}], got {tuple(e.pass_k)}")
+  check(e.temperature >= 0, "eval.temperature", "must be >= 0")
+
+
+def _runtime(config, check: "_Checks") -> None:
+  """``mesh``, ``distributed``, ``checkpoint``, ``log``, ``profile``, ``train``, ``seed``."""
+  for key in ("data", "fsdp", "tensor"):
+    check(config.mesh[key] == -1 or config.mesh[key] > 0, f"mesh.{key}",
+           f"must be positive or -1 (fill), got {config.mesh[key]}")
+  check([config.mesh[k] for k in ("data", "fsdp", "tensor")].count(-1) <= 1, "mesh",
+         "at most one axis may be -1")
+  check(config.distributed.initialize in INITIALIZE_MODES, "distributed.initialize",
+         f"must be one of {INITIALIZE_MODES}, got {config.distributed.initialize!r}")
+  check(config.checkpoint.save_every > 0, "checkpoint.save_every", "must be positive")
+  check(config.checkpoint.keep > 0, "checkpoint.keep", "must be positive")
+  check(config.log.peak_tflops >= 0, "log.peak_tflops", "must be >= 0 (0 = from the device kind)")
+  try:
+    parse_steps(config.profile.steps)
+  except ValueError as err:
+    check.error(ConfigError("profile.steps", str(err)))
+  # --- preemption and faults ---
+  check(config.checkpoint.save_every_seconds >= 0, "checkpoint.save_every_seconds",
+         "must be >= 0 (0 = step-based saving only)")
+  check(config.train.max_consecutive_nonfinite > 0, "train.max_consecutive_nonfinite",
+         "must be positive")
+  check(0 <= config.seed < 2**31, "seed", f"must be in [0, 2**31), got {config.seed}")
+
+
+class _Checks:
+  """Collects problems: ``check(cond, key, message)`` records one when ``cond`` is False."""
+
+  def __init__(self, errors: list[ConfigError]):
+    self.errors = errors
+
+  def __call__(self, cond: bool, key: str, message: str) -> None:
+    if not cond:
+      self.errors.append(ConfigError(key, message))
+
+  def error(self, err: ConfigError) -> None:
+    self.errors.append(err)
+
+
+_SECTIONS = (_names, _model, _data, _sampler, _sft, _rl, _estimator, _eval, _runtime)
+
+
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Raise ConfigError (ConfigErrors when several) listing every problem found; return the
   config otherwise. Unknown or mistyped keys are reported and their defaults are used for the
   remaining value checks, so one run lists everything."""
   errors: list[ConfigError] = []
-  given = config
-  config = _walk(base_config(), config, "", errors)
-
-  def _check(cond: bool, key: str, message: str):
-    if not cond:
-      errors.append(ConfigError(key, message))
-
-  _check(config.mode in RUN_MODES, "mode", unknown_message("mode", config.mode, RUN_MODES))
-  _check(config.task.name in tasks.TASKS, "task.name", tasks.TASKS.unknown_message(config.task.name))
-  try:
-    if config.task.name in tasks.TASKS:
-      tasks.make_task(config.task.name, **config.task.options.to_dict())
-  except (TypeError, ValueError, OSError) as err:
-    errors.append(ConfigError("task.options", str(err)))
-  _check(config.sampler.remasking in remasking.REMASKING, "sampler.remasking",
-         remasking.REMASKING.unknown_message(config.sampler.remasking))
-
-  m = config.model
-  for key in ("d_model", "n_layers", "n_heads", "mlp_hidden"):
-    _check(m[key] > 0, f"model.{key}", f"must be positive, got {m[key]}")
-  for key in ("vocab_size", "n_kv_heads", "head_dim"):
-    _check(m[key] >= 0, f"model.{key}", f"must be >= 0 (0 = derived), got {m[key]}")
-  if m.n_heads > 0 and m.n_kv_heads >= 0 and m.d_model > 0 and m.head_dim >= 0:
-    n_kv = m.n_kv_heads or m.n_heads
-    _check(m.n_heads % n_kv == 0, "model.n_kv_heads",
-           f"n_heads={m.n_heads} must be a multiple of n_kv_heads={n_kv}")
-    head_dim = m.head_dim or m.d_model // m.n_heads
-    _check(m.head_dim or m.d_model % m.n_heads == 0, "model.head_dim",
-           f"0 (derived) needs d_model={m.d_model} divisible by n_heads={m.n_heads}")
-    _check(head_dim % 2 == 0, "model.head_dim", f"must be even for RoPE, got {head_dim}")
-  for key in ("dtype", "param_dtype"):
-    _check(m[key] in DTYPES, f"model.{key}", f"must be one of {tuple(DTYPES)}, got {m[key]!r}")
-  _check(m.remat in REMAT_POLICIES, "model.remat",
-         f"must be one of {sorted(REMAT_POLICIES)}, got {m.remat!r}")
-  _check(m.logits_chunk >= 0, "model.logits_chunk", f"must be >= 0, got {m.logits_chunk}")
-
-  d = config.data
-  for key in ("prompt_len", "completion_len", "batch_size"):
-    _check(d[key] > 0, f"data.{key}", f"must be positive, got {d[key]}")
-  buckets = tuple(d.prompt_buckets)
-  _check(all(isinstance(w, int) and 0 < w <= d.prompt_len for w in buckets)
-         and list(buckets) == sorted(set(buckets)), "data.prompt_buckets",
-         f"must be increasing positive ints <= data.prompt_len={d.prompt_len}, got {buckets}")
-  _check(config.task.train_size >= d.batch_size, "task.train_size",
-         f"{config.task.train_size} is smaller than data.batch_size={d.batch_size}")
-  _check(config.task.test_size > 0, "task.test_size", "must be positive")
-  _check(config.task.val_size > 0, "task.val_size", "must be positive")
-
-  s = config.sampler
-  _check(s.block_len > 0, "sampler.block_len", "must be positive")
-  if s.block_len > 0 and d.completion_len > 0:
-    _check(d.completion_len % s.block_len == 0, "sampler.block_len",
-           f"data.completion_len={d.completion_len} is not a multiple of sampler.block_len={s.block_len}")
-    num_blocks = max(d.completion_len // s.block_len, 1)
-    _check(s.steps > 0 and s.steps % num_blocks == 0, "sampler.steps",
-           f"{s.steps} must be a positive multiple of the number of blocks ({num_blocks})")
-    _check(s.steps // num_blocks <= s.block_len, "sampler.steps",
-           f"{s.steps // num_blocks} steps per block exceed sampler.block_len={s.block_len}"
-           " (some steps would commit nothing)")
-  _check(s.temperature >= 0, "sampler.temperature", "must be >= 0")
-  _check(0 <= s.threshold < 1, "sampler.threshold", "must be in [0, 1)")
-  _check(s.cache in open_block.CACHES, "sampler.cache", open_block.CACHES.unknown_message(s.cache))
-  _check(s.cache_refresh >= 0, "sampler.cache_refresh", "must be >= 0 (0 = block starts only)")
-  _check(s.cache == "none" or not config.model.block_size, "sampler.cache",
-         "a block-diffusion model (model.block_size > 0) decodes with its own KV cache:"
-         " leave sampler.cache = 'none'")
-
-  f = config.sft
-  _check(f.steps >= 0, "sft.steps", "must be >= 0")
-  _check(f.lr > 0, "sft.lr", "must be positive")
-  _check(f.schedule in LR_SCHEDULES, "sft.schedule",
-         f"must be one of {LR_SCHEDULES}, got {f.schedule!r}")
-  _check(0 <= f.warmup_steps <= max(f.steps, 0), "sft.warmup_steps", "must be in [0, sft.steps]")
-  _check(0 < f.t_eps < 1, "sft.t_eps", "must be in (0, 1)")
-  _check(f.log_every > 0, "sft.log_every", "must be positive")
-  _check(f.eval_every >= 0, "sft.eval_every", "must be >= 0")
-  _check(0 <= f.target_accuracy <= 1, "sft.target_accuracy", "must be in [0, 1]")
-  _check(f.grad_clip >= 0, "sft.grad_clip", "must be >= 0")
-
-  r = config.rl
-  _check(r.loss in losses.LOSSES, "rl.loss", losses.LOSSES.unknown_message(r.loss))
-  _check(r.advantage in advantages.ADVANTAGES, "rl.advantage",
-         advantages.ADVANTAGES.unknown_message(r.advantage))
-  _check(config.estimator.name in estimators.ESTIMATORS, "estimator.name",
-         estimators.ESTIMATORS.unknown_message(config.estimator.name))
-  for key in ("steps", "batch_prompts", "inner_steps", "log_every"):
-    _check(r[key] > 0, f"rl.{key}", f"must be positive, got {r[key]}")
-  _check(r.group_size >= 2, "rl.group_size", "group advantages need at least 2 completions")
-  _check(r.clip in losses.CLIP_MODES, "rl.clip", f"must be one of {losses.CLIP_MODES}")
-  _check(r.clip_C > 1, "rl.clip_C", "must be > 1")
-  _check(r.self_normalize or r.clip != "none", "rl.self_normalize",
-         "False with rl.clip=none leaves the StableDRL weight ρ̂/G unbounded; keep one of the two")
-  _check(0 < r.eps < 1, "rl.eps", "must be in (0, 1)")
-  _check(r.beta_schedule in advantages.BETA_SCHEDULES, "rl.beta_schedule",
-         f"must be one of {advantages.BETA_SCHEDULES}")
-  _check(r.kl_estimator in losses.KL_ESTIMATORS, "rl.kl_estimator",
-         f"must be one of {losses.KL_ESTIMATORS}")
-  _check(r.kl_coef >= 0, "rl.kl_coef", "must be >= 0")
-  _check(r.schedule in LR_SCHEDULES, "rl.schedule", f"must be one of {LR_SCHEDULES}")
-  _check(0 <= r.warmup_steps <= r.steps * r.inner_steps, "rl.warmup_steps",
-         "must be in [0, rl.steps * rl.inner_steps]")
-  _check(r.temperature >= 0, "rl.temperature", "must be >= 0")
-  _check(r.eval_every >= 0, "rl.eval_every", "must be >= 0")
-  n_seq = r.batch_prompts * r.group_size
-  _check(r.micro_batch >= 0 and (r.micro_batch == 0 or n_seq % r.micro_batch == 0),
-         "rl.micro_batch", f"must be 0 (off) or divide rl.batch_prompts × rl.group_size ="
-         f" {n_seq}, got {r.micro_batch}")
-  x = config.estimator
-  _check(x.num_samples > 0, "estimator.num_samples", "must be positive")
-  _check(not x.coupled or x.num_samples % 2 == 0, "estimator.num_samples",
-         f"coupled masks come in pairs: needs an even number, got {x.num_samples}")
-  _check(0 <= x.prompt_mask_prob < 1, "estimator.prompt_mask_prob", "must be in [0, 1)")
-  _check(0 < x.t_eps < 1, "estimator.t_eps", "must be in (0, 1)")
-  _check(x.reduction in estimators.REDUCTIONS, "estimator.reduction",
-         f"must be one of {estimators.REDUCTIONS}")
-  _check(r.loss != "grpo_token" or (x.name == "mean_field" and x.reduction == "sum"),
-         "rl.loss", "grpo_token (d1 per-token ratios) needs estimator.name=mean_field with"
-         " estimator.reduction=sum")
-  _check(x.spg_block_len > 0, "estimator.spg_block_len", "must be positive")
-  bs = config.model.block_size
-  _check(bs >= 0, "model.block_size", "must be >= 0 (0 = bidirectional masked diffusion)")
-  if bs > 0:
-    _check(config.data.completion_len % bs == 0, "model.block_size",
-           f"data.completion_len={config.data.completion_len} is not a multiple of {bs}")
-    _check(s.block_len == bs, "sampler.block_len",
-           f"a block-diffusion model decodes its own blocks: must equal model.block_size={bs}")
-    _check(x.name == "block_elbo", "estimator.name",
-           "a block-diffusion model (model.block_size > 0) is scored with block_elbo")
-  _check(x.name != "block_elbo" or bs > 0, "estimator.name",
-         "block_elbo needs a block-diffusion model (model.block_size > 0)")
-  _check(x.attention_impl in ATTENTION_IMPLS, "estimator.attention_impl",
-         f"must be one of {ATTENTION_IMPLS}, got {x.attention_impl!r}")
-  _check(r.loss != "spg" or x.name == "spg_block", "rl.loss",
-         "spg needs estimator.name=spg_block (it uses the EUBO)")
-
-  e = config.eval
-  _check(e.batch_size > 0, "eval.batch_size", "must be positive")
-  _check(e.num_samples > 0, "eval.num_samples", "must be positive")
-  _check(len(e.pass_k) > 0 and all(isinstance(k, int) and 0 < k <= e.num_samples
-                                   for k in e.pass_k), "eval.pass_k",
-         f"every k must be in [1, eval.num_samples={e.num_samples}], got {tuple(e.pass_k)}")
-  _check(e.temperature >= 0, "eval.temperature", "must be >= 0")
-  for key in ("data", "fsdp", "tensor"):
-    _check(config.mesh[key] == -1 or config.mesh[key] > 0, f"mesh.{key}",
-           f"must be positive or -1 (fill), got {config.mesh[key]}")
-  _check([config.mesh[k] for k in ("data", "fsdp", "tensor")].count(-1) <= 1, "mesh",
-         "at most one axis may be -1")
-  _check(config.distributed.initialize in INITIALIZE_MODES, "distributed.initialize",
-         f"must be one of {INITIALIZE_MODES}, got {config.distributed.initialize!r}")
-  _check(config.checkpoint.save_every > 0, "checkpoint.save_every", "must be positive")
-  _check(config.checkpoint.keep > 0, "checkpoint.keep", "must be positive")
-  _check(config.log.peak_tflops >= 0, "log.peak_tflops", "must be >= 0 (0 = from the device kind)")
-  try:
-    parse_steps(config.profile.steps)
-  except ValueError as err:
-    errors.append(ConfigError("profile.steps", str(err)))
-  # --- preemption and faults ---
-  _check(config.checkpoint.save_every_seconds >= 0, "checkpoint.save_every_seconds",
-         "must be >= 0 (0 = step-based saving only)")
-  _check(config.train.max_consecutive_nonfinite > 0, "train.max_consecutive_nonfinite",
-         "must be positive")
-  _check(0 <= config.seed < 2**31, "seed", f"must be in [0, 2**31), got {config.seed}")
+  clean = _walk(base_config(), config, "", errors)
+  check = _Checks(errors)
+  for section in _SECTIONS:
+    section(clean, check)
   raise_all(errors)
-  return given
+  return config
