@@ -50,8 +50,8 @@ def main(argv):
   if not _WORKDIR.value:
     raise app.UsageError("--workdir is required")
   config = load(_CONFIG.value, _overrides)
-  from dllm_rl.train import modes as run  # after flag parsing: keeps --help fast
   from dllm_rl.infra.checkpoint import CheckpointError
+  from dllm_rl.train import modes as run  # after flag parsing: keeps --help fast
   from dllm_rl.train.resilience import EXIT_PREEMPTED, NonFiniteError, Preempted
 
   logging.set_verbosity(logging.WARNING)  # orbax is chatty at INFO

@@ -256,11 +256,11 @@ def speed(args) -> dict:
 def accuracy(args) -> dict:
   import dataclasses
 
-  from dllm_rl.train import evaluation
   from dllm_rl.config import load_config_file
-  from dllm_rl.train.validate import validate
+  from dllm_rl.train import evaluation
   from dllm_rl.train.context import build_context
   from dllm_rl.train.eval_mode import restore_latest
+  from dllm_rl.train.validate import validate
 
   config = load_config_file(args.accuracy_config)
   validate(config)

@@ -31,14 +31,14 @@ def main(argv=None) -> None:
   import jax
   import numpy as np
 
-  from dllm_rl.infra.checkpoint import Checkpointer
+  from dllm_rl.benchmarks.common import sharded_rl_step
   from dllm_rl.config.defaults import get_config
+  from dllm_rl.infra.checkpoint import Checkpointer
   from dllm_rl.parallel import shard
   from dllm_rl.parallel.mesh import make_mesh
-  from dllm_rl.benchmarks.common import sharded_rl_step
   from dllm_rl.rl.step import RolloutBatch
-  from dllm_rl.train.context import model_config
   from dllm_rl.tasks import CharTokenizer
+  from dllm_rl.train.context import model_config
 
   config = get_config()
   tok = CharTokenizer()

@@ -8,7 +8,6 @@ import ml_collections
 
 from dllm_rl.errors import ConfigError
 
-
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 

@@ -8,9 +8,7 @@ anything compiles.
 
 from __future__ import annotations
 
-
 import ml_collections
-
 
 
 def base_config() -> ml_collections.ConfigDict:

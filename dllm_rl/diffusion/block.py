@@ -19,12 +19,18 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from dllm_rl.diffusion.estimators import (ESTIMATORS, Estimator, EstimatorConfig, Likelihood,
-                                          draws_entropy, mask_prompt)
+from dllm_rl.diffusion.estimators import (
+  ESTIMATORS,
+  Estimator,
+  EstimatorConfig,
+  Likelihood,
+  draws_entropy,
+  mask_prompt,
+)
 from dllm_rl.diffusion.scoring import ModelScorer
 from dllm_rl.models import transformer
-from dllm_rl.models.logprob import logp_entropy_reference
 from dllm_rl.models.layers import StaircaseSpec
+from dllm_rl.models.logprob import logp_entropy_reference
 from dllm_rl.types import SequenceBatch
 
 

@@ -42,8 +42,14 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from dllm_rl.diffusion.estimators import (ESTIMATORS, Estimator, EstimatorConfig, Likelihood,
-                                          draws_entropy, masked_forward)
+from dllm_rl.diffusion.estimators import (
+  ESTIMATORS,
+  Estimator,
+  EstimatorConfig,
+  Likelihood,
+  draws_entropy,
+  masked_forward,
+)
 from dllm_rl.types import SequenceBatch
 
 DEFAULT_BLOCK_LEN = 32  # SPG / StableDRL block_length (= the sampler's block size)

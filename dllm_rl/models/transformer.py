@@ -17,9 +17,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from dllm_rl.models import layers, scan
-from dllm_rl.types import DTYPES
 from dllm_rl.parallel.constraints import constrain_activations
 from dllm_rl.parallel.shard import param_shardings
+from dllm_rl.types import DTYPES
 
 # Every logical axis name a parameter may carry (the sharding rules table maps these).
 LOGICAL_AXES = ("vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "norm")

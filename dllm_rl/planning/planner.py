@@ -32,7 +32,6 @@ import re
 import sys
 import time
 
-
 FIT_FRACTION = 0.9
 MFU_ASSUMED = 0.4
 
@@ -160,8 +159,8 @@ def remedies(config, program: str, batch_devices: int) -> list[str]:
 
 def plan(config, topo, only: list[str] | None = None) -> tuple[dict, list[str]]:
   """(the JSON plan, one message per program that does not fit); ``only``: a subset."""
-  from dllm_rl.train.flops import program_flops
   from dllm_rl.planning.programs import build_programs
+  from dllm_rl.train.flops import program_flops
 
   programs, mesh, model_cfg = build_programs(config, topo.devices)
   from dllm_rl.parallel.shard import batch_divisor

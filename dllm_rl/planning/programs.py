@@ -20,13 +20,12 @@ import jax
 import jax.numpy as jnp
 
 from dllm_rl.config.choices import RL_MODES, SFT_MODES
-from dllm_rl.sampling.configs import sampler_config
-from dllm_rl.train import context as setup
 from dllm_rl.models import transformer
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.parallel.shard import batch_sharding, replicated, state_shardings
+from dllm_rl.sampling.configs import sampler_config
+from dllm_rl.train import context as setup
 from dllm_rl.types import SequenceBatch
-
 
 
 @dataclasses.dataclass

@@ -43,9 +43,17 @@ from flax import nnx
 
 from dllm_rl.diffusion.block import block_causal_mask, prompt_block_mask  # noqa: F401
 from dllm_rl.models import transformer
-from dllm_rl.sampling.sampler import (SamplerConfig, block_schedule, fill_finished, finalize,
-                                      initial_buffers, more_blocks, run_block, select_commits,
-                                      vmap_groups)
+from dllm_rl.sampling.sampler import (
+  SamplerConfig,
+  block_schedule,
+  fill_finished,
+  finalize,
+  initial_buffers,
+  more_blocks,
+  run_block,
+  select_commits,
+  vmap_groups,
+)
 from dllm_rl.types import SampleOutput
 
 

@@ -29,6 +29,7 @@ from dllm_rl.tasks.jsonl import JsonlTask
 
 try:
   import array_record  # noqa: F401
+
   # tensorflow-datasets 4.9.10 uses it on every Python but declares it for < 3.9 only.
   import importlib_resources  # noqa: F401
   import tensorflow_datasets as tfds

@@ -14,9 +14,9 @@ from jax.sharding import Mesh
 from dllm_rl import tasks as tasks_lib
 from dllm_rl.config import ConfigError
 from dllm_rl.models import transformer
+from dllm_rl.models.transformer import init_params_sharded
 from dllm_rl.parallel.distributed import host_rows
 from dllm_rl.parallel.mesh import make_mesh
-from dllm_rl.models.transformer import init_params_sharded
 from dllm_rl.parallel.shard import batch_divisor, shard_batch
 from dllm_rl.sampling.block_sampler import BlockSamplerConfig
 from dllm_rl.sampling.configs import sampler_config

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-
 import jax
 
 from dllm_rl import paths
-
+from dllm_rl.parallel.shard import init_state_sharded
 from dllm_rl.train import evaluation
 from dllm_rl.train.context import Context, init_params
 from dllm_rl.train.optim import make_optimizer
 from dllm_rl.train.rl_loop import rl_optimizer
 from dllm_rl.train.sft_loop import checkpoint_dir, open_checkpointer
-from dllm_rl.parallel.shard import init_state_sharded
 
 PHASES = ("sft", "rl")  # newest last
 

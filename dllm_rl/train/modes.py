@@ -74,10 +74,9 @@ def run(config, workdir: str) -> dict:
 
   SIGTERM / SIGINT during training save a checkpoint after the current step and raise
   ``dllm_rl.train.resilience.Preempted`` (no summary is written); see that module."""
-  from dllm_rl.train.validate import validate
-  from dllm_rl.train.context import build_context
-
   from dllm_rl.parallel.distributed import initialize
+  from dllm_rl.train.context import build_context
+  from dllm_rl.train.validate import validate
 
   t0 = time.time()
   validate(config)

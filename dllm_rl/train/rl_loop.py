@@ -11,26 +11,22 @@ import jax
 import numpy as np
 
 from dllm_rl import paths
-
-from dllm_rl.train import evaluation
-
-from dllm_rl.infra import faults
-
-from dllm_rl.train import flops
 from dllm_rl.diffusion.estimators import EstimatorConfig
+from dllm_rl.infra import faults
 from dllm_rl.infra.observability import MetricsLogger, phase_summary, progress
+from dllm_rl.parallel.distributed import is_primary
+from dllm_rl.parallel.shard import init_state_sharded, put_global
 from dllm_rl.rl.advantages import AdvantageConfig, calibrated_beta
 from dllm_rl.rl.losses import LossConfig
 from dllm_rl.rl.step import RLStepConfig, RolloutBatch, make_rl_step
-from dllm_rl.train.context import Context, init_params
 from dllm_rl.tasks.data import BatchIterator, trim_to_bucket
+from dllm_rl.train import evaluation, flops
+from dllm_rl.train.context import Context, init_params
 from dllm_rl.train.optim import make_optimizer
 from dllm_rl.train.resilience import Preempted, StepGuard, window_to_meta
 from dllm_rl.train.sft_loop import PHASE as SFT
 from dllm_rl.train.sft_loop import checkpoint_dir, mean_metrics, open_checkpointer
 from dllm_rl.train.throughput import ProfileWindow, StepTimer
-from dllm_rl.parallel.distributed import is_primary
-from dllm_rl.parallel.shard import init_state_sharded, put_global
 
 PHASE = "rl"
 

@@ -8,18 +8,15 @@ import jax
 import numpy as np
 
 from dllm_rl import paths
-
-from dllm_rl.train import evaluation
-
-from dllm_rl.train import flops
 from dllm_rl.infra.checkpoint import Checkpointer
 from dllm_rl.infra.observability import MetricsLogger, phase_summary, progress
-from dllm_rl.train.context import Context, init_params, to_device
-from dllm_rl.tasks.data import BatchIterator
-from dllm_rl.train.optim import make_optimizer
-from dllm_rl.train.resilience import Preempted, StepGuard, window_to_meta
 from dllm_rl.parallel.distributed import is_primary
 from dllm_rl.parallel.shard import init_state_sharded
+from dllm_rl.tasks.data import BatchIterator
+from dllm_rl.train import evaluation, flops
+from dllm_rl.train.context import Context, init_params, to_device
+from dllm_rl.train.optim import make_optimizer
+from dllm_rl.train.resilience import Preempted, StepGuard, window_to_meta
 from dllm_rl.train.sft_step import make_sft_step, step_options
 from dllm_rl.train.throughput import StepTimer
 from dllm_rl.types import SequenceBatch

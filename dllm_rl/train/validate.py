@@ -18,13 +18,13 @@ from dllm_rl.config.choices import LR_SCHEDULES, RUN_MODES
 from dllm_rl.config.schema import base_config
 from dllm_rl.diffusion import estimators
 from dllm_rl.errors import ConfigError, raise_all
-from dllm_rl.train.throughput import parse_steps
 from dllm_rl.kernels.staircase import ATTENTION_IMPLS
 from dllm_rl.models.scan import REMAT_POLICIES
 from dllm_rl.parallel.distributed import INITIALIZE_MODES
 from dllm_rl.registry import unknown_message
 from dllm_rl.rl import advantages, losses
 from dllm_rl.sampling import open_block, remasking
+from dllm_rl.train.throughput import parse_steps
 from dllm_rl.types import DTYPES
 
 
