@@ -50,8 +50,7 @@ def checkpoint_dir(workdir: str, phase: str) -> str:
 def open_checkpointer(ctx: Context, phase: str) -> Checkpointer:
   """The checkpointer of ``phase`` (``checkpoint.keep`` / ``async_save`` of the config)."""
   c = ctx.config.checkpoint
-  return Checkpointer(checkpoint_dir(ctx.workdir, phase), save_every=c.save_every,
-                      keep=c.keep, async_save=c.async_save)
+  return Checkpointer(checkpoint_dir(ctx.workdir, phase), keep=c.keep, async_save=c.async_save)
 
 
 def mean_metrics(window: list[dict]) -> dict:
@@ -253,8 +252,7 @@ def run_phase(phase: Phase) -> dict:
         guard.skipped(state.opt_state, step)  # never save after a non-finite run
         clock.paused(state, lambda: ckpt.save(step, state, {
             "phase": name, **phase.meta(), "config": config.to_json(),
-            "metric_lines": logger.lines(name), "metrics_window": window_to_meta(window)},
-            force=True))
+            "metric_lines": logger.lines(name), "metrics_window": window_to_meta(window)}))
         guard.saved(step)
         phase.saved(step)
       if stop and not finished:
