@@ -68,7 +68,7 @@ def test_round_trip_real_train_state(tmp_path):
   graphdef, state = _make_state(3)
   assert list(state.params["layers"].keys()) == [0, 1]  # Integer keys from nnx.List.
   _, template = _make_state(7)  # Same structure, different values.
-  with Checkpointer(str(tmp_path / "ckpt"), save_every=1, keep=2) as ckpt:
+  with Checkpointer(str(tmp_path / "ckpt"), keep=2) as ckpt:
     assert ckpt.save(10, state, {"data_pos": 123, "phase": "sft", "config": {"lr": 0.1}})
     ckpt.wait()
     restored, meta = ckpt.restore(template)
@@ -91,7 +91,7 @@ def test_restore_from_shape_dtype_structs_with_sharding(tmp_path):
   mesh = jax.make_mesh((8,), ("x",))
   keys = jax.device_put(jax.random.split(jax.random.key(0), 8), NamedSharding(mesh, P("x")))
   tree = {"state": state, "keys": keys}
-  ckpt = Checkpointer(str(tmp_path), save_every=5, keep=1, async_save=False)
+  ckpt = Checkpointer(str(tmp_path), keep=1, async_save=False)
   ckpt.save(5, tree, {})
   abstract = jax.tree.map(  # Python scalars stay Python scalars in the template.
       lambda x: x if isinstance(x, int) else jax.ShapeDtypeStruct(
@@ -102,16 +102,14 @@ def test_restore_from_shape_dtype_structs_with_sharding(tmp_path):
   ckpt.close()
 
 
-def test_keep_latest_should_save_and_specific_step(tmp_path):
-  ckpt = Checkpointer(str(tmp_path), save_every=2, keep=2)
+def test_keep_latest_and_specific_step(tmp_path):
+  ckpt = Checkpointer(str(tmp_path), keep=2)
   assert ckpt.latest_step() is None
-  assert ckpt.should_save(4) and not ckpt.should_save(5)
-  for step in range(1, 9):
+  for step in range(2, 9, 2):  # When to save is the caller's decision (train.resilience).
     tree = {"w": jnp.full((3,), float(step)), "k": jax.random.key(step)}
-    saved = ckpt.save(step, tree, {"step": step})
-    assert saved == (step % 2 == 0)
-  assert ckpt.save(9, tree, {"step": 9}, force=True)
-  assert not ckpt.save(9, tree, {"step": 9}, force=True)  # Never overwrites a step.
+    assert ckpt.save(step, tree, {"step": step})
+  assert ckpt.save(9, tree, {"step": 9})
+  assert not ckpt.save(9, tree, {"step": 9})  # Never overwrites a step.
   ckpt.wait()
   assert ckpt.all_steps() == [8, 9]
   assert ckpt.latest_step() == 9
@@ -122,13 +120,13 @@ def test_keep_latest_should_save_and_specific_step(tmp_path):
                                 jax.random.key_data(jax.random.key(8)))
   ckpt.close()
   # A new Checkpointer on the same directory (a resumed run) sees the same steps.
-  with Checkpointer(str(tmp_path), save_every=2, keep=2) as again:
+  with Checkpointer(str(tmp_path), keep=2) as again:
     assert again.latest_step() == 9
     assert again.restore(tree)[1] == {"step": 9}
 
 
 def test_async_save_then_wait(tmp_path):
-  ckpt = Checkpointer(str(tmp_path), save_every=1, keep=3, async_save=True)
+  ckpt = Checkpointer(str(tmp_path), keep=3, async_save=True)
   tree = {"w": jnp.arange(1000.0)}
   assert ckpt.save(1, tree, {})
   ckpt.wait()
@@ -139,10 +137,10 @@ def test_async_save_then_wait(tmp_path):
 
 
 def test_restore_errors(tmp_path):
-  with Checkpointer(str(tmp_path / "empty"), save_every=1, keep=1) as ckpt:
+  with Checkpointer(str(tmp_path / "empty"), keep=1) as ckpt:
     with pytest.raises(FileNotFoundError, match="empty"):
       ckpt.restore({"w": jnp.zeros(2)})
-  with Checkpointer(str(tmp_path / "c"), save_every=1, keep=2) as ckpt:
+  with Checkpointer(str(tmp_path / "c"), keep=2) as ckpt:
     ckpt.save(1, {"a": {"w": jnp.zeros(2)}, "b": jnp.ones(3)}, {})
     ckpt.wait()
     with pytest.raises(FileNotFoundError, match=r"step 7.*available steps: \[1\]"):
@@ -156,7 +154,7 @@ def test_restore_errors(tmp_path):
 
 
 def test_failed_save_keeps_older_checkpoints(tmp_path):
-  with Checkpointer(str(tmp_path), save_every=1, keep=1) as ckpt:
+  with Checkpointer(str(tmp_path), keep=1) as ckpt:
     good = {"w": jnp.ones(3)}
     ckpt.save(1, good, {"ok": True})
     ckpt.wait()
@@ -182,7 +180,7 @@ from dllm_rl.infra.checkpoint import CheckpointError  # noqa: E402
 def _three_steps(tmp_path):
   _, state = _make_state(0)
   directory = str(tmp_path / "ckpt")
-  with Checkpointer(directory, save_every=1, keep=5, async_save=False) as ckpt:
+  with Checkpointer(directory, keep=5, async_save=False) as ckpt:
     for step in (1, 2, 3):
       ckpt.save(step, state.replace(step=jnp.asarray(step, jnp.int32)), {"at": step})
   return directory, state
@@ -210,14 +208,14 @@ def _garble_layout(step_dir):
 def test_damaged_newest_step_falls_back_with_a_warning(tmp_path, caplog, damage):
   directory, template = _three_steps(tmp_path)
   damage(os.path.join(directory, "3"))
-  with Checkpointer(directory, save_every=1, keep=5, async_save=False) as ckpt:
+  with Checkpointer(directory, keep=5, async_save=False) as ckpt:
     with caplog.at_level(_logging.WARNING, logger="dllm_rl.infra.checkpoint"):
       state, meta = ckpt.restore(template)
     assert meta == {"at": 2} and int(state.step) == 2
     warning = " ".join(r.getMessage() for r in caplog.records)
     assert f"{directory}/3 is damaged" in warning and "previous step 2" in warning
     # the run goes on and saves step 3 again: the fresh copy replaces the damaged one
-    assert ckpt.save(3, state.replace(step=jnp.asarray(3, jnp.int32)), {"at": 33}, force=True)
+    assert ckpt.save(3, state.replace(step=jnp.asarray(3, jnp.int32)), {"at": 33})
     ckpt.wait()
     assert ckpt.restore(template)[1] == {"at": 33}
 
@@ -226,7 +224,7 @@ def test_nothing_readable_is_a_clear_error(tmp_path):
   directory, template = _three_steps(tmp_path)
   for step in (1, 2, 3):
     _drop_meta(os.path.join(directory, str(step)))
-  with Checkpointer(directory, save_every=1, keep=5, async_save=False) as ckpt:
+  with Checkpointer(directory, keep=5, async_save=False) as ckpt:
     with pytest.raises(CheckpointError, match=r"No readable checkpoint in .*step 3: .*step 1: "):
       ckpt.restore(template)
 
@@ -235,6 +233,6 @@ def test_a_template_mismatch_is_not_treated_as_damage(tmp_path):
   directory, _ = _three_steps(tmp_path)
   _, other = _make_state(1)
   other = other.replace(py_count=jnp.zeros((7,)))
-  with Checkpointer(directory, save_every=1, keep=5, async_save=False) as ckpt:
+  with Checkpointer(directory, keep=5, async_save=False) as ckpt:
     with pytest.raises(ValueError, match="mismatch with checkpoint .*/3 "):
       ckpt.restore(other)

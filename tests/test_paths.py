@@ -96,7 +96,7 @@ def test_tensorboard_follows_a_gs_workdir(fake_gcs, monkeypatch):
 
 def test_checkpointer_keeps_the_url(fake_gcs):
   # s3:// here: on gs:// orbax also asks google-cloud-storage about the bucket (network).
-  ckpt = Checkpointer("s3://bucket/run/checkpoints/rl", save_every=1, keep=1, async_save=False)
+  ckpt = Checkpointer("s3://bucket/run/checkpoints/rl", keep=1, async_save=False)
   assert ckpt.directory == "s3://bucket/run/checkpoints/rl"
   assert ckpt.latest_step() is None
   assert fake_gcs.isdir("bucket/run/checkpoints/rl")  # orbax created it through epath

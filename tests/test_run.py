@@ -13,7 +13,7 @@ from dllm_rl.config.defaults import get_config
 from dllm_rl.infra.observability import read_metrics
 from dllm_rl.train.context import build_context, init_params
 from dllm_rl.train.optim import make_optimizer
-from dllm_rl.train.sft_loop import open_checkpointer
+from dllm_rl.train.phases import open_checkpointer
 from dllm_rl.parallel.shard import init_train_state
 
 

@@ -73,7 +73,7 @@ def main(argv=None) -> None:
     print(f"mesh data×fsdp×tensor={shape}: RL step {1e3 * per_step:.1f} ms "
           f"(first call incl. compile {compile_s:.1f} s)")
     with tempfile.TemporaryDirectory() as d:
-      with Checkpointer(d, save_every=1, keep=2, async_save=True) as ckpt:
+      with Checkpointer(d, keep=2, async_save=True) as ckpt:
         timings = []
         for save_step in (1, 2):  # the first save includes Orbax's one-time set-up
           t0 = time.perf_counter()

@@ -210,23 +210,25 @@ def _check_layout(saved: list[dict[str, Any]], wanted: list[dict[str, Any]], whe
 
 
 class Checkpointer:
-  """Saves/restores (state pytree, JSON meta) every ``save_every`` steps, keeping ``keep``.
+  """Saves/restores (state pytree, JSON meta) by step, keeping the newest ``keep``.
+
+  When to save is the caller's decision (the training loops: ``train.resilience.StepGuard``).
 
   Usage::
 
-    with Checkpointer(workdir + "/ckpt", save_every=100, keep=3) as ckpt:
+    with Checkpointer(workdir + "/ckpt", keep=3) as ckpt:
       if ckpt.latest_step() is not None:
         state, meta = ckpt.restore(state)        # template = freshly initialised state
       for step in range(start, num_steps + 1):
         ...
-        ckpt.save(step, state, {"data_pos": pos}) # no-op unless step % save_every == 0
+        if step % 100 == 0:
+          ckpt.save(step, state, {"data_pos": pos})
   """
 
-  def __init__(self, directory: str, *, save_every: int, keep: int, async_save: bool = True):
-    if save_every < 1 or keep < 1:
-      raise ValueError(f"save_every and keep must be >= 1, got {save_every=} {keep=}")
+  def __init__(self, directory: str, *, keep: int, async_save: bool = True):
+    if keep < 1:
+      raise ValueError(f"keep must be >= 1, got {keep=}")
     self.directory = os.fspath(paths.resolve(directory))  # gs:// stays a URL
-    self.save_every = save_every
     self.keep = keep
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,
@@ -244,19 +246,13 @@ class Checkpointer:
     """The newest committed step, or None when the directory holds no checkpoint."""
     return self._manager.latest_step()
 
-  def should_save(self, step: int) -> bool:
-    """True when ``step`` is a multiple of ``save_every``."""
-    return step % self.save_every == 0
-
-  def save(self, step: int, state: Any, meta: Mapping[str, Any], *, force: bool = False) -> bool:
-    """Saves ``state`` and ``meta`` as ``step`` if `should_save(step)` or ``force``.
+  def save(self, step: int, state: Any, meta: Mapping[str, Any]) -> bool:
+    """Saves ``state`` and ``meta`` as ``step``.
 
     Returns whether a save was started. A step that already exists is never overwritten
     (returns False). Raises TypeError/ValueError, before writing anything, for a leaf that is
     not an array/scalar or a ``meta`` that is not JSON-serialisable.
     """
-    if not (force or self.should_save(step)):
-      return False
     if step in self._damaged:  # unreadable: replaced by this fresh save of the same step
       _log.warning("Replacing damaged checkpoint step %d in %s.", step, self.directory)
       self._manager.delete(step)
@@ -279,7 +275,7 @@ class Checkpointer:
             meta=ocp.args.JsonSave(meta),
             layout=ocp.args.JsonSave(layout),
         ),
-        force=True,  # Our own should_save policy was applied above.
+        force=True,  # The caller decides when to save (no CheckpointManager policy).
     )
 
   def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:

@@ -80,9 +80,9 @@ def import_hf(hf_dir: str, out_dir: str, *, dtype: str = "float32", mesh=None) -
   jax.block_until_ready(params)
   t1 = time.perf_counter()
   meta = _meta(cfg, ids, family, hf_config, hf_dir)
-  with Checkpointer(os.path.join(out_dir, "params"), save_every=1, keep=1,
+  with Checkpointer(os.path.join(out_dir, "params"), keep=1,
                     async_save=False) as ckpt:
-    ckpt.save(0, params, meta, force=True)
+    ckpt.save(0, params, meta)
   extra = os.path.join(out_dir, "hf_extra")
   os.makedirs(extra, exist_ok=True)
   for name in sorted(os.listdir(hf_dir)):
@@ -139,7 +139,7 @@ def load_imported(ckpt_dir: str, *, mesh=None, param_dtype: str | None = None,
   graphdef, abstract = abstract_model(cfg)
   target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                         abstract, param_shardings(abstract, mesh))
-  with Checkpointer(os.path.join(ckpt_dir, "params"), save_every=1, keep=1,
+  with Checkpointer(os.path.join(ckpt_dir, "params"), keep=1,
                     async_save=False) as ckpt:
     params, _ = ckpt.restore(target, step=0)
   return ImportedModel(cfg, ids, graphdef, params, meta["family"], meta["hf_config"])

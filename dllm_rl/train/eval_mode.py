@@ -9,8 +9,8 @@ from dllm_rl.parallel.shard import init_state_sharded
 from dllm_rl.train import evaluation
 from dllm_rl.train.context import Context, init_params
 from dllm_rl.train.optim import make_optimizer
+from dllm_rl.train.phases import checkpoint_dir, open_checkpointer
 from dllm_rl.train.rl_loop import rl_optimizer
-from dllm_rl.train.sft_loop import checkpoint_dir, open_checkpointer
 
 PHASES = ("sft", "rl")  # newest last
 

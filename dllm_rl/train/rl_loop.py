@@ -1,5 +1,6 @@
-"""RL phase orchestration: rollout → reward → rl_step (advantages, updates) → metrics →
-eval → checkpoint. No math here: advantages, ratios and losses live in dllm_rl.rl."""
+"""RL phase: rollout → reward → rl_step (advantages, updates); the StepRS calibrated β of
+the starting policy. The loop (checkpoints, metrics, evaluation, preemption) is
+dllm_rl.train.phases. No math here: advantages, ratios and losses live in dllm_rl.rl."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ import numpy as np
 from dllm_rl import paths
 from dllm_rl.diffusion.estimators import EstimatorConfig
 from dllm_rl.infra import faults
-from dllm_rl.infra.observability import MetricsLogger, phase_summary, progress
-from dllm_rl.parallel.distributed import is_primary
 from dllm_rl.parallel.shard import init_state_sharded, put_global
 from dllm_rl.rl.advantages import AdvantageConfig, calibrated_beta
 from dllm_rl.rl.losses import LossConfig
@@ -23,10 +22,15 @@ from dllm_rl.tasks.data import BatchIterator, trim_to_bucket
 from dllm_rl.train import evaluation, flops
 from dllm_rl.train.context import Context, init_params
 from dllm_rl.train.optim import make_optimizer
-from dllm_rl.train.resilience import Preempted, StepGuard, window_to_meta
+from dllm_rl.train.phases import (
+  Phase,
+  PhaseRun,
+  StepCost,
+  checkpoint_dir,
+  open_checkpointer,
+  run_phase,
+)
 from dllm_rl.train.sft_loop import PHASE as SFT
-from dllm_rl.train.sft_loop import checkpoint_dir, mean_metrics, open_checkpointer
-from dllm_rl.train.throughput import ProfileWindow, StepTimer
 
 PHASE = "rl"
 
@@ -88,130 +92,113 @@ def load_sft_params(ctx: Context):
   return graphdef, state.params
 
 
+class RLPhase(Phase):
+  """RL from the SFT policy: one rollout batch per step, then the rl_step's inner updates."""
+
+  name = PHASE
+  postfix = ("reward", "reward_mean")
+  sync_every_step = True  # the rollout's completions are read on the host every step
+  rollout_timing = True
+  eval_at_start = True
+  profile = True
+
+  def __init__(self, ctx: Context):
+    super().__init__(ctx)
+    r = ctx.config.rl
+    self.steps, self.log_every, self.eval_every = r.steps, r.log_every, r.eval_every
+    self.graphdef, self.params = load_sft_params(ctx)
+    self.optimizer, self.schedule = rl_optimizer(r)
+    self.base_accuracy = None  # the starting policy's training accuracy: its first rollouts
+    self.rollout_tokens = r.batch_prompts * r.group_size * ctx.sampler_cfg.completion_len
+
+  def init_state(self):
+    ctx, r = self.ctx, self.ctx.config.rl
+    state, self.state_sharding = init_state_sharded(
+        self.params, self.optimizer, jax.random.fold_in(jax.random.key(ctx.config.seed), 2),
+        ctx.mesh, ref_params=self.params if r.kl_coef > 0 else None)
+    return state
+
+  def start(self, state, meta: dict, resumed: bool) -> int:
+    ctx, config, r = self.ctx, self.ctx.config, self.ctx.config.rl
+    position = meta.get("data_position", 0)
+    self.base_accuracy = meta.get("base_accuracy")
+    if resumed:
+      print(f"[rl] resumed at rollout batch {position}", flush=True)
+    prompts = {"prompt_BP": ctx.train.arrays["prompt_BP"],
+               "prompt_valid_BP": ctx.train.arrays["prompt_valid_BP"],
+               "index": np.arange(len(ctx.train.examples))}
+    self.batches = BatchIterator(prompts, r.batch_prompts, config.seed + 1, position=position)
+    self.rollout_cfg = dataclasses.replace(ctx.sampler_cfg, temperature=float(r.temperature))
+    self.rollout_fn = evaluation.make_sample_fn(
+        self.graphdef, self.rollout_cfg, mask_id=ctx.tokenizer.mask_id,
+        eos_id=ctx.tokenizer.eos_id, mesh=ctx.mesh, group_size=r.group_size)
+    cfg = step_config(config, ctx.sampler_cfg, ctx.tokenizer.mask_id, ctx.tokenizer.eos_id)
+    self.step_fn = make_rl_step(self.graphdef, self.optimizer, self.schedule, cfg,
+                                mesh=ctx.mesh, state_sharding=self.state_sharding)
+    self.greedy_fn, self.accuracy = evaluation.make_greedy_evaluator(
+        self.graphdef, ctx.decoding, ctx.eval_options)
+    return self.batches.position
+
+  def step(self, state, step: int):
+    ctx, config = self.ctx, self.ctx.config
+    t0 = time.perf_counter()
+    batch, padding = trim_to_bucket(next(self.batches), config.data.prompt_buckets)
+    k_roll, k_step = jax.random.split(jax.random.fold_in(state.rng, step))
+    out = self.rollout_fn(state.params, batch["prompt_BP"], batch["prompt_valid_BP"], k_roll)
+    faults.at("rollout", step)  # test-only hook (DLLM_FAULT), a no-op otherwise
+    completions = np.asarray(out.completion_BL)
+    t_roll = time.perf_counter() - t0
+    examples = [ctx.train.examples[i] for i in batch["index"]]
+    rewards, correct, _ = evaluation.verify_groups(ctx.task, ctx.tokenizer, examples, completions)
+    rewards = faults.at("reward", step, rewards)
+    rollout = put_global(ctx.mesh, RolloutBatch(
+        prompt_BP=batch["prompt_BP"], prompt_valid_BP=batch["prompt_valid_BP"],
+        completion_BGL=completions, unmask_step_BGL=np.asarray(out.unmask_step_BL),
+        rewards_BG=rewards, correct_BG=correct))
+    if self.base_accuracy is None:
+      self.base_accuracy = float(np.mean(correct))
+    state, metrics = self.step_fn(state, rollout, k_step)
+    metrics = dict(metrics, prompt_padding_fraction=padding)
+    faults.at("update", step)
+    cost = StepCost(tokens=self.rollout_tokens, rollout_seconds=t_roll,
+                    flops=_step_flops(config, ctx, self.rollout_cfg, out,
+                                      batch["prompt_BP"].shape[1]))
+    return state, metrics, cost
+
+  def evaluate(self, state) -> dict:
+    return self.accuracy(state.params, self.ctx.val.examples, self.ctx.val.arrays)
+
+  def meta(self) -> dict:
+    return {"data_position": self.batches.position, "base_accuracy": self.base_accuracy}
+
+  def saved(self, step: int) -> None:
+    faults.at("checkpoint", step)
+
+  def test(self, state) -> dict:
+    ctx = self.ctx
+    return evaluation.evaluate_policy(self.graphdef, state.params, ctx.decoding, ctx.test,
+                                      ctx.eval_options, sample_fn=self.greedy_fn)
+
+  def summary(self, run: PhaseRun) -> tuple[dict, dict]:
+    test, base = run.report, self.base_accuracy
+    summary = {
+        "rl_steps": run.step,
+        "rl_accuracy": test["accuracy"],
+        "rl_step_seconds": run.timer.run_step_seconds(),
+        "rollout_tokens_per_second": run.timer.run_rollout_tokens_per_second(),
+        "rl_pass_at_k": test["pass_at_k"],
+        "rl_sample_accuracy": test["sample_accuracy"],
+        "rl_diversity": test["diversity"],
+        "rl_wall_seconds": run.wall_seconds,
+        # StepRS calibration: the β with w_β(p̄) = 1 at the starting policy's training accuracy.
+        "base_train_accuracy": base,
+        "calibrated_beta": calibrated_beta(base) if base is not None and 0 < base < 1 else None,
+    }
+    console = {"steps": run.step, "test_accuracy": test["accuracy"],
+               "step_ms": 1e3 * (summary["rl_step_seconds"] or 0.0)}
+    return summary, console
+
+
 def run_rl(ctx: Context) -> dict:
   """RL from the SFT policy; resumes from ``workdir/checkpoints/rl`` when present."""
-  config, r = ctx.config, ctx.config.rl
-  wall0 = time.time()
-  graphdef, params = load_sft_params(ctx)
-  optimizer, schedule = rl_optimizer(r)
-  state, state_sharding = init_state_sharded(
-      params, optimizer, jax.random.fold_in(jax.random.key(config.seed), 2), ctx.mesh,
-      ref_params=params if r.kl_coef > 0 else None)
-  ckpt = open_checkpointer(ctx, PHASE)
-  position, base_accuracy, meta = 0, None, {"metric_lines": 0}
-  if ckpt.latest_step() is not None:
-    state, meta = ckpt.restore(state)
-    position, base_accuracy = meta["data_position"], meta["base_accuracy"]
-    print(f"[rl] resumed at rollout batch {position}", flush=True)
-
-  prompts = {"prompt_BP": ctx.train.arrays["prompt_BP"],
-             "prompt_valid_BP": ctx.train.arrays["prompt_valid_BP"],
-             "index": np.arange(len(ctx.train.examples))}
-  batches = BatchIterator(prompts, r.batch_prompts, config.seed + 1, position=position)
-  rollout_cfg = dataclasses.replace(ctx.sampler_cfg, temperature=float(r.temperature))
-  rollout_fn = evaluation.make_sample_fn(graphdef, rollout_cfg, mask_id=ctx.tokenizer.mask_id,
-                                         eos_id=ctx.tokenizer.eos_id, mesh=ctx.mesh,
-                                         group_size=r.group_size)
-  cfg = step_config(config, ctx.sampler_cfg, ctx.tokenizer.mask_id, ctx.tokenizer.eos_id)
-  step_fn = make_rl_step(graphdef, optimizer, schedule, cfg, mesh=ctx.mesh,
-                         state_sharding=state_sharding)
-  greedy_fn, accuracy = evaluation.make_greedy_evaluator(graphdef, ctx.decoding,
-                                                         ctx.eval_options)
-
-  it = batches.position
-  window = meta.get("metrics_window", [])  # steps since the last log, saved with the checkpoint
-  guard = StepGuard.from_config(PHASE, ckpt, config)
-  timer, first = StepTimer.from_config(config, ctx.mesh), True
-  run_timer = StepTimer(num_devices=1, peak_flops=None)  # every timed step (the summary)
-  rollout_tokens = r.batch_prompts * r.group_size * ctx.sampler_cfg.completion_len
-  with MetricsLogger(ctx.workdir, tensorboard=config.log.tensorboard,
-                     enabled=is_primary()) as logger, \
-       ProfileWindow(config.profile.steps, ctx.workdir, enabled=is_primary()) as profile:
-    if "metric_lines" in meta:  # drop records of steps about to be redone
-      logger.supersede(PHASE, meta["metric_lines"])
-    if it == 0:
-      val = accuracy(state.params, ctx.val.examples, ctx.val.arrays)
-      logger.log(0, {f"val_{k}": v for k, v in val.items()}, phase=PHASE)
-    bar = progress(r.steps, desc=PHASE, initial=it,
-                   disable=not (config.log.progress and is_primary()))
-    while it < r.steps:
-      profile.before(it + 1)
-      t0 = time.perf_counter()
-      batch, padding = trim_to_bucket(next(batches), config.data.prompt_buckets)
-      k_roll, k_step = jax.random.split(jax.random.fold_in(state.rng, it))
-      out = rollout_fn(state.params, batch["prompt_BP"], batch["prompt_valid_BP"], k_roll)
-      faults.at("rollout", it)  # test-only hook (DLLM_FAULT), a no-op otherwise
-      completions = np.asarray(out.completion_BL)
-      t_roll = time.perf_counter() - t0
-      examples = [ctx.train.examples[i] for i in batch["index"]]
-      rewards, correct, _ = evaluation.verify_groups(ctx.task, ctx.tokenizer, examples, completions)
-      rewards = faults.at("reward", it, rewards)
-      rollout = put_global(ctx.mesh, RolloutBatch(
-          prompt_BP=batch["prompt_BP"], prompt_valid_BP=batch["prompt_valid_BP"],
-          completion_BGL=completions, unmask_step_BGL=np.asarray(out.unmask_step_BL),
-          rewards_BG=rewards, correct_BG=correct))
-      if base_accuracy is None:  # the starting policy's training accuracy: its first rollouts
-        base_accuracy = float(np.mean(correct))
-      state, metrics = step_fn(state, rollout, k_step)
-      metrics = dict(metrics, prompt_padding_fraction=padding)
-      faults.at("update", it)
-      it += 1
-      skipped = guard.skipped(state.opt_state, it)  # raises after too many in a row
-      jax.block_until_ready(state.step)  # (guard.skipped has read this step's state already)
-      step_seconds = time.perf_counter() - t0
-      if not first:  # the first step compiles
-        timer.add(step_seconds, rollout_seconds=t_roll, tokens=rollout_tokens,
-                  flops=_step_flops(config, ctx, rollout_cfg, out, batch["prompt_BP"].shape[1]))
-        run_timer.add(step_seconds, rollout_seconds=t_roll, tokens=rollout_tokens, flops=0.0)
-      first = False
-      profile.after(it, state)
-      window.append(metrics)
-      bar.update(1)
-      if it % r.log_every == 0:
-        logged = dict(mean_metrics(window), skipped_steps=skipped, **timer.metrics(rollout=True))
-        window = []
-        logger.log(it, logged, phase=PHASE)
-        bar.set_postfix(reward=f"{logged['reward_mean']:.3f}", refresh=False)
-      if r.eval_every and it % r.eval_every == 0:
-        val = accuracy(state.params, ctx.val.examples, ctx.val.arrays)
-        logger.log(it, {f"val_{k}": v for k, v in val.items()}, phase=PHASE)
-      save, stop = guard.poll(it)  # step- or time-based save; a stop signal (all hosts agree)
-      if it >= r.steps or save:
-        ckpt.save(it, state, {"phase": PHASE, "data_position": batches.position,
-                              "base_accuracy": base_accuracy, "config": config.to_json(),
-                              "metric_lines": logger.lines(PHASE),
-                              "metrics_window": window_to_meta(window)}, force=True)
-        guard.saved(it)
-        faults.at("checkpoint", it)
-      if stop and it < r.steps:
-        bar.close()
-        ckpt.close()  # waits for the write
-        logger.flush()
-        raise Preempted(PHASE, it)
-    bar.close()
-    ckpt.wait()
-    test = evaluation.evaluate_policy(graphdef, state.params, ctx.decoding, ctx.test,
-                                      ctx.eval_options, sample_fn=greedy_fn)
-    logger.log(it, {"test_accuracy": test["accuracy"], "test_sample_accuracy":
-                    test["sample_accuracy"], "test_diversity": test["diversity"]}, phase=PHASE)
-  ckpt.close()
-
-  summary = {
-      "rl_steps": it,
-      "rl_accuracy": test["accuracy"],
-      "rl_step_seconds": run_timer.seconds / run_timer.steps if run_timer.steps else None,
-      "rollout_tokens_per_second": (run_timer.tokens / run_timer.rollout_seconds
-                                    if run_timer.steps else None),
-      "rl_pass_at_k": test["pass_at_k"],
-      "rl_sample_accuracy": test["sample_accuracy"],
-      "rl_diversity": test["diversity"],
-      "rl_wall_seconds": time.time() - wall0,
-      # StepRS calibration: the β with w_β(p̄) = 1 at the starting policy's training accuracy.
-      "base_train_accuracy": base_accuracy,
-      "calibrated_beta": (calibrated_beta(base_accuracy)
-                          if base_accuracy is not None and 0 < base_accuracy < 1 else None),
-  }
-  phase_summary(PHASE, {"steps": it, "test_accuracy": test["accuracy"],
-                        "step_ms": 1e3 * (summary["rl_step_seconds"] or 0.0)},
-                summary["rl_wall_seconds"])
-  return summary
+  return run_phase(RLPhase(ctx))

@@ -72,7 +72,8 @@ def memory_metrics(devices=None) -> dict:
 
 @dataclasses.dataclass
 class StepTimer:
-  """Timed steps since the last log line: wall time, tokens and model FLOPs."""
+  """Timed steps since the last log line (wall time, tokens, model FLOPs) and over the whole
+  run (``run_*``, never reset: the phase summary)."""
 
   num_devices: int
   peak_flops: float | None  # per device; None = unknown (no mfu)
@@ -81,6 +82,10 @@ class StepTimer:
   rollout_seconds: float = 0.0
   tokens: float = 0.0
   flops: float = 0.0
+  run_steps: int = 0
+  run_seconds: float = 0.0
+  run_rollout_seconds: float = 0.0
+  run_tokens: float = 0.0
 
   @classmethod
   def from_config(cls, config, mesh) -> "StepTimer":
@@ -95,6 +100,18 @@ class StepTimer:
     self.tokens += tokens
     self.flops += flops
     self.rollout_seconds += rollout_seconds
+    self.run_steps += steps
+    self.run_seconds += seconds
+    self.run_tokens += tokens
+    self.run_rollout_seconds += rollout_seconds
+
+  def run_step_seconds(self) -> float | None:
+    """Mean wall time of a timed step over the run; None when no step was timed."""
+    return self.run_seconds / self.run_steps if self.run_steps else None
+
+  def run_rollout_tokens_per_second(self) -> float | None:
+    """Tokens over rollout time, over the run; None when no step was timed."""
+    return self.run_tokens / self.run_rollout_seconds if self.run_steps else None
 
   def metrics(self, *, rollout: bool = False) -> dict:
     """The window's throughput metrics (memory included); resets the window. {} (memory

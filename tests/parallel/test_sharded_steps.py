@@ -148,11 +148,11 @@ def test_checkpoint_restores_onto_another_mesh(tmp_path):
   mesh_a, mesh_b = _mesh((2, 2, 2)), _mesh((1, 4, 2))
   _, params = T.init_params_sharded(CFG, jax.random.key(0), mesh_a)
   state, _ = shard.init_state_sharded(params, OPT, jax.random.key(1), mesh_a)
-  with Checkpointer(str(tmp_path), save_every=1, keep=2) as ckpt:
+  with Checkpointer(str(tmp_path), keep=2) as ckpt:
     ckpt.save(1, state, {"data_position": 3})
   _, params_b = T.init_params_sharded(CFG, jax.random.key(9), mesh_b)
   template, shardings_b = shard.init_state_sharded(params_b, OPT, jax.random.key(2), mesh_b)
-  with Checkpointer(str(tmp_path), save_every=1, keep=2) as ckpt:
+  with Checkpointer(str(tmp_path), keep=2) as ckpt:
     restored, meta = ckpt.restore(template)
   assert meta["data_position"] == 3
   for a, b in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(restored)):

@@ -1,0 +1,273 @@
+"""One phase runner for SFT and RL: restore → steps → save / preempt / evaluate / log → test
+→ summary. No math here; what differs between the phases is a :class:`Phase`.
+
+:func:`run_phase` owns, for every phase:
+
+* restore: the newest checkpoint of ``workdir/checkpoints/<phase>`` (else a fresh state), and
+  the metrics lines of steps about to be redone are superseded (``MetricsLogger.supersede``);
+* the step loop, a progress bar and one :class:`StepTimer` (the log lines' throughput and the
+  summary's step time; the first step a process runs compiles and is not timed);
+* after each step, :meth:`StepGuard.poll`: a step- or time-based save, or a stop request;
+  a save carries the phase's meta, the metrics line count and the window of steps not yet
+  logged (a resumed run logs what an uninterrupted one does); a stop saves, then raises
+  :class:`Preempted`;
+* periodic evaluation (``val_*`` lines), a metrics line every ``log_every`` steps (the mean
+  of the window, ``skipped_steps``, throughput), the final save, the test evaluation and the
+  one-line console summary.
+
+Timing (:class:`_StepClock`). A phase whose step waits for the device anyway
+(``sync_every_step``: RL reads its rollouts) is timed per step, up to that wait. Otherwise
+(SFT) there is no sync per step: a window runs from the start of its first step to the sync
+of the next log line, with evaluation and checkpoint saves paused out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from dllm_rl import paths
+from dllm_rl.infra.checkpoint import Checkpointer
+from dllm_rl.infra.observability import MetricsLogger, phase_summary, progress
+from dllm_rl.parallel.distributed import is_primary
+from dllm_rl.train.context import Context
+from dllm_rl.train.resilience import Preempted, StepGuard, window_to_meta
+from dllm_rl.train.throughput import ProfileWindow, StepTimer
+
+TEST_METRICS = (("test_accuracy", "accuracy"), ("test_sample_accuracy", "sample_accuracy"),
+                ("test_diversity", "diversity"))  # logged key, key of the test report
+
+
+def checkpoint_dir(workdir: str, phase: str) -> str:
+  """The checkpoints of ``phase`` in ``workdir``."""
+  return paths.join(workdir, "checkpoints", phase)
+
+
+def open_checkpointer(ctx: Context, phase: str) -> Checkpointer:
+  """The checkpointer of ``phase`` (``checkpoint.keep`` / ``async_save`` of the config)."""
+  c = ctx.config.checkpoint
+  return Checkpointer(checkpoint_dir(ctx.workdir, phase), keep=c.keep, async_save=c.async_save)
+
+
+def mean_metrics(window: list[dict]) -> dict:
+  """Per-key mean of the metrics of the steps in ``window`` (blocks on the device)."""
+  host = jax.device_get(window)  # float64 means: equal for live and checkpointed windows
+  return {k: float(np.mean([float(m[k]) for m in host])) for k in host[0]}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+  """What one step did, for the throughput metrics."""
+
+  tokens: float
+  flops: float
+  rollout_seconds: float = 0.0
+
+
+@dataclasses.dataclass
+class PhaseRun:
+  """The end of a phase, for :meth:`Phase.summary`."""
+
+  state: Any
+  step: int
+  report: dict  # the test evaluation (evaluation.evaluate_policy)
+  timer: StepTimer  # run_* totals: the timed steps of the run
+  wall_seconds: float
+
+
+class Phase:
+  """The phase-specific parts of :func:`run_phase`; SFT and RL subclass it."""
+
+  name: str  # "sft" / "rl": checkpoint folder, metrics phase, console prefix
+  steps: int
+  log_every: int
+  eval_every: int  # 0 = no periodic evaluation
+  postfix: tuple[str, str]  # (progress-bar label, metric key) shown after each log line
+  sync_every_step = False  # the step waits for the device: time each step (see _StepClock)
+  rollout_timing = False  # log rollout_seconds / update_seconds
+  eval_at_start = False  # evaluate the starting policy (a val_* line at step 0)
+  profile = False  # trace the steps of ``profile.steps``
+  stopped = False  # an early stop (ends the phase like its last step)
+
+  def __init__(self, ctx: Context):
+    self.ctx = ctx
+    self.wall0 = time.time()
+
+  def init_state(self):
+    """A fresh training state: the start, and the template of a restore."""
+    raise NotImplementedError
+
+  def start(self, state, meta: dict, resumed: bool) -> int:
+    """Prepare the steps from ``meta`` (a restored checkpoint's, when ``resumed``); returns
+    the number of steps already done."""
+    raise NotImplementedError
+
+  def step(self, state, step: int) -> tuple[Any, dict, StepCost]:
+    """Step ``step`` (0-based): (state, metrics, cost)."""
+    raise NotImplementedError
+
+  def evaluate(self, state) -> dict:
+    """Validation metrics (logged with a ``val_`` prefix)."""
+    raise NotImplementedError
+
+  def evaluated(self, val: dict) -> None:
+    """Called with each periodic evaluation's result."""
+
+  def meta(self) -> dict:
+    """The phase's fields of a checkpoint's meta (data position, ...)."""
+    raise NotImplementedError
+
+  def saved(self, step: int) -> None:
+    """Called after each checkpoint save is started."""
+
+  def test(self, state) -> dict:
+    """The final test evaluation (``evaluation.evaluate_policy``'s report)."""
+    raise NotImplementedError
+
+  def summary(self, run: PhaseRun) -> tuple[dict, dict]:
+    """(the phase's summary, the fields of its console line)."""
+    raise NotImplementedError
+
+
+class _StepClock:
+  """Wall time of the timed steps into one StepTimer (module docstring: Timing)."""
+
+  def __init__(self, timer: StepTimer, sync_every_step: bool):
+    self.timer, self.sync = timer, sync_every_step
+    self.first = True  # the first step a process runs compiles: untimed
+    self.t0 = 0.0  # start of the current step
+    self.clock: float | None = None  # start of the open window (no-sync mode)
+    self.pending: list[StepCost] = []  # steps of the open window
+
+  def start(self) -> None:
+    """Before a step."""
+    self.t0 = time.perf_counter()
+    if not self.sync and self.clock is None and not self.first:
+      self.clock = self.t0
+
+  def stop(self, state, cost: StepCost) -> None:
+    """After a step: in sync mode wait for it and add its time; else add it to the window."""
+    if self.sync:
+      jax.block_until_ready(state.step)
+      if not self.first:
+        self.timer.add(time.perf_counter() - self.t0, tokens=cost.tokens, flops=cost.flops,
+                       rollout_seconds=cost.rollout_seconds)
+    elif self.first:
+      jax.block_until_ready(state.step)  # once: the timed window starts after compilation
+    else:
+      self.pending.append(cost)
+    self.first = False
+
+  def flush(self) -> None:
+    """Close the open window (call right after a sync with the device)."""
+    if self.pending:
+      self.timer.add(time.perf_counter() - self.clock, steps=len(self.pending),
+                     tokens=sum(c.tokens for c in self.pending),
+                     flops=sum(c.flops for c in self.pending),
+                     rollout_seconds=sum(c.rollout_seconds for c in self.pending))
+    self.clock, self.pending = None, []
+
+  def close(self, state) -> None:
+    """Wait for ``state`` and close the open window (the end of the phase)."""
+    if self.pending:
+      jax.block_until_ready(state.step)
+    self.flush()
+
+  def paused(self, state, fn):
+    """``fn()`` with the window's clock stopped (the device work before it counted)."""
+    if self.clock is None:
+      return fn()
+    jax.block_until_ready(state.step)
+    t = time.perf_counter()
+    out = fn()
+    self.clock += time.perf_counter() - t
+    return out
+
+
+def _restore(phase: Phase, ckpt: Checkpointer) -> tuple[Any, dict, int]:
+  """(state, meta, steps done): the newest checkpoint of the phase, else a fresh start."""
+  state, meta = phase.init_state(), {"metric_lines": 0}
+  resumed = ckpt.latest_step() is not None
+  if resumed:
+    state, meta = ckpt.restore(state)
+  return state, meta, phase.start(state, meta, resumed)
+
+
+def _log_val(logger: MetricsLogger, phase: Phase, step: int, val: dict) -> None:
+  logger.log(step, {f"val_{k}": v for k, v in val.items()}, phase=phase.name)
+
+
+def run_phase(phase: Phase) -> dict:
+  """Run ``phase`` to its last step (or early stop), resuming from its newest checkpoint;
+  raises Preempted after saving on a stop request. Returns the phase's summary."""
+  ctx, config, name = phase.ctx, phase.ctx.config, phase.name
+  ckpt = open_checkpointer(ctx, name)
+  state, meta, step = _restore(phase, ckpt)
+  window = meta.get("metrics_window", [])  # steps since the last log, saved with the checkpoint
+  guard = StepGuard.from_config(name, ckpt, config)
+  timer = StepTimer.from_config(config, ctx.mesh)
+  clock = _StepClock(timer, phase.sync_every_step)
+  profile_steps = config.profile.steps if phase.profile else ""
+  with MetricsLogger(ctx.workdir, tensorboard=config.log.tensorboard,
+                     enabled=is_primary()) as logger, \
+       ProfileWindow(profile_steps, ctx.workdir, enabled=is_primary()) as profile:
+    if "metric_lines" in meta:  # drop records of steps about to be redone
+      logger.supersede(name, meta["metric_lines"])
+    if phase.eval_at_start and step == 0:
+      _log_val(logger, phase, 0, phase.evaluate(state))
+    bar = progress(phase.steps, desc=name, initial=step,
+                   disable=not (config.log.progress and is_primary()))
+    finished = phase.stopped or step >= phase.steps
+    while not finished:
+      profile.before(step + 1)
+      clock.start()
+      state, metrics, cost = phase.step(state, step)
+      step += 1
+      if phase.sync_every_step:
+        guard.skipped(state.opt_state, step)  # raises after too many in a row
+      clock.stop(state, cost)
+      profile.after(step, state)
+      window.append(metrics)
+      bar.update(1)
+      if step % phase.log_every == 0:
+        logged = mean_metrics(window)  # blocks on the device: the window's time is real
+        logged["skipped_steps"] = guard.skipped(state.opt_state, step)
+        clock.flush()
+        logged.update(timer.metrics(rollout=phase.rollout_timing))
+        window = []
+        logger.log(step, logged, phase=name)
+        label, key = phase.postfix
+        bar.set_postfix({label: f"{logged[key]:.3f}"}, refresh=False)
+      if phase.eval_every and step % phase.eval_every == 0:
+        val = clock.paused(state, lambda: phase.evaluate(state))
+        _log_val(logger, phase, step, val)
+        phase.evaluated(val)
+      finished = phase.stopped or step >= phase.steps
+      save, stop = guard.poll(step)  # step- or time-based save; a stop signal (all hosts agree)
+      if finished or save:
+        guard.skipped(state.opt_state, step)  # never save after a non-finite run
+        clock.paused(state, lambda: ckpt.save(step, state, {
+            "phase": name, **phase.meta(), "config": config.to_json(),
+            "metric_lines": logger.lines(name), "metrics_window": window_to_meta(window)}))
+        guard.saved(step)
+        phase.saved(step)
+      if stop and not finished:
+        bar.close()
+        ckpt.close()  # waits for the write
+        logger.flush()
+        raise Preempted(name, step)
+    bar.close()
+    clock.close(state)
+    ckpt.wait()
+    report = phase.test(state)
+    logger.log(step, {k: report[r] for k, r in TEST_METRICS}, phase=name)
+  ckpt.close()
+  run = PhaseRun(state=state, step=step, report=report, timer=timer,
+                 wall_seconds=time.time() - phase.wall0)
+  summary, console = phase.summary(run)
+  phase_summary(name, console, run.wall_seconds)
+  return summary
