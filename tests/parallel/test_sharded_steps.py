@@ -26,8 +26,14 @@ MASK, EOS = 2, 1
 CFG = T.ModelConfig(vocab_size=16, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
                     mlp_hidden=32)
 MESHES = [(8, 1, 1), (2, 2, 2), (1, 4, 2)]
-OPT = optax.adamw(1e-2)
-SCHEDULE = lambda s: 1e-2
+LR = 1e-2
+OPT = optax.adamw(LR)
+SCHEDULE = lambda s: LR
+# Parameters after a few AdamW steps: a sharded reduction sums in another order, and Adam's
+# m / sqrt(v) amplifies that rounding for an element whose gradient is near zero (seen: 1.4e-5
+# on one of 512 elements, on an AVX-512 Xeon). 1 % of one step's size (lr) is far below what a
+# wrong sharding, mask or key does (a whole step, or more).
+PARAM_ATOL = 1e-2 * LR
 
 
 def _mesh(shape):
@@ -94,7 +100,7 @@ def test_steps_on_meshes_match_one_device(kind):
     losses, params, state = _run(kind, _mesh(shape))
     np.testing.assert_allclose(losses, ref_losses, rtol=2e-5, atol=1e-6)
     for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(ref_params)):
-      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=PARAM_ATOL)
     embed = state.params["embed"][...]
     assert tuple(embed.sharding.spec) == ("tensor", "fsdp")  # the layout survives the update
     assert embed.sharding.mesh.shape == dict(zip(("data", "fsdp", "tensor"), shape))
@@ -109,7 +115,7 @@ def test_every_scale_option_on_a_mesh_matches_unrolled_on_one_device(kind):
   losses, params, _ = _run(kind, _mesh((2, 2, 2)), scanned, scale_options=True)
   np.testing.assert_allclose(losses, ref_losses, rtol=2e-5, atol=1e-6)
   for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(ref_params)):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=PARAM_ATOL)
 
 
 def test_params_are_initialised_sharded_with_the_rules():
