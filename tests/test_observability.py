@@ -208,21 +208,12 @@ def test_rl_run_logs_throughput_and_mfu_and_writes_a_profile(tmp_path):
   peak) with the analytic FLOPs of a step (full sampler schedule: stop_at_eos off)."""
   from dllm_rl.train import flops
   from dllm_rl.train import modes as run
-  from dllm_rl.config.defaults import get_config
   from dllm_rl.train.context import build_context
-  c = get_config()
-  c.mode = "pipeline"
-  c.model.d_model, c.model.n_layers, c.model.mlp_hidden = 32, 1, 64
-  c.task.train_size, c.task.val_size, c.task.test_size = 256, 32, 32
-  c.data.batch_size = 32
-  c.sft.steps, c.sft.warmup_steps, c.sft.log_every, c.sft.eval_every = 4, 0, 2, 0
-  c.rl.steps, c.rl.batch_prompts, c.rl.group_size, c.rl.log_every, c.rl.eval_every = 4, 2, 4, 2, 0
-  c.sampler.stop_at_eos = False
-  c.eval.num_samples, c.eval.pass_k = 4, (1, 4)
-  c.log.progress, c.log.tensorboard = False, False
-  c.mesh.data = 2
-  c.profile.steps = "2:3"
-  c.log.peak_tflops = 0.5
+  from tests.helpers import tiny_run_config
+  c = tiny_run_config("pipeline", {
+      "data.batch_size": 32, "sft.steps": 4, "sft.log_every": 2, "sft.eval_every": 0,
+      "rl.steps": 4, "rl.log_every": 2, "rl.eval_every": 0, "sampler.stop_at_eos": False,
+      "log.tensorboard": False, "profile.steps": "2:3", "log.peak_tflops": 0.5})
   run.run(c, str(tmp_path))
   traces = list((tmp_path / "profile").rglob("*.xplane.pb"))
   assert traces and all(t.stat().st_size > 0 for t in traces)

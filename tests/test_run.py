@@ -9,29 +9,19 @@ import numpy as np
 import pytest
 
 from dllm_rl.train import modes as run
-from dllm_rl.config.defaults import get_config
 from dllm_rl.infra.observability import read_metrics
 from dllm_rl.train.context import build_context, init_params
 from dllm_rl.train.optim import make_optimizer
 from dllm_rl.train.sft_loop import open_checkpointer
 from dllm_rl.parallel.shard import init_train_state
+from tests.helpers import tiny_run_config
 
 
 def _config(steps: int, mode: str = "sft"):
-  c = get_config()
-  c.mode = mode
-  c.model.d_model, c.model.n_layers, c.model.mlp_hidden = 32, 1, 64
-  c.task.train_size, c.task.val_size, c.task.test_size = 256, 32, 32
-  c.data.batch_size = 32
-  c.sft.steps, c.sft.warmup_steps, c.sft.schedule = steps, 0, "constant"
-  c.sft.eval_every, c.sft.log_every = 10, 5
-  c.sft.target_accuracy = 0.0
-  c.checkpoint.save_every = 10
-  c.log.progress = False
-  c.rl.steps, c.rl.batch_prompts, c.rl.group_size, c.rl.log_every, c.rl.eval_every = 4, 2, 4, 2, 2
-  c.eval.num_samples, c.eval.pass_k = 4, (1, 4)
-  c.mesh.data = 2  # a 2-device data-parallel mesh (prefix of the 8 simulated devices)
-  return c
+  return tiny_run_config(mode, {
+      "data.batch_size": 32, "sft.steps": steps, "sft.schedule": "constant",
+      "sft.eval_every": 10, "sft.log_every": 5, "sft.target_accuracy": 0.0,
+      "checkpoint.save_every": 10, "rl.steps": 4, "rl.log_every": 2, "rl.eval_every": 2})
 
 
 def _params(workdir, config):

@@ -8,12 +8,13 @@ from dllm_rl.config.cli import typed_overrides
 from dllm_rl.config.defaults import get_config
 from dllm_rl.study import arms as arms_lib
 from dllm_rl.study.__main__ import study
+from tests.helpers import TINY_MODEL
 
-TINY = typed_overrides(get_config(), [tuple(s.split("=")) for s in [
-    "model.d_model=32", "model.n_layers=1", "model.mlp_hidden=64", "task.train_size=256",
+TINY = {**TINY_MODEL, **typed_overrides(get_config(), [tuple(s.split("=")) for s in [
+    "task.train_size=256",
     "task.val_size=16", "task.test_size=16", "data.batch_size=32", "sft.steps=4",
     "sft.warmup_steps=0", "sft.eval_every=2", "sft.target_accuracy=0.0",
-    "rl.batch_prompts=2", "rl.group_size=4", "eval.batch_size=64", "mesh.data=2"]])
+    "rl.batch_prompts=2", "rl.group_size=4", "eval.batch_size=64", "mesh.data=2"]])}
 
 
 def test_overrides_are_typed_like_the_default():
