@@ -5,7 +5,8 @@ repository root is on sys.path via tests/conftest.py).
 * :data:`TINY_RUN` / :func:`tiny_run_config` / :func:`cli_flags`: the embedded default
   config (``dllm_rl.config.defaults.get_config``) shrunk for end-to-end runs;
 * :func:`rl_step_config`: an ``RLStepConfig`` with the defaults the tests share;
-* :func:`random_rollout_batch`: a random ``RolloutBatch``.
+* :func:`random_rollout_batch`: a random ``RolloutBatch``;
+* :func:`assert_test_figures`: a finished run's test figures against its metrics.jsonl.
 
 Every builder takes the values a test changes as arguments; nothing here is random
 beyond the key / seed it is given, so a test's expected values do not depend on it.
@@ -122,3 +123,23 @@ def random_rollout_batch(seed: int, b: int, g: int, p: int, l: int, vocab_size: 
       completion_BGL=jax.random.randint(k[2], (b, g, l), 3, vocab_size),
       unmask_step_BGL=jnp.broadcast_to(jnp.arange(l) % unmask_period, (b, g, l)),
       rewards_BG=rewards, correct_BG=rewards > 0)
+
+
+# ----------------------------------------------------------------------- run outputs
+
+
+def assert_test_figures(summary: Mapping[str, Any], workdir, phase: str, test_size: int = 32):
+  """Exact relations between a finished phase's summary and what it wrote: its test
+  accuracies are those of the phase's (last) test line of metrics.jsonl; the greedy
+  accuracy counts whole prompts (a multiple of 1 / test_size); pass@1 is the mean sample
+  accuracy (the unbiased pass@k at k = 1 is c / n) and pass@k grows with k."""
+  from dllm_rl.infra.observability import read_metrics
+  line = [r for r in read_metrics(str(workdir), phase=phase) if "test_accuracy" in r][-1]
+  accuracy = summary[f"{phase}_accuracy"]
+  assert accuracy == line["test_accuracy"]
+  assert summary[f"{phase}_sample_accuracy"] == line["test_sample_accuracy"]
+  assert accuracy * test_size == round(accuracy * test_size)
+  pass_at_k = summary[f"{phase}_pass_at_k"]
+  assert abs(pass_at_k["1"] - summary[f"{phase}_sample_accuracy"]) <= 1e-12
+  ks = sorted(pass_at_k, key=int)
+  assert all(pass_at_k[a] <= pass_at_k[b] for a, b in zip(ks, ks[1:]))
