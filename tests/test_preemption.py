@@ -18,6 +18,8 @@ from dllm_rl.infra.observability import read_metrics
 from dllm_rl.train.resilience import EXIT_PREEMPTED, NonFiniteError
 from tests.helpers import TINY_RUN, cli_flags, tiny_run_config
 
+pytestmark = pytest.mark.slow  # whole runs (see pytest.ini)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The embedded default (no --config), made tiny and short on the command line.
 TINY = {**TINY_RUN, "sft.steps": 10, "sft.eval_every": 5, "sft.log_every": 5,
