@@ -255,6 +255,7 @@ def test_single_process_helpers():
 
 # --- a real 2-process run over localhost --------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_processes_agree_with_single_process(tmp_path):
   outs, logs, codes, report = harness.run_workers(WORKER, tmp_path, out_suffix=".json")

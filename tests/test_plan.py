@@ -72,6 +72,7 @@ def test_largest_buffers_from_hlo():
                                               ("p", "bf16[4,8]", 64)]
 
 
+@pytest.mark.slow
 def test_pipeline_plan_on_cpu8(tmp_path, capsys):
   """Every program of the embedded-style pipeline (SFT + RL) compiles and fits."""
   out = tmp_path / "plan.json"
@@ -93,6 +94,7 @@ def test_pipeline_plan_on_cpu8(tmp_path, capsys):
   assert f"{result['programs']['rl_step']['flops'] / 1e12:9.3g}" in text
 
 
+@pytest.mark.slow
 def test_rl_plan_needs_only_config_json_and_a_misfit_exits_3(tmp_path, capsys):
   """An HF folder with config.json only; against 1 MiB per device rl_step (fp32 params
   and Adam moments of the 0.3M-parameter fixture alone exceed 0.9 MiB) does not fit."""
@@ -132,6 +134,7 @@ needs_libtpu = pytest.mark.skipif(not _tpu_available(),
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_tpu_plan_of_the_greedy_sampler_fits(tmp_path):
   config = _config()
   config.mode = "eval"  # one program: the greedy sampler
@@ -145,6 +148,7 @@ def test_tpu_plan_of_the_greedy_sampler_fits(tmp_path):
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_tpu_plan_cli_exits_3_naming_the_program(tmp_path):
   """On a v5e-4 (16 GiB per chip), an RL model whose replicated fp32 params + Adam
   moments (a 2^20-row vocabulary) exceed a chip: exit 3, naming rl_step."""
@@ -166,6 +170,7 @@ def test_tpu_plan_cli_exits_3_naming_the_program(tmp_path):
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_sdar_rl_step_compiles_the_mosaic_kernel_for_a_tpu_slice():
   """configs/sdar_tpu.py (attention_impl=pallas) at tiny size, compiled in this CPU process
   for a v5p-8 (4 chips, FSDP 4): the block model's rl_step holds the staircase kernels as

@@ -14,24 +14,22 @@ import time
 import pytest
 
 from dllm_rl.train import modes as run
-from dllm_rl.config.defaults import get_config
 from dllm_rl.infra.observability import read_metrics
 from dllm_rl.train.resilience import EXIT_PREEMPTED, NonFiniteError
+from tests.helpers import TINY_RUN, cli_flags, tiny_run_config
+
+pytestmark = pytest.mark.slow  # whole runs (see pytest.ini)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The embedded default (no --config), made tiny and short on the command line.
-TINY = {"model.d_model": 32, "model.n_layers": 1, "model.mlp_hidden": 64,
-        "task.train_size": 256, "task.val_size": 32, "task.test_size": 32,
-        "sft.steps": 10, "sft.warmup_steps": 0, "sft.eval_every": 5, "sft.log_every": 5,
-        "sft.target_accuracy": 0.0, "rl.steps": 12, "rl.batch_prompts": 2, "rl.group_size": 4,
-        "rl.log_every": 2, "rl.eval_every": 4, "eval.num_samples": 4, "eval.pass_k": "1,4",
-        "checkpoint.save_every": 4, "log.progress": "false", "mesh.data": 2}
+TINY = {**TINY_RUN, "sft.steps": 10, "sft.eval_every": 5, "sft.log_every": 5,
+        "sft.target_accuracy": 0.0, "rl.steps": 12, "rl.log_every": 2, "rl.eval_every": 4,
+        "checkpoint.save_every": 4}
 TIMING = ("seconds", "per_second", "plot", "mfu", "memory_gib")  # differ from run to run
 
 
 def _command(workdir):
-  return [sys.executable, "-m", "dllm_rl.main", f"--workdir={workdir}"] + [
-      f"--config.{k}={v}" for k, v in TINY.items()]
+  return [sys.executable, "-m", "dllm_rl.main", f"--workdir={workdir}"] + cli_flags(TINY)
 
 
 def _env():
@@ -96,18 +94,7 @@ def test_sigterm_mid_rl_saves_flushes_and_resumes_to_the_uninterrupted_result(tm
 
 
 def _config(**rl):
-  c = get_config()
-  for dotted, value in TINY.items():
-    section, key = dotted.split(".")
-    if key == "pass_k":
-      value = (1, 4)
-    elif value in ("false",):
-      value = False
-    c[section][key] = value
-  c.mode = "rl"
-  for key, value in rl.items():
-    c.rl[key] = value
-  return c
+  return tiny_run_config("rl", {**TINY, **{f"rl.{k}": v for k, v in rl.items()}})
 
 
 def test_nan_rewards_skip_updates_and_too_many_in_a_row_stop_the_run(tmp_path, monkeypatch):

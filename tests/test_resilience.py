@@ -157,6 +157,7 @@ def test_fault_spec_parsing_and_hooks(monkeypatch):
   assert np.isnan(faults.at("reward", 5, rewards)).all()
 
 
+@pytest.mark.slow
 def test_two_processes_agree_on_the_save_and_stop_steps(tmp_path):
   import json as _json
 

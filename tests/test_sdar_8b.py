@@ -8,6 +8,7 @@ import os
 
 import jax
 import numpy as np
+import pytest
 
 from dllm_rl.planning import programs
 from dllm_rl.config import load_config_file
@@ -66,6 +67,7 @@ def test_sdar_8b_config_json_loads_to_the_8b_model(tmp_path):
   assert 8.15e9 < count < 8.25e9  # Qwen3-8B: "8.2B" parameters
 
 
+@pytest.mark.slow
 def test_sdar_8b_programs_lower_from_abstract_shapes_on_cpu8(tmp_path):
   """configs/sdar_tpu.py's official batch (32 prompts × 16, P = L = 256), 8B widths and
   vocabulary, 2 of the 36 layers (36 take ~20 s to trace: the samplers' KV caches are per

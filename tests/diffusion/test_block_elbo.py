@@ -10,10 +10,10 @@ from dllm_rl.diffusion.block import block_causal_mask, block_elbo, block_elbo_lo
 from dllm_rl.diffusion.estimators import ESTIMATORS, EstimatorConfig
 from dllm_rl.models import transformer as T
 from dllm_rl.types import SequenceBatch
+from tests.helpers import tiny_model
 
 MASK = 2
-CFG = T.ModelConfig(vocab_size=16, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
-                    mlp_hidden=32, qk_norm=True, init_std=0.3)
+CFG = tiny_model(vocab_size=16, n_layers=2, n_heads=4, qk_norm=True, init_std=0.3)
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +45,25 @@ def test_one_pass_equals_per_block_loop(model, impl, prompt_mask_prob, prompt_bl
 
 
 def test_registered_and_shared_masks_give_ratio_one(model):
+  """The registered estimator is block_elbo; its masks are a function of the key alone:
+  θ_old and a different θ scored with one key score the same tokens (so at θ = θ_old the
+  ratio is exactly 1, whatever the parameter values), and another key scores others."""
   cfg = EstimatorConfig(block_size=4, attention_impl="reference")
   est = ESTIMATORS.get("block_elbo")
-  a = est(model, _seqs(), jax.random.key(5), cfg, MASK)
-  b = est(model, _seqs(), jax.random.key(5), cfg, MASK)
-  np.testing.assert_array_equal(a.seq_B - b.seq_B, 0.0)
+  seqs = _seqs()
+  old = est(model, seqs, jax.random.key(5), cfg, MASK)
+  np.testing.assert_array_equal(old.token_BL, block_elbo(model, seqs, jax.random.key(5), cfg,
+                                                         MASK).token_BL)
+  graphdef, other_params = T.init_model(CFG, jax.random.key(1))  # a different θ
+  other = est(lambda *a: T.apply(graphdef, other_params, *a), seqs, jax.random.key(5), cfg, MASK)
+  scored = np.asarray(old.token_BL) != 0
+  assert scored.any() and not scored.all()
+  np.testing.assert_array_equal(np.asarray(other.token_BL) != 0, scored)  # the same masks
+  assert not np.allclose(other.seq_B, old.seq_B)  # ... under different log-probs
+  again = est(model, seqs, jax.random.key(5), cfg, MASK)  # θ = θ_old, same key: ratio 1
+  np.testing.assert_array_equal(np.exp(np.asarray(again.seq_B) - np.asarray(old.seq_B)), 1.0)
+  fresh = est(model, seqs, jax.random.key(6), cfg, MASK)  # another key: other masks
+  assert not np.array_equal(np.asarray(fresh.token_BL) != 0, scored)
 
 
 def test_block_causal_mask_rules():

@@ -11,10 +11,10 @@ import pytest
 from dllm_rl.diffusion.estimators import ESTIMATORS, EstimatorConfig, score_completion
 from dllm_rl.models import transformer as T
 from dllm_rl.types import SequenceBatch
+from tests.helpers import tiny_model
 
 MASK = 2
-CFG = T.ModelConfig(vocab_size=8, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=8,
-                    mlp_hidden=32, init_std=0.5)
+CFG = tiny_model(vocab_size=8, init_std=0.5)
 
 
 @pytest.fixture(scope="module")
@@ -132,13 +132,27 @@ def test_elbo_is_unbiased_against_exact_enumeration(model, cfg):
   assert np.all(np.abs(mean - exact) < 4 * se + 1e-4), (mean, exact, se)
 
 
-def test_coupled_pairs_score_every_token_once(model):
-  """With complementary masks each token is scored in exactly one of the pair."""
-  logits_of, params = model
+@pytest.mark.parametrize("num_samples", [2, 4])
+def test_coupled_pairs_score_every_token_once(num_samples):
+  """With complementary masks each token is scored in exactly one of the pair: draw k
+  and draw k + K/2 are (M, ¬M) at rates (t, 1 − t), weights 1/t and 1/(1 − t). With
+  uniform logits (log p = −log V for every token) the estimate is then exact:
+  token i's contribution is −log V · (1/K) Σ_pairs w_pair(i) / L."""
   seqs = _seqs()
-  cfg = EstimatorConfig(num_samples=2, coupled=True, t_eps=0.5)
-  lik = ESTIMATORS.get("elbo")(logits_of(params), seqs, jax.random.key(2), cfg, MASK)
-  assert np.all(np.asarray(lik.token_BL) < 0)  # every token received a (negative) log-prob
+  cfg = EstimatorConfig(num_samples=num_samples, coupled=True, t_eps=0.1)
+  est = ESTIMATORS.get("elbo")
+  draws = est.draw(jax.random.key(2), seqs, cfg, MASK)
+  scored = np.asarray(draws["scored_BL"]).astype(int)  # [K, B, L]
+  half = num_samples // 2
+  np.testing.assert_array_equal(scored[:half] + scored[half:], 1)  # once per pair
+  assert 0 < scored[:half].sum() < scored[:half].size  # neither half is all or nothing
+  t_KB = (np.asarray(draws["weight_B"][:half]) * 3) ** -1  # L = 3 valid tokens per row
+  np.testing.assert_allclose(np.asarray(draws["weight_B"][half:]) * 3, 1 / (1 - t_KB),
+                             rtol=1e-5)
+  uniform = lambda tokens_BN, positions_BN, mask: jnp.zeros(tokens_BN.shape + (CFG.vocab_size,))
+  lik = est(uniform, seqs, jax.random.key(2), cfg, MASK)
+  w_KBL = np.where(scored, np.asarray(draws["weight_B"])[..., None], 0.0)
+  np.testing.assert_allclose(lik.token_BL, -math.log(CFG.vocab_size) * w_KBL.mean(0), rtol=1e-5)
 
 
 def test_coupled_needs_even_samples(model):

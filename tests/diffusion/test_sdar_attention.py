@@ -91,10 +91,21 @@ def test_cached_sampler_prefill_and_first_block_match_the_official_forward(sdar)
   assert np.abs(np.asarray(logits_b) - expected[:, P:P + BS]).max() <= TOL
 
 
-def test_sdar_config_wires_block_causal_prompts_into_sampler_and_estimator():
+@pytest.mark.parametrize("block_causal", [True, False])
+def test_sdar_config_wires_block_causal_prompts_into_sampler_and_estimator(block_causal):
+  """What a run builds from configs/sdar_tpu.py — its sampler, its RL step's estimator and
+  its SFT step's options — carries model.block_size and model.prompt_block_causal, for
+  either value of the flag (a wiring that drops or hard-codes it fails one case)."""
+  from dllm_rl.sampling.configs import sampler_config
+  from dllm_rl.train.rl_loop import step_config
+  from dllm_rl.train.sft_step import step_options
   config = load_config_file(os.path.join(ROOT, "configs", "sdar_tpu.py"))
-  assert config.model.prompt_block_causal
-  assert BlockSamplerConfig.from_config(config).prompt_block_causal
-  est = EstimatorConfig.from_config(config.estimator, block_size=config.model.block_size,
-                                    prompt_block_causal=config.model.prompt_block_causal)
-  assert est.prompt_block_causal and est.block_size == BS
+  assert config.model.prompt_block_causal and config.model.block_size == BS  # SDAR's setting
+  config.model.prompt_block_causal = block_causal
+  sampler = sampler_config(config)
+  assert isinstance(sampler, BlockSamplerConfig) and sampler.prompt_block_causal is block_causal
+  est = step_config(config, sampler, mask_id=3, eos_id=1).estimator_cfg
+  assert isinstance(est, EstimatorConfig)
+  assert est.prompt_block_causal is block_causal and est.block_size == BS
+  options = step_options(config)
+  assert options["prompt_block_causal"] is block_causal and options["block_size"] == BS

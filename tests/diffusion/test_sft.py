@@ -12,10 +12,10 @@ from dllm_rl.models import transformer as T
 from dllm_rl.parallel.shard import init_train_state
 from dllm_rl.train.sft_step import make_sft_step
 from dllm_rl.types import SequenceBatch
+from tests.helpers import tiny_model
 
 MASK = 2
-CFG = T.ModelConfig(vocab_size=20, d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=16,
-                    mlp_hidden=64)
+CFG = tiny_model(vocab_size=20, d_model=32, head_dim=16, mlp_hidden=64)
 
 
 def _batch():

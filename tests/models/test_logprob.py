@@ -11,6 +11,7 @@ from dllm_rl.models import logprob
 from dllm_rl.models import transformer as T
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.types import SequenceBatch
+from tests.helpers import tiny_model
 
 B, L, D, V = 3, 10, 8, 37
 
@@ -83,8 +84,7 @@ def test_only_chunk_rows_of_logits_are_materialised():
   assert f"f32[{b},{l},{v}]" in jax.jit(jax.grad(plain, (0, 1))).lower(h, w).compile().as_text()
 
 
-CFG = T.ModelConfig(vocab_size=21, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
-                    mlp_hidden=32, tie_embeddings=False)
+CFG = tiny_model(vocab_size=21, n_layers=2, n_heads=4, tie_embeddings=False)
 
 
 def _seqs():

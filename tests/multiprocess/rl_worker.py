@@ -23,16 +23,12 @@ from dllm_rl.diffusion.estimators import EstimatorConfig  # noqa: E402
 from dllm_rl.models import transformer as T  # noqa: E402
 from dllm_rl.parallel import distributed, shard  # noqa: E402
 from dllm_rl.parallel.mesh import make_mesh  # noqa: E402
-from dllm_rl.rl.advantages import AdvantageConfig  # noqa: E402
-from dllm_rl.rl.losses import LossConfig  # noqa: E402
-from dllm_rl.rl.step import RLStepConfig, RolloutBatch, make_rl_step  # noqa: E402
+from dllm_rl.rl.step import RolloutBatch, make_rl_step  # noqa: E402
+from tests.helpers import rl_step_config, tiny_model  # noqa: E402
 
-CFG = T.ModelConfig(vocab_size=16, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
-                    mlp_hidden=32)
-STEP = RLStepConfig(loss="stabledrl", advantage="steprs", estimator="elbo",
-                    estimator_cfg=EstimatorConfig(num_samples=2), loss_cfg=LossConfig(),
-                    advantage_cfg=AdvantageConfig(), inner_steps=2, num_states=3, mask_id=2,
-                    eos_id=1)
+CFG = tiny_model(vocab_size=16, n_layers=2, n_heads=4)
+STEP = rl_step_config("stabledrl", "steprs", "elbo", EstimatorConfig(num_samples=2),
+                      inner_steps=2, num_states=3)
 
 
 def rollout_batch() -> RolloutBatch:

@@ -9,6 +9,8 @@ import pytest
 from dllm_rl.parallel.mesh import make_mesh
 from tests.multiprocess import harness
 
+pytestmark = pytest.mark.slow  # whole runs (see pytest.ini)
+
 WORKER = os.path.join(harness.REPO, "tests", "multiprocess", "rl_worker.py")
 
 

@@ -13,18 +13,15 @@ from dllm_rl.diffusion.estimators import EstimatorConfig
 from dllm_rl.models import transformer as T
 from dllm_rl.parallel import shard
 from dllm_rl.parallel.mesh import make_mesh, resolve_shape
-from dllm_rl.rl.advantages import AdvantageConfig
-from dllm_rl.rl.losses import LossConfig
-from dllm_rl.rl.step import RLStepConfig, RolloutBatch, make_rl_step
+from dllm_rl.rl.step import make_rl_step
 from dllm_rl.sampling.sampler import SamplerConfig
 from dllm_rl.train import evaluation
 from dllm_rl.parallel.shard import init_train_state
 from dllm_rl.train.sft_step import make_sft_step
 from dllm_rl.types import SequenceBatch
+from tests.helpers import EOS, MASK, random_rollout_batch, rl_step_config, tiny_model
 
-MASK, EOS = 2, 1
-CFG = T.ModelConfig(vocab_size=16, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
-                    mlp_hidden=32)
+CFG = tiny_model(vocab_size=16, n_layers=2, n_heads=4)
 MESHES = [(8, 1, 1), (2, 2, 2), (1, 4, 2)]
 LR = 1e-2
 OPT = optax.adamw(LR)
@@ -47,21 +44,15 @@ def _sft_batch():
 
 
 def _rl_batch():
-  k = jax.random.split(jax.random.key(4), 3)
-  rewards = jax.random.bernoulli(k[0], 0.5, (8, 2)).astype(jnp.float32)
-  return RolloutBatch(jax.random.randint(k[1], (8, 4), 3, 16), jnp.ones((8, 4), bool),
-                      jax.random.randint(k[2], (8, 2, 6), 3, 16),
-                      jnp.broadcast_to(jnp.arange(6) % 3, (8, 2, 6)), rewards, rewards > 0)
+  return random_rollout_batch(4, b=8, g=2, p=4, l=6, vocab_size=16, unmask_period=3)
 
 
 # The official setup: SPG block masks (K = 2, prompt noise), the SPG surrogate, independent masks
 # for ℓ̂_old and each inner iteration; StepRS advantages.
-RL_CFG = RLStepConfig(loss="stabledrl", advantage="steprs", estimator="spg_block",
-                      estimator_cfg=EstimatorConfig(num_samples=2, spg_block_len=3,
-                                                    prompt_mask_prob=0.15, antithetic=False),
-                      loss_cfg=LossConfig(),
-                      advantage_cfg=AdvantageConfig(), inner_steps=2, num_states=3,
-                      mask_id=MASK, eos_id=EOS)
+RL_CFG = rl_step_config("stabledrl", "steprs", "spg_block",
+                        EstimatorConfig(num_samples=2, spg_block_len=3, prompt_mask_prob=0.15,
+                                        antithetic=False),
+                        inner_steps=2, num_states=3)
 
 
 def _run(kind, mesh, cfg=CFG, scale_options=False):

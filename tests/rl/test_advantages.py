@@ -375,13 +375,32 @@ def test_registered_fns_jit_mask_and_values(name):
   assert jitted.shape == (b, g, length) and jitted.dtype == np.float32
   np.testing.assert_allclose(jitted, eager, rtol=1e-5, atol=1e-6)
   np.testing.assert_array_equal(eager[~mask], 0.0)
-  steprs = np.asarray(adv.steprs(r, u, -1.0, 3.0, "cosine"))
-  want = {
-      "grpo": np.asarray(adv.grpo(r))[..., None],
-      "centered": np.asarray(adv.centered(r))[..., None],
-      "risk_sensitive": np.asarray(adv.risk_sensitive(r, 1.5))[..., None],
-      "steprs": steprs,
-      "steprs_rms_matched": np.asarray(adv.rms_matched(steprs, r, mask)),
-      "steprs_mass_matched": np.asarray(adv.mass_matched(steprs, r, mask)),
-  }[name]
+  want = _closed_form(name, r, u, mask, cfg)
   np.testing.assert_allclose(eager, np.where(mask, want, 0.0), rtol=1e-5, atol=1e-7)
+
+
+def _closed_form(name, r, u, mask, cfg):
+  """The papers' formulas in float64 numpy, independent of dllm_rl.rl.advantages:
+  centered (Dr. GRPO) r − r̄; GRPO (r − r̄)/(std_{ddof=1} + 1e-4); RS-GRPO
+  (1/β)(e^{βr_i}/mean_j e^{βr_j} − 1); StepRS: RS-GRPO of the token's completion at
+  β(u) = β_start + (β_end − β_start)(1 − cos πu)/2; the controls rescale StepRS by one
+  batch factor: sqrt(Σ_m c² / Σ_m A²) (rms) or Σ_m |c| / Σ_m |A| (mass), c = r − r̄."""
+  r = np.asarray(r, np.float64)
+  c = r - r.mean(-1, keepdims=True)
+  if name == "centered":
+    return c[..., None]
+  if name == "grpo":
+    return (c / (r.std(-1, ddof=1, keepdims=True) + 1e-4))[..., None]
+  if name == "risk_sensitive":
+    return np.stack([_rs_ref(row, cfg.beta) for row in r])[..., None]
+  beta = cfg.beta_start + (cfg.beta_end - cfg.beta_start) * (1 - np.cos(np.pi * u)) / 2
+  step = np.empty(u.shape)
+  for b, g, l in np.ndindex(*u.shape):
+    step[b, g, l] = _rs_ref(r[b], beta[b, g, l])[g]
+  cm = np.broadcast_to(c[..., None], u.shape)[mask]
+  if name == "steprs":
+    return step
+  if name == "steprs_rms_matched":
+    return step * np.sqrt((cm ** 2).sum() / (step[mask] ** 2).sum())
+  assert name == "steprs_mass_matched", name
+  return step * np.abs(cm).sum() / np.abs(step[mask]).sum()

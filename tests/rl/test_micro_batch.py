@@ -11,13 +11,11 @@ from dllm_rl.diffusion.estimators import EstimatorConfig
 from dllm_rl.models import transformer as T
 from dllm_rl.rl import micro
 from dllm_rl.rl.advantages import AdvantageConfig
-from dllm_rl.rl.losses import LossConfig
-from dllm_rl.rl.step import RLStepConfig, RolloutBatch, make_rl_step
+from dllm_rl.rl.step import RolloutBatch, make_rl_step
 from dllm_rl.parallel.shard import init_train_state
+from tests.helpers import EOS, rl_step_config, tiny_model
 
-MASK, EOS = 2, 1
-CFG = T.ModelConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8,
-                    mlp_hidden=32)
+CFG = tiny_model(vocab_size=13, n_layers=2, n_kv_heads=1)
 B, G, P, L = 2, 4, 3, 8
 
 CASES = {  # loss, advantage, estimator, estimator options, kl
@@ -57,10 +55,9 @@ def _capture_grads():
 def _run(case, micro_batch, logits_chunk=0):
   loss, advantage, name, opts, kl = CASES[case]
   est_cfg = EstimatorConfig(**opts, logits_chunk=logits_chunk)
-  cfg = RLStepConfig(loss=loss, advantage=advantage, estimator=name, estimator_cfg=est_cfg,
-                     loss_cfg=LossConfig(), advantage_cfg=AdvantageConfig(num_states=4),
-                     inner_steps=2, num_states=4, kl_coef=kl, mask_id=MASK, eos_id=EOS,
-                     micro_batch=micro_batch)
+  cfg = rl_step_config(loss, advantage, name, est_cfg, inner_steps=2, num_states=4,
+                       advantage_cfg=AdvantageConfig(num_states=4), kl_coef=kl,
+                       micro_batch=micro_batch)
   graphdef, params = T.init_model(CFG, jax.random.key(0))
   opt = _capture_grads()
   state = init_train_state(params, opt, jax.random.key(1))

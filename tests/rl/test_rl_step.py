@@ -10,16 +10,13 @@ import pytest
 
 from dllm_rl.diffusion.estimators import EstimatorConfig
 from dllm_rl.models import transformer as T
-from dllm_rl.rl.advantages import AdvantageConfig
-from dllm_rl.rl.losses import LOSSES, LossConfig
+from dllm_rl.rl.losses import LOSSES
 from dllm_rl.diffusion.spg_block import spg_block_masks
-from dllm_rl.rl.step import (RLStepConfig, RolloutBatch, completion_lengths, flatten_groups,
-                             make_rl_step)
+from dllm_rl.rl.step import completion_lengths, flatten_groups, make_rl_step
 from dllm_rl.parallel.shard import init_train_state
+from tests.helpers import EOS, random_rollout_batch, rl_step_config, tiny_model
 
-MASK, EOS = 2, 1
-CFG = T.ModelConfig(vocab_size=12, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=8,
-                    mlp_hidden=32)
+CFG = tiny_model()
 B, G, P, L = 2, 4, 3, 8
 
 ESTIMATOR_FOR = {"grpo_token": ("mean_field", EstimatorConfig(reduction="sum")),
@@ -27,13 +24,7 @@ ESTIMATOR_FOR = {"grpo_token": ("mean_field", EstimatorConfig(reduction="sum")),
 
 
 def _batch(seed=0):
-  k = jax.random.split(jax.random.key(seed), 3)
-  rewards = jax.random.bernoulli(k[0], 0.5, (B, G)).astype(jnp.float32)
-  return RolloutBatch(
-      prompt_BP=jax.random.randint(k[1], (B, P), 3, 12), prompt_valid_BP=jnp.ones((B, P), bool),
-      completion_BGL=jax.random.randint(k[2], (B, G, L), 3, 12),
-      unmask_step_BGL=jnp.broadcast_to(jnp.arange(L) % 4, (B, G, L)),
-      rewards_BG=rewards, correct_BG=rewards > 0)
+  return random_rollout_batch(seed, B, G, P, L, vocab_size=12, unmask_period=4)
 
 
 def _eos_batch(seed=0):
@@ -64,10 +55,8 @@ def _step(loss, advantage="centered", kl_coef=0.0, antithetic=True, inner=2, est
   name, est_cfg = estimator or ESTIMATOR_FOR.get(loss, ("elbo", EstimatorConfig(num_samples=1)))
   if antithetic is not None:
     est_cfg = dataclasses.replace(est_cfg, antithetic=antithetic)
-  cfg = RLStepConfig(loss=loss, advantage=advantage, estimator=name, estimator_cfg=est_cfg,
-                     loss_cfg=LossConfig(), advantage_cfg=AdvantageConfig(), inner_steps=inner,
-                     num_states=4, dynamic_states=dynamic_states, kl_coef=kl_coef, mask_id=MASK,
-                     eos_id=EOS)
+  cfg = rl_step_config(loss, advantage, name, est_cfg, inner_steps=inner, num_states=4,
+                       dynamic_states=dynamic_states, kl_coef=kl_coef)
   graphdef, params = T.init_model(CFG, jax.random.key(0))
   opt = optax.adam(1e-2)
   state = init_train_state(params, opt, jax.random.key(1))
@@ -157,10 +146,8 @@ def test_ratio_is_one_before_the_first_update_with_shared_masks():
 
 def test_zero_advantages_leave_params_unchanged_with_sgd():
   """All-equal rewards → centered advantages 0 → the policy gradient is exactly 0."""
-  name, est = "elbo", EstimatorConfig()
-  cfg = RLStepConfig(loss="stabledrl", advantage="centered", estimator=name, estimator_cfg=est,
-                     loss_cfg=LossConfig(), advantage_cfg=AdvantageConfig(), inner_steps=1,
-                     num_states=4, mask_id=MASK, eos_id=EOS)
+  cfg = rl_step_config("stabledrl", "centered", "elbo", EstimatorConfig(), inner_steps=1,
+                       num_states=4)
   graphdef, params = T.init_model(CFG, jax.random.key(0))
   opt = optax.sgd(1.0)
   state = init_train_state(params, opt, jax.random.key(1))

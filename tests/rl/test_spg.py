@@ -12,11 +12,11 @@ from dllm_rl.diffusion.spg_block import make_spg_block, spg_block_masks, spg_bou
 from dllm_rl.models import transformer
 from dllm_rl.rl.spg_loss import spg_loss, spg_loss_tokens, spg_surrogate
 from dllm_rl.types import SequenceBatch
+from tests.helpers import tiny_model
 
 MASK_ID = 11
 BLOCK = 4
-MODEL_CFG = transformer.ModelConfig(vocab_size=12, d_model=16, n_layers=1, n_heads=2,
-                                    n_kv_heads=2, head_dim=8, mlp_hidden=32)
+MODEL_CFG = tiny_model()
 
 
 def _batch(lengths=(12, 7, 1, 10), l=12, p=5):

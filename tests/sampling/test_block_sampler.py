@@ -12,12 +12,12 @@ from flax import nnx
 from dllm_rl.models import transformer as T
 from dllm_rl.sampling import block_sampler as BS
 from dllm_rl.sampling import sampler as S
+from tests.helpers import small_model
 
 MASK, EOS = 0, 1  # uniform logits → argmax proposes token 1 = EOS (mask never proposed)
 L, BL = 12, 4
 # init_std 0.3: logits spread ~1.7, so greedy proposals vary and confidences are far from ties.
-CFG = T.ModelConfig(vocab_size=20, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
-                    mlp_hidden=48, init_std=0.3)
+CFG = small_model(vocab_size=20)
 COMBOS = {  # one compile per (combo, use_cache); the tests below share these runs
     "fixed_greedy": dict(steps=6, temperature=0.0, remasking="margin", stop_at_eos=False),
     "fixed_temp": dict(steps=6, temperature=0.8, remasking="random", stop_at_eos=False),

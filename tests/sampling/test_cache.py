@@ -16,12 +16,12 @@ from dllm_rl.models import transformer as T
 from dllm_rl.parallel import shard
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.sampling import sampler as S
+from tests.helpers import small_model
 
 MASK, EOS = 2, 1
 L, BL = 12, 4
 # init_std 0.3: logits spread widely, so confidences are far from ties.
-CFG = T.ModelConfig(vocab_size=24, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
-                    mlp_hidden=48, init_std=0.3)
+CFG = small_model(vocab_size=24)
 FIELDS = ("completion_BL", "unmask_step_BL", "num_steps", "num_blocks", "trajectory_SBL")
 
 

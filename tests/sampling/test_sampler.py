@@ -11,15 +11,26 @@ from flax import nnx
 from dllm_rl.models import transformer as T
 from dllm_rl.sampling import sampler as S
 from dllm_rl.sampling.remasking import REMASKING
+from tests.helpers import small_model
 
 MASK, EOS = 2, 1
-CFG = T.ModelConfig(vocab_size=30, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=8,
-                    mlp_hidden=48)
+CFG = small_model(vocab_size=30, n_layers=1, init_std=0.02)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def model():
+  """A fresh (graphdef, params) per test: no test sees another's changes."""
   return T.init_model(CFG, jax.random.key(0))
+
+
+def _uniform_logits(params):
+  """A copy of ``params`` with the final norm's scale 0: every logit is 0 (uniform), so
+  greedy argmax proposes token 0 everywhere. ``params`` itself is left as it is."""
+  params = jax.tree.map(jnp.copy, params)
+  pure = nnx.to_pure_dict(params)
+  pure["final_norm"]["scale"] = jnp.zeros_like(pure["final_norm"]["scale"])
+  nnx.replace_by_pure_dict(params, pure)
+  return params
 
 
 def _prompts(b=3, p=5):
@@ -92,9 +103,7 @@ def test_threshold_mode_commits_at_least_one_per_step(model):
 
 def test_stop_at_eos_fills_and_skips_blocks(model):
   g, params = model
-  pure = nnx.to_pure_dict(params)
-  pure["final_norm"]["scale"] = jnp.zeros_like(pure["final_norm"]["scale"])  # logits all 0
-  nnx.replace_by_pure_dict(params, pure)  # → argmax proposes token 0 everywhere
+  params = _uniform_logits(params)  # → argmax proposes token 0 everywhere
   prompt, valid = _prompts()
   cfg = S.SamplerConfig(completion_len=12, steps=6, block_len=4, stop_at_eos=True)
   out = S.sample(g, params, prompt, valid, jax.random.key(0), cfg=cfg, mask_id=MASK, eos_id=0)
@@ -110,10 +119,7 @@ def test_proposed_mask_token_stays_masked_and_is_not_recorded(model, threshold):
   Nothing is committed, unmask steps stay -1, threshold mode stops after block_len steps;
   with ``exclude_mask`` token 1 is committed instead."""
   g, params = model
-  params = jax.tree.map(lambda x: x, params)
-  pure = nnx.to_pure_dict(params)
-  pure["final_norm"]["scale"] = jnp.zeros_like(pure["final_norm"]["scale"])  # logits all 0
-  nnx.replace_by_pure_dict(params, pure)
+  params = _uniform_logits(params)
   prompt, valid = _prompts()
   cfg = S.SamplerConfig(completion_len=8, steps=4, block_len=4, threshold=threshold,
                         stop_at_eos=False)
@@ -135,6 +141,7 @@ def test_tokens_after_first_eos_are_eos(model):
   out = S.sample(g, params, prompt, valid, jax.random.key(5), cfg=cfg, mask_id=MASK, eos_id=EOS)
   c = np.asarray(out.completion_BL)
   assert not np.any(c == MASK)
+  assert np.any(c == EOS)  # some rows do end early (the check below is not vacuous)
   for row in c:
     hits = np.nonzero(row == EOS)[0]
     if hits.size:

@@ -10,6 +10,7 @@ from dllm_rl.train.validate import validate
 from dllm_rl.models import transformer as T
 from dllm_rl.sampling.sampler import SamplerConfig
 from dllm_rl.tasks.data import bucket_width, trim_to_bucket
+from tests.helpers import small_model
 
 
 def _left_padded(lengths, p):
@@ -41,8 +42,7 @@ def test_trim_drops_only_padding_and_reports_the_padding_fraction():
 
 
 def test_bucketed_generation_gives_the_same_tokens():
-  cfg = T.ModelConfig(vocab_size=24, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                      head_dim=8, mlp_hidden=48, init_std=0.3)
+  cfg = small_model(vocab_size=24)
   graphdef, params = T.init_model(cfg, jax.random.key(0))
   tokens, valid = _left_padded([2, 3, 4, 3, 7, 8, 6, 5], 12)
   fn = evaluation.make_sample_fn(graphdef, SamplerConfig(completion_len=8, steps=4, block_len=4),

@@ -1,0 +1,145 @@
+"""Shared builders for the tests (a plain module: ``from tests.helpers import ...``; the
+repository root is on sys.path via tests/conftest.py).
+
+* :func:`tiny_model` / :func:`small_model`: ``ModelConfig``s of the unit tests;
+* :data:`TINY_RUN` / :func:`tiny_run_config` / :func:`cli_flags`: the embedded default
+  config (``dllm_rl.config.defaults.get_config``) shrunk for end-to-end runs;
+* :func:`rl_step_config`: an ``RLStepConfig`` with the defaults the tests share;
+* :func:`random_rollout_batch`: a random ``RolloutBatch``;
+* :func:`assert_test_figures`: a finished run's test figures against its metrics.jsonl.
+
+Every builder takes the values a test changes as arguments; nothing here is random
+beyond the key / seed it is given, so a test's expected values do not depend on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+
+MASK, EOS = 2, 1  # the mask / EOS ids of the unit tests' toy vocabularies
+
+
+# ------------------------------------------------------------------------------ models
+
+
+def tiny_model(*, vocab_size: int = 12, d_model: int = 16, n_layers: int = 1, n_heads: int = 2,
+               n_kv_heads: int = 2, head_dim: int = 8, mlp_hidden: int = 32, **options):
+  """The smallest model of the estimator / RL-step tests (one layer, d_model 16);
+  ``options`` are further ``ModelConfig`` fields (qk_norm, init_std, ...)."""
+  from dllm_rl.models.transformer import ModelConfig
+  return ModelConfig(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                     n_kv_heads=n_kv_heads, head_dim=head_dim, mlp_hidden=mlp_hidden, **options)
+
+
+def small_model(*, vocab_size: int = 24, d_model: int = 32, n_layers: int = 2, n_heads: int = 4,
+                n_kv_heads: int = 2, head_dim: int = 8, mlp_hidden: int = 48,
+                init_std: float = 0.3, **options):
+  """The sampler tests' model: two GQA layers, d_model 32, and weights large enough
+  (init_std 0.3) that its logits are far from uniform (confidences differ)."""
+  return tiny_model(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                    n_kv_heads=n_kv_heads, head_dim=head_dim, mlp_hidden=mlp_hidden,
+                    init_std=init_std, **options)
+
+
+# ------------------------------------------------------------------------ run configs
+
+# The embedded default (3-digit addition) at a size that runs in seconds on 2 CPU cores:
+# a 1-layer d_model-32 model, small task splits, RL groups of 2 × 4, pass@{1,4} from 4
+# samples, no progress bar, a 2-device data-parallel mesh (of the 8 simulated devices).
+TINY_MODEL = {"model.d_model": 32, "model.n_layers": 1, "model.mlp_hidden": 64}
+TINY_RUN = {**TINY_MODEL,
+            "task.train_size": 256, "task.val_size": 32, "task.test_size": 32,
+            "sft.warmup_steps": 0, "rl.batch_prompts": 2, "rl.group_size": 4,
+            "eval.num_samples": 4, "eval.pass_k": (1, 4), "log.progress": False,
+            "mesh.data": 2}
+
+
+def set_dotted(config, overrides: Mapping[str, Any]):
+  """``config[section][...][key] = value`` for each ``{"section.key": value}``; returns it."""
+  for dotted, value in overrides.items():
+    *path, key = dotted.split(".")
+    node = config
+    for part in path:
+      node = node[part]
+    node[key] = value
+  return config
+
+
+def tiny_run_config(mode: str = "sft", overrides: Mapping[str, Any] | None = None):
+  """``get_config()`` (the embedded default) with :data:`TINY_RUN`, then ``overrides``
+  (``{"section.key": value}``), and ``mode``."""
+  from dllm_rl.config.defaults import get_config
+  c = set_dotted(get_config(), {**TINY_RUN, **(overrides or {})})
+  c.mode = mode
+  return c
+
+
+def cli_flags(overrides: Mapping[str, Any]) -> list[str]:
+  """``--config.key=value`` flags for ``python -m dllm_rl.main`` (tuples as "a,b",
+  booleans in lower case)."""
+  def text(v):
+    if isinstance(v, bool):
+      return str(v).lower()
+    if isinstance(v, tuple):
+      return ",".join(str(x) for x in v)
+    return str(v)
+  return [f"--config.{k}={text(v)}" for k, v in overrides.items()]
+
+
+# --------------------------------------------------------------------------------- RL
+
+
+def rl_step_config(loss: str = "stabledrl", advantage: str = "centered", estimator: str = "elbo",
+                   estimator_cfg=None, *, inner_steps: int = 2, num_states: int = 4, **options):
+  """``RLStepConfig`` with default loss / advantage options and the toy MASK / EOS ids;
+  ``options`` are further fields (kl_coef, micro_batch, advantage_cfg, ...)."""
+  from dllm_rl.diffusion.estimators import EstimatorConfig
+  from dllm_rl.rl.advantages import AdvantageConfig
+  from dllm_rl.rl.losses import LossConfig
+  from dllm_rl.rl.step import RLStepConfig
+  fields = dict(loss_cfg=LossConfig(), advantage_cfg=AdvantageConfig(), mask_id=MASK,
+                eos_id=EOS)
+  fields.update(options)
+  return RLStepConfig(loss=loss, advantage=advantage, estimator=estimator,
+                      estimator_cfg=estimator_cfg if estimator_cfg is not None
+                      else EstimatorConfig(),
+                      inner_steps=inner_steps, num_states=num_states, **fields)
+
+
+def random_rollout_batch(seed: int, b: int, g: int, p: int, l: int, vocab_size: int,
+                         unmask_period: int):
+  """A rollout batch of b prompts × g completions: tokens uniform in [3, vocab_size) (no
+  mask / EOS), all prompt tokens valid, unmask step of position i = i mod
+  ``unmask_period``, Bernoulli(½) 0/1 rewards (correct = reward > 0)."""
+  from dllm_rl.rl.step import RolloutBatch
+  k = jax.random.split(jax.random.key(seed), 3)
+  rewards = jax.random.bernoulli(k[0], 0.5, (b, g)).astype(jnp.float32)
+  return RolloutBatch(
+      prompt_BP=jax.random.randint(k[1], (b, p), 3, vocab_size),
+      prompt_valid_BP=jnp.ones((b, p), bool),
+      completion_BGL=jax.random.randint(k[2], (b, g, l), 3, vocab_size),
+      unmask_step_BGL=jnp.broadcast_to(jnp.arange(l) % unmask_period, (b, g, l)),
+      rewards_BG=rewards, correct_BG=rewards > 0)
+
+
+# ----------------------------------------------------------------------- run outputs
+
+
+def assert_test_figures(summary: Mapping[str, Any], workdir, phase: str, test_size: int = 32):
+  """Exact relations between a finished phase's summary and what it wrote: its test
+  accuracies are those of the phase's (last) test line of metrics.jsonl; the greedy
+  accuracy counts whole prompts (a multiple of 1 / test_size); pass@1 is the mean sample
+  accuracy (the unbiased pass@k at k = 1 is c / n) and pass@k grows with k."""
+  from dllm_rl.infra.observability import read_metrics
+  line = [r for r in read_metrics(str(workdir), phase=phase) if "test_accuracy" in r][-1]
+  accuracy = summary[f"{phase}_accuracy"]
+  assert accuracy == line["test_accuracy"]
+  assert summary[f"{phase}_sample_accuracy"] == line["test_sample_accuracy"]
+  assert accuracy * test_size == round(accuracy * test_size)
+  pass_at_k = summary[f"{phase}_pass_at_k"]
+  assert abs(pass_at_k["1"] - summary[f"{phase}_sample_accuracy"]) <= 1e-12
+  ks = sorted(pass_at_k, key=int)
+  assert all(pass_at_k[a] <= pass_at_k[b] for a, b in zip(ks, ks[1:]))
