@@ -1,6 +1,7 @@
 """Block-diffusion sampler (SDAR / Fast-dLLM v2) with a KV cache, jitted.
 
-The model runs under a block-causal mask (:func:`block_causal_mask`): the
+The model runs under a block-causal mask
+(:func:`dllm_rl.kernels.block_mask.block_causal_mask`): the
 (left-padded) prompt attends to itself — block-causally over blocks aligned to
 its end with ``prompt_block_causal`` (SDAR's official generate), else as one
 full block — and completion block b attends to the prompt and to blocks <= b
@@ -41,7 +42,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dllm_rl.diffusion.block import block_causal_mask, prompt_block_mask  # noqa: F401
+from dllm_rl.kernels.block_mask import block_causal_mask, prompt_block_mask
 from dllm_rl.models import transformer
 from dllm_rl.sampling.sampler import (SamplerConfig, block_schedule, fill_finished, finalize,
                                       initial_buffers, more_blocks, run_block, select_commits,
