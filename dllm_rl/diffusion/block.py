@@ -28,6 +28,7 @@ from dllm_rl.diffusion.estimators import (
   mask_prompt,
 )
 from dllm_rl.diffusion.scoring import ModelScorer
+from dllm_rl.kernels.block_mask import block_causal_mask
 from dllm_rl.models import transformer
 from dllm_rl.models.layers import StaircaseSpec
 from dllm_rl.models.logprob import logp_entropy_reference
@@ -96,31 +97,6 @@ def _block_reduce(logp_KBL, ent_KBL, seqs: SequenceBatch, draws: dict,
 block_elbo = ESTIMATORS.register("block_elbo")(Estimator(
     draw=_block_draw, forward=staircase_forward, reduce=_block_reduce,
     doc="Σ_b ELBO_b for every block in one staircase forward pass per Monte-Carlo draw."))
-
-
-def prompt_block_mask(prompt_len: int, block_len: int) -> jax.Array:
-  """[P, P] block-causal prompt mask, blocks aligned to the prompt's END
-  (prompt position i is in block (i − P) // block_len < 0)."""
-  blk_P = (jnp.arange(prompt_len) - prompt_len) // block_len
-  return blk_P[None, :] <= blk_P[:, None]
-
-
-def block_causal_mask(prompt_valid_BP: jax.Array, completion_len: int, block_len: int,
-                      prompt_block_causal: bool = False) -> jax.Array:
-  """Dense [B, N, N] mask (N = P + L, True = may attend) of the block model.
-
-  Completion block b sees the valid prompt keys and completion blocks <= b.
-  Prompt rows see every valid prompt key (the prompt is block −1), or with
-  ``prompt_block_causal`` (SDAR's official generate) the prompt blocks up to
-  their own, blocks aligned to the prompt's end (block (i − P) // block_len).
-  """
-  b, p = prompt_valid_BP.shape
-  idx_N = jnp.arange(p + completion_len)
-  block_N = (idx_N - p) // block_len
-  if not prompt_block_causal:
-    block_N = jnp.where(idx_N < p, -1, block_N)
-  key_valid_BN = jnp.concatenate([prompt_valid_BP, jnp.ones((b, completion_len), bool)], axis=1)
-  return (block_N[None, :] <= block_N[:, None])[None] & key_valid_BN[:, None, :]
 
 
 def block_elbo_loop(logits_fn, seqs: SequenceBatch, key, cfg: EstimatorConfig,

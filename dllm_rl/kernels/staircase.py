@@ -41,6 +41,8 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
+from dllm_rl.kernels.block_mask import block_causal, block_ids
+
 ATTENTION_IMPLS = ("auto", "pallas", "interpret", "reference")
 _NEG = -1e30  # finite "minus infinity": masked scores, never exp'ed unmasked
 _NT = (((1,), (1,)), ((), ()))  # a @ b.T
@@ -68,21 +70,18 @@ def _completion_len(n: int, prompt_len: int) -> int:
 
 def staircase_mask(prompt_len: int, completion_len: int, block_size: int, *,
                    prompt_block_causal: bool = False) -> np.ndarray:
-  """Dense bool [N, N] mask (True = may attend), N = P + 2L; for tests/reference."""
+  """Dense bool [N, N] mask (True = may attend), N = P + 2L; for tests/reference.
+
+  [prompt | clean] is the block model's block-causal mask (``block_mask``); a
+  noisy row of block b sees the prompt and clean blocks < b, and noisy block b."""
   _check_layout(prompt_len, completion_len, block_size)
-  p, l, bs = prompt_len, completion_len, block_size
+  p, l = prompt_len, completion_len
+  block_N = block_ids(p, l, block_size, prompt_block_causal)  # prompt and clean copy
+  noisy_L = block_N[p:]
   m = np.zeros((p + 2 * l, p + 2 * l), bool)
-  if prompt_block_causal:  # row r sees prompt keys up to the end of its block
-    block_end = p - bs * ((p - 1 - np.arange(p)) // bs)
-    m[:p, :p] = np.arange(p)[None, :] < block_end[:, None]
-  else:
-    m[:p, :p] = True
-  for b in range(l // bs):
-    clean = slice(p + b * bs, p + (b + 1) * bs)
-    noisy = slice(p + l + b * bs, p + l + (b + 1) * bs)
-    m[clean, :p + (b + 1) * bs] = True  # prompt ∪ clean blocks ≤ b
-    m[noisy, :p + b * bs] = True  # prompt ∪ clean blocks < b
-    m[noisy, noisy] = True
+  m[:p + l, :p + l] = block_causal(block_N, block_N)
+  m[p + l:, :p + l] = block_causal(noisy_L - 1, block_N)  # prompt ∪ clean blocks < b
+  m[p + l:, p + l:] = noisy_L[None, :] == noisy_L[:, None]
   return m
 
 

@@ -1,12 +1,13 @@
 """Block-diffusion sampler (SDAR / Fast-dLLM v2) with a KV cache, jitted.
 
-The model runs under a block-causal mask (:func:`block_causal_mask`): the
+The model runs under a block-causal mask
+(:func:`dllm_rl.kernels.block_mask.block_causal_mask`): the
 (left-padded) prompt attends to itself — block-causally over blocks aligned to
 its end with ``prompt_block_causal`` (SDAR's official generate), else as one
 full block — and completion block b attends to the prompt and to blocks <= b
 (bidirectionally inside its block). Blocks of
 ``block_len`` tokens are denoised left to right; inside a block each step
-makes the same decision as the masked sampler (:func:`sampler.select_commits`:
+makes the same step as the masked sampler (:func:`step.commit_step`:
 the ``transfer_schedule`` k most confident tokens, or every token above
 ``threshold`` and at least one until the block is complete), on the current
 block's logits only, with randomness ``fold_in(key, step)``. ``step`` is the
@@ -41,19 +42,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dllm_rl.diffusion.block import block_causal_mask, prompt_block_mask  # noqa: F401
+from dllm_rl.kernels.block_mask import block_causal_mask, prompt_block_mask
 from dllm_rl.models import transformer
-from dllm_rl.sampling.sampler import (
-  SamplerConfig,
-  block_schedule,
-  fill_finished,
-  finalize,
-  initial_buffers,
-  more_blocks,
-  run_block,
-  select_commits,
-  vmap_groups,
-)
+from dllm_rl.sampling.sampler import (SamplerConfig, block_schedule, fill_finished, finalize,
+                                      initial_buffers, more_blocks, run_block, vmap_groups)
+from dllm_rl.sampling.step import block_has_mask, block_of, commit_step
 from dllm_rl.types import SampleOutput
 
 
@@ -100,7 +93,7 @@ def _cached_model(graphdef, params, prompt_BP, prompt_valid_BP, positions_BN, cf
 
   def run(state, x_BL, block):  # the current block against the cache, written into its slots
     cache, valid_BM = state
-    tokens_BT = jax.lax.dynamic_slice_in_dim(x_BL, block * bl, bl, axis=1)
+    tokens_BT = block_of(x_BL, block, bl)
     positions_BT = jax.lax.dynamic_slice_in_dim(positions_BN, p + block * bl, bl, axis=1)
     logits_BTV, cache = transformer.apply_cached(graphdef, params, tokens_BT, positions_BT, cache,
                                                  valid_BM, p + block * bl, write=True)
@@ -135,39 +128,28 @@ def sample_blocks(graphdef, params, prompt_BP, prompt_valid_BP, key, *,
   make = _cached_model if cfg.use_cache else _dense_model
   model = make(graphdef, params, prompt_BP, prompt_valid_BP, positions_BN, cfg)
 
-  def denoise_step(carry, block, k_commit):
-    x_BL, unmask_BL, step, state, traj_SBL = carry
-    logits_BTV, state = model.block_logits(state, x_BL, block)
-    x_BT = jax.lax.dynamic_slice_in_dim(x_BL, block * bl, bl, axis=1)
-    u_BT = jax.lax.dynamic_slice_in_dim(unmask_BL, block * bl, bl, axis=1)
-    x0_BT, commit_BT = select_commits(logits_BTV, x_BT == mask_id, jax.random.fold_in(key, step),
-                                      k_commit, cfg=cfg, mask_id=mask_id)
-    x_BL = jax.lax.dynamic_update_slice_in_dim(x_BL, jnp.where(commit_BT, x0_BT, x_BT),
-                                               block * bl, axis=1)
-    unmask_BL = jax.lax.dynamic_update_slice_in_dim(unmask_BL, jnp.where(commit_BT, step, u_BT),
-                                                    block * bl, axis=1)
-    if cfg.record_trajectory:
-      traj_SBL = jax.lax.dynamic_update_index_in_dim(traj_SBL, x_BL, step, 0)
-    return x_BL, unmask_BL, step + 1, state, traj_SBL
-
-  def block_open(block):
-    return lambda c: jnp.any(jax.lax.dynamic_slice_in_dim(c[0], block * bl, bl, axis=1) == mask_id)
+  def denoise_step(s, carry, block, k_commit):
+    del s
+    buffers, state = carry
+    logits_BTV, state = model.block_logits(state, buffers[0], block)
+    return commit_step(buffers, logits_BTV, block, k_commit, key, cfg=cfg, mask_id=mask_id), state
 
   def outer_body(c):
     carry, block = c
-    x_BL, unmask_BL, step, state, traj_SBL = run_block(
-        denoise_step, carry, block, cfg=cfg, schedule_S=schedule_S, block_open=block_open(block))
+    (x_BL, unmask_BL, step, traj_SBL), state = run_block(
+        denoise_step, carry, block, cfg=cfg, schedule_S=schedule_S,
+        block_open=lambda cs: block_has_mask(cs[0][0], block, block_len=bl, mask_id=mask_id))
     x_BL, unmask_BL = fill_finished(x_BL, unmask_BL, step, cfg=cfg, mask_id=mask_id,
                                     eos_id=eos_id)
     # Write the finished block's clean keys/values, unless no block follows.
     state = jax.lax.cond(more_blocks(x_BL, block + 1, cfg=cfg, eos_id=eos_id),
                          lambda s: model.commit(s, x_BL, block), lambda s: s, state)
-    return (x_BL, unmask_BL, step, state, traj_SBL), block + 1
+    return ((x_BL, unmask_BL, step, traj_SBL), state), block + 1
 
   x0, u0, traj0 = initial_buffers(b, cfg=cfg, mask_id=mask_id)
-  (x_BL, unmask_BL, steps, _, traj_SBL), blocks = jax.lax.while_loop(
-      lambda c: more_blocks(c[0][0], c[1], cfg=cfg, eos_id=eos_id), outer_body,
-      ((x0, u0, jnp.int32(0), model.init(), traj0), jnp.int32(0)))
+  ((x_BL, unmask_BL, steps, traj_SBL), _), blocks = jax.lax.while_loop(
+      lambda c: more_blocks(c[0][0][0], c[1], cfg=cfg, eos_id=eos_id), outer_body,
+      (((x0, u0, jnp.int32(0), traj0), model.init()), jnp.int32(0)))
   return finalize(x_BL, unmask_BL, steps, blocks, traj_SBL, cfg=cfg, eos_id=eos_id)
 
 

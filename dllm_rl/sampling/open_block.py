@@ -37,6 +37,7 @@ from flax import nnx
 
 from dllm_rl.models import transformer
 from dllm_rl.registry import Registry
+from dllm_rl.sampling.step import block_of
 
 
 class OpenBlockModel(NamedTuple):
@@ -107,7 +108,7 @@ def dual(graphdef, params, prompt_BP, prompt_valid_BP, *, completion_len: int,
 
   def step(cache, x_BL, block):
     offset = p + block * block_len
-    tokens_BT = jax.lax.dynamic_slice_in_dim(x_BL, block * block_len, block_len, axis=1)
+    tokens_BT = block_of(x_BL, block, block_len)
     positions_BT = jax.lax.dynamic_slice_in_dim(inp.positions_BN, offset, block_len, axis=1)
     logits, _ = transformer.apply_cached_window(
         graphdef, params, tokens_BT, positions_BT, cache, inp.valid_BN, offset, write=False,

@@ -6,7 +6,8 @@ masked token (Gumbel-max with temperature, greedy at 0) and scores confidences
 with a registered remasking policy and commits either the k most confident
 masked tokens of the current block (k from an even schedule, LLaDA
 ``get_num_transfer_tokens``) or, in dynamic mode (Fast-dLLM), every token above
-``threshold`` (at least one per step, until the block is complete).
+``threshold`` (at least one per step, until the block is complete); that step is
+:func:`dllm_rl.sampling.step.commit_step`, shared with the block sampler.
 Only the open block's logits are computed (the head, Gumbel noise and softmax
 run on its ``block_len`` positions; ``sampler.cache`` picks how, see
 :mod:`dllm_rl.sampling.open_block`: ``none`` = the exact full forward, or
@@ -48,9 +49,8 @@ import numpy as np
 
 from dllm_rl.sampling.open_block import CACHES
 from dllm_rl.sampling.remasking import REMASKING
+from dllm_rl.sampling.step import block_has_mask, commit_step
 from dllm_rl.types import SampleOutput
-
-_NEG = -jnp.inf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,46 +96,6 @@ def transfer_schedule(block_len: int, steps_per_block: int) -> np.ndarray:
   return np.array([base + (s < rem) for s in range(steps_per_block)], np.int32)
 
 
-def _propose(logits_BLV, key, temperature):
-  """Gumbel-max sampling from softmax(logits / T); argmax when T == 0."""
-  if temperature == 0.0:
-    return jnp.argmax(logits_BLV, axis=-1).astype(jnp.int32)
-  g = jax.random.gumbel(key, logits_BLV.shape, jnp.float32)
-  return jnp.argmax(logits_BLV / temperature + g, axis=-1).astype(jnp.int32)
-
-
-def _rank(conf_BL):
-  """Rank of each position by descending confidence (0 = most confident)."""
-  order = jnp.argsort(-conf_BL, axis=-1, stable=True)
-  return jnp.argsort(order, axis=-1, stable=True)
-
-
-def select_commits(logits_BLV, open_BL, key, k_commit, *, cfg: SamplerConfig, mask_id: int):
-  """One denoising decision over the ``open_BL`` (masked, current-block) positions.
-
-  Proposes x0 for every position over the whole vocabulary (the mask token
-  too, as the official LLaDA code; never the mask token with
-  ``cfg.exclude_mask``), scores it with the registered remasking policy and
-  picks the ``k_commit`` most confident open positions, or in dynamic mode
-  (``cfg.threshold > 0``) every open position above the threshold and at least
-  the most confident one. A picked position whose proposal is the mask token
-  is not committed (it stays masked). ``key`` is split into (proposal,
-  confidence) keys. Returns (x0_BL, commit_BL).
-  """
-  logits_BLV = logits_BLV.astype(jnp.float32)
-  if cfg.exclude_mask:
-    logits_BLV = logits_BLV.at[..., mask_id].set(_NEG)
-  k_prop, k_conf = jax.random.split(key)
-  x0_BL = _propose(logits_BLV, k_prop, cfg.temperature)
-  conf_BL = jnp.where(open_BL, REMASKING.get(cfg.remasking)(logits_BLV, x0_BL, k_conf), _NEG)
-  rank_BL = _rank(conf_BL)
-  if cfg.threshold > 0:
-    picked_BL = (conf_BL > cfg.threshold) | (rank_BL == 0)
-  else:
-    picked_BL = rank_BL < k_commit
-  return x0_BL, open_BL & picked_BL & (x0_BL != mask_id)
-
-
 def block_schedule(cfg: SamplerConfig) -> jax.Array:
   """Validate the sampler's shape and policy name; tokens to commit at each step of a block."""
   l, bl = cfg.completion_len, cfg.block_len
@@ -146,17 +106,19 @@ def block_schedule(cfg: SamplerConfig) -> jax.Array:
   return jnp.asarray(transfer_schedule(bl, cfg.steps_per_block))
 
 
-def run_block(denoise_step, carry, block, *, cfg: SamplerConfig, schedule_S, block_open):
-  """Denoise one block: the fixed schedule, or (threshold mode) until ``block_open(carry)``
-  says no masked token is left in it, at most ``block_len`` steps (a step may commit
-  nothing when the mask token is proposed). ``denoise_step(carry, block, k_commit) -> carry``."""
+def run_block(denoise_step, carry, block, *, cfg: SamplerConfig, schedule_S, block_open,
+              first: int = 0):
+  """Denoise one block from its step ``first``: the fixed schedule, or (threshold mode) until
+  ``block_open(carry)`` says no masked token is left in it, up to step ``block_len`` (a step
+  may commit nothing when the mask token is proposed).
+  ``denoise_step(s, carry, block, k_commit) -> carry``, s = the step within the block."""
   if cfg.threshold > 0:
     _, carry = jax.lax.while_loop(
         lambda c: (c[0] < cfg.block_len) & block_open(c[1]),
-        lambda c: (c[0] + 1, denoise_step(c[1], block, 0)), (jnp.int32(0), carry))
+        lambda c: (c[0] + 1, denoise_step(c[0], c[1], block, 0)), (jnp.int32(first), carry))
     return carry
   return jax.lax.fori_loop(
-      0, cfg.steps_per_block, lambda s, c: denoise_step(c, block, schedule_S[s]), carry)
+      first, cfg.steps_per_block, lambda s, c: denoise_step(s, c, block, schedule_S[s]), carry)
 
 
 def _finished(x_BL, eos_id: int):
@@ -210,19 +172,7 @@ def sample(graphdef, params, prompt_BP, prompt_valid_BP, key, *,
                                 completion_len=cfg.completion_len, block_len=bl)
 
   def decide(carry, logits_BTV, block, k_commit):
-    """One step on the open block's logits: commit, record the step, advance."""
-    x_BL, unmask_BL, step, traj_SBL = carry
-    x_BT = jax.lax.dynamic_slice_in_dim(x_BL, block * bl, bl, axis=1)
-    u_BT = jax.lax.dynamic_slice_in_dim(unmask_BL, block * bl, bl, axis=1)
-    x0_BT, commit_BT = select_commits(logits_BTV, x_BT == mask_id, jax.random.fold_in(key, step),
-                                      k_commit, cfg=cfg, mask_id=mask_id)
-    x_BL = jax.lax.dynamic_update_slice_in_dim(x_BL, jnp.where(commit_BT, x0_BT, x_BT),
-                                               block * bl, axis=1)
-    unmask_BL = jax.lax.dynamic_update_slice_in_dim(unmask_BL, jnp.where(commit_BT, step, u_BT),
-                                                    block * bl, axis=1)
-    if cfg.record_trajectory:
-      traj_SBL = jax.lax.dynamic_update_index_in_dim(traj_SBL, x_BL, step, 0)
-    return x_BL, unmask_BL, step + 1, traj_SBL
+    return commit_step(carry, logits_BTV, block, k_commit, key, cfg=cfg, mask_id=mask_id)
 
   def run_open_block(carry, block):
     """The block's first step on the refresh forward, later ones on ``model.step``;
@@ -231,7 +181,7 @@ def sample(graphdef, params, prompt_BP, prompt_valid_BP, key, *,
     carry = decide(carry, logits_BTV, block, schedule_S[0])
     every = cfg.cache_refresh if cfg.cache != "none" else 0
 
-    def later(s, c_state, k):  # step s (>= 1) of the block
+    def later(s, c_state, block, k):  # step s (>= 1) of the block
       c, st = c_state
       if not every:
         return decide(c, model.step(st, c[0], block), block, k), st
@@ -243,14 +193,9 @@ def sample(graphdef, params, prompt_BP, prompt_valid_BP, key, *,
       return jax.lax.cond(s % every == 0, refreshed,
                           lambda: (decide(c, model.step(st, c[0], block), block, k), st))
 
-    if cfg.threshold > 0:  # until the block is complete, at most block_len steps
-      open_ = lambda c: jnp.any(jax.lax.dynamic_slice_in_dim(c[0], block * bl, bl, 1) == mask_id)
-      _, (carry, _) = jax.lax.while_loop(
-          lambda c: (c[0] < bl) & open_(c[1][0]),
-          lambda c: (c[0] + 1, later(c[0], c[1], 0)), (jnp.int32(1), (carry, state)))
-    else:
-      carry, _ = jax.lax.fori_loop(1, cfg.steps_per_block,
-                                   lambda s, c: later(s, c, schedule_S[s]), (carry, state))
+    carry, _ = run_block(
+        later, (carry, state), block, cfg=cfg, schedule_S=schedule_S, first=1,
+        block_open=lambda cs: block_has_mask(cs[0][0], block, block_len=bl, mask_id=mask_id))
     x_BL, unmask_BL, step, traj_SBL = carry
     x_BL, unmask_BL = fill_finished(x_BL, unmask_BL, step, cfg=cfg, mask_id=mask_id,
                                     eos_id=eos_id)

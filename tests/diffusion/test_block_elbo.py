@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dllm_rl.diffusion.block import block_causal_mask, block_elbo, block_elbo_loop
+from dllm_rl.diffusion.block import block_elbo, block_elbo_loop
 from dllm_rl.diffusion.estimators import ESTIMATORS, EstimatorConfig
+from dllm_rl.kernels.block_mask import block_causal_mask
 from dllm_rl.models import transformer as T
 from dllm_rl.types import SequenceBatch
 from tests.helpers import tiny_model

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from dllm_rl.config import load_config_file
-from dllm_rl.diffusion.block import block_causal_mask, prompt_block_mask
 from dllm_rl.diffusion.estimators import EstimatorConfig
+from dllm_rl.kernels.block_mask import block_causal_mask, prompt_block_mask
 from dllm_rl.models import hf
 from dllm_rl.models import transformer as T
 from dllm_rl.models.layers import StaircaseSpec

@@ -16,6 +16,7 @@ from dllm_rl.models import transformer as T
 from dllm_rl.parallel import shard
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.sampling import sampler as S
+from dllm_rl.sampling.step import select_commits
 from tests.helpers import small_model
 
 MASK, EOS = 2, 1
@@ -51,8 +52,8 @@ def _reference(graphdef, params, prompt, valid, key, cfg):
     for s in range(cfg.steps_per_block):
       logits = T.apply(graphdef, params, *sequence_inputs(prompt, valid, x))[:, prompt.shape[1]:]
       sl = slice(block * BL, (block + 1) * BL)
-      x0, commit = S.select_commits(logits[:, sl], x[:, sl] == MASK, jax.random.fold_in(key, step),
-                                    sched[s], cfg=cfg, mask_id=MASK)
+      x0, commit = select_commits(logits[:, sl], x[:, sl] == MASK, jax.random.fold_in(key, step),
+                                  sched[s], cfg=cfg, mask_id=MASK)
       x = x.at[:, sl].set(jnp.where(commit, x0, x[:, sl]))
       unmask = unmask.at[:, sl].set(jnp.where(commit, step, unmask[:, sl]))
       step += 1
