@@ -88,3 +88,15 @@ def test_no_module_import_cycle():
   # modules; a submodule importing its package's __init__ would be, and is reported.
   modules = set(graph.modules)
   assert _strongly_connected(graph, modules) == []
+
+
+def test_measured_slow_list_names_collected_tests():
+  """Every node id of tests/slow_tests.txt is a test that exists (a renamed test would
+  otherwise drop out of the list silently)."""
+  with open(os.path.join(ROOT, "tests", "slow_tests.txt")) as fh:
+    listed = {l.strip() for l in fh if l.strip() and not l.startswith("#")}
+  proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p",
+                         "no:cacheprovider", "tests"], cwd=ROOT, capture_output=True, text=True,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  collected = {l.strip() for l in proc.stdout.splitlines() if "::" in l}
+  assert listed and not listed - collected, sorted(listed - collected)[:10]
