@@ -11,19 +11,14 @@ import pytest
 from dllm_rl.config import ConfigError, base_config, load_config_file, locked
 
 from dllm_rl.train.validate import validate
+from tests.helpers import set_dotted
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _cfg(**updates):
-  c = base_config()
-  for dotted, value in updates.items():
-    *path, leaf = dotted.split("__")
-    node = c
-    for part in path:
-      node = node[part]
-    node[leaf] = value
-  return c
+  """``base_config()`` with ``section__key=value`` updates."""
+  return set_dotted(base_config(), {k.replace("__", "."): v for k, v in updates.items()})
 
 
 def test_base_and_tiny_cpu_configs_validate():
