@@ -34,6 +34,7 @@ from dllm_rl import paths
 from dllm_rl.infra.checkpoint import Checkpointer
 from dllm_rl.infra.observability import MetricsLogger, phase_summary, progress
 from dllm_rl.parallel.distributed import is_primary
+from dllm_rl.train import evaluation
 from dllm_rl.train.context import Context
 from dllm_rl.train.resilience import Preempted, StepGuard, window_to_meta
 from dllm_rl.train.throughput import ProfileWindow, StepTimer
@@ -83,6 +84,7 @@ class Phase:
   """The phase-specific parts of :func:`run_phase`; SFT and RL subclass it."""
 
   name: str  # "sft" / "rl": checkpoint folder, metrics phase, console prefix
+  graphdef: Any  # the policy's model graph (set by the subclass)
   steps: int
   log_every: int
   eval_every: int  # 0 = no periodic evaluation
@@ -110,9 +112,16 @@ class Phase:
     """Step ``step`` (0-based): (state, metrics, cost)."""
     raise NotImplementedError
 
+  def build_evaluators(self) -> None:
+    """One jitted greedy sampler of the policy (``self.graphdef``) for validation and the
+    test's greedy pass (:meth:`evaluate`, :meth:`test`); call from :meth:`start`."""
+    ctx = self.ctx
+    self.greedy_fn, self.accuracy = evaluation.make_greedy_evaluator(
+        self.graphdef, ctx.decoding, ctx.eval_options)
+
   def evaluate(self, state) -> dict:
-    """Validation metrics (logged with a ``val_`` prefix)."""
-    raise NotImplementedError
+    """Validation metrics (logged with a ``val_`` prefix): greedy accuracy on the val split."""
+    return self.accuracy(state.params, self.ctx.val.examples, self.ctx.val.arrays)
 
   def evaluated(self, val: dict) -> None:
     """Called with each periodic evaluation's result."""
@@ -125,8 +134,11 @@ class Phase:
     """Called after each checkpoint save is started."""
 
   def test(self, state) -> dict:
-    """The final test evaluation (``evaluation.evaluate_policy``'s report)."""
-    raise NotImplementedError
+    """The final test evaluation (``evaluation.evaluate_policy``'s report), reusing the
+    greedy sampler of :meth:`build_evaluators`."""
+    ctx = self.ctx
+    return evaluation.evaluate_policy(self.graphdef, state.params, ctx.decoding, ctx.test,
+                                      ctx.eval_options, sample_fn=self.greedy_fn)
 
   def summary(self, run: PhaseRun) -> tuple[dict, dict]:
     """(the phase's summary, the fields of its console line)."""
@@ -227,15 +239,18 @@ def run_phase(phase: Phase) -> dict:
       clock.start()
       state, metrics, cost = phase.step(state, step)
       step += 1
-      if phase.sync_every_step:
-        guard.skipped(state.opt_state, step)  # raises after too many in a row
+      # The skip counters are read from the device at most once a step: every step when the
+      # step syncs anyway, else only at a log line or a save.
+      skipped = guard.skipped(state.opt_state, step) if phase.sync_every_step else None
       clock.stop(state, cost)
       profile.after(step, state)
       window.append(metrics)
       bar.update(1)
       if step % phase.log_every == 0:
         logged = mean_metrics(window)  # blocks on the device: the window's time is real
-        logged["skipped_steps"] = guard.skipped(state.opt_state, step)
+        if skipped is None:
+          skipped = guard.skipped(state.opt_state, step)  # raises after too many in a row
+        logged["skipped_steps"] = skipped
         clock.flush()
         logged.update(timer.metrics(rollout=phase.rollout_timing))
         window = []
@@ -249,7 +264,8 @@ def run_phase(phase: Phase) -> dict:
       finished = phase.stopped or step >= phase.steps
       save, stop = guard.poll(step)  # step- or time-based save; a stop signal (all hosts agree)
       if finished or save:
-        guard.skipped(state.opt_state, step)  # never save after a non-finite run
+        if skipped is None:
+          guard.skipped(state.opt_state, step)  # never save after a non-finite run
         clock.paused(state, lambda: ckpt.save(step, state, {
             "phase": name, **phase.meta(), "config": config.to_json(),
             "metric_lines": logger.lines(name), "metrics_window": window_to_meta(window)}))

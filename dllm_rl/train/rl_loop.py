@@ -135,8 +135,7 @@ class RLPhase(Phase):
     cfg = step_config(config, ctx.sampler_cfg, ctx.tokenizer.mask_id, ctx.tokenizer.eos_id)
     self.step_fn = make_rl_step(self.graphdef, self.optimizer, self.schedule, cfg,
                                 mesh=ctx.mesh, state_sharding=self.state_sharding)
-    self.greedy_fn, self.accuracy = evaluation.make_greedy_evaluator(
-        self.graphdef, ctx.decoding, ctx.eval_options)
+    self.build_evaluators()
     return self.batches.position
 
   def step(self, state, step: int):
@@ -165,19 +164,11 @@ class RLPhase(Phase):
                                       batch["prompt_BP"].shape[1]))
     return state, metrics, cost
 
-  def evaluate(self, state) -> dict:
-    return self.accuracy(state.params, self.ctx.val.examples, self.ctx.val.arrays)
-
   def meta(self) -> dict:
     return {"data_position": self.batches.position, "base_accuracy": self.base_accuracy}
 
   def saved(self, step: int) -> None:
     faults.at("checkpoint", step)
-
-  def test(self, state) -> dict:
-    ctx = self.ctx
-    return evaluation.evaluate_policy(self.graphdef, state.params, ctx.decoding, ctx.test,
-                                      ctx.eval_options, sample_fn=self.greedy_fn)
 
   def summary(self, run: PhaseRun) -> tuple[dict, dict]:
     test, base = run.report, self.base_accuracy

@@ -7,7 +7,7 @@ import jax
 
 from dllm_rl.parallel.shard import init_state_sharded
 from dllm_rl.tasks.data import BatchIterator
-from dllm_rl.train import evaluation, flops
+from dllm_rl.train import flops
 from dllm_rl.train.context import Context, init_params, to_device
 from dllm_rl.train.optim import make_optimizer
 from dllm_rl.train.phases import Phase, PhaseRun, StepCost, run_phase
@@ -55,17 +55,13 @@ class SFTPhase(Phase):
     self.step_fn = make_sft_step(self.graphdef, self.optimizer, self.schedule,
                                  mask_id=ctx.tokenizer.mask_id, mesh=ctx.mesh,
                                  state_sharding=self.state_sharding, **step_options(config))
-    self.sample_fn, self.accuracy = evaluation.make_greedy_evaluator(
-        self.graphdef, ctx.decoding, ctx.eval_options)
+    self.build_evaluators()
     return int(state.step)
 
   def step(self, state, step: int):
     batch = to_device(self.ctx, next(self.batches), SequenceBatch)
     state, metrics = self.step_fn(state, batch, jax.random.fold_in(state.rng, step))
     return state, metrics, self.cost
-
-  def evaluate(self, state) -> dict:
-    return self.accuracy(state.params, self.ctx.val.examples, self.ctx.val.arrays)
 
   def evaluated(self, val: dict) -> None:
     self.val = val
@@ -74,11 +70,6 @@ class SFTPhase(Phase):
   def meta(self) -> dict:
     return {"data_position": self.batches.position, "stopped_early": bool(self.stopped),
             "val": {k: float(v) for k, v in self.val.items()}}
-
-  def test(self, state) -> dict:
-    ctx = self.ctx
-    return evaluation.evaluate_policy(self.graphdef, state.params, ctx.decoding, ctx.test,
-                                      ctx.eval_options, sample_fn=self.sample_fn)
 
   def summary(self, run: PhaseRun) -> tuple[dict, dict]:
     report, ctx = run.report, self.ctx
