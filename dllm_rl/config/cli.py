@@ -95,6 +95,12 @@ def typed_overrides(base: ml_collections.ConfigDict,
   errors = apply_overrides(config, overrides)
   if errors:
     fail(errors)
+  return override_values(config, overrides)
+
+
+def override_values(config: ml_collections.ConfigDict,
+                    overrides: list[tuple[str, str]]) -> dict[str, object]:
+  """``{dotted key: value}`` in ``config`` of each overridden key (after they were applied)."""
   out = {}
   for key, _ in overrides:
     node = config

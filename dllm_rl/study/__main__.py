@@ -105,8 +105,8 @@ def main(argv):
   names = sorted(names, key=lambda n: n != "stability")  # stability first
   command = "python -m dllm_rl.study " + " ".join(sys.argv[1:])
   from dllm_rl.train.validate import validate
-  cli.load(None, _overrides, check=validate, default=default_config)  # exits 2 listing all
-  overrides = cli.typed_overrides(default_config(), _overrides)
+  config = cli.load(None, _overrides, check=validate, default=default_config)  # exits 2, all
+  overrides = cli.override_values(config, _overrides)
   try:
     study(names, _WORKDIR.value, _SEEDS.value, _QUICK.value, overrides, _RESULTS.value, command,
           _STEPS.value, _EVAL_EVERY.value, os.path.join(_WORKDIR.value, "jax_cache"))
