@@ -114,11 +114,11 @@ def load_hf_source(path: str, dtype: str, block_size: int = 0,
   """Architecture, token ids and tokenizer of a HF checkpoint dir, or of its
   ``python -m dllm_rl.convert import`` output (weights are read later, onto the mesh, by
   :func:`init_params`)."""
+  from dllm_rl.models.convert import is_imported
   from dllm_rl.tasks.hf_tokenizer import HFTokenizer
 
   model_cfg, ids, family = hf_model_config(path, dtype, param_dtype, scan_layers=scan_layers,
                                            remat=remat)
-  from dllm_rl.models.convert import is_imported
   tokenizer_dir = os.path.join(path, "hf_extra") if is_imported(path) else path
   if family == "sdar" and ids.block_size != block_size:
     raise ConfigError("model.block_size", f"{path} is a block-diffusion (SDAR) checkpoint with"
@@ -136,6 +136,7 @@ def load_hf_source(path: str, dtype: str, block_size: int = 0,
     raise ConfigError("model.hf_checkpoint", f"{path}: tokenizer has {tokenizer.vocab_size} ids,"
                       f" the model's embedding only {model_cfg.vocab_size}")
   return HFSource(model_cfg, ids, family, tokenizer)
+
 
 def model_config(config, vocab_size: int) -> transformer.ModelConfig:
   """``config.model`` with the vocabulary resolved against the tokenizer."""
