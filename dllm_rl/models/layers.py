@@ -111,7 +111,9 @@ class KVCache:
 
 
 class Attention(nnx.Module):
-  """Multi-head attention with GQA, RoPE, optional qk-norm; no biases."""
+  """Multi-head attention with GQA, RoPE, optional qk-norm and optional q/k/v
+  biases (``cfg.qkv_bias``, Qwen2 / Dream: added to the projections before the
+  qk-norm and RoPE); no output bias."""
 
   def __init__(self, cfg, rngs: nnx.Rngs):
     d, h, kh, qd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -122,16 +124,24 @@ class Attention(nnx.Module):
     self.v_proj = _param(rngs, (d, kh, qd), ("embed", "kv_heads", "head_dim"), std=std, dtype=pdt)
     self.o_proj = _param(rngs, (h, qd, d), ("heads", "head_dim", "embed"),
                          std=std / math.sqrt(2 * cfg.n_layers), dtype=pdt)
+    if cfg.qkv_bias:
+      self.q_bias = nnx.Param(jnp.zeros((h, qd), pdt), logical_axes=("heads", "head_dim"))
+      self.k_bias = nnx.Param(jnp.zeros((kh, qd), pdt), logical_axes=("kv_heads", "head_dim"))
+      self.v_bias = nnx.Param(jnp.zeros((kh, qd), pdt), logical_axes=("kv_heads", "head_dim"))
     if cfg.qk_norm:
       self.q_norm = RMSNorm(qd, eps=cfg.rms_norm_eps, param_dtype=pdt)
       self.k_norm = RMSNorm(qd, eps=cfg.rms_norm_eps, param_dtype=pdt)
 
   def _qkv(self, x_BND, cos_BNQ, sin_BNQ):
-    """Projections, optional qk-norm, RoPE on queries and keys."""
+    """Projections (+ optional biases), optional qk-norm, RoPE on queries and keys."""
     dt = self.cfg.dtype
     q = jnp.einsum("bnd,dhq->bnhq", x_BND, self.q_proj[...].astype(dt))
     k = jnp.einsum("bnd,dkq->bnkq", x_BND, self.k_proj[...].astype(dt))
     v = jnp.einsum("bnd,dkq->bnkq", x_BND, self.v_proj[...].astype(dt))
+    if self.cfg.qkv_bias:
+      q = q + self.q_bias[...].astype(dt)
+      k = k + self.k_bias[...].astype(dt)
+      v = v + self.v_bias[...].astype(dt)
     if self.cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     return apply_rope(q, cos_BNQ, sin_BNQ), apply_rope(k, cos_BNQ, sin_BNQ), v
