@@ -157,3 +157,21 @@ def test_bad_input_is_named(tmp_path, llada):
     llada.logits(np.array([[1, 2]]), attention="block_causal")
   with pytest.raises(ValueError, match="does not match"):
     llada.logits(np.array([[1, 2]]), attention_mask_BL=np.ones((1, 3)))
+
+
+def test_a_mis_shaped_tensor_is_named_and_nothing_is_written(tmp_path):
+  import safetensors.numpy
+  src = tmp_path / "bad"
+  shutil.copytree(LLADA, src)
+  tensors = safetensors.numpy.load_file(str(src / "model.safetensors"))
+  name = "model.transformer.blocks.0.ff_out.weight"
+  want = tensors[name].shape
+  tensors[name] = np.zeros(want[::-1], np.float32)
+  safetensors.numpy.save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+  shape_msg = rf"{name}.*shape \({want[1]}, {want[0]}\), expected \({want[0]}, {want[1]}\)"
+  with pytest.raises(ValueError, match=shape_msg):
+    dllm_rl.load_pretrained(str(src))
+  out = tmp_path / "imported"
+  with pytest.raises(ValueError, match=shape_msg):
+    convert.import_hf(str(src), str(out))
+  assert not out.exists()
