@@ -158,3 +158,91 @@ def generate(graphdef, params, prompt_BP, key, *, cfg: AlignedBlockConfig, mask_
       lambda c: (c[3] < nb) & ~jnp.all(c[1]), block_body,
       (x_BN, jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32), jnp.int32(p // bs)))
   return x_BN, nfe_B
+
+
+@dataclasses.dataclass(frozen=True)
+class EditingConfig:
+  """LLaDA2.1 ``generate`` settings (its keyword names; ``steps`` is unused there)."""
+
+  gen_length: int
+  block_length: int
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  threshold: float = 0.95
+  editing_threshold: float = 0.9
+  max_post_steps: int = 16
+  num_to_transfer: int = 1
+  stop_ids: tuple[int, ...] = ()
+
+  def num_blocks(self, prompt_len: int) -> int:
+    return -(-(prompt_len + self.gen_length) // self.block_length)
+
+
+def generate_editing(graphdef, params, prompt_BP, key, *, cfg: EditingConfig, mask_id: int):
+  """(x_BN, nfe_B) of the LLaDA2.1 official ``generate`` (token editing), jitted and batched.
+
+  As :func:`generate` (blocks from position 0, window = blocks ≤ the current one), but
+  each block loops until done: a step writes (a) among the block's masked positions every
+  one with p > ``threshold`` if there are at least ``num_to_transfer``, else the top
+  min(num_to_transfer, #masked), and (b) **edits**: every non-mask, non-prompt position of
+  the block whose proposal differs from its token and has p > ``editing_threshold``. The
+  block ends after a step that started without masks and edited nothing, or once
+  ``max_post_steps`` mask-free steps have run (the check comes before the forward).
+
+  The official 2.1 mask is the 0/1 block-lower-triangular matrix as a float, which SDPA
+  *adds* to the scores (it blocks nothing inside the window; allowed keys get +1), so that
+  is what runs here: keys past the window are blocked, the rest get +1 where key block ≤
+  query block. Earlier blocks therefore attend to the current one (a port with a true
+  block-causal mask reproduces 2.0, not 2.1).
+  """
+  b, p = prompt_BP.shape
+  bs = cfg.block_length
+  nb = cfg.num_blocks(p)
+  n = nb * bs
+  x_BN = jnp.full((b, n), mask_id, jnp.int32).at[:, :p].set(prompt_BP.astype(jnp.int32))
+  blk_N = jnp.arange(n) // bs
+  bias_NN = block_causal(blk_N, blk_N).astype(jnp.float32)
+  pos_BN = jnp.broadcast_to(jnp.arange(n), (b, n))
+  stop_V = np.array(cfg.stop_ids or [-1], np.int32)
+
+  def step(c):
+    it, x_BN, post_B, run_B, nfe_B, block = c
+    x_BT = block_of(x_BN, block, bs)
+    active_BT = x_BT == mask_id
+    has_mask_B = active_BT.any(-1)
+    post_B = post_B + (run_B & ~has_mask_B)
+    run_B = run_B & (post_B <= cfg.max_post_steps)
+    window_1NN = jnp.where((blk_N <= block)[None, None, :], bias_NN[None], -1e30)
+    logits_BNV = transformer.apply(graphdef, params, x_BN, pos_BN, window_1NN)
+    logits_BTV = jax.lax.dynamic_slice_in_dim(logits_BNV, block * bs, bs, axis=1)
+    x0_BT, p_BT = propose(logits_BTV, jax.random.fold_in(key, block * 65536 + it),
+                          temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+    conf_BT = jnp.where(active_BT, p_BT, _NEG)
+    high_BT = (conf_BT > cfg.threshold) & active_BT
+    order_BT = jnp.argsort(-conf_BT, axis=-1, stable=True)
+    rank_BT = jnp.argsort(order_BT, axis=-1, stable=True)
+    top_BT = rank_BT < jnp.minimum(cfg.num_to_transfer, active_BT.sum(-1))[:, None]
+    fill_BT = jnp.where((high_BT.sum(-1) >= cfg.num_to_transfer)[:, None], high_BT, top_BT)
+    prompt_T = block * bs + jnp.arange(bs) < p
+    edit_BT = (~active_BT & ~prompt_T[None] & (p_BT > cfg.editing_threshold)
+               & (x0_BT != x_BT))
+    write_BT = (fill_BT | edit_BT) & run_B[:, None]
+    x_BN = jax.lax.dynamic_update_slice_in_dim(x_BN, jnp.where(write_BT, x0_BT, x_BT),
+                                               block * bs, axis=1)
+    nfe_B = nfe_B + run_B
+    run_B = run_B & (has_mask_B | edit_BT.any(-1))
+    return it + 1, x_BN, post_B, run_B, nfe_B, block
+
+  def block_body(c):
+    x_BN, done_B, nfe_B, block = c
+    _, x_BN, _, _, nfe_B, _ = jax.lax.while_loop(
+        lambda c: jnp.any(c[3]), step,
+        (jnp.int32(0), x_BN, jnp.zeros((b,), jnp.int32), ~done_B, nfe_B, block))
+    stopped_B = jnp.any(jnp.isin(x_BN[:, p:], stop_V), axis=-1) if cfg.stop_ids else done_B
+    return x_BN, done_B | stopped_B, nfe_B, block + 1
+
+  x_BN, _, nfe_B, _ = jax.lax.while_loop(
+      lambda c: (c[3] < nb) & ~jnp.all(c[1]), block_body,
+      (x_BN, jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32), jnp.int32(p // bs)))
+  return x_BN, nfe_B

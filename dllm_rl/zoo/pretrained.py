@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dllm_rl.models import convert, hf, transformer
-from dllm_rl.zoo.generators import GENERATORS
+from dllm_rl.zoo.generators import FAMILY_GENERATORS, GENERATORS, default_generator
 
 ATTENTIONS = ("bidirectional", "block_causal")
 
@@ -55,6 +55,7 @@ class Pretrained:
   graphdef: Any
   params: Any
   path: str
+  generator: str  # the official generator ``generate`` follows (a key of zoo.generators.GENERATORS)
 
   def logits(self, input_ids_BL, *, attention_mask_BL=None, attention: str = "bidirectional",
              block_size: int | None = None) -> jax.Array:
@@ -82,8 +83,8 @@ class Pretrained:
     """int [B, ...]: the family's official generator (prompt included), called with its
     own keyword names (:mod:`dllm_rl.zoo.generators` lists them and what each returns).
     ``key``: randomness for temperature > 0 (default ``jax.random.key(0)``)."""
-    gen = GENERATORS[self.family]
-    bound = gen.bind(self.family, kwargs)
+    gen = GENERATORS[self.generator]
+    bound = gen.bind(self.generator, kwargs)
     prompt_BP = _as_ids(prompt_ids_BP, "prompt_ids_BP")
     self._check_ids(prompt_BP, "prompt_ids_BP")
     valid_BP = _as_valid(attention_mask_BP, prompt_BP.shape, "attention_mask_BP")
@@ -114,20 +115,47 @@ def _as_valid(mask, shape, name: str) -> jax.Array:
   return jnp.asarray(arr != 0)
 
 
+def _modeling_files(folder: str) -> dict[str, str]:
+  """name → text of the ``modeling_*.py`` files an HF folder ships (trust_remote_code)."""
+  out = {}
+  if os.path.isdir(folder):
+    for name in sorted(os.listdir(folder)):
+      if name.startswith("modeling_") and name.endswith(".py"):
+        with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as f:
+          out[name] = f.read()
+  return out
+
+
 def load_pretrained(path: str, *, dtype: str = "float32", param_dtype: str | None = None,
-                    mesh: jax.sharding.Mesh | None = None) -> Pretrained:
+                    mesh: jax.sharding.Mesh | None = None,
+                    generator: str | None = None) -> Pretrained:
   """An HF checkpoint folder (config.json + safetensors) or a ``python -m dllm_rl.convert
   import`` folder → :class:`Pretrained`. ``dtype``: compute dtype; ``param_dtype``:
-  storage dtype (default ``dtype``; an imported folder keeps its own unless given)."""
+  storage dtype (default ``dtype``; an imported folder keeps its own unless given).
+  ``generator``: which official generator ``generate`` follows, for families with more
+  than one (LLaDA2: "llada2.0" | "llada2.1"); default: detected from the folder
+  (:func:`dllm_rl.zoo.generators.default_generator`)."""
   if not os.path.isdir(path):
     raise FileNotFoundError(f"{path!r} is not a directory (expected an HF checkpoint folder "
                             "with config.json, or a `convert import` output)")
   path = os.path.abspath(path)
-  if convert.is_imported(path):
+  imported = convert.is_imported(path)
+  family = (convert.read_meta(path)["family"] if imported
+            else hf.detect_family(hf.read_hf_config(path)))
+  if generator is not None and generator not in FAMILY_GENERATORS[family]:
+    raise ValueError(f"generator={generator!r} does not fit a {family} checkpoint; "
+                     f"supported: {', '.join(FAMILY_GENERATORS[family])}")
+  if imported:
     m = convert.load_imported(path, mesh=mesh, param_dtype=param_dtype)
     cfg = dataclasses.replace(m.model_cfg, dtype=jnp.dtype(dtype).type)
     graphdef, _ = transformer.abstract_model(cfg)  # the compute dtype lives in the graph
-    return Pretrained(m.family, cfg, m.token_ids, m.hf_config, graphdef, m.params, path)
-  hf_config = hf.read_hf_config(path)
-  m = hf.load_checkpoint(path, mesh=mesh, dtype=dtype, param_dtype=param_dtype)
-  return Pretrained(m.family, m.model_cfg, m.token_ids, hf_config, m.graphdef, m.params, path)
+    ids, hf_config, params = m.token_ids, m.hf_config, m.params
+    code_dir = os.path.join(path, "hf_extra")
+  else:
+    hf_config = hf.read_hf_config(path)
+    m = hf.load_checkpoint(path, mesh=mesh, dtype=dtype, param_dtype=param_dtype)
+    cfg, ids, graphdef, params = m.model_cfg, m.token_ids, m.graphdef, m.params
+    code_dir = path
+  if generator is None:
+    generator = default_generator(family, _modeling_files(code_dir))
+  return Pretrained(family, cfg, ids, hf_config, graphdef, params, path, generator)

@@ -175,3 +175,8 @@ def test_a_mis_shaped_tensor_is_named_and_nothing_is_written(tmp_path):
   with pytest.raises(ValueError, match=shape_msg):
     convert.import_hf(str(src), str(out))
   assert not out.exists()
+
+
+def test_a_generator_that_does_not_fit_the_family_is_refused_before_loading(tmp_path):
+  with pytest.raises(ValueError, match=r"generator='llada2.1' does not fit a llada.*supported: llada"):
+    dllm_rl.load_pretrained(LLADA, generator="llada2.1")
