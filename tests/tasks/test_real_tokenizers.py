@@ -64,6 +64,8 @@ def test_dream_known_ids_from_vocab(dream):
   assert tok.encode("Hello") == [vocab["Hello"]]
   assert tok.encode("Hello world") == [vocab["Hello"], vocab["Ġworld"]]
   assert tok.encode("I'll") == [vocab["I"], vocab["'ll"]]
+  assert tok.encode("You are a helpful assistant.") == [
+      vocab[t] for t in ("You", "Ġare", "Ġa", "Ġhelpful", "Ġassistant", ".")]
   # \p{N} is split one digit per token, the space before a digit stands alone.
   assert tok.encode("2024") == [vocab[d] for d in "2024"]
   assert tok.encode("x 12") == [vocab["x"], vocab["Ġ"], vocab["1"], vocab["2"]]
