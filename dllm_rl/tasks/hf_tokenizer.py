@@ -168,7 +168,8 @@ class HFTokenizer:
     """Loads ``path/tokenizer_config.json`` and ``path/tokenizer.json`` (or, without
     it, the ``vocab.json`` + ``merges.txt`` layout of a supported ``tokenizer_class``).
 
-    Raises FileNotFoundError naming the missing directory or file.
+    Raises FileNotFoundError naming the missing directory or file (and, without
+    tokenizer.json, the supported classes); ValueError for a file that cannot be read.
     """
     if not os.path.isdir(path):
       raise FileNotFoundError(f"tokenizer directory {path!r} does not exist")
