@@ -77,6 +77,8 @@ def attention(q_BNHQ, k_BMJQ, v_BMJQ, mask_BNM) -> jax.Array:
 
   Query head h reads key/value head h // (H / K) (``repeat_interleave``
   convention). ``mask_BNM`` (True = may attend) broadcasts against [B, N, M];
+  a floating-point mask is added to the scores instead (−inf = blocked; LLaDA2.1's
+  official generate passes a 0/1 float mask that SDPA adds, see sampling.aligned_block);
   ``None`` means full bidirectional attention. Scores and softmax in float32.
   Query rows with no allowed key get a uniform (finite) distribution.
   """
@@ -91,7 +93,9 @@ def attention(q_BNHQ, k_BMJQ, v_BMJQ, mask_BNM) -> jax.Array:
   q = q_BNHQ.reshape(b, n, kh, h // kh, qd)
   scores = jnp.einsum("bnkgq,bmkq->bkgnm", q, k_BMJQ,
                       preferred_element_type=jnp.float32) / math.sqrt(qd)
-  if mask_BNM is not None:
+  if mask_BNM is not None and jnp.issubdtype(mask_BNM.dtype, jnp.floating):
+    scores = scores + mask_BNM[:, None, None, :, :].astype(jnp.float32)  # additive (−inf = blocked)
+  elif mask_BNM is not None:
     scores = jnp.where(mask_BNM[:, None, None, :, :], scores, _NEG_INF)
   probs = jax.nn.softmax(scores, axis=-1).astype(v_BMJQ.dtype)
   out = jnp.einsum("bkgnm,bmkq->bnkgq", probs, v_BMJQ)
