@@ -65,6 +65,19 @@ def test_config_json_gives_a_biased_shifted_qwen2_model(loaded):
   assert attn["q_bias"].shape == (4, 16) and attn["k_bias"].shape == attn["v_bias"].shape == (2, 16)
 
 
+def test_dream_7b_config_json_gives_the_7b_model_without_allocating():
+  """Dream-v0-Instruct-7B's config.json (tests/fixtures/arch): its safetensors index has
+  339 tensors and 15,231,233,024 bf16 bytes."""
+  c = hf.read_hf_config(os.path.join(ROOT, "tests", "fixtures", "arch", "dream_v0_instruct_7b"))
+  cfg, ids = hf.model_config_from_hf(c, dtype="bfloat16")
+  assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim) == (
+      3584, 28, 28, 4, 128)
+  assert (ids.mask_id, ids.eos_id, ids.pad_id) == (151666, 151643, 151643)
+  _, abstract = T.abstract_model(cfg)
+  assert T.count_params(abstract) * 2 == 15_231_233_024
+  assert len(hf.FAMILIES["dream"].tensors(cfg)) == 339
+
+
 def test_raw_and_per_position_logits_match_the_reference(loaded, expected):
   _, _, graphdef, params, _ = loaded
   tokens = jnp.asarray(expected["input_ids"], jnp.int32)
@@ -97,6 +110,20 @@ def test_padded_forward_matches_the_reference_at_valid_positions(loaded, expecte
   print("dream padded: max |Δlogit| raw %.2e, position ids %.2e, shifted %.2e" % errs)
   assert max(errs) <= LOGIT_TOL
   assert valid.sum() < valid.size and source_valid.sum() < valid.sum()  # the masks do exclude
+
+
+def test_loads_onto_a_sharded_mesh_with_the_same_logits(expected):
+  """Biases carry logical axes: the load places them on a (data, fsdp, tensor) mesh."""
+  from dllm_rl.parallel.mesh import make_mesh
+  mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+  m = hf.load_checkpoint(FIXTURE, mesh=mesh)
+  q_bias = nnx.to_pure_dict(m.params)["blocks"][0]["attn"]["q_bias"]
+  assert len(q_bias.sharding.device_set) == 8
+  tokens = jnp.asarray(expected["input_ids"], jnp.int32)
+  with jax.default_matmul_precision("highest"):
+    raw, shifted = _raw_and_shifted(m.graphdef, m.params, tokens, _arange(tokens), None)
+  assert _err(raw, expected["logits"]) <= LOGIT_TOL
+  assert _err(shifted, expected["logits_shifted"]) <= LOGIT_TOL
 
 
 def test_hidden_states_carry_the_shift_for_the_likelihood_path(loaded, expected):
