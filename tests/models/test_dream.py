@@ -208,6 +208,17 @@ def test_export_reproduces_the_checkpoint_bytes(loaded, tmp_path):
     assert np.array_equal(a, b)
 
 
+def test_convert_import_then_export_is_exact(tmp_path):
+  """``python -m dllm_rl.convert`` folders: import (model.json + params), export back."""
+  convert.import_hf(FIXTURE, str(tmp_path / "ckpt"))
+  assert convert.read_meta(str(tmp_path / "ckpt"))["family"] == "dream"
+  imported = convert.load_imported(str(tmp_path / "ckpt"))
+  assert imported.model_cfg.qkv_bias and imported.model_cfg.logit_shift
+  convert.export_hf(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
+  assert convert.compare_tensors(FIXTURE, str(tmp_path / "hf")) == []
+  assert hf.read_hf_config(str(tmp_path / "hf")) == hf.read_hf_config(FIXTURE)
+
+
 def _config_json(**changes):
   with open(os.path.join(FIXTURE, "config.json")) as f:
     c = json.load(f)
