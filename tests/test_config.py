@@ -44,6 +44,8 @@ def test_base_and_tiny_cpu_configs_validate():
     ({"model__block_size": 4, "estimator__name": "block_elbo"}, "sampler.block_len"),
     ({"model__block_size": 4, "sampler__block_len": 4}, "estimator.name"),
     ({"model__block_size": -1}, "model.block_size"),
+    ({"model__logit_shift": True, "model__block_size": 4, "sampler__block_len": 4,
+      "estimator__name": "block_elbo"}, "model.logit_shift"),
     ({"estimator__attention_impl": "triton"}, "estimator.attention_impl"),
     ({"rl__loss": "spg"}, "rl.loss"),
     ({"rl__clip": "none", "rl__self_normalize": False}, "rl.self_normalize"),

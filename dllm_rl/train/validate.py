@@ -213,6 +213,9 @@ def _estimator(config, check: "_Checks") -> None:
            "a block-diffusion model (model.block_size > 0) is scored with block_elbo")
   check(x.name != "block_elbo" or bs > 0, "estimator.name",
          "block_elbo needs a block-diffusion model (model.block_size > 0)")
+  check(not (config.model.logit_shift and bs > 0), "model.logit_shift",
+         "the logit shift (Dream) needs a bidirectional model (model.block_size = 0): in the"
+         " block-diffusion layouts a noisy block's first row would read a clean row")
   check(x.attention_impl in ATTENTION_IMPLS, "estimator.attention_impl",
          f"must be one of {ATTENTION_IMPLS}, got {x.attention_impl!r}")
   check(r.loss != "spg" or x.name == "spg_block", "rl.loss",
