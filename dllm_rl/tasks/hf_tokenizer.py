@@ -220,7 +220,9 @@ class HFTokenizer:
 
   def decode(self, ids: Sequence[int] | Iterable[int] | np.ndarray,
              stop_at_eos: bool = True) -> str:
-    """Turns a 1-D sequence of ids (list or numpy array) back into text."""
+    """Turns a 1-D sequence of ids (list or numpy array) back into text. Ids the
+    tokenizer does not know, e.g. a model's padded embedding rows (Dream-7B has 152064
+    rows for 151667 tokens), become ``<unk_id_N>``; a negative id is an error."""
     arr = np.asarray(ids)
     if arr.ndim != 1:
       raise ValueError(f"decode expects a 1-D sequence of ids, got shape {arr.shape}")
@@ -234,8 +236,8 @@ class HFTokenizer:
 
     for tok in arr.tolist():
       tok = int(tok)
-      if not 0 <= tok < self._vocab_size:
-        raise ValueError(f"token id {tok} is outside [0, {self._vocab_size})")
+      if tok < 0:
+        raise ValueError(f"token id {tok} is negative")
       if stop_at_eos and tok in self._stop_ids:
         break
       if tok == self._pad_id and tok != self._eos_id:
