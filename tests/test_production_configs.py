@@ -18,7 +18,8 @@ from tests.helpers import assert_test_figures
 tokenizers = pytest.importorskip("tokenizers")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURES = {"llada_tpu": "llada_tiny", "llada_gpu": "llada_tiny", "sdar_tpu": "sdar_tiny"}
+FIXTURES = {"llada_tpu": "llada_tiny", "llada_gpu": "llada_tiny", "sdar_tpu": "sdar_tiny",
+            "dream_tpu": "dream_tiny"}
 
 
 def _load_config(name):
@@ -80,7 +81,7 @@ def _tiny(config, hf_dir, data):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["llada_tpu", "llada_gpu", "sdar_tpu"])
+@pytest.mark.parametrize("name", ["llada_tpu", "llada_gpu", "sdar_tpu", "dream_tpu"])
 def test_production_config_runs_one_rl_step_at_tiny_size(tmp_path, name):
   config = _tiny(_load_config(name), _hf_dir(tmp_path, FIXTURES[name]), _gsm8k(tmp_path))
   summary = run.run(config, str(tmp_path / "work"))
