@@ -110,5 +110,7 @@ def sample_blocks(graphdef, params, prompt_BP, key, *, cfg: DreamSamplerConfig) 
 
 
 def _record(history_SBN, s, x_BN):
-  """``history[s] = x`` (a no-op on the empty buffer when no history is asked for)."""
+  """``history[s] = x`` (nothing when no history is asked for: the buffer is empty)."""
+  if history_SBN.shape[0] == 0:
+    return history_SBN
   return history_SBN.at[s].set(x_BN, mode="drop")
