@@ -33,6 +33,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from dllm_rl.models import transformer
 from dllm_rl.sampling import dream_block
@@ -54,33 +55,38 @@ def initial_sequence(prompt_BP, valid_BP, *, max_new_tokens: int, mask_id: int):
   return x_BN, valid_BN, transformer.positions_from_valid(valid_BN)
 
 
-def denoise(logits_fn, x_BN, key, *, cfg: DreamSamplerConfig) -> DreamOutput:
-  """The plain sampler's ``cfg.steps`` steps from ``x_BN`` (``lax.scan``);
-  ``logits_fn(x_BN) -> logits_BNV`` gives row i's prediction of token i. Every mask id in the row
-  is open, prompt included (as officially)."""
+def denoise(logits_fn, x_BN, key, *, cfg: DreamSamplerConfig, start: int = 0) -> DreamOutput:
+  """The plain sampler's ``cfg.steps`` steps from ``x_BN`` (``lax.scan``) on the rows
+  ``[start, N)``: ``logits_fn(x_BN) -> logits`` of those rows, row i predicting token i. Every
+  mask id there is open. The official sampler decides over the whole row (``start=0``), mask ids
+  in the prompt included; with none in the prompt, ``start = P`` decides the same."""
   frac_S = jnp.asarray(transfer_fractions(cfg.steps, cfg.eps))
 
   def body(x_BN, i):
-    open_BN = x_BN == cfg.mask_id
-    logits_BNV = logits_fn(x_BN)
+    x_BL = x_BN[:, start:]
+    open_BL = x_BL == cfg.mask_id
+    logits_BLV = logits_fn(x_BN)
     step_key = jax.random.fold_in(key, i)
     if cfg.alg == "origin":
-      x_BN = origin_step(x_BN, logits_BNV, open_BN, frac_S[i], step_key, cfg=cfg)
+      x_BL = origin_step(x_BL, logits_BLV, open_BL, frac_S[i], step_key, cfg=cfg)
     else:
-      x_BN = unmask_step(x_BN, logits_BNV, open_BN, frac_S[i], step_key, cfg=cfg)
+      x_BL = unmask_step(x_BL, logits_BLV, open_BL, frac_S[i], step_key, cfg=cfg)
+    x_BN = jnp.concatenate([x_BN[:, :start], x_BL], axis=1)
     return x_BN, (x_BN if cfg.output_history else None)
 
   x_BN, history_SBN = jax.lax.scan(body, x_BN, jnp.arange(cfg.steps))
   return DreamOutput(x_BN, history_SBN)
 
 
-def denoise_threshold(logits_fn, x_BN, key, *, cfg: DreamSamplerConfig) -> DreamOutput:
+def denoise_threshold(logits_fn, x_BN, key, *, cfg: DreamSamplerConfig,
+                      start: int = 0) -> DreamOutput:
   """``alg="confidence_threshold"`` (batch 1; ``lax.while_loop``). n = masks // steps; each step
   ranks the masked positions by max probability and takes the top ``n + carry``: the first always,
   each other only if its probability ≥ ``cfg.threshold``; the rejected become the next carry. At
   the last step, rejections set n = 0 and add one step each, so the loop runs until the carry is
   spent (the fixture's 8 steps took 16 forwards). History: one entry per forward, mask-filled
-  beyond the forwards that ran (at most ``steps + N``)."""
+  beyond the forwards that ran (at most ``steps + N``). ``logits_fn`` and ``start``: as
+  :func:`denoise`."""
   b, n_len = x_BN.shape
   if b != 1:
     raise ValueError(f"confidence_threshold is batch 1 only (as officially), got batch {b}")
@@ -90,18 +96,20 @@ def denoise_threshold(logits_fn, x_BN, key, *, cfg: DreamSamplerConfig) -> Dream
 
   def body(state):
     x_BN, i, steps, n, carry, history_SBN = state
-    open_BN = x_BN == cfg.mask_id
-    x0_BN, probs_BNV = propose(logits_fn(x_BN), jax.random.fold_in(key, i),
+    x_BL = x_BN[:, start:]
+    open_BL = x_BL == cfg.mask_id
+    x0_BL, probs_BLV = propose(logits_fn(x_BN), jax.random.fold_in(key, i),
                                temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)
-    score_BN = jnp.where(open_BN, maskgit_plus(probs_BNV, x0_BN), _NEG)
-    rank_BN = descending_rank(score_BN)
-    top_BN = rank_BN < n + carry
-    keep_BN = (rank_BN == 0) | (score_BN >= cfg.threshold)
-    rejected = jnp.sum(top_BN & ~keep_BN).astype(jnp.int32)
+    score_BL = jnp.where(open_BL, maskgit_plus(probs_BLV, x0_BL), _NEG)
+    rank_BL = descending_rank(score_BL)
+    top_BL = rank_BL < n + carry
+    keep_BL = (rank_BL == 0) | (score_BL >= cfg.threshold)
+    rejected = jnp.sum(top_BL & ~keep_BL).astype(jnp.int32)
     last = i == steps - 1
     n = jnp.where(last & (rejected > 0), 0, n)
     steps = jnp.where(last, steps + rejected, steps)
-    x_BN = jnp.where(top_BN & keep_BN & open_BN, x0_BN, x_BN)
+    x_BL = jnp.where(top_BL & keep_BL & open_BL, x0_BL, x_BL)
+    x_BN = jnp.concatenate([x_BN[:, :start], x_BL], axis=1)
     history_SBN = history_SBN.at[i].set(x_BN, mode="drop")
     return x_BN, i + 1, steps, n, rejected, history_SBN
 
@@ -111,20 +119,35 @@ def denoise_threshold(logits_fn, x_BN, key, *, cfg: DreamSamplerConfig) -> Dream
   return DreamOutput(x_BN, history_SBN if cfg.output_history else None)
 
 
-def sample(graphdef, params, prompt_BP, valid_BP, key, *, cfg: DreamSamplerConfig) -> DreamOutput:
+def sample(graphdef, params, prompt_BP, valid_BP, key, *, cfg: DreamSamplerConfig,
+           prompt_has_masks: bool = True) -> DreamOutput:
   """The plain sampler (or ``confidence_threshold``) on the model: full bidirectional forwards
-  with pad keys masked. Pure; jit with ``graphdef`` and ``cfg`` static."""
+  with pad keys masked. With ``prompt_has_masks`` False (no mask id in the prompt) only the
+  completion can hold masks, so the last layer, the head and the decisions run on its rows only
+  (``Transformer.forward_cached`` with a window); the tokens are the same. Pure; jit with
+  ``graphdef``, ``cfg`` and ``prompt_has_masks`` static."""
   x_BN, valid_BN, positions_BN = initial_sequence(
       prompt_BP, valid_BP, max_new_tokens=cfg.max_new_tokens, mask_id=cfg.mask_id)
+  (b, n), p = x_BN.shape, prompt_BP.shape[1]
+  if prompt_has_masks:
+    start = 0
 
-  def logits_fn(x_BN):
-    return transformer.apply(graphdef, params, x_BN, positions_BN, valid_BN[:, None, :])
+    def logits_fn(x_BN):
+      return transformer.apply(graphdef, params, x_BN, positions_BN, valid_BN[:, None, :])
+  else:
+    start = p
+    empty = transformer.init_kv_cache(nnx.merge(graphdef, params).cfg, b, n)
+
+    def logits_fn(x_BN):
+      return transformer.apply_cached_window(
+          graphdef, params, x_BN, positions_BN, empty, jnp.zeros((b, n), bool), 0,
+          new_valid_BT=valid_BN, write=False, start=p, length=n - p)[0]
 
   run = denoise_threshold if cfg.alg == "confidence_threshold" else denoise
-  return run(logits_fn, x_BN, key, cfg=cfg)
+  return run(logits_fn, x_BN, key, cfg=cfg, start=start)
 
 
-_sample_jit = jax.jit(sample, static_argnames=("graphdef", "cfg"))
+_sample_jit = jax.jit(sample, static_argnames=("graphdef", "cfg", "prompt_has_masks"))
 _sample_blocks_jit = jax.jit(dream_block.sample_blocks, static_argnames=("graphdef", "cfg"))
 
 
@@ -233,4 +256,5 @@ def dream_generate(graphdef, params, prompt_BP, *, attention_mask_BP=None, mask_
     return _sample_blocks_jit(graphdef=graphdef, params=params, prompt_BP=prompt_BP, key=key,
                               cfg=cfg)
   return _sample_jit(graphdef=graphdef, params=params, prompt_BP=prompt_BP,
-                     valid_BP=jnp.asarray(valid_BP), key=key, cfg=cfg)
+                     valid_BP=jnp.asarray(valid_BP), key=key, cfg=cfg,
+                     prompt_has_masks=bool(np.any(prompt_np == cfg.mask_id)))

@@ -10,6 +10,7 @@ differ from the official ones only where torch wrote such a mask id. The schedul
 ``alg_temp`` are checked on synthetic logits (no model).
 """
 
+import functools
 import json
 import os
 
@@ -95,6 +96,26 @@ def test_padded_rows_generate_what_the_prompt_alone_does(checkpoint):
                                 padded.sequences_BN[1][np.concatenate([valid, [True] * 24])])
 
 
+def test_whole_row_decisions_match_and_decode_prompt_mask_ids(checkpoint):
+  """Without mask ids in the prompt the front decides on the completion rows only; the whole-row
+  path (the official one, taken when the prompt holds mask ids) gives the same tokens, and with
+  a mask id in the prompt it decodes that position too and leaves the rest of the prompt."""
+  graphdef, params, data = checkpoint
+  prompt_BP = jnp.asarray(data["c_prompt"], jnp.int32)
+  cfg = DreamSamplerConfig(max_new_tokens=16, mask_id=MASK, steps=8, alg="entropy")
+  whole_row = functools.partial(dream.sample, graphdef, cfg=cfg, prompt_has_masks=True)
+  run = jax.jit(lambda params, prompt_BP: whole_row(params, prompt_BP, jnp.ones(prompt_BP.shape,
+                                                                                bool),
+                                                    jax.random.key(0)))
+  with jax.default_matmul_precision("highest"):
+    whole = run(params, prompt_BP)
+    masked = run(params, prompt_BP.at[:, 3].set(MASK))
+  np.testing.assert_array_equal(whole.sequences_BN, data["c_entropy_output"])
+  assert not jnp.any(masked.sequences_BN[:, 3] == MASK)
+  np.testing.assert_array_equal(np.delete(np.asarray(masked.sequences_BN[:, :16]), 3, axis=1),
+                                np.delete(data["c_prompt"], 3, axis=1))
+
+
 def test_confidence_threshold_reproduces_the_official_history(checkpoint):
   data = checkpoint[2]
   out, _ = _official(checkpoint, "t_confidence_threshold")
@@ -128,8 +149,8 @@ def _synthetic(cfg, b, p, key=0):
   prompt_BP = jax.random.randint(jax.random.key(1), (b, p), 0, 30)
   x_BN, _, _ = dream.initial_sequence(prompt_BP, jnp.ones((b, p), bool),
                                       max_new_tokens=cfg.max_new_tokens, mask_id=cfg.mask_id)
-  run = jax.jit(lambda x, k: dream.denoise(lambda _: logits_BNV, x, k, cfg=cfg))
-  return run, x_BN
+  run = jax.jit(lambda logits, x, k: dream.denoise(lambda _: logits, x, k, cfg=cfg))
+  return functools.partial(run, logits_BNV), x_BN  # an argument: no constant folding
 
 
 def _unmasked_per_step(x_BN, history_SBN, mask_id):
