@@ -62,7 +62,7 @@ PLAIN = [f"{c}_{a}" for c in "abc" for a in ("entropy", "maskgit_plus", "topk_ma
 @pytest.mark.parametrize("name", PLAIN + ["p_entropy"])
 def test_plain_sampler_reproduces_the_official_history(checkpoint, name):
   data = checkpoint[2]
-  out, kwargs = _official(checkpoint, name)
+  out, _ = _official(checkpoint, name)
   got_SBN, want_SBN = out.history_SBN, data[f"{name}_history"]
   tie = int(data[f"{name}_first_tie_step"])
   assert got_SBN.shape == want_SBN.shape
@@ -89,6 +89,7 @@ def test_plain_sampler_reproduces_the_official_history(checkpoint, name):
 def test_padded_rows_generate_what_the_prompt_alone_does(checkpoint):
   graphdef, params, data = checkpoint
   padded, kwargs = _official(checkpoint, "p_entropy")
+  kwargs.pop("output_history")
   valid = data["p_attention_mask"][1].astype(bool)
   with jax.default_matmul_precision("highest"):
     alone = dream.dream_generate(graphdef, params, data["p_prompt"][1:2, valid], **kwargs)
@@ -129,13 +130,20 @@ def test_confidence_threshold_reproduces_the_official_history(checkpoint):
 @pytest.mark.parametrize("name", ["k_prefix_entropy", "k_dual_entropy"])
 def test_block_sampler_reproduces_the_official_output(checkpoint, name):
   data = checkpoint[2]
-  out, kwargs = _official(checkpoint, name, output_history=True)
+  out, _ = _official(checkpoint, name, output_history=True)
   np.testing.assert_array_equal(out.sequences_BN, data[f"{name}_output"])
   # Schedule (block 8, 4 steps a block): 1 at the block start, then 2, 2, 3 (README).
   b, p = out.sequences_BN.shape[0], data["k_prompt"].shape[1]
   masks_S = (out.history_SBN[:, :, p:] == MASK).sum(axis=(1, 2)) // b
   unmasked_S = -np.diff(np.concatenate([[32], masks_S]))
   np.testing.assert_array_equal(unmasked_S, [1, 2, 2, 3] * 4)
+  h_SBN = out.history_SBN  # a decoded token never changes, and only its block is touched
+  decoded_SBN = h_SBN[:-1] != MASK
+  assert np.all(h_SBN[1:][decoded_SBN] == h_SBN[:-1][decoded_SBN])
+  for s in range(1, h_SBN.shape[0]):
+    outside_N = np.ones(h_SBN.shape[2], bool)
+    outside_N[p + 8 * (s // 4): p + 8 * (s // 4 + 1)] = False
+    np.testing.assert_array_equal(h_SBN[s][:, outside_N], h_SBN[s - 1][:, outside_N])
 
 
 # --- schedule, origin and alg_temp on synthetic logits ----------------------------------------
@@ -241,13 +249,13 @@ def test_alg_temp_samples_positions_from_softmax_of_confidence():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(alg="nope"), "unknown Dream alg"),
-    (dict(block_length=4, dual_cache=True, batch=2), "batch 1 only"),
-    (dict(block_length=4, padded=True), "padded attention_mask"),
-    (dict(dual_cache=True), "needs block_length"),
-    (dict(alg="confidence_threshold", batch=2), "batch 1"),
-    (dict(alg="confidence_threshold", steps=3), "divisible by steps"),
-    (dict(block_length=5), "divisible by block_length")])
+    ({"alg": "nope"}, "unknown Dream alg"),
+    ({"block_length": 4, "dual_cache": True, "batch": 2}, "batch 1 only"),
+    ({"block_length": 4, "padded": True}, "padded attention_mask"),
+    ({"dual_cache": True}, "needs block_length"),
+    ({"alg": "confidence_threshold", "batch": 2}, "batch 1"),
+    ({"alg": "confidence_threshold", "steps": 3}, "divisible by steps"),
+    ({"block_length": 5}, "divisible by block_length")])
 def test_unsupported_combinations_fail_fast(kwargs, match):
   kwargs = dict(kwargs)
   batch, padded = kwargs.pop("batch", 1), kwargs.pop("padded", False)
