@@ -69,5 +69,10 @@ def main(argv):
   print(json.dumps(summary, indent=2))
 
 
-if __name__ == "__main__":
+def run():
+  """Console-script entry point (pyproject.toml)."""
   app.run(main, flags_parser=cli.flags_parser(_overrides))
+
+
+if __name__ == "__main__":
+  run()

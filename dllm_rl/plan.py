@@ -50,5 +50,10 @@ def main(argv):
   sys.exit(code)
 
 
-if __name__ == "__main__":
+def run():
+  """Console-script entry point (pyproject.toml)."""
   app.run(main, flags_parser=cli.flags_parser(_overrides))
+
+
+if __name__ == "__main__":
+  run()

@@ -131,7 +131,7 @@ def main(argv=None) -> None:
           6 * b * h * n * n * 4 > ram / 2:
         print(f"{'':>14}{name:<24} skipped: dense [B, H, N, N] scores too big for RAM")
         continue
-      loss = lambda q, k, v, attn=attn: jnp.sum(attn(q, k, v).astype(jnp.float32) * cot)
+      loss = lambda q, k, v, attn=attn, cot=cot: jnp.sum(attn(q, k, v).astype(jnp.float32) * cot)
       t0 = time.perf_counter()
       t_f, m_f, _ = _measure(attn, (q, k, v), repeats)
       t_b, m_b, _ = _measure(jax.grad(loss, argnums=(0, 1, 2)), (q, k, v), repeats)

@@ -19,7 +19,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.model = m = ml_collections.ConfigDict()
   # A Hugging Face checkpoint directory (config.json + safetensors + tokenizer files) of a
-  # supported family (LLaDA; SDAR with model.block_size = its block size), or its
+  # supported family (LLaDA; Dream; SDAR with model.block_size = its block size), or its
   # `python -m dllm_rl.convert import` output. When set, the
   # architecture, the weights, the token ids (mask, EOS, pad) and the tokenizer come from it
   # and the size keys below are ignored.
@@ -35,6 +35,9 @@ def base_config() -> ml_collections.ConfigDict:
   m.rms_norm_eps = 1e-5
   m.tie_embeddings = False
   m.qk_norm = False
+  m.qkv_bias = False      # biases on the q/k/v projections (Qwen2 / Dream)
+  m.logit_shift = False   # Dream: raw output row i predicts token i + 1; the model realigns
+                          # it so every consumer sees row i predict token i
   m.init_std = 0.02
   m.block_size = 0        # > 0: block-diffusion model (SDAR style): causal across blocks of
                           # this size, bidirectional within; 0: bidirectional (LLaDA)

@@ -7,13 +7,18 @@ Supported families (detected from ``config.json`` ``architectures`` / ``model_ty
 * ``"sdar"`` — ``SDARForCausalLM`` (JetLM SDAR, Qwen3-style names
   ``model.{embed_tokens, layers.i.*, norm}``, ``lm_head``) with qk-norm; the
   caller passes the block-causal mask (``block_size`` in :class:`TokenIds`).
+* ``"dream"`` — ``DreamModel`` (Dream-org Dream-v0 7B, DiffuCoder; Qwen2-style
+  names) with q/k/v biases, bidirectional, and the logit shift (raw row i
+  scores token i + 1; ``ModelConfig.logit_shift``, dllm_rl.models.transformer).
 
 Layouts: HF stores torch ``(out, in)`` matrices. The framework stores
 ``x @ W`` kernels with heads split out: q ``[D, H, Q]``, k/v ``[D, K, Q]``,
-o ``[H, Q, D]``, gate/up ``[D, F]``, down ``[F, D]``, lm_head ``[D, V]``. Every
-mapping is one of three kinds: ``copy`` (embeddings, norm scales), ``in``
-(HF ``(prod(rest), D0)`` → ``W.T.reshape(D0, *rest)``) and ``out``
-(HF ``(Dlast, prod(rest))`` → ``W.T.reshape(*rest, Dlast)``).
+o ``[H, Q, D]``, gate/up ``[D, F]``, down ``[F, D]``, lm_head ``[D, V]``, q bias
+``[H, Q]``, k/v biases ``[K, Q]``. Every mapping is one of four kinds: ``copy``
+(embeddings, norm scales), ``in`` (HF ``(prod(rest), D0)`` →
+``W.T.reshape(D0, *rest)``), ``out`` (HF ``(Dlast, prod(rest))`` →
+``W.T.reshape(*rest, Dlast)``) and ``flat`` (HF ``(prod(shape),)`` →
+``b.reshape(shape)``: the per-head biases).
 
 Loading streams tensor by tensor: every name and shape is checked from the
 safetensors headers first, then each tensor is read, viewed in the framework
@@ -45,7 +50,7 @@ from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.parallel.shard import param_shardings
 from dllm_rl.types import DTYPES
 
-COPY, IN, OUT = "copy", "in", "out"
+COPY, IN, OUT, FLAT = "copy", "in", "out", "flat"
 # safetensors dtype code → numpy dtype; the order is safetensors' own (files are
 # sorted by dtype, highest first, then by name).
 ST_DTYPES = {"F16": np.float16, "BF16": ml_dtypes.bfloat16, "F32": np.float32, "F64": np.float64}
@@ -61,7 +66,7 @@ class LoadedModel(NamedTuple):
   token_ids: "TokenIds"
   graphdef: Any
   params: Any          # nnx.State placed on its shardings
-  family: str          # "llada" | "sdar"
+  family: str          # "llada" | "sdar" | "dream"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +77,7 @@ class TokenIds:
   eos_id: int | None
   pad_id: int | None
   bos_id: int | None
-  block_size: int | None  # SDAR decoding block length; None for LLaDA
+  block_size: int | None  # SDAR decoding block length; None for LLaDA and Dream
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,9 +251,85 @@ def _sdar_tensors(m: ModelConfig) -> list[tuple[str, tuple, str]]:
   return out
 
 
+_DREAM_OPTIONS = {
+    "hidden_act": (("silu",), "silu"), "rope_scaling": ((None,), None),
+    "use_sliding_window": ((False,), False), "use_mrope": ((False,), False),
+}
+
+
+def _dream_parse(c: dict) -> tuple[dict, TokenIds]:
+  _check_options(c, "Dream", _DREAM_OPTIONS)
+  if "attention_bias" in c:  # Dream's attention always has q/k/v biases and no o_proj bias
+    raise ValueError(f"config.json: Dream option 'attention_bias' = {c['attention_bias']!r} is "
+                     "not supported (Dream has no such key: q/k/v always carry biases, o_proj "
+                     "never does)")
+  d, heads = int(_get(c, "hidden_size")), int(_get(c, "num_attention_heads"))
+  if d % heads:
+    raise ValueError(f"config.json: 'hidden_size'={d} is not a multiple of "
+                     f"'num_attention_heads'={heads}")
+  if c.get("head_dim") not in (None, d // heads):  # DreamAttention uses hidden // heads
+    raise ValueError(f"config.json: Dream option 'head_dim' = {c['head_dim']!r} is not supported "
+                     f"(Dream's attention uses hidden_size // num_attention_heads = {d // heads})")
+  kwargs = dict(vocab_size=int(_get(c, "vocab_size")), d_model=d,
+                n_layers=int(_get(c, "num_hidden_layers")), n_heads=heads,
+                n_kv_heads=int(c.get("num_key_value_heads") or heads), head_dim=d // heads,
+                mlp_hidden=int(_get(c, "intermediate_size")),
+                rope_theta=float(c.get("rope_theta", 10000.0)),
+                rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
+                tie_embeddings=bool(c.get("tie_word_embeddings", False)), qk_norm=False,
+                qkv_bias=True, logit_shift=True)
+  ids = TokenIds(mask_id=int(_get(c, "mask_token_id")), eos_id=_first(c.get("eos_token_id")),
+                 pad_id=_first(c.get("pad_token_id")), bos_id=_first(c.get("bos_token_id")),
+                 block_size=None)
+  return kwargs, ids
+
+
+def _dream_config(m: ModelConfig, ids: TokenIds) -> dict:
+  c = {k: default for k, (_, default) in _DREAM_OPTIONS.items()}
+  c.update(architectures=["DreamModel"], model_type="Dream",
+           auto_map={"AutoConfig": "configuration_dream.DreamConfig",
+                     "AutoModel": "modeling_dream.DreamModel"},
+           hidden_size=m.d_model, num_attention_heads=m.n_heads,
+           num_key_value_heads=m.n_kv_heads, num_hidden_layers=m.n_layers,
+           intermediate_size=m.mlp_hidden, vocab_size=m.vocab_size, rope_theta=m.rope_theta,
+           rms_norm_eps=m.rms_norm_eps, tie_word_embeddings=m.tie_embeddings,
+           attention_dropout=0.0, sliding_window=None, max_window_layers=m.n_layers,
+           initializer_range=m.init_std, max_position_embeddings=131072, use_cache=False,
+           mask_token_id=ids.mask_id, eos_token_id=ids.eos_id, pad_token_id=ids.pad_id,
+           bos_token_id=ids.bos_id)
+  return c
+
+
+def _dream_tensors(m: ModelConfig) -> list[tuple[str, tuple, str]]:
+  if not (m.qkv_bias and m.logit_shift and not m.qk_norm):
+    raise ValueError("a Dream model has qkv_bias=True, logit_shift=True, qk_norm=False; this "
+                     f"one has {m.qkv_bias}, {m.logit_shift}, {m.qk_norm}")
+  out = [("model.embed_tokens.weight", ("embed",), COPY)]
+  for i in range(m.n_layers):
+    b, p = f"model.layers.{i}.", ("blocks", i)
+    a = b + "self_attn."
+    out += [(b + "input_layernorm.weight", p + ("attn_norm", "scale"), COPY),
+            (a + "q_proj.weight", p + ("attn", "q_proj"), IN),
+            (a + "q_proj.bias", p + ("attn", "q_bias"), FLAT),
+            (a + "k_proj.weight", p + ("attn", "k_proj"), IN),
+            (a + "k_proj.bias", p + ("attn", "k_bias"), FLAT),
+            (a + "v_proj.weight", p + ("attn", "v_proj"), IN),
+            (a + "v_proj.bias", p + ("attn", "v_bias"), FLAT),
+            (a + "o_proj.weight", p + ("attn", "o_proj"), OUT),
+            (b + "post_attention_layernorm.weight", p + ("mlp_norm", "scale"), COPY),
+            (b + "mlp.gate_proj.weight", p + ("mlp", "gate_proj"), IN),
+            (b + "mlp.up_proj.weight", p + ("mlp", "up_proj"), IN),
+            (b + "mlp.down_proj.weight", p + ("mlp", "down_proj"), OUT)]
+  out.append(("model.norm.weight", ("final_norm", "scale"), COPY))
+  if not m.tie_embeddings:
+    out.append(("lm_head.weight", ("lm_head",), IN))
+  return out
+
+
 FAMILIES: dict[str, Family] = {
     "llada": Family("llada", "LLaDAModelLM", "llada", _llada_parse, _llada_config, _llada_tensors),
     "sdar": Family("sdar", "SDARForCausalLM", "sdar", _sdar_parse, _sdar_config, _sdar_tensors),
+    "dream": Family("dream", "DreamModel", "Dream", _dream_parse, _dream_config, _dream_tensors),
 }
 
 
@@ -289,12 +370,16 @@ def hf_shape(fw_shape: tuple[int, ...], kind: str) -> tuple[int, ...]:
     return (math.prod(fw_shape[1:]), fw_shape[0])
   if kind == OUT:
     return (fw_shape[-1], math.prod(fw_shape[:-1]))
+  if kind == FLAT:
+    return (math.prod(fw_shape),)
   return tuple(fw_shape)
 
 
 def to_framework(w: np.ndarray, fw_shape: tuple[int, ...], kind: str) -> np.ndarray:
   """HF tensor → framework layout (a view when numpy can make one)."""
-  return w if kind == COPY else w.T.reshape(fw_shape)
+  if kind == COPY:
+    return w
+  return w.reshape(fw_shape) if kind == FLAT else w.T.reshape(fw_shape)
 
 
 def to_hf(x: np.ndarray, kind: str) -> np.ndarray:
@@ -303,6 +388,8 @@ def to_hf(x: np.ndarray, kind: str) -> np.ndarray:
     return x.reshape(x.shape[0], -1).T
   if kind == OUT:
     return x.reshape(-1, x.shape[-1]).T
+  if kind == FLAT:
+    return x.reshape(-1)
   return x
 
 

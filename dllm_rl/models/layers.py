@@ -77,6 +77,8 @@ def attention(q_BNHQ, k_BMJQ, v_BMJQ, mask_BNM) -> jax.Array:
 
   Query head h reads key/value head h // (H / K) (``repeat_interleave``
   convention). ``mask_BNM`` (True = may attend) broadcasts against [B, N, M];
+  a floating-point mask is added to the scores instead (−inf = blocked; LLaDA2.1's
+  official generate passes a 0/1 float mask that SDPA adds, see sampling.aligned_block);
   ``None`` means full bidirectional attention. Scores and softmax in float32.
   Query rows with no allowed key get a uniform (finite) distribution.
   """
@@ -91,7 +93,9 @@ def attention(q_BNHQ, k_BMJQ, v_BMJQ, mask_BNM) -> jax.Array:
   q = q_BNHQ.reshape(b, n, kh, h // kh, qd)
   scores = jnp.einsum("bnkgq,bmkq->bkgnm", q, k_BMJQ,
                       preferred_element_type=jnp.float32) / math.sqrt(qd)
-  if mask_BNM is not None:
+  if mask_BNM is not None and jnp.issubdtype(mask_BNM.dtype, jnp.floating):
+    scores = scores + mask_BNM[:, None, None, :, :].astype(jnp.float32)  # additive (−inf = blocked)
+  elif mask_BNM is not None:
     scores = jnp.where(mask_BNM[:, None, None, :, :], scores, _NEG_INF)
   probs = jax.nn.softmax(scores, axis=-1).astype(v_BMJQ.dtype)
   out = jnp.einsum("bkgnm,bmkq->bnkgq", probs, v_BMJQ)
@@ -111,7 +115,9 @@ class KVCache:
 
 
 class Attention(nnx.Module):
-  """Multi-head attention with GQA, RoPE, optional qk-norm; no biases."""
+  """Multi-head attention with GQA, RoPE, optional qk-norm and optional q/k/v
+  biases (``cfg.qkv_bias``, Qwen2 / Dream: added to the projections before the
+  qk-norm and RoPE); no output bias."""
 
   def __init__(self, cfg, rngs: nnx.Rngs):
     d, h, kh, qd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -122,16 +128,24 @@ class Attention(nnx.Module):
     self.v_proj = _param(rngs, (d, kh, qd), ("embed", "kv_heads", "head_dim"), std=std, dtype=pdt)
     self.o_proj = _param(rngs, (h, qd, d), ("heads", "head_dim", "embed"),
                          std=std / math.sqrt(2 * cfg.n_layers), dtype=pdt)
+    if cfg.qkv_bias:
+      self.q_bias = nnx.Param(jnp.zeros((h, qd), pdt), logical_axes=("heads", "head_dim"))
+      self.k_bias = nnx.Param(jnp.zeros((kh, qd), pdt), logical_axes=("kv_heads", "head_dim"))
+      self.v_bias = nnx.Param(jnp.zeros((kh, qd), pdt), logical_axes=("kv_heads", "head_dim"))
     if cfg.qk_norm:
       self.q_norm = RMSNorm(qd, eps=cfg.rms_norm_eps, param_dtype=pdt)
       self.k_norm = RMSNorm(qd, eps=cfg.rms_norm_eps, param_dtype=pdt)
 
   def _qkv(self, x_BND, cos_BNQ, sin_BNQ):
-    """Projections, optional qk-norm, RoPE on queries and keys."""
+    """Projections (+ optional biases), optional qk-norm, RoPE on queries and keys."""
     dt = self.cfg.dtype
     q = jnp.einsum("bnd,dhq->bnhq", x_BND, self.q_proj[...].astype(dt))
     k = jnp.einsum("bnd,dkq->bnkq", x_BND, self.k_proj[...].astype(dt))
     v = jnp.einsum("bnd,dkq->bnkq", x_BND, self.v_proj[...].astype(dt))
+    if self.cfg.qkv_bias:
+      q = q + self.q_bias[...].astype(dt)
+      k = k + self.k_bias[...].astype(dt)
+      v = v + self.v_bias[...].astype(dt)
     if self.cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     return apply_rope(q, cos_BNQ, sin_BNQ), apply_rope(k, cos_BNQ, sin_BNQ), v

@@ -1,10 +1,20 @@
 """LLaDA-architecture transformer (NNX): tokens, positions, attention mask → logits.
 
 Pre-norm blocks ``h = x + attn(norm(x)); out = h + mlp(norm(h))``, RMSNorm,
-SwiGLU, half-split RoPE, optional GQA and qk-norm, no biases, optional tied
-embeddings. Attention is bidirectional unless a mask says otherwise, so
-block-causal variants reuse this module with a different mask. The model knows
-nothing about diffusion or RL.
+SwiGLU, half-split RoPE, optional GQA, qk-norm and q/k/v biases, no other
+biases, optional tied embeddings. Attention is bidirectional unless a mask says
+otherwise, so block-causal variants reuse this module with a different mask.
+The model knows nothing about diffusion or RL.
+
+Logit shift (``logit_shift``, Dream): the checkpoint keeps its AR parent's
+next-token alignment, raw output row i scoring token i + 1. Every consumer of
+this module sees per-position predictions instead (row i scores token i):
+:meth:`Transformer.output` moves the final hidden states one row down (row 0
+keeps its own), which is the official samplers'
+``cat([logits[:, :1], logits[:, :-1]], 1)`` done before the head (the head is
+per row, so both orders give the same numbers, and callers that apply the
+head to a few rows stay correct). ``shift=False`` / :func:`apply_raw` give the
+raw rows, exactly what the official forward returns.
 """
 
 from __future__ import annotations
@@ -46,6 +56,8 @@ class ModelConfig:
   param_dtype: Any = jnp.float32
   scan_layers: bool = False  # one lax.scan over the layers (dllm_rl.models.scan)
   remat: str = "none"        # rematerialisation policy per layer (scan.REMAT_POLICIES)
+  qkv_bias: bool = False     # biases on the q/k/v projections (Qwen2 / Dream)
+  logit_shift: bool = False  # raw row i predicts token i + 1 (Dream); realigned (module doc)
 
   @classmethod
   def from_config(cls, model_cfg: Mapping[str, Any]) -> "ModelConfig":
@@ -60,7 +72,9 @@ class ModelConfig:
         tie_embeddings=model_cfg["tie_embeddings"], qk_norm=model_cfg["qk_norm"],
         init_std=model_cfg["init_std"], dtype=DTYPES[model_cfg["dtype"]],
         param_dtype=DTYPES[model_cfg["param_dtype"]],
-        scan_layers=model_cfg.get("scan_layers", False), remat=model_cfg.get("remat", "none"))
+        scan_layers=model_cfg.get("scan_layers", False), remat=model_cfg.get("remat", "none"),
+        qkv_bias=model_cfg.get("qkv_bias", False),
+        logit_shift=model_cfg.get("logit_shift", False))
 
 
 class Block(nnx.Module):
@@ -102,17 +116,19 @@ class Transformer(nnx.Module):
           logical_axes=("embed", "vocab"))
 
   def __call__(self, tokens_BN: jax.Array, positions_BN: jax.Array,
-               mask_BNM: jax.Array | None = None) -> jax.Array:
+               mask_BNM: jax.Array | None = None, *, shift: bool = True) -> jax.Array:
     """``mask_BNM``: bool, True = query n may attend key m; broadcastable to
     [B, N, N] (e.g. [B, 1, N] key padding); None = full bidirectional; or a
-    ``layers.StaircaseSpec`` for the block-diffusion training layout."""
-    return self.logits(self.hidden(tokens_BN, positions_BN, mask_BNM))
+    ``layers.StaircaseSpec`` for the block-diffusion training layout.
+    Row n of the logits scores token n; ``shift=False``: the raw rows of a
+    ``logit_shift`` model (row n scores token n + 1; module docstring)."""
+    return self.logits(self.hidden(tokens_BN, positions_BN, mask_BNM, shift=shift))
 
   def hidden(self, tokens_BN: jax.Array, positions_BN: jax.Array,
-             mask_BNM: jax.Array | None = None) -> jax.Array:
-    """The final norm's output [B, N, D] in ``dtype``: what the head multiplies
-    (``__call__`` = hidden @ head_weight). Callers that score a few rows apply the
-    head to those rows only (dllm_rl.models.logprob)."""
+             mask_BNM: jax.Array | None = None, *, shift: bool = True) -> jax.Array:
+    """The final hidden states [B, N, D] in ``dtype`` (:meth:`output`): what the
+    head multiplies (``__call__`` = hidden @ head_weight). Callers that score a few
+    rows apply the head to those rows only (dllm_rl.models.logprob)."""
     cfg = self.cfg
     x = jnp.take(self.embed[...], tokens_BN, axis=0).astype(cfg.dtype)
     cos, sin = layers.rope_tables(positions_BN, cfg.head_dim, cfg.rope_theta)
@@ -120,7 +136,14 @@ class Transformer(nnx.Module):
       mask_BNM = jnp.broadcast_to(mask_BNM, (tokens_BN.shape[0], tokens_BN.shape[1], mask_BNM.shape[-1]))
     x = scan.run_blocks(self.blocks, x, cos, sin, mask_BNM, scan_layers=cfg.scan_layers,
                         remat=cfg.remat, dtype=cfg.dtype)
-    return self.final_norm(x)
+    return self.output(x, shift=shift)
+
+  def output(self, x_BND: jax.Array, *, shift: bool = True) -> jax.Array:
+    """The last block's output → what the head multiplies: the final norm, then
+    (``logit_shift`` and ``shift``) row n takes row n - 1's state and row 0 keeps
+    its own (:func:`shift_rows`). The one place the logit shift happens."""
+    h_BND = self.final_norm(x_BND)
+    return shift_rows(h_BND) if self.cfg.logit_shift and shift else h_BND
 
   def head_weight(self) -> jax.Array:
     """The LM head [D, V] in ``param_dtype`` (the embedding's transpose when tied)."""
@@ -153,6 +176,14 @@ class Transformer(nnx.Module):
     attention output and MLP, the final norm and the head run only for rows
     [start, start + length) (its keys/values still come from every row), and
     the logits are those rows' [B, length, V].
+
+    Logit shift (``cfg.logit_shift``): among the T new rows, as Dream's cached
+    block sampler does (new row 0 keeps its own prediction, new row t takes row
+    t - 1's). With a window, shifted rows [start, start + length) read the
+    unshifted rows [start - 1, start - 1 + length), which are computed instead;
+    when start is 0 the rows [0, length) are computed and shifted among
+    themselves (same static shape, ``jnp.where`` on the traced start). So the
+    window always equals the matching rows of the un-windowed result.
     """
     cfg = self.cfg
     b, t = tokens_BT.shape
@@ -169,17 +200,23 @@ class Transformer(nnx.Module):
     cos, sin = layers.rope_tables(positions_BT, cfg.head_dim, cfg.rope_theta)
     ks, vs = [], []
     last = len(self.blocks) - 1
+    if window is not None:
+      start, length = window
+      rows_start = jnp.maximum(start - 1, 0) if cfg.logit_shift else start
     for i, (block, k_BMJQ, v_BMJQ) in enumerate(zip(self.blocks, cache.k_BMJQ, cache.v_BMJQ)):
       if window is not None and i == last:
         x, k_BMJQ, v_BMJQ = _block_rows(block, x, cos, sin, k_BMJQ, v_BMJQ, offset, mask_BTM,
-                                        *window)
+                                        rows_start, length)
       else:
         x, k_BMJQ, v_BMJQ = block.cached(x, cos, sin, k_BMJQ, v_BMJQ, offset, mask_BTM)
       x = constrain_activations(x)
       ks.append(k_BMJQ)
       vs.append(v_BMJQ)
-    logits_BTV = self.logits(self.final_norm(x))
-    return logits_BTV, (layers.KVCache(tuple(ks), tuple(vs)) if write else cache)
+    if window is None or not cfg.logit_shift:
+      h_BTD = self.output(x)
+    else:  # rows [start - 1, start - 1 + length) unshifted; shifted among themselves at start 0
+      h_BTD = jnp.where(start > 0, self.output(x, shift=False), self.output(x))
+    return self.logits(h_BTD), (layers.KVCache(tuple(ks), tuple(vs)) if write else cache)
 
 
 def _block_rows(block: Block, x_BTD, cos_BTQ, sin_BTQ, k_BMJQ, v_BMJQ, offset, mask_BTM, start,
@@ -196,6 +233,11 @@ def _block_rows(block: Block, x_BTD, cos_BTQ, sin_BTQ, k_BMJQ, v_BMJQ, offset, m
   o_proj = block.attn.o_proj[...].astype(block.attn.cfg.dtype)
   h = sl(x_BTD) + jnp.einsum("bnhq,hqd->bnd", out, o_proj)
   return h + block.mlp(block.mlp_norm(h)), k_BMJQ, v_BMJQ
+
+
+def shift_rows(x_BN: jax.Array) -> jax.Array:
+  """Row n ← row n - 1 along axis 1, row 0 kept: ``cat([x[:, :1], x[:, :-1]], 1)``."""
+  return jnp.concatenate([x_BN[:, :1], x_BN[:, :-1]], axis=1)
 
 
 def positions_from_valid(valid_BN: jax.Array) -> jax.Array:
@@ -216,8 +258,15 @@ def abstract_model(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
 
 
 def apply(graphdef: nnx.GraphDef, params: nnx.State, tokens_BN, positions_BN, mask_BNM=None):
-  """Pure forward: merge the params into the graph and run it."""
+  """Pure forward: merge the params into the graph and run it (row n scores token n)."""
   return nnx.merge(graphdef, params)(tokens_BN, positions_BN, mask_BNM)
+
+
+def apply_raw(graphdef: nnx.GraphDef, params: nnx.State, tokens_BN, positions_BN,
+              mask_BNM=None):
+  """:func:`apply` without the logit shift: exactly the official forward's logits
+  (for a ``logit_shift`` model row n scores token n + 1; otherwise = :func:`apply`)."""
+  return nnx.merge(graphdef, params)(tokens_BN, positions_BN, mask_BNM, shift=False)
 
 
 def apply_hidden(graphdef: nnx.GraphDef, params: nnx.State, tokens_BN, positions_BN,

@@ -114,5 +114,10 @@ def main(argv):
     cli.fail([err])
 
 
-if __name__ == "__main__":
+def run():
+  """Console-script entry point (pyproject.toml)."""
   app.run(main, flags_parser=cli.flags_parser(_overrides, aliases=("--set=",)))
+
+
+if __name__ == "__main__":
+  run()

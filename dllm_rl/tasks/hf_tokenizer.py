@@ -3,8 +3,10 @@
 A checkpoint directory holds ``tokenizer.json`` (read by the ``tokenizers``
 library, no ``transformers``) and ``tokenizer_config.json`` (special-token
 strings and the chat template; a ``chat_template.jinja`` file beside it takes
-precedence, as in recent ``transformers``). The PAD / EOS / MASK ids come from
-the caller (the checkpoint's ``config.json``), never from constants here.
+precedence, as in recent ``transformers``). Without ``tokenizer.json``, a
+``tokenizer_class`` listed in :mod:`dllm_rl.tasks.bpe_tokenizer` (Qwen2, Dream)
+is built from ``vocab.json`` + ``merges.txt`` instead. The PAD / EOS / MASK ids
+come from the caller (the checkpoint's ``config.json``), never from constants here.
 
 The chat template is rendered like ``transformers`` does: Jinja2 in an
 immutable sandbox, ``trim_blocks`` and ``lstrip_blocks``, with ``messages``,
@@ -94,6 +96,40 @@ def _compile_template(source: str):
   return env.from_string(source)
 
 
+def _load_tokenizer_json(tok_path: str):
+  """``tokenizer.json`` through ``tokenizers.Tokenizer.from_file``."""
+  from tokenizers import Tokenizer
+
+  try:
+    return Tokenizer.from_file(tok_path)
+  except Exception as err:  # the Rust library raises a bare Exception
+    raise ValueError(f"{tok_path}: cannot be loaded by `tokenizers` ({err})") from err
+
+
+def _build_from_vocab(path: str, config: dict, special: dict[str, Any]):
+  """The slow-tokenizer layout (vocab.json + merges.txt + added tokens) of a
+  supported ``tokenizer_class``; FileNotFoundError naming tokenizer.json and the
+  supported classes otherwise."""
+  from dllm_rl.tasks import bpe_tokenizer as bpe
+
+  name = config.get("tokenizer_class")
+  if name not in bpe.SUPPORTED_CLASSES:
+    raise FileNotFoundError(
+        f"tokenizer file {os.path.join(path, TOKENIZER_FILE)!r} does not exist, and "
+        f"tokenizer_class {name!r} in {CONFIG_FILE} is not one built from "
+        f"{bpe.VOCAB_FILE} + {bpe.MERGES_FILE} (supported: {', '.join(bpe.SUPPORTED_CLASSES)})")
+  added_path = os.path.join(path, bpe.ADDED_TOKENS_FILE)
+  added_json = _read_json(added_path) if os.path.isfile(added_path) else {}
+  strings = [v for k, v in special.items() if k != "additional_special_tokens" and v]
+  strings += special["additional_special_tokens"]
+  try:
+    specs = bpe.added_token_specs(config.get("added_tokens_decoder"), added_json, strings)
+  except ValueError as err:
+    raise ValueError(f"{path}: {err}") from err
+  return bpe.qwen2_tokenizer(os.path.join(path, bpe.VOCAB_FILE),
+                             os.path.join(path, bpe.MERGES_FILE), specs)
+
+
 class HFTokenizer:
   """``tokenizers.Tokenizer`` with caller-given special ids and an optional chat template.
 
@@ -129,25 +165,26 @@ class HFTokenizer:
   @classmethod
   def from_dir(cls, path: str, *, mask_id: int, eos_id: int, pad_id: int,
                stop_ids: Sequence[int] = ()) -> "HFTokenizer":
-    """Loads ``path/tokenizer.json`` and ``path/tokenizer_config.json``.
+    """Loads ``path/tokenizer_config.json`` and ``path/tokenizer.json`` (or, without
+    it, the ``vocab.json`` + ``merges.txt`` layout of a supported ``tokenizer_class``).
 
-    Raises FileNotFoundError naming the missing directory or file.
+    Raises FileNotFoundError naming the missing directory or file (and, without
+    tokenizer.json, the supported classes); ValueError for a file that cannot be read.
     """
-    from tokenizers import Tokenizer
-
     if not os.path.isdir(path):
       raise FileNotFoundError(f"tokenizer directory {path!r} does not exist")
     tok_path = os.path.join(path, TOKENIZER_FILE)
-    if not os.path.isfile(tok_path):
+    config_path = os.path.join(path, CONFIG_FILE)
+    if not os.path.isfile(tok_path) and not os.path.isfile(config_path):
       raise FileNotFoundError(f"tokenizer file {tok_path!r} does not exist")
-    config = _read_json(os.path.join(path, CONFIG_FILE))
-    try:
-      tokenizer = Tokenizer.from_file(tok_path)
-    except Exception as err:  # the Rust library raises a bare Exception
-      raise ValueError(f"{tok_path}: cannot be loaded by `tokenizers` ({err})") from err
+    config = _read_json(config_path)
     special = {k: _token_text(config.get(k)) for k in _SPECIAL_KEYS}
     special["additional_special_tokens"] = [
         t for t in map(_token_text, config.get("additional_special_tokens") or []) if t]
+    if os.path.isfile(tok_path):
+      tokenizer = _load_tokenizer_json(tok_path)
+    else:
+      tokenizer = _build_from_vocab(path, config, special)
     return cls(tokenizer, mask_id=mask_id, eos_id=eos_id, pad_id=pad_id,
                chat_template=_template_source(path, config), special_tokens=special,
                stop_ids=stop_ids)

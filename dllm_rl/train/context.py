@@ -124,8 +124,9 @@ def load_hf_source(path: str, dtype: str, block_size: int = 0,
     raise ConfigError("model.block_size", f"{path} is a block-diffusion (SDAR) checkpoint with"
                       f" block_size={ids.block_size}; set model.block_size={ids.block_size}"
                       f" (got {block_size})")
-  if family == "llada" and block_size:
-    raise ConfigError("model.block_size", f"{path} is a bidirectional LLaDA checkpoint: use 0")
+  if family in ("llada", "dream") and block_size:
+    raise ConfigError("model.block_size", f"{path} is a bidirectional"
+                      f" {'LLaDA' if family == 'llada' else 'Dream'} checkpoint: use 0")
   pad_id = ids.pad_id if ids.pad_id is not None else ids.eos_id
   try:
     tokenizer = HFTokenizer.from_dir(tokenizer_dir, mask_id=ids.mask_id, eos_id=ids.eos_id,

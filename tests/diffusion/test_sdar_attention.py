@@ -60,7 +60,6 @@ def test_staircase_likelihood_layout_matches_the_official_forward(sdar):
   """[prompt | clean | noisy] with noisy = clean: noisy block b sees the prompt,
   clean blocks < b and itself — the official row of block b."""
   graphdef, params, ids, expected, _ = sdar
-  b = ids.shape[0]
   prompt, completion = ids[:, :P], ids[:, P:]
   tokens = jnp.concatenate([prompt, completion, completion], axis=1)
   pos = jnp.arange(P + L)

@@ -112,7 +112,7 @@ def test_countdown_reward():
 def test_sudoku_result():
   solution = "1234341221434321"
   puzzle = "0034341221404301"  # 4 blanks: cells 0, 1, 13, 14
-  r = V.sudoku_result(f"<answer>\n1234\n3412\n2143\n4321\n</answer>", puzzle, solution)
+  r = V.sudoku_result("<answer>\n1234\n3412\n2143\n4321\n</answer>", puzzle, solution)
   assert r.correct and r.reward == 1.0 and r.info["cell_accuracy"] == 1.0
   assert V.sudoku_result("1234|3412|2143|4321", puzzle, solution).correct
   wrong = "2134341221434321"  # blanks 0 and 1 swapped: 2 of 4 blanks right, invalid columns

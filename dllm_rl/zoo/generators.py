@@ -1,0 +1,208 @@
+"""Each family's official generator, called with its own keyword names and meanings.
+
+A :class:`Generator` names the official function, lists its keywords with the
+official defaults, and maps a call onto the framework's jitted samplers, so a
+user can paste the official call: ``Pretrained.generate(prompt, **kwargs)``.
+An unknown keyword raises ``TypeError`` listing the accepted ones; a value the
+port does not support raises ``ValueError`` naming the keyword.
+
+* ``llada`` — ML-GSAI/LLaDA ``generate.generate`` (steps, gen_length,
+  block_length, temperature, cfg_scale, remasking, mask_id) →
+  :func:`dllm_rl.sampling.sampler.sample`; returns [B, P + gen_length], token
+  exact at temperature 0 (tests/sampling/test_official_parity.py) up to the
+  first EOS (positions after it are returned as EOS; the official code keeps
+  decoding them).
+* ``sdar`` — JetAstra/SDAR ``generate.block_diffusion_generate`` (mask_id,
+  gen_length, block_length, denoising_steps, temperature, top_k, top_p,
+  remasking_strategy, confidence_threshold, stopping_criteria_idx) →
+  :func:`dllm_rl.sampling.aligned_block.generate`; returns the whole canvas
+  [B, ceil((P + gen_length) / block_length) · block_length] as the official
+  code does. ``temperature=0`` means argmax (the official code would divide by 0).
+* ``llada2.0`` — inclusionAI LLaDA2.0 ``LLaDA2MoeModelLM.generate`` (temperature,
+  block_length, steps, gen_length, top_p, top_k, eos_early_stop, minimal_topk,
+  threshold, eos_id, mask_id) → the same aligned block generator; returns
+  [B, P + gen_length] (the official code returns the generated tokens up to
+  and including the first EOS: here the prompt is kept and positions after the
+  first EOS are EOS). The 2.0 file samples even at ``temperature=0``; 2.1's
+  argmax fix is what runs (as in the parity fixture). ``eos_early_stop`` gives
+  the same tokens up to the first EOS (it only returns sooner; every block here
+  stops after the block holding an EOS, as the 2.0 default does).
+* ``llada2.1`` — LLaDA2.1 ``generate``: 2.0's keywords plus editing_threshold,
+  max_post_steps, num_to_transfer (``steps`` is unused there) →
+  :func:`dllm_rl.sampling.aligned_block.generate_editing`, which reproduces its
+  0/1 additive attention mask; same return convention.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from dllm_rl.sampling import aligned_block, sampler
+
+
+@dataclasses.dataclass(frozen=True)
+class Generator:
+  """An official generator: its name, keywords (→ official default) and the port."""
+
+  official: str
+  defaults: dict[str, Any]
+  run: Callable[..., jax.Array]  # (pretrained, prompt_BP, valid_BP, key, **kwargs) → ids
+
+  def bind(self, family: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The official defaults updated with ``kwargs``; unknown names → TypeError."""
+    unknown = sorted(set(kwargs) - set(self.defaults))
+    if unknown:
+      raise TypeError(f"{family} generate ({self.official}) got unknown keyword(s) "
+                      f"{', '.join(unknown)}; accepted: {', '.join(self.defaults)}")
+    return {**self.defaults, **kwargs}
+
+
+def _fill_after_eos(x_BN, start: int, eos_id: int | None):
+  """Positions after the first EOS at or after ``start`` become EOS."""
+  if eos_id is None:
+    return x_BN
+  is_eos_BN = (x_BN == eos_id) & (jnp.arange(x_BN.shape[1]) >= start)
+  after_BN = jnp.cumsum(is_eos_BN, axis=1) - is_eos_BN > 0
+  return jnp.where(after_BN, eos_id, x_BN)
+
+
+def _require_unpadded(family: str, valid_BP) -> None:
+  if not bool(jnp.all(valid_BP)):
+    raise ValueError(f"{family} generate: the official generator takes one unpadded prompt "
+                     "(its blocks are aligned to position 0, so padding would move them); "
+                     "pass prompts of one length without attention_mask zeros, or call "
+                     "generate once per prompt")
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("cfg", "mask_id", "eos_id"))
+def _llada_sample(graphdef, params, prompt_BP, valid_BP, key, *, cfg, mask_id, eos_id):
+  return sampler.sample(graphdef, params, prompt_BP, valid_BP, key, cfg=cfg, mask_id=mask_id,
+                        eos_id=eos_id).completion_BL
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("cfg", "mask_id"))
+def _aligned(graphdef, params, prompt_BP, key, *, cfg, mask_id):
+  return aligned_block.generate(graphdef, params, prompt_BP, key, cfg=cfg, mask_id=mask_id)[0]
+
+
+def _run_llada(pre, prompt_BP, valid_BP, key, *, steps, gen_length, block_length, temperature,
+               cfg_scale, remasking, mask_id):
+  if cfg_scale != 0:
+    raise ValueError(f"llada generate: cfg_scale={cfg_scale} (classifier-free guidance) is not "
+                     "supported by this port; use cfg_scale=0")
+  cfg = sampler.SamplerConfig(completion_len=int(gen_length), steps=int(steps),
+                              block_len=int(block_length), temperature=float(temperature),
+                              remasking=remasking, stop_at_eos=False)
+  sampler.block_schedule(cfg)  # a named error for a bad shape, before compiling
+  mask_id = pre.token_ids.mask_id if mask_id is None else int(mask_id)
+  eos_id = pre.token_ids.eos_id if pre.token_ids.eos_id is not None else -1
+  completion_BL = _llada_sample(pre.graphdef, pre.params, prompt_BP, valid_BP, key, cfg=cfg,
+                                mask_id=mask_id, eos_id=eos_id)
+  return jnp.concatenate([prompt_BP, completion_BL], axis=1)
+
+
+_SDAR_STRATEGIES = ("low_confidence_dynamic", "low_confidence_static", "sequential")
+
+
+def _run_sdar(pre, prompt_BP, valid_BP, key, *, mask_id, gen_length, block_length,
+              denoising_steps, temperature, top_k, top_p, remasking_strategy,
+              confidence_threshold, stopping_criteria_idx):
+  if remasking_strategy not in _SDAR_STRATEGIES:
+    raise ValueError(f"sdar generate: remasking_strategy={remasking_strategy!r}; "
+                     f"supported: {', '.join(_SDAR_STRATEGIES)}")
+  _require_unpadded("sdar", valid_BP)
+  stops = stopping_criteria_idx
+  stops = () if stops is None else (int(stops),) if isinstance(stops, int) else tuple(
+      int(s) for s in stops)
+  cfg = aligned_block.AlignedBlockConfig(
+      gen_length=int(gen_length), block_length=int(block_length), steps=int(denoising_steps),
+      temperature=float(temperature), top_k=int(top_k or 0),
+      top_p=1.0 if top_p is None else float(top_p),
+      threshold=(float(confidence_threshold) if remasking_strategy == "low_confidence_dynamic"
+                 else None),
+      sequential=remasking_strategy == "sequential", clamp_to_masked=False, stop_ids=stops)
+  mask_id = pre.token_ids.mask_id if mask_id is None else int(mask_id)
+  return _aligned(pre.graphdef, pre.params, prompt_BP, key, cfg=cfg, mask_id=mask_id)
+
+
+def _run_llada2(pre, prompt_BP, valid_BP, key, *, temperature, block_length, steps, gen_length,
+                top_p, top_k, eos_early_stop, minimal_topk, threshold, eos_id, mask_id):
+  del eos_early_stop  # same tokens up to the first EOS: it only stops sooner (docstring)
+  _require_unpadded("llada2", valid_BP)
+  eos_id = pre.token_ids.eos_id if eos_id is None else int(eos_id)
+  mask_id = pre.token_ids.mask_id if mask_id is None else int(mask_id)
+  steps = min(int(steps), int(gen_length) // int(minimal_topk))
+  cfg = aligned_block.AlignedBlockConfig(
+      gen_length=int(gen_length), block_length=int(block_length), steps=steps,
+      temperature=float(temperature), top_k=int(top_k or 0),
+      top_p=1.0 if top_p is None else float(top_p), threshold=float(threshold),
+      clamp_to_masked=True, stop_ids=(eos_id,))
+  p = prompt_BP.shape[1]
+  x_BN = _aligned(pre.graphdef, pre.params, prompt_BP, key, cfg=cfg, mask_id=mask_id)
+  return _fill_after_eos(x_BN[:, :p + int(gen_length)], p, eos_id)
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("cfg", "mask_id"))
+def _editing(graphdef, params, prompt_BP, key, *, cfg, mask_id):
+  return aligned_block.generate_editing(graphdef, params, prompt_BP, key, cfg=cfg,
+                                        mask_id=mask_id)[0]
+
+
+def _run_llada21(pre, prompt_BP, valid_BP, key, *, temperature, block_length, steps, gen_length,
+                 top_p, top_k, eos_early_stop, minimal_topk, threshold, editing_threshold,
+                 max_post_steps, eos_id, mask_id, num_to_transfer):
+  del steps, minimal_topk, eos_early_stop  # unused by 2.1's loop / same tokens (docstring)
+  _require_unpadded("llada2", valid_BP)
+  eos_id = pre.token_ids.eos_id if eos_id is None else int(eos_id)
+  mask_id = pre.token_ids.mask_id if mask_id is None else int(mask_id)
+  cfg = aligned_block.EditingConfig(
+      gen_length=int(gen_length), block_length=int(block_length),
+      temperature=float(temperature), top_k=int(top_k or 0),
+      top_p=1.0 if top_p is None else float(top_p), threshold=float(threshold),
+      editing_threshold=float(editing_threshold), max_post_steps=int(max_post_steps),
+      num_to_transfer=int(num_to_transfer), stop_ids=(eos_id,))
+  p = prompt_BP.shape[1]
+  x_BN = _editing(pre.graphdef, pre.params, prompt_BP, key, cfg=cfg, mask_id=mask_id)
+  return _fill_after_eos(x_BN[:, :p + int(gen_length)], p, eos_id)
+
+
+_LLADA2_KWARGS = dict(temperature=0.0, block_length=32, steps=32, gen_length=2048, top_p=None,
+                      top_k=None, eos_early_stop=False, minimal_topk=1, threshold=0.95)
+
+GENERATORS: dict[str, Generator] = {
+    "llada": Generator("generate.generate (ML-GSAI/LLaDA)", dict(
+        steps=128, gen_length=128, block_length=128, temperature=0.0, cfg_scale=0.0,
+        remasking="low_confidence", mask_id=None), _run_llada),
+    "sdar": Generator("generate.block_diffusion_generate (JetAstra/SDAR)", dict(
+        mask_id=None, gen_length=128, block_length=8, denoising_steps=8, temperature=1.0,
+        top_k=0, top_p=1.0, remasking_strategy="low_confidence_dynamic",
+        confidence_threshold=0.85, stopping_criteria_idx=None), _run_sdar),
+    "llada2.0": Generator("LLaDA2MoeModelLM.generate (inclusionAI LLaDA2.0)", dict(
+        _LLADA2_KWARGS, eos_id=None, mask_id=None), _run_llada2),
+    "llada2.1": Generator("LLaDA2MoeModelLM.generate (inclusionAI LLaDA2.1)", dict(
+        _LLADA2_KWARGS, editing_threshold=0.9, max_post_steps=16, eos_id=None, mask_id=None,
+        num_to_transfer=1), _run_llada21),
+}
+
+# The generator a family's checkpoint gets unless ``load_pretrained(generator=...)`` says
+# otherwise (LLaDA2.0 and 2.1 share config.json: see :func:`default_generator`).
+FAMILY_GENERATORS = {"llada": ("llada",), "sdar": ("sdar",), "llada2": ("llada2.0", "llada2.1")}
+
+
+def default_generator(family: str, folder_files: dict[str, str]) -> str:
+  """The generator for a checkpoint of ``family``. LLaDA2.0 and 2.1 have byte-identical
+  config.json files and differ only in ``generate``: 2.1's modeling file (shipped in the
+  HF folder, ``trust_remote_code``) has ``editing_threshold``; without that file, 2.0.
+  ``folder_files``: file name → text of the folder's ``modeling_*.py`` files."""
+  names = FAMILY_GENERATORS.get(family)
+  if names is None:
+    raise ValueError(f"no generator for family {family!r}")
+  if family == "llada2":
+    text = folder_files.get("modeling_llada2_moe.py", "")
+    return "llada2.1" if "editing_threshold" in text else "llada2.0"
+  return names[0]

@@ -1,0 +1,161 @@
+"""``load_pretrained(path) -> Pretrained``: any supported checkpoint, one stable API.
+
+    import dllm_rl
+    model = dllm_rl.load_pretrained("path/to/LLaDA-8B-Instruct")   # HF folder or `convert import` output
+    model.family, model.config, model.token_ids.mask_id
+    logits_BLV = model.logits(input_ids_BL)                         # what the official forward returns
+    out_BN = model.generate(prompt_BP, gen_length=128, steps=128, block_length=32)  # official kwargs
+
+The family (LLaDA, SDAR, ...) is detected from config.json
+(:data:`dllm_rl.models.hf.FAMILIES`); an unsupported one is an error listing the
+supported architectures. Parameters are placed on ``mesh`` (default: one
+device). ``generate`` takes the official generator's own keywords
+(:mod:`dllm_rl.zoo.generators`). On TPU/GPU wrap calls in
+``jax.default_matmul_precision("highest")`` to compare with float32 references.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dllm_rl.models import convert, hf, transformer
+from dllm_rl.zoo.generators import FAMILY_GENERATORS, GENERATORS, default_generator
+
+ATTENTIONS = ("bidirectional", "block_causal")
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("block_size",))
+def _forward(graphdef, params, ids_BL, valid_BL, *, block_size):
+  """float32 logits under key padding (and absolute block-causal blocks), positions arange."""
+  b, n = ids_BL.shape
+  mask_BNN = jnp.broadcast_to(valid_BL[:, None, :], (b, n, n))
+  if block_size:
+    blk_N = jnp.arange(n) // block_size
+    mask_BNN = mask_BNN & (blk_N[None, :] <= blk_N[:, None])[None]
+  positions_BL = jnp.broadcast_to(jnp.arange(n), (b, n))
+  return transformer.apply(graphdef, params, ids_BL, positions_BL, mask_BNN).astype(jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretrained:
+  """A loaded checkpoint. ``config``: the framework's ModelConfig; ``hf_config``: the
+  source config.json; ``token_ids``: mask_id, eos_id, pad_id (and bos_id, block_size)."""
+
+  family: str
+  config: transformer.ModelConfig
+  token_ids: hf.TokenIds
+  hf_config: dict
+  graphdef: Any
+  params: Any
+  path: str
+  generator: str  # the official generator ``generate`` follows (a key of zoo.generators.GENERATORS)
+
+  def logits(self, input_ids_BL, *, attention_mask_BL=None, attention: str = "bidirectional",
+             block_size: int | None = None) -> jax.Array:
+    """float32 [B, L, V]: the model's raw output for ``input_ids_BL``, as the official
+    ``forward`` returns it for the same inputs. ``attention_mask_BL`` (1 = token, 0 =
+    padding): padding keys are never attended (rows of padding queries are not
+    meaningful). ``attention="block_causal"`` with ``block_size``: query i sees key j iff
+    j // block_size <= i // block_size (blocks from position 0, as SDAR / LLaDA2 generate
+    build it). Positions are ``arange(L)`` as the official forwards use."""
+    if attention not in ATTENTIONS:
+      raise ValueError(f"attention={attention!r}; supported: {', '.join(ATTENTIONS)}")
+    if attention == "block_causal":
+      if not block_size or block_size < 1:
+        raise ValueError("attention='block_causal' needs block_size >= 1")
+    elif block_size is not None:
+      raise ValueError("block_size is only used with attention='block_causal'")
+    ids_BL = _as_ids(input_ids_BL, "input_ids_BL")
+    valid_BL = _as_valid(attention_mask_BL, ids_BL.shape, "attention_mask_BL")
+    self._check_ids(ids_BL, "input_ids_BL")
+    return _forward(self.graphdef, self.params, ids_BL, valid_BL,
+                    block_size=int(block_size) if attention == "block_causal" else 0)
+
+  def generate(self, prompt_ids_BP, *, attention_mask_BP=None, key: jax.Array | None = None,
+               **kwargs) -> jax.Array:
+    """int [B, ...]: the family's official generator (prompt included), called with its
+    own keyword names (:mod:`dllm_rl.zoo.generators` lists them and what each returns).
+    ``key``: randomness for temperature > 0 (default ``jax.random.key(0)``)."""
+    gen = GENERATORS[self.generator]
+    bound = gen.bind(self.generator, kwargs)
+    prompt_BP = _as_ids(prompt_ids_BP, "prompt_ids_BP")
+    self._check_ids(prompt_BP, "prompt_ids_BP")
+    valid_BP = _as_valid(attention_mask_BP, prompt_BP.shape, "attention_mask_BP")
+    key = jax.random.key(0) if key is None else key
+    return gen.run(self, prompt_BP, valid_BP, key, **bound)
+
+  def _check_ids(self, ids, name: str) -> None:
+    lo, hi = int(jnp.min(ids)), int(jnp.max(ids))
+    if lo < 0 or hi >= self.config.vocab_size:
+      raise ValueError(f"{name}: token ids must lie in [0, {self.config.vocab_size}), "
+                       f"got [{lo}, {hi}]")
+
+
+def _as_ids(x, name: str) -> jax.Array:
+  arr = np.asarray(x)
+  if arr.ndim != 2 or not np.issubdtype(arr.dtype, np.integer):
+    raise ValueError(f"{name}: expected an integer array [batch, length], got "
+                     f"{arr.dtype}{list(arr.shape)}")
+  return jnp.asarray(arr, jnp.int32)
+
+
+def _as_valid(mask, shape, name: str) -> jax.Array:
+  if mask is None:
+    return jnp.ones(shape, bool)
+  arr = np.asarray(mask)
+  if arr.shape != tuple(shape):
+    raise ValueError(f"{name}: shape {list(arr.shape)} does not match the ids {list(shape)}")
+  return jnp.asarray(arr != 0)
+
+
+def _modeling_files(folder: str) -> dict[str, str]:
+  """name → text of the ``modeling_*.py`` files an HF folder ships (trust_remote_code)."""
+  out = {}
+  if os.path.isdir(folder):
+    for name in sorted(os.listdir(folder)):
+      if name.startswith("modeling_") and name.endswith(".py"):
+        with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as f:
+          out[name] = f.read()
+  return out
+
+
+def load_pretrained(path: str, *, dtype: str = "float32", param_dtype: str | None = None,
+                    mesh: jax.sharding.Mesh | None = None,
+                    generator: str | None = None) -> Pretrained:
+  """An HF checkpoint folder (config.json + safetensors) or a ``python -m dllm_rl.convert
+  import`` folder → :class:`Pretrained`. ``dtype``: compute dtype; ``param_dtype``:
+  storage dtype (default ``dtype``; an imported folder keeps its own unless given).
+  ``generator``: which official generator ``generate`` follows, for families with more
+  than one (LLaDA2: "llada2.0" | "llada2.1"); default: detected from the folder
+  (:func:`dllm_rl.zoo.generators.default_generator`)."""
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"{path!r} is not a directory (expected an HF checkpoint folder "
+                            "with config.json, or a `convert import` output)")
+  path = os.path.abspath(path)
+  imported = convert.is_imported(path)
+  family = (convert.read_meta(path)["family"] if imported
+            else hf.detect_family(hf.read_hf_config(path)))
+  if generator is not None and generator not in FAMILY_GENERATORS[family]:
+    raise ValueError(f"generator={generator!r} does not fit a {family} checkpoint; "
+                     f"supported: {', '.join(FAMILY_GENERATORS[family])}")
+  if imported:
+    m = convert.load_imported(path, mesh=mesh, param_dtype=param_dtype)
+    cfg = dataclasses.replace(m.model_cfg, dtype=jnp.dtype(dtype).type)
+    graphdef, _ = transformer.abstract_model(cfg)  # the compute dtype lives in the graph
+    ids, hf_config, params = m.token_ids, m.hf_config, m.params
+    code_dir = os.path.join(path, "hf_extra")
+  else:
+    hf_config = hf.read_hf_config(path)
+    m = hf.load_checkpoint(path, mesh=mesh, dtype=dtype, param_dtype=param_dtype)
+    cfg, ids, graphdef, params = m.model_cfg, m.token_ids, m.graphdef, m.params
+    code_dir = path
+  if generator is None:
+    generator = default_generator(family, _modeling_files(code_dir))
+  return Pretrained(family, cfg, ids, hf_config, graphdef, params, path, generator)

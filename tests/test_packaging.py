@@ -1,0 +1,51 @@
+"""pyproject.toml: every console script names a callable, every pinned runtime requirement is a
+dependency, and the version is the package's."""
+
+import ast
+import importlib.util
+import os
+import re
+import tomllib
+
+import dllm_rl
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_DEV_ONLY = {"pytest", "import-linter", "hypothesis", "sortedcontainers", "ruff"}
+
+
+def _project():
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    return tomllib.load(f)
+
+
+def _name(req: str) -> str:
+  return re.split(r"[<>=!\[; ]", req.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_console_scripts_name_callables():
+  scripts = _project()["project"]["scripts"]
+  assert {"dllm-rl", "dllm-rl-plan", "dllm-rl-convert", "dllm-rl-study"} <= set(scripts)
+  for name, target in scripts.items():  # parsed, not imported: the CLIs define absl flags
+    module, attr = target.split(":")
+    spec = importlib.util.find_spec(module)
+    with open(spec.origin) as f:
+      tree = ast.parse(f.read())
+    defs = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert attr in defs, f"{name}: {module} has no top-level def {attr}"
+
+
+def test_pinned_requirements_are_dependencies():
+  project = _project()["project"]
+  deps = {_name(d) for d in project["dependencies"]}
+  dev = {_name(d) for d in project["optional-dependencies"]["dev"]}
+  with open(os.path.join(ROOT, "requirements.txt")) as f:
+    pins = {_name(line) for line in f if line.strip() and not line.startswith(("#", "-r"))}
+  assert pins - _DEV_ONLY <= deps, sorted(pins - _DEV_ONLY - deps)
+  assert pins & _DEV_ONLY <= dev
+  assert project["requires-python"] == ">=3.11"
+  assert {"tpu", "gpu", "gcs", "dev"} <= set(project["optional-dependencies"])
+
+
+def test_version_is_the_packages():
+  assert _project()["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "dllm_rl.__version__"}
+  assert re.fullmatch(r"\d+\.\d+\.\d+", dllm_rl.__version__)

@@ -1,0 +1,182 @@
+"""The public loading API: ``dllm_rl.load_pretrained(path)`` on every family's fixture.
+
+Logits equal the official forward's (tests/fixtures/*/expected.npz), ``generate`` takes the
+official generator's keywords and reproduces its outputs where the fixture has them, an
+imported folder loads like its HF source, and bad input names the problem.
+"""
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+import dllm_rl
+from dllm_rl.models import convert
+
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
+LLADA, SDAR = os.path.join(FIXTURES, "llada_tiny"), os.path.join(FIXTURES, "sdar_tiny")
+
+
+@pytest.fixture(scope="module")
+def llada():
+  return dllm_rl.load_pretrained(LLADA)
+
+
+@pytest.fixture(scope="module")
+def sdar():
+  return dllm_rl.load_pretrained(SDAR)
+
+
+def _max_diff(a, b):
+  return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+def test_llada_logits_and_ids(llada):
+  data = np.load(os.path.join(LLADA, "expected.npz"))
+  with jax.default_matmul_precision("highest"):
+    logits = llada.logits(data["input_ids"])
+  assert logits.dtype == np.float32 and logits.shape == data["logits"].shape
+  assert _max_diff(logits, data["logits"]) < 1e-4
+  hf_config = json.load(open(os.path.join(LLADA, "config.json")))
+  assert llada.family == "llada"
+  assert llada.token_ids.mask_id == hf_config["mask_token_id"]
+  assert llada.token_ids.eos_id == hf_config["eos_token_id"]
+
+
+def test_sdar_block_causal_logits(sdar):
+  data = np.load(os.path.join(SDAR, "expected.npz"))
+  with jax.default_matmul_precision("highest"):
+    logits = sdar.logits(data["input_ids"], attention="block_causal", block_size=4)
+    full = sdar.logits(data["input_ids"])
+  assert _max_diff(logits, data["logits"]) < 1e-4
+  assert _max_diff(full, data["logits"]) > 0.1  # the mask matters: the test can fail
+
+
+@pytest.mark.parametrize("shape", ["a", "c"])
+def test_llada_generate_is_the_official_call(llada, shape):
+  data = np.load(os.path.join(LLADA, "sampler_parity.npz"))
+  b, p, gen_length, steps, block_length = (int(v) for v in data[f"{shape}_params"])
+  with jax.default_matmul_precision("highest"):
+    out = np.asarray(llada.generate(data[f"{shape}_prompt"], steps=steps, gen_length=gen_length,
+                                    block_length=block_length, temperature=0.0, cfg_scale=0.0,
+                                    remasking="low_confidence"))
+  official = data[f"{shape}_output"]
+  assert out.shape == official.shape == (b, p + gen_length)
+  eos = llada.token_ids.eos_id
+  for got, want in zip(out, official):  # equal up to and including the first EOS
+    hits = np.flatnonzero(want[p:] == eos)
+    n = p + (hits[0] + 1 if hits.size else gen_length)
+    np.testing.assert_array_equal(got[:n], want[:n])
+
+
+def test_unknown_keyword_names_the_accepted_ones(llada, sdar):
+  with pytest.raises(TypeError, match=r"gen_lenght.*accepted: steps, gen_length"):
+    llada.generate(np.zeros((1, 4), np.int32), gen_lenght=8)
+  with pytest.raises(TypeError, match="denoising_steps"):
+    sdar.generate(np.zeros((1, 4), np.int32), steps=8)
+  with pytest.raises(ValueError, match="cfg_scale"):
+    llada.generate(np.zeros((1, 4), np.int32), cfg_scale=1.0)
+
+
+def _sdar_reference(model, prompt_1P, *, gen_length, block_length, denoising_steps, threshold):
+  """The official ``block_diffusion_generate`` loop at temperature 0, written step by step in
+  numpy over ``Pretrained.logits`` (one window forward per step, no cache)."""
+  mask_id = model.token_ids.mask_id
+  p = prompt_1P.shape[1]
+  nb = -(-(p + gen_length) // block_length)
+  x = np.full((1, nb * block_length), mask_id, np.int64)
+  x[:, :p] = prompt_1P
+  base, rem = divmod(block_length, denoising_steps)
+  k_S = [base + (s < rem) for s in range(denoising_steps)]
+  for blk in range(p // block_length, nb):
+    lo, hi = blk * block_length, (blk + 1) * block_length
+    for s in range(denoising_steps):
+      cur = x[0, lo:hi]
+      masked = cur == mask_id
+      if not masked.any():
+        break
+      logits = np.asarray(model.logits(x[:, :hi], attention="block_causal",
+                                       block_size=block_length))[0, lo:hi].astype(np.float64)
+      probs = np.exp(logits - logits.max(-1, keepdims=True))
+      probs /= probs.sum(-1, keepdims=True)
+      x0, p0 = probs.argmax(-1), probs.max(-1)
+      conf = np.where(masked, p0, -np.inf)
+      high = conf > threshold
+      if high.sum() >= k_S[s]:
+        take = high
+      else:
+        take = np.zeros_like(masked)
+        take[np.argsort(-conf, kind="stable")[:k_S[s]]] = True
+      cur[take] = x0[take]
+  return x
+
+
+@pytest.mark.parametrize("prompt_len", [8, 6])  # a prompt that ends inside a block, and not
+def test_sdar_generate_matches_the_official_loop(sdar, prompt_len):
+  prompt = np.random.default_rng(prompt_len).integers(0, 120, (1, prompt_len))
+  kwargs = dict(gen_length=10, block_length=4, denoising_steps=2, temperature=0.0)
+  with jax.default_matmul_precision("highest"):
+    out = np.asarray(sdar.generate(prompt, confidence_threshold=0.3, **kwargs))
+    want = _sdar_reference(sdar, prompt, gen_length=10, block_length=4, denoising_steps=2,
+                           threshold=0.3)
+  assert out.shape == want.shape == (1, -(-(prompt_len + 10) // 4) * 4)
+  np.testing.assert_array_equal(out, want)
+  assert (out[:, prompt_len:] != sdar.token_ids.mask_id).any()
+
+
+def test_sdar_padded_prompt_is_refused_with_a_reason(sdar):
+  with pytest.raises(ValueError, match="unpadded prompt"):
+    sdar.generate(np.ones((2, 4), np.int32), attention_mask_BP=np.array([[0, 1, 1, 1]] * 2))
+
+
+def test_imported_folder_loads_like_its_source(tmp_path, llada):
+  out = str(tmp_path / "imported")
+  convert.import_hf(LLADA, out)
+  imported = dllm_rl.load_pretrained(out)
+  ids = np.load(os.path.join(LLADA, "expected.npz"))["input_ids"][:1]
+  assert imported.family == "llada" and imported.token_ids == llada.token_ids
+  np.testing.assert_array_equal(np.asarray(imported.logits(ids)), np.asarray(llada.logits(ids)))
+
+
+def test_bad_input_is_named(tmp_path, llada):
+  bad = tmp_path / "gpt2"
+  shutil.copytree(LLADA, bad)
+  cfg = json.load(open(bad / "config.json"))
+  cfg.update(architectures=["GPT2LMHeadModel"], model_type="gpt2")
+  json.dump(cfg, open(bad / "config.json", "w"))
+  with pytest.raises(ValueError, match=r"unsupported architecture.*supported: LLaDAModelLM"):
+    dllm_rl.load_pretrained(str(bad))
+  with pytest.raises(FileNotFoundError, match="not a directory"):
+    dllm_rl.load_pretrained(str(tmp_path / "missing"))
+  with pytest.raises(ValueError, match=r"token ids must lie in \[0, 128\)"):
+    llada.logits(np.array([[1, 500]]))
+  with pytest.raises(ValueError, match="block_size"):
+    llada.logits(np.array([[1, 2]]), attention="block_causal")
+  with pytest.raises(ValueError, match="does not match"):
+    llada.logits(np.array([[1, 2]]), attention_mask_BL=np.ones((1, 3)))
+
+
+def test_a_mis_shaped_tensor_is_named_and_nothing_is_written(tmp_path):
+  import safetensors.numpy
+  src = tmp_path / "bad"
+  shutil.copytree(LLADA, src)
+  tensors = safetensors.numpy.load_file(str(src / "model.safetensors"))
+  name = "model.transformer.blocks.0.ff_out.weight"
+  want = tensors[name].shape
+  tensors[name] = np.zeros(want[::-1], np.float32)
+  safetensors.numpy.save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+  shape_msg = rf"{name}.*shape \({want[1]}, {want[0]}\), expected \({want[0]}, {want[1]}\)"
+  with pytest.raises(ValueError, match=shape_msg):
+    dllm_rl.load_pretrained(str(src))
+  out = tmp_path / "imported"
+  with pytest.raises(ValueError, match=shape_msg):
+    convert.import_hf(str(src), str(out))
+  assert not out.exists()
+
+
+def test_a_generator_that_does_not_fit_the_family_is_refused_before_loading(tmp_path):
+  with pytest.raises(ValueError, match=r"generator='llada2.1' does not fit a llada.*supported: llada"):
+    dllm_rl.load_pretrained(LLADA, generator="llada2.1")
