@@ -13,7 +13,7 @@
   positions a step by max probability, the first always and the rest only above ``threshold``,
   the rejected carried on, extra steps until the carry is spent (:func:`denoise_threshold`);
 * the block / KV-cache sampler (``generation_utils_block.py``, ``block_length`` set,
-  ``dual_cache``): :mod:`dllm_rl.sampling.dream_block`.
+  ``dual_cache``, entropy or ``confidence_threshold``): :mod:`dllm_rl.sampling.dream_block`.
 
 Greedy runs (temperature 0, ``alg_temp`` None/0) reproduce the official outputs and per-step
 histories token for token (tests/sampling/test_dream_sampler.py, fixture
@@ -38,10 +38,9 @@ from flax import nnx
 from dllm_rl.models import transformer
 from dllm_rl.sampling import dream_block
 from dllm_rl.sampling.dream_ops import (ALGS, DreamOutput, DreamSamplerConfig, maskgit_plus,
-                                        origin_step, propose, transfer_fractions, unmask_step)
-from dllm_rl.sampling.step import descending_rank
+                                        origin_step, propose, threshold_pick, transfer_fractions,
+                                        unmask_step)
 
-_NEG = -jnp.inf
 _OTHER_ALGS = ("origin", "confidence_threshold")
 
 
@@ -100,15 +99,12 @@ def denoise_threshold(logits_fn, x_BN, key, *, cfg: DreamSamplerConfig,
     open_BL = x_BL == cfg.mask_id
     x0_BL, probs_BLV = propose(logits_fn(x_BN), jax.random.fold_in(key, i),
                                temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)
-    score_BL = jnp.where(open_BL, maskgit_plus(probs_BLV, x0_BL), _NEG)
-    rank_BL = descending_rank(score_BL)
-    top_BL = rank_BL < n + carry
-    keep_BL = (rank_BL == 0) | (score_BL >= cfg.threshold)
-    rejected = jnp.sum(top_BL & ~keep_BL).astype(jnp.int32)
+    take_BL, rejected = threshold_pick(maskgit_plus(probs_BLV, x0_BL), open_BL, n + carry,
+                                       cfg.threshold)
     last = i == steps - 1
     n = jnp.where(last & (rejected > 0), 0, n)
     steps = jnp.where(last, steps + rejected, steps)
-    x_BL = jnp.where(top_BL & keep_BL & open_BL, x0_BL, x_BL)
+    x_BL = jnp.where(take_BL, x0_BL, x_BL)
     x_BN = jnp.concatenate([x_BN[:, :start], x_BL], axis=1)
     history_SBN = history_SBN.at[i].set(x_BN, mode="drop")
     return x_BN, i + 1, steps, n, rejected, history_SBN
@@ -166,12 +162,10 @@ def validate(cfg: DreamSamplerConfig, *, batch: int, padded: bool, prompt_masks:
   if cfg.dual_cache and cfg.block_length is None:
     raise ValueError("dual_cache=True needs block_length (the block / KV-cache sampler)")
   if cfg.alg == "confidence_threshold":
-    if cfg.block_length is not None:
-      raise ValueError("alg='confidence_threshold' with block_length is not implemented")
     if batch != 1:
       raise ValueError(f"alg='confidence_threshold' runs batch 1 only (the official code asserts "
-                       f"it); got batch {batch}")
-    if (cfg.max_new_tokens + prompt_masks) % cfg.steps:
+                       f"it, and its block sampler decodes row 0 only); got batch {batch}")
+    if cfg.block_length is None and (cfg.max_new_tokens + prompt_masks) % cfg.steps:
       raise ValueError(f"alg='confidence_threshold' needs the mask count "
                        f"({cfg.max_new_tokens + prompt_masks}) divisible by steps ({cfg.steps}), "
                        "as the official code asserts")
@@ -219,7 +213,8 @@ def dream_generate(graphdef, params, prompt_BP, *, attention_mask_BP=None, mask_
     steps: forwards (plain sampler); with ``block_length``, ``steps / num_blocks`` per block.
     eps: the schedule's end time, ``linspace(1, eps, steps + 1)``.
     alg: "origin" (stochastic), "maskgit_plus", "topk_margin", "entropy" or
-      "confidence_threshold". The block sampler always scores by entropy (as officially).
+      "confidence_threshold". The block sampler scores by entropy whatever the alg (as
+      officially), unless it is "confidence_threshold".
     alg_temp: None/0 = the k most confident positions; > 0 = k sampled from
       softmax(confidence / alg_temp).
     temperature, top_p, top_k: token sampling (0 = greedy argmax over the whole vocabulary).
@@ -235,7 +230,7 @@ def dream_generate(graphdef, params, prompt_BP, *, attention_mask_BP=None, mask_
   ``history_SBN`` (None unless ``output_history``).
   Raises ValueError for combinations the official code does not run: padding that is not left
   padding; padding with the block sampler; dual_cache with batch > 1; confidence_threshold with
-  batch > 1 or a mask count not divisible by steps.
+  batch > 1 or (plain sampler) a mask count not divisible by steps.
   """
   prompt_np = np.asarray(prompt_BP)
   if prompt_np.ndim != 2:

@@ -18,14 +18,22 @@ with ``spb = steps / num_blocks`` forwards each (semantics: shared/fixtures/drea
    In both, the logit shift happens among the query rows (the query window's first row keeps its
    own raw row, as in the official cached forward).
 
+With ``alg="confidence_threshold"`` (batch 1) step 2 is instead: cached steps until the block has
+no mask left, each taking the block's most probable masked position (max probability) and every
+other one whose probability is ≥ ``threshold`` (Fast-dLLM's parallel decoding); ``steps`` only
+has to divide into the blocks. The official loop has no bound; here a block stops after
+``block_length`` cached steps (more happen only when a proposal is the mask id itself, on which
+the official loop would spin forever). No official run of this mode is in the fixture.
+
 The official loop also stops a block once it has no mask left, and after its last scheduled step
 spends one more forward on a leftover mask without changing anything; here a step with no mask in
 the block (any row) skips its forward, and the extra forward is not run (the tokens are the
 same). Not supported (as officially): padding, and ``dual_cache`` with batch > 1 (the front,
 :func:`dllm_rl.sampling.dream.dream_generate`, refuses them).
 
-History: the tokens after every block start and every cached step (``num_blocks · spb`` entries;
-the official block sampler records none).
+History: the tokens after every block start and every cached step (``num_blocks · spb`` entries,
+or ``num_blocks · (block_length + 1)`` with ``confidence_threshold``, mask-filled beyond the steps
+that ran; the official block sampler records none).
 """
 
 from __future__ import annotations
@@ -35,13 +43,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from dllm_rl.models import transformer
-from dllm_rl.sampling.dream_ops import (DreamOutput, DreamSamplerConfig, propose,
-                                        transfer_fractions, unmask_step)
+from dllm_rl.sampling.dream_ops import (DreamOutput, DreamSamplerConfig, maskgit_plus, propose,
+                                        threshold_pick, transfer_fractions, unmask_step)
 
 
 def sample_blocks(graphdef, params, prompt_BP, key, *, cfg: DreamSamplerConfig) -> DreamOutput:
   """The block sampler (prefix or dual cache, ``cfg.dual_cache``). Pure; jit with ``graphdef``
-  and ``cfg`` static. Randomness: ``fold_in(key, s)`` with s the step count over all blocks."""
+  and ``cfg`` static. Randomness: ``fold_in(key, s)`` with s the forward count over all blocks
+  (skipped steps counted)."""
   b, p = prompt_BP.shape
   l, bl = cfg.max_new_tokens, cfg.block_length
   n, num_blocks = p + l, l // bl
@@ -76,36 +85,67 @@ def sample_blocks(graphdef, params, prompt_BP, key, *, cfg: DreamSamplerConfig) 
         write=False, start=0, length=bl)
     return logits_BTV
 
-  def run_block(carry, block):
-    """Block start, then its ``spb − 1`` cached steps; ``block`` is static for the prefix cache."""
-    x_BN, history_SBN = carry
-    start, s0 = p + block * bl, block * spb
-    x_BN, cache = start_block(x_BN, start, jax.random.fold_in(key, s0))
-    history_SBN = _record(history_SBN, s0, x_BN)
+  def scheduled_steps(carry, cache, start):
+    """The block's ``spb − 1`` cached steps (entropy, k from the schedule)."""
 
-    def cached_step(i, carry):
-      x_BN, history_SBN = carry
+    def step(i, carry):
+      x_BN, history_SBN, s = carry
       x_BT = jax.lax.dynamic_slice_in_dim(x_BN, start, bl, axis=1)
       open_BT = x_BT == cfg.mask_id
       x_BT = jax.lax.cond(
           jnp.any(open_BT),
           lambda: unmask_step(x_BT, block_logits(cache, x_BN, start), open_BT, frac_S[i],
-                              jax.random.fold_in(key, s0 + i), cfg=cfg, alg="entropy"),
+                              jax.random.fold_in(key, s), cfg=cfg, alg="entropy"),
           lambda: x_BT)
       x_BN = jax.lax.dynamic_update_slice_in_dim(x_BN, x_BT, start, axis=1)
-      return x_BN, _record(history_SBN, s0 + i, x_BN)
+      return x_BN, _record(history_SBN, s, x_BN), s + 1
 
-    return jax.lax.fori_loop(1, spb, cached_step, (x_BN, history_SBN))
+    return jax.lax.fori_loop(1, spb, step, carry)
 
-  history_SBN = jnp.full((num_blocks * spb if cfg.output_history else 0, b, n), cfg.mask_id,
-                         jnp.int32)
-  carry = (x_BN, history_SBN)
+  def threshold_steps(carry, cache, start):
+    """``confidence_threshold`` (batch 1): cached steps until the block has no mask, each taking
+    the most probable masked position and every other one above ``threshold``; at most
+    ``block_length`` steps (the official loop has no bound: it would spin forever on a position
+    whose proposal stays the mask id)."""
+
+    def step(carry):
+      x_BN, history_SBN, s, j = carry
+      x_BT = jax.lax.dynamic_slice_in_dim(x_BN, start, bl, axis=1)
+      open_BT = x_BT == cfg.mask_id
+      x0_BT, probs_BTV = propose(block_logits(cache, x_BN, start), jax.random.fold_in(key, s),
+                                 temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)
+      take_BT, _ = threshold_pick(maskgit_plus(probs_BTV, x0_BT), open_BT, jnp.sum(open_BT),
+                                  cfg.threshold)
+      x_BN = jax.lax.dynamic_update_slice_in_dim(x_BN, jnp.where(take_BT, x0_BT, x_BT), start,
+                                                 axis=1)
+      return x_BN, _record(history_SBN, s, x_BN), s + 1, j + 1
+
+    def more(carry):
+      x_BT = jax.lax.dynamic_slice_in_dim(carry[0], start, bl, axis=1)
+      return (carry[3] < bl) & jnp.any(x_BT == cfg.mask_id)
+
+    return jax.lax.while_loop(more, step, (*carry, jnp.int32(0)))[:3]
+
+  def run_block(carry, block):
+    """Block start, then its cached steps; ``block`` is static for the prefix cache."""
+    x_BN, history_SBN, s = carry
+    start = p + block * bl
+    x_BN, cache = start_block(x_BN, start, jax.random.fold_in(key, s))
+    carry = (x_BN, _record(history_SBN, s, x_BN), s + 1)
+    if cfg.alg == "confidence_threshold":
+      return threshold_steps(carry, cache, start)
+    return scheduled_steps(carry, cache, start)
+
+  per_block = bl + 1 if cfg.alg == "confidence_threshold" else spb
+  history_SBN = jnp.full((num_blocks * per_block if cfg.output_history else 0, b, n),
+                         cfg.mask_id, jnp.int32)
+  carry = (x_BN, history_SBN, jnp.int32(0))
   if cfg.dual_cache:
     carry = jax.lax.fori_loop(0, num_blocks, lambda blk, c: run_block(c, blk), carry)
   else:  # the query window x[:, start:] shrinks block by block: one traced copy per block
     for block in range(num_blocks):
       carry = run_block(carry, block)
-  x_BN, history_SBN = carry
+  x_BN, history_SBN, _ = carry
   return DreamOutput(x_BN, history_SBN if cfg.output_history else None)
 
 

@@ -179,6 +179,17 @@ def choose(conf_BL, open_BL, k, key, alg_temp: float | None):
   return open_BL & (descending_rank(score_BL) < k)
 
 
+def threshold_pick(conf_BL, open_BL, budget, threshold: float):
+  """The ``confidence_threshold`` choice: of the ``budget`` most confident open positions, the
+  first always and each other only if its confidence ≥ ``threshold``. Returns (take_BL, the
+  number rejected among the top ``budget``, −inf picks included as officially)."""
+  score_BL = jnp.where(open_BL, conf_BL, _NEG)
+  rank_BL = descending_rank(score_BL)
+  top_BL = rank_BL < budget
+  keep_BL = (rank_BL == 0) | (score_BL >= threshold)
+  return top_BL & keep_BL & open_BL, jnp.sum(top_BL & ~keep_BL).astype(jnp.int32)
+
+
 def unmask_step(x_BL, logits_BLV, open_BL, frac, key, *, cfg: DreamSamplerConfig,
                 alg: str | None = None):
   """One step of ``maskgit_plus`` / ``topk_margin`` / ``entropy``: propose x0 everywhere, score

@@ -146,6 +146,23 @@ def test_block_sampler_reproduces_the_official_output(checkpoint, name):
     np.testing.assert_array_equal(h_SBN[s][:, outside_N], h_SBN[s - 1][:, outside_N])
 
 
+@pytest.mark.parametrize("dual,threshold", [(True, 1.1), (True, 0.0), (False, 1.1)])
+def test_block_confidence_threshold_takes_one_or_all_per_step(checkpoint, dual, threshold):
+  """Block + ``confidence_threshold`` (no official run in the fixture): a threshold above every
+  probability takes the single most probable position per cached step (16 masks: 15 … 0 left,
+  then unused history entries); threshold 0 takes the whole block in one cached step."""
+  graphdef, params, data = checkpoint
+  with jax.default_matmul_precision("highest"):
+    out = dream.dream_generate(graphdef, params, data["k_prompt"][:1], mask_token_id=MASK,
+                               max_new_tokens=16, steps=2, block_length=8, dual_cache=dual,
+                               alg="confidence_threshold", threshold=threshold,
+                               output_history=True)
+  left_S = (np.asarray(out.history_SBN)[:, 0, 10:] == MASK).sum(-1)
+  want = list(range(15, -1, -1)) if threshold > 1 else [15, 8, 7, 0]
+  np.testing.assert_array_equal(left_S, want + [16] * (18 - len(want)))
+  assert not np.any(out.sequences_BN == MASK)
+
+
 # --- schedule, origin and alg_temp on synthetic logits ----------------------------------------
 
 
@@ -254,6 +271,7 @@ def test_alg_temp_samples_positions_from_softmax_of_confidence():
     ({"block_length": 4, "padded": True}, "padded attention_mask"),
     ({"dual_cache": True}, "needs block_length"),
     ({"alg": "confidence_threshold", "batch": 2}, "batch 1"),
+    ({"alg": "confidence_threshold", "block_length": 4, "batch": 2}, "batch 1"),
     ({"alg": "confidence_threshold", "steps": 3}, "divisible by steps"),
     ({"block_length": 5}, "divisible by block_length")])
 def test_unsupported_combinations_fail_fast(kwargs, match):
