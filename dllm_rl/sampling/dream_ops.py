@@ -49,8 +49,9 @@ _NEG = -jnp.inf
 @dataclasses.dataclass(frozen=True)
 class DreamSamplerConfig:
   """Static settings of a Dream sampler run; the names and defaults are the official
-  ``diffusion_generate`` kwargs (:func:`dllm_rl.sampling.dream.dream_generate` documents them).
-  ``block_length`` None = the plain sampler, else the block / KV-cache sampler."""
+  ``diffusion_generate`` kwargs (:func:`dllm_rl.sampling.dream.dream_generate` documents them;
+  ``mask_id`` is ``mask_token_id``). ``block_length`` None = the plain sampler, else the block /
+  KV-cache sampler."""
 
   max_new_tokens: int
   mask_id: int

@@ -21,7 +21,7 @@ import pytest
 
 from dllm_rl.models import hf
 from dllm_rl.sampling import dream
-from dllm_rl.sampling.dream_ops import (ALGS, DreamSamplerConfig, choose, filter_logits,
+from dllm_rl.sampling.dream_ops import (ALGS, DreamSamplerConfig, choose, filter_logits, propose,
                                         transfer_fractions)
 
 FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures",
@@ -230,6 +230,17 @@ def test_confidence_measures_and_filters():
   np.testing.assert_array_equal(kept_k[0, 0], [True, True, False, False])
   kept_p = filter_logits(logits, temperature=0.0, top_p=0.6, top_k=None) > low
   np.testing.assert_array_equal(kept_p[0, 0], [True, True, False, False])  # 0.5 < 0.6: keep 2nd
+
+
+def test_temperature_samples_tokens_from_the_filtered_softmax():
+  """T > 0: x0 ~ softmax(logits / T) over the top-k tokens; the confidence is x0's probability."""
+  logits = jnp.log(jnp.array([[[0.4, 0.3, 0.2, 0.1]]]))
+  keys = jax.random.split(jax.random.key(0), 4000)
+  x0, probs = jax.vmap(lambda k: propose(logits, k, temperature=0.5, top_p=None, top_k=3))(keys)
+  want = np.array([0.4, 0.3, 0.2, 0.0]) ** 2
+  np.testing.assert_allclose(np.asarray(probs[0, 0, 0]), want / want.sum(), rtol=1e-5)
+  freq = np.bincount(np.asarray(x0[:, 0, 0]), minlength=4) / len(keys)
+  np.testing.assert_allclose(freq, want / want.sum(), atol=0.03)
 
 
 def test_origin_unmasks_each_position_with_probability_one_minus_s_over_t():
