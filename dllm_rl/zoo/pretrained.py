@@ -40,7 +40,9 @@ def _forward(graphdef, params, ids_BL, valid_BL, *, block_size):
     blk_N = jnp.arange(n) // block_size
     mask_BNN = mask_BNN & (blk_N[None, :] <= blk_N[:, None])[None]
   positions_BL = jnp.broadcast_to(jnp.arange(n), (b, n))
-  return transformer.apply(graphdef, params, ids_BL, positions_BL, mask_BNN).astype(jnp.float32)
+  # apply_raw: Dream's official forward returns its rows unshifted (row i scores token i + 1).
+  return transformer.apply_raw(graphdef, params, ids_BL, positions_BL,
+                               mask_BNN).astype(jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True)
