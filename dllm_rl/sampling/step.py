@@ -29,8 +29,8 @@ def _propose(logits_BLV, key, temperature):
   return jnp.argmax(logits_BLV / temperature + g, axis=-1).astype(jnp.int32)
 
 
-def _rank(conf_BL):
-  """Rank of each position by descending confidence (0 = most confident)."""
+def descending_rank(conf_BL):
+  """Rank of each position by descending confidence (0 = most confident; ties: lower index first)."""
   order = jnp.argsort(-conf_BL, axis=-1, stable=True)
   return jnp.argsort(order, axis=-1, stable=True)
 
@@ -54,7 +54,7 @@ def select_commits(logits_BLV, open_BL, key, k_commit, *, cfg, mask_id: int):
   k_prop, k_conf = jax.random.split(key)
   x0_BL = _propose(logits_BLV, k_prop, cfg.temperature)
   conf_BL = jnp.where(open_BL, REMASKING.get(cfg.remasking)(logits_BLV, x0_BL, k_conf), _NEG)
-  rank_BL = _rank(conf_BL)
+  rank_BL = descending_rank(conf_BL)
   if cfg.threshold > 0:
     picked_BL = (conf_BL > cfg.threshold) | (rank_BL == 0)
   else:
