@@ -18,6 +18,11 @@ port does not support raises ``ValueError`` naming the keyword.
   :func:`dllm_rl.sampling.aligned_block.generate`; returns the whole canvas
   [B, ceil((P + gen_length) / block_length) · block_length] as the official
   code does. ``temperature=0`` means argmax (the official code would divide by 0).
+* ``dream`` — Dream ``diffusion_generate`` (max_length, max_new_tokens, steps, eps, alg,
+  alg_temp, temperature, top_p, top_k, mask_token_id; plus DARE / Fast-dLLM's block
+  variant: block_length, dual_cache, threshold) → :func:`dllm_rl.sampling.dream.dream_generate`;
+  returns [B, P + max_new_tokens]; token-exact with the fixture's runs
+  (tests/sampling/test_dream_sampler.py). ``block_length=None`` is the plain sampler.
 * ``llada2.0`` — inclusionAI LLaDA2.0 ``LLaDA2MoeModelLM.generate`` (temperature,
   block_length, steps, gen_length, top_p, top_k, eos_early_stop, minimal_topk,
   threshold, eos_id, mask_id) → the same aligned block generator; returns
@@ -42,7 +47,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from dllm_rl.sampling import aligned_block, sampler
+from dllm_rl.sampling import aligned_block, dream, sampler
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +176,24 @@ def _run_llada21(pre, prompt_BP, valid_BP, key, *, temperature, block_length, st
   return _fill_after_eos(x_BN[:, :p + int(gen_length)], p, eos_id)
 
 
+def _run_dream(pre, prompt_BP, valid_BP, key, *, max_length, max_new_tokens, steps, eps, alg,
+               alg_temp, temperature, top_p, top_k, mask_token_id, block_length, dual_cache,
+               threshold):
+  p = prompt_BP.shape[1]
+  if max_new_tokens is None:  # DreamGenerationConfig: max_length counts the prompt
+    max_new_tokens = int(max_length) - p
+    if max_new_tokens <= 0:
+      raise ValueError(f"dream generate: max_length={max_length} leaves no room after the "
+                       f"{p}-token prompt; pass max_new_tokens")
+  mask_id = pre.token_ids.mask_id if mask_token_id is None else int(mask_token_id)
+  return dream.dream_generate(
+      pre.graphdef, pre.params, prompt_BP, attention_mask_BP=valid_BP.astype("int32"),
+      mask_token_id=mask_id, max_new_tokens=int(max_new_tokens), steps=int(steps), eps=eps,
+      alg=alg, alg_temp=alg_temp, temperature=temperature, top_p=top_p, top_k=top_k,
+      block_length=block_length, dual_cache=dual_cache, threshold=threshold,
+      key=key).sequences_BN
+
+
 _LLADA2_KWARGS = dict(temperature=0.0, block_length=32, steps=32, gen_length=2048, top_p=None,
                       top_k=None, eos_early_stop=False, minimal_topk=1, threshold=0.95)
 
@@ -182,6 +205,10 @@ GENERATORS: dict[str, Generator] = {
         mask_id=None, gen_length=128, block_length=8, denoising_steps=8, temperature=1.0,
         top_k=0, top_p=1.0, remasking_strategy="low_confidence_dynamic",
         confidence_threshold=0.85, stopping_criteria_idx=None), _run_sdar),
+    "dream": Generator("DreamModel.diffusion_generate (Dream-org Dream-v0)", dict(
+        max_length=20, max_new_tokens=None, steps=512, eps=1e-3, alg="origin", alg_temp=None,
+        temperature=0.0, top_p=None, top_k=None, mask_token_id=None, block_length=None,
+        dual_cache=False, threshold=0.9), _run_dream),
     "llada2.0": Generator("LLaDA2MoeModelLM.generate (inclusionAI LLaDA2.0)", dict(
         _LLADA2_KWARGS, eos_id=None, mask_id=None), _run_llada2),
     "llada2.1": Generator("LLaDA2MoeModelLM.generate (inclusionAI LLaDA2.1)", dict(
@@ -191,7 +218,8 @@ GENERATORS: dict[str, Generator] = {
 
 # The generator a family's checkpoint gets unless ``load_pretrained(generator=...)`` says
 # otherwise (LLaDA2.0 and 2.1 share config.json: see :func:`default_generator`).
-FAMILY_GENERATORS = {"llada": ("llada",), "sdar": ("sdar",), "llada2": ("llada2.0", "llada2.1")}
+FAMILY_GENERATORS = {"llada": ("llada",), "sdar": ("sdar",), "dream": ("dream",),
+                     "llada2": ("llada2.0", "llada2.1")}
 
 
 def default_generator(family: str, folder_files: dict[str, str]) -> str:

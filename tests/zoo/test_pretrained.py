@@ -180,3 +180,33 @@ def test_a_mis_shaped_tensor_is_named_and_nothing_is_written(tmp_path):
 def test_a_generator_that_does_not_fit_the_family_is_refused_before_loading(tmp_path):
   with pytest.raises(ValueError, match=r"generator='llada2.1' does not fit a llada.*supported: llada"):
     dllm_rl.load_pretrained(LLADA, generator="llada2.1")
+
+
+DREAM = os.path.join(FIXTURES, "dream_tiny")
+
+
+@pytest.fixture(scope="module")
+def dream():
+  return dllm_rl.load_pretrained(DREAM)
+
+
+def test_dream_logits_are_the_raw_rows_and_ids_come_from_config(dream):
+  data = np.load(os.path.join(DREAM, "expected.npz"))
+  with jax.default_matmul_precision("highest"):
+    logits = dream.logits(data["input_ids"])
+  assert _max_diff(logits, data["logits"]) < 1e-4  # before the shift, as the official forward
+  assert _max_diff(logits, data["logits_shifted"]) > 0.5
+  assert (dream.family, dream.generator) == ("dream", "dream")
+  assert (dream.token_ids.mask_id, dream.token_ids.eos_id, dream.token_ids.pad_id) == (156, 150, 150)
+
+
+def test_dream_diffusion_generate_is_the_official_call(dream):
+  data = np.load(os.path.join(FIXTURES, "dream_tiny", "sampler_parity.npz"))
+  b, p, max_new_tokens, steps = (int(v) for v in data["c_params"])
+  with jax.default_matmul_precision("highest"):
+    out = dream.generate(data["c_prompt"], max_new_tokens=max_new_tokens, steps=steps,
+                         temperature=0.0, top_p=None, top_k=None, alg="entropy", alg_temp=0.0,
+                         mask_token_id=156)
+  np.testing.assert_array_equal(np.asarray(out), data["c_entropy_output"])
+  with pytest.raises(TypeError, match="accepted: max_length, max_new_tokens, steps"):
+    dream.generate(data["c_prompt"], gen_length=8)
