@@ -1,8 +1,10 @@
 """LLaDA-architecture transformer (NNX): tokens, positions, attention mask → logits.
 
 Pre-norm blocks ``h = x + attn(norm(x)); out = h + mlp(norm(h))``, RMSNorm,
-SwiGLU, half-split RoPE, optional GQA and qk-norm, no biases, optional tied
-embeddings. Attention is bidirectional unless a mask says otherwise, so
+SwiGLU, half-split RoPE (optionally partial, ``rotary_dim``), optional GQA and
+qk-norm, no biases, optional tied embeddings. With ``n_experts > 0`` the layers
+from ``first_dense_layers`` on replace the SwiGLU by a mixture of experts
+(dllm_rl.models.moe, LLaDA2 MoE). Attention is bidirectional unless a mask says otherwise, so
 block-causal variants reuse this module with a different mask. The model knows
 nothing about diffusion or RL.
 """
@@ -16,14 +18,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dllm_rl.models import layers, scan
+from dllm_rl.models import layers, moe, scan
 from dllm_rl.parallel.constraints import constrain_activations
 from dllm_rl.parallel.shard import param_shardings
 from dllm_rl.types import DTYPES
 
 # Every logical axis name a parameter may carry (the sharding rules table maps these).
-LOGICAL_AXES = ("vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "norm")
-
+LOGICAL_AXES = ("vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "norm", "expert")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +47,19 @@ class ModelConfig:
   param_dtype: Any = jnp.float32
   scan_layers: bool = False  # one lax.scan over the layers (dllm_rl.models.scan)
   remat: str = "none"        # rematerialisation policy per layer (scan.REMAT_POLICIES)
+  # Mixture of experts (dllm_rl.models.moe); n_experts = 0: every layer dense.
+  n_experts: int = 0
+  experts_per_token: int = 0   # top-k
+  moe_hidden: int = 0          # width of one routed expert
+  n_shared_experts: int = 0    # shared expert width = moe_hidden · n_shared_experts
+  n_expert_groups: int = 1     # contiguous expert groups for group-limited routing
+  topk_groups: int = 1         # groups kept per token
+  routed_scaling: float = 1.0  # combine weights sum to this
+  first_dense_layers: int = 0  # layers [0, first_dense_layers) keep the dense SwiGLU
+  rotary_dim: int = 0          # rotated dims per head (partial RoPE); 0 = head_dim
+
+  def is_moe_layer(self, i: int) -> bool:
+    return self.n_experts > 0 and i >= self.first_dense_layers
 
   @classmethod
   def from_config(cls, model_cfg: Mapping[str, Any]) -> "ModelConfig":
@@ -60,19 +74,57 @@ class ModelConfig:
         tie_embeddings=model_cfg["tie_embeddings"], qk_norm=model_cfg["qk_norm"],
         init_std=model_cfg["init_std"], dtype=DTYPES[model_cfg["dtype"]],
         param_dtype=DTYPES[model_cfg["param_dtype"]],
-        scan_layers=model_cfg.get("scan_layers", False), remat=model_cfg.get("remat", "none"))
+        scan_layers=model_cfg.get("scan_layers", False), remat=model_cfg.get("remat", "none"),
+        **{k: model_cfg.get(k, d) for k, d in _MOE_DEFAULTS.items()})
+
+
+_MOE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+                 if f.name in ("n_experts", "experts_per_token", "moe_hidden", "n_shared_experts",
+                               "n_expert_groups", "topk_groups", "routed_scaling",
+                               "first_dense_layers", "rotary_dim")}
+
+
+def check_moe(cfg: ModelConfig) -> None:
+  """Fail fast on MoE / partial-rotary settings the model cannot run."""
+  rd = cfg.rotary_dim or cfg.head_dim
+  if rd % 2 or not 0 < rd <= cfg.head_dim:
+    raise ValueError(f"rotary_dim={cfg.rotary_dim} must be even and in (0, head_dim={cfg.head_dim}]")
+  if not cfg.n_experts:
+    return
+  e, g = cfg.n_experts, cfg.n_expert_groups
+  problems = [msg for bad, msg in (
+      (not 0 < cfg.experts_per_token <= e, f"experts_per_token={cfg.experts_per_token} not in [1, {e}]"),
+      (cfg.moe_hidden <= 0, f"moe_hidden={cfg.moe_hidden} must be > 0"),
+      (g <= 0 or e % g, f"n_expert_groups={g} must divide n_experts={e}"),
+      (g > 0 and not 0 < cfg.topk_groups <= g, f"topk_groups={cfg.topk_groups} not in [1, {g}]"),
+      (g > 0 and cfg.topk_groups < g and e // max(g, 1) < 2,
+       "group-limited routing scores a group by its top 2: groups need >= 2 experts"),
+      (g > 0 and cfg.topk_groups * (e // max(g, 1)) < cfg.experts_per_token,
+       f"the {cfg.topk_groups} kept groups hold fewer than experts_per_token experts"),
+      (not 0 <= cfg.first_dense_layers <= cfg.n_layers,
+       f"first_dense_layers={cfg.first_dense_layers} not in [0, n_layers={cfg.n_layers}]"))
+      if bad]
+  if problems:
+    raise ValueError("model MoE config: " + "; ".join(problems))
 
 
 class Block(nnx.Module):
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, moe_layer: bool = False):
     self.attn_norm = layers.RMSNorm(cfg.d_model, eps=cfg.rms_norm_eps, param_dtype=cfg.param_dtype)
     self.attn = layers.Attention(cfg, rngs)
     self.mlp_norm = layers.RMSNorm(cfg.d_model, eps=cfg.rms_norm_eps, param_dtype=cfg.param_dtype)
-    self.mlp = layers.SwiGLU(cfg, rngs)
+    self.mlp = moe.MoE(cfg, rngs) if moe_layer else layers.SwiGLU(cfg, rngs)
 
   def __call__(self, x_BND, cos_BNQ, sin_BNQ, mask_BNM):
+    return self.forward(x_BND, cos_BNQ, sin_BNQ, mask_BNM)[0]
+
+  def forward(self, x_BND, cos_BNQ, sin_BNQ, mask_BNM):
+    """(output, the MoE routing or None for a dense layer)."""
     h = x_BND + self.attn(self.attn_norm(x_BND), cos_BNQ, sin_BNQ, mask_BNM)
-    return h + self.mlp(self.mlp_norm(h))
+    if isinstance(self.mlp, moe.MoE):
+      y, routing = self.mlp.forward(self.mlp_norm(h))
+      return h + y, routing
+    return h + self.mlp(self.mlp_norm(h)), None
 
   def cached(self, x_BTD, cos_BTQ, sin_BTQ, k_BMJQ, v_BMJQ, offset, mask_BTM):
     """``__call__`` for T new tokens against this layer's KV cache."""
@@ -90,11 +142,12 @@ class Transformer(nnx.Module):
       raise ValueError(f"n_heads={cfg.n_heads} is not a multiple of n_kv_heads={cfg.n_kv_heads}")
     if cfg.head_dim % 2:
       raise ValueError(f"head_dim={cfg.head_dim} must be even for RoPE")
+    check_moe(cfg)
     self.cfg = cfg
     self.embed = nnx.Param(
         cfg.init_std * jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model), cfg.param_dtype),
         logical_axes=("vocab", "embed"))
-    self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
+    self.blocks = nnx.List([Block(cfg, rngs, cfg.is_moe_layer(i)) for i in range(cfg.n_layers)])
     self.final_norm = layers.RMSNorm(cfg.d_model, eps=cfg.rms_norm_eps, param_dtype=cfg.param_dtype)
     if not cfg.tie_embeddings:
       self.lm_head = nnx.Param(
@@ -114,13 +167,33 @@ class Transformer(nnx.Module):
     (``__call__`` = hidden @ head_weight). Callers that score a few rows apply the
     head to those rows only (dllm_rl.models.logprob)."""
     cfg = self.cfg
-    x = jnp.take(self.embed[...], tokens_BN, axis=0).astype(cfg.dtype)
-    cos, sin = layers.rope_tables(positions_BN, cfg.head_dim, cfg.rope_theta)
-    if mask_BNM is not None and not isinstance(mask_BNM, layers.StaircaseSpec):
-      mask_BNM = jnp.broadcast_to(mask_BNM, (tokens_BN.shape[0], tokens_BN.shape[1], mask_BNM.shape[-1]))
+    x, cos, sin, mask_BNM = self._inputs(tokens_BN, positions_BN, mask_BNM)
     x = scan.run_blocks(self.blocks, x, cos, sin, mask_BNM, scan_layers=cfg.scan_layers,
                         remat=cfg.remat, dtype=cfg.dtype)
     return self.final_norm(x)
+
+  def _inputs(self, tokens_BN, positions_BN, mask_BNM):
+    """(embeddings in ``dtype``, RoPE cos/sin tables, the mask broadcast to [B, N, M])."""
+    cfg = self.cfg
+    x = jnp.take(self.embed[...], tokens_BN, axis=0).astype(cfg.dtype)
+    cos, sin = layers.rope_tables(positions_BN, cfg.rotary_dim or cfg.head_dim, cfg.rope_theta)
+    if mask_BNM is not None and not isinstance(mask_BNM, layers.StaircaseSpec):
+      mask_BNM = jnp.broadcast_to(mask_BNM, (tokens_BN.shape[0], tokens_BN.shape[1], mask_BNM.shape[-1]))
+    return x, cos, sin, mask_BNM
+
+  def routing(self, tokens_BN: jax.Array, positions_BN: jax.Array,
+              mask_BNM: jax.Array | None = None) -> tuple[jax.Array, list[moe.Routing]]:
+    """(logits_BNV, the router decisions of every MoE layer in order) for the forward
+    ``__call__`` runs (unrolled layers, same values): what load statistics
+    (``moe.load_stats``) and routing tests read."""
+    x, cos, sin, mask_BNM = self._inputs(tokens_BN, positions_BN, mask_BNM)
+    routings = []
+    for block in self.blocks:
+      x, r = block.forward(x, cos, sin, mask_BNM)
+      x = constrain_activations(x)
+      if r is not None:
+        routings.append(r)
+    return self.logits(self.final_norm(x)), routings
 
   def head_weight(self) -> jax.Array:
     """The LM head [D, V] in ``param_dtype`` (the embedding's transpose when tied)."""
@@ -154,7 +227,6 @@ class Transformer(nnx.Module):
     [start, start + length) (its keys/values still come from every row), and
     the logits are those rows' [B, length, V].
     """
-    cfg = self.cfg
     b, t = tokens_BT.shape
     m = cache_valid_BM.shape[1]
     if new_valid_BT is None:
@@ -165,8 +237,7 @@ class Transformer(nnx.Module):
     placed_BTM = jax.lax.dynamic_update_slice_in_dim(jnp.zeros((b, t, m), bool), new_BTT,
                                                      offset, axis=2)
     mask_BTM = cache_valid_BM[:, None, :] | placed_BTM
-    x = jnp.take(self.embed[...], tokens_BT, axis=0).astype(cfg.dtype)
-    cos, sin = layers.rope_tables(positions_BT, cfg.head_dim, cfg.rope_theta)
+    x, cos, sin, _ = self._inputs(tokens_BT, positions_BT, None)
     ks, vs = [], []
     last = len(self.blocks) - 1
     for i, (block, k_BMJQ, v_BMJQ) in enumerate(zip(self.blocks, cache.k_BMJQ, cache.v_BMJQ)):
@@ -218,6 +289,12 @@ def abstract_model(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
 def apply(graphdef: nnx.GraphDef, params: nnx.State, tokens_BN, positions_BN, mask_BNM=None):
   """Pure forward: merge the params into the graph and run it."""
   return nnx.merge(graphdef, params)(tokens_BN, positions_BN, mask_BNM)
+
+
+def apply_routing(graphdef: nnx.GraphDef, params: nnx.State, tokens_BN, positions_BN,
+                  mask_BNM=None):
+  """Pure ``Transformer.routing``: (logits_BNV, [moe.Routing per MoE layer])."""
+  return nnx.merge(graphdef, params).routing(tokens_BN, positions_BN, mask_BNM)
 
 
 def apply_hidden(graphdef: nnx.GraphDef, params: nnx.State, tokens_BN, positions_BN,
