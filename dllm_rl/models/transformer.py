@@ -84,28 +84,41 @@ _MOE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
                                "first_dense_layers", "rotary_dim")}
 
 
+def moe_problems(cfg, head_dim: int) -> list[tuple[str, str]]:
+  """(field, message) for MoE / partial-rotary settings the model cannot run. ``cfg``: a
+  ModelConfig or the ``config.model`` section (same field names)."""
+  rd = cfg.rotary_dim or head_dim
+  out = []
+  if cfg.rotary_dim < 0 or rd % 2 or rd > head_dim:
+    out.append(("rotary_dim", f"{cfg.rotary_dim} must be even and in [0, head_dim={head_dim}]"
+                              " (0 = head_dim)"))
+  if cfg.n_experts < 0:
+    out.append(("n_experts", f"must be >= 0 (0 = dense), got {cfg.n_experts}"))
+  if cfg.n_experts <= 0:
+    return out
+  e, g, k = cfg.n_experts, cfg.n_expert_groups, cfg.experts_per_token
+  per_group = e // g if g > 0 and e % g == 0 else 0
+  checks = (
+      ("experts_per_token", not 0 < k <= e, f"{k} must be in [1, n_experts={e}]"),
+      ("moe_hidden", cfg.moe_hidden <= 0, f"must be > 0, got {cfg.moe_hidden}"),
+      ("n_shared_experts", cfg.n_shared_experts < 0, f"must be >= 0, got {cfg.n_shared_experts}"),
+      ("n_expert_groups", not per_group, f"{g} must divide n_experts={e}"),
+      ("topk_groups", per_group and not 0 < cfg.topk_groups <= g,
+       f"{cfg.topk_groups} must be in [1, n_expert_groups={g}]"),
+      ("topk_groups", per_group and cfg.topk_groups < g and per_group < 2,
+       "group-limited routing scores a group by its top 2 experts: groups need >= 2"),
+      ("topk_groups", per_group and cfg.topk_groups * per_group < k,
+       f"the kept groups hold {cfg.topk_groups * per_group} < experts_per_token={k} experts"),
+      ("first_dense_layers", not 0 <= cfg.first_dense_layers <= cfg.n_layers,
+       f"{cfg.first_dense_layers} must be in [0, n_layers={cfg.n_layers}]"))
+  return out + [(field, msg) for field, bad, msg in checks if bad]
+
+
 def check_moe(cfg: ModelConfig) -> None:
-  """Fail fast on MoE / partial-rotary settings the model cannot run."""
-  rd = cfg.rotary_dim or cfg.head_dim
-  if rd % 2 or not 0 < rd <= cfg.head_dim:
-    raise ValueError(f"rotary_dim={cfg.rotary_dim} must be even and in (0, head_dim={cfg.head_dim}]")
-  if not cfg.n_experts:
-    return
-  e, g = cfg.n_experts, cfg.n_expert_groups
-  problems = [msg for bad, msg in (
-      (not 0 < cfg.experts_per_token <= e, f"experts_per_token={cfg.experts_per_token} not in [1, {e}]"),
-      (cfg.moe_hidden <= 0, f"moe_hidden={cfg.moe_hidden} must be > 0"),
-      (g <= 0 or e % g, f"n_expert_groups={g} must divide n_experts={e}"),
-      (g > 0 and not 0 < cfg.topk_groups <= g, f"topk_groups={cfg.topk_groups} not in [1, {g}]"),
-      (g > 0 and cfg.topk_groups < g and e // max(g, 1) < 2,
-       "group-limited routing scores a group by its top 2: groups need >= 2 experts"),
-      (g > 0 and cfg.topk_groups * (e // max(g, 1)) < cfg.experts_per_token,
-       f"the {cfg.topk_groups} kept groups hold fewer than experts_per_token experts"),
-      (not 0 <= cfg.first_dense_layers <= cfg.n_layers,
-       f"first_dense_layers={cfg.first_dense_layers} not in [0, n_layers={cfg.n_layers}]"))
-      if bad]
+  """Fail fast (ValueError) on MoE / partial-rotary settings the model cannot run."""
+  problems = moe_problems(cfg, cfg.head_dim)
   if problems:
-    raise ValueError("model MoE config: " + "; ".join(problems))
+    raise ValueError("model config: " + "; ".join(f"{f}: {m}" for f, m in problems))
 
 
 class Block(nnx.Module):
