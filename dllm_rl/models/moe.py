@@ -16,7 +16,10 @@ semantics"), on the normed hidden state n of each token:
 Dispatch is dropless and touches only the chosen experts: the (token, slot) pairs are
 sorted by expert and the three expert matmuls run as grouped matmuls
 (``jax.lax.ragged_dot``) over the sorted rows, then the rows go back to their tokens
-and are combined with their weights in float32. On a mesh the dispatch runs per batch
+and are combined with their weights in float32. On TPU and GPU ``ragged_dot`` lowers to
+XLA's ragged-dot instruction (only the routed rows are multiplied); on CPU jax lowers it
+to its reference, a dense dot over every group with masked rows (E× the FLOPs: tests
+only). On a mesh the dispatch runs per batch
 shard inside ``shard_map`` (tokens never leave their device; the expert weights are
 gathered like FSDP weights, and their hidden width stays split over ``tensor`` with one
 ``psum`` of the combined output).
@@ -37,6 +40,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax import custom_batching
 from jax.sharding import PartitionSpec as P
 
 from dllm_rl.models import layers
@@ -74,7 +78,7 @@ def route(x_TD: jax.Array, w_gate_DE: jax.Array, bias_E: jax.Array, *, top_k: in
   return Routing(idx_TK.astype(jnp.int32), weight_TK * scaling, logits_TE)
 
 
-def _experts_local(x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD):
+def _experts_impl(x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD):
   """Σ_k w_k · expert_{idx_k}(x) for local tokens: sort the T·K (token, slot) rows by
   expert, three grouped matmuls over contiguous expert groups, unsort, combine in f32."""
   t, k = idx_TK.shape
@@ -87,6 +91,61 @@ def _experts_local(x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD):
   y_RD = jax.lax.ragged_dot(jax.nn.silu(gate_RF) * up_RF, down_EFD, sizes_E)
   y_TKD = jnp.zeros_like(y_RD).at[order_R].set(y_RD).reshape(t, k, -1)
   return jnp.einsum("tkd,tk->td", y_TKD.astype(jnp.float32), weight_TK, precision=_HIGHEST)
+
+
+# ``ragged_dot`` cannot be vmapped with unbatched weights (the samplers vmap the model over
+# the G completions of a prompt), so the dispatch carries its own rules: under vmap the
+# forward folds the mapped axis into the tokens (it is token-wise); the backward (a
+# custom VJP, which recomputes the expert forward) maps over it. ``custom_vmap`` has no
+# autodiff of its own, hence the custom VJP around both.
+
+def _batched(axis_size, in_batched, args):
+  return [a if b else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, b in zip(args, in_batched)]
+
+
+@custom_batching.custom_vmap
+def _experts_fwd(x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD):
+  return _experts_impl(x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD)
+
+
+@_experts_fwd.def_vmap
+def _experts_fwd_vmap(axis_size, in_batched, x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD):
+  tokens = _batched(axis_size, in_batched[:3], (x_TD, idx_TK, weight_TK))
+  if any(in_batched[3:]):  # per-lane experts: one lane at a time
+    args = tokens + _batched(axis_size, in_batched[3:], (gate_EDF, up_EDF, down_EFD))
+    return jax.lax.map(lambda a: _experts_fwd(*a), tuple(args)), True
+  x, idx, w = (a.reshape(-1, *a.shape[2:]) for a in tokens)
+  y = _experts_fwd(x, idx, w, gate_EDF, up_EDF, down_EFD)
+  return y.reshape(axis_size, -1, y.shape[-1]), True
+
+
+@custom_batching.custom_vmap
+def _experts_bwd(x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD, ct_TD):
+  fn = lambda x, w, g, u, d: _experts_impl(x, idx_TK, w, g, u, d)
+  return jax.vjp(fn, x_TD, weight_TK, gate_EDF, up_EDF, down_EFD)[1](ct_TD)
+
+
+@_experts_bwd.def_vmap
+def _experts_bwd_vmap(axis_size, in_batched, *args):
+  out = jax.lax.map(lambda a: _experts_bwd(*a), tuple(_batched(axis_size, in_batched, args)))
+  return out, (True,) * 5
+
+
+@jax.custom_vjp
+def _experts(x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD):
+  return _experts_fwd(x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD)
+
+
+def _experts_vjp_fwd(*args):
+  return _experts_fwd(*args), args
+
+
+def _experts_vjp_bwd(res, ct_TD):
+  dx, dw, dg, du, dd = _experts_bwd(*res, ct_TD)
+  return dx, None, dw, dg, du, dd
+
+
+_experts.defvjp(_experts_vjp_fwd, _experts_vjp_bwd)
 
 
 def _mesh_axes(b: int, f: int):
@@ -110,8 +169,8 @@ def routed_experts(x_BND, idx_BNK, weight_BNK, gate_EDF, up_EDF, down_EFD) -> ja
 
   def local(x, idx, w, g, u, dn):
     bl = x.shape[0]
-    y = _experts_local(x.reshape(bl * n, d), idx.reshape(bl * n, k), w.reshape(bl * n, k),
-                       g, u, dn).reshape(bl, n, d)
+    y = _experts(x.reshape(bl * n, d), idx.reshape(bl * n, k), w.reshape(bl * n, k),
+                 g, u, dn).reshape(bl, n, d)
     return y if tensor is None else jax.lax.psum(y, tensor)
 
   args = (x_BND, idx_BNK, weight_BNK, gate_EDF, up_EDF, down_EFD)

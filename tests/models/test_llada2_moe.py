@@ -322,3 +322,36 @@ def test_partial_rotary_leaves_the_tail_unrotated():
   np.testing.assert_array_equal(out[..., 8:], x[..., 8:])
   np.testing.assert_allclose(out[:, 0], x[:, 0], atol=1e-7)  # position 0: no rotation
   assert not np.allclose(out[:, 1, :, :8], x[:, 1, :, :8])
+
+
+def test_flops_count_the_active_experts_only():
+  from dllm_rl.train import flops
+  cfg = tiny_model(**MOE)
+  attn = 16 * (2 + 2 * 1) * 8 + 2 * 8 * 16  # q, k, v (GQA, 1 kv head), o
+  assert flops.layer_matmul_params(cfg, 0) == attn + 3 * 16 * 32  # dense first layer
+  assert flops.layer_matmul_params(cfg, 1) == attn + 16 * 8 + 3 * 16 * 8 * (2 + 1)
+  per_layer = lambda i: 2 * 5 * flops.layer_matmul_params(cfg, i) + 4 * 5 * 5 * 2 * 8
+  assert flops.forward_flops(cfg, 5) == per_layer(0) + per_layer(1) + 2 * 16 * 13 * 5
+
+
+def test_dispatch_under_vmap_and_its_gradients():
+  """The samplers vmap the model over G completions: the dispatch folds the mapped axis
+  into its tokens; gradients through the vmapped dispatch equal the per-lane loop."""
+  k = jax.random.split(jax.random.key(1), 6)
+  g, t, d, e, f, top = 3, 10, 8, 4, 6, 2
+  x = jax.random.normal(k[0], (g, t, d))
+  ws = [jax.random.normal(k[i], s) * 0.3 for i, s in
+        ((1, (e, d, f)), (2, (e, d, f)), (3, (e, f, d)))]
+  idx = jax.random.randint(k[4], (g, t, top), 0, e)
+  w = jax.random.uniform(k[5], (g, t, top))
+  ragged = lambda x, i, w, *ws: moe.routed_experts(x[None], i[None], w[None], *ws)[0]
+  loss = lambda fn, x, w, *ws: jnp.sum(jnp.sin(fn(x, idx, w, *ws)))
+  vmapped = lambda x, i, w, *ws: jax.vmap(ragged, (0, 0, 0, None, None, None))(x, i, w, *ws)
+  looped = lambda x, i, w, *ws: jnp.stack([ragged(x[j], i[j], w[j], *ws) for j in range(g)])
+  with jax.default_matmul_precision("highest"):
+    got = jax.jit(jax.value_and_grad(lambda *a: loss(vmapped, *a), argnums=(0, 1, 2, 3, 4)))(
+        x, w, *ws)
+    want = jax.value_and_grad(lambda *a: loss(looped, *a), argnums=(0, 1, 2, 3, 4))(x, w, *ws)
+  np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+  for a, b in zip(got[1], want[1]):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
