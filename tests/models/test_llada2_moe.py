@@ -236,13 +236,13 @@ def test_kv_cache_forward_equals_the_full_forward(tiny, expected):
   tokens, positions, _ = _inputs(expected)
   cache = T.init_kv_cache(tiny.model_cfg, 3, 32)
   blocks = jnp.arange(16) // 4
+  run = jax.jit(T.apply_cached, static_argnums=0, static_argnames="write")
   with jax.default_matmul_precision("highest"):
-    _, cache = T.apply_cached(tiny.graphdef, tiny.params, tokens[:, :16], positions[:, :16], cache,
-                              jnp.zeros((3, 32), bool), 0,
-                              new_mask_TT=blocks[None, :] <= blocks[:, None], write=True)
-    logits, _ = T.apply_cached(tiny.graphdef, tiny.params, tokens[:, 16:20], positions[:, 16:20],
-                               cache, jnp.broadcast_to(jnp.arange(32) < 16, (3, 32)), 16,
-                               write=False)
+    _, cache = run(tiny.graphdef, tiny.params, tokens[:, :16], positions[:, :16], cache,
+                   jnp.zeros((3, 32), bool), 0,
+                   new_mask_TT=blocks[None, :] <= blocks[:, None], write=True)
+    logits, _ = run(tiny.graphdef, tiny.params, tokens[:, 16:20], positions[:, 16:20], cache,
+                    jnp.broadcast_to(jnp.arange(32) < 16, (3, 32)), 16, write=False)
   np.testing.assert_allclose(logits, expected["logits"][:, 16:20], atol=LOGIT_TOL)
 
 
@@ -355,3 +355,8 @@ def test_dispatch_under_vmap_and_its_gradients():
   np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
   for a, b in zip(got[1], want[1]):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_convert_cli_round_trip_through_orbax(tmp_path):
+  """`convert roundtrip`: import (Orbax, the frozen routing bias included) → export → equal bytes."""
+  assert convert.main(["roundtrip", "--hf_dir", TINY, "--tmp", str(tmp_path)]) == 0
