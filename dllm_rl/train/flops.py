@@ -13,8 +13,9 @@ with d = d_model, H / K query / key-value heads, Q = head_dim, F = mlp_hidden,
 V = vocab. A mixture-of-experts layer (``model.n_experts`` > 0, from layer
 ``first_dense_layers`` on) counts its *active* weights only: the router d·E plus
 3 d F_e (k + s) for the k routed and s shared experts of width F_e = ``moe_hidden``
-(the grouped-matmul dispatch computes exactly the chosen experts). A training step costs 3 × forward (forward + backward, whose two
-matmuls per forward matmul give the 2×: Kaplan et al. 2020, §2.1).
+(the grouped-matmul dispatch computes exactly the chosen experts). A training step
+costs 3 × forward (forward + backward, whose two matmuls per forward matmul give the
+2×: Kaplan et al. 2020, §2.1).
 
 Attention is counted dense over every key the computation attends (masked keys
 included: a masked dense softmax computes them). The block-diffusion layout
