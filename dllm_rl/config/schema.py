@@ -52,6 +52,16 @@ def base_config() -> ml_collections.ConfigDict:
   # its own VJP, this many rows of the sequence at a time (one [batch, chunk, vocab] float32
   # slab live; dllm_rl/models/logprob.py). 0 = the whole completion in one slab.
   m.logits_chunk = 0
+  # --- mixture of experts (LLaDA2 MoE; dllm_rl/models/moe.py). n_experts = 0: dense layers.
+  m.n_experts = 0
+  m.experts_per_token = 0   # routed experts per token (top-k)
+  m.moe_hidden = 0          # width of one expert's SwiGLU
+  m.n_shared_experts = 0    # always-on shared expert of width moe_hidden * n_shared_experts
+  m.n_expert_groups = 1     # contiguous expert groups; a token keeps its topk_groups best
+  m.topk_groups = 1
+  m.routed_scaling = 1.0    # the routed combine weights sum to this
+  m.first_dense_layers = 0  # layers before this one keep the dense SwiGLU (mlp_hidden)
+  m.rotary_dim = 0          # partial RoPE: dims rotated per head (0 = head_dim)
 
   c.task = t = ml_collections.ConfigDict()
   t.name = "arithmetic"   # a name in dllm_rl.tasks.TASKS

@@ -1,4 +1,4 @@
-"""HF checkpoint conversion CLI (LLaDA, SDAR, Dream): import, export, round trip.
+"""HF checkpoint conversion CLI (LLaDA, SDAR, Dream, LLaDA2 MoE): import, export, round trip.
 
     python -m dllm_rl.convert import    --hf_dir HF_DIR --out CKPT_DIR [--dtype float32]
     python -m dllm_rl.convert export    --ckpt CKPT_DIR --hf_dir OUT_DIR [--dtype bfloat16]
@@ -7,7 +7,7 @@
 
 An imported checkpoint (``CKPT_DIR``) holds:
 
-* ``model.json`` — ``{"format": "dllm_rl.hf_import/1", "family": "llada"|"sdar"|"dream",
+* ``model.json`` — ``{"format": "dllm_rl.hf_import/1", "family": "llada"|"sdar"|"dream"|"llada2",
   "model_config": {ModelConfig fields; dtypes as names}, "token_ids": {TokenIds
   fields}, "hf_config": the original config.json, "source": HF_DIR}``;
 * ``params/0/`` — the ``nnx.State`` of parameters, saved with

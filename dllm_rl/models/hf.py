@@ -10,6 +10,9 @@ Supported families (detected from ``config.json`` ``architectures`` / ``model_ty
 * ``"dream"`` — ``DreamModel`` (Dream-org Dream-v0 7B, DiffuCoder; Qwen2-style
   names) with q/k/v biases, bidirectional, and the logit shift (raw row i
   scores token i + 1; ``ModelConfig.logit_shift``, dllm_rl.models.transformer).
+* ``"llada2"`` — ``LLaDA2MoeModelLM`` (inclusionAI LLaDA2.0 / 2.1-mini, model_type
+  ``llada2_moe``): qk-norm, partial RoPE, fused q|k|v, dense first layers then
+  mixture-of-experts layers (dllm_rl.models.moe); block-causal mask from the caller.
 
 Layouts: HF stores torch ``(out, in)`` matrices. The framework stores
 ``x @ W`` kernels with heads split out: q ``[D, H, Q]``, k/v ``[D, K, Q]``,
@@ -18,7 +21,11 @@ o ``[H, Q, D]``, gate/up ``[D, F]``, down ``[F, D]``, lm_head ``[D, V]``, q bias
 (embeddings, norm scales), ``in`` (HF ``(prod(rest), D0)`` →
 ``W.T.reshape(D0, *rest)``), ``out`` (HF ``(Dlast, prod(rest))`` →
 ``W.T.reshape(*rest, Dlast)``) and ``flat`` (HF ``(prod(shape),)`` →
-``b.reshape(shape)``: the per-head biases).
+``b.reshape(shape)``: the per-head biases). Usually one HF tensor
+is one parameter; a :class:`Part` list also describes an HF tensor that is the row
+concatenation of several parameters (LLaDA2's fused ``query_key_value`` = q | k | v)
+and one expert ``[e]`` of a stacked ``[E, ...]`` parameter (LLaDA2's per-expert
+tensors); the same table drives import and export.
 
 Loading streams tensor by tensor: every name and shape is checked from the
 safetensors headers first, then each tensor is read, viewed in the framework
@@ -32,12 +39,13 @@ reproduces the original file.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import struct
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import ml_dtypes
@@ -45,18 +53,20 @@ import numpy as np
 from flax import nnx
 from safetensors import safe_open
 
+from dllm_rl.models import hf_llada2
+from dllm_rl.models.hf_spec import (COPY, FLAT, IN, OUT, MISSING as _MISSING, Family, Part,
+                                    TokenIds,
+                                    check_options as _check_options, first as _first, get as _get)
 from dllm_rl.models.transformer import ModelConfig, abstract_model
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.parallel.shard import param_shardings
 from dllm_rl.types import DTYPES
 
-COPY, IN, OUT, FLAT = "copy", "in", "out", "flat"
 # safetensors dtype code → numpy dtype; the order is safetensors' own (files are
 # sorted by dtype, highest first, then by name).
 ST_DTYPES = {"F16": np.float16, "BF16": ml_dtypes.bfloat16, "F32": np.float32, "F64": np.float64}
 _ST_RANK = {code: i for i, code in enumerate(ST_DTYPES)}
 _ST_CODE = {np.dtype(v).name: k for k, v in ST_DTYPES.items()}
-_MISSING = object()
 
 
 class LoadedModel(NamedTuple):
@@ -66,54 +76,7 @@ class LoadedModel(NamedTuple):
   token_ids: "TokenIds"
   graphdef: Any
   params: Any          # nnx.State placed on its shardings
-  family: str          # "llada" | "sdar" | "dream"
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenIds:
-  """Special token ids read from the checkpoint's config.json (None = absent)."""
-
-  mask_id: int
-  eos_id: int | None
-  pad_id: int | None
-  bos_id: int | None
-  block_size: int | None  # SDAR decoding block length; None for LLaDA and Dream
-
-
-@dataclasses.dataclass(frozen=True)
-class Family:
-  name: str
-  architecture: str
-  model_type: str
-  parse: Callable[[dict], tuple[dict, TokenIds]]            # config.json → ModelConfig kwargs
-  to_config: Callable[[ModelConfig, TokenIds], dict]         # inverse (a fresh config.json)
-  tensors: Callable[[ModelConfig], list[tuple[str, tuple, str]]]  # (HF name, param path, kind)
-
-
-# ----------------------------------------------------------------------------- config.json
-
-def _get(c: dict, key: str, default: Any = _MISSING) -> Any:
-  value = c.get(key, default)
-  if value is _MISSING:
-    raise ValueError(f"config.json: required key {key!r} is missing")
-  return value
-
-
-def _check_options(c: dict, family: str, allowed: dict[str, tuple[tuple, Any]]) -> None:
-  """``allowed``: key → (supported values, value assumed when the key is absent)."""
-  for key, (ok, default) in allowed.items():
-    value = c.get(key, default)
-    if value not in ok:
-      shown = "absent (reference default differs)" if value is _MISSING else repr(value)
-      raise ValueError(f"config.json: {family} option {key!r} = {shown} is not supported "
-                       f"(supported: {', '.join(map(repr, ok))})")
-
-
-def _first(value: Any) -> int | None:
-  """An id that HF may give as a list (several EOS ids): the first one."""
-  if isinstance(value, (list, tuple)):
-    return int(value[0]) if value else None
-  return None if value is None else int(value)
+  family: str          # "llada" | "sdar" | "dream" | "llada2"
 
 
 _LLADA_OPTIONS = {
@@ -330,6 +293,7 @@ FAMILIES: dict[str, Family] = {
     "llada": Family("llada", "LLaDAModelLM", "llada", _llada_parse, _llada_config, _llada_tensors),
     "sdar": Family("sdar", "SDARForCausalLM", "sdar", _sdar_parse, _sdar_config, _sdar_tensors),
     "dream": Family("dream", "DreamModel", "Dream", _dream_parse, _dream_config, _dream_tensors),
+    "llada2": hf_llada2.FAMILY,
 }
 
 
@@ -393,6 +357,45 @@ def to_hf(x: np.ndarray, kind: str) -> np.ndarray:
   return x
 
 
+class Tensor(NamedTuple):
+  """One HF tensor of a model: its parts (framework shapes), rows and HF shape."""
+
+  name: str
+  parts: tuple[Part, ...]
+  part_shapes: tuple[tuple[int, ...], ...]  # framework shape of each part
+  rows: tuple[tuple[int, int], ...]         # HF rows [start, stop) of each part
+  shape: tuple[int, ...]                    # HF shape
+
+
+def tensor_table(family: str, cfg: ModelConfig, shapes: dict) -> list[Tensor]:
+  """The family's tensors with their shapes (``shapes``: pure dict of parameter shapes).
+  Checks that every parameter (each expert of a stacked one) is covered."""
+  table, seen = [], set()
+  for entry in FAMILIES[family].tensors(cfg):
+    name, parts = (entry[0], (Part(entry[1], entry[2]),)) if len(entry) == 3 else entry
+    part_shapes, rows, start = [], [], 0
+    for part in parts:
+      shape = tuple(_lookup(shapes, part.path).shape)
+      part_shapes.append(shape if part.index is None else shape[1:])
+      hs = hf_shape(part_shapes[-1], part.kind)
+      rows.append((start, start + hs[0]))
+      start += hs[0]
+      seen.add((part.path, part.index))
+    table.append(Tensor(name, tuple(parts), tuple(part_shapes), tuple(rows), (start, *hs[1:])))
+  for path, shape in _leaf_paths(shapes):
+    if (path, None) not in seen and not all((path, e) in seen for e in range(shape[0])):
+      raise ValueError(f"{family}: no HF tensor holds parameter {'/'.join(map(str, path))}")
+  return table
+
+
+def _leaf_paths(tree: Any, prefix: tuple = ()):
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      yield from _leaf_paths(v, prefix + (k,))
+    else:
+      yield prefix + (k,), tuple(v.shape)
+
+
 def _lookup(tree: Any, path: tuple) -> Any:
   for p in path:
     tree = tree[p]
@@ -424,11 +427,10 @@ def tensor_index(ckpt_dir: str) -> tuple[dict[str, str], str]:
                           "model.safetensors.index.json found")
 
 
-def _check_tensors(files: dict[str, str], source: str, family: str,
-                   plan: list[tuple[str, tuple, str, tuple]]) -> None:
+def _check_tensors(files: dict[str, str], source: str, family: str, plan: list[Tensor]) -> None:
   """Names, shapes and dtypes from the headers, before any tensor is read."""
-  wanted = {name for name, *_ in plan}
-  for name, *_ in plan:
+  wanted = {t.name for t in plan}
+  for name in wanted:
     if name not in files:
       raise ValueError(f"tensor {name!r} is missing from {source}")
   extra = sorted(set(files) - wanted)
@@ -437,17 +439,17 @@ def _check_tensors(files: dict[str, str], source: str, family: str,
                      f"with this config.json does not use: {extra[:10]}")
   by_file: dict[str, list] = {}
   for entry in plan:
-    by_file.setdefault(files[entry[0]], []).append(entry)
+    by_file.setdefault(files[entry.name], []).append(entry)
   for path, entries in by_file.items():
     if not os.path.isfile(path):
       raise FileNotFoundError(f"{path} (listed in {source}) not found")
     with safe_open(path, framework="numpy") as f:
       present = set(f.keys())
-      for name, _, kind, fw_shape in entries:
+      for name, *_, want in entries:
         if name not in present:
           raise ValueError(f"tensor {name!r} is missing from {path} (listed in {source})")
         sl = f.get_slice(name)
-        shape, want = tuple(sl.get_shape()), hf_shape(fw_shape, kind)
+        shape = tuple(sl.get_shape())
         if shape != want:
           raise ValueError(f"tensor {name!r} in {path} has shape {shape}, expected {want} "
                            "from config.json")
@@ -456,10 +458,41 @@ def _check_tensors(files: dict[str, str], source: str, family: str,
                            f"supported: {sorted(ST_DTYPES)}")
 
 
-def _place(w: np.ndarray, fw_shape, kind, sharding, dtype) -> jax.Array:
-  view = to_framework(w, fw_shape, kind)
+def _place(view: np.ndarray, sharding, dtype) -> jax.Array:
+  """A host array (or view) onto its sharding, each device copying only its slice."""
   return jax.make_array_from_callback(
-      tuple(fw_shape), sharding, lambda idx: np.ascontiguousarray(view[idx], dtype=dtype))
+      view.shape, sharding, lambda idx: np.ascontiguousarray(view[idx], dtype=dtype))
+
+
+def _load_params(plan: list[Tensor], files: dict[str, str], values: dict, shardings: dict,
+                 np_dtype) -> None:
+  """Fills ``values`` (pure dict of shapes) with placed arrays, one parameter at a time:
+  a parameter from one HF tensor (or rows of it) is placed from a view of it, a stacked
+  one is assembled on the host from its per-expert tensors first."""
+  sources: dict[tuple, list] = {}
+  for t in plan:
+    for part, shape, rows in zip(t.parts, t.part_shapes, t.rows):
+      sources.setdefault(part.path, []).append((t.name, part, shape, rows))
+  with contextlib.ExitStack() as stack:
+    handles = {f: stack.enter_context(safe_open(f, framework="numpy"))
+               for f in dict.fromkeys(files[t.name] for t in plan)}
+    last: list = [None, None]  # the last tensor read (q, k and v share one)
+
+    def read(name):
+      if last[0] != name:
+        last[:] = [name, handles[files[name]].get_tensor(name)]
+      return last[1]
+
+    for path, srcs in sources.items():
+      views = [(part.index, to_framework(read(name)[r0:r1], shape, part.kind))
+               for name, part, shape, (r0, r1) in srcs]
+      if len(views) == 1 and views[0][0] is None:
+        host = views[0][1]
+      else:  # a stacked [E, ...] parameter
+        host = np.empty((len(views), *views[0][1].shape), np_dtype)
+        for e, view in views:
+          host[e] = view
+      _lookup(values, path[:-1])[path[-1]] = _place(host, _lookup(shardings, path), np_dtype)
 
 
 def load_checkpoint(ckpt_dir: str, *, mesh: jax.sharding.Mesh | None = None,
@@ -476,18 +509,11 @@ def load_checkpoint(ckpt_dir: str, *, mesh: jax.sharding.Mesh | None = None,
   mesh = mesh if mesh is not None else make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
   graphdef, abstract = abstract_model(cfg)
   shapes, shardings = nnx.to_pure_dict(abstract), nnx.to_pure_dict(param_shardings(abstract, mesh))
-  plan = [(name, path, kind, tuple(_lookup(shapes, path).shape))
-          for name, path, kind in FAMILIES[family].tensors(cfg)]
+  plan = tensor_table(family, cfg, shapes)
   files, source = tensor_index(ckpt_dir)
   _check_tensors(files, source, family, plan)
-  np_dtype = np.dtype(cfg.param_dtype)
   values = shapes  # the pure dict of shapes, filled in place with placed arrays
-  for path_file in dict.fromkeys(files[name] for name, *_ in plan):
-    with safe_open(path_file, framework="numpy") as f:
-      for name, path, kind, fw_shape in plan:
-        if files[name] == path_file:
-          _lookup(values, path[:-1])[path[-1]] = _place(
-              f.get_tensor(name), fw_shape, kind, _lookup(shardings, path), np_dtype)
+  _load_params(plan, files, values, shardings, np.dtype(cfg.param_dtype))
   nnx.replace_by_pure_dict(abstract, values)
   return LoadedModel(cfg, ids, graphdef, abstract, family)
 
@@ -508,7 +534,7 @@ def _write_safetensors(path: str | None, entries: list, pure: dict, np_dtype) ->
   entries = sorted(entries, key=lambda e: (-_ST_RANK[code], e[0]))
   header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
   offset = 0
-  for name, _, _, shape in entries:
+  for name, *_, shape in entries:
     size = math.prod(shape) * np.dtype(np_dtype).itemsize
     header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + size]}
     offset += size
@@ -518,8 +544,11 @@ def _write_safetensors(path: str | None, entries: list, pure: dict, np_dtype) ->
   try:
     if f is not None:
       f.write(struct.pack("<Q", len(blob)) + blob)
-    for name, path_, kind, shape in entries:
-      w = np.ascontiguousarray(to_hf(_to_host(_lookup(pure, path_)), kind), dtype=np_dtype)
+    for t in entries:
+      pieces = [to_hf(_to_host(_lookup(pure, p.path) if p.index is None
+                               else _lookup(pure, p.path)[p.index]), p.kind) for p in t.parts]
+      w = np.ascontiguousarray(pieces[0] if len(pieces) == 1 else np.concatenate(pieces),
+                               dtype=np_dtype)
       if f is not None:
         f.write(w.reshape(-1).view(np.uint8).data)
   finally:
@@ -556,14 +585,16 @@ def export_checkpoint(params: nnx.State, model_cfg: ModelConfig, token_ids: Toke
     raise ValueError(f"unknown family {family!r}; supported: {sorted(FAMILIES)}")
   _, abstract = abstract_model(model_cfg)
   shapes, pure = nnx.to_pure_dict(abstract), nnx.to_pure_dict(params)
-  entries = []
-  for name, path, kind in FAMILIES[family].tensors(model_cfg):
-    want, got = _lookup(shapes, path).shape, _lookup(pure, path).shape
-    if tuple(want) != tuple(got):
-      raise ValueError(f"parameter {'/'.join(map(str, path))} has shape {tuple(got)}, "
-                       f"the model config needs {tuple(want)}")
-    entries.append((name, path, kind, hf_shape(tuple(want), kind)))
-  if len(entries) != len(jax.tree_util.tree_leaves(pure)):
+  entries = tensor_table(family, model_cfg, shapes)
+  for path, want in _leaf_paths(shapes):
+    try:
+      got = tuple(_lookup(pure, path).shape)
+    except (KeyError, IndexError, TypeError):
+      raise ValueError(f"parameter {'/'.join(map(str, path))} is missing from params") from None
+    if want != got:
+      raise ValueError(f"parameter {'/'.join(map(str, path))} has shape {got}, "
+                       f"the model config needs {want}")
+  if len(list(_leaf_paths(shapes))) != len(jax.tree_util.tree_leaves(pure)):
     raise ValueError("params hold leaves that the exported model does not use")
   dtype = dtype or np.dtype(jax.tree_util.tree_leaves(pure)[0].dtype).name
   if dtype not in _ST_CODE:
@@ -574,12 +605,13 @@ def export_checkpoint(params: nnx.State, model_cfg: ModelConfig, token_ids: Toke
     config = dict(hf_config)
   else:
     config = FAMILIES[family].to_config(model_cfg, token_ids)
-  config["torch_dtype"] = dtype
+  # transformers >= 4.56 writes "dtype" where older versions wrote "torch_dtype"
+  config["dtype" if "dtype" in config and "torch_dtype" not in config else "torch_dtype"] = dtype
 
   shards: list[list] = [[]]
   used = 0
   for e in entries:
-    size = math.prod(e[3]) * np_dtype.itemsize
+    size = math.prod(e.shape) * np_dtype.itemsize
     if shards[-1] and used + size > max_shard_bytes:
       shards.append([])
       used = 0
@@ -598,9 +630,9 @@ def export_checkpoint(params: nnx.State, model_cfg: ModelConfig, token_ids: Toke
     written.append(path)
   if primary:
     if n > 1:
-      total = sum(math.prod(e[3]) for e in entries) * np_dtype.itemsize
+      total = sum(math.prod(e.shape) for e in entries) * np_dtype.itemsize
       index = {"metadata": {"total_size": total},
-               "weight_map": {e[0]: f for f, s in zip(names, shards) for e in sorted(s)}}
+               "weight_map": {e.name: f for f, s in zip(names, shards) for e in s}}
       written.append(os.path.join(out_dir, "model.safetensors.index.json"))
       with open(written[-1], "w") as f:
         json.dump(index, f, indent=2, sort_keys=True)

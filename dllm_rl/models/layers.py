@@ -17,6 +17,14 @@ from flax import nnx, struct
 _NEG_INF = -1e30
 
 
+class FrozenParam(nnx.Param):
+  """A parameter that lives in the params state (sharded, checkpointed, imported and
+  exported like any other) but is never trained: the model reads it through
+  ``jax.lax.stop_gradient`` and ``dllm_rl.train.optim`` zeroes the optimiser's update
+  for it (so weight decay leaves it alone too). E.g. the MoE routing bias, which the
+  official code moves by load balancing, not by gradients."""
+
+
 def _param(rngs: nnx.Rngs, shape, axes, *, std: float, dtype) -> nnx.Param:
   value = std * jax.random.normal(rngs.params(), shape, dtype)
   return nnx.Param(value, logical_axes=tuple(axes))
@@ -44,12 +52,19 @@ def rope_tables(positions_BN: jax.Array, head_dim: int, theta: float):
 
 
 def apply_rope(x_BNHQ: jax.Array, cos_BNQ: jax.Array, sin_BNQ: jax.Array) -> jax.Array:
-  """Rotary embedding in float32: x·cos + rotate_half(x)·sin."""
-  x = x_BNHQ.astype(jnp.float32)
-  half = x.shape[-1] // 2
+  """Rotary embedding in float32: x·cos + rotate_half(x)·sin.
+
+  Tables narrower than the head (``rope_tables(positions, rotary_dim, theta)``) give
+  partial rotary (LLaDA2 / GPT-NeoX ``rotary_pct``): the first R dims are rotated,
+  half-split within them, and the remaining dims pass through unchanged."""
+  r = cos_BNQ.shape[-1]
+  x = x_BNHQ[..., :r].astype(jnp.float32)
+  half = r // 2
   rot = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-  out = x * cos_BNQ[:, :, None, :] + rot * sin_BNQ[:, :, None, :]
-  return out.astype(x_BNHQ.dtype)
+  out = (x * cos_BNQ[:, :, None, :] + rot * sin_BNQ[:, :, None, :]).astype(x_BNHQ.dtype)
+  if r == x_BNHQ.shape[-1]:
+    return out
+  return jnp.concatenate([out, x_BNHQ[..., r:]], axis=-1)
 
 
 @struct.dataclass
@@ -170,10 +185,12 @@ class Attention(nnx.Module):
 
 
 class SwiGLU(nnx.Module):
-  """down(silu(gate(x)) * up(x)); no biases."""
+  """down(silu(gate(x)) * up(x)); no biases. ``hidden``: the width F (default
+  ``cfg.mlp_hidden``; the MoE's shared expert passes its own)."""
 
-  def __init__(self, cfg, rngs: nnx.Rngs):
-    d, f, pdt, std = cfg.d_model, cfg.mlp_hidden, cfg.param_dtype, cfg.init_std
+  def __init__(self, cfg, rngs: nnx.Rngs, hidden: int | None = None):
+    d, pdt, std = cfg.d_model, cfg.param_dtype, cfg.init_std
+    f = hidden or cfg.mlp_hidden
     self.dtype = cfg.dtype
     self.gate_proj = _param(rngs, (d, f), ("embed", "mlp"), std=std, dtype=pdt)
     self.up_proj = _param(rngs, (d, f), ("embed", "mlp"), std=std, dtype=pdt)

@@ -9,6 +9,9 @@ stack), and a single block body is compiled instead of ``n_layers`` copies. Ever
 layer casts its weights to ``dtype`` before use, so the pre-cast changes no value:
 scan and unrolled give the same logits.
 
+Layers need not all be alike (LLaDA2 MoE: dense layers, then MoE layers): each run
+of consecutive layers with the same structure (equal graphdefs) is one scan.
+
 Remat policies (``jax.checkpoint``; what the backward pass keeps from the forward):
 
 * ``none``    keep every activation (no recomputation);
@@ -19,6 +22,8 @@ Remat policies (``jax.checkpoint``; what the backward pass keeps from the forwar
 """
 
 from __future__ import annotations
+
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -50,21 +55,26 @@ def _layer_fn(graphdef, remat: str, in_scan: bool):
 
 def run_blocks(blocks, x_BND, cos_BNQ, sin_BNQ, mask_BNM, *, scan_layers: bool, remat: str,
                dtype):
-  """``x`` through every block of ``blocks`` (an nnx.List of identical Blocks)."""
+  """``x`` through every block of ``blocks`` (an nnx.List of Blocks)."""
   if not scan_layers and remat == "none":
     for block in blocks:
       x_BND = constrain_activations(block(x_BND, cos_BNQ, sin_BNQ, mask_BNM))
     return x_BND
   splits = [nnx.split(block) for block in blocks]
-  graphdef = splits[0][0]
   if not scan_layers:
-    layer = _layer_fn(graphdef, remat, in_scan=False)
-    for _, state in splits:
-      x_BND = layer(state, x_BND, cos_BNQ, sin_BNQ, mask_BNM)
+    for graphdef, state in splits:
+      x_BND = _layer_fn(graphdef, remat, in_scan=False)(state, x_BND, cos_BNQ, sin_BNQ, mask_BNM)
     return x_BND
+  for graphdef, run in itertools.groupby(splits, key=lambda split: split[0]):
+    x_BND = _scan_run(graphdef, [state for _, state in run], x_BND, cos_BNQ, sin_BNQ, mask_BNM,
+                      remat=remat, dtype=dtype)
+  return x_BND
+
+
+def _scan_run(graphdef, states, x_BND, cos_BNQ, sin_BNQ, mask_BNM, *, remat: str, dtype):
+  """One ``lax.scan`` over layers of one structure (``states`` stacked in ``dtype``)."""
   layer = _layer_fn(graphdef, remat, in_scan=True)
-  stacked = jax.tree.map(lambda *xs: jnp.stack([a.astype(dtype) for a in xs]),
-                         *[state for _, state in splits])
+  stacked = jax.tree.map(lambda *xs: jnp.stack([a.astype(dtype) for a in xs]), *states)
 
   def body(x, state):
     return layer(state, x, cos_BNQ, sin_BNQ, mask_BNM), None

@@ -1,10 +1,12 @@
 """LLaDA-architecture transformer (NNX): tokens, positions, attention mask → logits.
 
 Pre-norm blocks ``h = x + attn(norm(x)); out = h + mlp(norm(h))``, RMSNorm,
-SwiGLU, half-split RoPE, optional GQA, qk-norm and q/k/v biases, no other
-biases, optional tied embeddings. Attention is bidirectional unless a mask says
-otherwise, so block-causal variants reuse this module with a different mask.
-The model knows nothing about diffusion or RL.
+SwiGLU, half-split RoPE (optionally partial, ``rotary_dim``), optional GQA,
+qk-norm and q/k/v biases, no other biases, optional tied embeddings. With
+``n_experts > 0`` the layers from ``first_dense_layers`` on replace the SwiGLU by
+a mixture of experts (dllm_rl.models.moe, LLaDA2 MoE). Attention is
+bidirectional unless a mask says otherwise, so block-causal variants reuse this
+module with a different mask. The model knows nothing about diffusion or RL.
 
 Logit shift (``logit_shift``, Dream): the checkpoint keeps its AR parent's
 next-token alignment, raw output row i scoring token i + 1. Every consumer of
@@ -26,14 +28,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dllm_rl.models import layers, scan
+from dllm_rl.models import layers, moe, scan
 from dllm_rl.parallel.constraints import constrain_activations
 from dllm_rl.parallel.shard import param_shardings
 from dllm_rl.types import DTYPES
 
 # Every logical axis name a parameter may carry (the sharding rules table maps these).
-LOGICAL_AXES = ("vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "norm")
-
+LOGICAL_AXES = ("vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "norm", "expert")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,19 @@ class ModelConfig:
   remat: str = "none"        # rematerialisation policy per layer (scan.REMAT_POLICIES)
   qkv_bias: bool = False     # biases on the q/k/v projections (Qwen2 / Dream)
   logit_shift: bool = False  # raw row i predicts token i + 1 (Dream); realigned (module doc)
+  # Mixture of experts (dllm_rl.models.moe); n_experts = 0: every layer dense.
+  n_experts: int = 0
+  experts_per_token: int = 0   # top-k
+  moe_hidden: int = 0          # width of one routed expert
+  n_shared_experts: int = 0    # shared expert width = moe_hidden · n_shared_experts
+  n_expert_groups: int = 1     # contiguous expert groups for group-limited routing
+  topk_groups: int = 1         # groups kept per token
+  routed_scaling: float = 1.0  # combine weights sum to this
+  first_dense_layers: int = 0  # layers [0, first_dense_layers) keep the dense SwiGLU
+  rotary_dim: int = 0          # rotated dims per head (partial RoPE); 0 = head_dim
+
+  def is_moe_layer(self, i: int) -> bool:
+    return self.n_experts > 0 and i >= self.first_dense_layers
 
   @classmethod
   def from_config(cls, model_cfg: Mapping[str, Any]) -> "ModelConfig":
@@ -74,19 +88,70 @@ class ModelConfig:
         param_dtype=DTYPES[model_cfg["param_dtype"]],
         scan_layers=model_cfg.get("scan_layers", False), remat=model_cfg.get("remat", "none"),
         qkv_bias=model_cfg.get("qkv_bias", False),
-        logit_shift=model_cfg.get("logit_shift", False))
+        logit_shift=model_cfg.get("logit_shift", False),
+        **{k: model_cfg.get(k, d) for k, d in _MOE_DEFAULTS.items()})
+
+
+_MOE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+                 if f.name in ("n_experts", "experts_per_token", "moe_hidden", "n_shared_experts",
+                               "n_expert_groups", "topk_groups", "routed_scaling",
+                               "first_dense_layers", "rotary_dim")}
+
+
+def moe_problems(cfg, head_dim: int) -> list[tuple[str, str]]:
+  """(field, message) for MoE / partial-rotary settings the model cannot run. ``cfg``: a
+  ModelConfig or the ``config.model`` section (same field names)."""
+  rd = cfg.rotary_dim or head_dim
+  out = []
+  if cfg.rotary_dim < 0 or rd % 2 or rd > head_dim:
+    out.append(("rotary_dim", f"{cfg.rotary_dim} must be even and in [0, head_dim={head_dim}]"
+                              " (0 = head_dim)"))
+  if cfg.n_experts < 0:
+    out.append(("n_experts", f"must be >= 0 (0 = dense), got {cfg.n_experts}"))
+  if cfg.n_experts <= 0:
+    return out
+  e, g, k = cfg.n_experts, cfg.n_expert_groups, cfg.experts_per_token
+  per_group = e // g if g > 0 and e % g == 0 else 0
+  checks = (
+      ("experts_per_token", not 0 < k <= e, f"{k} must be in [1, n_experts={e}]"),
+      ("moe_hidden", cfg.moe_hidden <= 0, f"must be > 0, got {cfg.moe_hidden}"),
+      ("n_shared_experts", cfg.n_shared_experts < 0, f"must be >= 0, got {cfg.n_shared_experts}"),
+      ("n_expert_groups", not per_group, f"{g} must divide n_experts={e}"),
+      ("topk_groups", per_group and not 0 < cfg.topk_groups <= g,
+       f"{cfg.topk_groups} must be in [1, n_expert_groups={g}]"),
+      ("topk_groups", per_group and cfg.topk_groups < g and per_group < 2,
+       "group-limited routing scores a group by its top 2 experts: groups need >= 2"),
+      ("topk_groups", per_group and cfg.topk_groups * per_group < k,
+       f"the kept groups hold {cfg.topk_groups * per_group} < experts_per_token={k} experts"),
+      ("first_dense_layers", not 0 <= cfg.first_dense_layers <= cfg.n_layers,
+       f"{cfg.first_dense_layers} must be in [0, n_layers={cfg.n_layers}]"))
+  return out + [(field, msg) for field, bad, msg in checks if bad]
+
+
+def check_moe(cfg: ModelConfig) -> None:
+  """Fail fast (ValueError) on MoE / partial-rotary settings the model cannot run."""
+  problems = moe_problems(cfg, cfg.head_dim)
+  if problems:
+    raise ValueError("model config: " + "; ".join(f"{f}: {m}" for f, m in problems))
 
 
 class Block(nnx.Module):
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, moe_layer: bool = False):
     self.attn_norm = layers.RMSNorm(cfg.d_model, eps=cfg.rms_norm_eps, param_dtype=cfg.param_dtype)
     self.attn = layers.Attention(cfg, rngs)
     self.mlp_norm = layers.RMSNorm(cfg.d_model, eps=cfg.rms_norm_eps, param_dtype=cfg.param_dtype)
-    self.mlp = layers.SwiGLU(cfg, rngs)
+    self.mlp = moe.MoE(cfg, rngs) if moe_layer else layers.SwiGLU(cfg, rngs)
 
   def __call__(self, x_BND, cos_BNQ, sin_BNQ, mask_BNM):
+    return self.forward(x_BND, cos_BNQ, sin_BNQ, mask_BNM)[0]
+
+  def forward(self, x_BND, cos_BNQ, sin_BNQ, mask_BNM):
+    """(output, the MoE routing or None for a dense layer)."""
     h = x_BND + self.attn(self.attn_norm(x_BND), cos_BNQ, sin_BNQ, mask_BNM)
-    return h + self.mlp(self.mlp_norm(h))
+    if isinstance(self.mlp, moe.MoE):
+      y, routing = self.mlp.forward(self.mlp_norm(h))
+      return h + y, routing
+    return h + self.mlp(self.mlp_norm(h)), None
 
   def cached(self, x_BTD, cos_BTQ, sin_BTQ, k_BMJQ, v_BMJQ, offset, mask_BTM):
     """``__call__`` for T new tokens against this layer's KV cache."""
@@ -104,11 +169,12 @@ class Transformer(nnx.Module):
       raise ValueError(f"n_heads={cfg.n_heads} is not a multiple of n_kv_heads={cfg.n_kv_heads}")
     if cfg.head_dim % 2:
       raise ValueError(f"head_dim={cfg.head_dim} must be even for RoPE")
+    check_moe(cfg)
     self.cfg = cfg
     self.embed = nnx.Param(
         cfg.init_std * jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model), cfg.param_dtype),
         logical_axes=("vocab", "embed"))
-    self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
+    self.blocks = nnx.List([Block(cfg, rngs, cfg.is_moe_layer(i)) for i in range(cfg.n_layers)])
     self.final_norm = layers.RMSNorm(cfg.d_model, eps=cfg.rms_norm_eps, param_dtype=cfg.param_dtype)
     if not cfg.tie_embeddings:
       self.lm_head = nnx.Param(
@@ -130,10 +196,7 @@ class Transformer(nnx.Module):
     head multiplies (``__call__`` = hidden @ head_weight). Callers that score a few
     rows apply the head to those rows only (dllm_rl.models.logprob)."""
     cfg = self.cfg
-    x = jnp.take(self.embed[...], tokens_BN, axis=0).astype(cfg.dtype)
-    cos, sin = layers.rope_tables(positions_BN, cfg.head_dim, cfg.rope_theta)
-    if mask_BNM is not None and not isinstance(mask_BNM, layers.StaircaseSpec):
-      mask_BNM = jnp.broadcast_to(mask_BNM, (tokens_BN.shape[0], tokens_BN.shape[1], mask_BNM.shape[-1]))
+    x, cos, sin, mask_BNM = self._inputs(tokens_BN, positions_BN, mask_BNM)
     x = scan.run_blocks(self.blocks, x, cos, sin, mask_BNM, scan_layers=cfg.scan_layers,
                         remat=cfg.remat, dtype=cfg.dtype)
     return self.output(x, shift=shift)
@@ -144,6 +207,29 @@ class Transformer(nnx.Module):
     its own (:func:`shift_rows`). The one place the logit shift happens."""
     h_BND = self.final_norm(x_BND)
     return shift_rows(h_BND) if self.cfg.logit_shift and shift else h_BND
+
+  def _inputs(self, tokens_BN, positions_BN, mask_BNM):
+    """(embeddings in ``dtype``, RoPE cos/sin tables, the mask broadcast to [B, N, M])."""
+    cfg = self.cfg
+    x = jnp.take(self.embed[...], tokens_BN, axis=0).astype(cfg.dtype)
+    cos, sin = layers.rope_tables(positions_BN, cfg.rotary_dim or cfg.head_dim, cfg.rope_theta)
+    if mask_BNM is not None and not isinstance(mask_BNM, layers.StaircaseSpec):
+      mask_BNM = jnp.broadcast_to(mask_BNM, (tokens_BN.shape[0], tokens_BN.shape[1], mask_BNM.shape[-1]))
+    return x, cos, sin, mask_BNM
+
+  def routing(self, tokens_BN: jax.Array, positions_BN: jax.Array,
+              mask_BNM: jax.Array | None = None) -> tuple[jax.Array, list[moe.Routing]]:
+    """(logits_BNV, the router decisions of every MoE layer in order) for the forward
+    ``__call__`` runs (unrolled layers, same values): what load statistics
+    (``moe.load_stats``) and routing tests read."""
+    x, cos, sin, mask_BNM = self._inputs(tokens_BN, positions_BN, mask_BNM)
+    routings = []
+    for block in self.blocks:
+      x, r = block.forward(x, cos, sin, mask_BNM)
+      x = constrain_activations(x)
+      if r is not None:
+        routings.append(r)
+    return self.logits(self.output(x)), routings
 
   def head_weight(self) -> jax.Array:
     """The LM head [D, V] in ``param_dtype`` (the embedding's transpose when tied)."""
@@ -196,8 +282,7 @@ class Transformer(nnx.Module):
     placed_BTM = jax.lax.dynamic_update_slice_in_dim(jnp.zeros((b, t, m), bool), new_BTT,
                                                      offset, axis=2)
     mask_BTM = cache_valid_BM[:, None, :] | placed_BTM
-    x = jnp.take(self.embed[...], tokens_BT, axis=0).astype(cfg.dtype)
-    cos, sin = layers.rope_tables(positions_BT, cfg.head_dim, cfg.rope_theta)
+    x, cos, sin, _ = self._inputs(tokens_BT, positions_BT, None)
     ks, vs = [], []
     last = len(self.blocks) - 1
     if window is not None:
@@ -267,6 +352,12 @@ def apply_raw(graphdef: nnx.GraphDef, params: nnx.State, tokens_BN, positions_BN
   """:func:`apply` without the logit shift: exactly the official forward's logits
   (for a ``logit_shift`` model row n scores token n + 1; otherwise = :func:`apply`)."""
   return nnx.merge(graphdef, params)(tokens_BN, positions_BN, mask_BNM, shift=False)
+
+
+def apply_routing(graphdef: nnx.GraphDef, params: nnx.State, tokens_BN, positions_BN,
+                  mask_BNM=None):
+  """Pure ``Transformer.routing``: (logits_BNV, [moe.Routing per MoE layer])."""
+  return nnx.merge(graphdef, params).routing(tokens_BN, positions_BN, mask_BNM)
 
 
 def apply_hidden(graphdef: nnx.GraphDef, params: nnx.State, tokens_BN, positions_BN,

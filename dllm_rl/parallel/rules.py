@@ -5,6 +5,13 @@ FSDP shards the model width ('embed') over 'fsdp'; tensor parallelism shards
 heads, MLP width and vocabulary over 'tensor'. The batch is sharded over
 ('data', 'fsdp'). A dimension that a mesh axis does not divide is replicated
 over that axis instead (e.g. 2 KV heads on a tensor axis of 4).
+
+MoE expert weights ``[E, D, F]`` shard their expert axis over 'fsdp' (there is no
+separate 'expert' mesh axis): a mesh axis is used once per array, so the expert
+dimension takes 'fsdp' ahead of 'embed' and each device stores E/fsdp whole experts
+(F split over 'tensor'). The dispatch runs per batch shard (dllm_rl.models.moe), so
+this is expert-sharded storage with FSDP-style gathering, not all-to-all expert
+parallelism.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
     "head_dim": None,
     "mlp": "tensor",
     "norm": None,
+    "expert": "fsdp",
     "batch": ("data", "fsdp"),
     "length": None,
 }

@@ -10,8 +10,12 @@ not hardware FLOPs (PaLM, Chowdhery et al. 2022, App. B). Per sequence:
     forward = n_layers · layer(N, M) + 2 d V r               (r rows reach the LM head)
 
 with d = d_model, H / K query / key-value heads, Q = head_dim, F = mlp_hidden,
-V = vocab. A training step costs 3 × forward (forward + backward, whose two
-matmuls per forward matmul give the 2×: Kaplan et al. 2020, §2.1).
+V = vocab. A mixture-of-experts layer (``model.n_experts`` > 0, from layer
+``first_dense_layers`` on) counts its *active* weights only: the router d·E plus
+3 d F_e (k + s) for the k routed and s shared experts of width F_e = ``moe_hidden``
+(the grouped-matmul dispatch computes exactly the chosen experts). A training step
+costs 3 × forward (forward + backward, whose two matmuls per forward matmul give the
+2×: Kaplan et al. 2020, §2.1).
 
 Attention is counted dense over every key the computation attends (masked keys
 included: a masked dense softmax computes them). The block-diffusion layout
@@ -41,9 +45,13 @@ import math
 from dllm_rl.models.transformer import ModelConfig
 
 
-def layer_matmul_params(m: ModelConfig) -> int:
-  """Weights one layer multiplies each row by: q, k, v, o projections and the SwiGLU MLP."""
+def layer_matmul_params(m: ModelConfig, layer: int = 0) -> int:
+  """Weights layer ``layer`` multiplies each row by: q, k, v, o projections and the
+  SwiGLU MLP, or for an MoE layer the router and the active (routed + shared) experts."""
   attn = m.d_model * (m.n_heads + 2 * m.n_kv_heads) * m.head_dim + m.n_heads * m.head_dim * m.d_model
+  if m.is_moe_layer(layer):
+    active = m.experts_per_token + m.n_shared_experts
+    return attn + m.d_model * m.n_experts + 3 * m.d_model * m.moe_hidden * active
   return attn + 3 * m.d_model * m.mlp_hidden
 
 
@@ -62,11 +70,12 @@ def forward_flops(m: ModelConfig, tokens: float, *, keys: float | None = None,
   head_rows = tokens if head_rows is None else head_rows
   last_rows = tokens if last_rows is None else last_rows
   kv = 2 * m.d_model * m.n_kv_heads * m.head_dim
-  rest = layer_matmul_params(m) - kv
-  layer = lambda rows: 2 * rows * rest + 4 * rows * keys * m.n_heads * m.head_dim
-  full = 2 * tokens * kv + layer(tokens)
-  last = 2 * tokens * kv + layer(last_rows)
-  return float((m.n_layers - 1) * full + last + 2 * m.d_model * m.vocab_size * head_rows)
+  total = 2 * m.d_model * m.vocab_size * head_rows
+  for i in range(m.n_layers):
+    rows = last_rows if i == m.n_layers - 1 else tokens
+    rest = layer_matmul_params(m, i) - kv
+    total += 2 * tokens * kv + 2 * rows * rest + 4 * rows * keys * m.n_heads * m.head_dim
+  return float(total)
 
 
 def estimate_flops(m: ModelConfig, estimator: str, num_samples: int, prompt_len: int,

@@ -8,8 +8,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 
 from dllm_rl.config.choices import LR_SCHEDULES
+from dllm_rl.models.layers import FrozenParam
 
 
 def learning_rate_schedule(lr: float, steps: int, warmup_steps: int, kind: str) -> optax.Schedule:
@@ -64,6 +66,19 @@ def skip_nonfinite(inner: optax.GradientTransformation) -> optax.GradientTransfo
   return optax.GradientTransformation(init, update)
 
 
+def keep_frozen() -> optax.GradientTransformation:
+  """Zero the update of every :class:`~dllm_rl.models.layers.FrozenParam` (e.g. the MoE
+  routing bias): Adam moments of a zero gradient are zero, but weight decay would still
+  move it. Stateless; other parameters pass through unchanged."""
+
+  def update(updates, state, params=None):
+    del params
+    frozen = lambda u: (u.replace(jnp.zeros_like(u[...])) if isinstance(u, FrozenParam) else u)
+    return jax.tree.map(frozen, updates, is_leaf=lambda x: isinstance(x, nnx.Variable)), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def skip_counters(opt_state) -> tuple[int, int]:
   """(consecutive, total) skipped updates from a `skip_nonfinite` state (host ints)."""
   return int(opt_state.consecutive), int(opt_state.total)
@@ -72,9 +87,12 @@ def skip_counters(opt_state) -> tuple[int, int]:
 def make_optimizer(opt_cfg) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """From a section with lr, steps, warmup_steps, schedule, b1, b2, weight_decay, grad_clip.
 
-  The result is wrapped in `skip_nonfinite`, so its state is a `SkipNonFiniteState`."""
+  The result is wrapped in `skip_nonfinite`, so its state is a `SkipNonFiniteState`;
+  frozen parameters (`keep_frozen`) never move."""
   schedule = learning_rate_schedule(opt_cfg.lr, opt_cfg.steps, opt_cfg.warmup_steps, opt_cfg.schedule)
-  adamw = optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, weight_decay=opt_cfg.weight_decay)
+  adamw = optax.chain(
+      optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, weight_decay=opt_cfg.weight_decay),
+      keep_frozen())
   if opt_cfg.grad_clip > 0:
     return skip_nonfinite(optax.chain(optax.clip_by_global_norm(opt_cfg.grad_clip), adamw)), schedule
   return skip_nonfinite(adamw), schedule

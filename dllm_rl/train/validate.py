@@ -19,6 +19,7 @@ from dllm_rl.config.schema import base_config
 from dllm_rl.diffusion import estimators
 from dllm_rl.errors import ConfigError, raise_all
 from dllm_rl.kernels.staircase import ATTENTION_IMPLS
+from dllm_rl.models import transformer
 from dllm_rl.models.scan import REMAT_POLICIES
 from dllm_rl.parallel.distributed import INITIALIZE_MODES
 from dllm_rl.registry import unknown_message
@@ -102,6 +103,9 @@ def _model(config, check: "_Checks") -> None:
   check(m.remat in REMAT_POLICIES, "model.remat",
          f"must be one of {sorted(REMAT_POLICIES)}, got {m.remat!r}")
   check(m.logits_chunk >= 0, "model.logits_chunk", f"must be >= 0, got {m.logits_chunk}")
+  if m.n_heads > 0 and m.head_dim >= 0 and m.d_model > 0:
+    for field, msg in transformer.moe_problems(m, m.head_dim or m.d_model // m.n_heads):
+      check(False, f"model.{field}", msg)
 
 
 def _data(config, check: "_Checks") -> None:
