@@ -1,0 +1,83 @@
+"""LLaDA2.0 and 2.1 ``generate`` through ``dllm_rl.load_pretrained``, token-exact against the
+official outputs in tests/fixtures/llada2_moe_tiny/sampler_parity.npz (README there: 2.0 run
+greedy with 2.1's argmax fix, 2.1 as shipped with its 0/1 additive mask and token editing; one
+official call per row, outputs = generated tokens up to and including the first EOS)."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dllm_rl
+from dllm_rl.sampling import aligned_block
+
+FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures",
+                       "llada2_moe_tiny")
+pytestmark = pytest.mark.slow  # a generate compile per shape (MoE model)
+
+
+@pytest.fixture(scope="module")
+def data():
+  return np.load(os.path.join(FIXTURE, "sampler_parity.npz"))
+
+
+@pytest.fixture(scope="module")
+def v20():
+  return dllm_rl.load_pretrained(FIXTURE)
+
+
+@pytest.fixture(scope="module")
+def v21():
+  return dllm_rl.load_pretrained(FIXTURE, generator="llada2.1")
+
+
+def _check(out_BN, data, name, p):
+  for row, (got, want, n) in enumerate(zip(np.asarray(out_BN)[:, p:], data[f"{name}_output"],
+                                           data[f"{name}_output_len"])):
+    np.testing.assert_array_equal(got[:n], want[:n], err_msg=f"{name} row {row}")
+
+
+@pytest.mark.parametrize("shape", ["a", "b", "c"])
+def test_llada20_generate_is_token_exact(v20, data, shape):
+  assert v20.generator == "llada2.0"
+  b, p, gen_length, block_length, steps, minimal_topk = (int(v) for v in data[f"v20_{shape}_params"])
+  kwargs = dict(temperature=0.0, block_length=block_length, steps=steps, gen_length=gen_length,
+                minimal_topk=minimal_topk, threshold=float(data[f"v20_{shape}_threshold"]),
+                eos_id=int(data["eos_token_id"]), mask_id=int(data["mask_token_id"]))
+  prompt = data[f"v20_{shape}_prompt"]
+  with jax.default_matmul_precision("highest"):
+    out = v20.generate(prompt, **kwargs)
+    cfg = aligned_block.AlignedBlockConfig(
+        gen_length=gen_length, block_length=block_length,
+        steps=min(steps, gen_length // minimal_topk), threshold=kwargs["threshold"],
+        stop_ids=(kwargs["eos_id"],))
+    _, nfe_B = jax.jit(aligned_block.generate, static_argnums=0,
+                       static_argnames=("cfg", "mask_id"))(
+        v20.graphdef, v20.params, jnp.asarray(prompt), jax.random.key(0), cfg=cfg,
+        mask_id=kwargs["mask_id"])
+  assert out.shape == (b, p + gen_length)
+  _check(out, data, f"v20_{shape}", p)
+  np.testing.assert_array_equal(np.asarray(nfe_B), data[f"v20_{shape}_nfe"])
+
+
+@pytest.mark.parametrize("shape", ["a", "b", "c"])
+def test_llada21_generate_with_editing_is_token_exact(v21, data, shape):
+  b, p, gen_length, block_length, steps, minimal_topk, post, n_transfer = (
+      int(v) for v in data[f"v21_{shape}_params"])
+  with jax.default_matmul_precision("highest"):
+    out = v21.generate(data[f"v21_{shape}_prompt"], temperature=0.0, block_length=block_length,
+                       steps=steps, gen_length=gen_length, minimal_topk=minimal_topk,
+                       threshold=float(data[f"v21_{shape}_threshold"]),
+                       editing_threshold=float(data[f"v21_{shape}_editing_threshold"]),
+                       max_post_steps=post, num_to_transfer=n_transfer,
+                       eos_id=int(data["eos_token_id"]), mask_id=int(data["mask_token_id"]))
+  _check(out, data, f"v21_{shape}", p)
+
+
+def test_the_two_versions_take_their_own_keywords(v20, v21):
+  with pytest.raises(TypeError, match="editing_threshold"):
+    v20.generate(np.zeros((1, 4), np.int32), editing_threshold=0.5)
+  with pytest.raises(TypeError, match="num_to_transfer"):
+    v21.generate(np.zeros((1, 4), np.int32), remasking="low_confidence")
