@@ -57,7 +57,8 @@ def open_checkpointer(ctx: Context, phase: str) -> Checkpointer:
 def mean_metrics(window: list[dict]) -> dict:
   """Per-key mean of the metrics of the steps in ``window`` (blocks on the device)."""
   host = jax.device_get(window)  # float64 means: equal for live and checkpointed windows
-  return {k: float(np.mean([float(m[k]) for m in host])) for k in host[0]}
+  keys = dict.fromkeys(k for m in host for k in m)  # some keys only on log steps (router stats)
+  return {k: float(np.mean([float(m[k]) for m in host if k in m])) for k in keys}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,6 +30,7 @@ from dllm_rl.train.phases import (
   open_checkpointer,
   run_phase,
 )
+from dllm_rl.train.router_stats import router_metrics
 from dllm_rl.train.sft_loop import PHASE as SFT
 
 PHASE = "rl"
@@ -110,6 +111,8 @@ class RLPhase(Phase):
     self.optimizer, self.schedule = rl_optimizer(r)
     self.base_accuracy = None  # the starting policy's training accuracy: its first rollouts
     self.rollout_tokens = r.batch_prompts * r.group_size * ctx.sampler_cfg.completion_len
+    mc = ctx.model_cfg  # MoE layers: router load statistics every log_every steps
+    self.moe_layers = tuple(i for i in range(mc.n_layers) if mc.is_moe_layer(i))
 
   def init_state(self):
     ctx, r = self.ctx, self.ctx.config.rl
@@ -156,8 +159,16 @@ class RLPhase(Phase):
         rewards_BG=rewards, correct_BG=correct))
     if self.base_accuracy is None:
       self.base_accuracy = float(np.mean(correct))
+    if self.moe_layers and step % self.log_every == 0:  # before the update: the policy that rolled out
+      m = config.model
+      routing = router_metrics(self.graphdef, state.params, rollout.prompt_BP,
+                               rollout.prompt_valid_BP, rollout.completion_BGL,
+                               moe_layers=self.moe_layers, block_size=m.block_size,
+                               prompt_block_causal=m.prompt_block_causal)
     state, metrics = self.step_fn(state, rollout, k_step)
     metrics = dict(metrics, prompt_padding_fraction=padding)
+    if self.moe_layers and step % self.log_every == 0:
+      metrics.update(routing)
     faults.at("update", step)
     cost = StepCost(tokens=self.rollout_tokens, rollout_seconds=t_roll,
                     flops=_step_flops(config, ctx, self.rollout_cfg, out,

@@ -399,6 +399,13 @@ def test_llada2_production_config_runs_one_rl_step_at_tiny_size(tmp_path):
   records = [json.loads(line) for line in open(tmp_path / "work" / "metrics.jsonl")]
   step = [r for r in records if r.get("phase") == "rl" and "reward_mean" in r]
   assert step and all(np.isfinite(float(step[0][k])) for k in ("loss", "grad_norm", "ratio_max"))
+  # Router load per MoE layer (layers 1, 2) of the policy that rolled out: a token picks 4 of
+  # 16 experts, so the busiest expert holds between 1/4 and all of the tokens.
+  for layer in (1, 2):
+    assert 0.25 <= step[0][f"router_max_fraction_l{layer}"] <= 1.0
+    assert 1.0 <= step[0][f"router_imbalance_l{layer}"] <= 4.0
+  assert "router_imbalance_l0" not in step[0]  # the dense first layer
+  assert step[0]["router_imbalance_max"] == max(step[0][f"router_imbalance_l{i}"] for i in (1, 2))
 
 
 @pytest.mark.slow
@@ -425,3 +432,24 @@ def test_rl_step_compiles_for_a_tpu_slice_with_native_grouped_matmuls():
   text = lowered.as_text()
   assert "chlo.ragged_dot" in text and "sdy.manual_computation" in text
   assert lowered.compile().memory_analysis() is not None
+
+
+def test_router_metrics_count_each_layers_expert_load():
+  """The logged router statistics equal counts of the routed expert sets of the reference
+  (router_topk_idx of the block-causal forward, fixture README): the busiest expert of
+  layer 1 takes 63 of the 96 tokens' 4 slots, of layer 2 54."""
+  from dllm_rl.train.router_stats import router_metrics
+  m = hf.load_checkpoint(TINY)
+  data = np.load(os.path.join(TINY, "expected.npz"))
+  ids = jnp.asarray(data["input_ids"], jnp.int32)
+  b = ids.shape[0]
+  with jax.default_matmul_precision("highest"):  # prompt of 4 (one block) + completion of 28
+    got = router_metrics(m.graphdef, m.params, ids[:, :4], jnp.ones((b, 4), bool),
+                         ids[:, None, 4:], moe_layers=(1, 2), block_size=4,
+                         prompt_block_causal=True)
+  for layer, idx in zip((1, 2), data["router_topk_idx"]):
+    counts = np.bincount(idx.reshape(-1), minlength=16)
+    np.testing.assert_allclose(float(got[f"router_max_fraction_l{layer}"]), counts.max() / 96,
+                               rtol=1e-6)
+    np.testing.assert_allclose(float(got[f"router_imbalance_l{layer}"]),
+                               counts.max() / counts.mean(), rtol=1e-6)
