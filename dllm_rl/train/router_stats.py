@@ -28,7 +28,6 @@ def router_metrics(graphdef, params, prompt_BP, prompt_valid_BP, completion_BGL,
   """The module docstring's metrics (float32 scalars) for one rollout batch; ``moe_layers``:
   the indices of the MoE layers (``ModelConfig.is_moe_layer``), in order."""
   b, g, l = completion_BGL.shape
-  p = prompt_BP.shape[1]
   prompt_NP = jnp.repeat(prompt_BP, g, axis=0)
   valid_NP = jnp.repeat(prompt_valid_BP, g, axis=0)
   tokens_NS = jnp.concatenate([prompt_NP, completion_BGL.reshape(b * g, l)], axis=1)
