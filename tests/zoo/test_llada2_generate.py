@@ -33,6 +33,17 @@ def v21():
   return dllm_rl.load_pretrained(FIXTURE, generator="llada2.1")
 
 
+def test_llada2_logits_through_the_public_api(v20):
+  """Block-causal (block 4, as generate builds it) and bidirectional logits of the fixture."""
+  data = np.load(os.path.join(FIXTURE, "expected.npz"))
+  with jax.default_matmul_precision("highest"):
+    block = np.asarray(v20.logits(data["input_ids"], attention="block_causal", block_size=4))
+    full = np.asarray(v20.logits(data["input_ids"]))
+  assert np.max(np.abs(block - data["logits"])) < 1e-4
+  assert np.max(np.abs(full - data["logits_full"])) < 1e-4
+  assert (v20.family, v20.token_ids.mask_id, v20.token_ids.eos_id) == ("llada2", 189, 186)
+
+
 def _check(out_BN, data, name, p):
   for row, (got, want, n) in enumerate(zip(np.asarray(out_BN)[:, p:], data[f"{name}_output"],
                                            data[f"{name}_output_len"])):
