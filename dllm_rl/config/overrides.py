@@ -8,6 +8,39 @@ import ml_collections
 
 from dllm_rl.errors import ConfigError
 
+# Names other frameworks (TRL, verl, d1 / SPG scripts, the official generators) use for a key
+# of ours: ``rl.learning_rate`` → ``rl.lr``. Read by :func:`did_you_mean`.
+KEY_ALIASES = {
+    "learning_rate": "lr", "lr_schedule": "schedule", "lr_scheduler_type": "schedule",
+    "num_steps": "steps", "max_steps": "steps", "total_steps": "steps",
+    "warmup": "warmup_steps", "num_warmup_steps": "warmup_steps",
+    "max_grad_norm": "grad_clip", "gradient_clip": "grad_clip", "clip_grad_norm": "grad_clip",
+    "num_generations": "group_size", "n_samples_per_prompt": "group_size",
+    "num_iterations": "inner_steps", "ppo_epochs": "inner_steps", "epsilon": "eps",
+    "clip_eps": "eps", "kl_beta": "kl_coef", "kl_loss_coef": "kl_coef",
+    "max_completion_length": "completion_len", "gen_length": "completion_len",
+    "max_new_tokens": "completion_len", "max_prompt_length": "prompt_len",
+    "block_length": "block_len", "diffusion_steps": "steps", "denoising_steps": "steps",
+    "remasking_strategy": "remasking", "mc_num": "num_samples", "num_mc_samples": "num_samples",
+    "per_device_train_batch_size": "batch_size", "hidden_size": "d_model",
+    "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
+    "num_key_value_heads": "n_kv_heads", "intermediate_size": "mlp_hidden",
+}
+
+
+def did_you_mean(key: str, choices, prefix: str = "") -> str:
+  """"; did you mean PREFIX.k?" for the closest of ``choices`` (spelling), else for the key
+  that a known alias close to ``key`` stands for (``lerning_rate`` → ``lr``); "" if none."""
+  choices = list(choices)
+  close = difflib.get_close_matches(key, choices, n=1)
+  if close:
+    return f"; did you mean {prefix}{close[0]}?"
+  aliases = {a: k for a, k in KEY_ALIASES.items() if k in choices}
+  close = difflib.get_close_matches(key, list(aliases), n=1, cutoff=0.75)
+  if close:
+    return f"; did you mean {prefix}{aliases[close[0]]} (other frameworks' {close[0]!r})?"
+  return ""
+
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
@@ -77,10 +110,9 @@ def apply_overrides(config: ml_collections.ConfigDict,
       for part in bad.split(".")[:-1]:
         parent = parent[part]
       choices = list(parent.keys()) if isinstance(parent, ml_collections.ConfigDict) else []
-      close = difflib.get_close_matches(bad.split(".")[-1], choices, n=1)
       stem = bad.rsplit(".", 1)[0] + "." if "." in bad else ""
-      hint = f"; did you mean {stem}{close[0]}?" if close else ""
-      errors.append(ConfigError(bad, f"unknown key{hint}"))
+      errors.append(ConfigError(bad, "unknown key" + did_you_mean(bad.split(".")[-1], choices,
+                                                                  stem)))
     except ConfigError as e:
       errors.append(e)
     except (TypeError, ValueError) as e:

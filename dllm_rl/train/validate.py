@@ -9,7 +9,6 @@ component and imports none of them).
 
 from __future__ import annotations
 
-import difflib
 
 import ml_collections
 
@@ -17,6 +16,7 @@ from dllm_rl import tasks
 from dllm_rl.config.choices import LR_SCHEDULES, RUN_MODES
 from dllm_rl.config.schema import base_config
 from dllm_rl.diffusion import estimators
+from dllm_rl.config.overrides import did_you_mean
 from dllm_rl.errors import ConfigError, raise_all
 from dllm_rl.kernels.staircase import ATTENTION_IMPLS
 from dllm_rl.models import transformer
@@ -37,9 +37,7 @@ def _walk(schema, config, prefix, errors):
   for key in config.keys():
     path = f"{prefix}{key}"
     if key not in schema:
-      close = difflib.get_close_matches(key, list(schema.keys()), n=1)
-      hint = f"; did you mean {prefix}{close[0]}?" if close else ""
-      errors.append(ConfigError(path, f"unknown key{hint}"))
+      errors.append(ConfigError(path, "unknown key" + did_you_mean(key, schema.keys(), prefix)))
   for key in schema.keys():
     path = f"{prefix}{key}"
     want = schema[key]
@@ -74,9 +72,11 @@ def _names(config, check: "_Checks") -> None:
   """Registry names: mode, task (and its options), remasking policy."""
   check(config.mode in RUN_MODES, "mode", unknown_message("mode", config.mode, RUN_MODES))
   check(config.task.name in tasks.TASKS, "task.name", tasks.TASKS.unknown_message(config.task.name))
+  options = config.task.options.to_dict()
+  placeholder = any(isinstance(v, str) and v.startswith(REQUIRED_PREFIX) for v in options.values())
   try:
-    if config.task.name in tasks.TASKS:
-      tasks.make_task(config.task.name, **config.task.options.to_dict())
+    if config.task.name in tasks.TASKS and not placeholder:  # placeholders: _required says so
+      tasks.make_task(config.task.name, **options)
   except (TypeError, ValueError, OSError) as err:
     check.error(ConfigError("task.options", str(err)))
   check(config.sampler.remasking in remasking.REMASKING, "sampler.remasking",
@@ -275,7 +275,23 @@ class _Checks:
     self.errors.append(err)
 
 
-_SECTIONS = (_names, _model, _data, _sampler, _sft, _rl, _estimator, _eval, _runtime)
+REQUIRED_PREFIX = "REQUIRED:"  # a config file's placeholder for a value the user must give
+
+
+def _required(config, check: "_Checks", prefix: str = "") -> None:
+  """Every placeholder ``"REQUIRED: what"`` still in the config, each its own error (a
+  production config lists several: checkpoint, train file, test file)."""
+  for key in config.keys():
+    value = config[key]
+    if isinstance(value, (ml_collections.ConfigDict, dict)):
+      _required(value, check, f"{prefix}{key}.")
+    elif isinstance(value, str) and value.startswith(REQUIRED_PREFIX):
+      what = value[len(REQUIRED_PREFIX):].strip()
+      check(False, f"{prefix}{key}", f"required value not set ({what}): pass "
+                                     f"--config.{prefix}{key}=...")
+
+
+_SECTIONS = (_required, _names, _model, _data, _sampler, _sft, _rl, _estimator, _eval, _runtime)
 
 
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
