@@ -14,8 +14,9 @@ Exit status:
 * 75 (``EX_TEMPFAIL``): stopped by SIGTERM/SIGINT after saving a checkpoint at the step in
   progress; rerun the same command to resume (``dllm_rl.train.resilience``). A second signal
   exits at once with 128 + the signal number (143 for SIGTERM, 130 for SIGINT);
-* 1: the run failed: e.g. ``train.max_consecutive_nonfinite`` non-finite updates in a row, or
-  no readable checkpoint (``error: ...`` names the step / the checkpoint).
+* 1: the run failed: e.g. ``train.max_consecutive_nonfinite`` non-finite updates in a row,
+  no readable checkpoint, or mode ``rl`` / ``eval`` without the checkpoint it starts from
+  (``error: ...`` names the step / the checkpoint / the folder searched).
 
 Re-running with the same ``--workdir`` resumes from the latest checkpoint.
 """
@@ -63,7 +64,9 @@ def main(argv):
   except Preempted as stop:
     print(f"[preemption] {stop}", file=sys.stderr, flush=True)
     sys.exit(EXIT_PREEMPTED)
-  except (NonFiniteError, CheckpointError) as err:
+  except (NonFiniteError, CheckpointError, FileNotFoundError) as err:
+    # FileNotFoundError: a missing input the run needs (mode=rl or eval without the checkpoint
+    # it starts from), named in the message; no traceback.
     print(f"error: {err}", file=sys.stderr)
     sys.exit(1)
   print(json.dumps(summary, indent=2))
