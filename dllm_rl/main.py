@@ -31,6 +31,7 @@ from absl import app, flags, logging
 from dllm_rl.config import cli
 from dllm_rl.config.defaults import get_config as default_config
 from dllm_rl.errors import ConfigError
+from dllm_rl.paths import BackendMissing
 
 _CONFIG = flags.DEFINE_string("config", None,
                               "ml_collections config file (default: the embedded tiny CPU config).")
@@ -61,6 +62,9 @@ def main(argv):
     summary = run.run(config, _WORKDIR.value)
   except ConfigError as err:
     cli.fail([err])
+  except BackendMissing as err:  # e.g. --workdir=gs://... without gcsfs
+    print(f"error: {err}", file=sys.stderr)
+    sys.exit(2)
   except Preempted as stop:
     print(f"[preemption] {stop}", file=sys.stderr, flush=True)
     sys.exit(EXIT_PREEMPTED)

@@ -8,12 +8,34 @@ would turn ``gs://bucket/run`` into a local folder named ``gs:``.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 
 from etils import epath
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+# URL scheme → (the fsspec backend package it needs, how to install it).
+_BACKENDS = {
+    "gs": ("gcsfs", 'pip install "dllm-rl[gcs]" (from a checkout: pip install -e ".[gcs]" or '
+                    "pip install -r requirements-gcs.txt)"),
+    "s3": ("s3fs", "pip install s3fs"),
+}
+
+
+class BackendMissing(ImportError):
+  """A URL whose storage backend package is not installed (the message says which)."""
+
+
+def check_backend(path: str | os.PathLike) -> None:
+  """Raise :class:`BackendMissing` naming the package when ``path`` is a URL whose fsspec
+  backend is not installed (gs:// needs gcsfs): before a run creates anything."""
+  match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", os.fspath(path))
+  if match and match.group(1) in _BACKENDS:
+    package, how = _BACKENDS[match.group(1)]
+    if importlib.util.find_spec(package) is None:
+      raise BackendMissing(f"{os.fspath(path)}: {match.group(1)}:// paths need the {package} "
+                           f"package, which is not installed: {how}")
 
 
 def is_url(path: str | os.PathLike) -> bool:

@@ -120,3 +120,20 @@ def test_profile_trace_is_copied_to_a_gs_workdir(fake_gcs, tmp_path):
     assert profile._local is None
   found = [f for f in fake_gcs.find("bucket/run/profile") if f.endswith(".xplane.pb")]
   assert found and not os.path.exists(local)
+
+
+def test_a_url_without_its_backend_package_is_named(monkeypatch):
+  """gs:// without gcsfs: BackendMissing naming the package and how to install it; local
+  paths and installed backends pass (the check runs before a run creates anything)."""
+  import importlib.util
+
+  from dllm_rl import paths as P
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name == "gcsfs" else real(name, *a))
+  with pytest.raises(P.BackendMissing, match=r"gs://b/run: gs:// paths need the gcsfs package.*\[gcs\]"):
+    P.check_backend("gs://b/run")
+  P.check_backend("/tmp/run")
+  P.check_backend("memory://run")
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+  P.check_backend("gs://b/run")

@@ -185,6 +185,7 @@ def build_context(config, workdir: str) -> Context:
     raise ConfigError("mesh", str(err)) from err
   check_batch_sizes(config, mesh)
   from dllm_rl import paths
+  paths.check_backend(workdir)  # gs:// without gcsfs: a named error, nothing created
   paths.resolve(workdir).mkdir(parents=True, exist_ok=True)  # gs:// stays a URL
   task = tasks_lib.make_task(config.task.name, **config.task.options.to_dict())
   hf = None
