@@ -237,3 +237,21 @@ def test_micro_batch_must_split_over_the_batch_devices():
     check_batch_sizes(config, mesh)
   assert err.value.key == "rl.micro_batch" and "data × fsdp = 8" in str(err.value)
   check_batch_sizes(_cfg(rl__micro_batch=16), mesh)  # a multiple of 8 is fine
+
+
+@pytest.mark.parametrize("sizes, key", [((30, 20, 8), "task.train_size"),
+                                        ((8, 4, 50), "task.test_size")])
+def test_a_data_file_smaller_than_the_split_names_the_sizes(tmp_path, sizes, key):
+  """40 GSM8K lines cannot give train_size + val_size = 50 (or test_size = 50): a ConfigError
+  naming the key, the counts and the file, before anything compiles."""
+  from dllm_rl.train.context import build_context
+  from tests.test_production_configs import _gsm8k
+  path = str(_gsm8k(tmp_path))
+  c = base_config()
+  c.task.name = "gsm8k"
+  c.task.options = {"train_file": path, "test_file": path}
+  c.task.train_size, c.task.val_size, c.task.test_size = sizes
+  c.data.batch_size = c.rl.batch_prompts = c.eval.batch_size = 8
+  with pytest.raises(ConfigError, match=rf"config\.{key}: .*has only 40.*lower it") as err:
+    build_context(validate(c), str(tmp_path / "w"))
+  assert err.value.key == key

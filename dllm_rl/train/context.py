@@ -176,6 +176,14 @@ def check_batch_sizes(config, mesh) -> None:
                       f" not split over mesh data × fsdp = {div} (mesh {dict(mesh.shape)})")
 
 
+def _generate(task, split: str, n: int, seed: int, key: str, asked: str):
+  """``task.generate``; too few examples (a small data file) → a ConfigError naming the keys."""
+  try:
+    return task.generate(split, n, seed)
+  except ValueError as err:
+    raise ConfigError(key, f"{err} ({asked}): lower it or give a larger file") from err
+
+
 def build_context(config, workdir: str) -> Context:
   """Generate the task data (host side), build the mesh and resolve static
   configs; no compilation."""
@@ -196,9 +204,12 @@ def build_context(config, workdir: str) -> Context:
     tokenizer = hf.tokenizer
   else:
     tokenizer = tasks_lib.CharTokenizer()
-  train = task.generate("train", config.task.train_size + config.task.val_size, config.seed)
-  train, val = train[:config.task.train_size], train[config.task.train_size:]
-  test = task.generate("test", config.task.test_size, config.seed + 1)
+  t = config.task
+  train = _generate(task, "train", t.train_size + t.val_size, config.seed, "task.train_size",
+                    f"task.train_size + task.val_size = {t.train_size} + {t.val_size}")
+  train, val = train[:t.train_size], train[t.train_size:]
+  test = _generate(task, "test", t.test_size, config.seed + 1, "task.test_size",
+                   f"task.test_size = {t.test_size}")
   return Context(
       config=config, workdir=workdir, task=task, tokenizer=tokenizer,
       model_cfg=hf.model_cfg if hf else model_config(config, tokenizer.vocab_size),
