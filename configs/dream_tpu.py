@@ -32,66 +32,23 @@ advantages, C = 5, the official mask noise and SPG surrogate. Decoding follows D
 confidence is the negative entropy (``alg="entropy"``).
 """
 
-from dllm_rl.config import base_config, locked
+import os
+
+from dllm_rl.config import load_config_file, locked
+
+
+def _llada_config():
+  return load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "llada_tpu.py"))
 
 
 def get_config():
-  c = base_config()
-  c.mode = "rl"  # RL starts from the HF checkpoint (no SFT warm-up)
+  """configs/llada_tpu.py (the same official StableDRL recipe) with Dream's checkpoint and
+  decoding. The plan (python -m dllm_rl.plan --topology=v5p-64, the command in the docstring;
+  7.62 B parameters) peaks per chip at 17.3 GiB for rl_step (18.2 % of 95 GiB), 9.7 GiB for
+  the rollout sampler (10.2 %) and 3.6 GiB for the greedy sampler (3.8 %): no micro-batching."""
+  c = _llada_config()
+  c.unlock()
   c.model.hf_checkpoint = "REQUIRED: path to Dream-v0-Instruct-7B (HF format)"
-  c.model.dtype = "bfloat16"
-  c.model.param_dtype = "float32"
-  # One compiled layer body, each layer recomputed in the backward pass, the head and
-  # log-softmax only at the scored rows, 32 rows of the 152k vocabulary at a time. The plan
-  # (python -m dllm_rl.plan --topology=v5p-64, the command in the docstring; 7.62 B
-  # parameters) peaks per chip at 17.3 GiB for rl_step (18.2 % of 95 GiB), 9.7 GiB for the
-  # rollout sampler (10.2 %) and 3.6 GiB for the greedy sampler (3.8 %): no micro-batching.
-  c.model.scan_layers = True
-  c.model.remat = "full"
-  c.model.logits_chunk = 32
-  c.task.name = "gsm8k"
-  c.task.options.train_file = "REQUIRED: gsm8k train.jsonl"
-  c.task.options.test_file = "REQUIRED: gsm8k test.jsonl"
-  c.task.options.prompt_template = ("{question}\nSolve step by step and give the final answer"
-                                    " after '####'.")
-  c.task.train_size = 7000
-  c.task.val_size = 256
-  c.task.test_size = 1319
-  c.data.prompt_len = 256
-  c.data.completion_len = 256
-  c.sampler.steps = 128
   c.sampler.block_len = 256  # one block: Dream's diffusion_generate is not semi-autoregressive
-  c.sampler.temperature = 0.0
   c.sampler.remasking = "entropy"
-  c.rl.steps = 2000
-  c.rl.batch_prompts = 32
-  c.rl.group_size = 16
-  c.rl.inner_steps = 2
-  c.rl.temperature = 0.9
-  c.rl.loss = "stabledrl"
-  c.rl.clip = "upper"
-  c.rl.clip_C = 5.0
-  c.rl.advantage = "centered"
-  c.rl.lr = 2e-6
-  c.rl.schedule = "linear"
-  c.rl.b1, c.rl.b2 = 0.9, 0.99
-  c.rl.weight_decay = 0.1
-  c.rl.grad_clip = 0.2
-  c.rl.kl_coef = 0.0
-  c.rl.log_every = 1
-  c.rl.eval_every = 100
-  c.estimator.name = "spg_block"
-  c.estimator.num_samples = 2
-  c.estimator.prompt_mask_prob = 0.15
-  c.estimator.spg_block_len = 32
-  c.estimator.antithetic = False
-  c.estimator.spg_omega = 0.5
-  c.eval.batch_size = 64
-  c.eval.num_samples = 8
-  c.eval.pass_k = (1, 4, 8)
-  c.eval.temperature = 0.9
-  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1  # FSDP over the slice
-  c.checkpoint.save_every = 50
-  c.checkpoint.keep = 3
-  c.checkpoint.save_every_seconds = 1800.0
   return locked(c)
