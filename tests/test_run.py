@@ -78,8 +78,12 @@ def test_pipeline_sft_rl_eval(tmp_path):
 
 
 def test_rl_mode_needs_an_sft_checkpoint(tmp_path):
+  config = _config(10, "rl")
   with pytest.raises(FileNotFoundError, match="SFT checkpoint"):
-    run.run(_config(10, "rl"), str(tmp_path))
+    run.run(config, str(tmp_path))
+  # The resolved config is in the workdir before the runner starts (here: before it failed).
+  written = json.load(open(tmp_path / "config_rl.json"))
+  assert written["mode"] == "rl" and written == json.loads(config.to_json_best_effort())
 
 
 @pytest.mark.slow

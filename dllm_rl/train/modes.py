@@ -70,7 +70,9 @@ def enable_compilation_cache(path: str) -> str | None:
 
 
 def run(config, workdir: str) -> dict:
-  """Run ``config.mode``; write ``workdir/summary.json`` and return the summary.
+  """Run ``config.mode``; write ``workdir/config_<mode>.json`` (the resolved config,
+  overrides applied; rewritten by each run of that mode, so an eval run never replaces the
+  training run's) and ``workdir/summary.json``; return the summary.
 
   SIGTERM / SIGINT during training save a checkpoint after the current step and raise
   ``dllm_rl.train.resilience.Preempted`` (no summary is written); see that module."""
@@ -83,11 +85,14 @@ def run(config, workdir: str) -> dict:
   initialize(config.distributed)  # before anything touches devices
   enable_compilation_cache(config.compilation_cache)
   from dllm_rl.train.resilience import handle_signals
+  from dllm_rl.parallel.distributed import is_primary
   with handle_signals():
     ctx = build_context(config, workdir)
+    if is_primary():  # the resolved config of this run (file + overrides), for the record
+      paths.resolve(workdir).joinpath(f"config_{config.mode}.json").write_text(config.to_json_best_effort(
+          indent=2, sort_keys=True) + "\n")
     summary = {"mode": config.mode, **RUNNERS.get(config.mode)(ctx)}
   summary["wall_seconds"] = time.time() - t0
-  from dllm_rl.parallel.distributed import is_primary
   if is_primary():
     paths.resolve(workdir).joinpath("summary.json").write_text(json.dumps(summary, indent=2))
   return summary
