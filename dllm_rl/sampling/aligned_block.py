@@ -41,7 +41,7 @@ import numpy as np
 from dllm_rl.kernels.block_mask import block_causal
 from dllm_rl.models import transformer
 from dllm_rl.sampling.sampler import transfer_schedule
-from dllm_rl.sampling.step import block_of
+from dllm_rl.sampling.step import block_of, descending_rank
 
 _NEG = -jnp.inf
 
@@ -104,8 +104,7 @@ def select(conf_BT, masked_BT, k, *, cfg: AlignedBlockConfig):
   if cfg.sequential:
     first_B1 = jnp.argmax(masked_BT, axis=-1)[:, None]
     return (idx_T >= first_B1) & (idx_T < first_B1 + k)
-  order_BT = jnp.argsort(-conf_BT, axis=-1, stable=True)
-  rank_BT = jnp.argsort(order_BT, axis=-1, stable=True)
+  rank_BT = descending_rank(conf_BT)
   k_B = jnp.minimum(k, masked_BT.sum(-1)) if cfg.clamp_to_masked else jnp.full(
       conf_BT.shape[:1], k)
   top_BT = rank_BT < k_B[:, None]
@@ -115,6 +114,35 @@ def select(conf_BT, masked_BT, k, *, cfg: AlignedBlockConfig):
   return jnp.where((high_BT.sum(-1) >= k)[:, None], high_BT, top_BT)
 
 
+def _canvas(prompt_BP, n: int, mask_id: int):
+  """(x_BN, pos_BN): [prompt | mask ids] of length ``n``, positions ``arange``."""
+  b, p = prompt_BP.shape
+  x_BN = jnp.full((b, n), mask_id, jnp.int32).at[:, :p].set(prompt_BP.astype(jnp.int32))
+  return x_BN, jnp.broadcast_to(jnp.arange(n), (b, n))
+
+
+def _decode_blocks(decode_block, x_BN, *, prompt_len: int, block_length: int, num_blocks: int,
+                   stop_ids: tuple[int, ...]):
+  """(x_BN, nfe_B): blocks ``prompt_len // block_length`` … ``num_blocks - 1`` in order,
+  ``decode_block(x_BN, done_B, nfe_B, block) -> (x_BN, nfe_B)`` each; after a block, a row whose
+  generated part holds a stop id is done, and the loop ends when every row is."""
+  b = x_BN.shape[0]
+  stop_V = np.array(stop_ids or [-1], np.int32)
+
+  def body(c):
+    x_BN, done_B, nfe_B, block = c
+    x_BN, nfe_B = decode_block(x_BN, done_B, nfe_B, block)
+    if stop_ids:
+      done_B = done_B | jnp.any(jnp.isin(x_BN[:, prompt_len:], stop_V), axis=-1)
+    return x_BN, done_B, nfe_B, block + 1
+
+  x_BN, _, nfe_B, _ = jax.lax.while_loop(
+      lambda c: (c[3] < num_blocks) & ~jnp.all(c[1]), body,
+      (x_BN, jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32),
+       jnp.int32(prompt_len // block_length)))
+  return x_BN, nfe_B
+
+
 def generate(graphdef, params, prompt_BP, key, *, cfg: AlignedBlockConfig, mask_id: int):
   """(x_BN, nfe_B): the decoded canvas [B, num_blocks·block_length] (prompt included) and
   the number of forwards each row took part in. Pure; jit with ``cfg``/``mask_id`` static."""
@@ -122,12 +150,10 @@ def generate(graphdef, params, prompt_BP, key, *, cfg: AlignedBlockConfig, mask_
   bs, steps = cfg.block_length, cfg.steps
   nb = cfg.num_blocks(p)
   n = nb * bs
-  x_BN = jnp.full((b, n), mask_id, jnp.int32).at[:, :p].set(prompt_BP.astype(jnp.int32))
+  x_BN, pos_BN = _canvas(prompt_BP, n, mask_id)
   blk_N = jnp.arange(n) // bs
   mask_1NN = block_causal(blk_N, blk_N)[None]
-  pos_BN = jnp.broadcast_to(jnp.arange(n), (b, n))
   sched_S = jnp.asarray(transfer_schedule(bs, steps))
-  stop_V = np.array(cfg.stop_ids or [-1], np.int32)
 
   def running(x_BN, block, done_B):
     return ~done_B & jnp.any(block_of(x_BN, block, bs) == mask_id, axis=-1)
@@ -146,18 +172,14 @@ def generate(graphdef, params, prompt_BP, key, *, cfg: AlignedBlockConfig, mask_
     x_BN = jax.lax.dynamic_update_slice_in_dim(x_BN, x_BT, block * bs, axis=1)
     return s + 1, x_BN, done_B, nfe_B + run_B, block
 
-  def block_body(c):
-    x_BN, done_B, nfe_B, block = c
+  def decode_block(x_BN, done_B, nfe_B, block):
     _, x_BN, _, nfe_B, _ = jax.lax.while_loop(
         lambda c: (c[0] < steps) & jnp.any(running(c[1], block, c[2])), step,
         (jnp.int32(0), x_BN, done_B, nfe_B, block))
-    stopped_B = jnp.any(jnp.isin(x_BN[:, p:], stop_V), axis=-1) if cfg.stop_ids else done_B
-    return x_BN, done_B | stopped_B, nfe_B, block + 1
+    return x_BN, nfe_B
 
-  x_BN, _, nfe_B, _ = jax.lax.while_loop(
-      lambda c: (c[3] < nb) & ~jnp.all(c[1]), block_body,
-      (x_BN, jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32), jnp.int32(p // bs)))
-  return x_BN, nfe_B
+  return _decode_blocks(decode_block, x_BN, prompt_len=p, block_length=bs, num_blocks=nb,
+                        stop_ids=cfg.stop_ids)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,11 +222,9 @@ def generate_editing(graphdef, params, prompt_BP, key, *, cfg: EditingConfig, ma
   bs = cfg.block_length
   nb = cfg.num_blocks(p)
   n = nb * bs
-  x_BN = jnp.full((b, n), mask_id, jnp.int32).at[:, :p].set(prompt_BP.astype(jnp.int32))
+  x_BN, pos_BN = _canvas(prompt_BP, n, mask_id)
   blk_N = jnp.arange(n) // bs
   bias_NN = block_causal(blk_N, blk_N).astype(jnp.float32)
-  pos_BN = jnp.broadcast_to(jnp.arange(n), (b, n))
-  stop_V = np.array(cfg.stop_ids or [-1], np.int32)
 
   def step(c):
     it, x_BN, post_B, run_B, nfe_B, block = c
@@ -220,9 +240,7 @@ def generate_editing(graphdef, params, prompt_BP, key, *, cfg: EditingConfig, ma
                           temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     conf_BT = jnp.where(active_BT, p_BT, _NEG)
     high_BT = (conf_BT > cfg.threshold) & active_BT
-    order_BT = jnp.argsort(-conf_BT, axis=-1, stable=True)
-    rank_BT = jnp.argsort(order_BT, axis=-1, stable=True)
-    top_BT = rank_BT < jnp.minimum(cfg.num_to_transfer, active_BT.sum(-1))[:, None]
+    top_BT = descending_rank(conf_BT) < jnp.minimum(cfg.num_to_transfer, active_BT.sum(-1))[:, None]
     fill_BT = jnp.where((high_BT.sum(-1) >= cfg.num_to_transfer)[:, None], high_BT, top_BT)
     prompt_T = block * bs + jnp.arange(bs) < p
     edit_BT = (~active_BT & ~prompt_T[None] & (p_BT > cfg.editing_threshold)
@@ -234,15 +252,11 @@ def generate_editing(graphdef, params, prompt_BP, key, *, cfg: EditingConfig, ma
     run_B = run_B & (has_mask_B | edit_BT.any(-1))
     return it + 1, x_BN, post_B, run_B, nfe_B, block
 
-  def block_body(c):
-    x_BN, done_B, nfe_B, block = c
+  def decode_block(x_BN, done_B, nfe_B, block):
     _, x_BN, _, _, nfe_B, _ = jax.lax.while_loop(
         lambda c: jnp.any(c[3]), step,
         (jnp.int32(0), x_BN, jnp.zeros((b,), jnp.int32), ~done_B, nfe_B, block))
-    stopped_B = jnp.any(jnp.isin(x_BN[:, p:], stop_V), axis=-1) if cfg.stop_ids else done_B
-    return x_BN, done_B | stopped_B, nfe_B, block + 1
+    return x_BN, nfe_B
 
-  x_BN, _, nfe_B, _ = jax.lax.while_loop(
-      lambda c: (c[3] < nb) & ~jnp.all(c[1]), block_body,
-      (x_BN, jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32), jnp.int32(p // bs)))
-  return x_BN, nfe_B
+  return _decode_blocks(decode_block, x_BN, prompt_len=p, block_length=bs, num_blocks=nb,
+                        stop_ids=cfg.stop_ids)
