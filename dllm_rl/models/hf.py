@@ -192,18 +192,22 @@ def _sdar_config(m: ModelConfig, ids: TokenIds) -> dict:
   return c
 
 
-def _sdar_tensors(m: ModelConfig) -> list[tuple[str, tuple, str]]:
+def _qwen_tensors(m: ModelConfig) -> list[tuple[str, tuple, str]]:
+  """Qwen-style names (``model.{embed_tokens, layers.i.*, norm}``, ``lm_head``), shared by
+  SDAR (qk-norm) and Dream (q/k/v biases); each layer in the HF state-dict order."""
   out = [("model.embed_tokens.weight", ("embed",), COPY)]
   for i in range(m.n_layers):
     b, p = f"model.layers.{i}.", ("blocks", i)
     a = b + "self_attn."
-    out += [(b + "input_layernorm.weight", p + ("attn_norm", "scale"), COPY),
-            (a + "q_proj.weight", p + ("attn", "q_proj"), IN),
-            (a + "k_proj.weight", p + ("attn", "k_proj"), IN),
-            (a + "v_proj.weight", p + ("attn", "v_proj"), IN),
-            (a + "q_norm.weight", p + ("attn", "q_norm", "scale"), COPY),
-            (a + "k_norm.weight", p + ("attn", "k_norm", "scale"), COPY),
-            (a + "o_proj.weight", p + ("attn", "o_proj"), OUT),
+    out.append((b + "input_layernorm.weight", p + ("attn_norm", "scale"), COPY))
+    for x in "qkv":
+      out.append((a + f"{x}_proj.weight", p + ("attn", f"{x}_proj"), IN))
+      if m.qkv_bias:
+        out.append((a + f"{x}_proj.bias", p + ("attn", f"{x}_bias"), FLAT))
+    if m.qk_norm:
+      out += [(a + "q_norm.weight", p + ("attn", "q_norm", "scale"), COPY),
+              (a + "k_norm.weight", p + ("attn", "k_norm", "scale"), COPY)]
+    out += [(a + "o_proj.weight", p + ("attn", "o_proj"), OUT),
             (b + "post_attention_layernorm.weight", p + ("mlp_norm", "scale"), COPY),
             (b + "mlp.gate_proj.weight", p + ("mlp", "gate_proj"), IN),
             (b + "mlp.up_proj.weight", p + ("mlp", "up_proj"), IN),
@@ -212,6 +216,13 @@ def _sdar_tensors(m: ModelConfig) -> list[tuple[str, tuple, str]]:
   if not m.tie_embeddings:
     out.append(("lm_head.weight", ("lm_head",), IN))
   return out
+
+
+def _sdar_tensors(m: ModelConfig) -> list[tuple[str, tuple, str]]:
+  if not (m.qk_norm and not m.qkv_bias):
+    raise ValueError("an SDAR model has qk_norm=True, qkv_bias=False; this one has "
+                     f"{m.qk_norm}, {m.qkv_bias}")
+  return _qwen_tensors(m)
 
 
 _DREAM_OPTIONS = {
@@ -267,26 +278,7 @@ def _dream_tensors(m: ModelConfig) -> list[tuple[str, tuple, str]]:
   if not (m.qkv_bias and m.logit_shift and not m.qk_norm):
     raise ValueError("a Dream model has qkv_bias=True, logit_shift=True, qk_norm=False; this "
                      f"one has {m.qkv_bias}, {m.logit_shift}, {m.qk_norm}")
-  out = [("model.embed_tokens.weight", ("embed",), COPY)]
-  for i in range(m.n_layers):
-    b, p = f"model.layers.{i}.", ("blocks", i)
-    a = b + "self_attn."
-    out += [(b + "input_layernorm.weight", p + ("attn_norm", "scale"), COPY),
-            (a + "q_proj.weight", p + ("attn", "q_proj"), IN),
-            (a + "q_proj.bias", p + ("attn", "q_bias"), FLAT),
-            (a + "k_proj.weight", p + ("attn", "k_proj"), IN),
-            (a + "k_proj.bias", p + ("attn", "k_bias"), FLAT),
-            (a + "v_proj.weight", p + ("attn", "v_proj"), IN),
-            (a + "v_proj.bias", p + ("attn", "v_bias"), FLAT),
-            (a + "o_proj.weight", p + ("attn", "o_proj"), OUT),
-            (b + "post_attention_layernorm.weight", p + ("mlp_norm", "scale"), COPY),
-            (b + "mlp.gate_proj.weight", p + ("mlp", "gate_proj"), IN),
-            (b + "mlp.up_proj.weight", p + ("mlp", "up_proj"), IN),
-            (b + "mlp.down_proj.weight", p + ("mlp", "down_proj"), OUT)]
-  out.append(("model.norm.weight", ("final_norm", "scale"), COPY))
-  if not m.tie_embeddings:
-    out.append(("lm_head.weight", ("lm_head",), IN))
-  return out
+  return _qwen_tensors(m)
 
 
 FAMILIES: dict[str, Family] = {
