@@ -24,3 +24,11 @@ def test_pass_at_1_is_the_success_rate_and_bad_input_is_rejected():
     pass_at_k(4, 2, 5)
   with pytest.raises(ValueError):
     pass_at_k(4, 5, 1)
+
+
+def test_distinct_correct_counts_distinct_correct_answers_per_prompt():
+  from dllm_rl.train.evaluation import distinct_correct
+  parsed = [["1+2*3", "2*3+1", "1+2*3", "7"], ["9", "x", "9", "9"]]
+  correct = [[True, True, True, False], [False, False, False, False]]
+  assert distinct_correct(parsed, correct) == pytest.approx((2 + 0) / 2)
+  assert distinct_correct([["a", "b"]], [[True, True]]) == 2.0

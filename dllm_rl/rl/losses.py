@@ -195,15 +195,19 @@ def ratio_metrics(log_ratio_BG, adv_BGL, mask_BGL, eps: float) -> dict:
 
   ``log_ratio_max`` is exact; mean/max/std of ρ̂ are computed on log ρ̂ clipped
   to ±30 (ρ̂ ≤ 1.1e13), so they stay finite when sum-reduced estimators give
-  log-ratios of hundreds of nats.
+  log-ratios of hundreds of nats. ``abs_log_ratio_p{50,90,99}`` are quantiles of |log ρ̂|
+  over the batch's sequences (exact, unclipped): the ratio noise the clamped maximum hides.
   """
   log_ratio = _sg(log_ratio_BG).astype(jnp.float32)
+  abs_q = jnp.quantile(jnp.abs(log_ratio).reshape(-1), jnp.array([0.5, 0.9, 0.99]))
   ratio = jnp.exp(jnp.clip(log_ratio, -_LOG_RATIO_REPORT, _LOG_RATIO_REPORT))
   n = jnp.maximum(mask_BGL.sum(-1), 1)
   adv_seq = jnp.where(mask_BGL, adv_BGL, 0.0).sum(-1) / n
   return {
       "ratio_mean": ratio.mean(), "ratio_max": ratio.max(), "ratio_std": ratio.std(),
       "log_ratio_max": log_ratio.max(),
+      "abs_log_ratio_p50": abs_q[0], "abs_log_ratio_p90": abs_q[1],
+      "abs_log_ratio_p99": abs_q[2], "abs_log_ratio_max": jnp.abs(log_ratio).max(),
       "bypass_fraction": ((adv_seq < 0) & (log_ratio > math.log1p(eps))).mean(),
   }
 

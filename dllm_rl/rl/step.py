@@ -205,6 +205,9 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
     metrics["grad_norm_max"] = inner_M["grad_norm"].max()
     metrics["log_ratio_max"] = inner_M["log_ratio_max"].max()
     metrics["ratio_max_first"] = inner_M["ratio_max"][0]  # 1 exactly with antithetic masks
+    metrics["abs_log_ratio_max"] = inner_M["abs_log_ratio_max"].max()
+    for q in ("p50", "p90", "p99", "max"):  # the first inner step: θ = θ_old, pure noise
+      metrics[f"abs_log_ratio_{q}_first"] = inner_M[f"abs_log_ratio_{q}"][0]
     metrics.update(
         reward_mean=rewards_BG.mean(), accuracy=batch.correct_BG.astype(jnp.float32).mean(),
         reward_std_within_group=rewards_BG.std(-1).mean(),

@@ -29,6 +29,8 @@ from dllm_rl.study import arms as arms_lib
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory (SFT, arms, JSON, plots).")
 _SEEDS = flags.DEFINE_integer("seeds", None, "Seeds (default 3; 1 with --quick).")
 _QUICK = flags.DEFINE_bool("quick", False, "1 seed, fewer RL steps: a smoke run of the study.")
+_ARMS = flags.DEFINE_list("arms", None, "Only the arms whose names match one of these shell"
+                          " patterns (e.g. 'grpo@*,stabledrl@*'); default: every arm.")
 _overrides: list[tuple[str, str]] = []  # --config.KEY=VALUE and --set=KEY=VALUE
 _RESULTS = flags.DEFINE_string("results", "docs/results.md", "Markdown report to write.")
 _STEPS = flags.DEFINE_integer("rl_steps", None, "RL steps per arm (default: the study size).")
@@ -56,8 +58,10 @@ def _load() -> str:
 def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
           overrides: dict[str, object],
           results_md: str, command: str, rl_steps: int | None = None,
-          eval_every: int | None = None, cache_dir: str | None = None) -> dict:
-  """Run the named studies and write their JSON, plots and the markdown report."""
+          eval_every: int | None = None, cache_dir: str | None = None,
+          arm_patterns: list[str] | None = None) -> dict:
+  """Run the named studies and write their JSON, plots and the markdown report.
+  ``arm_patterns``: only the arms matching one of these shell patterns."""
   import jax
 
   from dllm_rl.study import plots, report, runner
@@ -72,7 +76,8 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
   done = []
   for name in names:
     with runner.compilation_cache(cache_dir):
-      result = runner.run_study(name, arms_lib.STUDIES.get(name)(), workdir, size.seeds, size,
+      result = runner.run_study(name, arms_lib.select(arms_lib.STUDIES.get(name)(), arm_patterns),
+                                workdir, size.seeds, size,
                                 overrides)
     result["command"], result["quick"] = command, quick
     with open(os.path.join(workdir, f"{name}.json"), "w") as fh:
@@ -103,13 +108,15 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   names = arms_lib.STUDIES.names() if name == "all" else [name]
   names = sorted(names, key=lambda n: n != "stability")  # stability first
+  if (problem := arms_lib.unmatched(names, _ARMS.value)) is not None:
+    raise app.UsageError(problem)
   command = "python -m dllm_rl.study " + " ".join(sys.argv[1:])
   from dllm_rl.train.validate import validate
   config = cli.load(None, _overrides, check=validate, default=default_config)  # exits 2, all
   overrides = cli.override_values(config, _overrides)
   try:
     study(names, _WORKDIR.value, _SEEDS.value, _QUICK.value, overrides, _RESULTS.value, command,
-          _STEPS.value, _EVAL_EVERY.value, os.path.join(_WORKDIR.value, "jax_cache"))
+          _STEPS.value, _EVAL_EVERY.value, os.path.join(_WORKDIR.value, "jax_cache"), _ARMS.value)
   except ConfigError as err:
     cli.fail([err])
 

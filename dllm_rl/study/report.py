@@ -42,97 +42,167 @@ def _pass(k):
   return lambda r: (r["summary"].get("rl_pass_at_k") or {}).get(str(k))
 
 
+MIN_EFFECT = 0.02  # the smallest accuracy difference of interest (2 points): inside ±this is "no difference"
+
+
+def _by_seed(study: dict, arm: str, get) -> dict:
+  return {r["seed"]: get(r) for r in _runs(study, arm)}
+
+
 def paired_difference(study: dict, arm_a: str, arm_b: str, get) -> dict:
-  """t-interval of the per-seed difference get(a) − get(b) (arms of a seed share the SFT
+  """:func:`stats.paired` of get(a) − get(b) over the seeds (arms of a seed share the SFT
   checkpoint and rollout keys, so the seeds pair them)."""
-  a = {r["seed"]: get(r) for r in _runs(study, arm_a)}
-  b = {r["seed"]: get(r) for r in _runs(study, arm_b)}
-  return stats.t_interval([a[s] - b[s] for s in sorted(a) if s in b
-                           and a[s] is not None and b[s] is not None])
+  return stats.paired(_by_seed(study, arm_a, get), _by_seed(study, arm_b, get))
+
+
+def _fmt_paired(p: dict, digits: int = 3) -> str:
+  if p["mean"] is None:
+    return "n/a"
+  return (f"{_fmt(p, digits)} (per seed {', '.join(f'{d:+.{digits}f}' for d in p['diffs'])};"
+          f" {p['wins']} up, {p['losses']} down, {p['ties']} tied)")
+
+
+def _ratio(r, key: str):
+  return (r["stats"].get("abs_log_ratio") or {}).get(key)
+
+
+def _group(a: dict) -> str:
+  from dllm_rl.study.arms import STRESS_LABEL
+  return {"stress": STRESS_LABEL}.get(a.get("group", "main"), a.get("group", "main"))
 
 
 def stability_table(study: dict) -> str:
-  rows = ["| arm | held-out test acc. (end) | val acc. start → final | best val acc. | collapsed"
-          " (seeds) | grad-norm spikes (> 5× median) | max/median grad norm | max ρ̂ |"
-          " bypass fraction (A < 0, ρ̂ > 1 + ε) |", "|" + " --- |" * 9]
+  rows = ["| arm | group | held-out test acc. (end) | val acc. start → final | collapsed (seeds)"
+          " | grad-norm spikes (> 5× median) | |log ρ̂| first inner step p50 / p90 / p99 / max"
+          " | |log ρ̂| all inner steps p50 / p90 / p99 / max | bypass fraction (A < 0,"
+          " ρ̂ > 1 + ε) |", "|" + " --- |" * 9]
   for a in study["arms"]:
     n = a["name"]
     runs = _runs(study, n)
     st = lambda key: _iv(study, n, lambda r: r["stats"][key])
+    q = lambda when: " / ".join(_fmt_g(_iv(study, n, lambda r: _ratio(r, f"{k}_{when}")))
+                                for k in ("p50", "p90", "p99", "max"))
     collapsed = sum(r["stats"]["collapsed"] for r in runs)
     rows.append(
-        f"| {n} | {_fmt(_iv(study, n, _test))} | {_fmt(st('start_val_accuracy'))} → "
-        f"{_fmt(st('final_val_accuracy'))} | {_fmt(st('best_val_accuracy'))} | "
-        f"{collapsed}/{len(runs)} | {_fmt(st('grad_spikes'), 1)} | {_fmt(st('spike_ratio'), 1)} |"
-        f" {_fmt_g(st('ratio_max'))} | {_fmt(st('bypass_fraction_mean'), 4)} |")
+        f"| {n} | {_group(a)} | {_fmt(_iv(study, n, _test))} | {_fmt(st('start_val_accuracy'))}"
+        f" → {_fmt(st('final_val_accuracy'))} | {collapsed}/{len(runs)} |"
+        f" {_fmt(st('grad_spikes'), 1)} | {q('first')} | {q('all')} |"
+        f" {_fmt(st('bypass_fraction_mean'), 4)} |")
   return "\n".join(rows)
+
+
+def _distinct(r):
+  return r["summary"].get("rl_distinct_correct")
 
 
 def steprs_table(study: dict) -> str:
-  rows = ["| arm | greedy test acc. | pass@1 (T = 1) | pass@4 | pass@8 | val acc. start → final |"
-          " calibrated β_end |", "|" + " --- |" * 7]
+  rows = ["| arm | group | greedy test acc. | pass@1 (T = 1) | pass@4 | pass@8 |"
+          " distinct correct answers / prompt | val acc. start → final | β_end |",
+          "|" + " --- |" * 9]
   for a in study["arms"]:
     n = a["name"]
     st = lambda key: _iv(study, n, lambda r: r["stats"][key])
-    beta = _iv(study, n, lambda r: r["overrides"].get("rl.beta_end")) if a["calibrate_from"] \
-        else {"mean": None, "half_width": None}
-    rows.append(f"| {n} | {_fmt(_iv(study, n, _test))} | {_fmt(_iv(study, n, _pass(1)))} | "
-                f"{_fmt(_iv(study, n, _pass(4)))} | {_fmt(_iv(study, n, _pass(8)))} | "
-                f"{_fmt(st('start_val_accuracy'))} → {_fmt(st('final_val_accuracy'))} | "
-                f"{_fmt(beta, 2) if beta['mean'] is not None else '—'} |")
+    beta = _iv(study, n, lambda r: r["overrides"].get("rl.beta_end")) \
+        if "steprs" in n else {"mean": None, "half_width": None}
+    rows.append(f"| {n} | {_group(a)} | {_fmt(_iv(study, n, _test))} |"
+                f" {_fmt(_iv(study, n, _pass(1)))} | {_fmt(_iv(study, n, _pass(4)))} |"
+                f" {_fmt(_iv(study, n, _pass(8)))} | {_fmt(_iv(study, n, _distinct), 2)} |"
+                f" {_fmt(st('start_val_accuracy'))} → {_fmt(st('final_val_accuracy'))} |"
+                f" {_fmt(beta, 2) if beta['mean'] is not None else '—'} |")
   return "\n".join(rows)
 
 
-def stability_verdict(study: dict) -> tuple[str, str]:
-  """(verdict, evidence): GRPO collapses where StableDRL does not.
-
-  Reproduced: at some lr GRPO collapsed in more than half of the seeds and StableDRL in
-  fewer than half. Not reproduced: at every lr GRPO collapsed no more often than StableDRL
-  (not testable when both collapsed in every seed at every lr). Otherwise inconclusive.
-  Fewer than 3 seeds: not established (with what the seeds indicate).
-  """
-  seeds = study["seeds"]
-  lines, grpo_worse, separated, all_both = [], False, False, True
-  for tag in sorted({a["name"].split("@")[1] for a in study["arms"]}):
-    g, s = _runs(study, f"grpo@{tag}"), _runs(study, f"stabledrl@{tag}")
-    gc, sc = sum(r["stats"]["collapsed"] for r in g), sum(r["stats"]["collapsed"] for r in s)
-    spikes = paired_difference(study, f"grpo@{tag}", f"stabledrl@{tag}",
-                               lambda r: r["stats"]["grad_spikes"])
-    acc = paired_difference(study, f"grpo@{tag}", f"stabledrl@{tag}", _test)
-    lines.append(f"at {tag}: GRPO collapsed in {gc}/{len(g)} seeds, StableDRL in {sc}/{len(s)};"
-                 f" spikes GRPO − StableDRL {_fmt(spikes, 1)}; test accuracy GRPO − StableDRL"
-                 f" {_fmt(acc)}")
-    grpo_worse |= gc > sc
-    separated |= 2 * gc > len(g) and 2 * sc < len(s)
-    all_both &= gc == len(g) and sc == len(s)
-  evidence = "; ".join(lines)
-  if seeds < 3:
-    return (f"not established ({seeds} seed(s); the claim needs ≥ 3)"
-            f"{' — indicative: GRPO collapsed where StableDRL did not' if grpo_worse else ''}",
-            evidence)
-  if separated:
-    return "reproduced (collapse)", evidence
-  if all_both:
-    return "not testable at this size (both collapse in every seed at every lr tried)", evidence
-  if not grpo_worse:
-    return "not reproduced at this size", evidence
-  return "inconclusive (GRPO collapsed more often, but not in most seeds)", evidence
+def _collapses(study: dict, arm: str) -> tuple[int, int]:
+  runs = _runs(study, arm)
+  return sum(r["stats"]["collapsed"] for r in runs), len(runs)
 
 
-def steprs_verdict(study: dict) -> tuple[str, str]:
-  """(verdict, evidence): StepRS raises pass@k over centered GRPO."""
-  seeds = study["seeds"]
-  diffs = {k: paired_difference(study, "steprs", "centered", _pass(k)) for k in (1, 4, 8)}
-  evidence = "; ".join(f"pass@{k} StepRS − centered {_fmt(d)}" for k, d in diffs.items())
-  d8 = diffs[8]
-  if seeds < 3 or d8["half_width"] is None:
-    return f"not established ({seeds} seed(s); the claim needs ≥ 3)", evidence
-  if d8["mean"] - d8["half_width"] > 0:
-    return "reproduced (pass@8)", evidence
-  if d8["mean"] + d8["half_width"] < 0:
-    return "not reproduced (pass@8 lower)", evidence
-  return "not shown at this size (the 95% interval of the pass@8 difference includes 0)", evidence
+def _stability_reason(study: dict, grpo: str, sdrl: str, p: dict) -> str:
+  """The likely reason a StableDRL-over-GRPO comparison did not reproduce, from its numbers."""
+  (gc, gn), (sc, sn) = _collapses(study, grpo), _collapses(study, sdrl)
+  bypass = _iv(study, grpo, lambda r: r["stats"]["bypass_fraction_mean"])["mean"] or 0.0
+  p99 = _iv(study, grpo, lambda r: _ratio(r, "p99_first"))["mean"]
+  if gc == 0:
+    why = (f"GRPO did not collapse in any seed (0/{gn}): there was no instability for"
+           " StableDRL to remove at this lr")
+  elif gc == gn and sc == sn:
+    why = f"both collapsed in every seed ({gc}/{gn}): the lr is too high for either"
+  else:
+    why = f"GRPO collapsed in {gc}/{gn} seeds, StableDRL in {sc}/{sn}"
+  why += f"; GRPO's bypass (A < 0, ρ̂ > 1 + ε) hit {bypass:.2%} of sequences"
+  if p99 is not None:
+    why += f", p99 |log ρ̂| at θ = θ_old {p99:.3g} nats"
+  return why
 
+
+def stability_verdicts(study: dict) -> list[tuple[str, str, str]]:
+  """(comparison, verdict, evidence) for every GRPO / StableDRL pair of the study: the claim
+  "StableDRL ends with higher held-out accuracy than GRPO" on paired seeds
+  (:func:`stats.verdict`, smallest difference of interest :data:`MIN_EFFECT`), with the
+  collapse counts and, when it does not reproduce, the likely reason."""
+  out = []
+  for a in study["arms"]:
+    name = a["name"]
+    if not name.startswith("stabledrl") or "antithetic" in name:
+      continue
+    grpo = name.replace("stabledrl", "grpo", 1)
+    if not any(x["name"] == grpo for x in study["arms"]):
+      continue
+    p = paired_difference(study, name, grpo, _test)
+    verdict = stats.verdict(p, MIN_EFFECT, "StableDRL's accuracy")
+    (gc, gn), (sc, sn) = _collapses(study, grpo), _collapses(study, name)
+    evidence = (f"test accuracy StableDRL − GRPO {_fmt_paired(p)}; collapsed: GRPO {gc}/{gn},"
+                f" StableDRL {sc}/{sn}")
+    if verdict != "reproduced":
+      evidence += f". Likely reason: {_stability_reason(study, grpo, name, p)}"
+    out.append((f"{name} vs {grpo} ({_group(a)})", verdict, evidence))
+  return out
+
+
+def _steprs_reason(study: dict) -> str:
+  base8 = _iv(study, "centered", _pass(8))["mean"]
+  distinct = _iv(study, "centered", _distinct)["mean"]
+  reasons = []
+  if base8 is not None and base8 > 0.95:
+    reasons.append(f"centered GRPO's pass@8 is already {base8:.3f} (no headroom)")
+  if distinct is not None and distinct <= 1.05:
+    reasons.append(f"{distinct:.2f} distinct correct answers per prompt: the task has one"
+                   " correct answer, so exploration has nothing to find")
+  return "; ".join(reasons) or "the effect is smaller than the seed-to-seed spread at this size"
+
+
+STEPRS_COMPARISONS = (  # (arm, baseline, metric): the claim is arm > baseline on the metric
+    ("steprs", "centered", "pass@8"), ("steprs", "centered", "distinct"),
+    ("steprs_calibrated", "centered", "pass@8"),
+    ("steprs", "steprs_reversed", "pass@8"), ("steprs", "risk_sensitive", "pass@8"),
+    ("steprs_rms_matched", "centered", "pass@8"), ("steprs_mass_matched", "centered", "pass@8"),
+)
+
+
+def steprs_verdicts(study: dict) -> list[tuple[str, str, str]]:
+  """(comparison, verdict, evidence): StepRS raises pass@8 and the number of distinct correct
+  answers over centered GRPO; the schedule's direction and its state dependence matter
+  (StepRS over the reversed schedule and over a constant β); the effect survives rescaling
+  (RMS- and mass-matched)."""
+  names = {a["name"] for a in study["arms"]}
+  out = []
+  for arm, base, metric in STEPRS_COMPARISONS:
+    if arm not in names or base not in names:
+      continue
+    get = _distinct if metric == "distinct" else _pass(8)
+    p = paired_difference(study, arm, base, get)
+    verdict = stats.verdict(p, MIN_EFFECT if metric != "distinct" else 0.1, f"{arm}'s {metric}")
+    evidence = f"{metric} {arm} − {base} {_fmt_paired(p)}"
+    if verdict != "reproduced":
+      evidence += f". Likely reason: {_steprs_reason(study)}"
+    out.append((f"{arm} vs {base}, {metric}", verdict, evidence))
+  return out
+
+
+RATIO_NOTE = ("|log ρ̂| columns: quantiles of |log ρ̂| over the batch's sequences at each RL"
+              " step (at the first inner step θ = θ_old, so they are pure estimator noise), the"
+              " median over steps of each per-step quantile, and the largest value of the run;"
+              " mean ± t-interval over seeds.")
 
 CAVEATS = {
     "stability": (
@@ -197,7 +267,6 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
           f" p = 0.3, n = {c.task.val_size}) from some evaluation on, for at least two"
           " evaluations. Spike: a step whose max grad norm (pre-clip, over the μ inner steps)"
           f" exceeds {stats.SPIKE_FACTOR:g}× the run's median.", ""]
-  verdicts = []
   for study in studies:
     name = study["study"]
     out += [f"## `{name}`", "", f"{study['seeds']} seed(s), {study['size']['rl_steps']} RL steps"
@@ -210,12 +279,17 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
     out += [f"| {a['name']} | {a['description']} | `{a['overrides']}` |" for a in study["arms"]]
     out += [""]
     out += [stability_table(study) if name == "stability" else steprs_table(study), ""]
+    if name == "stability":
+      out += [RATIO_NOTE, ""]
     out += [f"![{name} curves]({image_dir_rel}/{name}_curves.png)", ""]
     if name == "stability":
       out += [f"![{name} grad-norm spikes]({image_dir_rel}/{name}_spikes.png)", ""]
-    verdict, evidence = (stability_verdict if name == "stability" else steprs_verdict)(study)
-    verdicts.append((name, verdict, evidence))
-    out += [f"**Verdict: {verdict}.** {evidence}.", "", f"Caveats: {CAVEATS[name]}", ""]
+    lines = (stability_verdicts if name == "stability" else steprs_verdicts)(study)
+    out += ["Verdicts (computed from the table's numbers by `dllm_rl/study/report.py`; the claim"
+            f" is that the first arm is higher; differences inside ±{MIN_EFFECT:g} count as"
+            " none):", ""]
+    out += [f"* **{what}: {verdict}.** {evidence}." for what, verdict, evidence in lines]
+    out += ["", f"Caveats: {CAVEATS[name]}", ""]
   return "\n".join(out)
 
 

@@ -23,7 +23,24 @@ from dllm_rl.study.arms import Arm, Size
 
 STEP_KEYS = ("reward_mean", "accuracy", "grad_norm", "grad_norm_max", "ratio_max",
              "ratio_max_first", "log_ratio_max", "bypass_fraction", "clip_fraction", "loss",
-             "entropy", "adv_abs_mean")
+             "entropy", "adv_abs_mean") + tuple(
+                 f"abs_log_ratio_{q}{w}" for q in ("p50", "p90", "p99", "max")
+                 for w in ("", "_first"))
+
+
+def ratio_summary(records: list[dict]) -> dict:
+  """|log ρ̂| of a run: for each per-step batch quantile (p50 / p90 / p99, at the first inner
+  step and averaged over the inner steps), its median over the steps; the max over steps of
+  the per-step max. Keys ``p50_first`` … ``max_first``, ``p50_all`` … ``max_all``."""
+  import numpy as np
+  out = {}
+  for when, suffix in (("first", "_first"), ("all", "")):
+    for q in ("p50", "p90", "p99", "max"):
+      xs = [r[f"abs_log_ratio_{q}{suffix}"] for r in records
+            if r.get(f"abs_log_ratio_{q}{suffix}") is not None]
+      out[f"{q}_{when}"] = (None if not xs else
+                            float(max(xs)) if q == "max" else float(np.median(xs)))
+  return out
 
 
 @contextlib.contextmanager
@@ -112,6 +129,7 @@ def arm_stats(records: list[dict], evals: list[dict], num_val: int) -> dict:
       "spike_ratio": stats.spike_ratio(grads),
       "grad_spikes": stats.count_spikes(grads),
       "ratio_max": max((r["ratio_max"] for r in records if "ratio_max" in r), default=None),
+      "abs_log_ratio": ratio_summary(records),
       "bypass_fraction_mean": (sum(r.get("bypass_fraction", 0.0) for r in records) / len(records)
                                if records else None),
   }
@@ -190,7 +208,8 @@ def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
           f" | {rec['wall_seconds']:.0f}s")
       runs.append(rec)
   return {"study": name, "arms": [{"name": a.name, "description": a.description,
-                                   "overrides": a.overrides, "calibrate_from": a.calibrate_from}
+                                   "overrides": a.overrides, "calibrate_from": a.calibrate_from,
+                                   "group": a.group}
                                   for a in arms],
           "seeds": seeds, "size": {"rl_steps": size.rl_steps, "eval_every": size.eval_every},
           "overrides": overrides, "sft": {str(k): v for k, v in sfts.items()}, "runs": runs,

@@ -83,3 +83,70 @@ def collapse_step(eval_steps: Sequence[int], accuracies: Sequence[float], start:
     return None
   tail = [s for s, _ in pts if s >= first]
   return first if len(tail) >= min_evals else None
+
+
+def paired(a_by_seed: dict, b_by_seed: dict, level: float = 0.95) -> dict:
+  """Paired comparison of two arms that share each seed's SFT start and rollout keys:
+  the per-seed differences d_s = a_s − b_s (seeds present in both, values not None), their
+  mean ± Student-t half-width, and the sign count (wins: d > 0, losses: d < 0, ties)."""
+  seeds = sorted(s for s in a_by_seed if s in b_by_seed
+                 and a_by_seed[s] is not None and b_by_seed[s] is not None)
+  diffs = [float(a_by_seed[s]) - float(b_by_seed[s]) for s in seeds]
+  iv = t_interval(diffs, level)
+  return {**iv, "seeds": seeds, "diffs": diffs,
+          "sd": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else None,
+          "wins": sum(d > 0 for d in diffs), "losses": sum(d < 0 for d in diffs),
+          "ties": sum(d == 0 for d in diffs)}
+
+
+def quantiles(values: Sequence[float], qs: Sequence[float] = (0.5, 0.9, 0.99)) -> dict:
+  """{"p50": …, "p90": …, "p99": …, "max": …} of the finite values (linear interpolation,
+  numpy's default); every entry None when there is none."""
+  x = np.asarray([v for v in values if v is not None], np.float64)
+  x = x[np.isfinite(x)]
+  keys = [f"p{round(100 * q):d}" for q in qs] + ["max"]
+  if x.size == 0:
+    return dict.fromkeys(keys)
+  return {**{k: float(np.quantile(x, q)) for k, q in zip(keys, qs)}, "max": float(x.max())}
+
+
+def seeds_to_decide(sd: float | None, effect: float, level: float = 0.95) -> int | None:
+  """Seeds n for which the paired t-interval of a difference with standard deviation ``sd``
+  would exclude 0 if the true difference were ``effect``: the least n ≥ 2 with
+  t_{(1+level)/2, n−1}·sd/√n < |effect|. None when sd or effect is missing or effect is 0;
+  more than 1000 is reported as 1001 (the effect is too small to resolve by seeds)."""
+  if sd is None or not effect:
+    return None
+  if sd == 0:
+    return 2
+  from scipy import stats
+  for n in range(2, 1001):
+    if float(stats.t.ppf(0.5 + level / 2, df=n - 1)) * sd / math.sqrt(n) < abs(effect):
+      return n
+  return 1001
+
+
+def verdict(comparison: dict, min_effect: float, what: str) -> str:
+  """The verdict on the claim "``what`` is larger" from a :func:`paired` comparison.
+
+  * fewer than 2 paired seeds: "not established (n seed(s))";
+  * the interval lies above 0: "reproduced";
+  * the interval lies below 0: "not reproduced (the opposite holds)";
+  * the interval lies inside (−min_effect, min_effect): "not reproduced (no difference as
+    large as min_effect)" — an equivalence result, not a lack of data;
+  * otherwise "inconclusive (the interval includes 0)", with the seeds that would decide an
+    effect the size of the observed mean (or of min_effect, whichever is larger).
+  """
+  n, mean, hw = comparison["n"], comparison["mean"], comparison["half_width"]
+  if n < 2 or hw is None:
+    return f"not established ({n} seed(s); a paired interval needs ≥ 2)"
+  lo, hi = mean - hw, mean + hw
+  if lo > 0:
+    return "reproduced"
+  if hi < 0:
+    return f"not reproduced (the opposite holds: {what} is lower)"
+  if -min_effect < lo and hi < min_effect:
+    return f"not reproduced (no difference as large as {min_effect:g}: the interval lies inside ±{min_effect:g})"
+  need = seeds_to_decide(comparison["sd"], max(abs(mean), min_effect))
+  return (f"inconclusive (the interval includes 0; about {need} seeds would resolve a difference"
+          f" of {max(abs(mean), min_effect):.3g})")

@@ -108,8 +108,10 @@ def verify_groups(task, tokenizer, examples: Sequence[Any], completions_BGL: np.
 def sampled_metrics(sample_fn, params, *, task, tokenizer, examples, arrays: dict, num_samples: int,
                     ks: Sequence[int], batch_size: int, key: jax.Array,
                     buckets: Sequence[int] = ()) -> dict:
-  """n samples per prompt: unbiased pass@k for each k, mean sample accuracy, and
-  answer diversity (distinct answers per prompt, malformed outputs by their text)."""
+  """n samples per prompt: unbiased pass@k for each k, mean sample accuracy, answer
+  diversity (distinct answers per prompt, malformed outputs by their text) and distinct
+  correct answers per prompt (by the verifier's normalised answer: on countdown, distinct
+  expressions that hit the target)."""
   n = num_samples
   prompts = np.repeat(arrays["prompt_BP"], n, axis=0)
   valid = np.repeat(arrays["prompt_valid_BP"], n, axis=0)
@@ -121,7 +123,15 @@ def sampled_metrics(sample_fn, params, *, task, tokenizer, examples, arrays: dic
       "pass_at_k": {str(k): float(np.mean([pass_at_k(n, int(c), k) for c in counts])) for k in ks},
       "sample_accuracy": float(correct.mean()),
       "diversity": float(np.mean([len(set(row)) for row in parsed])),
+      "distinct_correct": distinct_correct(parsed, correct),
   }
+
+
+def distinct_correct(parsed: Sequence[Sequence[str]], correct_BG) -> float:
+  """Mean over prompts of the number of distinct correct answers among its samples
+  (``parsed[i][j]``: sample j's normalised answer; a correct one is never None)."""
+  return float(np.mean([len({a for a, ok in zip(row, oks) if ok})
+                        for row, oks in zip(parsed, correct_BG)]))
 
 
 @dataclasses.dataclass(frozen=True)

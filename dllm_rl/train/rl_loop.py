@@ -191,6 +191,7 @@ class RLPhase(Phase):
         "rl_pass_at_k": test["pass_at_k"],
         "rl_sample_accuracy": test["sample_accuracy"],
         "rl_diversity": test["diversity"],
+        "rl_distinct_correct": test["distinct_correct"],
         "rl_wall_seconds": run.wall_seconds,
         # StepRS calibration: the β with w_β(p̄) = 1 at the starting policy's training accuracy.
         "base_train_accuracy": base,

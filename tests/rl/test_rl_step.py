@@ -139,9 +139,14 @@ def test_ratio_is_one_before_the_first_update_with_shared_masks():
   step_fn, state = _step("stabledrl", antithetic=True)
   _, metrics = step_fn(state, _batch(), jax.random.key(5))
   assert abs(float(metrics["ratio_max_first"]) - 1.0) < 1e-5  # float rounding only
+  assert float(metrics["abs_log_ratio_max_first"]) < 1e-5
   step_fn, state = _step("stabledrl", antithetic=False)
   _, metrics = step_fn(state, _batch(), jax.random.key(5))
   assert float(metrics["ratio_max_first"]) > 1.01  # independent masks: ratio noise
+  q = [float(metrics[f"abs_log_ratio_{k}_first"]) for k in ("p50", "p90", "p99", "max")]
+  assert 0 < q[0] <= q[1] <= q[2] <= q[3]
+  assert q[3] >= float(metrics["log_ratio_max"])  # |log ρ̂| max ≥ the signed max
+  assert float(metrics["abs_log_ratio_max"]) >= q[3]
 
 
 def test_zero_advantages_leave_params_unchanged_with_sgd():

@@ -56,21 +56,95 @@ def test_binomial_margin_is_z_standard_errors():
   assert stats.binomial_margin(0.3, 256, z=1.0) < stats.binomial_margin(0.3, 64, z=1.0)
 
 
-def _study(collapses: dict, seeds: int = 3):
-  """A synthetic stability study: {arm: [collapsed per seed]}."""
-  runs = [{"arm": arm, "seed": s, "summary": {"rl_accuracy": 0.1},
-           "stats": {"collapsed": c, "grad_spikes": 0}}
-          for arm, cs in collapses.items() for s, c in enumerate(cs)]
-  return {"seeds": seeds, "arms": [{"name": a} for a in collapses], "runs": runs}
+def _study(acc: dict, collapses: dict | None = None):
+  """A synthetic stability study: {arm: [test accuracy per seed]}, collapses likewise."""
+  collapses = collapses or {}
+  runs = [{"arm": arm, "seed": s, "summary": {"rl_accuracy": a},
+           "stats": {"collapsed": bool((collapses.get(arm) or [0] * len(accs))[s]),
+                     "grad_spikes": 0, "bypass_fraction_mean": 0.01,
+                     "abs_log_ratio": {"p99_first": 0.5}}}
+          for arm, accs in acc.items() for s, a in enumerate(accs)]
+  return {"seeds": max(len(v) for v in acc.values()), "arms": [{"name": a} for a in acc],
+          "runs": runs}
 
 
-def test_stability_verdict_rules():
-  from dllm_rl.study.report import stability_verdict
-  v = lambda c, seeds=3: stability_verdict(_study(c, seeds))[0]
-  assert v({"grpo@a": [1, 1, 0], "stabledrl@a": [0, 0, 0]}).startswith("reproduced")
-  assert v({"grpo@a": [1, 0, 0], "stabledrl@a": [0, 0, 0]}).startswith("inconclusive")
-  assert v({"grpo@a": [0, 0, 0], "stabledrl@a": [0, 0, 0],
-            "grpo@b": [1, 1, 1], "stabledrl@b": [1, 1, 1]}).startswith("not reproduced")
-  assert v({"grpo@a": [1, 1, 1], "stabledrl@a": [1, 1, 1]}).startswith("not testable")
-  one = v({"grpo@a": [1], "stabledrl@a": [0]}, seeds=1)
-  assert one.startswith("not established") and "indicative" in one
+def test_stability_verdicts_follow_the_paired_numbers():
+  from dllm_rl.study.report import stability_verdicts
+  grpo = [0.30, 0.40, 0.35, 0.20, 0.25]
+  up = [g + d for g, d in zip(grpo, [0.10, 0.12, 0.08, 0.11, 0.09])]
+  v = stability_verdicts(_study({"grpo@a": grpo, "stabledrl@a": up,
+                                 "grpo_elbo1@a": grpo, "stabledrl_elbo1@a": grpo}))
+  assert [x[0].split(" (")[0] for x in v] == ["stabledrl@a vs grpo@a",
+                                               "stabledrl_elbo1@a vs grpo_elbo1@a"]
+  assert v[0][1] == "reproduced" and "5 up, 0 down" in v[0][2]
+  assert v[1][1].startswith("not reproduced (no difference")  # identical arms: d = 0
+  assert "Likely reason: GRPO did not collapse in any seed" in v[1][2]
+  down = [g - d for g, d in zip(grpo, [0.10, 0.12, 0.08, 0.11, 0.09])]
+  v = stability_verdicts(_study({"grpo@a": grpo, "stabledrl@a": down},
+                                {"grpo@a": [1, 1, 1, 1, 1], "stabledrl@a": [1, 1, 1, 1, 1]}))
+  assert v[0][1].startswith("not reproduced (the opposite holds")
+  assert "both collapsed in every seed" in v[0][2]
+  noisy = [g + d for g, d in zip(grpo, [0.10, -0.05, 0.08, -0.02, 0.04])]
+  v = stability_verdicts(_study({"grpo@a": grpo, "stabledrl@a": noisy}))
+  assert v[0][1].startswith("inconclusive (the interval includes 0; about ")
+  assert stability_verdicts(_study({"grpo@a": [0.3], "stabledrl@a": [0.5]}))[0][1].startswith(
+      "not established")
+
+
+def test_steprs_verdicts_compare_pass_at_8_and_distinct_answers():
+  from dllm_rl.study.report import steprs_verdicts
+  def run(arm, s, p8, distinct):
+    return {"arm": arm, "seed": s, "summary": {"rl_pass_at_k": {"8": p8},
+                                               "rl_distinct_correct": distinct}}
+  runs = [run("centered", s, 0.5, 1.0) for s in range(4)]
+  runs += [run("steprs", s, 0.5 + 0.05 + 0.01 * s, 1.0) for s in range(4)]
+  study = {"arms": [{"name": "centered"}, {"name": "steprs"}], "runs": runs}
+  v = {what: verdict for what, verdict, _ in steprs_verdicts(study)}
+  assert v["steprs vs centered, pass@8"] == "reproduced"
+  assert v["steprs vs centered, distinct"].startswith("not reproduced (no difference")
+  reason = [e for w, _, e in steprs_verdicts(study) if "distinct" in w][0]
+  assert "1.00 distinct correct answers per prompt" in reason
+
+
+def test_paired_differences_interval_and_sign_count():
+  a = {0: 0.50, 1: 0.40, 2: 0.45, 3: None, 4: 0.30}
+  b = {0: 0.40, 1: 0.40, 2: 0.35, 3: 0.20, 5: 0.10}
+  p = stats.paired(a, b)
+  assert p["seeds"] == [0, 1, 2]            # seed 3 (None) and the unpaired 4, 5 dropped
+  assert p["diffs"] == pytest.approx([0.1, 0.0, 0.1])
+  assert (p["wins"], p["losses"], p["ties"]) == (2, 0, 1)
+  d = np.array([0.1, 0.0, 0.1])
+  assert p["mean"] == pytest.approx(d.mean())
+  assert p["half_width"] == pytest.approx(4.302652729911275 * d.std(ddof=1) / math.sqrt(3))
+  # the pairing matters: unpaired intervals of the same numbers are much wider
+  unpaired = stats.t_interval([0.5, 0.4, 0.45])["half_width"] + stats.t_interval(
+      [0.4, 0.4, 0.35])["half_width"]
+  assert p["half_width"] < unpaired
+
+
+def test_quantiles_of_log_ratios():
+  x = list(range(101))  # 0..100: the q-quantile is 100 q exactly
+  q = stats.quantiles(x + [float("inf"), None])
+  assert q == {"p50": 50.0, "p90": 90.0, "p99": 99.0, "max": 100.0}
+  assert stats.quantiles([]) == {"p50": None, "p90": None, "p99": None, "max": None}
+
+
+def test_verdict_rules_on_constructed_comparisons():
+  mk = lambda diffs: stats.paired(dict(enumerate(diffs)), dict.fromkeys(range(len(diffs)), 0.0))
+  assert stats.verdict(mk([0.10, 0.12, 0.08, 0.11, 0.09]), 0.02, "x") == "reproduced"
+  assert stats.verdict(mk([-0.10, -0.12, -0.08, -0.11, -0.09]), 0.02, "x").startswith(
+      "not reproduced (the opposite holds")
+  eq = stats.verdict(mk([0.001, -0.002, 0.0, 0.002, -0.001]), 0.02, "x")
+  assert eq.startswith("not reproduced (no difference as large as 0.02")
+  inc = stats.verdict(mk([0.10, -0.05, 0.08, -0.02, 0.04]), 0.02, "x")
+  assert inc.startswith("inconclusive (the interval includes 0")
+  assert stats.verdict(mk([0.1]), 0.02, "x").startswith("not established")
+
+
+def test_seeds_to_decide_is_the_least_n_whose_interval_excludes_zero():
+  from scipy.stats import t
+  n = stats.seeds_to_decide(0.1, 0.05)
+  assert t.ppf(0.975, n - 1) * 0.1 / math.sqrt(n) < 0.05
+  assert t.ppf(0.975, n - 2) * 0.1 / math.sqrt(n - 1) >= 0.05
+  assert stats.seeds_to_decide(None, 0.05) is None and stats.seeds_to_decide(0.1, 0.0) is None
+  assert stats.seeds_to_decide(1.0, 1e-4) == 1001

@@ -27,15 +27,31 @@ def test_overrides_are_typed_like_the_default():
   assert type(got["rl.lr"]) is float and type(got["rl.steps"]) is int
 
 
+# Every arm of the two studies validates (run_study checks each before anything runs:
+# test_every_arm_of_every_study_is_a_valid_config); end to end, one arm of each kind runs.
+QUICK_ARMS = ["grpo@lr1e-4", "stabledrl@lr1e-4", "grpo_elbo1@lr3e-4", "stabledrl_elbo1@lr3e-4",
+              "centered", "steprs", "steprs_calibrated"]
+
+
+def test_every_arm_of_every_study_is_a_valid_config():
+  from dllm_rl.study.runner import make_config
+  from dllm_rl.train.validate import validate
+  for name in arms_lib.STUDIES.names():
+    for arm in arms_lib.STUDIES.get(name)():
+      validate(make_config({**TINY, "mode": "rl", **arm.overrides}))
+  assert arms_lib.unmatched(["stability", "steprs"], QUICK_ARMS) is None
+  assert "'nope*' matches no arm" in arms_lib.unmatched(["steprs"], ["centered", "nope*"])
+
+
 @pytest.mark.slow
 def test_quick_study_gives_every_arm_a_summary(tmp_path):
   workdir, md = str(tmp_path / "study"), str(tmp_path / "docs" / "results.md")
   out = study(["stability", "steprs"], workdir, None, True, TINY, md, "python -m dllm_rl.study"
               " all --quick (test)", rl_steps=2, eval_every=1,
-              cache_dir=str(tmp_path / "jax_cache"))
+              cache_dir=str(tmp_path / "jax_cache"), arm_patterns=QUICK_ARMS)
   for result in out["studies"]:
     name = result["study"]
-    arms = [a.name for a in arms_lib.STUDIES.get(name)()]
+    arms = [a.name for a in arms_lib.select(arms_lib.STUDIES.get(name)(), QUICK_ARMS)]
     assert sorted(r["arm"] for r in result["runs"]) == sorted(arms)
     for run in result["runs"]:
       assert len(run["steps"]) == 2 and all("grad_norm_max" in s for s in run["steps"])
@@ -53,6 +69,14 @@ def test_quick_study_gives_every_arm_a_summary(tmp_path):
       assert all(v * 16 == round(v * 16) for v in val.values())
       assert run["summary"]["rl_accuracy"] == test[0] == run["final"]["test_accuracy"]
       assert set(run["summary"]["rl_pass_at_k"]) == {"1", "4", "8"}
+      # |log ρ̂| quantiles are the metrics' per-step values, summarised (median / max)
+      firsts = [r["abs_log_ratio_p99_first"] for r in lines
+                if r.get("phase") == "rl" and "abs_log_ratio_p99_first" in r]
+      q = run["stats"]["abs_log_ratio"]
+      assert len(firsts) == 2 and q["p99_first"] == pytest.approx(sorted(firsts)[0] / 2
+                                                                   + sorted(firsts)[1] / 2)
+      assert q["p50_first"] <= q["p90_first"] <= q["p99_first"] <= q["max_first"] <= q["max_all"]
+      assert "rl_distinct_correct" in run["summary"]
       # every arm restored the seed's one SFT checkpoint: the same starting accuracy
       assert run["stats"]["start_val_accuracy"] == result["runs"][0]["stats"]["start_val_accuracy"]
     with open(os.path.join(workdir, f"{name}.json")) as fh:
@@ -61,9 +85,13 @@ def test_quick_study_gives_every_arm_a_summary(tmp_path):
   calibrated = [r for r in out["studies"][1]["runs"] if r["arm"] == "steprs_calibrated"][0]
   assert calibrated["overrides"]["rl.beta_end"] > 0  # p̄ < 1/2 at the start gives β > 0
   text = open(md).read()
-  for arm in [a.name for n in ("stability", "steprs") for a in arms_lib.STUDIES.get(n)()]:
+  for arm in [a.name for n in ("stability", "steprs")
+              for a in arms_lib.select(arms_lib.STUDIES.get(n)(), QUICK_ARMS)]:
     assert f"| {arm} |" in text
   assert "--quick" in text
+  assert text.count("* **stabledrl") == 2  # a verdict per GRPO / StableDRL pair (main, stress)
+  assert "stress test: heavier ratio noise than the paper" in text
+  assert "not established (1 seed(s)" in text
   assert os.path.exists(tmp_path / "docs" / "results" / "stability_spikes.png")
 
 
