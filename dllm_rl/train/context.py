@@ -80,10 +80,7 @@ def hf_model_config(path: str, dtype: str, param_dtype: str, *, scan_layers: boo
   if not os.path.isdir(path):
     raise ConfigError("model.hf_checkpoint", f"{path!r} is not a directory")
   try:
-    if convert.is_imported(path):
-      hf_config = convert.read_meta(path)["hf_config"]
-    else:
-      hf_config = hf.read_hf_config(path)
+    hf_config = convert.source_hf_config(path)
     family = hf.detect_family(hf_config)
     model_cfg, ids = hf.model_config_from_hf(hf_config, dtype=dtype, param_dtype=param_dtype)
   except (ValueError, KeyError, FileNotFoundError) as err:
