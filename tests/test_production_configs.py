@@ -4,8 +4,6 @@ local directory, and a local GSM8K-format JSONL file."""
 
 import json
 import os
-import shutil
-import string
 
 import numpy as np
 import pytest
@@ -13,7 +11,7 @@ import pytest
 from dllm_rl.train import modes as run
 from dllm_rl.config import ConfigError, load_config_file
 from dllm_rl.train.validate import validate
-from tests.helpers import assert_test_figures
+from tests.helpers import assert_test_figures, hf_fixture_with_tokenizer as _hf_dir
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -24,27 +22,6 @@ FIXTURES = {"llada_tpu": "llada_tiny", "llada_gpu": "llada_tiny", "sdar_tpu": "s
 
 def _load_config(name):
   return load_config_file(os.path.join(ROOT, "configs", f"{name}.py"))
-
-
-def _hf_dir(tmp_path, fixture="llada_tiny"):
-  """A parity fixture plus a character-level HF tokenizer (ids < 125; EOS 125, mask 126)."""
-  d = tmp_path / fixture
-  d.mkdir()
-  for f in ("config.json", "model.safetensors"):
-    shutil.copy(os.path.join(ROOT, "tests", "fixtures", fixture, f), d / f)
-  chars = [c for c in string.printable if c not in "\r\x0b\x0c"]
-  vocab = {c: i for i, c in enumerate(chars)}
-  vocab.update({f"<|reserved_{i}|>": i for i in range(len(chars), 125)})
-  vocab.update({"<|eot_id|>": 125, "<|mdm_mask|>": 126, "<|unk|>": 127})
-  tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[], unk_token="<|unk|>"))
-  tok.decoder = tokenizers.decoders.Fuse()
-  tok.add_special_tokens(["<|eot_id|>", "<|mdm_mask|>"])
-  tok.save(str(d / "tokenizer.json"))
-  (d / "tokenizer_config.json").write_text(json.dumps({
-      "eos_token": "<|eot_id|>",
-      "chat_template": "{% for m in messages %}Q: {{ m['content'] }}{% endfor %}"
-                       "{% if add_generation_prompt %}\nA: {% endif %}"}))
-  return d
 
 
 def _gsm8k(tmp_path, n=40):

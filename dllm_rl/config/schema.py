@@ -163,6 +163,11 @@ def base_config() -> ml_collections.ConfigDict:
   e.num_samples = 8       # n samples per test prompt for pass@k
   e.pass_k = (1, 4, 8)    # k values (each <= num_samples)
   e.temperature = 1.0     # sampling temperature for pass@k
+  # mode=eval: which weights (dllm_rl/train/eval_mode.py). auto = the newest phase with a
+  # checkpoint in --workdir (rl, else sft), else model.hf_checkpoint's own weights (base);
+  # sft | rl = that phase's checkpoints; base = model.hf_checkpoint, ignoring checkpoints.
+  e.phase = "auto"        # one of dllm_rl.config.choices.EVAL_PHASES
+  e.checkpoint_step = -1  # the step to evaluate (SFT steps; RL rollout batches); -1 = newest
 
   c.mesh = h = ml_collections.ConfigDict()
   h.data = -1             # data-parallel axis; -1 = fill with the remaining devices

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ml_collections
 
 from dllm_rl import tasks
-from dllm_rl.config.choices import LR_SCHEDULES, RUN_MODES
+from dllm_rl.config.choices import EVAL_PHASES, LR_SCHEDULES, RUN_MODES
 from dllm_rl.config.schema import base_config
 from dllm_rl.diffusion import estimators
 from dllm_rl.config.overrides import did_you_mean
@@ -227,7 +227,7 @@ def _estimator(config, check: "_Checks") -> None:
 
 
 def _eval(config, check: "_Checks") -> None:
-  """``eval``: batch, samples, pass@k."""
+  """``eval``: batch, samples, pass@k, which weights mode=eval reads."""
   e = config.eval
   check(e.batch_size > 0, "eval.batch_size", "must be positive")
   check(e.num_samples > 0, "eval.num_samples", "must be positive")
@@ -235,6 +235,14 @@ def _eval(config, check: "_Checks") -> None:
                                    for k in e.pass_k), "eval.pass_k",
          f"every k must be in [1, eval.num_samples={e.num_samples}], got {tuple(e.pass_k)}")
   check(e.temperature >= 0, "eval.temperature", "must be >= 0")
+  check(e.phase in EVAL_PHASES, "eval.phase", unknown_message("eval phase", e.phase, EVAL_PHASES))
+  check(e.checkpoint_step >= -1, "eval.checkpoint_step",
+        f"must be a saved step or -1 (the newest), got {e.checkpoint_step}")
+  if config.mode == "eval" and e.phase == "base":
+    check(bool(config.model.hf_checkpoint), "eval.phase",
+          "base evaluates the weights of model.hf_checkpoint: set it (or use auto | sft | rl)")
+    check(e.checkpoint_step == -1, "eval.checkpoint_step",
+          f"base (model.hf_checkpoint) has no steps: leave -1, got {e.checkpoint_step}")
 
 
 def _runtime(config, check: "_Checks") -> None:
