@@ -69,6 +69,20 @@ class HFArchitecture(NamedTuple):
   family: str
 
 
+def checkpoint_folder(spec: str, *, config_only: bool = False) -> str:
+  """The local folder of ``model.hf_checkpoint``: a local folder, a gs:// folder staged to the
+  local cache, or a hub id fetched into the hub cache (:mod:`dllm_rl.infra.weights`);
+  ``config_only``: what planning reads (config.json). Anything unavailable is a ConfigError
+  naming the key and how to fetch it."""
+  from dllm_rl.infra import weights
+  from dllm_rl.paths import BackendMissing
+
+  try:
+    return weights.resolve_checkpoint(spec, config_only=config_only)
+  except (weights.WeightsUnavailable, BackendMissing) as err:
+    raise ConfigError("model.hf_checkpoint", str(err)) from err
+
+
 def hf_model_config(path: str, dtype: str, param_dtype: str, *, scan_layers: bool = False,
                     remat: str = "none") -> HFArchitecture:
   """The architecture of a HF checkpoint dir or of its ``convert import`` output (its
@@ -196,10 +210,11 @@ def build_context(config, workdir: str) -> Context:
   paths.check_backend(workdir)  # gs:// without gcsfs: a named error, nothing created
   paths.resolve(workdir).mkdir(parents=True, exist_ok=True)  # gs:// stays a URL
   task = tasks_lib.make_task(config.task.name, **config.task.options.to_dict())
-  hf = None
+  hf = checkpoint = None
   if config.model.hf_checkpoint:
     m = config.model
-    hf = load_hf_source(m.hf_checkpoint, m.dtype, m.block_size, param_dtype=m.param_dtype,
+    checkpoint = checkpoint_folder(m.hf_checkpoint)
+    hf = load_hf_source(checkpoint, m.dtype, m.block_size, param_dtype=m.param_dtype,
                         scan_layers=m.scan_layers, remat=m.remat)
     tokenizer = hf.tokenizer
   else:
@@ -217,7 +232,7 @@ def build_context(config, workdir: str) -> Context:
       train=Split(train, _encode(train, tokenizer, config, "train")),
       val=Split(val, _encode(val, tokenizer, config, "validation")),
       test=Split(test, _encode(test, tokenizer, config, "test")), mesh=mesh,
-      hf_checkpoint=config.model.hf_checkpoint or None)
+      hf_checkpoint=checkpoint)
 
 
 def init_params(ctx: Context):
