@@ -23,6 +23,7 @@ from dllm_rl.sampling.configs import sampler_config
 from dllm_rl.sampling.sampler import SamplerConfig
 from dllm_rl.tasks import data as data_lib
 from dllm_rl.tasks.base import Task
+from dllm_rl.tasks.prompts import chat_prompt
 from dllm_rl.train.evaluation import Decoding, EvalOptions, Split
 
 
@@ -165,9 +166,17 @@ def model_config(config, vocab_size: int) -> transformer.ModelConfig:
 
 
 def _encode(examples, tokenizer, config, split: str) -> dict:
-  format_prompt = getattr(tokenizer, "format_prompt", None)
-  if format_prompt is not None:  # chat template of a HF tokenizer
-    examples = [dataclasses.replace(ex, prompt=format_prompt(ex.prompt)) for ex in examples]
+  from jinja2.exceptions import TemplateError
+
+  system = config.data.system_prompt
+  try:  # the chat template of a HF tokenizer; data.system_prompt
+    examples = [dataclasses.replace(ex, prompt=chat_prompt(ex.prompt, tokenizer, system))
+                for ex in examples]
+  except TemplateError as err:
+    if not system:
+      raise
+    raise ConfigError("data.system_prompt", f"the chat template of model.hf_checkpoint "
+                      f"rejects a system turn: {err}") from err
   try:
     return data_lib.encode_examples(
         examples, tokenizer, config.data.prompt_len, config.data.completion_len,
@@ -220,9 +229,11 @@ def build_context(config, workdir: str) -> Context:
   else:
     tokenizer = tasks_lib.CharTokenizer()
   t = config.task
-  train = _generate(task, "train", t.train_size + t.val_size, config.seed, "task.train_size",
-                    f"task.train_size + task.val_size = {t.train_size} + {t.val_size}")
-  train, val = train[:t.train_size], train[t.train_size:]
+  train = val = []  # eval reads the test split only (a test-only task such as MATH-500 works)
+  if config.mode != "eval":
+    train = _generate(task, "train", t.train_size + t.val_size, config.seed, "task.train_size",
+                      f"task.train_size + task.val_size = {t.train_size} + {t.val_size}")
+    train, val = train[:t.train_size], train[t.train_size:]
   test = _generate(task, "test", t.test_size, config.seed + 1, "task.test_size",
                    f"task.test_size = {t.test_size}")
   return Context(
