@@ -149,7 +149,8 @@ class JsonlTask(Task):
     self.skipped += skipped
     return out
 
-  def _fields(self, record: Mapping[str, Any]) -> tuple[dict, str, dict]:
+  @classmethod
+  def _fields(cls, record: Mapping[str, Any]) -> tuple[dict, str, dict]:
     raise NotImplementedError
 
   def _key(self, fields: Mapping[str, Any]) -> str:
@@ -221,13 +222,29 @@ class JsonlTask(Task):
       self._timed.close()
 
 
+def record_problem(task_name: str, record: Mapping[str, Any]) -> str | None:
+  """What is wrong with ``record`` as one line of the files of JSONL task ``task_name``
+  (None: nothing), by the same checks as loading."""
+  cls = TASKS.get(task_name)
+  if not issubclass(cls, JsonlTask):
+    raise ValueError(f"task {task_name!r} does not read JSONL files")
+  if not isinstance(record, dict):
+    return f"expected a JSON object, got {type(record).__name__}"
+  try:
+    cls._fields(record)
+  except _BadRecord as err:
+    return str(err)
+  return None
+
+
 @TASKS.register("gsm8k")
 class GSM8KTask(JsonlTask):
   """Grade-school math; reward 1 iff the final number equals the reference."""
 
   name = "gsm8k"
 
-  def _fields(self, record):
+  @classmethod
+  def _fields(cls, record):
     question = _field(record, "question", str)
     answer = _field(record, "answer", str)
     if "####" not in answer:
@@ -252,7 +269,8 @@ class Math500Task(JsonlTask):
   default_verify_timeout = 5.0
   preload = ("math_verify",)
 
-  def _fields(self, record):
+  @classmethod
+  def _fields(cls, record):
     problem = _field(record, "problem", str)
     if "answer" in record:
       reference = _field(record, "answer", str).strip()
@@ -282,7 +300,8 @@ class CountdownJsonlTask(JsonlTask):
                       "{target}. Use + - * / and each number exactly once. Put the "
                       "equation inside <answer></answer>.")
 
-  def _fields(self, record):
+  @classmethod
+  def _fields(cls, record):
     nums = _field(record, "nums", list)
     if len(nums) < 2 or any(isinstance(x, bool) or not isinstance(x, int) or not
                             0 <= x < 10**9 for x in nums):
@@ -327,7 +346,8 @@ class SudokuJsonlTask(JsonlTask):
     super().__init__(train_file, test_file, on_error, prompt_template, test_fraction,
                      verify_timeout, prompt_preset, answer_tag)
 
-  def _fields(self, record):
+  @classmethod
+  def _fields(cls, record):
     puzzle = _field(record, "puzzle", str).strip()
     solution = _field(record, "solution", str).strip()
     if len(puzzle) != 16 or any(ch not in "01234" for ch in puzzle):
