@@ -86,16 +86,19 @@ def load_rows(source: Source, cache_dir: str | None = None) -> Iterable[Mapping[
                     "SPLIT=FILE (.jsonl/.json/.csv/.parquet or a save_to_disk folder)") from err
 
 
-def convert_rows(rows: Iterable[Mapping[str, Any]], rec: Recipe, limit: int | None = None
-                 ) -> tuple[list[dict], dict[str, int]]:
-  """(records, reason → number of rows dropped): each row through ``rec.convert`` and the
-  task's line checks; at most ``limit`` records kept."""
+def convert_rows(rows: Iterable[Mapping[str, Any]], rec: Recipe, split: str,
+                 limit: int | None = None) -> tuple[list[dict], dict[str, int]]:
+  """(records, reason → number of rows dropped): each row through ``rec.convert`` (and
+  ``rec.train_filter`` for the train split) and the task's line checks; at most ``limit``
+  records kept."""
   records, dropped = [], collections.Counter()
+  keep = rec.train_filter if split == "train" and rec.train_filter else lambda record: None
   for row in rows:
     if limit is not None and len(records) >= limit:
       break
     try:
       record = rec.convert(row)
+      keep(record)
     except Skip as err:
       dropped[str(err)] += 1
       continue
@@ -129,7 +132,7 @@ def prepare(name: str, out: str, *, sources: Mapping[str, Source] | None = None,
   paths.resolve(out).mkdir(parents=True, exist_ok=True)
   files, rows, dropped = {}, {}, {}
   for split, source in sorted(splits.items(), reverse=True):  # train, then test
-    records, dropped[split] = convert_rows(load_rows(source, cache_dir), rec, limit)
+    records, dropped[split] = convert_rows(load_rows(source, cache_dir), rec, split, limit)
     if not records:
       raise DataError(f"{name} {split}: no usable row in {source.describe()} (dropped: "
                       f"{dropped[split] or 'none'})")

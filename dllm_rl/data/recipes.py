@@ -7,7 +7,7 @@ Sources (the ones d1 trains and evaluates on: dllm-reasoning/d1 @837888f,
 | name | task | train | test |
 | --- | --- | --- | --- |
 | gsm8k | gsm8k | openai/gsm8k (main) train, 7,473 | openai/gsm8k (main) test, 1,319 |
-| math | math500 | ankner/math-500 train, 12,000 (MATH without the MATH-500 problems) | HuggingFaceH4/MATH-500 test, 500 |
+| math | math500 | ankner/math-500 train, 12,000 (MATH without the MATH-500 problems), those under 1,500 characters (StableDRL's filter) | HuggingFaceH4/MATH-500 test, 500 |
 | math500 | math500 | none (evaluation only) | HuggingFaceH4/MATH-500 test, 500 |
 | countdown | countdown_jsonl | Jiayi-Pan/Countdown-Tasks-3to4 train, 3-number instances | d1 ``dataset/countdown_cd3_test.jsonl``, 256 |
 | sudoku | sudoku_jsonl | d1 ``dataset/4x4_sudoku_unique_puzzles.csv`` | d1 ``dataset/4x4_test_sudoku.csv``, 500 |
@@ -57,12 +57,14 @@ class Source:
 @dataclasses.dataclass(frozen=True)
 class Recipe:
   """``task``: the trainer's task that reads the files; ``splits``: "train" / "test" → source;
-  ``convert``: source row → JSONL record (raises :class:`Skip`)."""
+  ``convert``: source row → JSONL record (raises :class:`Skip`); ``train_filter``: a record
+  → None, or raises :class:`Skip` (training data only; the test split stays whole)."""
 
   task: str
   splits: Mapping[str, Source]
   convert: Callable[[Mapping[str, Any]], dict]
   note: str = ""
+  train_filter: Callable[[dict], None] | None = None
 
 
 def _text(row: Mapping[str, Any], *keys: str) -> str | None:
@@ -94,6 +96,15 @@ def math_record(row: Mapping[str, Any]) -> dict:
   if "answer" not in record and not verifiers.last_boxed(record.get("solution", "")):
     raise Skip("no 'answer' and no \\boxed{} in the solution")
   return record
+
+
+MAX_MATH_TRAIN_CHARS = 1500  # StableDRL dataloaders/math.py: len(problem) < 1500
+
+
+def short_math_problem(record: dict) -> None:
+  """StableDRL's filter of its MATH training problems: under 1,500 characters."""
+  if len(record["problem"]) >= MAX_MATH_TRAIN_CHARS:
+    raise Skip(f"problem of {MAX_MATH_TRAIN_CHARS}+ characters (StableDRL's training filter)")
 
 
 def countdown_record(row: Mapping[str, Any]) -> dict:
@@ -134,7 +145,8 @@ RECIPES: dict[str, Recipe] = {
     "math": Recipe("math500", {"train": Source("ankner/math-500", split="train"),
                                "test": _MATH500}, math_record,
                    note="StableDRL trains on qwedsacf/competition_math: "
-                        "--source train=qwedsacf/competition_math"),
+                        "--source train=qwedsacf/competition_math",
+                   train_filter=short_math_problem),
     "math500": Recipe("math500", {"test": _MATH500}, math_record,
                       note="test split only: mode=eval"),
     "countdown": Recipe("countdown_jsonl", {

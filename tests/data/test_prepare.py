@@ -19,7 +19,8 @@ ROWS = {  # a few rows shaped like each official source's (names and types of it
     "math": [{"problem": "What is $1+1$?", "solution": "It is $\\boxed{2}$.", "answer": "2",
               "level": "Level 1"},
              {"problem": "Simplify $\\sqrt{8}$.", "solution": "We get $\\boxed{2\\sqrt{2}}$."},
-             {"problem": "No answer here.", "solution": "none"}],
+             {"problem": "No answer here.", "solution": "none"},
+             {"problem": "Long. " * 250, "answer": "1"}],  # 1,500 characters
     "countdown": [{"target": 22, "nums": [3, 5, 7]}, {"target": 10, "nums": [4, 4, 2]},
                   {"target": 26, "nums": [10, 2, 6, 1]}],
     "countdown_test": [{"input": "30,100,93", "output": "23"}],
@@ -84,7 +85,12 @@ def test_math_keeps_answers_and_boxed_solutions_and_says_what_it_dropped(tmp_pat
       "train": prep.parse_source("train=" + _saved(tmp_path, "m", ROWS["math"]))[1],
       "test": prep.parse_source("test=" + _saved(tmp_path, "m5", ROWS["math"][:1]))[1]})
   assert manifest["rows"] == {"train": 2, "test": 1}
-  assert manifest["dropped"]["train"] == {"no 'answer' and no \\boxed{} in the solution": 1}
+  assert manifest["dropped"]["train"] == {
+      "no 'answer' and no \\boxed{} in the solution": 1,
+      "problem of 1500+ characters (StableDRL's training filter)": 1}
+  long = prep.parse_source("test=" + _saved(tmp_path, "long", ROWS["math"][3:]))[1]
+  assert prep.prepare("math500", str(tmp_path / "t"), sources={"test": long})["rows"] == {
+      "test": 1}  # the test split stays whole
   assert _read(tmp_path / "math" / "train.jsonl")[0] == {
       "problem": "What is $1+1$?", "solution": "It is $\\boxed{2}$.", "answer": "2"}
 
