@@ -1,13 +1,14 @@
 """Prompt presets (the d1 / SPG <reasoning>/<answer> format, its reward on the <answer> span),
 the system prompt, test-only file tasks, and task files read through the path layer."""
 
+import hashlib
 import json
 
 import pytest
 
 from dllm_rl.config import ConfigError
 from dllm_rl.tasks import CharTokenizer, make_task
-from dllm_rl.tasks.prompts import D1_FORMAT, D1_SUDOKU, chat_prompt
+from dllm_rl.tasks.prompts import D1_FORMAT, D1_SUDOKU, PROMPT_PRESETS, chat_prompt
 from dllm_rl.train.context import build_context
 from dllm_rl.train.validate import validate
 from tests.helpers import tiny_run_config
@@ -27,6 +28,21 @@ def _file(path, record):
 def _one(tmp_path, name, record, **options):
   task = make_task(name, test_file=_file(tmp_path / f"{name}.jsonl", record), **options)
   return task, task.generate("test", -1, seed=0)[0]
+
+
+# sha256 (first 16 hex digits) of each d1 template, checked once character for character
+# against d1's diffu-grpo/data_utils.py @837888f (SYSTEM_PROMPT, SUDOKU_SYSTEM_PROMPT and the
+# per-task f-strings): any edit of the prompt text changes them.
+D1_TEMPLATE_SHA256 = {"countdown_jsonl": "3a923445984a145e", "gsm8k": "d49248593898dd73",
+                      "math500": "20a6e0697bcfd530", "sudoku_jsonl": "c6d93305f07a0bb8"}
+
+
+def test_d1_templates_are_pinned():
+  assert D1_FORMAT == ("\nRespond in the following format:\n<reasoning>\n...\n</reasoning>\n"
+                       "<answer>\n...\n</answer>\n")
+  templates = PROMPT_PRESETS["d1"].templates
+  assert {k: hashlib.sha256(v.encode()).hexdigest()[:16] for k, v in templates.items()} == (
+      D1_TEMPLATE_SHA256)
 
 
 def test_d1_prompts_are_d1s_training_prompts(tmp_path):
