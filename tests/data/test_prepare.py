@@ -169,8 +169,9 @@ def test_an_unreachable_source_says_how_to_work_offline(tmp_path):
 def test_a_hub_override_parses():
   assert prep.parse_source("train=qwedsacf/competition_math")[1] == prep.Source(
       "qwedsacf/competition_math", None, "train")
-  assert prep.parse_source("test=openai/gsm8k:main@test")[1] == prep.Source(
+  assert prep.parse_source("test=openai/gsm8k:main")[1] == prep.Source(  # split: the key's
       "openai/gsm8k", "main", "test")
+  assert prep.parse_source("test=org/x@validation")[1] == prep.Source("org/x", None, "validation")
 
 
 def test_weights_and_list_commands(tmp_path, fake_gcs, monkeypatch, capsys):
