@@ -26,7 +26,6 @@ from dllm_rl.config import load_config_file, locked
 def get_config():
   c = load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "llada_tpu.py"))
   c.unlock()
-  c.model.hf_checkpoint = "REQUIRED: LLaDA-8B-Instruct (local folder, gs:// folder or hub id)"
   c.task.name = "countdown_jsonl"
   c.task.options = {
       "train_file": "REQUIRED: dllm-rl-data prepare countdown --out DIR: DIR/train.jsonl",

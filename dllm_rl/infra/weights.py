@@ -157,6 +157,7 @@ def resolve_checkpoint(spec: str, *, config_only: bool = False,
   spec = os.fspath(spec)
   if paths.is_url(spec):
     return stage(spec, config_only=config_only)
+  spec = os.path.expanduser(spec)
   if os.path.isdir(spec):
     return os.path.abspath(spec)
   found = hub_id(spec)
