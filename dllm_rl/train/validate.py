@@ -22,6 +22,7 @@ from dllm_rl.kernels.staircase import ATTENTION_IMPLS
 from dllm_rl.models import transformer
 from dllm_rl.models.scan import REMAT_POLICIES
 from dllm_rl.parallel.distributed import INITIALIZE_MODES
+from dllm_rl.paths import BackendMissing
 from dllm_rl.registry import unknown_message
 from dllm_rl.rl import advantages, losses
 from dllm_rl.sampling import open_block, remasking
@@ -76,8 +77,11 @@ def _names(config, check: "_Checks") -> None:
   placeholder = any(isinstance(v, str) and v.startswith(REQUIRED_PREFIX) for v in options.values())
   try:
     if config.task.name in tasks.TASKS and not placeholder:  # placeholders: _required says so
-      tasks.make_task(config.task.name, **options)
-  except (TypeError, ValueError, OSError) as err:
+      task = tasks.make_task(config.task.name, **options)
+      check(config.mode == "eval" or task.has_split("train"), "task.options.train_file",
+            f"task {config.task.name!r} has no train split (only a test file): mode="
+            f"{config.mode} trains on it; give a train file, or use mode=eval")
+  except (TypeError, ValueError, OSError, BackendMissing) as err:
     check.error(ConfigError("task.options", str(err)))
   check(config.sampler.remasking in remasking.REMASKING, "sampler.remasking",
          remasking.REMASKING.unknown_message(config.sampler.remasking))
