@@ -33,7 +33,7 @@ from dllm_rl.parallel.distributed import is_primary
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.tasks.tokenizer import CharTokenizer
 from dllm_rl.train import run_checkpoints
-from dllm_rl.train.context import hf_model_config, model_config
+from dllm_rl.train.context import checkpoint_folder, hf_model_config, model_config
 from dllm_rl.train.run_checkpoints import AUTO, LATEST, CheckpointRef
 
 PROVENANCE_FILE = "dllm_rl_export.json"
@@ -62,9 +62,12 @@ def run_source(config) -> ExportSource:
   """The architecture, ids, config.json and side files of the run trained with ``config``."""
   m = config.model
   if m.hf_checkpoint:
-    model_cfg, ids, family = hf_model_config(m.hf_checkpoint, m.dtype, m.param_dtype)
-    return ExportSource(model_cfg, ids, family, convert.source_hf_config(m.hf_checkpoint),
-                        convert.source_files(m.hf_checkpoint), {}, m.hf_checkpoint)
+    # the spec as the run stored it: a local folder, a gs:// folder or a hub id (staged /
+    # fetched through the weights layer exactly as the run resolved it)
+    folder = checkpoint_folder(m.hf_checkpoint)
+    model_cfg, ids, family = hf_model_config(folder, m.dtype, m.param_dtype)
+    return ExportSource(model_cfg, ids, family, convert.source_hf_config(folder),
+                        convert.source_files(folder), {}, m.hf_checkpoint)
   tokenizer = CharTokenizer()
   model_cfg = model_config(config, tokenizer.vocab_size)
   ids = hf.TokenIds(mask_id=tokenizer.mask_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
