@@ -5,9 +5,11 @@
         --config.task.options.train_file=/path/to/gsm8k/train.jsonl \\
         --config.task.options.test_file=/path/to/gsm8k/test.jsonl
 
-Required overrides: ``model.hf_checkpoint`` (a local HF directory with config.json,
-model*.safetensors and the tokenizer files; weights stream onto the mesh) and
-the two JSONL files ({"question", "answer"} with GSM8K's "#### x"). Without them
+Required overrides: ``model.hf_checkpoint`` (an HF folder with config.json,
+model*.safetensors and the tokenizer files, local or gs://, or the hub id
+GSAI-ML/LLaDA-8B-Instruct; weights stream onto the mesh) and the two JSONL files
+({"question", "answer"} with GSM8K's "#### x"; ``dllm-rl-data prepare gsm8k --out
+DIR`` writes them). Without them
 the run stops at validation with an error naming the key. On a multi-host slice
 start it on every worker (launch/tpu_pod.sh); ``distributed.initialize=auto``
 finds the slice. What you should see: per-step reward / accuracy / ratio
@@ -29,7 +31,7 @@ from dllm_rl.config import base_config, locked
 def get_config():
   c = base_config()
   c.mode = "rl"  # RL starts from the HF checkpoint (no SFT warm-up)
-  c.model.hf_checkpoint = "REQUIRED: path to LLaDA-8B-Instruct (HF format)"
+  c.model.hf_checkpoint = "REQUIRED: LLaDA-8B-Instruct (local folder, gs:// folder or hub id)"
   c.model.dtype = "bfloat16"
   c.model.param_dtype = "float32"
   # One compiled layer body, each layer recomputed in the backward pass, the head and

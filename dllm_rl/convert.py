@@ -1,9 +1,132 @@
-"""``python -m dllm_rl.convert import | export | roundtrip``: HF safetensors ↔ framework
-checkpoints (dllm_rl.models.convert)."""
+"""``python -m dllm_rl.convert`` (console script ``dllm-rl-convert``): HF checkpoints in and
+out of the framework.
 
+    python -m dllm_rl.convert import    --hf_dir HF_DIR --out CKPT_DIR [--dtype float32]
+    python -m dllm_rl.convert export    --workdir RUN_DIR [--phase auto|sft|rl] [--step N]
+                                        --hf_dir OUT_DIR [--dtype bfloat16] [--max_shard_bytes 5e9]
+    python -m dllm_rl.convert export    --ckpt CKPT_DIR --hf_dir OUT_DIR [--dtype bfloat16]
+    python -m dllm_rl.convert roundtrip --hf_dir HF_DIR --tmp TMP_DIR
+
+* ``import``: an HF folder → a ``convert import`` folder (:mod:`dllm_rl.models.convert`).
+* ``export --workdir``: a training run's checkpoint → an HF folder that
+  ``dllm_rl.load_pretrained`` and ``model.hf_checkpoint`` read (:mod:`dllm_rl.train.export`).
+  ``--phase`` auto (default) = the newest phase with a checkpoint (rl, else sft); ``--step``
+  -1 (default) = its newest step; RL steps are rollout batches. ``--out`` is ``--hf_dir``.
+* ``export --ckpt``: a ``convert import`` folder back to an HF folder.
+* ``roundtrip``: import, export and check that every exported tensor equals the original
+  byte for byte (exit 1 otherwise).
+
+Each command prints its throughput (MB of tensors per second) and the peak RSS. Bad input
+(missing folder or checkpoint, a step that is not saved, unsupported architecture, missing
+tensor, shape mismatch, existing output) exits with status 2 and one ``error:`` line naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
 import sys
+import tempfile
+from typing import Any
 
-from dllm_rl.models import convert
+from dllm_rl.models import convert, hf
+from dllm_rl.train.export import export_run
+from dllm_rl.train.run_checkpoints import AUTO, LATEST, PHASES, NoCheckpoint
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _peak_rss_mb() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _report(what: str, stats: dict[str, Any]) -> None:
+  mb = stats["bytes"] / 1e6
+  parts = ", ".join(f"{k} {v:.3f}" for k, v in stats.items() if k.endswith("_s") and k != "total_s")
+  print(f"{what} [{stats['family']}]: {mb:.2f} MB in {stats['total_s']:.3f} s "
+        f"({mb / max(stats['total_s'], 1e-9):.1f} MB/s; {parts}); "
+        f"peak RSS {_peak_rss_mb():.0f} MB")
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(prog="python -m dllm_rl.convert", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = parser.add_subparsers(dest="command", required=True)
+  p = sub.add_parser("import", help="HF folder -> Orbax params + model.json")
+  p.add_argument("--hf_dir", required=True)
+  p.add_argument("--out", required=True)
+  p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  p = sub.add_parser("export", help="a training run's checkpoint (--workdir) or an imported"
+                                    " folder (--ckpt) -> HF folder")
+  src = p.add_mutually_exclusive_group(required=True)
+  src.add_argument("--workdir", help="a training run's --workdir")
+  src.add_argument("--ckpt", help="a `convert import` folder")
+  p.add_argument("--phase", default=AUTO, choices=(AUTO, *PHASES),
+                 help="--workdir: the phase (default: the newest with a checkpoint)")
+  p.add_argument("--step", type=int, default=LATEST,
+                 help="--workdir: the saved step (SFT steps, RL rollout batches; -1 = newest)")
+  p.add_argument("--hf_dir", "--out", dest="hf_dir", required=True, help="the new HF folder")
+  p.add_argument("--dtype", default=None, choices=DTYPES,
+                 help="tensor dtype written (default: the params' dtype)")
+  p.add_argument("--max_shard_bytes", type=float, default=5e9)
+  p = sub.add_parser("roundtrip", help="import, export and compare tensors byte for byte")
+  p.add_argument("--hf_dir", required=True)
+  p.add_argument("--tmp", required=True)
+  return parser
+
+
+def _export(args) -> None:
+  if args.ckpt is not None:
+    if (args.phase, args.step) != (AUTO, LATEST):
+      raise ValueError("--phase / --step choose a checkpoint of a --workdir run; --ckpt has one")
+    _report("export", convert.export_hf(args.ckpt, args.hf_dir, dtype=args.dtype,
+                                        max_shard_bytes=args.max_shard_bytes))
+    return
+  try:
+    stats = export_run(args.workdir, args.hf_dir, phase=args.phase, step=args.step,
+                       dtype=args.dtype, max_shard_bytes=args.max_shard_bytes)
+  except NoCheckpoint as err:
+    raise NoCheckpoint(err.what, f"--{err.what}: {err}") from None
+  _report(f"export {stats['label']}", stats)
+
+
+def _roundtrip(args) -> int:
+  os.makedirs(args.tmp, exist_ok=True)
+  work = tempfile.mkdtemp(prefix="roundtrip_", dir=args.tmp)
+  ckpt, out = os.path.join(work, "ckpt"), os.path.join(work, "hf")
+  _report("import", convert.import_hf(args.hf_dir, ckpt))
+  _report("export", convert.export_hf(ckpt, out, dtype=convert.source_dtype(args.hf_dir)))
+  problems = convert.compare_tensors(args.hf_dir, out)
+  if problems:
+    print(f"roundtrip FAILED ({len(problems)} differences):\n  " + "\n  ".join(problems[:20]))
+    return 1
+  n = len(hf.tensor_index(out)[0])
+  print(f"roundtrip OK: {n} tensors byte-identical ({out})")
+  return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = _parser().parse_args(argv)
+  try:
+    if args.command == "import":
+      _report("import", convert.import_hf(args.hf_dir, args.out, dtype=args.dtype))
+    elif args.command == "export":
+      _export(args)
+    else:
+      return _roundtrip(args)
+  except (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError, KeyError,
+          json.JSONDecodeError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  return 0
+
+
+def run() -> None:
+  """Console-script entry point (pyproject.toml): ``dllm-rl-convert``."""
+  sys.exit(main())
+
 
 if __name__ == "__main__":
-  sys.exit(convert.main())
+  run()

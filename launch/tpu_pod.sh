@@ -15,7 +15,13 @@
 #   2. --setup   tar this checkout, gcloud ... scp it to every worker (--worker=all), unpack it
 #                and pip install requirements-tpu.txt (jax[tpu] of the pinned version) and
 #                requirements-gcs.txt (gs:// workdirs)
-#   3. run       gcloud compute tpus tpu-vm ssh NAME --worker=all --command="cd REMOTE_DIR &&
+#   3. --stage-weights SPEC  gcloud ... ssh --worker=all --command="cd REMOTE_DIR && PYTHON -m
+#                dllm_rl.data weights SPEC": every worker fetches the checkpoint (a hub id such as
+#                GSAI-ML/LLaDA-8B-Instruct into its Hugging Face cache, a gs:// folder into
+#                ~/.cache/dllm_rl/weights) before the run, which then gets
+#                --config.model.hf_checkpoint=SPEC (an override after -- still wins) and
+#                HF_HUB_OFFLINE=1, so no worker reaches the hub while the slice waits
+#   4. run       gcloud compute tpus tpu-vm ssh NAME --worker=all --command="cd REMOTE_DIR &&
 #                PYTHON -m dllm_rl.main --config=CONFIG --workdir=WORKDIR OVERRIDES..."
 #
 # Options (environment variable in brackets; a flag wins over its variable):
@@ -36,6 +42,8 @@
 #   --create                 create the slice first
 #   --spot                   with --create: a Spot slice
 #   --setup                  copy this checkout to every worker and install the dependencies
+#   --stage-weights SPEC     fetch checkpoint SPEC on every worker first (step 3)
+#                                                                    [DLLM_STAGE_WEIGHTS]
 #   --dry-run                print the commands, run nothing
 #   -h, --help               this text
 # Everything after `--` goes to dllm_rl.main on every worker (e.g. --config.rl.steps=500).
@@ -61,6 +69,7 @@ WORKDIR=${DLLM_WORKDIR:-}
 CONFIG=${DLLM_CONFIG:-configs/llada_tpu.py}
 REMOTE_DIR=${DLLM_REMOTE_DIR:-dllm_rl}
 PYTHON=${DLLM_PYTHON:-python3}
+STAGE_WEIGHTS=${DLLM_STAGE_WEIGHTS:-}
 CREATE=0 SPOT=0 SETUP=0 DRY_RUN=0
 OVERRIDES=()
 
@@ -79,6 +88,7 @@ while [[ $# -gt 0 ]]; do
     --create) CREATE=1; shift ;;
     --spot) SPOT=1; shift ;;
     --setup) SETUP=1; shift ;;
+    --stage-weights) need "$@"; STAGE_WEIGHTS=$2; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; OVERRIDES=("$@"); break ;;
@@ -119,7 +129,17 @@ if [[ $SETUP == 1 ]]; then
       --command "$SETUP_CMD"
 fi
 
-MAIN_CMD="cd $(quote "$REMOTE_DIR") && $(quote_all "$PYTHON" -m dllm_rl.main \
-    --config="$CONFIG" --workdir="$WORKDIR" ${OVERRIDES[@]+"${OVERRIDES[@]}"})"
+RUN_ENV=()
+if [[ -n $STAGE_WEIGHTS ]]; then
+  STAGE_CMD="cd $(quote "$REMOTE_DIR") && $(quote_all "$PYTHON" -m dllm_rl.data weights \
+      "$STAGE_WEIGHTS")"
+  run gcloud compute tpus tpu-vm ssh "$NAME" "${GCLOUD_LOCATION[@]}" --worker=all \
+      --command "$STAGE_CMD"
+  OVERRIDES=(--config.model.hf_checkpoint="$STAGE_WEIGHTS" ${OVERRIDES[@]+"${OVERRIDES[@]}"})
+  RUN_ENV=(HF_HUB_OFFLINE=1)
+fi
+
+MAIN_CMD="cd $(quote "$REMOTE_DIR") && $(quote_all ${RUN_ENV[@]+"${RUN_ENV[@]}"} "$PYTHON" \
+    -m dllm_rl.main --config="$CONFIG" --workdir="$WORKDIR" ${OVERRIDES[@]+"${OVERRIDES[@]}"})"
 run gcloud compute tpus tpu-vm ssh "$NAME" "${GCLOUD_LOCATION[@]}" --worker=all \
     --command "$MAIN_CMD"

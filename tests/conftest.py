@@ -12,6 +12,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pytest  # noqa: E402  (after XLA_FLAGS)
 
+from tests.fake_gcs import fake_gcs  # noqa: E402,F401  (fixture: an in-memory gs:// store)
+
 _SLOW_LIST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slow_tests.txt")
 
 

@@ -6,7 +6,9 @@ repository root is on sys.path via tests/conftest.py).
   config (``dllm_rl.config.defaults.get_config``) shrunk for end-to-end runs;
 * :func:`rl_step_config`: an ``RLStepConfig`` with the defaults the tests share;
 * :func:`random_rollout_batch`: a random ``RolloutBatch``;
-* :func:`assert_test_figures`: a finished run's test figures against its metrics.jsonl.
+* :func:`assert_test_figures`: a finished run's test figures against its metrics.jsonl;
+* :func:`hf_fixture_with_tokenizer`: a parity fixture with a character-level HF tokenizer;
+* :func:`scratch_run_checkpoints`: checkpoints of a run trained from scratch (fixture-sized).
 
 Every builder takes the values a test changes as arguments; nothing here is random
 beyond the key / seed it is given, so a test's expected values do not depend on it.
@@ -14,12 +16,14 @@ beyond the key / seed it is given, so a test's expected values do not depend on 
 
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 
 MASK, EOS = 2, 1  # the mask / EOS ids of the unit tests' toy vocabularies
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
 
 # ------------------------------------------------------------------------------ models
@@ -87,6 +91,76 @@ def cli_flags(overrides: Mapping[str, Any]) -> list[str]:
       return ",".join(str(x) for x in v)
     return str(v)
   return [f"--config.{k}={text(v)}" for k, v in overrides.items()]
+
+
+# --------------------------------------------------------------------------- HF folders
+
+
+def hf_fixture_with_tokenizer(tmp_path, fixture: str = "llada_tiny"):
+  """A copy of a parity fixture (tests/fixtures/<fixture>: config.json + safetensors) in
+  ``tmp_path/<fixture>`` plus a character-level HF tokenizer (printable characters, ids
+  < 125; EOS ``<|eot_id|>`` 125, mask 126) and a one-turn chat template."""
+  import json
+  import os
+  import shutil
+  import string
+
+  import tokenizers
+  d = tmp_path / fixture
+  d.mkdir(parents=True)
+  for f in ("config.json", "model.safetensors"):
+    shutil.copy(os.path.join(ROOT, "tests", "fixtures", fixture, f), d / f)
+  chars = [c for c in string.printable if c not in "\r\x0b\x0c"]
+  vocab = {c: i for i, c in enumerate(chars)}
+  vocab.update({f"<|reserved_{i}|>": i for i in range(len(chars), 125)})
+  vocab.update({"<|eot_id|>": 125, "<|mdm_mask|>": 126, "<|unk|>": 127})
+  tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[], unk_token="<|unk|>"))
+  tok.decoder = tokenizers.decoders.Fuse()
+  tok.add_special_tokens(["<|eot_id|>", "<|mdm_mask|>"])
+  tok.save(str(d / "tokenizer.json"))
+  (d / "tokenizer_config.json").write_text(json.dumps({
+      "eos_token": "<|eot_id|>",
+      "chat_template": "{% for m in messages %}Q: {{ m['content'] }}{% endfor %}"
+                       "{% if add_generation_prompt %}\nA: {% endif %}"}))
+  return d
+
+
+# The llada_tiny fixture's architecture as a config without model.hf_checkpoint (a run
+# "trained from scratch": the character tokenizer's vocabulary, the fixture's first rows).
+LLADA_TINY_MODEL = {"model.d_model": 64, "model.n_layers": 2, "model.n_heads": 4,
+                    "model.mlp_hidden": 176}
+
+
+def scratch_run_checkpoints(workdir, steps: Mapping[str, Any], overrides=None):
+  """A run trained from scratch at the llada_tiny fixture's size (:data:`LLADA_TINY_MODEL`
+  on the shrunk embedded default, then ``overrides``) with a checkpoint at each step of
+  ``steps`` ({phase: [step, ...]}), named and saved as the phase loops do (meta with the
+  config): the fixture's weights times 1 + step / 10, a distinct policy per step that needs
+  no init to compile; params only, as eval and export read them. Returns (config,
+  {label: params})."""
+  import os
+
+  import numpy as np
+
+  from dllm_rl.infra.checkpoint import Checkpointer
+  from dllm_rl.models import hf
+  from dllm_rl.tasks.tokenizer import CharTokenizer
+  config = tiny_run_config("rl", {**LLADA_TINY_MODEL, **(overrides or {})})
+  fixture = hf.load_checkpoint(os.path.join(ROOT, "tests", "fixtures", "llada_tiny")).params
+  v = CharTokenizer().vocab_size
+  fixture = jax.tree_util.tree_map_with_path(  # the vocabulary axes: the first v rows
+      lambda path, x: np.asarray(x)[:v] if "embed" in jax.tree_util.keystr(path)
+      else np.asarray(x)[..., :v] if "lm_head" in jax.tree_util.keystr(path) else np.asarray(x),
+      fixture)
+  out = {}
+  for phase, saved in steps.items():
+    with Checkpointer(os.path.join(str(workdir), "checkpoints", phase), keep=10,
+                      async_save=False) as ckpt:
+      for step in saved:
+        params = jax.tree.map(lambda x: x * np.float32(1 + step / 10), fixture)
+        ckpt.save(step, {"params": params}, {"phase": phase, "config": config.to_json()})
+        out[f"{phase}{step}"] = params
+  return config, out
 
 
 # --------------------------------------------------------------------------------- RL

@@ -102,6 +102,40 @@ def test_restore_from_shape_dtype_structs_with_sharding(tmp_path):
   ckpt.close()
 
 
+@flax.struct.dataclass
+class _PolicyState:
+  params: Any
+  opt_state: Any
+
+
+def test_restore_part_reads_the_params_alone_onto_new_shardings(tmp_path):
+  """A state saved with its optimizer moments; its ``params`` restored alone (what eval and
+  export read) onto a new sharding, equal to the saved ones; a template leaf the checkpoint
+  lacks is a LayoutMismatch naming it; a read-only Checkpointer creates nothing, never saves."""
+  from dllm_rl.infra.checkpoint import LayoutMismatch
+  params = {"embed": np.arange(12, dtype=np.float32).reshape(4, 3), "head": {"bias": np.ones(3)}}
+  state = _PolicyState(params=params, opt_state={"mu": {"embed": np.zeros((4, 3), np.float32)}})
+  with Checkpointer(str(tmp_path / "ckpt"), keep=2, async_save=False) as ckpt:
+    ckpt.save(4, state, {"phase": "rl"})
+  sharding = NamedSharding(jax.make_mesh((2,), ("x",)), P("x"))
+  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+                        {"embed": params["embed"]})
+  with Checkpointer(str(tmp_path / "ckpt"), read_only=True) as ckpt:
+    restored, meta = ckpt.restore_part(target, "params", 4)
+    assert meta == ckpt.meta(4) == {"phase": "rl"}
+    with pytest.raises(FileNotFoundError, match=r"step 5 .*available steps: \[4\]"):
+      ckpt.restore_part(target, "params", 5)
+    with pytest.raises(LayoutMismatch, match=r"no saved leaf params\.extra"):
+      ckpt.restore_part({**target, "extra": target["embed"]}, "params", 4)
+    with pytest.raises(ValueError, match="read-only"):
+      ckpt.save(6, state, {})
+  np.testing.assert_array_equal(restored["embed"], params["embed"])
+  assert restored["embed"].sharding == sharding and set(restored) == {"embed"}
+  with Checkpointer(str(tmp_path / "none"), read_only=True) as ckpt:
+    assert ckpt.all_steps() == []
+  assert not os.path.exists(tmp_path / "none")
+
+
 def test_keep_latest_and_specific_step(tmp_path):
   ckpt = Checkpointer(str(tmp_path), keep=2)
   assert ckpt.latest_step() is None

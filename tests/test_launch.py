@@ -78,6 +78,21 @@ def test_tpu_dry_run(sandbox, tmp_path):
   assert not (tmp_path / "dllm_rl-my-v4.tgz").exists()  # dry: nothing written
 
 
+def test_tpu_stage_weights_fetches_on_every_worker_before_the_run(sandbox, tmp_path):
+  res = run_script(TPU, ["--dry-run", "--name", "n", "--zone", "z", "--workdir", "gs://b/r",
+                         "--stage-weights", "GSAI-ML/LLaDA-8B-Instruct", "--", *OVERRIDES],
+                   sandbox, tmp_path)
+  assert res.returncode == 0, res.stderr
+  stage, launch = commands(res.stdout)
+  assert "--worker=all" in stage and "--worker=all" in launch
+  assert main_words(shlex.split(stage[stage.index("--command") + 1])) == [
+      "-m", "dllm_rl.data", "weights", "GSAI-ML/LLaDA-8B-Instruct"]
+  remote = shlex.split(launch[launch.index("--command") + 1])
+  assert remote[3] == "HF_HUB_OFFLINE=1"  # the run reads the staged copy, never the hub
+  assert main_words(remote)[4:] == ["--config.model.hf_checkpoint=GSAI-ML/LLaDA-8B-Instruct",
+                                    *OVERRIDES]  # before the user's: an override still wins
+
+
 def test_tpu_reads_env_and_needs_name(sandbox, tmp_path):
   env = dict(sandbox, TPU_NAME="from-env", TPU_ZONE="europe-west4-a",
              DLLM_WORKDIR="gs://b/r", DLLM_CONFIG="configs/tiny_cpu.py")

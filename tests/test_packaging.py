@@ -24,7 +24,8 @@ def _name(req: str) -> str:
 
 def test_console_scripts_name_callables():
   scripts = _project()["project"]["scripts"]
-  assert {"dllm-rl", "dllm-rl-plan", "dllm-rl-convert", "dllm-rl-study"} <= set(scripts)
+  assert {"dllm-rl", "dllm-rl-plan", "dllm-rl-convert", "dllm-rl-study",
+          "dllm-rl-data"} <= set(scripts)
   for name, target in scripts.items():  # parsed, not imported: the CLIs define absl flags
     module, attr = target.split(":")
     spec = importlib.util.find_spec(module)

@@ -4,50 +4,12 @@ follow the workdir. No network: an in-memory fsspec filesystem stands in for GCS
 
 import os
 
-import importlib
-from etils.epath import backend as epath_backend
 import numpy as np
 import pytest
-from fsspec.implementations.memory import MemoryFileSystem
 
 from dllm_rl import paths
 from dllm_rl.infra.checkpoint import Checkpointer
 from dllm_rl.infra.observability import MetricsLogger, plot_metrics, read_metrics
-
-
-class FakeGCS(MemoryFileSystem):
-  """An in-memory bucket store under the gs:// protocol (no append, like GCS)."""
-
-  protocol = ("gs", "gcs", "s3")
-  store: dict = {}
-  pseudo_dirs = [""]
-
-  @classmethod
-  def _strip_protocol(cls, path):
-    path = os.fspath(path)
-    for prefix in ("gs://", "gcs://", "s3://"):
-      path = path.removeprefix(prefix)
-    return super()._strip_protocol(path)
-
-  def _open(self, path, mode="rb", **kwargs):
-    if "a" in mode:
-      raise NotImplementedError("object stores cannot append")
-    return super()._open(path, mode, **kwargs)
-
-
-@pytest.fixture
-def fake_gcs(tmp_path, monkeypatch):
-  FakeGCS.store.clear()
-  FakeGCS.pseudo_dirs[:] = [""]
-  FakeGCS.clear_instance_cache()
-  for name in FakeGCS.protocol:  # undone after the test
-    monkeypatch.setitem(importlib.import_module("fsspec.registry")._registry, name, FakeGCS)
-  epath_backend.fsspec_backend._get_filesystem.cache_clear()
-  monkeypatch.chdir(tmp_path)  # a wrong os.path.abspath would create ./gs:/...
-  yield FakeGCS()
-  epath_backend.fsspec_backend._get_filesystem.cache_clear()
-  for scheme in ("gs:", "s3:"):
-    assert not os.path.exists(tmp_path / scheme), f"a {scheme}// path became a local folder"
 
 
 def test_resolve_keeps_urls_and_makes_local_paths_absolute(tmp_path, monkeypatch):

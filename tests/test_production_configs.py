@@ -4,8 +4,6 @@ local directory, and a local GSM8K-format JSONL file."""
 
 import json
 import os
-import shutil
-import string
 
 import numpy as np
 import pytest
@@ -13,7 +11,7 @@ import pytest
 from dllm_rl.train import modes as run
 from dllm_rl.config import ConfigError, load_config_file
 from dllm_rl.train.validate import validate
-from tests.helpers import assert_test_figures
+from tests.helpers import assert_test_figures, hf_fixture_with_tokenizer as _hf_dir
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -22,29 +20,18 @@ FIXTURES = {"llada_tpu": "llada_tiny", "llada_gpu": "llada_tiny", "sdar_tpu": "s
             "dream_tpu": "dream_tiny"}
 
 
+# The MATH and Countdown configs (StableDRL configs/{math,countdown}_spg_snis.yaml @26ad014):
+# name → (task, tiny records, AdamW lr).
+TASK_CONFIGS = {
+    "llada_math": ("math500", [{"problem": f"What is {a} plus {b}?", "answer": str(a + b)}
+                               for a in range(1, 9) for b in range(1, 6)], 2e-6),
+    "llada_countdown": ("countdown_jsonl", [{"nums": [a, b, 3], "target": a + b + 3}
+                                            for a in range(1, 9) for b in range(10, 15)], 1e-6),
+}
+
+
 def _load_config(name):
   return load_config_file(os.path.join(ROOT, "configs", f"{name}.py"))
-
-
-def _hf_dir(tmp_path, fixture="llada_tiny"):
-  """A parity fixture plus a character-level HF tokenizer (ids < 125; EOS 125, mask 126)."""
-  d = tmp_path / fixture
-  d.mkdir()
-  for f in ("config.json", "model.safetensors"):
-    shutil.copy(os.path.join(ROOT, "tests", "fixtures", fixture, f), d / f)
-  chars = [c for c in string.printable if c not in "\r\x0b\x0c"]
-  vocab = {c: i for i, c in enumerate(chars)}
-  vocab.update({f"<|reserved_{i}|>": i for i in range(len(chars), 125)})
-  vocab.update({"<|eot_id|>": 125, "<|mdm_mask|>": 126, "<|unk|>": 127})
-  tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[], unk_token="<|unk|>"))
-  tok.decoder = tokenizers.decoders.Fuse()
-  tok.add_special_tokens(["<|eot_id|>", "<|mdm_mask|>"])
-  tok.save(str(d / "tokenizer.json"))
-  (d / "tokenizer_config.json").write_text(json.dumps({
-      "eos_token": "<|eot_id|>",
-      "chat_template": "{% for m in messages %}Q: {{ m['content'] }}{% endfor %}"
-                       "{% if add_generation_prompt %}\nA: {% endif %}"}))
-  return d
 
 
 def _gsm8k(tmp_path, n=40):
@@ -117,7 +104,7 @@ def test_production_config_without_overrides_names_the_missing_key():
     validate(_load_config("llada_tpu"))
 
 
-@pytest.mark.parametrize("name", sorted(FIXTURES))
+@pytest.mark.parametrize("name", sorted(FIXTURES) + sorted(TASK_CONFIGS))
 def test_official_configs_use_the_official_noise_surrogate_and_attention(name):
   """DESIGN: configs that claim the official setup use independent masks for ℓ̂_old and
   every ℓ̂_θ, the SPG surrogate in StableDRL's gradient, and SDAR's block-causal prompt."""
@@ -130,3 +117,54 @@ def test_official_configs_use_the_official_noise_surrogate_and_attention(name):
   else:
     assert c.estimator.name == "spg_block" and c.estimator.spg_omega == 0.5
     assert c.estimator.num_samples == 2 and c.estimator.prompt_mask_prob == 0.15
+
+
+@pytest.mark.parametrize("name", sorted(TASK_CONFIGS))
+def test_math_and_countdown_configs_are_stabledrls(name):
+  """The values of the StableDRL yaml files (see TASK_CONFIGS), the d1 prompt preset, and all
+  three required values named at once."""
+  task, _, lr = TASK_CONFIGS[name]
+  c = _load_config(name)
+  assert (c.task.name, c.task.options.prompt_preset, c.rl.lr) == (task, "d1", lr)
+  assert (c.rl.steps, c.rl.schedule, c.rl.warmup_steps, c.rl.b1, c.rl.b2, c.rl.weight_decay,
+          c.rl.grad_clip, c.rl.kl_coef) == (2000, "linear", 0, 0.9, 0.99, 0.1, 0.2, 0.0)
+  assert (c.rl.group_size, c.rl.inner_steps, c.rl.temperature, c.rl.advantage) == (
+      16, 2, 0.9, "centered")
+  assert (c.data.completion_len, c.sampler.steps, c.sampler.block_len) == (256, 128, 32)
+  assert (c.estimator.spg_beta, c.estimator.spg_block_len, c.model.param_dtype) == (
+      1.5, 32, "float32")
+  with pytest.raises(ConfigError) as err:
+    validate(c)
+  assert sorted(e.key for e in err.value.errors) == [
+      "model.hf_checkpoint", "task.options.test_file", "task.options.train_file"]
+
+
+# Prompt widths that hold the d1 preset's prompts with the character tokenizer of _hf_dir.
+TINY_PROMPT_LEN = {"llada_math": 288, "llada_countdown": 640}
+
+
+def _task_tiny(name, tmp_path):
+  """``name`` shrunk like :func:`_tiny`, on tiny files of its own task; prompts keep the d1
+  preset (one token per character with the tokenizer of :func:`_hf_dir`)."""
+  _, records, _ = TASK_CONFIGS[name]
+  tmp_path.mkdir(parents=True, exist_ok=True)
+  data = tmp_path / "data.jsonl"
+  data.write_text("".join(json.dumps(r) + "\n" for r in records))
+  c = _tiny(_load_config(name), _hf_dir(tmp_path), data)
+  c.data.prompt_len, c.data.prompt_buckets = TINY_PROMPT_LEN[name], ()
+  return c
+
+
+def test_math_and_countdown_configs_validate_with_their_files(tmp_path):
+  for name in TASK_CONFIGS:
+    validate(_task_tiny(name, tmp_path / name))
+
+
+@pytest.mark.slow
+def test_math_config_runs_one_rl_step_at_tiny_size(tmp_path):
+  """llada_math end to end at tiny size (d1 prompts, math-verify on the <answer> span);
+  llada_countdown differs from it only in the task and the learning rate (the Countdown
+  prompt is 640 characters: a tiny run of it costs 2 minutes on 2 cores)."""
+  summary = run.run(_task_tiny("llada_math", tmp_path), str(tmp_path / "work"))
+  assert summary["rl_steps"] == 1
+  assert_test_figures(summary, tmp_path / "work", "rl", test_size=8)

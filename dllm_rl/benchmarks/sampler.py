@@ -259,14 +259,15 @@ def accuracy(args) -> dict:
   from dllm_rl.config import load_config_file
   from dllm_rl.train import evaluation
   from dllm_rl.train.context import build_context
-  from dllm_rl.train.eval_mode import restore_latest
+  from dllm_rl.train.eval_mode import label, load_policy, resolve_target
   from dllm_rl.train.validate import validate
 
   config = load_config_file(args.accuracy_config)
   validate(config)
   ctx = build_context(config, args.accuracy_workdir)
-  phase, graphdef, state = restore_latest(ctx)
-  out = {"phase": phase, "step": int(state.step), "by_block_len": {}}
+  ref = resolve_target(config, args.accuracy_workdir)  # eval.phase / eval.checkpoint_step
+  graphdef, params = load_policy(ctx, ref)
+  out = {"weights": label(ref), "by_block_len": {}}
   for block_len in [ctx.sampler_cfg.block_len] + list(args.accuracy_block_lens):
     blocks = ctx.sampler_cfg.completion_len // block_len
     steps = max(ctx.sampler_cfg.steps // blocks, 1) * blocks
@@ -275,7 +276,7 @@ def accuracy(args) -> dict:
       cfg = dataclasses.replace(ctx.sampler_cfg, block_len=block_len, steps=steps, cache=mode,
                                 cache_refresh=args.cache_refresh)
       row[mode] = evaluation.greedy_accuracy(
-          graphdef, state.params, task=ctx.task, tokenizer=ctx.tokenizer,
+          graphdef, params, task=ctx.task, tokenizer=ctx.tokenizer,
           examples=ctx.test.examples, arrays=ctx.test.arrays, cfg=cfg,
           batch_size=config.eval.batch_size)["accuracy"]
     out["by_block_len"][f"block {block_len}, {steps} steps"] = row

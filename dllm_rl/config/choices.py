@@ -13,3 +13,5 @@ RUN_MODES = ("sft", "rl", "pipeline", "eval")
 SFT_MODES = ("sft", "pipeline")  # modes that train SFT
 RL_MODES = ("rl", "pipeline")    # modes that train RL
 LR_SCHEDULES = ("constant", "cosine", "linear")  # decay after the linear warm-up
+# mode=eval's weights (config.eval.phase): the newest checkpoint | a phase's | the HF model's.
+EVAL_PHASES = ("auto", "sft", "rl", "base")

@@ -20,7 +20,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = m = ml_collections.ConfigDict()
   # A Hugging Face checkpoint directory (config.json + safetensors + tokenizer files) of a
   # supported family (LLaDA; Dream; SDAR with model.block_size = its block size), or its
-  # `python -m dllm_rl.convert import` output. When set, the
+  # `python -m dllm_rl.convert import` output; also a gs:// folder (copied to
+  # $DLLM_RL_CACHE/weights first) or a hub id such as "GSAI-ML/LLaDA-8B-Instruct" (fetched into
+  # the Hugging Face cache; dllm_rl/infra/weights.py). When set, the
   # architecture, the weights, the token ids (mask, EOS, pad) and the tokenizer come from it
   # and the size keys below are ignored.
   m.hf_checkpoint = ""
@@ -78,6 +80,10 @@ def base_config() -> ml_collections.ConfigDict:
   # smallest bucket >= its longest prompt (left padding dropped; data.prompt_len when none
   # holds it), one compiled program per bucket. () = always data.prompt_len.
   d.prompt_buckets = ()
+  # A system prompt for every prompt: the chat template's system turn (model.hf_checkpoint's
+  # tokenizer), or without a template, put before the prompt with a blank line. "" = none.
+  # The task's own prompt text comes from task.options (prompt_template / prompt_preset).
+  d.system_prompt = ""
 
   c.sampler = s = ml_collections.ConfigDict()
   s.steps = 8             # denoising steps over the whole completion
@@ -163,6 +169,11 @@ def base_config() -> ml_collections.ConfigDict:
   e.num_samples = 8       # n samples per test prompt for pass@k
   e.pass_k = (1, 4, 8)    # k values (each <= num_samples)
   e.temperature = 1.0     # sampling temperature for pass@k
+  # mode=eval: which weights (dllm_rl/train/eval_mode.py). auto = the newest phase with a
+  # checkpoint in --workdir (rl, else sft), else model.hf_checkpoint's own weights (base);
+  # sft | rl = that phase's checkpoints; base = model.hf_checkpoint, ignoring checkpoints.
+  e.phase = "auto"        # one of dllm_rl.config.choices.EVAL_PHASES
+  e.checkpoint_step = -1  # the step to evaluate (SFT steps; RL rollout batches); -1 = newest
 
   c.mesh = h = ml_collections.ConfigDict()
   h.data = -1             # data-parallel axis; -1 = fill with the remaining devices

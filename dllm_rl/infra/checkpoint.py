@@ -35,6 +35,12 @@ has been committed, so a failed save never deletes older checkpoints. With ``asy
 arrays are copied to host before `save` returns (the caller may donate/overwrite its buffers);
 errors raised by the background write surface in `wait`, `close` or the next `save`.
 
+Readers: ``Checkpointer(directory, read_only=True)`` neither creates the folder nor cleans
+uncommitted tmp folders (a training run may be writing one) and refuses to save;
+`restore_part` restores one field of the saved state (``"params"`` of a ``TrainState``:
+no optimizer moments are read) with an orbax partial restore, the template's leaves matched to
+the saved ones by their path; `meta` reads a step's JSON meta alone.
+
 Damaged checkpoints: `restore` without an explicit step tries the newest step first; when it
 cannot be read (a truncated or missing file, unreadable metadata) it logs a warning naming the
 damaged step and the one it falls back to, and tries the next older step. A folder without
@@ -209,6 +215,21 @@ def _check_layout(saved: list[dict[str, Any]], wanted: list[dict[str, Any]], whe
                        f"{tuple(w['shape'])}, checkpoint {tuple(s['shape'])}")
 
 
+def _matching_entries(saved: list[dict[str, Any]], wanted: list[dict[str, Any]],
+                      where: str) -> list[dict[str, Any]]:
+  """The saved layout entry of each wanted leaf, found by its path parts and renamed as
+  the template names it (for :func:`_check_layout`); LayoutMismatch when one is absent."""
+  by_parts = {tuple(s["parts"]): s for s in saved}
+  out = []
+  for w in wanted:
+    s = by_parts.get(tuple(w["parts"]))
+    if s is None:
+      raise LayoutMismatch(f"State structure mismatch with checkpoint {where}: no saved leaf "
+                           f"{'.'.join(w['parts'])} (template {w['name']})")
+    out.append(dict(s, name=w["name"]))
+  return out
+
+
 class Checkpointer:
   """Saves/restores (state pytree, JSON meta) by step, keeping the newest ``keep``.
 
@@ -225,16 +246,22 @@ class Checkpointer:
           ckpt.save(step, state, {"data_pos": pos})
   """
 
-  def __init__(self, directory: str, *, keep: int, async_save: bool = True):
+  def __init__(self, directory: str, *, keep: int = 1, async_save: bool = True,
+               read_only: bool = False):
     if keep < 1:
       raise ValueError(f"keep must be >= 1, got {keep=}")
     self.directory = os.fspath(paths.resolve(directory))  # gs:// stays a URL
     self.keep = keep
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,
-        enable_async_checkpointing=async_save,
-        cleanup_tmp_directories=True,  # Drop uncommitted tmp dirs of a crashed save.
+        enable_async_checkpointing=async_save and not read_only,
+        # Drop uncommitted tmp dirs of a crashed save; a reader (``read_only``: eval, export)
+        # never does, since a training run may be writing one right now, and never creates
+        # the folder. (Not orbax's own read_only, which warns at every open.)
+        cleanup_tmp_directories=not read_only,
+        create=not read_only,
     )
+    self.read_only = read_only
     self._manager = ocp.CheckpointManager(self.directory, options=options)
     self._damaged: set[int] = set()  # steps this process found unreadable
 
@@ -253,6 +280,8 @@ class Checkpointer:
     (returns False). Raises TypeError/ValueError, before writing anything, for a leaf that is
     not an array/scalar or a ``meta`` that is not JSON-serialisable.
     """
+    if self.read_only:
+      raise ValueError(f"save(step={step}): {self.directory} was opened read-only")
     if step in self._damaged:  # unreadable: replaced by this fresh save of the same step
       _log.warning("Replacing damaged checkpoint step %d in %s.", step, self.directory)
       self._manager.delete(step)
@@ -319,21 +348,46 @@ class Checkpointer:
         + "; ".join(f"step {s}: {why}" for s, why in failures)
         + ". Delete the damaged steps (or the folder) to start this phase afresh.")
 
-  def _restore_step(self, abstract_state: Any, step: int) -> tuple[Any, dict[str, Any]]:
+  def restore_part(self, abstract_part: Any, name: str,
+                   step: int) -> tuple[Any, dict[str, Any]]:
+    """Restores only the field ``name`` of the saved state (e.g. ``"params"`` of a
+    ``TrainState``: no optimizer moments are read) at ``step``, into the structure of
+    ``abstract_part``; returns ``(part, meta)``. Same errors as :meth:`restore` with a step."""
+    self.wait()
+    self._manager.reload()
+    if step not in self.all_steps():
+      raise FileNotFoundError(
+          f"No checkpoint for step {step} in {self.directory}; available steps: "
+          f"{self.all_steps()}")
+    state, meta = self._restore_step({name: abstract_part}, step, partial=True)
+    return state[name], meta
+
+  def meta(self, step: int) -> dict[str, Any]:
+    """The JSON meta saved with ``step`` (no array is read)."""
+    out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    if not isinstance(out["meta"], Mapping):
+      raise ValueError(f"{self.directory}/{step}: meta is not a JSON object")
+    return dict(out["meta"])
+
+  def _restore_step(self, abstract_state: Any, step: int,
+                    partial: bool = False) -> tuple[Any, dict[str, Any]]:
+    """``partial``: ``abstract_state`` holds some of the saved leaves, matched by their
+    path parts (a dict ``{field: subtree}`` for a dataclass's field)."""
     where = f"{self.directory}/{step}"
     saved = self._manager.restore(step, args=ocp.args.Composite(layout=ocp.args.JsonRestore()))
     saved_entries = saved["layout"]["leaves"]
     entries, leaves, treedef = _describe(abstract_state, "restore template")
+    if partial:
+      saved_entries = _matching_entries(saved_entries, entries, where)
     _check_layout(saved_entries, entries, where)
     targets = [_restore_target(x, e["kind"], s)
                for x, e, s in zip(leaves, entries, saved_entries)]
+    target = _nest(entries, targets)
+    item = (ocp.args.PyTreeRestore(target, partial_restore=True,
+                                   restore_args=ocp.checkpoint_utils.construct_restore_args(target))
+            if partial else ocp.args.StandardRestore(target))
     out = self._manager.restore(
-        step,
-        args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(_nest(entries, targets)),
-            meta=ocp.args.JsonRestore(),
-        ),
-    )
+        step, args=ocp.args.Composite(state=item, meta=ocp.args.JsonRestore()))
     values = [_from_stored(_lookup(out["state"], e["parts"]), x, e["kind"], s)
               for x, e, s in zip(leaves, entries, saved_entries)]
     if not isinstance(out["meta"], Mapping):

@@ -1,9 +1,5 @@
-"""HF checkpoint conversion CLI (LLaDA, SDAR, Dream, LLaDA2 MoE): import, export, round trip.
-
-    python -m dllm_rl.convert import    --hf_dir HF_DIR --out CKPT_DIR [--dtype float32]
-    python -m dllm_rl.convert export    --ckpt CKPT_DIR --hf_dir OUT_DIR [--dtype bfloat16]
-                                        [--max_shard_bytes 5e9]
-    python -m dllm_rl.convert roundtrip --hf_dir HF_DIR --tmp TMP_DIR
+"""HF checkpoint conversion (LLaDA, SDAR, Dream, LLaDA2 MoE): import, export, compare. The
+command line is :mod:`dllm_rl.convert` (``python -m dllm_rl.convert``).
 
 An imported checkpoint (``CKPT_DIR``) holds:
 
@@ -16,23 +12,15 @@ An imported checkpoint (``CKPT_DIR``) holds:
   generation config), copied back by ``export``.
 
 The trainer loads it with :func:`load_imported`, which restores every array
-straight onto its sharding. ``roundtrip`` imports, exports and checks that every
-exported tensor equals the original byte for byte (exit 1 otherwise). Each
-command prints its throughput (MB of tensors per second) and the peak RSS.
-Bad input (missing folder, unsupported architecture, missing tensor, shape
-mismatch, existing output) exits with status 2 and a message naming it.
+straight onto its sharding. :func:`compare_tensors` checks two HF folders byte for byte.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
-import resource
 import shutil
-import sys
-import tempfile
 import time
 from typing import Any, NamedTuple
 
@@ -43,9 +31,8 @@ from safetensors import safe_open
 
 from dllm_rl.infra.checkpoint import Checkpointer
 from dllm_rl.models import hf
-from dllm_rl.models.transformer import ModelConfig, abstract_model
+from dllm_rl.models.transformer import ModelConfig, abstract_params_sharded
 from dllm_rl.parallel.mesh import make_mesh
-from dllm_rl.parallel.shard import param_shardings
 
 FORMAT = "dllm_rl.hf_import/1"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack")
@@ -53,11 +40,8 @@ _EXTRA_MAX_BYTES = 100_000_000  # tokenizer / code / generation config, never we
 _SKIP = ("config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
-def _peak_rss_mb() -> float:
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def _tensor_bytes(hf_dir: str) -> int:
+def tensor_bytes(hf_dir: str) -> int:
+  """Bytes of the safetensors files of an HF folder."""
   files, _ = hf.tensor_index(hf_dir)
   return sum(os.path.getsize(f) for f in set(files.values()))
 
@@ -83,17 +67,37 @@ def import_hf(hf_dir: str, out_dir: str, *, dtype: str = "float32", mesh=None) -
   with Checkpointer(os.path.join(out_dir, "params"), keep=1,
                     async_save=False) as ckpt:
     ckpt.save(0, params, meta)
-  extra = os.path.join(out_dir, "hf_extra")
-  os.makedirs(extra, exist_ok=True)
+  copy_files(extra_files(hf_dir), os.path.join(out_dir, "hf_extra"))
+  with open(os.path.join(out_dir, "model.json"), "w") as f:
+    json.dump(meta, f, indent=2)
+  return {"family": family, "bytes": tensor_bytes(hf_dir), "load_s": t1 - t0,
+          "total_s": time.perf_counter() - t0}
+
+
+def extra_files(hf_dir: str) -> list[str]:
+  """The small files of an HF folder that are not weights or the config / index
+  (tokenizer, modeling code, generation config, README), sorted."""
+  out = []
   for name in sorted(os.listdir(hf_dir)):
     src = os.path.join(hf_dir, name)
     if (os.path.isfile(src) and name not in _SKIP and not name.endswith(_WEIGHT_SUFFIXES)
         and os.path.getsize(src) <= _EXTRA_MAX_BYTES):
-      shutil.copy2(src, os.path.join(extra, name))
-  with open(os.path.join(out_dir, "model.json"), "w") as f:
-    json.dump(meta, f, indent=2)
-  return {"family": family, "bytes": _tensor_bytes(hf_dir), "load_s": t1 - t0,
-          "total_s": time.perf_counter() - t0}
+      out.append(src)
+  return out
+
+
+def copy_files(files: list[str], out_dir: str) -> None:
+  """Copy ``files`` into ``out_dir`` (created), keeping their names."""
+  os.makedirs(out_dir, exist_ok=True)
+  for src in files:
+    shutil.copy2(src, os.path.join(out_dir, os.path.basename(src)))
+
+
+def check_new_hf_dir(hf_dir: str) -> None:
+  """FileExistsError when ``hf_dir`` already holds an HF checkpoint (never overwritten)."""
+  if os.path.isdir(hf_dir) and any(n.endswith(".safetensors") or n == "config.json"
+                                   for n in os.listdir(hf_dir)):
+    raise FileExistsError(f"{hf_dir} already holds an HF checkpoint; use a new folder")
 
 
 class ImportedModel(NamedTuple):
@@ -125,6 +129,20 @@ def read_meta(ckpt_dir: str) -> dict[str, Any]:
   return meta
 
 
+def source_hf_config(path: str) -> dict[str, Any]:
+  """The config.json of an HF folder, or the copy in a ``convert import`` folder's model.json."""
+  return read_meta(path)["hf_config"] if is_imported(path) else hf.read_hf_config(path)
+
+
+def source_files(path: str) -> list[str]:
+  """The tokenizer / modeling / README files that travel with a model: an HF folder's
+  :func:`extra_files`, or the ``hf_extra/`` copies of a ``convert import`` folder."""
+  if not is_imported(path):
+    return extra_files(path)
+  extra = os.path.join(path, "hf_extra")
+  return sorted(os.path.join(extra, n) for n in os.listdir(extra)) if os.path.isdir(extra) else []
+
+
 def load_imported(ckpt_dir: str, *, mesh=None, param_dtype: str | None = None,
                   meta: dict[str, Any] | None = None) -> ImportedModel:
   """An imported checkpoint → :class:`ImportedModel`, params restored onto
@@ -136,9 +154,7 @@ def load_imported(ckpt_dir: str, *, mesh=None, param_dtype: str | None = None,
             param_dtype=jnp.dtype(param_dtype or mc["param_dtype"]).type)
   cfg, ids = ModelConfig(**mc), hf.TokenIds(**meta["token_ids"])
   mesh = mesh if mesh is not None else make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
-  graphdef, abstract = abstract_model(cfg)
-  target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        abstract, param_shardings(abstract, mesh))
+  graphdef, target = abstract_params_sharded(cfg, mesh)
   with Checkpointer(os.path.join(ckpt_dir, "params"), keep=1,
                     async_save=False) as ckpt:
     params, _ = ckpt.restore(target, step=0)
@@ -148,20 +164,15 @@ def load_imported(ckpt_dir: str, *, mesh=None, param_dtype: str | None = None,
 def export_hf(ckpt_dir: str, hf_dir: str, *, dtype: str | None = None,
               max_shard_bytes: float = 5e9) -> dict[str, Any]:
   """Imported checkpoint → HF folder ``hf_dir`` (config.json from the import)."""
-  if os.path.isdir(hf_dir) and any(n.endswith(".safetensors") or n == "config.json"
-                                   for n in os.listdir(hf_dir)):
-    raise FileExistsError(f"{hf_dir} already holds an HF checkpoint; use a new folder")
+  check_new_hf_dir(hf_dir)
   t0 = time.perf_counter()
   cfg, ids, _, params, family, hf_config = load_imported(ckpt_dir)
   t1 = time.perf_counter()
   hf.export_checkpoint(params, cfg, ids, family, hf_dir, hf_config=hf_config,
                        max_shard_bytes=max_shard_bytes, dtype=dtype)
   t2 = time.perf_counter()
-  extra = os.path.join(ckpt_dir, "hf_extra")
-  if os.path.isdir(extra):
-    for name in os.listdir(extra):
-      shutil.copy2(os.path.join(extra, name), os.path.join(hf_dir, name))
-  return {"family": family, "bytes": _tensor_bytes(hf_dir), "restore_s": t1 - t0,
+  copy_files(source_files(ckpt_dir), hf_dir)
+  return {"family": family, "bytes": tensor_bytes(hf_dir), "restore_s": t1 - t0,
           "write_s": t2 - t1, "total_s": time.perf_counter() - t0}
 
 
@@ -183,68 +194,9 @@ def compare_tensors(a_dir: str, b_dir: str) -> list[str]:
   return problems
 
 
-def _source_dtype(hf_dir: str) -> str:
+def source_dtype(hf_dir: str) -> str:
+  """The dtype name of an HF folder's tensors (of its first tensor by name)."""
   files, _ = hf.tensor_index(hf_dir)
   name = sorted(files)[0]
   with safe_open(files[name], framework="numpy") as f:
     return np.dtype(hf.ST_DTYPES[f.get_slice(name).get_dtype()]).name
-
-
-def _report(what: str, stats: dict[str, Any]) -> None:
-  mb = stats["bytes"] / 1e6
-  parts = ", ".join(f"{k} {v:.3f}" for k, v in stats.items() if k.endswith("_s") and k != "total_s")
-  print(f"{what} [{stats['family']}]: {mb:.2f} MB in {stats['total_s']:.3f} s "
-        f"({mb / max(stats['total_s'], 1e-9):.1f} MB/s; {parts}); "
-        f"peak RSS {_peak_rss_mb():.0f} MB")
-
-
-def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m dllm_rl.convert", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  sub = parser.add_subparsers(dest="command", required=True)
-  p = sub.add_parser("import", help="HF folder -> Orbax params + model.json")
-  p.add_argument("--hf_dir", required=True)
-  p.add_argument("--out", required=True)
-  p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-  p = sub.add_parser("export", help="imported checkpoint -> HF folder")
-  p.add_argument("--ckpt", required=True)
-  p.add_argument("--hf_dir", required=True)
-  p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                 help="tensor dtype written (default: the params' dtype)")
-  p.add_argument("--max_shard_bytes", type=float, default=5e9)
-  p = sub.add_parser("roundtrip", help="import, export and compare tensors byte for byte")
-  p.add_argument("--hf_dir", required=True)
-  p.add_argument("--tmp", required=True)
-  args = parser.parse_args(argv)
-  try:
-    if args.command == "import":
-      _report("import", import_hf(args.hf_dir, args.out, dtype=args.dtype))
-    elif args.command == "export":
-      _report("export", export_hf(args.ckpt, args.hf_dir, dtype=args.dtype,
-                                  max_shard_bytes=args.max_shard_bytes))
-    else:
-      os.makedirs(args.tmp, exist_ok=True)
-      work = tempfile.mkdtemp(prefix="roundtrip_", dir=args.tmp)
-      ckpt, out = os.path.join(work, "ckpt"), os.path.join(work, "hf")
-      _report("import", import_hf(args.hf_dir, ckpt))
-      _report("export", export_hf(ckpt, out, dtype=_source_dtype(args.hf_dir)))
-      problems = compare_tensors(args.hf_dir, out)
-      if problems:
-        print(f"roundtrip FAILED ({len(problems)} differences):\n  " + "\n  ".join(problems[:20]))
-        return 1
-      n = len(hf.tensor_index(out)[0])
-      print(f"roundtrip OK: {n} tensors byte-identical ({out})")
-  except (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError, KeyError,
-          json.JSONDecodeError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  return 0
-
-
-def run() -> None:
-  """Console-script entry point (pyproject.toml): ``dllm-rl-convert``."""
-  sys.exit(main())
-
-
-if __name__ == "__main__":
-  run()

@@ -548,7 +548,9 @@ def _write_safetensors(path: str | None, entries: list, pure: dict, np_dtype) ->
       f.close()
 
 
-def _check_config(hf_config: dict, cfg: ModelConfig, ids: TokenIds) -> None:
+def check_config(hf_config: dict, cfg: ModelConfig, ids: TokenIds) -> None:
+  """ValueError listing each field where ``hf_config`` (a config.json) does not describe
+  ``cfg`` / ``ids`` (dtypes, init and scan / remat options aside)."""
   got_cfg, got_ids = model_config_from_hf(hf_config)
   got_cfg = dataclasses.replace(got_cfg, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                                 init_std=cfg.init_std, scan_layers=cfg.scan_layers,
@@ -593,7 +595,7 @@ def export_checkpoint(params: nnx.State, model_cfg: ModelConfig, token_ids: Toke
     raise ValueError(f"export dtype must be one of {sorted(_ST_CODE)}, got {dtype!r}")
   np_dtype = np.dtype(ST_DTYPES[_ST_CODE[dtype]])
   if hf_config is not None:
-    _check_config(hf_config, model_cfg, token_ids)
+    check_config(hf_config, model_cfg, token_ids)
     config = dict(hf_config)
   else:
     config = FAMILIES[family].to_config(model_cfg, token_ids)

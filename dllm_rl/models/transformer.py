@@ -401,3 +401,13 @@ def init_params_sharded(cfg: ModelConfig, key: jax.Array, mesh):
   shardings = param_shardings(abstract, mesh)
   params = jax.jit(lambda k: init_model(cfg, k)[1], out_shardings=shardings)(key)
   return graphdef, params
+
+
+def abstract_params_sharded(cfg: ModelConfig, mesh):
+  """(graphdef, params as ``jax.ShapeDtypeStruct`` leaves carrying their shardings on
+  ``mesh``): the target of a restore that places each array straight onto its shards."""
+  graphdef, abstract = abstract_model(cfg)
+  target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        abstract, param_shardings(abstract, mesh))
+  return graphdef, target
+

@@ -40,7 +40,8 @@ def model_and_tokens(config):
   the character tokenizer's ids."""
   if config.model.hf_checkpoint:
     m = config.model
-    model_cfg, ids, _ = setup.hf_model_config(m.hf_checkpoint, m.dtype, m.param_dtype,
+    folder = setup.checkpoint_folder(m.hf_checkpoint, config_only=True)
+    model_cfg, ids, _ = setup.hf_model_config(folder, m.dtype, m.param_dtype,
                                               scan_layers=m.scan_layers, remat=m.remat)
     return model_cfg, ids.mask_id, ids.eos_id if ids.eos_id is not None else ids.pad_id
   from dllm_rl.tasks import CharTokenizer

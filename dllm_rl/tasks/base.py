@@ -97,6 +97,12 @@ class Task(abc.ABC):
   def verify(self, example: Example, completion: str) -> VerifyResult:
     """Scores ``completion`` (decoded model output, already cut at EOS)."""
 
+  def has_split(self, split: str) -> bool:
+    """Whether ``generate(split, ...)`` can give examples (a generated task has both splits;
+    a file-backed one may have a test file only)."""
+    check_split(split)
+    return True
+
   def max_draws(self, n: int) -> int:
     """Bound on the draws ``generate`` makes before giving up."""
     per_hit = 1.0 / min(self.test_fraction, 1.0 - self.test_fraction)

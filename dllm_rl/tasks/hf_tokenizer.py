@@ -205,12 +205,14 @@ class HFTokenizer:
   def mask_id(self) -> int:
     return self._mask_id
 
-  def format_prompt(self, text: str) -> str:
-    """``text`` as one user turn of the chat template, ready for the assistant's
-    reply; ``text`` itself when the tokenizer has no chat template."""
+  def format_prompt(self, text: str, system: str = "") -> str:
+    """``text`` as one user turn of the chat template (after a system turn when
+    ``system``), ready for the assistant's reply. Without a chat template: ``text``,
+    after ``system`` and a blank line when given."""
     if self._template is None:
-      return text
-    return self._template.render(messages=[{"role": "user", "content": text}],
+      return f"{system}\n\n{text}" if system else text
+    messages = [{"role": "system", "content": system}] if system else []
+    return self._template.render(messages=messages + [{"role": "user", "content": text}],
                                  add_generation_prompt=True, **self._special_tokens)
 
   def encode(self, text: str) -> list[int]:

@@ -13,9 +13,11 @@ One JSON object per line (blank lines are ignored):
 * ``sudoku_jsonl``: ``{"puzzle": 16 digits 0-4 (0 = blank), "solution": 16
   digits 1-4}``. SFT target: the solution.
 
-Splits come from ``train_file`` and ``test_file``; without ``test_file`` the test
-split is carved out of ``train_file`` by ``split_of`` on the question, like the
-generated tasks. ``generate(split, n, seed)`` returns the first n records of
+Files are read through :mod:`dllm_rl.paths`, so a ``gs://`` file works like a
+local one (``python -m dllm_rl.data prepare`` writes them). Splits come from
+``train_file`` and ``test_file``; without ``test_file`` the test split is carved
+out of ``train_file`` by ``split_of`` on the question, like the generated tasks;
+without ``train_file`` the task has a test split only (MATH-500: evaluation). ``generate(split, n, seed)`` returns the first n records of
 the split after a shuffle seeded by (seed, split), so it is a pure function of
 the files and its arguments; n = -1 means every record.
 """
@@ -24,13 +26,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from dllm_rl.tasks import verifiers
-from dllm_rl.tasks.base import TASKS, Example, Task, VerifyResult, check_split, split_of
+from dllm_rl import paths
+from dllm_rl.tasks import prompts, verifiers
+from dllm_rl.tasks.base import (TASKS, Example, Task, VerifyResult, check_split, malformed,
+                                split_of)
 from dllm_rl.tasks.sudoku import is_valid_solution
 
 ON_ERROR = ("raise", "skip")
@@ -60,9 +63,12 @@ class JsonlTask(Task):
   missing one); ``on_error``: "raise" (ValueError "file:line: what is wrong")
   or "skip" (malformed lines are dropped and counted in ``skipped``, the first
   few described in ``skip_reasons``); ``prompt_template``: a format string
-  over ``{question}`` and the task's own fields; ``verify_timeout``: seconds per
-  verification in a worker process (``verifiers.TimedVerifier``), 0 = in
-  process, None = the task's default.
+  over ``{question}`` and the task's own fields; ``prompt_preset``: a named
+  template set instead (:data:`dllm_rl.tasks.prompts.PROMPT_PRESETS`, e.g.
+  "d1"); ``answer_tag``: the reward reads only the last ``<answer>`` span (a
+  completion without one scores 0); None = the preset's choice (False without
+  one); ``verify_timeout``: seconds per verification in a worker process
+  (``verifiers.TimedVerifier``), 0 = in process, None = the task's default.
 
   Subclasses implement ``_fields(record)`` → (template fields, SFT answer,
   verifier meta), raising ``_BadRecord``; ``_checker()`` and ``_args(example)``
@@ -75,7 +81,8 @@ class JsonlTask(Task):
 
   def __init__(self, train_file: str = "", test_file: str = "", on_error: str = "raise",
                prompt_template: str = "{question}", test_fraction: float = 0.1,
-               verify_timeout: float | None = None):
+               verify_timeout: float | None = None, prompt_preset: str = "",
+               answer_tag: bool | None = None):
     super().__init__(test_fraction)
     if not train_file and not test_file:
       raise ValueError(f"task {self.name!r} needs option train_file and/or test_file")
@@ -83,6 +90,14 @@ class JsonlTask(Task):
       raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     self.train_file, self.test_file = str(train_file), str(test_file)
     self.on_error, self.prompt_template = on_error, str(prompt_template)
+    self.answer_tag = bool(answer_tag)
+    if prompt_preset:
+      if self.prompt_template != "{question}":
+        raise ValueError(f"task {self.name!r}: give prompt_preset or prompt_template, not both "
+                         f"(got {prompt_preset!r} and {prompt_template!r})")
+      found = prompts.preset(prompt_preset, self.name)
+      self.prompt_template = found.templates[self.name]
+      self.answer_tag = found.answer_tag if answer_tag is None else bool(answer_tag)
     self.verify_timeout = float(self.default_verify_timeout if verify_timeout is None
                                 else verify_timeout)
     self.skipped = 0
@@ -102,10 +117,11 @@ class JsonlTask(Task):
                        f"fields: {sorted(fields)}") from err
 
   def _load(self, path: str) -> list[Example]:
-    if not os.path.isfile(path):
+    paths.check_backend(path)  # gs:// without gcsfs: BackendMissing naming the package
+    if not paths.resolve(path).is_file():
       raise FileNotFoundError(f"task {self.name!r}: data file {path!r} does not exist")
     out, skipped = [], 0
-    with open(path, encoding="utf-8") as f:
+    with paths.resolve(path).open("r", encoding="utf-8") as f:
       for line_no, line in enumerate(f, start=1):
         if not line.strip():
           continue
@@ -133,7 +149,8 @@ class JsonlTask(Task):
     self.skipped += skipped
     return out
 
-  def _fields(self, record: Mapping[str, Any]) -> tuple[dict, str, dict]:
+  @classmethod
+  def _fields(cls, record: Mapping[str, Any]) -> tuple[dict, str, dict]:
     raise NotImplementedError
 
   def _key(self, fields: Mapping[str, Any]) -> str:
@@ -153,6 +170,11 @@ class JsonlTask(Task):
     return pool, f"the {split!r} part of {self.train_file} (test_fraction={self.test_fraction})"
 
   # --- Task interface -------------------------------------------------------
+
+  def has_split(self, split: str) -> bool:
+    """train: needs ``train_file``; test: ``test_file`` or a share of ``train_file``."""
+    check_split(split)
+    return bool(self.train_file) if split == "train" else bool(self.test_file or self.train_file)
 
   def sample(self, rng: np.random.Generator) -> Example | None:
     raise NotImplementedError(f"task {self.name!r} reads its examples from files; "
@@ -182,6 +204,10 @@ class JsonlTask(Task):
     raise NotImplementedError
 
   def verify(self, example: Example, completion: str) -> VerifyResult:
+    if self.answer_tag:
+      if "<answer>" not in completion:
+        return malformed("no <answer> tag")
+      completion = verifiers.answer_span(completion)
     fn, args = self._checker(), self._args(example)
     if self.verify_timeout <= 0:
       return fn(completion, *args)
@@ -196,13 +222,29 @@ class JsonlTask(Task):
       self._timed.close()
 
 
+def record_problem(task_name: str, record: Mapping[str, Any]) -> str | None:
+  """What is wrong with ``record`` as one line of the files of JSONL task ``task_name``
+  (None: nothing), by the same checks as loading."""
+  cls = TASKS.get(task_name)
+  if not issubclass(cls, JsonlTask):
+    raise ValueError(f"task {task_name!r} does not read JSONL files")
+  if not isinstance(record, dict):
+    return f"expected a JSON object, got {type(record).__name__}"
+  try:
+    cls._fields(record)
+  except _BadRecord as err:
+    return str(err)
+  return None
+
+
 @TASKS.register("gsm8k")
 class GSM8KTask(JsonlTask):
   """Grade-school math; reward 1 iff the final number equals the reference."""
 
   name = "gsm8k"
 
-  def _fields(self, record):
+  @classmethod
+  def _fields(cls, record):
     question = _field(record, "question", str)
     answer = _field(record, "answer", str)
     if "####" not in answer:
@@ -227,7 +269,8 @@ class Math500Task(JsonlTask):
   default_verify_timeout = 5.0
   preload = ("math_verify",)
 
-  def _fields(self, record):
+  @classmethod
+  def _fields(cls, record):
     problem = _field(record, "problem", str)
     if "answer" in record:
       reference = _field(record, "answer", str).strip()
@@ -257,7 +300,8 @@ class CountdownJsonlTask(JsonlTask):
                       "{target}. Use + - * / and each number exactly once. Put the "
                       "equation inside <answer></answer>.")
 
-  def _fields(self, record):
+  @classmethod
+  def _fields(cls, record):
     nums = _field(record, "nums", list)
     if len(nums) < 2 or any(isinstance(x, bool) or not isinstance(x, int) or not
                             0 <= x < 10**9 for x in nums):
@@ -269,7 +313,7 @@ class CountdownJsonlTask(JsonlTask):
       check = verifiers.countdown_reward(solution, nums, target)
       if not check.correct:
         raise _BadRecord(f"field 'solution' {solution!r} is wrong: {check.info['reason']}")
-    fields = {"numbers": ", ".join(map(str, nums)), "target": target}
+    fields = {"numbers": ", ".join(map(str, nums)), "nums": str(list(nums)), "target": target}
     return fields, solution, {"numbers": list(nums), "target": target}
 
   def _key(self, fields):
@@ -294,14 +338,16 @@ class SudokuJsonlTask(JsonlTask):
 
   def __init__(self, train_file: str = "", test_file: str = "", on_error: str = "raise",
                prompt_template: str = "{question}", test_fraction: float = 0.1,
-               verify_timeout: float | None = None, reward: str = "solved"):
+               verify_timeout: float | None = None, prompt_preset: str = "",
+               answer_tag: bool | None = None, reward: str = "solved"):
     if reward not in ("solved", "cell_accuracy"):
       raise ValueError(f"reward must be 'solved' or 'cell_accuracy', got {reward!r}")
     self.reward = reward
     super().__init__(train_file, test_file, on_error, prompt_template, test_fraction,
-                     verify_timeout)
+                     verify_timeout, prompt_preset, answer_tag)
 
-  def _fields(self, record):
+  @classmethod
+  def _fields(cls, record):
     puzzle = _field(record, "puzzle", str).strip()
     solution = _field(record, "solution", str).strip()
     if len(puzzle) != 16 or any(ch not in "01234" for ch in puzzle):

@@ -7,6 +7,7 @@ so a checkpoint and a task always agree on it.
 
 from __future__ import annotations
 
+import json
 import string
 from typing import Iterable, Sequence
 
@@ -89,3 +90,22 @@ class CharTokenizer:
       else:
         raise ValueError(f"token id {tok} is outside [0, {self.vocab_size})")
     return "".join(out)
+
+  def hf_files(self) -> dict[str, str]:
+    """``tokenizer.json`` and ``tokenizer_config.json`` (name → text) of a Hugging Face
+    tokenizer with this vocabulary: the same id for every character and special token, one
+    token per character (a BPE without merges), no chat template. An exported model
+    trained with this tokenizer ships them, so ``dllm_rl.tasks.hf_tokenizer.HFTokenizer``
+    (and ``transformers.AutoTokenizer``) encode and decode as this class does."""
+    from tokenizers import Tokenizer, decoders, models
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    vocab.update(self._to_id)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.decoder = decoders.Fuse()
+    pad, eos, mask = (SPECIAL_TOKENS[i] for i in (PAD_ID, EOS_ID, MASK_ID))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": pad,
+              "eos_token": eos, "mask_token": mask, "clean_up_tokenization_spaces": False}
+    return {"tokenizer.json": tokenizer.to_str(pretty=True),
+            "tokenizer_config.json": json.dumps(config, indent=2) + "\n"}
+

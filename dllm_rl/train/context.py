@@ -23,6 +23,7 @@ from dllm_rl.sampling.configs import sampler_config
 from dllm_rl.sampling.sampler import SamplerConfig
 from dllm_rl.tasks import data as data_lib
 from dllm_rl.tasks.base import Task
+from dllm_rl.tasks.prompts import chat_prompt
 from dllm_rl.train.evaluation import Decoding, EvalOptions, Split
 
 
@@ -69,6 +70,20 @@ class HFArchitecture(NamedTuple):
   family: str
 
 
+def checkpoint_folder(spec: str, *, config_only: bool = False) -> str:
+  """The local folder of ``model.hf_checkpoint``: a local folder, a gs:// folder staged to the
+  local cache, or a hub id fetched into the hub cache (:mod:`dllm_rl.infra.weights`);
+  ``config_only``: what planning reads (config.json). Anything unavailable is a ConfigError
+  naming the key and how to fetch it."""
+  from dllm_rl.infra import weights
+  from dllm_rl.paths import BackendMissing
+
+  try:
+    return weights.resolve_checkpoint(spec, config_only=config_only)
+  except (weights.WeightsUnavailable, BackendMissing) as err:
+    raise ConfigError("model.hf_checkpoint", str(err)) from err
+
+
 def hf_model_config(path: str, dtype: str, param_dtype: str, *, scan_layers: bool = False,
                     remat: str = "none") -> HFArchitecture:
   """The architecture of a HF checkpoint dir or of its ``convert import`` output (its
@@ -80,10 +95,7 @@ def hf_model_config(path: str, dtype: str, param_dtype: str, *, scan_layers: boo
   if not os.path.isdir(path):
     raise ConfigError("model.hf_checkpoint", f"{path!r} is not a directory")
   try:
-    if convert.is_imported(path):
-      hf_config = convert.read_meta(path)["hf_config"]
-    else:
-      hf_config = hf.read_hf_config(path)
+    hf_config = convert.source_hf_config(path)
     family = hf.detect_family(hf_config)
     model_cfg, ids = hf.model_config_from_hf(hf_config, dtype=dtype, param_dtype=param_dtype)
   except (ValueError, KeyError, FileNotFoundError) as err:
@@ -151,9 +163,17 @@ def model_config(config, vocab_size: int) -> transformer.ModelConfig:
 
 
 def _encode(examples, tokenizer, config, split: str) -> dict:
-  format_prompt = getattr(tokenizer, "format_prompt", None)
-  if format_prompt is not None:  # chat template of a HF tokenizer
-    examples = [dataclasses.replace(ex, prompt=format_prompt(ex.prompt)) for ex in examples]
+  from jinja2.exceptions import TemplateError
+
+  system = config.data.system_prompt
+  try:  # the chat template of a HF tokenizer; data.system_prompt
+    examples = [dataclasses.replace(ex, prompt=chat_prompt(ex.prompt, tokenizer, system))
+                for ex in examples]
+  except TemplateError as err:
+    if not system:
+      raise
+    raise ConfigError("data.system_prompt", f"the chat template of model.hf_checkpoint "
+                      f"rejects a system turn: {err}") from err
   try:
     return data_lib.encode_examples(
         examples, tokenizer, config.data.prompt_len, config.data.completion_len,
@@ -196,18 +216,21 @@ def build_context(config, workdir: str) -> Context:
   paths.check_backend(workdir)  # gs:// without gcsfs: a named error, nothing created
   paths.resolve(workdir).mkdir(parents=True, exist_ok=True)  # gs:// stays a URL
   task = tasks_lib.make_task(config.task.name, **config.task.options.to_dict())
-  hf = None
+  hf = checkpoint = None
   if config.model.hf_checkpoint:
     m = config.model
-    hf = load_hf_source(m.hf_checkpoint, m.dtype, m.block_size, param_dtype=m.param_dtype,
+    checkpoint = checkpoint_folder(m.hf_checkpoint)
+    hf = load_hf_source(checkpoint, m.dtype, m.block_size, param_dtype=m.param_dtype,
                         scan_layers=m.scan_layers, remat=m.remat)
     tokenizer = hf.tokenizer
   else:
     tokenizer = tasks_lib.CharTokenizer()
   t = config.task
-  train = _generate(task, "train", t.train_size + t.val_size, config.seed, "task.train_size",
-                    f"task.train_size + task.val_size = {t.train_size} + {t.val_size}")
-  train, val = train[:t.train_size], train[t.train_size:]
+  train = val = []  # eval reads the test split only (a test-only task such as MATH-500 works)
+  if config.mode != "eval":
+    train = _generate(task, "train", t.train_size + t.val_size, config.seed, "task.train_size",
+                      f"task.train_size + task.val_size = {t.train_size} + {t.val_size}")
+    train, val = train[:t.train_size], train[t.train_size:]
   test = _generate(task, "test", t.test_size, config.seed + 1, "task.test_size",
                    f"task.test_size = {t.test_size}")
   return Context(
@@ -217,7 +240,7 @@ def build_context(config, workdir: str) -> Context:
       train=Split(train, _encode(train, tokenizer, config, "train")),
       val=Split(val, _encode(val, tokenizer, config, "validation")),
       test=Split(test, _encode(test, tokenizer, config, "test")), mesh=mesh,
-      hf_checkpoint=config.model.hf_checkpoint or None)
+      hf_checkpoint=checkpoint)
 
 
 def init_params(ctx: Context):

@@ -1,45 +1,118 @@
-"""``eval`` mode: restore the latest checkpoint of the newest phase and report accuracy."""
+"""``eval`` mode: evaluate one set of weights on the test split and write its results.
+
+Which weights (``config.eval.phase``, ``config.eval.checkpoint_step``; checked before any
+weight is read or anything compiles):
+
+* ``auto`` (default): the newest phase with a checkpoint in ``--workdir`` (RL, else SFT); with
+  no checkpoint at all, the weights of ``model.hf_checkpoint`` (the pre-RL baseline);
+* ``sft`` | ``rl``: that phase's checkpoints;
+* ``base``: the weights of ``model.hf_checkpoint``, whatever the workdir holds.
+
+``checkpoint_step``: -1 = the phase's newest; a step that is not saved is a ConfigError listing
+the saved ones. Steps are the phase loop's (:mod:`dllm_rl.train.run_checkpoints`): SFT steps,
+RL rollout batches. Only the parameters are restored (no optimizer state).
+
+Outputs (primary process; ``<label>`` = ``base`` | ``sft<k>`` | ``rl<k>``), beside the
+training run's files and never replacing its ``summary.json``:
+
+* ``eval_<task>_<label>.json``: the report (test accuracy, reward, pass@k, sample accuracy,
+  diversity, which weights, the two paths);
+* ``eval_<task>_<label>.generations.jsonl``: one line per test prompt with its greedy
+  completion: ``index``, ``prompt`` (decoded, as the model saw it), ``answer`` (the
+  reference), ``completion``, ``parsed``, ``reward``, ``correct``.
+
+Evaluating the same label again rewrites that label's two files.
+"""
 
 from __future__ import annotations
 
-import jax
+import json
+import time
 
 from dllm_rl import paths
-from dllm_rl.parallel.shard import init_state_sharded
-from dllm_rl.train import evaluation
+from dllm_rl.errors import ConfigError
+from dllm_rl.models import transformer
+from dllm_rl.parallel.distributed import is_primary
+from dllm_rl.train import evaluation, run_checkpoints
 from dllm_rl.train.context import Context, init_params
-from dllm_rl.train.optim import make_optimizer
-from dllm_rl.train.phases import checkpoint_dir, open_checkpointer
-from dllm_rl.train.rl_loop import rl_optimizer
+from dllm_rl.train.run_checkpoints import CheckpointRef, NoCheckpoint
 
-PHASES = ("sft", "rl")  # newest last
+BASE = "base"
+_KEYS = {"phase": "eval.phase", "step": "eval.checkpoint_step"}
 
 
-def restore_latest(ctx: Context):
-  """(phase, graphdef, state) of the latest checkpoint of the newest phase in the workdir."""
-  for phase in reversed(PHASES):
-    if paths.resolve(checkpoint_dir(ctx.workdir, phase)).is_dir():
-      break
-  else:
-    raise FileNotFoundError(
-        f"eval mode needs a checkpoint: none under {paths.join(ctx.workdir, 'checkpoints')}"
-        " (run mode 'sft' with this --workdir first)")
-  graphdef, params = init_params(ctx)
-  optimizer = (rl_optimizer(ctx.config.rl) if phase == "rl" else make_optimizer(ctx.config.sft))[0]
-  kl = phase == "rl" and ctx.config.rl.kl_coef > 0
-  template, _ = init_state_sharded(params, optimizer, jax.random.key(0), ctx.mesh,
-                                   ref_params=params if kl else None)
-  with open_checkpointer(ctx, phase) as ckpt:
-    state, _ = ckpt.restore(template)
-  return phase, graphdef, state
+def resolve_target(config, workdir: str) -> CheckpointRef | None:
+  """The checkpoint ``mode=eval`` evaluates, or None for ``model.hf_checkpoint``'s weights
+  (``base``). A phase without checkpoints, or a step not saved: ConfigError naming
+  ``eval.phase`` / ``eval.checkpoint_step``; no checkpoint and no HF model: FileNotFoundError."""
+  e = config.eval
+  if e.phase == BASE:
+    return None
+  try:
+    ref = run_checkpoints.find_checkpoint(workdir, e.phase, e.checkpoint_step)
+  except NoCheckpoint as err:
+    raise ConfigError(_KEYS[err.what], str(err)) from err
+  if ref is not None:
+    return ref
+  where = paths.join(workdir, "checkpoints")
+  if e.checkpoint_step != run_checkpoints.LATEST:
+    raise ConfigError("eval.checkpoint_step", f"no checkpoint under {where}: there is no step"
+                      f" {e.checkpoint_step} to evaluate")
+  if config.model.hf_checkpoint:
+    return None
+  raise FileNotFoundError(
+      f"eval mode needs a checkpoint: none under {where} (run mode 'sft' with this --workdir"
+      " first, or set model.hf_checkpoint to evaluate a pretrained model)")
+
+
+def label(ref: CheckpointRef | None) -> str:
+  """``base`` | ``sft<k>`` | ``rl<k>``: the name of the evaluated weights in file names."""
+  return BASE if ref is None else ref.label
+
+
+def result_paths(workdir: str, task: str, ref: CheckpointRef | None) -> tuple[str, str]:
+  """(the report JSON, the generations JSONL) of one evaluation."""
+  stem = f"eval_{task}_{label(ref)}"
+  return paths.join(workdir, f"{stem}.json"), paths.join(workdir, f"{stem}.generations.jsonl")
+
+
+def load_policy(ctx: Context, ref: CheckpointRef | None):
+  """(graphdef, params): the checkpoint's parameters only, or the HF model's (``ref`` None)."""
+  if ref is None:
+    return init_params(ctx)
+  graphdef, _ = transformer.abstract_model(ctx.model_cfg)
+  return graphdef, run_checkpoints.restore_params(ref, ctx.model_cfg, ctx.mesh)
+
+
+def _describe(ctx: Context, ref: CheckpointRef | None) -> str:
+  if ref is None:
+    return f"base model {ctx.hf_checkpoint}"
+  unit = " (rollout batches)" if ref.phase == "rl" else ""
+  return f"{ref.phase} checkpoint step {ref.step}{unit}"
 
 
 def run_eval(ctx: Context) -> dict:
-  phase, graphdef, state = restore_latest(ctx)
-  result = evaluation.evaluate_policy(graphdef, state.params, ctx.decoding, ctx.test,
-                                      ctx.eval_options)
-  print(f"[eval] {phase} checkpoint step {int(state.step)}: test accuracy {result['accuracy']:.3f}"
-        f", pass@k {result['pass_at_k']}", flush=True)
-  return {"phase": phase, "step": int(state.step), "test_accuracy": result["accuracy"],
-          "test_reward": result["reward"], "pass_at_k": result["pass_at_k"],
-          "sample_accuracy": result["sample_accuracy"], "diversity": result["diversity"]}
+  t0 = time.time()
+  config = ctx.config
+  ref = resolve_target(config, ctx.workdir)  # before any weight is read or compiled
+  graphdef, params = load_policy(ctx, ref)
+  result = evaluation.evaluate_policy(graphdef, params, ctx.decoding, ctx.test, ctx.eval_options)
+  report_path, generations_path = result_paths(ctx.workdir, config.task.name, ref)
+  report = {
+      "phase": BASE if ref is None else ref.phase,
+      "step": None if ref is None else ref.step,  # SFT steps; RL rollout batches
+      "step_label": label(ref),
+      "weights": ctx.hf_checkpoint if ref is None else paths.join(ref.directory, str(ref.step)),
+      "task": config.task.name, "test_size": len(ctx.test.examples),
+      "test_accuracy": result["accuracy"], "test_reward": result["reward"],
+      "pass_at_k": result["pass_at_k"], "sample_accuracy": result["sample_accuracy"],
+      "diversity": result["diversity"], "results": report_path, "generations": generations_path,
+      "eval_seconds": time.time() - t0}
+  if is_primary():
+    records = evaluation.generation_records(ctx.tokenizer, ctx.test, result["graded"])
+    paths.resolve(generations_path).write_text(
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    paths.resolve(report_path).write_text(json.dumps(report, indent=2) + "\n")
+  print(f"[eval] {_describe(ctx, ref)}: test accuracy {result['accuracy']:.3f}"
+        f", pass@k {result['pass_at_k']} ({report_path})", flush=True)
+  return report

@@ -58,25 +58,50 @@ def generate(sample_fn, params, prompt_BP: np.ndarray, prompt_valid_BP: np.ndarr
   return np.concatenate(outs, axis=0)
 
 
-def score(task, tokenizer, examples: Sequence[Any], completions_NL: np.ndarray) -> dict:
-  """Decode and verify each completion; accuracy and mean reward."""
-  results = [task.verify(ex, tokenizer.decode(c)) for ex, c in zip(examples, completions_NL)]
-  return {
-      "accuracy": float(np.mean([r.correct for r in results])),
-      "reward": float(np.mean([r.reward for r in results])),
-  }
+def verify_each(task, tokenizer, examples: Sequence[Any], completions_NL: np.ndarray) -> list:
+  """(decoded text, ``task.verify`` result) of each completion."""
+  texts = [tokenizer.decode(c) for c in completions_NL]
+  return [(text, task.verify(ex, text)) for ex, text in zip(examples, texts)]
+
+
+def mean_scores(graded: Sequence[tuple[str, Any]]) -> dict:
+  """Accuracy and mean reward of :func:`verify_each`'s results."""
+  return {"accuracy": float(np.mean([r.correct for _, r in graded])),
+          "reward": float(np.mean([r.reward for _, r in graded]))}
+
+
+def _greedy(graphdef, params, *, task, tokenizer, examples, arrays: dict,
+            cfg: sampler_lib.SamplerConfig, batch_size: int, sample_fn=None, mesh=None,
+            buckets: Sequence[int] = ()) -> tuple[np.ndarray, list]:
+  """Greedy completions [N, L] of ``examples`` and their :func:`verify_each` results."""
+  if sample_fn is None:
+    sample_fn = make_sample_fn(graphdef, dataclasses.replace(cfg, temperature=0.0),
+                               mask_id=tokenizer.mask_id, eos_id=tokenizer.eos_id, mesh=mesh)
+  completions_NL = generate(sample_fn, params, arrays["prompt_BP"], arrays["prompt_valid_BP"],
+                            jax.random.key(0), batch_size, buckets)
+  return completions_NL, verify_each(task, tokenizer, examples, completions_NL)
 
 
 def greedy_accuracy(graphdef, params, *, task, tokenizer, examples, arrays: dict,
                     cfg: sampler_lib.SamplerConfig, batch_size: int, sample_fn=None,
                     mesh=None, buckets: Sequence[int] = ()) -> dict:
   """Greedy (temperature 0) held-out accuracy on ``examples`` (encoded in ``arrays``)."""
-  if sample_fn is None:
-    sample_fn = make_sample_fn(graphdef, dataclasses.replace(cfg, temperature=0.0),
-                               mask_id=tokenizer.mask_id, eos_id=tokenizer.eos_id, mesh=mesh)
-  completions = generate(sample_fn, params, arrays["prompt_BP"], arrays["prompt_valid_BP"],
-                         jax.random.key(0), batch_size, buckets)
-  return score(task, tokenizer, examples, completions)
+  _, graded = _greedy(graphdef, params, task=task, tokenizer=tokenizer, examples=examples,
+                      arrays=arrays, cfg=cfg, batch_size=batch_size, sample_fn=sample_fn,
+                      mesh=mesh, buckets=buckets)
+  return mean_scores(graded)
+
+
+def generation_records(tokenizer, split: "Split", graded: Sequence[tuple[str, Any]]) -> list:
+  """One JSON-ready dict per example of ``split``: the prompt as the model saw it
+  (decoded, padding dropped), the reference answer, the completion, its parsed answer,
+  reward and correctness."""
+  prompts_BP, valid_BP = split.arrays["prompt_BP"], split.arrays["prompt_valid_BP"]
+  return [{"index": i, "prompt": tokenizer.decode(prompts_BP[i][valid_BP[i].astype(bool)],
+                                                  stop_at_eos=False),
+           "answer": ex.answer, "completion": text, "parsed": result.parsed,
+           "reward": float(result.reward), "correct": bool(result.correct)}
+          for i, (ex, (text, result)) in enumerate(zip(split.examples, graded))]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -190,15 +215,17 @@ def make_greedy_evaluator(graphdef, decoding: Decoding, options: EvalOptions):
 def evaluate_policy(graphdef, params, decoding: Decoding, split: Split, options: EvalOptions, *,
                     sample_fn=None) -> dict:
   """The held-out report of a policy on ``split``: greedy accuracy, and pass@k / sample
-  accuracy / diversity from ``options.num_samples`` samples at ``options.temperature``.
+  accuracy / diversity from ``options.num_samples`` samples at ``options.temperature``;
+  ``greedy_NL`` / ``graded``: the greedy completions and their :func:`verify_each` results.
   ``sample_fn``: a jitted greedy sampler to reuse (the greedy pass is then timed without
   compilation: ``greedy_seconds``)."""
   t0 = time.perf_counter()
   tok = decoding.tokenizer
-  greedy = greedy_accuracy(graphdef, params, task=decoding.task, tokenizer=tok,
-                           examples=split.examples, arrays=split.arrays,
-                           cfg=decoding.sampler_cfg, batch_size=options.batch_size,
-                           sample_fn=sample_fn, mesh=decoding.mesh, buckets=options.buckets)
+  greedy_NL, graded = _greedy(graphdef, params, task=decoding.task, tokenizer=tok,
+                              examples=split.examples, arrays=split.arrays,
+                              cfg=decoding.sampler_cfg, batch_size=options.batch_size,
+                              sample_fn=sample_fn, mesh=decoding.mesh, buckets=options.buckets)
+  greedy = mean_scores(graded)
   greedy_seconds = time.perf_counter() - t0
   sampler_cfg = dataclasses.replace(decoding.sampler_cfg, temperature=options.temperature)
   sampled = sampled_metrics(
@@ -208,4 +235,4 @@ def evaluate_policy(graphdef, params, decoding: Decoding, split: Split, options:
       num_samples=options.num_samples, ks=options.pass_k, batch_size=options.batch_size,
       key=jax.random.fold_in(jax.random.key(options.seed), 7), buckets=options.buckets)
   return {"accuracy": greedy["accuracy"], "reward": greedy["reward"],
-          "greedy_seconds": greedy_seconds, **sampled}
+          "greedy_seconds": greedy_seconds, **sampled, "greedy_NL": greedy_NL, "graded": graded}

@@ -72,7 +72,9 @@ def enable_compilation_cache(path: str) -> str | None:
 def run(config, workdir: str) -> dict:
   """Run ``config.mode``; write ``workdir/config_<mode>.json`` (the resolved config,
   overrides applied; rewritten by each run of that mode, so an eval run never replaces the
-  training run's) and ``workdir/summary.json``; return the summary.
+  training run's) and, for the training modes, ``workdir/summary.json``; return the summary.
+  ``eval`` writes its own ``eval_<task>_<label>.json`` instead (dllm_rl.train.eval_mode), so
+  the training run's summary stays.
 
   SIGTERM / SIGINT during training save a checkpoint after the current step and raise
   ``dllm_rl.train.resilience.Preempted`` (no summary is written); see that module."""
@@ -93,6 +95,6 @@ def run(config, workdir: str) -> dict:
           indent=2, sort_keys=True) + "\n")
     summary = {"mode": config.mode, **RUNNERS.get(config.mode)(ctx)}
   summary["wall_seconds"] = time.time() - t0
-  if is_primary():
+  if is_primary() and config.mode != "eval":
     paths.resolve(workdir).joinpath("summary.json").write_text(json.dumps(summary, indent=2))
   return summary

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ml_collections
 
 from dllm_rl import tasks
-from dllm_rl.config.choices import LR_SCHEDULES, RUN_MODES
+from dllm_rl.config.choices import EVAL_PHASES, LR_SCHEDULES, RUN_MODES
 from dllm_rl.config.schema import base_config
 from dllm_rl.diffusion import estimators
 from dllm_rl.config.overrides import did_you_mean
@@ -22,6 +22,7 @@ from dllm_rl.kernels.staircase import ATTENTION_IMPLS
 from dllm_rl.models import transformer
 from dllm_rl.models.scan import REMAT_POLICIES
 from dllm_rl.parallel.distributed import INITIALIZE_MODES
+from dllm_rl.paths import BackendMissing
 from dllm_rl.registry import unknown_message
 from dllm_rl.rl import advantages, losses
 from dllm_rl.sampling import open_block, remasking
@@ -76,8 +77,11 @@ def _names(config, check: "_Checks") -> None:
   placeholder = any(isinstance(v, str) and v.startswith(REQUIRED_PREFIX) for v in options.values())
   try:
     if config.task.name in tasks.TASKS and not placeholder:  # placeholders: _required says so
-      tasks.make_task(config.task.name, **options)
-  except (TypeError, ValueError, OSError) as err:
+      task = tasks.make_task(config.task.name, **options)
+      check(config.mode == "eval" or task.has_split("train"), "task.options.train_file",
+            f"task {config.task.name!r} has no train split (only a test file): mode="
+            f"{config.mode} trains on it; give a train file, or use mode=eval")
+  except (TypeError, ValueError, OSError, BackendMissing) as err:
     check.error(ConfigError("task.options", str(err)))
   check(config.sampler.remasking in remasking.REMASKING, "sampler.remasking",
          remasking.REMASKING.unknown_message(config.sampler.remasking))
@@ -227,7 +231,7 @@ def _estimator(config, check: "_Checks") -> None:
 
 
 def _eval(config, check: "_Checks") -> None:
-  """``eval``: batch, samples, pass@k."""
+  """``eval``: batch, samples, pass@k, which weights mode=eval reads."""
   e = config.eval
   check(e.batch_size > 0, "eval.batch_size", "must be positive")
   check(e.num_samples > 0, "eval.num_samples", "must be positive")
@@ -235,6 +239,14 @@ def _eval(config, check: "_Checks") -> None:
                                    for k in e.pass_k), "eval.pass_k",
          f"every k must be in [1, eval.num_samples={e.num_samples}], got {tuple(e.pass_k)}")
   check(e.temperature >= 0, "eval.temperature", "must be >= 0")
+  check(e.phase in EVAL_PHASES, "eval.phase", unknown_message("eval phase", e.phase, EVAL_PHASES))
+  check(e.checkpoint_step >= -1, "eval.checkpoint_step",
+        f"must be a saved step or -1 (the newest), got {e.checkpoint_step}")
+  if config.mode == "eval" and e.phase == "base":
+    check(bool(config.model.hf_checkpoint), "eval.phase",
+          "base evaluates the weights of model.hf_checkpoint: set it (or use auto | sft | rl)")
+    check(e.checkpoint_step == -1, "eval.checkpoint_step",
+          f"base (model.hf_checkpoint) has no steps: leave -1, got {e.checkpoint_step}")
 
 
 def _runtime(config, check: "_Checks") -> None:

@@ -1,7 +1,8 @@
 """``load_pretrained(path) -> Pretrained``: any supported checkpoint, one stable API.
 
     import dllm_rl
-    model = dllm_rl.load_pretrained("path/to/LLaDA-8B-Instruct")   # HF folder or `convert import` output
+    model = dllm_rl.load_pretrained("path/to/LLaDA-8B-Instruct")   # HF folder, `convert import` output,
+                                                                    # gs:// folder or hub id
     model.family, model.config, model.token_ids.mask_id
     logits_BLV = model.logits(input_ids_BL)                         # what the official forward returns
     out_BN = model.generate(prompt_BP, gen_length=128, steps=128, block_length=32)  # official kwargs
@@ -25,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dllm_rl.infra import weights
 from dllm_rl.models import convert, hf, transformer
 from dllm_rl.zoo.generators import FAMILY_GENERATORS, GENERATORS, default_generator
 
@@ -132,15 +134,15 @@ def load_pretrained(path: str, *, dtype: str = "float32", param_dtype: str | Non
                     mesh: jax.sharding.Mesh | None = None,
                     generator: str | None = None) -> Pretrained:
   """An HF checkpoint folder (config.json + safetensors) or a ``python -m dllm_rl.convert
-  import`` folder → :class:`Pretrained`. ``dtype``: compute dtype; ``param_dtype``:
+  import`` folder → :class:`Pretrained`; ``path`` may also be a gs:// folder or a hub id
+  (``GSAI-ML/LLaDA-8B-Instruct``), fetched by :func:`dllm_rl.infra.weights.resolve_checkpoint`
+  (:class:`~dllm_rl.infra.weights.WeightsUnavailable`, a FileNotFoundError, says how when it
+  cannot be). ``dtype``: compute dtype; ``param_dtype``:
   storage dtype (default ``dtype``; an imported folder keeps its own unless given).
   ``generator``: which official generator ``generate`` follows, for families with more
   than one (LLaDA2: "llada2.0" | "llada2.1"); default: detected from the folder
   (:func:`dllm_rl.zoo.generators.default_generator`)."""
-  if not os.path.isdir(path):
-    raise FileNotFoundError(f"{path!r} is not a directory (expected an HF checkpoint folder "
-                            "with config.json, or a `convert import` output)")
-  path = os.path.abspath(path)
+  path = weights.resolve_checkpoint(path)  # a local folder, gs:// (staged) or a hub id
   imported = convert.is_imported(path)
   family = (convert.read_meta(path)["family"] if imported
             else hf.detect_family(hf.read_hf_config(path)))

@@ -18,6 +18,7 @@ import safetensors.numpy
 from flax import nnx
 from safetensors import safe_open
 
+from dllm_rl import convert as convert_cli
 from dllm_rl.models import convert
 from dllm_rl.models import hf
 from dllm_rl.models import transformer as T
@@ -155,8 +156,8 @@ def test_cli_import_export_roundtrip(tmp_path):
 
 
 def test_cli_bad_input_exits_2(tmp_path, capsys):
-  assert convert.main(["import", "--hf_dir", str(tmp_path / "nope"), "--out",
-                       str(tmp_path / "o")]) == 2
+  assert convert_cli.main(["import", "--hf_dir", str(tmp_path / "nope"), "--out",
+                           str(tmp_path / "o")]) == 2
   assert "config.json" in capsys.readouterr().err
 
 

@@ -364,7 +364,8 @@ def test_dispatch_under_vmap_and_its_gradients():
 
 def test_convert_cli_round_trip_through_orbax(tmp_path):
   """`convert roundtrip`: import (Orbax; the frozen routing bias too), export, equal bytes."""
-  assert convert.main(["roundtrip", "--hf_dir", TINY, "--tmp", str(tmp_path)]) == 0
+  from dllm_rl import convert as convert_cli
+  assert convert_cli.main(["roundtrip", "--hf_dir", TINY, "--tmp", str(tmp_path)]) == 0
 
 
 @pytest.mark.slow

@@ -15,6 +15,9 @@ from tokenizers.trainers import BpeTrainer  # noqa: E402
 from dllm_rl.tasks.base import Example  # noqa: E402
 from dllm_rl.tasks.data import encode_examples  # noqa: E402
 from dllm_rl.tasks.hf_tokenizer import HFTokenizer  # noqa: E402
+from dllm_rl.config import ConfigError  # noqa: E402
+from dllm_rl.train.context import _encode  # noqa: E402
+from tests.helpers import tiny_run_config  # noqa: E402
 
 SPECIALS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|user|>", "<|assistant|>"]
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
@@ -141,3 +144,28 @@ def test_missing_files_are_named(tmp_path):
   (tmp_path / "tokenizer_config.json").write_text("{not json")
   with pytest.raises(ValueError, match="tokenizer_config.json"):
     _load(tmp_path, raw)
+
+
+def test_system_turn(tok_dir):
+  """data.system_prompt: a system turn before the user turn; no template: a blank line."""
+  path, raw = tok_dir
+  tok = _load(path, raw)
+  assert tok.format_prompt("What is 3 + 5?", system="Be brief.") == (
+      "<|bos|><|system|>Be brief.<|eos|><|user|>What is 3 + 5?<|eos|><|assistant|>")
+  (path / "plain").mkdir()
+  plain = _load(path / "plain", _save(path / "plain", template=None))
+  assert plain.format_prompt("hi", system="Be brief.") == "Be brief.\n\nhi"
+  assert plain.format_prompt("hi") == "hi"
+
+
+def test_a_template_without_a_system_role_names_the_key(tmp_path):
+  raw = _save(tmp_path, template="{% if messages[0]['role'] == 'system' %}"
+                                 "{{ raise_exception('System role not supported') }}{% endif %}"
+                                 "{{ messages[-1]['content'] }}")
+  tok = _load(tmp_path, raw)
+  config = tiny_run_config("eval", {"data.prompt_len": 32, "data.system_prompt": "Be brief."})
+  with pytest.raises(ConfigError, match=r"config\.data\.system_prompt: the chat template .* "
+                                        "rejects a system turn: System role not supported"):
+    _encode([Example(prompt="hi", answer="")], tok, config, "test")
+  config.data.system_prompt = ""
+  assert _encode([Example(prompt="hi", answer="")], tok, config, "test")["prompt_BP"].shape == (1, 32)

@@ -149,7 +149,7 @@ def test_bad_input_is_named(tmp_path, llada):
   json.dump(cfg, open(bad / "config.json", "w"))
   with pytest.raises(ValueError, match=r"unsupported architecture.*supported: LLaDAModelLM"):
     dllm_rl.load_pretrained(str(bad))
-  with pytest.raises(FileNotFoundError, match="not a directory"):
+  with pytest.raises(FileNotFoundError, match="missing' does not exist; give a checkpoint folder"):
     dllm_rl.load_pretrained(str(tmp_path / "missing"))
   with pytest.raises(ValueError, match=r"token ids must lie in \[0, 128\)"):
     llada.logits(np.array([[1, 500]]))

@@ -1,0 +1,151 @@
+"""``prepare(name, out)``: a named data set → ``out/train.jsonl``, ``out/test.jsonl`` (the
+splits its recipe has) and ``out/dataset.json`` (sources, row counts, dropped rows and why,
+the config keys to pass), written through :mod:`dllm_rl.paths` (``out`` may be gs://).
+
+Rows are read with the Hugging Face ``datasets`` library: a hub data set, a builder over
+files (JSON, CSV), or a local override (``--source SPLIT=PATH``: a ``.jsonl`` / ``.json`` /
+``.csv`` / ``.parquet`` file or a ``save_to_disk`` folder; or another hub id, e.g.
+``--source train=qwedsacf/competition_math``). Each row is converted by the recipe, checked by
+the task's own line checks, and the written files are read back by the task before the
+command reports success, so what it writes is what the trainer reads.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+from typing import Any, Iterable, Mapping
+
+from dllm_rl import paths
+from dllm_rl.data.recipes import RECIPES, Recipe, Skip, Source
+from dllm_rl.tasks import make_task
+from dllm_rl.tasks.jsonl import record_problem
+
+MANIFEST = "dataset.json"
+_BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+_HUB_SOURCE = re.compile(r"^(?P<id>[A-Za-z0-9][\w.-]*/[\w.-]+)(?::(?P<config>[\w.-]+))?"
+                         r"(?:@(?P<split>[\w.-]+))?$")
+
+
+class DataError(ValueError):
+  """A data set that cannot be prepared (unknown name, unreachable source, bad override);
+  the message says what to do."""
+
+
+def recipe(name: str) -> Recipe:
+  if name not in RECIPES:
+    raise DataError(f"unknown data set {name!r}; available: {', '.join(sorted(RECIPES))}")
+  return RECIPES[name]
+
+
+def parse_source(text: str) -> tuple[str, Source]:
+  """``SPLIT=PATH`` (a local file or folder) or ``SPLIT=ORG/NAME[:CONFIG][@SPLIT]`` (a hub
+  data set; its split defaults to SPLIT) → (split, Source)."""
+  split, sep, value = text.partition("=")
+  if not sep or split not in ("train", "test") or not value:
+    raise DataError(f"--source {text!r}: expected train=PATH or test=PATH")
+  if os.path.exists(value):
+    return split, Source(os.path.abspath(value), local=True)
+  match = _HUB_SOURCE.match(value)
+  if match is None:
+    raise DataError(f"--source {text!r}: {value!r} is neither a local file / folder nor a hub "
+                    "data set id (org/name[:config][@split])")
+  return split, Source(match["id"], match["config"], match["split"] or split)
+
+
+def load_rows(source: Source, cache_dir: str | None = None) -> Iterable[Mapping[str, Any]]:
+  """The rows of ``source`` (a ``datasets.Dataset``). DataError, saying how to work offline,
+  when the source cannot be read."""
+  import datasets
+
+  try:
+    if source.local and os.path.isdir(source.path):
+      ds = datasets.load_from_disk(source.path)
+      if isinstance(ds, datasets.DatasetDict):
+        if source.split not in ds:
+          raise DataError(f"{source.path} holds splits {sorted(ds)}, not {source.split!r}")
+        ds = ds[source.split]
+      return ds
+    if source.local:
+      ext = os.path.splitext(source.path)[1].lower()
+      if ext not in _BUILDERS:
+        raise DataError(f"{source.path}: expected one of {sorted(_BUILDERS)} or a "
+                        "save_to_disk folder")
+      return datasets.load_dataset(_BUILDERS[ext], data_files=source.path, split="train",
+                                   cache_dir=cache_dir)
+    return datasets.load_dataset(source.path, source.config, split=source.split,
+                                 data_files=source.data_files, cache_dir=cache_dir)
+  except DataError:
+    raise
+  except Exception as err:  # network, hub and parsing errors all mean "cannot read it"
+    first = str(err).splitlines()[0][:300] if str(err) else ""
+    raise DataError(f"cannot read {source.describe()} ({type(err).__name__}: {first}); on a "
+                    "machine without network pass the split as a local file: --source "
+                    "SPLIT=FILE (.jsonl/.json/.csv/.parquet or a save_to_disk folder)") from err
+
+
+def convert_rows(rows: Iterable[Mapping[str, Any]], rec: Recipe, split: str,
+                 limit: int | None = None) -> tuple[list[dict], dict[str, int]]:
+  """(records, reason → number of rows dropped): each row through ``rec.convert`` (and
+  ``rec.train_filter`` for the train split) and the task's line checks; at most ``limit``
+  records kept."""
+  records, dropped = [], collections.Counter()
+  keep = rec.train_filter if split == "train" and rec.train_filter else lambda record: None
+  for row in rows:
+    if limit is not None and len(records) >= limit:
+      break
+    try:
+      record = rec.convert(row)
+      keep(record)
+    except Skip as err:
+      dropped[str(err)] += 1
+      continue
+    problem = record_problem(rec.task, record)
+    if problem is not None:
+      dropped[problem] += 1
+      continue
+    records.append(record)
+  return records, dict(dropped)
+
+
+def write_jsonl(path: str, records: Iterable[Mapping[str, Any]]) -> None:
+  with paths.resolve(path).open("w", encoding="utf-8") as f:
+    for record in records:
+      f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def config_overrides(task: str, files: Mapping[str, str]) -> list[str]:
+  """The ``--config.`` flags that point a run at the written files."""
+  flags = [f"--config.task.name={task}"]
+  flags += [f"--config.task.options.{split}_file={path}" for split, path in sorted(files.items())]
+  return flags
+
+
+def prepare(name: str, out: str, *, sources: Mapping[str, Source] | None = None,
+            limit: int | None = None, cache_dir: str | None = None) -> dict:
+  """Writes the data set ``name`` under ``out`` (module doc) and returns its manifest."""
+  rec = recipe(name)
+  splits = {**rec.splits, **(sources or {})}
+  paths.check_backend(out)
+  paths.resolve(out).mkdir(parents=True, exist_ok=True)
+  files, rows, dropped = {}, {}, {}
+  for split, source in sorted(splits.items(), reverse=True):  # train, then test
+    records, dropped[split] = convert_rows(load_rows(source, cache_dir), rec, split, limit)
+    if not records:
+      raise DataError(f"{name} {split}: no usable row in {source.describe()} (dropped: "
+                      f"{dropped[split] or 'none'})")
+    files[split] = paths.join(out, f"{split}.jsonl")
+    write_jsonl(files[split], records)
+    rows[split] = len(records)
+  task = make_task(rec.task, **{f"{split}_file": path for split, path in files.items()})
+  for split in files:  # read back by the trainer's own loader
+    if len(task.generate(split, -1, seed=0)) != rows[split]:
+      raise DataError(f"{files[split]}: the {rec.task} task reads back a different number of "
+                      f"rows than the {rows[split]} written")
+  manifest = {"dataset": name, "task": rec.task, "files": files, "rows": rows,
+              "dropped": dropped, "sources": {s: src.describe() for s, src in splits.items()},
+              "config": config_overrides(rec.task, files), "note": rec.note}
+  paths.resolve(paths.join(out, MANIFEST)).write_text(json.dumps(manifest, indent=2) + "\n")
+  return manifest

@@ -1,0 +1,158 @@
+"""The named data sets of ``dllm-rl-data prepare``: where each split comes from, and how one
+source row becomes one line of the trainer's JSONL files (``dllm_rl.tasks.jsonl``).
+
+Sources (the ones d1 trains and evaluates on: dllm-reasoning/d1 @837888f,
+``diffu-grpo/data_utils.py`` for training, ``eval/*.py`` for testing; SPG uses the same):
+
+| name | task | train | test |
+| --- | --- | --- | --- |
+| gsm8k | gsm8k | openai/gsm8k (main) train, 7,473 | openai/gsm8k (main) test, 1,319 |
+| math | math500 | ankner/math-500 train, 12,000 (MATH without the MATH-500 problems), those under 1,500 characters (StableDRL's filter) | HuggingFaceH4/MATH-500 test, 500 |
+| math500 | math500 | none (evaluation only) | HuggingFaceH4/MATH-500 test, 500 |
+| countdown | countdown_jsonl | Jiayi-Pan/Countdown-Tasks-3to4 train, 3-number instances | d1 ``dataset/countdown_cd3_test.jsonl``, 256 |
+| sudoku | sudoku_jsonl | d1 ``dataset/4x4_sudoku_unique_puzzles.csv`` | d1 ``dataset/4x4_test_sudoku.csv``, 500 |
+
+StableDRL (configs/math_spg_snis.yaml) trains MATH on qwedsacf/competition_math (all 12,500
+problems, MATH-500's included): ``--source train=qwedsacf/competition_math``.
+
+A converter maps one source row (a dict) to one JSONL record, or raises :class:`Skip` with the
+reason (counted in the manifest); every kept record then passes the task's own line checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+from dllm_rl.tasks import verifiers
+
+D1 = ("https://raw.githubusercontent.com/dllm-reasoning/d1/"
+      "837888f22c21a5da91a0af2b0d7b19e81d9b47ec/dataset/")
+
+
+class Skip(ValueError):
+  """A source row that is left out (the message is the reason, counted in the manifest)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """One split's origin: a hub data set (``path`` = its id, ``config``, ``split``), a
+  ``datasets`` builder over files (``path`` = "json" / "csv", ``data_files``), or a local file
+  or ``save_to_disk`` folder (``path`` with ``local=True``)."""
+
+  path: str
+  config: str | None = None
+  split: str = "train"
+  data_files: str | None = None
+  local: bool = False
+
+  def describe(self) -> str:
+    if self.local:
+      return self.path
+    if self.data_files:
+      return self.data_files
+    return self.path + (f" ({self.config})" if self.config else "") + f" split {self.split}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """``task``: the trainer's task that reads the files; ``splits``: "train" / "test" → source;
+  ``convert``: source row → JSONL record (raises :class:`Skip`); ``train_filter``: a record
+  → None, or raises :class:`Skip` (training data only; the test split stays whole)."""
+
+  task: str
+  splits: Mapping[str, Source]
+  convert: Callable[[Mapping[str, Any]], dict]
+  note: str = ""
+  train_filter: Callable[[dict], None] | None = None
+
+
+def _text(row: Mapping[str, Any], *keys: str) -> str | None:
+  for key in keys:
+    value = row.get(key)
+    if isinstance(value, str) and value.strip():
+      return value
+  return None
+
+
+def gsm8k_record(row: Mapping[str, Any]) -> dict:
+  """``{"question", "answer"}``, the answer ending in ``#### x``."""
+  question, answer = _text(row, "question"), _text(row, "answer")
+  if question is None or answer is None:
+    raise Skip("no 'question' or 'answer'")
+  return {"question": question, "answer": answer}
+
+
+def math_record(row: Mapping[str, Any]) -> dict:
+  """``{"problem", "solution"?, "answer"?}``: the answer, or a solution with ``\\boxed{}``."""
+  problem = _text(row, "problem")
+  if problem is None:
+    raise Skip("no 'problem'")
+  record = {"problem": problem}
+  for key in ("solution", "answer"):
+    value = row.get(key)
+    if value is not None and str(value).strip():
+      record[key] = str(value)
+  if "answer" not in record and not verifiers.last_boxed(record.get("solution", "")):
+    raise Skip("no 'answer' and no \\boxed{} in the solution")
+  return record
+
+
+MAX_MATH_TRAIN_CHARS = 1500  # StableDRL dataloaders/math.py: len(problem) < 1500
+
+
+def short_math_problem(record: dict) -> None:
+  """StableDRL's filter of its MATH training problems: under 1,500 characters."""
+  if len(record["problem"]) >= MAX_MATH_TRAIN_CHARS:
+    raise Skip(f"problem of {MAX_MATH_TRAIN_CHARS}+ characters (StableDRL's training filter)")
+
+
+def countdown_record(row: Mapping[str, Any]) -> dict:
+  """``{"nums", "target"}`` from ``nums`` / ``target`` (Countdown-Tasks) or d1's test file
+  (``input`` "a,b,c", ``output`` "t"); 3-number instances only, as d1 trains."""
+  try:
+    if "nums" in row:
+      nums, target = [int(n) for n in row["nums"]], int(row["target"])
+    else:
+      nums = [int(n) for n in str(row["input"]).split(",")]
+      target = int(str(row["output"]).strip())
+  except (KeyError, TypeError, ValueError) as err:
+    raise Skip(f"no integer 'nums' / 'target' ({type(err).__name__})") from None
+  if len(nums) != 3:
+    raise Skip(f"{len(nums)} numbers (d1 keeps the 3-number instances)")
+  return {"nums": nums, "target": target}
+
+
+def _grid(value: Any) -> str:
+  # a CSV reader may read "0140..." as the integer 140...: restore the leading zeros
+  return str(value).strip().zfill(16) if isinstance(value, int) else str(value).strip()
+
+
+def sudoku_record(row: Mapping[str, Any]) -> dict:
+  """``{"puzzle", "solution"}`` (16 digits each) from d1's ``Puzzle`` / ``Solution`` columns."""
+  puzzle = row.get("Puzzle", row.get("puzzle"))
+  solution = row.get("Solution", row.get("solution"))
+  if puzzle is None or solution is None:
+    raise Skip("no 'Puzzle' / 'Solution'")
+  return {"puzzle": _grid(puzzle), "solution": _grid(solution)}
+
+
+_MATH500 = Source("HuggingFaceH4/MATH-500", split="test")
+
+RECIPES: dict[str, Recipe] = {
+    "gsm8k": Recipe("gsm8k", {"train": Source("openai/gsm8k", "main", "train"),
+                              "test": Source("openai/gsm8k", "main", "test")}, gsm8k_record),
+    "math": Recipe("math500", {"train": Source("ankner/math-500", split="train"),
+                               "test": _MATH500}, math_record,
+                   note="StableDRL trains on qwedsacf/competition_math: "
+                        "--source train=qwedsacf/competition_math",
+                   train_filter=short_math_problem),
+    "math500": Recipe("math500", {"test": _MATH500}, math_record,
+                      note="test split only: mode=eval"),
+    "countdown": Recipe("countdown_jsonl", {
+        "train": Source("Jiayi-Pan/Countdown-Tasks-3to4", split="train"),
+        "test": Source("json", data_files=D1 + "countdown_cd3_test.jsonl")}, countdown_record),
+    "sudoku": Recipe("sudoku_jsonl", {
+        "train": Source("csv", data_files=D1 + "4x4_sudoku_unique_puzzles.csv"),
+        "test": Source("csv", data_files=D1 + "4x4_test_sudoku.csv")}, sudoku_record),
+}

@@ -1,0 +1,169 @@
+"""Where a checkpoint's files come from: a local folder, a gs:// folder, or a Hugging Face hub id.
+
+``resolve_checkpoint(spec)`` returns a local folder that the loaders read:
+
+* an existing local folder: itself (absolute);
+* a URL (``gs://bucket/ckpt/LLaDA-8B-Instruct``, any scheme the path layer reaches): its files
+  are copied, through :mod:`dllm_rl.paths`, to ``$DLLM_RL_CACHE/weights/<scheme>/<bucket>/<path>``
+  (``DLLM_RL_CACHE`` defaults to ``~/.cache/dllm_rl``); a later call copies only files whose size
+  changed, and ``.dllm_rl_staged.json`` (written last) marks a complete copy;
+* a hub id ``org/name`` (optionally ``org/name@revision``): ``huggingface_hub.snapshot_download``
+  into the hub cache (``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``),
+  from the cache alone when ``HF_HUB_OFFLINE=1``.
+
+A spec is read as a hub id only when it is not a URL, no file or folder of that name exists, and
+it is exactly two names joined by one ``/`` (letters, digits, ``.``, ``_``, ``-``), so a
+mistyped local path that looks like ``org/name`` reaches the hub and fails there with a message
+that says it was neither. Anything that cannot be had raises :class:`WeightsUnavailable` saying
+how to get it (``dllm-rl-data weights SPEC`` or ``hf download ID``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Callable
+
+from dllm_rl import paths
+
+HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?$")
+MARKER = ".dllm_rl_staged.json"
+# What a loader reads from a hub repository (no *.bin / *.pth duplicates of the safetensors).
+WEIGHT_PATTERNS = ("*.json", "*.safetensors", "*.py", "*.txt", "*.model", "*.jinja", "*.tiktoken")
+CONFIG_PATTERNS = ("*.json", "*.py")  # enough to plan a run (config.json, modeling code)
+_CHUNK = 64 << 20
+
+
+class WeightsUnavailable(FileNotFoundError):
+  """A checkpoint spec that names no local folder and could not be fetched (the message says
+  how to fetch it)."""
+
+
+def cache_root() -> str:
+  """``$DLLM_RL_CACHE`` or ``~/.cache/dllm_rl``: where gs:// checkpoints are staged."""
+  return os.path.expanduser(os.environ.get("DLLM_RL_CACHE") or "~/.cache/dllm_rl")
+
+
+def hub_id(spec: str) -> tuple[str, str | None] | None:
+  """(repo id, revision) when ``spec`` reads as a hub id (see the module doc), else None."""
+  if paths.is_url(spec) or os.path.exists(spec):
+    return None
+  match = HUB_ID.match(spec)
+  return (match["repo"], match["revision"]) if match else None
+
+
+def fetch_command(spec: str) -> str:
+  """The command that puts ``spec`` where :func:`resolve_checkpoint` finds it offline."""
+  return f"dllm-rl-data weights {spec}"
+
+
+def _listing(root) -> dict[str, int]:
+  """relative path → size of every file under the epath ``root``."""
+  out, todo = {}, [root]
+  while todo:
+    for child in todo.pop().iterdir():
+      if child.is_dir():
+        todo.append(child)
+      else:
+        out[os.fspath(child.relative_to(root))] = child.stat().length
+  return out
+
+
+def staging_dir(url: str, cache: str | None = None) -> str:
+  """The local folder a URL's files are copied to."""
+  scheme, rest = url.split("://", 1)
+  return os.path.join(cache or cache_root(), "weights", scheme, *rest.strip("/").split("/"))
+
+
+def stage(url: str, *, cache: str | None = None, config_only: bool = False) -> str:
+  """Copy the folder at ``url`` to :func:`staging_dir` (only files whose size differs) and
+  return it. ``config_only``: the top-level ``*.json`` files only."""
+  paths.check_backend(url)
+  src = paths.resolve(url)
+  if not src.is_dir():
+    raise WeightsUnavailable(f"{url} is not a folder (expected a checkpoint folder with "
+                             "config.json and *.safetensors, or a `convert import` output)")
+  listing = _listing(src)
+  if config_only:
+    listing = {k: v for k, v in listing.items() if "/" not in k and k.endswith(".json")}
+  dst = staging_dir(url, cache)
+  for rel, size in sorted(listing.items()):
+    local = os.path.join(dst, rel)
+    if os.path.isfile(local) and os.path.getsize(local) == size:
+      continue
+    os.makedirs(os.path.dirname(local), exist_ok=True)
+    tmp = f"{local}.tmp-{os.getpid()}"  # concurrent stagers never see a half-written file
+    with src.joinpath(rel).open("rb") as fin, open(tmp, "wb") as fout:
+      for chunk in iter(lambda: fin.read(_CHUNK), b""):
+        fout.write(chunk)
+    os.replace(tmp, local)
+  if not config_only:
+    tmp = os.path.join(dst, f"{MARKER}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+      json.dump({"source": url, "files": listing}, f, indent=1, sort_keys=True)
+    os.replace(tmp, os.path.join(dst, MARKER))
+  return dst
+
+
+def hub_cache() -> str | None:
+  """The hub cache huggingface_hub uses, read from the environment now (None = its default)."""
+  if os.environ.get("HF_HUB_CACHE"):
+    return os.environ["HF_HUB_CACHE"]
+  return os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME") else None
+
+
+def offline() -> bool:
+  return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _complete(folder: str) -> bool:
+  names = os.listdir(folder)
+  return "config.json" in names and (any(n.endswith(".safetensors") for n in names)
+                                     or "model.json" in names)
+
+
+def from_hub(repo: str, revision: str | None = None, *, config_only: bool = False,
+             download: Callable[..., str] | None = None) -> str:
+  """The local snapshot of hub repository ``repo`` (downloaded unless cached; cache only when
+  ``HF_HUB_OFFLINE=1``). ``download``: ``huggingface_hub.snapshot_download`` or a stand-in."""
+  if download is None:
+    from huggingface_hub import snapshot_download as download
+  spec = repo + (f"@{revision}" if revision else "")
+  local_only = offline()
+  try:
+    folder = download(repo, revision=revision, cache_dir=hub_cache(),
+                      local_files_only=local_only,
+                      allow_patterns=list(CONFIG_PATTERNS if config_only else WEIGHT_PATTERNS))
+  except Exception as err:  # network stacks raise many types; every one means "not here"
+    why = ("is not in the hub cache (HF_HUB_OFFLINE=1)" if local_only else
+           f"could not be downloaded ({type(err).__name__}: {str(err).splitlines()[0][:200]})")
+    revision_flag = f" --revision {revision}" if revision else ""
+    raise WeightsUnavailable(
+        f"{spec!r} is not a local folder, and as a Hugging Face hub id it {why}. Fetch it with "
+        f"`{fetch_command(spec)}` (or `hf download {repo}{revision_flag}`) on a machine with "
+        "network, or give a local folder / gs:// URL") from err
+  if not config_only and not _complete(folder):
+    raise WeightsUnavailable(f"{spec!r}: the hub cache holds an incomplete snapshot ({folder} "
+                             f"has no config.json or no *.safetensors); fetch it with "
+                             f"`{fetch_command(spec)}`")
+  return folder
+
+
+def resolve_checkpoint(spec: str, *, config_only: bool = False,
+                       download: Callable[..., str] | None = None) -> str:
+  """A local folder holding the checkpoint ``spec`` names (module doc). ``config_only``: only
+  what planning needs (config.json and the other top-level JSON files)."""
+  spec = os.fspath(spec)
+  if paths.is_url(spec):
+    return stage(spec, config_only=config_only)
+  spec = os.path.expanduser(spec)
+  if os.path.isdir(spec):
+    return os.path.abspath(spec)
+  found = hub_id(spec)
+  if found is not None:
+    return from_hub(*found, config_only=config_only, download=download)
+  what = "is a file, not a folder" if os.path.exists(spec) else "does not exist"
+  raise WeightsUnavailable(f"{spec!r} {what}; give a checkpoint folder (config.json + "
+                           "*.safetensors, or a `convert import` output), a gs:// folder, or a "
+                           "hub id such as GSAI-ML/LLaDA-8B-Instruct")

@@ -1,0 +1,85 @@
+"""Prompt presets of the file-backed tasks, and the system prompt of a run.
+
+A preset (``task.options.prompt_preset``) gives each JSONL task its prompt text (a format string
+over the task's fields, like ``task.options.prompt_template``) and says whether the reward reads
+only the answer span of a completion:
+
+* ``d1``: the training prompts of d1 (dllm-reasoning/d1 @837888f, ``diffu-grpo/data_utils.py``),
+  which SPG (facebookresearch/SPG, ``spg/data_utils.py``) uses unchanged: the instruction to
+  answer as ``<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>`` put before the
+  question in the user turn (no system turn), per task as d1 words it. The reward reads the last
+  ``<answer>`` span (to the end when unclosed, as d1's ``extract_xml_answer``); a completion
+  without ``<answer>`` scores 0. The span is then graded by the task's verifier (GSM8K: the
+  number, where d1 compares the stripped text exactly; MATH: math-verify on the span's last
+  ``\\boxed{}``; Countdown / Sudoku: as d1).
+
+The system prompt (``data.system_prompt``) is a property of how a prompt is shown to the model,
+not of the task: with a chat template it is the template's system turn, otherwise it is put
+before the prompt with a blank line (:func:`chat_prompt`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+  """``templates``: task name → prompt template; ``answer_tag``: the reward reads only the
+  ``<answer>`` span."""
+
+  templates: Mapping[str, str]
+  answer_tag: bool
+
+
+# d1's SYSTEM_PROMPT and SUDOKU_SYSTEM_PROMPT (the text, newlines included).
+D1_FORMAT = ("\nRespond in the following format:\n<reasoning>\n...\n</reasoning>\n"
+             "<answer>\n...\n</answer>\n")
+D1_SUDOKU = (
+    "\nPlease solve the following 4x4 Sudoku puzzle. The puzzle is provided as a 16-character "
+    "string reading left-to-right, top-to-bottom, where '0' represents empty cells.\n\n"
+    "Rules:\n- Fill empty cells with digits 1-4\n- Each row must contain digits 1-4 exactly "
+    "once\n- Each column must contain digits 1-4 exactly once\n- Each 2x2 box must contain "
+    "digits 1-4 exactly once\n\nImportant: Your solution must be a COMPLETE 16-character string "
+    "with only the digits 1-4, representing your final solved grid.\n\nRespond in this exact "
+    "format:\n<reasoning>\nYour step-by-step solving process\n</reasoning>\n<answer>\n"
+    "[16-character solution string with no spaces or separators]\n</answer>\n")
+
+PROMPT_PRESETS: dict[str, Preset] = {
+    "d1": Preset(answer_tag=True, templates={
+        "gsm8k": D1_FORMAT + "\n\n{question}",
+        "math500": D1_FORMAT + "\n\nYou are a math expert. You will be given a question to "
+                   "solve. Solve it step by step. Wrap the final answer in a \\boxed{{}}. "
+                   "\n\n{question}",
+        "countdown_jsonl": D1_FORMAT + "\nUsing only the numbers {nums}, create an arithmetic "
+                           "expression that evaluates to exactly {target}. You must use all "
+                           "numbers from the list, and each number must be used exactly once. "
+                           "You may use the operations +, -, *, and / as needed. After "
+                           "reasoning, provide only your final expression inside "
+                           "<answer></answer> tags without including an equals sign or the "
+                           "target number. For example, if the numbers are [2, 3, 4] and the "
+                           "target is 5, a valid answer is: <answer>\n2*4-3\n</answer>",
+        "sudoku_jsonl": D1_SUDOKU + "\n\nSolve the following Sudoku puzzle: {puzzle}\n",
+    }),
+}
+
+
+def preset(name: str, task: str) -> Preset:
+  """The preset ``name``; ValueError naming the choices, or when it has no prompt for ``task``."""
+  if name not in PROMPT_PRESETS:
+    raise ValueError(f"prompt_preset must be one of {sorted(PROMPT_PRESETS)}, got {name!r}")
+  found = PROMPT_PRESETS[name]
+  if task not in found.templates:
+    raise ValueError(f"prompt_preset {name!r} has no prompt for task {task!r} (it has: "
+                     f"{sorted(found.templates)})")
+  return found
+
+
+def chat_prompt(text: str, tokenizer: Any, system_prompt: str = "") -> str:
+  """``text`` as the model sees it: the tokenizer's chat template (a system turn first when
+  ``system_prompt``), or without one ``system_prompt``, a blank line, then ``text``."""
+  format_prompt = getattr(tokenizer, "format_prompt", None)
+  if format_prompt is not None:
+    return format_prompt(text, system=system_prompt)
+  return f"{system_prompt}\n\n{text}" if system_prompt else text

@@ -1,0 +1,121 @@
+"""A training run's checkpoint → a Hugging Face folder (``python -m dllm_rl.convert export
+--workdir``) that ``dllm_rl.load_pretrained`` and ``model.hf_checkpoint`` read back.
+
+The architecture and token ids come from the config saved in the checkpoint:
+
+* a run started from ``model.hf_checkpoint`` (HF folder or ``convert import`` output): that
+  folder's config.json (``torch_dtype`` updated) and its tokenizer / modeling / generation
+  files are copied, so the export loads wherever the original did;
+* a run trained from scratch (built-in character tokenizer): a config.json of the family the
+  model fits (block size 0: LLaDA; ``model.block_size`` > 0: SDAR; ``model.logit_shift``:
+  Dream) and a ``tokenizer.json`` / ``tokenizer_config.json`` with the character tokenizer's
+  exact ids (:meth:`dllm_rl.tasks.tokenizer.CharTokenizer.hf_files`). A model the family's
+  config.json cannot describe (e.g. qk-norm in a bidirectional model, an explicit head_dim) is
+  refused with the fields that differ.
+
+Only the parameters are read (no optimizer state), placed on one device by default and
+written by process 0 (``hf.export_checkpoint``). ``dllm_rl_export.json`` records the run,
+phase and step (SFT steps, RL rollout batches) the folder came from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from dllm_rl.models import convert, hf
+from dllm_rl.models.transformer import ModelConfig
+from dllm_rl.parallel.distributed import is_primary
+from dllm_rl.parallel.mesh import make_mesh
+from dllm_rl.tasks.tokenizer import CharTokenizer
+from dllm_rl.train import run_checkpoints
+from dllm_rl.train.context import checkpoint_folder, hf_model_config, model_config
+from dllm_rl.train.run_checkpoints import AUTO, LATEST, CheckpointRef
+
+PROVENANCE_FILE = "dllm_rl_export.json"
+
+
+class ExportSource(NamedTuple):
+  """What the HF folder of a run is written from, besides the parameters."""
+
+  model_cfg: ModelConfig
+  token_ids: hf.TokenIds
+  family: str
+  hf_config: dict
+  files: list[str]  # copied: the source's tokenizer / modeling files ...
+  texts: dict[str, str]  # ... or written (name → text): the tokenizer of a run from scratch
+  origin: str  # model.hf_checkpoint, or "scratch"
+
+
+def scratch_family(model_cfg: ModelConfig, block_size: int) -> str:
+  """The HF family a model trained from scratch is exported as."""
+  if block_size:
+    return "sdar"
+  return "dream" if model_cfg.logit_shift else "llada"
+
+
+def run_source(config) -> ExportSource:
+  """The architecture, ids, config.json and side files of the run trained with ``config``."""
+  m = config.model
+  if m.hf_checkpoint:
+    # the spec as the run stored it: a local folder, a gs:// folder or a hub id (staged /
+    # fetched through the weights layer exactly as the run resolved it)
+    folder = checkpoint_folder(m.hf_checkpoint)
+    model_cfg, ids, family = hf_model_config(folder, m.dtype, m.param_dtype)
+    return ExportSource(model_cfg, ids, family, convert.source_hf_config(folder),
+                        convert.source_files(folder), {}, m.hf_checkpoint)
+  tokenizer = CharTokenizer()
+  model_cfg = model_config(config, tokenizer.vocab_size)
+  ids = hf.TokenIds(mask_id=tokenizer.mask_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
+                    bos_id=None, block_size=m.block_size or None)
+  family = scratch_family(model_cfg, m.block_size)
+  hf_config = hf.FAMILIES[family].to_config(model_cfg, ids)
+  try:
+    hf.check_config(hf_config, model_cfg, ids)
+  except ValueError as err:
+    raise ValueError(f"a model trained from scratch is exported as {family}, whose config.json"
+                     f" cannot describe this one: {err}") from err
+  return ExportSource(model_cfg, ids, family, hf_config, [], tokenizer.hf_files(), "scratch")
+
+
+def provenance(ref: CheckpointRef, source: ExportSource, dtype: str) -> dict[str, Any]:
+  """The ``dllm_rl_export.json`` record of an export."""
+  return {"workdir": os.path.abspath(ref.workdir), "phase": ref.phase, "step": ref.step,
+          "step_unit": "rollout batches" if ref.phase == "rl" else "sft steps",
+          "label": ref.label, "family": source.family, "source": source.origin, "dtype": dtype}
+
+
+def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LATEST,
+               dtype: str | None = None, max_shard_bytes: float = 5e9,
+               mesh=None) -> dict[str, Any]:
+  """Checkpoint ``(phase, step)`` of the run in ``workdir`` (default: the newest phase's newest
+  step) → HF folder ``out_dir``; returns timing stats and the checkpoint's label. Raises
+  FileExistsError (``out_dir`` holds a checkpoint), FileNotFoundError / NoCheckpoint (no such
+  checkpoint, listing the saved ones), ValueError (a model the HF layout cannot describe)."""
+  convert.check_new_hf_dir(out_dir)
+  t0 = time.perf_counter()
+  ref = run_checkpoints.find_checkpoint(workdir, phase, step)
+  if ref is None:
+    raise FileNotFoundError(f"no checkpoint to export under {os.path.join(workdir, 'checkpoints')}"
+                            " (a training run writes checkpoints/sft or checkpoints/rl there)")
+  source = run_source(run_checkpoints.read_train_config(ref))
+  mesh = mesh if mesh is not None else make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
+  params = run_checkpoints.restore_params(ref, source.model_cfg, mesh)
+  dtype = dtype or np.dtype(source.model_cfg.param_dtype).name  # default: as trained
+  t1 = time.perf_counter()
+  hf.export_checkpoint(params, source.model_cfg, source.token_ids, source.family, out_dir,
+                       hf_config=source.hf_config, max_shard_bytes=max_shard_bytes, dtype=dtype)
+  t2 = time.perf_counter()
+  if is_primary():
+    convert.copy_files(source.files, out_dir)
+    texts = {**source.texts,
+             PROVENANCE_FILE: json.dumps(provenance(ref, source, dtype), indent=2) + "\n"}
+    for name, text in texts.items():
+      with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
+        f.write(text)
+  return {"family": source.family, "label": ref.label, "bytes": convert.tensor_bytes(out_dir),
+          "restore_s": t1 - t0, "write_s": t2 - t1, "total_s": time.perf_counter() - t0}

@@ -1,0 +1,189 @@
+"""dllm-rl-data prepare: each named data set from tiny local stand-ins of its official source
+(no network), written as the JSONL files the trainer's task reads; local and gs:// output;
+named errors."""
+
+import json
+import os
+
+import pytest
+
+datasets = pytest.importorskip("datasets")
+
+from dllm_rl.data import cli, prepare as prep  # noqa: E402
+from dllm_rl.data.recipes import RECIPES  # noqa: E402
+from dllm_rl.tasks import make_task  # noqa: E402
+
+ROWS = {  # a few rows shaped like each official source's (names and types of its columns)
+    "gsm8k": [{"question": f"Tom has {i} apples and buys 2 more. How many?",
+               "answer": f"{i}+2={i + 2}\n#### {i + 2}"} for i in range(5)],
+    "math": [{"problem": "What is $1+1$?", "solution": "It is $\\boxed{2}$.", "answer": "2",
+              "level": "Level 1"},
+             {"problem": "Simplify $\\sqrt{8}$.", "solution": "We get $\\boxed{2\\sqrt{2}}$."},
+             {"problem": "No answer here.", "solution": "none"},
+             {"problem": "Long. " * 250, "answer": "1"}],  # 1,500 characters
+    "countdown": [{"target": 22, "nums": [3, 5, 7]}, {"target": 10, "nums": [4, 4, 2]},
+                  {"target": 26, "nums": [10, 2, 6, 1]}],
+    "countdown_test": [{"input": "30,100,93", "output": "23"}],
+    # d1's CSV: a CSV reader takes "0034..." for the integer 34...
+    "sudoku": "Puzzle,Solution\n0034341221404301,1234341221434321\n"
+              "1200340021000000,1243341221344321\n1200340021000000,1111111111111111\n",
+}
+
+
+def _saved(tmp_path, name, rows):
+  """A ``save_to_disk`` folder (what --source takes, like a downloaded hub split)."""
+  path = str(tmp_path / "src" / name)
+  datasets.Dataset.from_list(rows).save_to_disk(path)
+  return path
+
+
+def _jsonl(tmp_path, name, rows):
+  path = tmp_path / "src" / f"{name}.jsonl"
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return str(path)
+
+
+def _read(path):
+  return [json.loads(line) for line in open(path)]
+
+
+def test_every_recipe_names_the_official_sources():
+  assert set(RECIPES) == {"gsm8k", "math", "math500", "countdown", "sudoku"}
+  src = {name: {s: r.splits[s].describe() for s in r.splits} for name, r in RECIPES.items()}
+  assert src["gsm8k"] == {"train": "openai/gsm8k (main) split train",
+                          "test": "openai/gsm8k (main) split test"}
+  assert src["math"]["train"] == "ankner/math-500 split train"
+  assert src["math"]["test"] == src["math500"]["test"] == "HuggingFaceH4/MATH-500 split test"
+  assert set(src["math500"]) == {"test"}  # evaluation only
+  assert src["countdown"]["train"] == "Jiayi-Pan/Countdown-Tasks-3to4 split train"
+  assert src["countdown"]["test"].endswith("/dataset/countdown_cd3_test.jsonl")
+  assert src["sudoku"]["train"].endswith("/dataset/4x4_sudoku_unique_puzzles.csv")
+  assert src["sudoku"]["test"].endswith("/dataset/4x4_test_sudoku.csv")
+  assert {r.task for r in RECIPES.values()} == {"gsm8k", "math500", "countdown_jsonl",
+                                                "sudoku_jsonl"}
+
+
+def test_gsm8k_from_a_saved_dataset_is_read_by_the_task(tmp_path, capsys):
+  train, test = _saved(tmp_path, "train", ROWS["gsm8k"]), _jsonl(tmp_path, "t", ROWS["gsm8k"][:2])
+  out = tmp_path / "gsm8k"
+  assert cli.main(["prepare", "gsm8k", "--out", str(out), "--source", f"train={train}",
+                   "--source", f"test={test}", "--cache-dir", str(tmp_path / "cache")]) == 0
+  assert _read(out / "train.jsonl") == ROWS["gsm8k"]
+  printed = capsys.readouterr().out
+  assert f"--config.task.options.train_file={out / 'train.jsonl'}" in printed
+  manifest = json.loads((out / "dataset.json").read_text())
+  assert manifest["rows"] == {"train": 5, "test": 2} and manifest["task"] == "gsm8k"
+  task = make_task("gsm8k", train_file=str(out / "train.jsonl"),
+                   test_file=str(out / "test.jsonl"))
+  ex = task.generate("test", -1, seed=0)[0]
+  assert task.verify(ex, ex.answer).correct
+
+
+def test_math_keeps_answers_and_boxed_solutions_and_says_what_it_dropped(tmp_path):
+  manifest = prep.prepare("math", str(tmp_path / "math"), sources={
+      "train": prep.parse_source("train=" + _saved(tmp_path, "m", ROWS["math"]))[1],
+      "test": prep.parse_source("test=" + _saved(tmp_path, "m5", ROWS["math"][:1]))[1]})
+  assert manifest["rows"] == {"train": 2, "test": 1}
+  assert manifest["dropped"]["train"] == {
+      "no 'answer' and no \\boxed{} in the solution": 1,
+      "problem of 1500+ characters (StableDRL's training filter)": 1}
+  long = prep.parse_source("test=" + _saved(tmp_path, "long", ROWS["math"][3:]))[1]
+  assert prep.prepare("math500", str(tmp_path / "t"), sources={"test": long})["rows"] == {
+      "test": 1}  # the test split stays whole
+  assert _read(tmp_path / "math" / "train.jsonl")[0] == {
+      "problem": "What is $1+1$?", "solution": "It is $\\boxed{2}$.", "answer": "2"}
+
+
+def test_math500_is_test_only(tmp_path):
+  manifest = prep.prepare("math500", str(tmp_path / "m"), sources={
+      "test": prep.parse_source("test=" + _saved(tmp_path, "m5", ROWS["math"][:2]))[1]})
+  assert set(manifest["files"]) == {"test"}
+  assert manifest["config"] == ["--config.task.name=math500",
+                                f"--config.task.options.test_file={tmp_path / 'm' / 'test.jsonl'}"]
+  assert not os.path.exists(tmp_path / "m" / "train.jsonl")
+
+
+def test_countdown_keeps_three_numbers_and_reads_d1s_test_file(tmp_path):
+  manifest = prep.prepare("countdown", str(tmp_path / "cd"), sources={
+      "train": prep.parse_source("train=" + _jsonl(tmp_path, "cd", ROWS["countdown"]))[1],
+      "test": prep.parse_source("test=" + _jsonl(tmp_path, "cdt", ROWS["countdown_test"]))[1]},
+      cache_dir=str(tmp_path / "cache"))
+  assert _read(tmp_path / "cd" / "train.jsonl") == [{"nums": [3, 5, 7], "target": 22},
+                                                   {"nums": [4, 4, 2], "target": 10}]
+  assert manifest["dropped"]["train"] == {"4 numbers (d1 keeps the 3-number instances)": 1}
+  assert _read(tmp_path / "cd" / "test.jsonl") == [{"nums": [30, 100, 93], "target": 23}]
+
+
+def test_sudoku_restores_leading_zeros_and_drops_invalid_grids(tmp_path):
+  csv = tmp_path / "sudoku.csv"
+  csv.write_text(ROWS["sudoku"])
+  manifest = prep.prepare("sudoku", str(tmp_path / "s"), cache_dir=str(tmp_path / "cache"),
+                          sources={s: prep.parse_source(f"{s}={csv}")[1] for s in ("train", "test")})
+  assert _read(tmp_path / "s" / "train.jsonl")[0] == {"puzzle": "0034341221404301",
+                                                      "solution": "1234341221434321"}
+  assert manifest["rows"]["train"] == 2 and sum(manifest["dropped"]["train"].values()) == 1
+
+
+def test_output_to_gs_through_the_path_layer(tmp_path, fake_gcs):
+  train = _saved(tmp_path, "train", ROWS["gsm8k"])
+  prep.prepare("gsm8k", "gs://bucket/data/gsm8k",
+               sources={s: prep.parse_source(f"{s}={train}")[1] for s in ("train", "test")},
+               limit=3)
+  lines = fake_gcs.cat("bucket/data/gsm8k/train.jsonl").decode().splitlines()
+  assert [json.loads(x) for x in lines] == ROWS["gsm8k"][:3]
+  assert json.loads(fake_gcs.cat("bucket/data/gsm8k/dataset.json"))["rows"]["test"] == 3
+  task = make_task("gsm8k", train_file="gs://bucket/data/gsm8k/train.jsonl")
+  assert len(task.generate("train", -1, 0)) + len(task.generate("test", -1, 0)) == 3
+
+
+def test_problems_are_one_error_line(tmp_path, capsys):
+  def error(*argv):
+    assert cli.main(list(argv)) == 2
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert len(lines) == 1, lines  # (datasets' progress bars go to stderr too)
+    return lines[0]
+
+  assert error("prepare", "gsm9k", "--out", str(tmp_path)) == (
+      "error: unknown data set 'gsm9k'; available: countdown, gsm8k, math, math500, sudoku")
+  assert "expected train=PATH or test=PATH" in error("prepare", "gsm8k", "--out", str(tmp_path),
+                                                     "--source", "dev=x")
+  assert "neither a local file / folder nor a hub data set id" in error(
+      "prepare", "gsm8k", "--out", str(tmp_path), "--source", "train=no/such/file.jsonl")
+  bad = _jsonl(tmp_path, "bad", [{"question": "q", "answer": "no hashes"}])
+  assert "gsm8k train: no usable row" in error("prepare", "gsm8k", "--out", str(tmp_path / "o"),
+                                               "--source", f"train={bad}", "--source",
+                                               f"test={bad}", "--cache-dir", str(tmp_path / "c"))
+  assert error("weights", str(tmp_path / "none")).startswith("error: '")
+
+
+def test_an_unreachable_source_says_how_to_work_offline(tmp_path):
+  """Any failure of datasets to read a source (no network, a moved file) is one DataError
+  naming the source and the offline route."""
+  gone = prep.Source("json", data_files=str(tmp_path / "moved" / "test.jsonl"))
+  with pytest.raises(prep.DataError, match=r"cannot read .*moved/test\.jsonl \(FileNotFoundError"
+                                           r".*--source SPLIT=FILE"):
+    prep.load_rows(gone, cache_dir=str(tmp_path / "cache"))
+
+
+def test_a_hub_override_parses():
+  assert prep.parse_source("train=qwedsacf/competition_math")[1] == prep.Source(
+      "qwedsacf/competition_math", None, "train")
+  assert prep.parse_source("test=openai/gsm8k:main")[1] == prep.Source(  # split: the key's
+      "openai/gsm8k", "main", "test")
+  assert prep.parse_source("test=org/x@validation")[1] == prep.Source("org/x", None, "validation")
+
+
+def test_weights_and_list_commands(tmp_path, fake_gcs, monkeypatch, capsys):
+  """`dllm-rl-data weights SPEC` (what launch/tpu_pod.sh --stage-weights runs on every worker)
+  stages the checkpoint and prints the local folder a run will read."""
+  monkeypatch.setenv("DLLM_RL_CACHE", str(tmp_path / "cache"))
+  with fake_gcs.open("bucket/ckpt/config.json", "wb") as f:
+    f.write(b"{}")
+  assert cli.main(["weights", "gs://bucket/ckpt"]) == 0
+  folder = capsys.readouterr().out.strip()
+  assert folder == str(tmp_path / "cache" / "weights" / "gs" / "bucket" / "ckpt")
+  assert sorted(os.listdir(folder)) == [".dllm_rl_staged.json", "config.json"]
+  assert cli.main(["list"]) == 0
+  listed = capsys.readouterr().out.splitlines()
+  assert len(listed) == 5 and listed[3].startswith("math500 (task math500): test: HuggingFaceH4")

@@ -1,0 +1,154 @@
+"""model.hf_checkpoint sources (dllm_rl.infra.weights): a local folder, a gs:// folder staged to
+the local cache, a hub id from the hub cache. No network: a hub cache laid out on disk as
+huggingface_hub writes it, a download stand-in that fails like a network, and the in-memory
+gs:// store of tests/fake_gcs.py."""
+
+import os
+
+import pytest
+
+import dllm_rl
+from dllm_rl.config import ConfigError
+from dllm_rl.infra import weights
+from dllm_rl.train.context import checkpoint_folder
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LLADA = os.path.join(ROOT, "tests", "fixtures", "llada_tiny")
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _hub_cache(root, repo, files):
+  """A hub cache holding ``repo`` at ``main`` with ``files`` (name → bytes); returns the
+  snapshot folder."""
+  base = root / ("models--" + repo.replace("/", "--"))
+  (base / "refs").mkdir(parents=True)
+  (base / "refs" / "main").write_text(COMMIT)
+  snap = base / "snapshots" / COMMIT
+  snap.mkdir(parents=True)
+  for name, data in files.items():
+    (snap / name).write_bytes(data)
+  return snap
+
+
+@pytest.fixture
+def offline_hub(tmp_path, monkeypatch):
+  monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  return tmp_path / "hub"
+
+
+def test_hub_ids_are_two_names_that_are_not_a_local_path(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  assert weights.hub_id("GSAI-ML/LLaDA-8B-Instruct") == ("GSAI-ML/LLaDA-8B-Instruct", None)
+  assert weights.hub_id("org/name@v1.0") == ("org/name", "v1.0")
+  for not_hub in ("gs://bucket/model", "/abs/model", "./org/name", "org/name/sub", "name",
+                  "~/org", "org/"):
+    assert weights.hub_id(not_hub) is None, not_hub
+  (tmp_path / "org" / "name").mkdir(parents=True)
+  assert weights.hub_id("org/name") is None  # an existing local folder wins
+  assert weights.resolve_checkpoint("org/name") == str(tmp_path / "org" / "name")
+
+
+def test_a_missing_local_path_or_a_file_is_named(tmp_path):
+  with pytest.raises(weights.WeightsUnavailable, match=r"nope/a/b' does not exist; give a "
+                     r"checkpoint folder .* a gs:// folder, or a hub id"):
+    weights.resolve_checkpoint(str(tmp_path / "nope" / "a" / "b"))
+  (tmp_path / "f").write_text("x")
+  with pytest.raises(weights.WeightsUnavailable, match="is a file, not a folder"):
+    weights.resolve_checkpoint(str(tmp_path / "f"))
+
+
+def test_a_hub_id_resolves_from_the_cache_offline(offline_hub):
+  snap = _hub_cache(offline_hub, "org/tiny", {"config.json": b"{}", "model.safetensors": b"x"})
+  assert weights.resolve_checkpoint("org/tiny") == str(snap)
+
+
+def test_a_hub_id_not_in_the_cache_offline_says_how_to_fetch_it(offline_hub):
+  with pytest.raises(weights.WeightsUnavailable,
+                     match=r"'org/absent' is not a local folder, and as a Hugging Face hub id it "
+                           r"is not in the hub cache \(HF_HUB_OFFLINE=1\)\. Fetch it with "
+                           r"`dllm-rl-data weights org/absent` \(or `hf download org/absent`\)"):
+    weights.resolve_checkpoint("org/absent")
+  _hub_cache(offline_hub, "org/partial", {"config.json": b"{}"})
+  with pytest.raises(weights.WeightsUnavailable, match="incomplete snapshot"):
+    weights.resolve_checkpoint("org/partial")
+  # planning reads config.json only: the partial snapshot is enough
+  assert os.path.isfile(os.path.join(
+      weights.resolve_checkpoint("org/partial", config_only=True), "config.json"))
+
+
+def test_a_download_failure_is_named_and_only_loader_files_are_asked_for(tmp_path, monkeypatch):
+  monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+  calls = []
+
+  def no_network(repo, **kwargs):
+    calls.append((repo, kwargs))
+    raise OSError("[Errno 101] Network is unreachable\nmore detail")
+
+  with pytest.raises(weights.WeightsUnavailable,
+                     match=r"could not be downloaded \(OSError: \[Errno 101\] Network is unreachable\)\. "
+                           r"Fetch it with `dllm-rl-data weights org/m@abc` \(or `hf download "
+                           r"org/m --revision abc`\)"):
+    weights.resolve_checkpoint("org/m@abc", download=no_network)
+  (repo, kwargs), = calls
+  assert repo == "org/m" and kwargs["revision"] == "abc" and not kwargs["local_files_only"]
+  assert "*.safetensors" in kwargs["allow_patterns"] and "*.bin" not in kwargs["allow_patterns"]
+
+
+def test_config_key_is_named_before_anything_loads(offline_hub):
+  with pytest.raises(ConfigError, match=r"^config\.model\.hf_checkpoint: 'org/absent' is not a "
+                                        r"local folder, and as a Hugging Face hub id"):
+    checkpoint_folder("org/absent")
+
+
+def test_load_pretrained_takes_a_hub_id(offline_hub):
+  files = {n: open(os.path.join(LLADA, n), "rb").read()
+           for n in ("config.json", "model.safetensors")}
+  snap = _hub_cache(offline_hub, "org/llada-tiny", files)
+  model = dllm_rl.load_pretrained("org/llada-tiny")
+  assert model.family == "llada" and model.path == str(snap)
+
+
+def _put(fs, path, data: bytes):
+  with fs.open(path, "wb") as f:
+    f.write(data)
+
+
+def test_a_gs_folder_is_staged_to_the_local_cache_once(fake_gcs, tmp_path, monkeypatch):
+  monkeypatch.setenv("DLLM_RL_CACHE", str(tmp_path / "cache"))
+  for name, data in {"config.json": b"{}", "model.safetensors": b"weights",
+                     "hf_extra/tokenizer.json": b"tok"}.items():
+    _put(fake_gcs, f"bucket/ckpt/tiny/{name}", data)
+  url = "gs://bucket/ckpt/tiny"
+  local = weights.resolve_checkpoint(url)
+  assert local == str(tmp_path / "cache" / "weights" / "gs" / "bucket" / "ckpt" / "tiny")
+  assert open(os.path.join(local, "hf_extra", "tokenizer.json"), "rb").read() == b"tok"
+  assert os.path.isfile(os.path.join(local, weights.MARKER))
+
+  with open(os.path.join(local, "model.safetensors"), "wb") as f:
+    f.write(b"WEIGHTS")  # same size: a second resolve copies nothing
+  weights.resolve_checkpoint(url)
+  assert open(os.path.join(local, "model.safetensors"), "rb").read() == b"WEIGHTS"
+  _put(fake_gcs, "bucket/ckpt/tiny/model.safetensors", b"new weights")  # changed: copied again
+  weights.resolve_checkpoint(url)
+  assert open(os.path.join(local, "model.safetensors"), "rb").read() == b"new weights"
+  assert not [n for n in os.listdir(local) if ".tmp-" in n]
+
+
+def test_planning_stages_only_the_top_level_json(fake_gcs, tmp_path, monkeypatch):
+  monkeypatch.setenv("DLLM_RL_CACHE", str(tmp_path / "cache"))
+  _put(fake_gcs, "bucket/m/config.json", b"{}")
+  _put(fake_gcs, "bucket/m/model.safetensors", b"weights")
+  local = weights.resolve_checkpoint("gs://bucket/m", config_only=True)
+  assert sorted(os.listdir(local)) == ["config.json"]
+  with pytest.raises(weights.WeightsUnavailable, match="gs://bucket/none is not a folder"):
+    weights.resolve_checkpoint("gs://bucket/none")
+
+
+def test_staged_gs_checkpoint_loads(fake_gcs, tmp_path, monkeypatch):
+  monkeypatch.setenv("DLLM_RL_CACHE", str(tmp_path / "cache"))
+  for name in ("config.json", "model.safetensors"):
+    _put(fake_gcs, f"bucket/llada/{name}", open(os.path.join(LLADA, name), "rb").read())
+  model = dllm_rl.load_pretrained("gs://bucket/llada")
+  assert model.family == "llada"
+  assert model.path == weights.staging_dir("gs://bucket/llada")

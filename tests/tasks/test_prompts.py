@@ -1,0 +1,130 @@
+"""Prompt presets (the d1 / SPG <reasoning>/<answer> format, its reward on the <answer> span),
+the system prompt, test-only file tasks, and task files read through the path layer."""
+
+import hashlib
+import json
+
+import pytest
+
+from dllm_rl.config import ConfigError
+from dllm_rl.tasks import CharTokenizer, make_task
+from dllm_rl.tasks.prompts import D1_FORMAT, D1_SUDOKU, PROMPT_PRESETS, chat_prompt
+from dllm_rl.train.context import build_context
+from dllm_rl.train.validate import validate
+from tests.helpers import tiny_run_config
+
+GSM8K = {"question": "Tom has 20 apples and buys 22 more. How many now?",
+         "answer": "20+22=42\n#### 42"}
+MATH = {"problem": "What is $1/2 + 1/4$?", "answer": "\\frac{3}{4}"}
+COUNTDOWN = {"nums": [3, 5, 7], "target": 22}
+SUDOKU = {"puzzle": "0034341221404301", "solution": "1234341221434321"}
+
+
+def _file(path, record):
+  path.write_text(json.dumps(record) + "\n")
+  return str(path)
+
+
+def _one(tmp_path, name, record, **options):
+  task = make_task(name, test_file=_file(tmp_path / f"{name}.jsonl", record), **options)
+  return task, task.generate("test", -1, seed=0)[0]
+
+
+# sha256 (first 16 hex digits) of each d1 template, checked once character for character
+# against d1's diffu-grpo/data_utils.py @837888f (SYSTEM_PROMPT, SUDOKU_SYSTEM_PROMPT and the
+# per-task f-strings): any edit of the prompt text changes them.
+D1_TEMPLATE_SHA256 = {"countdown_jsonl": "3a923445984a145e", "gsm8k": "d49248593898dd73",
+                      "math500": "20a6e0697bcfd530", "sudoku_jsonl": "c6d93305f07a0bb8"}
+
+
+def test_d1_templates_are_pinned():
+  assert D1_FORMAT == ("\nRespond in the following format:\n<reasoning>\n...\n</reasoning>\n"
+                       "<answer>\n...\n</answer>\n")
+  templates = PROMPT_PRESETS["d1"].templates
+  assert {k: hashlib.sha256(v.encode()).hexdigest()[:16] for k, v in templates.items()} == (
+      D1_TEMPLATE_SHA256)
+
+
+def test_d1_prompts_are_d1s_training_prompts(tmp_path):
+  _, ex = _one(tmp_path, "gsm8k", GSM8K, prompt_preset="d1")
+  assert ex.prompt == D1_FORMAT + "\n\n" + GSM8K["question"]
+  _, ex = _one(tmp_path, "math500", MATH, prompt_preset="d1")
+  assert ex.prompt.startswith(D1_FORMAT + "\n\nYou are a math expert.")
+  assert "Wrap the final answer in a \\boxed{}. \n\nWhat is $1/2 + 1/4$?" in ex.prompt
+  _, ex = _one(tmp_path, "countdown_jsonl", COUNTDOWN, prompt_preset="d1")
+  assert ex.prompt.startswith(D1_FORMAT + "\nUsing only the numbers [3, 5, 7], create an "
+                              "arithmetic expression that evaluates to exactly 22.")
+  _, ex = _one(tmp_path, "sudoku_jsonl", SUDOKU, prompt_preset="d1")
+  assert ex.prompt == D1_SUDOKU + "\n\nSolve the following Sudoku puzzle: 0034341221404301\n"
+
+
+def test_d1_reward_reads_the_answer_tag(tmp_path):
+  plain, ex = _one(tmp_path, "gsm8k", GSM8K)
+  tagged, _ = _one(tmp_path, "gsm8k", GSM8K, prompt_preset="d1")
+  assert tagged.answer_tag and not plain.answer_tag
+  good = "<reasoning>\n20 + 22 = 42\n</reasoning>\n<answer>\n42\n</answer>"
+  assert tagged.verify(ex, good).correct and plain.verify(ex, good).correct
+  assert tagged.verify(ex, "<reasoning>20+22</reasoning><answer>\n42").correct  # unclosed
+  no_tag = "The total is 42."
+  assert plain.verify(ex, no_tag).correct
+  assert tagged.verify(ex, no_tag).info["reason"] == "no <answer> tag"
+  outside = "<answer>unsure</answer> but maybe 42"  # only the span counts
+  assert plain.verify(ex, outside).correct and not tagged.verify(ex, outside).correct
+  off, _ = _one(tmp_path, "gsm8k", GSM8K, prompt_preset="d1", answer_tag=False)
+  assert off.verify(ex, no_tag).correct  # answer_tag=False overrides the preset
+
+
+def test_d1_math_reward_reads_the_answer_tag(tmp_path):
+  math, mex = _one(tmp_path, "math500", MATH, prompt_preset="d1", verify_timeout=0)
+  assert math.verify(mex, "<answer>\n\\boxed{\\frac{3}{4}}\n</answer>").correct
+  assert not math.verify(mex, "so \\boxed{\\frac{3}{4}}").correct
+
+
+def test_preset_errors_are_named(tmp_path):
+  path = _file(tmp_path / "g.jsonl", GSM8K)
+  with pytest.raises(ValueError, match=r"prompt_preset must be one of \['d1'\], got 'd2'"):
+    make_task("gsm8k", test_file=path, prompt_preset="d2")
+  with pytest.raises(ValueError, match="give prompt_preset or prompt_template, not both"):
+    make_task("gsm8k", test_file=path, prompt_preset="d1", prompt_template="Q: {question}")
+
+
+def test_chat_prompt_puts_the_system_prompt_first():
+  tok = CharTokenizer()  # no chat template
+  assert chat_prompt("1+2=", tok) == "1+2="
+  assert chat_prompt("1+2=", tok, "Add.") == "Add.\n\n1+2="
+
+
+def test_a_test_only_task_evaluates_but_does_not_train(tmp_path):
+  """MATH-500 has a test file only: mode=eval validates, the training modes name the key."""
+  path = _file(tmp_path / "math500.jsonl", MATH)
+  task = make_task("math500", test_file=path)
+  assert task.has_split("test") and not task.has_split("train")
+  overrides = {"task.name": "math500", "task.options": {"test_file": path}}
+  validate(tiny_run_config("eval", overrides))
+  for mode in ("sft", "rl", "pipeline"):
+    with pytest.raises(ConfigError, match=r"config\.task\.options\.train_file: task 'math500' "
+                                          rf"has no train split .* mode={mode} trains on it"):
+      validate(tiny_run_config(mode, overrides))
+
+
+def test_task_files_are_read_through_the_path_layer(fake_gcs):
+  with fake_gcs.open("bucket/data/gsm8k.jsonl", "w") as f:
+    f.write(json.dumps(GSM8K) + "\n")
+  task = make_task("gsm8k", test_file="gs://bucket/data/gsm8k.jsonl")
+  assert task.generate("test", -1, seed=0)[0].meta["reference"] == "42"
+  with pytest.raises(FileNotFoundError, match="'gs://bucket/data/none.jsonl' does not exist"):
+    make_task("gsm8k", test_file="gs://bucket/data/none.jsonl")
+
+
+def test_eval_context_of_a_test_only_task_carries_the_system_prompt(tmp_path):
+  """mode=eval builds no train / validation split (none is needed, a test file is enough);
+  data.system_prompt reaches the encoded prompts (no chat template: before a blank line)."""
+  path = _file(tmp_path / "cd.jsonl", COUNTDOWN)
+  config = tiny_run_config("eval", {"task.name": "countdown_jsonl",
+                                    "task.options": {"test_file": path},
+                                    "task.test_size": 1, "data.prompt_len": 160,
+                                    "data.system_prompt": "Be brief."})
+  ctx = build_context(validate(config), str(tmp_path / "work"))
+  assert ctx.train.examples == [] and ctx.val.examples == [] and len(ctx.test.examples) == 1
+  row = ctx.test.arrays["prompt_BP"][0][ctx.test.arrays["prompt_valid_BP"][0]]
+  assert ctx.tokenizer.decode(row) == "Be brief.\n\n" + ctx.test.examples[0].prompt

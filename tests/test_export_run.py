@@ -1,0 +1,147 @@
+"""`python -m dllm_rl.convert export --workdir RUN`: a training run's checkpoint becomes an HF
+folder that `dllm_rl.load_pretrained` loads with the trained parameters' logits (≤ 1e-5), and
+`mode=eval` with `model.hf_checkpoint=<export>` reproduces the run's evaluation; bad input
+exits 2 naming it."""
+
+import dataclasses
+import filecmp
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+import dllm_rl
+from dllm_rl import convert as convert_cli
+from dllm_rl.models import hf
+from dllm_rl.parallel.mesh import make_mesh
+from dllm_rl.tasks.tokenizer import CharTokenizer
+from dllm_rl.train import modes, run_checkpoints
+from dllm_rl.train.export import export_run
+from tests.helpers import hf_fixture_with_tokenizer, scratch_run_checkpoints, tiny_run_config
+
+LOGIT_TOL = 1e-5
+
+
+def _logits_equal(exported, params, ids_BL, **kw):
+  """max |Δ| between the export's logits and the same forward on ``params``."""
+  with jax.default_matmul_precision("highest"):
+    a = np.asarray(exported.logits(ids_BL, **kw))
+    b = np.asarray(dataclasses.replace(exported, params=params).logits(ids_BL, **kw))
+  return float(np.abs(a - b).max())
+
+
+def test_a_run_from_scratch_exports_a_complete_llada_folder(tmp_path):
+  _, policies = scratch_run_checkpoints(tmp_path / "w", {"rl": [3]})
+  stats = export_run(str(tmp_path / "w"), str(tmp_path / "hf"))
+  assert stats["label"] == "rl3" and stats["family"] == "llada"
+  assert sorted(os.listdir(tmp_path / "hf")) == [
+      "config.json", "dllm_rl_export.json", "model.safetensors", "tokenizer.json",
+      "tokenizer_config.json"]
+  record = json.load(open(tmp_path / "hf" / "dllm_rl_export.json"))
+  assert (record["label"], record["step"], record["step_unit"], record["source"]) == (
+      "rl3", 3, "rollout batches", "scratch")
+  exported = dllm_rl.load_pretrained(str(tmp_path / "hf"))
+  tok = CharTokenizer()
+  assert exported.family == "llada" and exported.config.vocab_size == tok.vocab_size
+  assert (exported.token_ids.mask_id, exported.token_ids.eos_id) == (tok.mask_id, tok.eos_id)
+  ids_BL = np.array([tok.encode("123+456="), tok.encode("9+9=18??")])
+  assert _logits_equal(exported, policies["rl3"], ids_BL) == 0.0
+  # The stored tensors are the checkpoint's: another policy's logits differ.
+  other = jax.tree.map(lambda x: x * np.float32(0.5), policies["rl3"])
+  assert _logits_equal(exported, other, ids_BL) > 1e-3
+
+
+def test_a_model_the_family_cannot_describe_is_refused_before_writing(tmp_path):
+  # Partial RoPE (the same parameter shapes): LLaDA's config.json has no key for it.
+  scratch_run_checkpoints(tmp_path / "w", {"sft": [2]}, {"model.rotary_dim": 8})
+  with pytest.raises(ValueError, match=r"trained from scratch is exported as llada.*"
+                                       r"rotary_dim: config.json 0 vs model 8"):
+    export_run(str(tmp_path / "w"), str(tmp_path / "hf"))
+  assert not os.path.exists(tmp_path / "hf")
+
+
+def test_cli_bad_input_exits_2_naming_it(tmp_path, capsys):
+  w, out = str(tmp_path / "w"), str(tmp_path / "hf")
+
+  def error(*args):
+    assert convert_cli.main(["export", *args]) == 2
+    return capsys.readouterr().err
+
+  assert "no checkpoint to export under" in error("--workdir", w, "--out", out)
+  scratch_run_checkpoints(w, {"rl": [3]})
+  assert error("--workdir", w, "--step", "7", "--out", out).startswith(
+      "error: --step: no rl checkpoint at step 7")
+  assert "available steps (rollout batches): [3]" in error("--workdir", w, "--step", "7",
+                                                           "--out", out)
+  assert error("--workdir", w, "--phase", "sft", "--out", out).startswith(
+      "error: --phase: no sft checkpoint")
+  assert "--ckpt has one" in error("--ckpt", w, "--step", "3", "--out", out)
+  os.makedirs(out)
+  open(os.path.join(out, "config.json"), "w").close()
+  assert f"{out} already holds an HF checkpoint" in error("--workdir", w, "--out", out)
+
+
+def _finetune(tmp_path, family):
+  """SFT of the tiny fixture of ``family`` (with a character-level tokenizer) for 2 steps on
+  the embedded default's task; returns (config, HF source folder, workdir)."""
+  source = hf_fixture_with_tokenizer(tmp_path, f"{family}_tiny")
+  overrides = {"model.hf_checkpoint": str(source), "data.prompt_len": 24, "sft.steps": 2,
+               "sft.log_every": 1, "sft.eval_every": 0, "task.val_size": 8,
+               "task.test_size": 8, "eval.batch_size": 8}
+  if family == "sdar":
+    overrides.update({"model.block_size": 4, "sampler.block_len": 4,
+                      "estimator.name": "block_elbo"})
+  config = tiny_run_config("sft", overrides)
+  modes.run(config, str(tmp_path / "w"))
+  return config, source, str(tmp_path / "w")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_a_fine_tuned_hf_model_exports_with_the_trained_logits(tmp_path, family):
+  """Fine-tuned from the fixture: config.json and tokenizer files come from the source, the
+  tensors are the trained ones (≠ the fixture's), `load_pretrained` logits equal theirs."""
+  config, source, w = _finetune(tmp_path, family)
+  assert convert_cli.main(["export", "--workdir", w, "--out", str(tmp_path / "hf"),
+                           "--dtype", "float32"]) == 0
+  out = tmp_path / "hf"
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    assert filecmp.cmp(source / name, out / name, shallow=False)
+  src_config, out_config = hf.read_hf_config(str(source)), hf.read_hf_config(str(out))
+  assert {k: v for k, v in out_config.items() if k != "torch_dtype"} == {
+      k: v for k, v in src_config.items() if k != "torch_dtype"}
+  assert json.load(open(out / "dllm_rl_export.json"))["label"] == "sft2"
+  ref = run_checkpoints.find_checkpoint(w)
+  exported = dllm_rl.load_pretrained(str(out))
+  trained = run_checkpoints.restore_params(ref, exported.config,
+                                          make_mesh({"data": 1, "fsdp": 1, "tensor": 1}))
+  kw = {"attention": "block_causal", "block_size": 4} if family == "sdar" else {}
+  ids_BL = np.random.default_rng(0).integers(0, 120, (2, 12))
+  assert _logits_equal(exported, trained, ids_BL, **kw) <= LOGIT_TOL
+  fixture = dllm_rl.load_pretrained(str(source))
+  assert _logits_equal(exported, fixture.params, ids_BL, **kw) > 1e-3  # training moved them
+
+
+@pytest.mark.slow
+def test_eval_of_the_export_reproduces_the_runs_evaluation(tmp_path):
+  """A run's checkpoint evaluated in its workdir, then exported in float32 and evaluated as
+  a base model (mode=eval, model.hf_checkpoint=<export>, a workdir without checkpoints: the
+  pre-RL-baseline path): the same generations, accuracy, pass@k and diversity. (A policy
+  far from trained, so its greedy tokens are near ties: a bfloat16 export changes them.)"""
+  w = str(tmp_path / "w")
+  config, _ = scratch_run_checkpoints(w, {"sft": [5], "rl": [3]},
+                                      {"task.test_size": 8, "eval.batch_size": 8})
+  config.mode = "eval"
+  run_eval = modes.run(config, w)  # auto: the newest checkpoint
+  assert run_eval["step_label"] == "rl3"
+  assert convert_cli.main(["export", "--workdir", w, "--out", str(tmp_path / "hf")]) == 0
+  config.model.hf_checkpoint = str(tmp_path / "hf")
+  export_eval = modes.run(config, str(tmp_path / "baseline"))
+  assert export_eval["step_label"] == "base" and export_eval["weights"] == str(tmp_path / "hf")
+  for key in ("test_accuracy", "test_reward", "pass_at_k", "sample_accuracy", "diversity"):
+    assert export_eval[key] == run_eval[key], key
+  generations = open(export_eval["generations"]).read()
+  assert generations == open(run_eval["generations"]).read()
+  assert any(json.loads(line)["completion"] for line in generations.splitlines())
