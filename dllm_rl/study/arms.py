@@ -4,13 +4,15 @@ Every arm starts from the embedded default config (``dllm_rl/config/defaults.py`
 and the same SFT checkpoint per seed, and changes only the keys listed here.
 All arms use the official noise (``estimator.antithetic=False``: independent
 masks for ℓ̂_old and each inner step), a 1-draw ELBO and μ = 2 (the embedded
-default), except the antithetic arm.
+default), except the antithetic arm and the baselines whose official code shares masks
+between θ, θ_old and the reference (ESPO, coupled-GRPO).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from dllm_rl.config import defaults, recipes
 from dllm_rl.registry import Registry
 
 STUDIES: Registry = Registry("study")
@@ -90,4 +92,26 @@ def steprs() -> list[Arm]:
           "StepRS β 0 → 2 rescaled to the batch RMS of centered advantages"),
       Arm("risk_sensitive", {**base, "rl.advantage": "risk_sensitive", "rl.beta": 1.0},
           "constant β = 1 (the mean of the 0 → 2 schedule)"),
+  ]
+
+
+@STUDIES.register("baselines")
+def baselines() -> list[Arm]:
+  """The baselines a dLLM-RL paper is compared against, each with its official algorithm
+  (loss, advantage, estimator and its noise, ε, KL: dllm_rl.config.recipes) over the
+  embedded default, at its lr and μ = 2 (the recipes' official scale — lr, μ, G — is in
+  configs/wd1.py, espo.py, coupled_grpo.py)."""
+  base = {"rl.lr": DEFAULT_LR}
+  default = defaults.get_config()
+  return [
+      Arm("grpo", {**base, "rl.loss": "grpo", "rl.advantage": "grpo"},
+          "GRPO (d1's diffu-GRPO advantages (r − r̄)/σ): conditional clip ε = 0.2, sequence ratio"),
+      Arm("stabledrl", {**base, "rl.loss": "stabledrl", "rl.advantage": "centered"},
+          "StableDRL: unconditional upper clip C = 5 + self-normalisation"),
+      Arm("wd1", {**base, **recipes.wd1(default)},
+          "wd1: ratio-free −Σ (softmax(A) − softmax(−A)) ℓ̂, d1 one-step ℓ̂"),
+      Arm("espo", {**base, **recipes.espo(default)},
+          "ESPO: clipped exp(Δℓ̂ / L) on the coupled ELBO (2 pairs), RLOO, k2 KL"),
+      Arm("coupled_grpo", {**base, **recipes.coupled_grpo(default)},
+          "coupled-GRPO: d1 token loss on ½[log p(all masked) + w log p(pair)], RLOO, ε = 0.5"),
   ]

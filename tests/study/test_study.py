@@ -27,6 +27,21 @@ def test_overrides_are_typed_like_the_default():
   assert type(got["rl.lr"]) is float and type(got["rl.steps"]) is int
 
 
+@pytest.mark.parametrize("name", arms_lib.STUDIES.names())
+def test_every_arm_of_every_study_is_a_valid_config(name):
+  """Each arm's overrides of the embedded default pass validation (registry names and
+  combinations), before any study runs; the baselines study has one arm per algorithm."""
+  from dllm_rl.study.runner import make_config
+  from dllm_rl.train.validate import validate
+  arms = arms_lib.STUDIES.get(name)()
+  for arm in arms:
+    validate(make_config(arm.overrides))
+  if name == "baselines":
+    assert [a.name for a in arms] == ["grpo", "stabledrl", "wd1", "espo", "coupled_grpo"]
+    assert {make_config(a.overrides).rl.loss for a in arms} == {
+        "grpo", "stabledrl", "wd1", "espo", "grpo_token"}
+
+
 @pytest.mark.slow
 def test_quick_study_gives_every_arm_a_summary(tmp_path):
   workdir, md = str(tmp_path / "study"), str(tmp_path / "docs" / "results.md")
