@@ -48,6 +48,11 @@ def test_base_and_tiny_cpu_configs_validate():
       "estimator__name": "block_elbo"}, "model.logit_shift"),
     ({"estimator__attention_impl": "triton"}, "estimator.attention_impl"),
     ({"rl__loss": "spg"}, "rl.loss"),
+    ({"rl__loss": "espo"}, "rl.loss"),  # needs a summed ELBO (estimator.reduction=sum)
+    ({"rl__loss": "grpo_token", "estimator__reduction": "sum",
+      "estimator__name": "spg_block"}, "rl.loss"),
+    ({"estimator__full_mask_term": True, "estimator__name": "mean_field"},
+     "estimator.full_mask_term"),
     ({"rl__clip": "none", "rl__self_normalize": False}, "rl.self_normalize"),
     ({"rl__clip": "lower"}, "rl.clip"),
     ({"mesh__data": 0}, "mesh.data"),
@@ -64,6 +69,12 @@ def test_bad_values_name_their_key(updates, key):
   with pytest.raises(ConfigError) as err:
     validate(_cfg(**updates))
   assert err.value.key == key and str(err.value).startswith(f"config.{key}:")
+
+
+def test_per_token_sum_estimators_serve_espo_and_grpo_token():
+  for loss in ("espo", "grpo_token"):
+    for name in ("elbo", "mean_field"):
+      validate(_cfg(rl__loss=loss, estimator__name=name, estimator__reduction="sum"))
 
 
 def test_unknown_registry_name_lists_choices():

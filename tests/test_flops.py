@@ -125,7 +125,7 @@ def test_sft_step_matches_xla():
 
 
 def test_rl_step_pass_counts():
-  """K draws per estimate (one for mean_field), ℓ̂_old once or μ times (antithetic),
+  """K draws per estimate (one for mean_field, K + 1 with full_mask_term), ℓ̂_old once or μ times (antithetic),
   ℓ̂_ref μ times with a KL, μ updates at 3× the estimate; block_elbo on P + 2L."""
   c = _rl_config(num_samples=3)
   c.rl.inner_steps = 2
@@ -134,6 +134,8 @@ def test_rl_step_pass_counts():
   assert flops.rl_step_flops(c, MODEL) == s * 3 * fwd * (1 + 3 * 2)
   c.estimator.antithetic, c.rl.kl_coef = True, 0.05
   assert flops.rl_step_flops(c, MODEL) == s * 3 * fwd * (2 + 2 + 3 * 2)
+  c.estimator.full_mask_term = True  # DiffuCoder's fully masked pass: one more forward
+  assert flops.rl_step_flops(c, MODEL) == s * 4 * fwd * (2 + 2 + 3 * 2)
   c.estimator.name = "mean_field"
   assert flops.rl_step_flops(c, MODEL) == s * fwd * (2 + 2 + 3 * 2)
   c.estimator.name, c.estimator.antithetic, c.rl.kl_coef = "block_elbo", False, 0.0

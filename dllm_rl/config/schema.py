@@ -154,11 +154,13 @@ def base_config() -> ml_collections.ConfigDict:
   x.num_samples = 1       # K Monte-Carlo draws
   x.antithetic = False    # True: θ and θ_old share masks (noise cancels in the ratio);
                           # False: independent masks, as the official StableDRL code
-  x.coupled = False       # elbo: complementary mask pairs
+  x.coupled = False       # elbo: complementary mask pairs (t ~ U[t_eps, 1 − t_eps])
+  x.full_mask_term = False  # elbo: + ½ log p(o_i | whole completion masked) per token
+                            # (DiffuCoder's coupled-GRPO; configs/coupled_grpo.py)
   x.stratified = False    # elbo: stratified t
   x.prompt_mask_prob = 0.0
   x.t_eps = 1e-3
-  x.reduction = "mean"    # mean_field: sum | mean
+  x.reduction = "mean"    # mean_field, elbo: sum (an estimate of log π) | mean (/ length)
   x.spg_beta = 1.5
   x.spg_omega = 0.5
   x.spg_block_len = 32
@@ -217,15 +219,20 @@ def base_config() -> ml_collections.ConfigDict:
 
 def load_config_file(path: str) -> ml_collections.ConfigDict:
   """``get_config()`` of a config file given by path (as ``--config=PATH`` does), e.g.
-  for a config that extends another one."""
+  for a config that extends another one. ``PATH:ARG`` (ml_collections' convention) calls
+  ``get_config("ARG")``, e.g. ``configs/wd1.py:tiny``."""
   import importlib.util
   import os
 
+  args = ()
+  if not os.path.exists(path) and ":" in path:
+    path, arg = path.rsplit(":", 1)
+    args = (arg,)
   name = os.path.splitext(os.path.basename(path))[0]
   spec = importlib.util.spec_from_file_location(f"dllm_rl_config_{name}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config()
+  return module.get_config(*args)
 
 
 def locked(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

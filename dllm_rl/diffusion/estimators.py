@@ -49,7 +49,8 @@ from dllm_rl.types import SequenceBatch
 ESTIMATORS: Registry = Registry("likelihood estimator")
 
 
-REDUCTIONS = ("sum", "mean")  # mean_field: per-sequence sum or length-mean
+REDUCTIONS = ("sum", "mean")  # per-sequence sum or length-mean
+REDUCIBLE = ("mean_field", "elbo")  # the estimators that read cfg.reduction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,10 +60,11 @@ class EstimatorConfig:
   num_samples: int = 1        # K Monte-Carlo draws of (t, mask)
   antithetic: bool = False    # θ and θ_old share masks (RL step); False = official independent masks
   coupled: bool = False       # elbo: complementary mask pairs (m, 1 − m)
+  full_mask_term: bool = False  # elbo: + ½ log p(o_i | whole completion masked) per token
   stratified: bool = False    # elbo: t_k = (k + u_k) / K
   prompt_mask_prob: float = 0.0  # mask prompt tokens with this probability (d1 uses 0.15)
   t_eps: float = 1e-3         # masking rates t ∈ [t_eps, 1]
-  reduction: str = "mean"     # mean_field: per-sequence "sum" or length-"mean"
+  reduction: str = "mean"     # mean_field, elbo: per-sequence "sum" or length-"mean"
   spg_beta: float = 1.5       # spg_block: EUBO exponent β
   spg_omega: float = 0.5      # spg_block: EUBO weight ω for negative advantages
   spg_block_len: int = 32     # spg_block: block length of the block-wise masking
@@ -201,6 +203,9 @@ def elbo_draws(key, batch: int, cfg: EstimatorConfig) -> jax.Array:
 
 
 def _elbo_draw(key, seqs: SequenceBatch, cfg: EstimatorConfig, mask_id: int) -> dict:
+  """The K (t, mask) draws; ``weight_B`` is each draw's whole weight in the estimate (1/t,
+  1/K, 1/L with ``reduction="mean"``), so that ``reduce`` sums over draws. With
+  ``full_mask_term`` a last draw masks the whole completion, at weight ½."""
   if cfg.coupled and cfg.num_samples % 2:
     raise ValueError(f"coupled ELBO needs an even num_samples, got {cfg.num_samples}")
   b, l = seqs.completion_BL.shape
@@ -213,18 +218,24 @@ def _elbo_draw(key, seqs: SequenceBatch, cfg: EstimatorConfig, mask_id: int) -> 
   if cfg.coupled:
     masked_KBL = jnp.concatenate([masked_KBL, ~masked_KBL & valid_BL], axis=0)
     weight_KB = jnp.concatenate([weight_KB, 1.0 / (1.0 - t_KB)], axis=0)
-  length_B = jnp.maximum(valid_BL.sum(-1), 1).astype(jnp.float32)
+  noisy_KBL = jnp.where(masked_KBL, mask_id, seqs.completion_BL[None])
+  weight_KB = weight_KB / cfg.num_samples
+  if cfg.full_mask_term:  # as mean_field / d1: every completion position a mask in the input
+    masked_KBL = jnp.concatenate([masked_KBL, valid_BL[None]], axis=0)
+    noisy_KBL = jnp.concatenate([noisy_KBL, jnp.full_like(noisy_KBL[:1], mask_id)], axis=0)
+    weight_KB = jnp.concatenate([weight_KB, jnp.full_like(weight_KB[:1], 0.5)], axis=0)
+  if cfg.reduction == "mean":
+    weight_KB = weight_KB / jnp.maximum(valid_BL.sum(-1), 1).astype(jnp.float32)[None]
   keys = jax.random.split(k_p, masked_KBL.shape[0])
   prompt_KBP = jax.vmap(lambda k: mask_prompt(k, seqs, cfg.prompt_mask_prob, mask_id))(keys)
-  return {"prompt_BP": prompt_KBP,
-          "noisy_BL": jnp.where(masked_KBL, mask_id, seqs.completion_BL[None]),
-          "scored_BL": masked_KBL, "weight_B": weight_KB / length_B[None]}
+  return {"prompt_BP": prompt_KBP, "noisy_BL": noisy_KBL, "scored_BL": masked_KBL,
+          "weight_B": weight_KB}
 
 
 def _elbo_reduce(logp_KBL, ent_KBL, seqs: SequenceBatch, draws: dict,
                  cfg: EstimatorConfig) -> Likelihood:
   contrib_KBL = jnp.where(draws["scored_BL"], logp_KBL, 0.0) * draws["weight_B"][..., None]
-  token_BL = contrib_KBL.mean(0)
+  token_BL = contrib_KBL.sum(0)
   return Likelihood(token_BL=token_BL, seq_B=token_BL.sum(-1),
                     entropy_B=draws_entropy(ent_KBL, draws["scored_BL"]))
 
@@ -236,9 +247,22 @@ elbo = ESTIMATORS.register("elbo")(Estimator(
     ELBO_k = (1/t_k) Σ_{i ∈ M_k} log p_θ(o_i | q, o ⊙ M_k) / L,   ℓ̂ = mean_k ELBO_k
 
 with M_k ~ Bernoulli(t_k) over the valid completion tokens and L their count
-(an unbiased estimate of the LLaDA SFT objective's negative, per sequence).
+(an unbiased estimate of the LLaDA SFT objective's negative, per sequence);
+``reduction="sum"`` drops the 1/L (an estimate of log π(o | q) itself, whose
+per-token terms are ESPO's and DiffuCoder's token log-probs).
 ``coupled``: draws come in complementary pairs (M, ¬M) with rates (t, 1 − t),
 t ~ U[t_eps, 1 − t_eps] (:func:`elbo_draws`) — each half unbiased for the
 objective over that t range, together they score every token once. ``stratified``:
 stratified t over the K draws. Prompt tokens are masked with
-``prompt_mask_prob`` independently per draw."""))
+``prompt_mask_prob`` independently per draw.
+
+``full_mask_term`` (DiffuCoder's coupled-GRPO, apple/ml-diffucoder
+``coupled_grpo.py``: ``forward_process`` version 0 and ``selective_log_softmax``):
+one more forward with the whole completion masked, and token i's estimate becomes
+
+    ℓ̂_i = ½ [ log p_θ(o_i | q, all masked) + mean_pairs w_i log p_θ(o_i | q, x_pair) ],
+
+w_i = 1/t where i ∈ M, 1/(1 − t) where i ∈ ¬M (with one pair, K = 2: DiffuCoder's
+(p0 + weighted(p1, p2)) / 2 exactly). The mean over the pair is a sum over its two
+draws (each token is scored in one of them), so ℓ̂ = ½·mean-field + ELBO in expectation,
+not an average of the two."""))

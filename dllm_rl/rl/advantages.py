@@ -56,6 +56,16 @@ def centered(rewards_BG: ArrayLike) -> jax.Array:
 
 
 @jax.jit
+def leave_one_out(rewards_BG: ArrayLike) -> jax.Array:
+  """RLOO (Ahmadian et al. 2024): A_i = r_i − mean_{j ≠ i} r_j = G/(G − 1)·(r_i − mean_j r_j),
+  no std scaling — the advantages of the official ESPO and DiffuCoder coupled-GRPO code
+  (``leave_one_out = True``, ``scale_rewards: false``). For G = 1 it is 0."""
+  d = centered(rewards_BG)
+  g = d.shape[-1]
+  return d * (g / (g - 1) if g > 1 else 0.0)
+
+
+@jax.jit
 def grpo(rewards_BG: ArrayLike, eps: float = 1e-4) -> jax.Array:
   """GRPO (Shao et al. 2024, eq. 3): A_i = (r_i − mean r) / (std r + eps).
 
@@ -365,6 +375,13 @@ def centered_tokens(rewards_BG, progress_BGL, mask_BGL, cfg) -> jax.Array:
   """:func:`centered` broadcast over the completion tokens."""
   del cfg
   return _per_token(centered(rewards_BG), progress_BGL, mask_BGL)
+
+
+@ADVANTAGES.register("leave_one_out")
+def leave_one_out_tokens(rewards_BG, progress_BGL, mask_BGL, cfg) -> jax.Array:
+  """:func:`leave_one_out` broadcast over the completion tokens."""
+  del cfg
+  return _per_token(leave_one_out(rewards_BG), progress_BGL, mask_BGL)
 
 
 @ADVANTAGES.register("risk_sensitive")

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from dllm_rl.registry import Registry
 from dllm_rl.rl.spg_loss import spg_loss, spg_loss_tokens, spg_surrogate  # noqa: F401  (public here too)
+from dllm_rl.rl.wd1_loss import wd1_loss, wd1_weights  # noqa: F401  (public here too)
 
 LOSSES: Registry = Registry("policy loss")
 CLIP_MODES = ("upper", "symmetric", "none")
@@ -92,6 +93,29 @@ def grpo_token_level(token_BGL, token_old_BGL, adv_BGL, mask_BGL, eps: float = 0
   ratio = jnp.exp(token_BGL - _sg(token_old_BGL))
   obj = jnp.minimum(ratio * adv_BGL, jnp.clip(ratio, 1 - eps, 1 + eps) * adv_BGL)
   return -jnp.where(mask_BGL, obj, 0.0).sum() / jnp.maximum(mask_BGL.sum(), 1)
+
+
+# ------------------------------------------------------------------------------ ESPO
+
+
+def espo(logp_BG, logp_old_BG, adv_BG, length: int, eps: float = 0.2):
+  """ESPO (Ou et al. 2025, arXiv 2512.03759, "Principled RL for Diffusion LLMs Emerges
+  from a Sequence-Level Perspective"): the whole completion is one action, its
+  log-likelihood the sequence ELBO ℓ̂ (a sum over tokens), and the importance ratio is
+  normalised per token before PPO's clip:
+
+      ρ̂_i = exp((ℓ̂_θ(o_i) − ℓ̂_old(o_i)) / L),
+      L_ESPO = −mean_i min(ρ̂_i A_i, clip(ρ̂_i, 1 − ε, 1 + ε) A_i),
+
+  the mean over all B·G sequences, as the official ``ESPOTrainer.compute_loss``
+  (ML-GSAI/ESPO ``espo/espo_trainer.py``: ``coef_1 = exp((elbo − old_elbo) /
+  logits_to_keep)``, ``−min(...).sum() / batch_size``), where L = ``length`` is
+  the generated length (``logits_to_keep``, the same for every sequence). That
+  is GRPO's clipped objective (:func:`grpo`) on ℓ̂ / L. Its KL term, β·mean_i
+  (ℓ̂_θ − ℓ̂_ref)² / 2 / L, is the step's ``kl_estimator="k2"`` with
+  ``kl_coef`` = β / L.
+  """
+  return grpo(logp_BG / length, logp_old_BG / length, adv_BG, eps)
 
 
 # ------------------------------------------------------------------------ StableDRL
@@ -190,6 +214,13 @@ def kl_penalty(logp_BG, logp_ref_BG, kind: str = "k3"):
 # ---------------------------------------------------------------- registered forms
 
 
+def sequence_advantage(adv_BGL, mask_BGL):
+  """A sequence's advantage: the mean of its tokens' advantages over the action (A_i
+  itself for the sequence-level advantages, which are constant over the tokens)."""
+  n = jnp.maximum(mask_BGL.sum(-1), 1)
+  return jnp.where(mask_BGL, adv_BGL, 0.0).sum(-1) / n
+
+
 def ratio_metrics(log_ratio_BG, adv_BGL, mask_BGL, eps: float) -> dict:
   """Ratio statistics and the GRPO bypass fraction (A < 0 and ρ̂ > 1 + ε).
 
@@ -201,8 +232,7 @@ def ratio_metrics(log_ratio_BG, adv_BGL, mask_BGL, eps: float) -> dict:
   log_ratio = _sg(log_ratio_BG).astype(jnp.float32)
   abs_q = jnp.quantile(jnp.abs(log_ratio).reshape(-1), jnp.array([0.5, 0.9, 0.99]))
   ratio = jnp.exp(jnp.clip(log_ratio, -_LOG_RATIO_REPORT, _LOG_RATIO_REPORT))
-  n = jnp.maximum(mask_BGL.sum(-1), 1)
-  adv_seq = jnp.where(mask_BGL, adv_BGL, 0.0).sum(-1) / n
+  adv_seq = sequence_advantage(adv_BGL, mask_BGL)
   return {
       "ratio_mean": ratio.mean(), "ratio_max": ratio.max(), "ratio_std": ratio.std(),
       "log_ratio_max": log_ratio.max(),
@@ -267,3 +297,28 @@ def _spg(lik, lik_old, adv_BGL, mask_BGL, lengths_BG, cfg: LossConfig):
   loss = spg_loss_tokens(lik.token_BL, lik.extra["eubo_token_BL"], adv_BGL, mask_BGL,
                          omega=cfg.spg_omega, lengths_BG=lengths_BG)
   return loss, {"clip_fraction": jnp.zeros(())}
+
+
+@LOSSES.register("wd1")
+def _wd1(lik, lik_old, adv_BGL, mask_BGL, lengths_BG, cfg: LossConfig):
+  """wd1 (:mod:`dllm_rl.rl.wd1_loss`): −Σ_i (w⁺_i − w⁻_i) ℓ̂_θ(o_i) per group, w± =
+  softmax_G(±A). Ratio-free: ℓ̂_old is not used. Per-token advantages (StepRS) enter
+  through each sequence's mean advantage (:func:`sequence_advantage`)."""
+  del lik_old, lengths_BG, cfg
+  logp_BG = jnp.where(mask_BGL, lik.token_BL, 0.0).sum(-1)
+  loss = wd1_loss(logp_BG, sequence_advantage(adv_BGL, mask_BGL))
+  return loss, {"clip_fraction": jnp.zeros(())}
+
+
+@LOSSES.register("espo")
+def _espo(lik, lik_old, adv_BGL, mask_BGL, lengths_BG, cfg: LossConfig):
+  """ESPO (:func:`espo`): the sequence ratio exp((ℓ̂_θ − ℓ̂_old) / L) with L the generated
+  length (``data.completion_len``), PPO-clipped at ε. ℓ̂ must be a sum over tokens
+  (``estimator.reduction="sum"``, checked by validation). Per-token advantages enter
+  through each sequence's mean advantage."""
+  del lengths_BG
+  length = mask_BGL.shape[-1]
+  adv_BG = sequence_advantage(adv_BGL, mask_BGL)
+  loss = espo(lik.seq_B, lik_old.seq_B, adv_BG, length, cfg.eps)
+  ratio_BG = jnp.exp(_sg(lik.seq_B - lik_old.seq_B) / length)
+  return loss, {"clip_fraction": grpo_clipped(ratio_BG, adv_BG, cfg.eps).mean()}

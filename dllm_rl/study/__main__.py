@@ -1,6 +1,6 @@
 """``python -m dllm_rl.study NAME --workdir=DIR [--seeds=N] [--quick] [--config.key=value ...]``
 
-NAME: ``stability``, ``steprs`` or ``all``. Trains one SFT checkpoint per seed,
+NAME: ``stability``, ``steprs``, ``baselines`` or ``all`` (every registered study). Trains one SFT checkpoint per seed,
 runs every arm from it, writes ``DIR/<study>.json`` (every run, per-step
 records, per-arm summaries), ``DIR/<study>_curves.png`` / ``_spikes.png``, and
 ``--results`` (default ``docs/results.md``, plots and JSON copied to

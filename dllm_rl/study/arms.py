@@ -2,10 +2,12 @@
 
 Every arm starts from the embedded default config (``dllm_rl/config/defaults.py``)
 and the same SFT checkpoint per seed, and changes only the keys listed here.
-Main arms use the official StableDRL estimator (:data:`OFFICIAL_ESTIMATOR`: SPG's
-block-random masking, K = 2 draws, prompt masking 0.15, independent masks for ℓ̂_old
-and each inner step); the ``stress`` arms use a 1-draw 1/t-weighted ELBO, whose ratio
-noise is far heavier than the paper's.
+Stability and StepRS main arms use the official StableDRL estimator
+(:data:`OFFICIAL_ESTIMATOR`: SPG's block-random masking, K = 2 draws, prompt masking 0.15,
+independent masks for ℓ̂_old and each inner step); the ``stress`` arms use a 1-draw
+1/t-weighted ELBO, whose ratio noise is far heavier than the paper's. The baselines use each
+method's official algorithm (``dllm_rl.config.recipes``), whose official code shares masks
+between θ, θ_old and the reference for ESPO and coupled-GRPO.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 
-from dllm_rl.config.defaults import get_config as _default_config
+from dllm_rl.config import defaults, recipes
 from dllm_rl.registry import Registry
 
 STUDIES: Registry = Registry("study")
 
-DEFAULT_LR = float(_default_config().rl.lr)  # the embedded default's RL learning rate
+DEFAULT_LR = float(defaults.get_config().rl.lr)  # the embedded default's RL learning rate
 LR_GRID = (DEFAULT_LR / 3, DEFAULT_LR, DEFAULT_LR * 3)  # the stability study's lr grid
 AGGRESSIVE_LR = LR_GRID[-1]
 # StableDRL's official likelihood estimator (JianyuanZhong/StableDRL, after SPG): block-random
@@ -139,4 +141,26 @@ def steprs() -> list[Arm]:
           "the schedule reversed: β 2 → 0 (high at the most-masked state)", group="control"),
       Arm("risk_sensitive", {**base, "rl.advantage": "risk_sensitive", "rl.beta": 1.0},
           "constant β = 1 (the mean of the 0 → 2 schedule)", group="control"),
+  ]
+
+
+@STUDIES.register("baselines")
+def baselines() -> list[Arm]:
+  """The baselines a dLLM-RL paper is compared against, each with its official algorithm
+  (loss, advantage, estimator and its noise, ε, KL: dllm_rl.config.recipes) over the
+  embedded default, at its lr and μ = 2 (the recipes' official scale — lr, μ, G — is in
+  configs/wd1.py, espo.py, coupled_grpo.py)."""
+  base = {"rl.lr": DEFAULT_LR}
+  default = defaults.get_config()
+  return [
+      Arm("grpo", {**base, "rl.loss": "grpo", "rl.advantage": "grpo"},
+          "GRPO (d1's diffu-GRPO advantages (r − r̄)/σ): conditional clip ε = 0.2, sequence ratio"),
+      Arm("stabledrl", {**base, "rl.loss": "stabledrl", "rl.advantage": "centered"},
+          "StableDRL: unconditional upper clip C = 5 + self-normalisation"),
+      Arm("wd1", {**base, **recipes.wd1(default)},
+          "wd1: ratio-free −Σ (softmax(A) − softmax(−A)) ℓ̂, d1 one-step ℓ̂"),
+      Arm("espo", {**base, **recipes.espo(default)},
+          "ESPO: clipped exp(Δℓ̂ / L) on the coupled ELBO (2 pairs), RLOO, k2 KL"),
+      Arm("coupled_grpo", {**base, **recipes.coupled_grpo(default)},
+          "coupled-GRPO: d1 token loss on ½[log p(all masked) + w log p(pair)], RLOO, ε = 0.5"),
   ]

@@ -199,6 +199,39 @@ def steprs_verdicts(study: dict) -> list[tuple[str, str, str]]:
   return out
 
 
+def _sft_start(study: dict):
+  """get(run) → the held-out test accuracy of the run's seed's SFT start."""
+  sft = study.get("sft", {})
+  return lambda r: (sft.get(str(r["seed"])) or {}).get("sft_accuracy")
+
+
+def baselines_table(study: dict) -> str:
+  rows = ["| arm | held-out test acc. (end) | gain over the SFT start (per seed) | pass@1 (T = 1)"
+          " | pass@8 | val acc. start → final |", "|" + " --- |" * 6]
+  start = _sft_start(study)
+  for a in study["arms"]:
+    n = a["name"]
+    st = lambda key: _iv(study, n, lambda r: r["stats"][key])
+    gain = stats.paired(_by_seed(study, n, _test), _by_seed(study, n, start))
+    rows.append(f"| {n} | {_fmt(_iv(study, n, _test))} | {_fmt_paired(gain)} |"
+                f" {_fmt(_iv(study, n, _pass(1)))} | {_fmt(_iv(study, n, _pass(8)))} |"
+                f" {_fmt(st('start_val_accuracy'))} → {_fmt(st('final_val_accuracy'))} |")
+  return "\n".join(rows)
+
+
+def baselines_verdicts(study: dict) -> list[tuple[str, str, str]]:
+  """(comparison, verdict, evidence): each algorithm ends above its seed's SFT start (held-out
+  test accuracy, paired by seed)."""
+  start = _sft_start(study)
+  out = []
+  for a in study["arms"]:
+    n = a["name"]
+    gain = stats.paired(_by_seed(study, n, _test), _by_seed(study, n, start))
+    out.append((f"{n} improves on the SFT start", stats.verdict(gain, MIN_EFFECT, f"{n}'s accuracy"),
+                f"test accuracy {n} − SFT {_fmt_paired(gain)}"))
+  return out
+
+
 RATIO_NOTE = ("|log ρ̂| columns: quantiles of |log ρ̂| over the batch's sequences at each RL"
               " step (at the first inner step θ = θ_old, so they are pure estimator noise), the"
               " median over steps of each per-step quantile, and the largest value of the run;"
@@ -219,7 +252,18 @@ CAVEATS = {
         " (3-digit addition), so there is little room for diverse correct answers: pass@k gains"
         " from exploration are hard to show. 256 test prompts give about ±3 points of noise per"
         " run."),
+    "baselines": (
+        "Each baseline runs its official algorithm (loss, advantage, estimator, ε, KL;"
+        " dllm_rl/config/recipes.py) at the embedded default's lr, μ and group size, not its"
+        " official scale (configs/wd1.py, espo.py, coupled_grpo.py): a gain here says the"
+        " algorithm learns this task, not how it ranks at 8B. 256 test prompts give about ±3"
+        " points of noise per run."),
 }
+
+
+REPORTS = {"stability": (stability_table, stability_verdicts),  # study → (table, verdicts)
+           "steprs": (steprs_table, steprs_verdicts),
+           "baselines": (baselines_table, baselines_verdicts)}
 
 
 def _mean_step_ms(study: dict) -> float:
@@ -278,13 +322,14 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
     out += ["| arm | what | overrides |", "| --- | --- | --- |"]
     out += [f"| {a['name']} | {a['description']} | `{a['overrides']}` |" for a in study["arms"]]
     out += [""]
-    out += [stability_table(study) if name == "stability" else steprs_table(study), ""]
+    table, verdicts_of = REPORTS[name]
+    out += [table(study), ""]
     if name == "stability":
       out += [RATIO_NOTE, ""]
     out += [f"![{name} curves]({image_dir_rel}/{name}_curves.png)", ""]
     if name == "stability":
       out += [f"![{name} grad-norm spikes]({image_dir_rel}/{name}_spikes.png)", ""]
-    lines = (stability_verdicts if name == "stability" else steprs_verdicts)(study)
+    lines = verdicts_of(study)
     out += ["Verdicts (computed from the table's numbers by `dllm_rl/study/report.py`; the claim"
             f" is that the first arm is higher; differences inside ±{MIN_EFFECT:g} count as"
             " none):", ""]

@@ -27,7 +27,7 @@ Where the count comes from:
 
 * ``rl_step`` (dllm_rl/rl/step.py): B·G sequences; one likelihood estimate costs
   K forwards (``elbo``, ``spg_block``: K = ``estimator.num_samples`` draws on
-  [prompt P | completion L]; ``block_elbo``: K staircase passes on N = P + 2L;
+  [prompt P | completion L], one more for ``elbo``'s ``full_mask_term``; ``block_elbo``: K staircase passes on N = P + 2L;
   ``mean_field``: one forward whatever K), the head on the L completion rows the
   estimators score. Per rollout batch: ℓ̂_old once (``antithetic`` False) or μ times
   (``antithetic`` True), ℓ̂_ref μ times when ``rl.kl_coef > 0``, and μ =
@@ -100,7 +100,8 @@ def rl_step_flops(config, model_cfg: ModelConfig, *, prompt_len: int | None = No
   """
   r, x = config.rl, config.estimator
   p = config.data.prompt_len if prompt_len is None else prompt_len
-  est = estimate_flops(model_cfg, x.name, x.num_samples, p, config.data.completion_len)
+  draws = x.num_samples + (1 if x.name == "elbo" and x.full_mask_term else 0)
+  est = estimate_flops(model_cfg, x.name, draws, p, config.data.completion_len)
   mu = r.inner_steps
   passes = (mu if x.antithetic else 1) + (mu if r.kl_coef > 0 else 0) + 3 * mu
   return float(r.batch_prompts * r.group_size * est * passes)

@@ -206,9 +206,16 @@ def _estimator(config, check: "_Checks") -> None:
   check(0 < x.t_eps < 1, "estimator.t_eps", "must be in (0, 1)")
   check(x.reduction in estimators.REDUCTIONS, "estimator.reduction",
          f"must be one of {estimators.REDUCTIONS}")
-  check(r.loss != "grpo_token" or (x.name == "mean_field" and x.reduction == "sum"),
-         "rl.loss", "grpo_token (d1 per-token ratios) needs estimator.name=mean_field with"
+  per_token_sum = x.name in estimators.REDUCIBLE and x.reduction == "sum"
+  check(r.loss != "grpo_token" or per_token_sum, "rl.loss",
+         "grpo_token (d1 per-token ratios) needs estimator.name=mean_field (d1) or elbo"
+         " (DiffuCoder) with estimator.reduction=sum")
+  check(r.loss != "espo" or per_token_sum, "rl.loss",
+         "espo divides the sequence ELBO by the generated length itself (its per-token"
+         " ratio normalisation): needs estimator.name=elbo (or mean_field) with"
          " estimator.reduction=sum")
+  check(not x.full_mask_term or x.name == "elbo", "estimator.full_mask_term",
+         f"is an option of estimator.name=elbo, not {x.name!r}")
   check(x.spg_block_len > 0, "estimator.spg_block_len", "must be positive")
   bs = config.model.block_size
   check(bs >= 0, "model.block_size", "must be >= 0 (0 = bidirectional masked diffusion)")

@@ -1,5 +1,6 @@
 """Likelihood estimators: masks independent of θ, invariants, unbiasedness by exact enumeration."""
 
+import dataclasses
 import itertools
 import math
 
@@ -146,13 +147,14 @@ def test_coupled_pairs_score_every_token_once(num_samples):
   half = num_samples // 2
   np.testing.assert_array_equal(scored[:half] + scored[half:], 1)  # once per pair
   assert 0 < scored[:half].sum() < scored[:half].size  # neither half is all or nothing
-  t_KB = (np.asarray(draws["weight_B"][:half]) * 3) ** -1  # L = 3 valid tokens per row
-  np.testing.assert_allclose(np.asarray(draws["weight_B"][half:]) * 3, 1 / (1 - t_KB),
-                             rtol=1e-5)
+  # weight_B is a draw's whole weight: (1/t) / K / L, L = 3 valid tokens per row
+  t_KB = (np.asarray(draws["weight_B"][:half]) * 3 * num_samples) ** -1
+  np.testing.assert_allclose(np.asarray(draws["weight_B"][half:]) * 3 * num_samples,
+                             1 / (1 - t_KB), rtol=1e-5)
   uniform = lambda tokens_BN, positions_BN, mask: jnp.zeros(tokens_BN.shape + (CFG.vocab_size,))
   lik = est(uniform, seqs, jax.random.key(2), cfg, MASK)
   w_KBL = np.where(scored, np.asarray(draws["weight_B"])[..., None], 0.0)
-  np.testing.assert_allclose(lik.token_BL, -math.log(CFG.vocab_size) * w_KBL.mean(0), rtol=1e-5)
+  np.testing.assert_allclose(lik.token_BL, -math.log(CFG.vocab_size) * w_KBL.sum(0), rtol=1e-5)
 
 
 def test_coupled_needs_even_samples(model):
@@ -160,3 +162,49 @@ def test_coupled_needs_even_samples(model):
   with pytest.raises(ValueError, match="even"):
     ESTIMATORS.get("elbo")(logits_of(params), _seqs(), jax.random.key(0),
                            EstimatorConfig(num_samples=3, coupled=True), MASK)
+
+
+def _diffucoder_token_logps(logits_fn, seqs, masked_BL, t_B):
+  """apple/ml-diffucoder coupled_grpo.py, transcribed: ``forward_process`` makes three
+  inputs — the completion all masked (p0), masked where u < t (p1), masked where u > t
+  (p2) — and ``selective_log_softmax`` combines them per token as
+  (p0 + where(mask, p1 · (1/t), p2 · (1/(1 − t)))) / 2, the prompt clean."""
+  full = jnp.full_like(seqs.completion_BL, MASK)
+  p0, _ = score_completion(logits_fn, seqs, seqs.prompt_BP, full)
+  p1, _ = score_completion(logits_fn, seqs, seqs.prompt_BP,
+                           jnp.where(masked_BL, MASK, seqs.completion_BL))
+  p2, _ = score_completion(logits_fn, seqs, seqs.prompt_BP,
+                           jnp.where(~masked_BL, MASK, seqs.completion_BL))
+  p0, p1, p2 = (np.asarray(x, np.float64) for x in (p0, p1, p2))
+  t = np.asarray(t_B, np.float64)[:, None]
+  return (p0 + np.where(masked_BL, p1 * (1 / t), p2 * (1 / (1 - t)))) / 2
+
+
+def test_coupled_with_full_mask_term_is_diffucoders_estimate(model):
+  """configs/coupled_grpo.py's estimator: one complementary pair at t ∈ [0.2, 0.8] plus
+  the fully masked pass; each completion token is scored exactly once across the pair,
+  and the per-token estimate is DiffuCoder's, to float precision."""
+  logits_of, params = model
+  seqs = _seqs()
+  cfg = EstimatorConfig(num_samples=2, coupled=True, t_eps=0.2, full_mask_term=True,
+                        reduction="sum")
+  est = ESTIMATORS.get("elbo")
+  for seed in range(2):
+    key = jax.random.key(seed)
+    draws = est.draw(key, seqs, cfg, MASK)
+    scored = np.asarray(draws["scored_BL"])
+    assert scored.shape[0] == 3  # M, ¬M, all masked
+    np.testing.assert_array_equal(scored[0].astype(int) + scored[1], 1)  # once per pair
+    np.testing.assert_array_equal(scored[2], True)
+    np.testing.assert_array_equal(np.asarray(draws["noisy_BL"][2]), MASK)
+    for prompt_BP in np.asarray(draws["prompt_BP"]):  # the prompt is never masked
+      np.testing.assert_array_equal(prompt_BP, seqs.prompt_BP)
+    t_B = 1.0 / (2.0 * np.asarray(draws["weight_B"][0]))  # weight (1/t)/K, K = 2
+    assert np.all((t_B >= 0.2) & (t_B <= 0.8))
+    np.testing.assert_allclose(np.asarray(draws["weight_B"][1]), 1 / (2 * (1 - t_B)), rtol=1e-5)
+    lik = est(logits_of(params), seqs, key, cfg, MASK)
+    want = _diffucoder_token_logps(logits_of(params), seqs, scored[0], t_B)
+    np.testing.assert_allclose(lik.token_BL, want, rtol=1e-5, atol=1e-6)
+    # reduction="mean" is the same estimate over the length
+    mean = est(logits_of(params), seqs, key, dataclasses.replace(cfg, reduction="mean"), MASK)
+    np.testing.assert_allclose(mean.token_BL, want / seqs.completion_BL.shape[1], rtol=1e-5)

@@ -64,6 +64,19 @@ def test_grpo_and_centered_zero_sum():
   np.testing.assert_allclose(np.asarray(adv.grpo(r, eps=0.0)).std(-1, ddof=1), 1.0, rtol=1e-5)
 
 
+def test_leave_one_out_is_the_official_rloo_baseline():
+  """ESPO / DiffuCoder (``leave_one_out = True``): baseline = (Σ_group r − r_i)/(G − 1);
+  by hand for r = (1, 0, 0, 1): ±2/3; zero-sum; constant groups exactly 0."""
+  r = _rewards(3)
+  g = r.shape[-1]
+  official = r - (r.sum(-1, keepdims=True) - r) / (g - 1)
+  np.testing.assert_allclose(np.asarray(adv.leave_one_out(r)), official, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(adv.leave_one_out(np.array([[1.0, 0.0, 0.0, 1.0]]))),
+                             [[2 / 3, -2 / 3, -2 / 3, 2 / 3]], rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(adv.leave_one_out(r)).sum(-1), 0.0, atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(adv.leave_one_out(np.full((2, 5), 0.3))), 0.0)
+
+
 # ------------------------------------------------------------ risk-sensitive
 
 
@@ -345,7 +358,7 @@ def test_calibrated_beta_rejects_out_of_range():
 
 def test_registry_names():
   assert adv.ADVANTAGES.names() == sorted([
-      "grpo", "centered", "risk_sensitive", "steprs", "steprs_rms_matched",
+      "grpo", "centered", "leave_one_out", "risk_sensitive", "steprs", "steprs_rms_matched",
       "steprs_mass_matched"])
   with pytest.raises(KeyError, match="steprs"):
     adv.ADVANTAGES.get("step_rs")
@@ -381,7 +394,7 @@ def test_registered_fns_jit_mask_and_values(name):
 
 def _closed_form(name, r, u, mask, cfg):
   """The papers' formulas in float64 numpy, independent of dllm_rl.rl.advantages:
-  centered (Dr. GRPO) r − r̄; GRPO (r − r̄)/(std_{ddof=1} + 1e-4); RS-GRPO
+  centered (Dr. GRPO) r − r̄; leave-one-out r_i − mean_{j≠i} r_j; GRPO (r − r̄)/(std_{ddof=1} + 1e-4); RS-GRPO
   (1/β)(e^{βr_i}/mean_j e^{βr_j} − 1); StepRS: RS-GRPO of the token's completion at
   β(u) = β_start + (β_end − β_start)(1 − cos πu)/2; the controls rescale StepRS by one
   batch factor: sqrt(Σ_m c² / Σ_m A²) (rms) or Σ_m |c| / Σ_m |A| (mass), c = r − r̄."""
@@ -389,6 +402,9 @@ def _closed_form(name, r, u, mask, cfg):
   c = r - r.mean(-1, keepdims=True)
   if name == "centered":
     return c[..., None]
+  if name == "leave_one_out":
+    g = r.shape[-1]
+    return (r - (r.sum(-1, keepdims=True) - r) / (g - 1))[..., None]
   if name == "grpo":
     return (c / (r.std(-1, ddof=1, keepdims=True) + 1e-4))[..., None]
   if name == "risk_sensitive":

@@ -148,3 +148,15 @@ def test_seeds_to_decide_is_the_least_n_whose_interval_excludes_zero():
   assert t.ppf(0.975, n - 2) * 0.1 / math.sqrt(n - 1) >= 0.05
   assert stats.seeds_to_decide(None, 0.05) is None and stats.seeds_to_decide(0.1, 0.0) is None
   assert stats.seeds_to_decide(1.0, 1e-4) == 1001
+
+
+def test_baselines_verdicts_pair_each_arm_with_its_seeds_sft_start():
+  from dllm_rl.study.report import baselines_table, baselines_verdicts
+  sft = {"0": {"sft_accuracy": 0.30}, "1": {"sft_accuracy": 0.40}, "2": {"sft_accuracy": 0.35}}
+  runs = [{"arm": "wd1", "seed": s, "summary": {"rl_accuracy": a},
+           "stats": {"start_val_accuracy": 0.3, "final_val_accuracy": 0.5}}
+          for s, a in enumerate([0.50, 0.62, 0.54])]
+  study = {"arms": [{"name": "wd1"}], "runs": runs, "sft": sft}
+  (what, verdict, evidence), = baselines_verdicts(study)
+  assert verdict == "reproduced" and "+0.200, +0.220, +0.190" in evidence
+  assert "| wd1 | 0.553" in baselines_table(study)

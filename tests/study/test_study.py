@@ -27,20 +27,32 @@ def test_overrides_are_typed_like_the_default():
   assert type(got["rl.lr"]) is float and type(got["rl.steps"]) is int
 
 
-# Every arm of the two studies validates (run_study checks each before anything runs:
-# test_every_arm_of_every_study_is_a_valid_config); end to end, one arm of each kind runs.
+# Every arm of every study validates (run_study checks each before anything runs); end to
+# end, one arm of each kind runs.
 QUICK_ARMS = ["grpo@lr1e-4", "stabledrl@lr1e-4", "grpo_elbo1@lr3e-4", "stabledrl_elbo1@lr3e-4",
               "centered", "steprs", "steprs_calibrated"]
 
 
-def test_every_arm_of_every_study_is_a_valid_config():
+@pytest.mark.parametrize("name", arms_lib.STUDIES.names())
+def test_every_arm_of_every_study_is_a_valid_config(name):
+  """Each arm's overrides of the embedded default pass validation (registry names and
+  combinations), before any study runs; the baselines study has one arm per algorithm."""
   from dllm_rl.study.runner import make_config
   from dllm_rl.train.validate import validate
-  for name in arms_lib.STUDIES.names():
-    for arm in arms_lib.STUDIES.get(name)():
-      validate(make_config({**TINY, "mode": "rl", **arm.overrides}))
+  arms = arms_lib.STUDIES.get(name)()
+  for arm in arms:
+    validate(make_config({**TINY, "mode": "rl", **arm.overrides}))
+  if name == "baselines":
+    assert [a.name for a in arms] == ["grpo", "stabledrl", "wd1", "espo", "coupled_grpo"]
+    assert {make_config(a.overrides).rl.loss for a in arms} == {
+        "grpo", "stabledrl", "wd1", "espo", "grpo_token"}
+
+
+def test_arm_patterns_select_and_name_what_matches_nothing():
   assert arms_lib.unmatched(["stability", "steprs"], QUICK_ARMS) is None
   assert "'nope*' matches no arm" in arms_lib.unmatched(["steprs"], ["centered", "nope*"])
+  assert [a.name for a in arms_lib.select(arms_lib.STUDIES.get("stability")(), ["grpo@*"])] == [
+      "grpo@lr3e-5", "grpo@lr1e-4", "grpo@lr3e-4"]
 
 
 @pytest.mark.slow

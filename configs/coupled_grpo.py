@@ -1,0 +1,78 @@
+"""Coupled-GRPO (DiffuCoder) on a Dream-family 7B model, GSM8K: the official recipe over the
+existing ``estimator.coupled``.
+
+    python -m dllm_rl.main --config=configs/coupled_grpo.py --workdir=gs://BUCKET/coupled \\
+        --config.model.hf_checkpoint=/path/to/DiffuCoder-7B-Instruct \\
+        --config.task.options.train_file=/path/to/gsm8k/train.jsonl \\
+        --config.task.options.test_file=/path/to/gsm8k/test.jsonl
+
+    python -m dllm_rl.main --config=configs/coupled_grpo.py:tiny --workdir=/tmp/coupled  # CPU
+
+``:tiny`` is the embedded default with coupled-GRPO's algorithm
+(dllm_rl.config.recipes.coupled_grpo); the full-scale form starts from
+configs/dream_tpu.py (Dream's architecture, decoding, mesh and memory settings;
+DiffuCoder-7B-Instruct is a Dream-architecture checkpoint — its loading is not tested
+here). What you should see: as dream_tpu.py; ``ratio_max_first`` is 1 (θ_old is scored
+on θ's masks) and ``clip_fraction`` counts the tokens d1's token-level clip stops.
+
+The algorithm is d1's token-level GRPO loss (``rl.loss=grpo_token``: per-token ratios
+exp(ℓ̂_θ,i − ℓ̂_old,i), clipped at ε, Σ over tokens / Σ lengths) on DiffuCoder's per-token
+log-probabilities (``estimator.name=elbo`` with ``coupled``, ``full_mask_term``,
+``reduction=sum``; dllm_rl/diffusion/estimators.py):
+
+    ℓ̂_i = ½ [ log p(o_i | q, all masked) + w_i log p(o_i | q, x_pair) ],
+
+the pair (M, ¬M) at rates (t, 1 − t), t ~ U(0.2, 0.8) (``t_eps`` = 0.2: coupled draws
+t ~ U[t_eps, 1 − t_eps]), w_i = 1/t where i ∈ M and 1/(1 − t) where i ∈ ¬M, each
+completion token scored in exactly one half of the pair, the prompt never masked.
+
+Official hyper-parameters, from apple/ml-diffucoder ``recipes/config_coupled_code.yaml``
+and ``src/open_r1/coupled_grpo.py`` (``DiffuGRPOTrainer``):
+
+* one complementary pair per inner step (3 forwards: all masked, M, ¬M);
+  ``p_mask_prompt`` 0.0; θ_old and the reference on the same mask seeds as θ
+  (``estimator.antithetic``); advantages leave-one-out, unscaled; ε = 0.5;
+* μ = ``num_iterations`` = 2; G = ``num_generations`` = 10; 8 prompts per update (8
+  processes × ``per_device_train_batch_size`` 5 × ``gradient_accumulation_steps`` 2 / G);
+* AdamW lr 1e-6, cosine decay after a warm-up of ``warmup_ratio`` 1e-4 (0 updates here),
+  betas (0.9, 0.99), weight decay 0.1, global-norm clip 0.2; full fine-tuning;
+* generation (Dream's ``diffusion_generate``): 256 tokens in 256 steps, one block,
+  temperature 1.0, ``alg="entropy"``; prompts up to 200 tokens.
+
+Not reproduced: the task (code, AceCode-hard with an execution reward weighted 2.0 plus a
+format reward 0.5; GSM8K stands in); the per-token k3 KL with β = 0.01 to a reference
+re-synced every 64 steps (this framework's KL is sequence-level, to the starting policy:
+off); top-p 0.95 in the rollouts; the cosine's floor of 0.1 × lr (it decays to 0 here);
+one masking rate t per device batch (here one per sequence: the same law per sequence);
+random masks on the positions after the first EOS (here the action ends there, DESIGN.md);
+the token mean is over the whole batch, not per device micro-batch.
+"""
+
+import os
+
+from dllm_rl.config import load_config_file, recipes
+
+
+def _full_scale():
+  c = load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "dream_tpu.py"))
+  c.unlock()
+  c.model.hf_checkpoint = "REQUIRED: path to a Dream-family checkpoint, e.g. DiffuCoder-7B-Instruct"
+  c.data.prompt_len = 200
+  c.data.completion_len = 256
+  c.sampler.steps, c.sampler.block_len = 256, 256
+  c.rl.steps = 934             # one epoch of GSM8K's 7473 training prompts, 8 per batch
+  c.rl.batch_prompts = 8
+  c.rl.group_size = 10
+  c.rl.inner_steps = 2
+  c.rl.temperature = 1.0
+  c.rl.lr = 1e-6
+  c.rl.schedule = "cosine"
+  c.rl.warmup_steps = 0        # warmup_ratio 1e-4 of 934 × 2 updates
+  c.rl.b1, c.rl.b2 = 0.9, 0.99
+  c.rl.weight_decay = 0.1
+  c.rl.grad_clip = 0.2
+  return c
+
+
+def get_config(variant: str = ""):
+  return recipes.recipe_config(variant, recipes.coupled_grpo, _full_scale)

@@ -1,0 +1,73 @@
+"""The baselines' algorithms as config overrides, defined once.
+
+Each recipe maps a config to the flattened overrides (``{"rl.loss": "wd1", ...}``) that make
+it run one published algorithm as its official code does — the loss, the advantage,
+the likelihood estimator and its noise, the clip range and the KL — and nothing about
+scale (model, data, lengths, learning rate, batch, μ). They are applied by the config files
+``configs/wd1.py``, ``configs/espo.py`` and ``configs/coupled_grpo.py`` (which add the
+official scale hyper-parameters at full size) and by the ``baselines`` study's arms
+(``dllm_rl/study/arms.py``, over the embedded default). Values and the official files they
+come from are documented in those config files.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import ml_collections
+
+from dllm_rl.config import defaults
+from dllm_rl.config.schema import locked
+
+VARIANTS = ("", "tiny")  # get_config("") = full scale, get_config("tiny") = the embedded default
+
+
+def wd1(config: ml_collections.ConfigDict) -> dict:
+  """wd1 (xiaohangt/wd1 ``wll_d1_neg``): ratio-free weighted likelihood of the d1 one-step
+  estimate (completion fully masked, prompt tokens masked with p = 0.15, summed over the
+  tokens), centered advantages, no KL."""
+  del config
+  return {"rl.loss": "wd1", "rl.advantage": "centered", "rl.kl_coef": 0.0,
+          "estimator.name": "mean_field", "estimator.reduction": "sum",
+          "estimator.prompt_mask_prob": 0.15}
+
+
+def espo(config: ml_collections.ConfigDict) -> dict:
+  """ESPO (ML-GSAI/ESPO ``ESPOTrainer``): sequence ratio exp(Δℓ̂ / L) clipped at ε = 0.2
+  on the summed coupled ELBO (2 Monte-Carlo pairs, prompt clean, θ / θ_old / π_ref on the
+  same masks), leave-one-out advantages, k2 KL with β = 1e-3 (kl_coef = β / L, L the
+  generated length ``config.data.completion_len``)."""
+  return {"rl.loss": "espo", "rl.advantage": "leave_one_out", "rl.eps": 0.2,
+          "rl.kl_coef": 1e-3 / config.data.completion_len, "rl.kl_estimator": "k2",
+          "estimator.name": "elbo", "estimator.coupled": True, "estimator.num_samples": 4,
+          "estimator.reduction": "sum", "estimator.antithetic": True,
+          "estimator.prompt_mask_prob": 0.0}
+
+
+def coupled_grpo(config: ml_collections.ConfigDict) -> dict:
+  """DiffuCoder's coupled-GRPO (apple/ml-diffucoder ``DiffuGRPOTrainer``): d1's token-level
+  clipped loss at ε = 0.5 on per-token log-probs ½[log p(all masked) + w·log p(pair)] from
+  one complementary pair with t ~ U(0.2, 0.8), prompt clean, θ / θ_old on the same masks,
+  leave-one-out advantages. Its per-token k3 KL (β = 0.01, to a reference re-synced every
+  64 steps) has no counterpart here (the KL is sequence-level, to the starting policy):
+  off."""
+  del config
+  return {"rl.loss": "grpo_token", "rl.advantage": "leave_one_out", "rl.eps": 0.5,
+          "rl.kl_coef": 0.0, "estimator.name": "elbo", "estimator.coupled": True,
+          "estimator.num_samples": 2, "estimator.t_eps": 0.2, "estimator.full_mask_term": True,
+          "estimator.reduction": "sum", "estimator.antithetic": True,
+          "estimator.prompt_mask_prob": 0.0}
+
+
+def recipe_config(variant: str, recipe: Callable[[ml_collections.ConfigDict], dict],
+                  full_scale: Callable[[], ml_collections.ConfigDict]) -> ml_collections.ConfigDict:
+  """``get_config(variant)`` of a baseline's config file: ``recipe``'s overrides over
+  ``full_scale()`` (``variant=""``: the official scale) or over the embedded default
+  (``variant="tiny"``, ``--config=configs/NAME.py:tiny``), locked."""
+  if variant not in VARIANTS:
+    raise ValueError(f"unknown config variant {variant!r}: '' (full scale) or 'tiny' (the"
+                     " embedded default)")
+  config = defaults.get_config() if variant == "tiny" else full_scale()
+  config.unlock()
+  config.update_from_flattened_dict(recipe(config))
+  return locked(config)
