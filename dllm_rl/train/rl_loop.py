@@ -13,6 +13,7 @@ import numpy as np
 
 from dllm_rl import paths
 from dllm_rl.diffusion.estimators import EstimatorConfig
+from dllm_rl.errors import ConfigError
 from dllm_rl.infra import faults
 from dllm_rl.parallel.shard import init_state_sharded, put_global
 from dllm_rl.rl.advantages import AdvantageConfig, calibrated_beta
@@ -77,15 +78,17 @@ def _step_flops(config, ctx: Context, rollout_cfg, out, prompt_len: int) -> floa
 
 def load_sft_params(ctx: Context):
   """The RL starting policy: the latest SFT checkpoint in the workdir, else the
-  HF checkpoint of ``model.hf_checkpoint``."""
+  HF checkpoint of ``model.hf_checkpoint``; neither: a ConfigError naming that key (before
+  the model is built)."""
+  has_sft = paths.resolve(checkpoint_dir(ctx.workdir, SFT)).is_dir()
+  if not (has_sft or ctx.hf_checkpoint):
+    raise ConfigError(
+        "model.hf_checkpoint", f"RL starts from an SFT checkpoint or an HF model: no SFT"
+        f" checkpoint under {checkpoint_dir(ctx.workdir, SFT)} and no model.hf_checkpoint"
+        " (set it, run mode 'sft' with this --workdir first, or use mode 'pipeline')")
   graphdef, params = init_params(ctx)
-  if not paths.resolve(checkpoint_dir(ctx.workdir, SFT)).is_dir():
-    if ctx.hf_checkpoint:
-      return graphdef, params
-    raise FileNotFoundError(
-        f"RL starts from an SFT checkpoint: none under {checkpoint_dir(ctx.workdir, SFT)}"
-        " (use mode 'pipeline', run mode 'sft' with this --workdir first, or set"
-        " model.hf_checkpoint)")
+  if not has_sft:
+    return graphdef, params
   template, _ = init_state_sharded(params, make_optimizer(ctx.config.sft)[0], jax.random.key(0),
                                    ctx.mesh)
   with open_checkpointer(ctx, SFT) as ckpt:
