@@ -15,6 +15,7 @@ from dllm_rl import paths
 from dllm_rl.diffusion.estimators import EstimatorConfig
 from dllm_rl.errors import ConfigError
 from dllm_rl.infra import faults
+from dllm_rl.infra.plots import Panel
 from dllm_rl.parallel.shard import init_state_sharded, put_global
 from dllm_rl.rl.advantages import AdvantageConfig, calibrated_beta
 from dllm_rl.rl.losses import LossConfig
@@ -100,7 +101,12 @@ class RLPhase(Phase):
   """RL from the SFT policy: one rollout batch per step, then the rl_step's inner updates."""
 
   name = PHASE
-  postfix = ("reward", "reward_mean")
+  postfix = (("reward", "reward_mean"), ("acc", "accuracy"), ("gnorm", "grad_norm"),
+             ("tok/s", "tokens_per_second"))
+  # Ratio statistics on a log axis: ρ̂ spans 1 to 1e12 when the likelihood estimates are noisy.
+  panels = ("reward_mean", Panel(("accuracy", "val_accuracy")),
+            Panel(("grad_norm", "grad_norm_max")), Panel(("ratio_mean", "ratio_max"), log=True),
+            "bypass_fraction", "tokens_per_second")
   sync_every_step = True  # the rollout's completions are read on the host every step
   rollout_timing = True
   eval_at_start = True
@@ -113,6 +119,7 @@ class RLPhase(Phase):
     self.graphdef, self.params = load_sft_params(ctx)
     self.optimizer, self.schedule = rl_optimizer(r)
     self.base_accuracy = None  # the starting policy's training accuracy: its first rollouts
+    self.last_rollout = None  # (examples, batch, completions_BGL, correct_BG) of the last step
     self.rollout_tokens = r.batch_prompts * r.group_size * ctx.sampler_cfg.completion_len
     mc = ctx.model_cfg  # MoE layers: router load statistics every log_every steps
     self.moe_layers = tuple(i for i in range(mc.n_layers) if mc.is_moe_layer(i))
@@ -162,6 +169,7 @@ class RLPhase(Phase):
         rewards_BG=rewards, correct_BG=correct))
     if self.base_accuracy is None:
       self.base_accuracy = float(np.mean(correct))
+    self.last_rollout = (examples, batch, completions, correct)  # for samples(): host arrays
     if self.moe_layers and step % self.log_every == 0:  # before the update: the policy that rolled out
       m = config.model
       routing = router_metrics(self.graphdef, state.params, rollout.prompt_BP,
@@ -177,6 +185,17 @@ class RLPhase(Phase):
                     flops=_step_flops(config, ctx, self.rollout_cfg, out,
                                       batch["prompt_BP"].shape[1]))
     return state, metrics, cost
+
+  def samples(self, state, step: int) -> list[dict]:
+    """The first completion of each of the first ``log.num_samples`` prompts of the rollout
+    batch of step ``step`` (already sampled and verified: no extra sampling)."""
+    ctx = self.ctx
+    examples, batch, completions, correct = self.last_rollout
+    n = ctx.config.log.num_samples
+    split = evaluation.Split(examples[:n], {k: batch[k][:n]
+                                            for k in ("prompt_BP", "prompt_valid_BP")})
+    return evaluation.rollout_records(ctx.task, ctx.tokenizer, split, completions[:n],
+                                      correct[:n], batch["index"][:n])
 
   def meta(self) -> dict:
     return {"data_position": self.batches.position, "base_accuracy": self.base_accuracy}
