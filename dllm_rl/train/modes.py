@@ -95,7 +95,8 @@ def run(config, workdir: str) -> dict:
   overrides applied; rewritten by each run of that mode, so an eval run never replaces the
   training run's) and, for the training modes, ``workdir/summary.json``; return the summary.
   ``eval`` writes its own ``eval_<task>_<label>.json`` instead (dllm_rl.train.eval_mode), so
-  the training run's summary stays.
+  the training run's summary stays. With ``log.wandb_project`` the W&B run (:func:`open_writers`)
+  gets the resolved config, every metrics record and sample of the phases, and the summary.
 
   SIGTERM / SIGINT during training save a checkpoint after the current step and raise
   ``dllm_rl.train.resilience.Preempted`` (no summary is written); see that module."""
