@@ -9,14 +9,16 @@ value is parsed as the type of the key. The config is validated before anything 
 Exit status:
 
 * 0: the run finished (``summary.json`` written);
-* 2: a config problem. Every problem is printed at once, one line each, as
-  ``error: config.<key>: <message>`` (unknown keys, wrong types, bad values), with no traceback;
+* 2: a config problem or a missing input. Every problem is printed at once, one line each, as
+  ``error: config.<key>: <message>`` (unknown keys, wrong types, bad values; mode ``rl`` /
+  ``eval`` with neither the checkpoint it starts from nor ``model.hf_checkpoint``; a data file
+  smaller than the split), or ``error: <file>: <message>`` (a gs:// path without gcsfs, a
+  missing file), with no traceback;
 * 75 (``EX_TEMPFAIL``): stopped by SIGTERM/SIGINT after saving a checkpoint at the step in
   progress; rerun the same command to resume (``dllm_rl.train.resilience``). A second signal
   exits at once with 128 + the signal number (143 for SIGTERM, 130 for SIGINT);
 * 1: the run failed: e.g. ``train.max_consecutive_nonfinite`` non-finite updates in a row,
-  no readable checkpoint, or mode ``rl`` / ``eval`` without the checkpoint it starts from
-  (``error: ...`` names the step / the checkpoint / the folder searched).
+  or no readable checkpoint (``error: ...`` names the step / the checkpoint).
 
 Re-running with the same ``--workdir`` resumes from the latest checkpoint.
 """
@@ -62,22 +64,21 @@ def main(argv):
     summary = run.run(config, _WORKDIR.value)
   except ConfigError as err:
     cli.fail([err])
-  except BackendMissing as err:  # e.g. --workdir=gs://... without gcsfs
-    print(f"error: {err}", file=sys.stderr)
-    sys.exit(2)
   except Preempted as stop:
     print(f"[preemption] {stop}", file=sys.stderr, flush=True)
     sys.exit(EXIT_PREEMPTED)
-  except (NonFiniteError, CheckpointError, FileNotFoundError) as err:
-    # FileNotFoundError: a missing input the run needs (mode=rl or eval without the checkpoint
-    # it starts from), named in the message; no traceback.
+  except (NonFiniteError, CheckpointError) as err:  # before FileNotFoundError, its base class
     print(f"error: {err}", file=sys.stderr)
     sys.exit(1)
+  except (BackendMissing, FileNotFoundError) as err:  # --workdir=gs://... without gcsfs; a
+    print(f"error: {err}", file=sys.stderr)  # missing input, named in the message
+    sys.exit(cli.EXIT_CONFIG)
   print(json.dumps(summary, indent=2))
 
 
 def run():
   """Console-script entry point (pyproject.toml)."""
+  _overrides.clear()  # a second call in one process (tests) starts from none
   app.run(main, flags_parser=cli.flags_parser(_overrides))
 
 

@@ -13,8 +13,12 @@
 # then not needed):
 #   1. --create  gcloud compute tpus tpu-vm create NAME --zone --accelerator-type --version
 #   2. --setup   tar this checkout, gcloud ... scp it to every worker (--worker=all), unpack it
-#                and pip install requirements-tpu.txt (jax[tpu] of the pinned version) and
-#                requirements-gcs.txt (gs:// workdirs)
+#                into REMOTE_DIR and build REMOTE_DIR/.venv on Python >= 3.11 (the TPU VM
+#                image's python3 may be 3.10): python3 -m pip install --user uv, then
+#                `uv venv --python PYTHON_VERSION .venv` (a Python the worker lacks is fetched
+#                by uv: no sudo, no apt) and `uv pip install -r requirements-tpu.txt
+#                -r requirements-gcs.txt -e .[tpu,gcs]` into it (the pinned versions, jax[tpu],
+#                gcsfs for gs:// workdirs, the package and its dllm-rl* commands)
 #   3. --stage-weights SPEC  gcloud ... ssh --worker=all --command="cd REMOTE_DIR && PYTHON -m
 #                dllm_rl.data weights SPEC": every worker fetches the checkpoint (a hub id such as
 #                GSAI-ML/LLaDA-8B-Instruct into its Hugging Face cache, a gs:// folder into
@@ -38,10 +42,13 @@
 #   --config FILE            config file, relative to the checkout   [DLLM_CONFIG]
 #                                                                    configs/llada_tpu.py
 #   --remote-dir DIR         checkout on the workers (relative to home)  [DLLM_REMOTE_DIR] dllm_rl
-#   --python BIN             Python on the workers                   [DLLM_PYTHON] python3
+#   --python BIN             Python that runs dllm_rl on the workers, relative to REMOTE_DIR
+#                            or absolute                             [DLLM_PYTHON] .venv/bin/python
+#                            (the venv --setup builds)
+#   --python-version V       the venv's Python for --setup (>= 3.11) [DLLM_PYTHON_VERSION] 3.11
 #   --create                 create the slice first
 #   --spot                   with --create: a Spot slice
-#   --setup                  copy this checkout to every worker and install the dependencies
+#   --setup                  copy this checkout to every worker and build its venv (step 2)
 #   --stage-weights SPEC     fetch checkpoint SPEC on every worker first (step 3)
 #                                                                    [DLLM_STAGE_WEIGHTS]
 #   --dry-run                print the commands, run nothing
@@ -68,7 +75,9 @@ RUNTIME_VERSION=${TPU_RUNTIME_VERSION:-tpu-ubuntu2204-base}
 WORKDIR=${DLLM_WORKDIR:-}
 CONFIG=${DLLM_CONFIG:-configs/llada_tpu.py}
 REMOTE_DIR=${DLLM_REMOTE_DIR:-dllm_rl}
-PYTHON=${DLLM_PYTHON:-python3}
+PYTHON=${DLLM_PYTHON:-.venv/bin/python}
+PYTHON_VERSION=${DLLM_PYTHON_VERSION:-3.11}
+UV_SPEC=uv==0.13.9  # installed with the worker's python3 to build the venv
 STAGE_WEIGHTS=${DLLM_STAGE_WEIGHTS:-}
 CREATE=0 SPOT=0 SETUP=0 DRY_RUN=0
 OVERRIDES=()
@@ -85,6 +94,7 @@ while [[ $# -gt 0 ]]; do
     --config) need "$@"; CONFIG=$2; shift 2 ;;
     --remote-dir) need "$@"; REMOTE_DIR=$2; shift 2 ;;
     --python) need "$@"; PYTHON=$2; shift 2 ;;
+    --python-version) need "$@"; PYTHON_VERSION=$2; shift 2 ;;
     --create) CREATE=1; shift ;;
     --spot) SPOT=1; shift ;;
     --setup) SETUP=1; shift ;;
@@ -99,6 +109,8 @@ done
 [[ -n $NAME ]] || die "--name (or TPU_NAME) is required"
 [[ -n $ZONE ]] || die "--zone (or TPU_ZONE) is required"
 [[ -n $WORKDIR ]] || die "--workdir (or DLLM_WORKDIR) is required"
+[[ $PYTHON_VERSION =~ ^3\.(1[1-9]|[2-9][0-9])(\.[0-9]+)?$ ]] \
+    || die "--python-version $PYTHON_VERSION: dllm_rl needs Python >= 3.11 (e.g. 3.11, 3.12)"
 [[ $WORKDIR == gs://* ]] || echo "tpu_pod.sh: warning: --workdir=$WORKDIR is not gs://...;" \
     "every worker then writes its own local copy" >&2
 
@@ -123,8 +135,12 @@ if [[ $SETUP == 1 ]]; then
   run gcloud compute tpus tpu-vm scp "$TARBALL" "$NAME:dllm_rl.tgz" "${GCLOUD_LOCATION[@]}" \
       --worker=all
   SETUP_CMD="mkdir -p $(quote "$REMOTE_DIR") && tar -xzf dllm_rl.tgz -C $(quote "$REMOTE_DIR")"
-  SETUP_CMD+=" && cd $(quote "$REMOTE_DIR") && $(quote "$PYTHON") -m pip install -q"
-  SETUP_CMD+=" -r requirements-tpu.txt -r requirements-gcs.txt"
+  SETUP_CMD+=" && cd $(quote "$REMOTE_DIR")"
+  SETUP_CMD+=" && python3 -m pip install -q --user $(quote "$UV_SPEC")"
+  SETUP_CMD+=" && python3 -m uv venv -q --clear --python $(quote "$PYTHON_VERSION") .venv"
+  SETUP_CMD+=" && python3 -m uv pip install -q --python .venv/bin/python"
+  SETUP_CMD+=" -r requirements-tpu.txt -r requirements-gcs.txt -e $(quote ".[tpu,gcs]")"
+  SETUP_CMD+=" && .venv/bin/python -c $(quote "import sys, dllm_rl; assert sys.version_info >= (3, 11), sys.version")"
   run gcloud compute tpus tpu-vm ssh "$NAME" "${GCLOUD_LOCATION[@]}" --worker=all \
       --command "$SETUP_CMD"
 fi

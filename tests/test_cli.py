@@ -43,16 +43,3 @@ def test_study_keeps_its_older_set_spelling(tmp_path):
                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert proc.stderr.splitlines()[-1] == "error: config.rl.steps: expected int, got 'many'"
-
-
-@pytest.mark.slow
-def test_rl_mode_without_its_starting_checkpoint_is_one_error_line(tmp_path):
-  """mode=rl with neither an SFT checkpoint in the workdir nor model.hf_checkpoint: exit 1,
-  an ``error:`` line naming the folder searched and what to do, no traceback."""
-  proc = subprocess.run([sys.executable, "-m", "dllm_rl.main", f"--workdir={tmp_path / 'w'}",
-                         "--config.mode=rl"], cwd=ROOT, capture_output=True, text=True,
-                        timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert proc.returncode == 1, proc.stderr[-2000:]
-  assert "Traceback" not in proc.stderr
-  errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
-  assert len(errors) == 1 and "SFT checkpoint" in errors[0] and "model.hf_checkpoint" in errors[0]

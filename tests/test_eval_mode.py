@@ -71,7 +71,8 @@ def test_eval_target_errors_name_the_key(tmp_path):
     eval_mode.resolve_target(c, w)
   c.eval.phase = "auto"
   empty = str(tmp_path / "empty")
-  with pytest.raises(FileNotFoundError, match="needs a checkpoint.*model.hf_checkpoint"):
+  with pytest.raises(ConfigError, match=r"^config\.model\.hf_checkpoint: eval mode needs a"
+                                        r" checkpoint.*no model\.hf_checkpoint"):
     eval_mode.resolve_target(c, empty)
   c.model.hf_checkpoint = "/some/hf/folder"
   assert eval_mode.resolve_target(c, empty) is None  # the base model: the pre-RL baseline

@@ -67,15 +67,76 @@ def test_tpu_dry_run(sandbox, tmp_path):
   assert {"--zone=us-central2-b", "--project=proj", "--accelerator-type=v4-32"} <= set(create)
   assert tar[0] == "tar" and "--exclude=.git" in tar
   assert scp[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "scp"] and "--worker=all" in scp
-  assert "-r requirements-tpu.txt" in setup[setup.index("--command") + 1]
+  assert "-e '.[tpu,gcs]'" in setup[setup.index("--command") + 1]
   assert launch[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "my-v4"]
   assert "--worker=all" in launch
   remote = shlex.split(launch[launch.index("--command") + 1])
   assert remote[:3] == ["cd", "dllm_rl", "&&"]
   # The remote shell gets every override back word for word.
+  assert remote[3] == ".venv/bin/python"  # the venv --setup builds
   assert main_words(remote) == ["-m", "dllm_rl.main", "--config=configs/llada_tpu.py",
                                 "--workdir=gs://bucket/run", *OVERRIDES]
   assert not (tmp_path / "dllm_rl-my-v4.tgz").exists()  # dry: nothing written
+
+
+def _fake_worker(tmp_path):
+  """A worker's home with the copied tarball (the requirement files) and a PATH whose python3
+  logs its arguments to ``calls``; ``python3 -m uv venv ... DIR`` makes DIR/bin/python, which
+  logs as ``venv-python``."""
+  import tarfile
+  home, bin_dir, log = tmp_path / "worker", tmp_path / "worker-bin", tmp_path / "calls"
+  home.mkdir()
+  bin_dir.mkdir()
+  with tarfile.open(home / "dllm_rl.tgz", "w:gz") as tar:
+    for name in ("requirements.txt", "requirements-tpu.txt", "requirements-gcs.txt"):
+      tar.add(os.path.join(REPO, name), arcname=name)
+  venv_python = f"#!/bin/sh\necho venv-python \"$@\" >> '{log}'\n"
+  (bin_dir / "python3").write_text(
+      f"#!/bin/sh\necho python3 \"$@\" >> '{log}'\n"
+      'if [ "$1 $2 $3" = "-m uv venv" ]; then\n'
+      '  for last; do :; done\n'
+      f'  mkdir -p "$last/bin" && printf %s {shlex.quote(venv_python)} > "$last/bin/python"\n'
+      '  chmod +x "$last/bin/python"\nfi\n')
+  (bin_dir / "python3").chmod(0o755)
+  env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+  return home, env, log
+
+
+def test_tpu_setup_builds_a_venv_on_python_311_that_every_later_command_uses(sandbox, tmp_path):
+  """--setup's remote command, run on a fake worker: uv (installed with the image's python3)
+  builds .venv on Python 3.11 and installs the pinned requirements and the package into it;
+  weight staging and the run then use .venv/bin/python."""
+  res = run_script(TPU, ["--dry-run", "--setup", "--name", "n", "--zone", "z", "--workdir",
+                         "gs://b/r", "--stage-weights", "org/model"], sandbox, tmp_path)
+  assert res.returncode == 0, res.stderr
+  _, _, setup, stage, launch = commands(res.stdout)
+  home, env, log = _fake_worker(tmp_path)
+  proc = subprocess.run(["bash", "-c", setup[setup.index("--command") + 1]], cwd=home, env=env,
+                        capture_output=True, text=True, timeout=30)
+  assert proc.returncode == 0, proc.stderr
+  assert log.read_text().splitlines() == [
+      "python3 -m pip install -q --user uv==0.13.9",
+      "python3 -m uv venv -q --clear --python 3.11 .venv",
+      "python3 -m uv pip install -q --python .venv/bin/python -r requirements-tpu.txt"
+      " -r requirements-gcs.txt -e .[tpu,gcs]",
+      "venv-python -c import sys, dllm_rl; assert sys.version_info >= (3, 11), sys.version"]
+  assert (home / "dllm_rl" / "requirements-tpu.txt").exists()
+  for cmd in (stage, launch):
+    remote = shlex.split(cmd[cmd.index("--command") + 1])
+    assert remote[:3] == ["cd", "dllm_rl", "&&"] and ".venv/bin/python" in remote
+    assert remote[remote.index(".venv/bin/python") + 1] == "-m"
+
+
+@pytest.mark.parametrize("version, ok", [("3.10", False), ("2.7", False), ("3.11", True),
+                                         ("3.12.4", True)])
+def test_tpu_setup_refuses_a_python_older_than_311(sandbox, tmp_path, version, ok):
+  res = run_script(TPU, ["--dry-run", "--setup", "--name", "n", "--zone", "z", "--workdir",
+                         "gs://b/r", "--python-version", version], sandbox, tmp_path)
+  assert (res.returncode == 0) == ok, res.stderr
+  if ok:
+    assert f"--python {version} .venv" in commands(res.stdout)[2][-1]
+  else:
+    assert res.returncode == 2 and "Python >= 3.11" in res.stderr and not res.stdout
 
 
 def test_tpu_stage_weights_fetches_on_every_worker_before_the_run(sandbox, tmp_path):

@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dllm_rl.infra.observability import (MetricsLogger, phase_summary, plot_metrics, progress,
-                                   read_metrics)
+from dllm_rl.infra.observability import (MetricsLogger, phase_summary, progress,
+                                         read_metrics)
+from dllm_rl.infra.plots import plot_metrics
 
 
 def test_one_json_object_per_log_call(tmp_path):

@@ -11,6 +11,7 @@ import dllm_rl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEV_ONLY = {"pytest", "import-linter", "hypothesis", "sortedcontainers", "ruff"}
+_OPTIONAL = {"wandb": "wandb"}  # pinned for the tests; an extra of the package, not a dependency
 
 
 def _project():
@@ -41,10 +42,14 @@ def test_pinned_requirements_are_dependencies():
   dev = {_name(d) for d in project["optional-dependencies"]["dev"]}
   with open(os.path.join(ROOT, "requirements.txt")) as f:
     pins = {_name(line) for line in f if line.strip() and not line.startswith(("#", "-r"))}
-  assert pins - _DEV_ONLY <= deps, sorted(pins - _DEV_ONLY - deps)
+  extras = project["optional-dependencies"]
+  assert pins - _DEV_ONLY - set(_OPTIONAL) <= deps, sorted(pins - _DEV_ONLY - deps)
   assert pins & _DEV_ONLY <= dev
+  for name, extra in _OPTIONAL.items():  # the tests need it, the package does not
+    assert name in pins and name in dev and name not in deps
+    assert name in {_name(d) for d in extras[extra]}
   assert project["requires-python"] == ">=3.11"
-  assert {"tpu", "gpu", "gcs", "dev"} <= set(project["optional-dependencies"])
+  assert {"tpu", "gpu", "gcs", "dev", "wandb"} <= set(extras)
 
 
 def test_version_is_the_packages():

@@ -9,7 +9,8 @@ import pytest
 
 from dllm_rl import paths
 from dllm_rl.infra.checkpoint import Checkpointer
-from dllm_rl.infra.observability import MetricsLogger, plot_metrics, read_metrics
+from dllm_rl.infra.observability import MetricsLogger, read_metrics
+from dllm_rl.infra.plots import plot_metrics
 
 
 def test_resolve_keeps_urls_and_makes_local_paths_absolute(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from dllm_rl.errors import ConfigError
 from dllm_rl.train import modes as run
 from dllm_rl.infra.observability import read_metrics
 from dllm_rl.train.context import build_context, init_params
@@ -79,7 +80,8 @@ def test_pipeline_sft_rl_eval(tmp_path):
 
 def test_rl_mode_needs_an_sft_checkpoint(tmp_path):
   config = _config(10, "rl")
-  with pytest.raises(FileNotFoundError, match="SFT checkpoint"):
+  with pytest.raises(ConfigError, match=r"^config\.model\.hf_checkpoint: RL starts from an SFT"
+                                        r" checkpoint"):
     run.run(config, str(tmp_path))
   # The resolved config is in the workdir before the runner starts (here: before it failed).
   written = json.load(open(tmp_path / "config_rl.json"))
@@ -100,7 +102,7 @@ def test_resume_equals_uninterrupted_run(tmp_path):
 
 
 def test_eval_mode_without_checkpoint_is_a_clear_error(tmp_path):
-  with pytest.raises(FileNotFoundError, match="needs a checkpoint"):
+  with pytest.raises(ConfigError, match="^config.model.hf_checkpoint: eval mode needs a checkpoint"):
     run.run(_with_mode("eval"), str(tmp_path))
 
 

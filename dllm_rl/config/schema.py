@@ -198,6 +198,19 @@ def base_config() -> ml_collections.ConfigDict:
   c.log = g = ml_collections.ConfigDict()
   g.tensorboard = True
   g.progress = True
+  # Sample completions every N steps (0 = off) into workdir/samples.jsonl and TensorBoard text
+  # (W&B: a table): prompt, completion, reward, correct. RL: the first completion of the first
+  # log.num_samples prompts of that step's rollout batch (no extra sampling); SFT: greedy
+  # completions of the first log.num_samples validation prompts (those of the validation pass
+  # when one runs at that step, else one greedy batch). dllm_rl/infra/samples.py.
+  g.samples_every = 100
+  g.num_samples = 4
+  # Weights & Biases (optional `pip install "dllm-rl[wandb]"`): "" = off. The metrics.jsonl
+  # records, the samples, the resolved config and the summary, from the primary process;
+  # a resumed run continues the same W&B run (its id is kept in workdir/wandb_run_id).
+  g.wandb_project = ""
+  g.wandb_entity = ""     # team / user ("" = your default entity)
+  g.wandb_name = ""       # run name ("" = the workdir's last component)
   # --- observability (issue 10): metrics lines carry tokens_per_second, step/rollout/update
   # seconds, memory and mfu (dllm_rl/train/throughput.py). Peak bf16 TFLOP/s per device for
   # mfu; 0 = from the device kind (TPU v4/v5e/v5p/v6e, NVIDIA H100/H200/A100; else no mfu).

@@ -1,4 +1,4 @@
-"""Metrics logging, progress bars, end-of-phase summaries and plots.
+"""Metrics and sample logging, progress bars, end-of-phase summaries (plots: infra/plots.py).
 
 `MetricsLogger.log` appends one JSON object per call to ``<workdir>/metrics.jsonl``::
 
@@ -15,8 +15,11 @@ floats are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"``; `read_met
 back into floats. Non-numeric values (short strings) are written as they are.
 
 When ``tensorboard`` is on, numeric values are also written as TensorBoard scalars under
-``<workdir>/tb`` with tags ``f"{phase}/{name}"``. ``enabled=False`` makes the logger a no-op
-(for non-primary hosts).
+``<workdir>/tb`` with tags ``f"{phase}/{name}"``; further ``writers`` (W&B) get them too
+(dllm_rl.infra.writers). `MetricsLogger.log_samples` appends sample completions to
+``<workdir>/samples.jsonl`` (dllm_rl.infra.samples) and sends them to the same writers; a
+resumed phase drops its samples of steps after the restored one. ``enabled=False`` makes the
+logger a no-op (for non-primary hosts).
 
 The workdir may be a URL (``gs://bucket/run``; see dllm_rl.paths): object stores cannot
 append, so there the logger keeps the file's lines and rewrites the object on every
@@ -37,6 +40,8 @@ import numpy as np
 import tqdm
 
 from dllm_rl import paths
+from dllm_rl.infra import samples as samples_lib
+from dllm_rl.infra.writers import TensorBoardWriter
 
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 _RESERVED = ("phase", "step", "time")
@@ -87,24 +92,70 @@ class _RewrittenFile:
     self.flush()
 
 
-class MetricsLogger:
-  """Appends metrics to ``<workdir>/metrics.jsonl`` and, optionally, TensorBoard."""
+class _LineFile:
+  """An append-only JSONL file of the workdir (metrics.jsonl, samples.jsonl), opened on first
+  use; every line reaches the OS as it is written; `replace` rewrites it whole."""
 
-  def __init__(self, workdir: str, *, tensorboard: bool = True, enabled: bool = True):
+  def __init__(self, path: str):
+    self.path = path
+    self._file = None
+
+  def lines(self) -> list[str]:
+    return _read_text(self.path).splitlines()
+
+  def append(self, lines: Sequence[str]) -> None:
+    if self._file is None:
+      self._file = _open_append(self.path)
+    self._file.write("".join(line + "\n" for line in lines))
+    self._file.flush()  # line-flushed: a killed process loses no logged record
+
+  def replace(self, lines: Sequence[str]) -> None:
+    """Rewrite the file as ``lines`` (atomically where the filesystem can)."""
+    self.close()
+    text = "".join(line + "\n" for line in lines)
+    if paths.is_url(self.path):  # an object is replaced whole by one write
+      paths.resolve(self.path).write_text(text, encoding="utf-8")
+    else:
+      tmp = self.path + ".tmp"
+      with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+      os.replace(tmp, self.path)
+
+  def flush(self) -> None:
+    if self._file is not None:
+      self._file.flush()
+
+  def close(self) -> None:
+    if self._file is not None:
+      self._file.close()
+      self._file = None
+
+
+class MetricsLogger:
+  """Appends metrics to ``<workdir>/metrics.jsonl`` (samples to ``samples.jsonl``) and sends
+  both to TensorBoard (``tensorboard``) and any further ``writers`` (dllm_rl.infra.writers:
+  W&B), which stay open when the logger closes (their owner closes them)."""
+
+  def __init__(self, workdir: str, *, tensorboard: bool = True, writers: Sequence = (),
+               enabled: bool = True):
     self.workdir = os.fspath(workdir)
     self.enabled = enabled
     self.path = paths.join(self.workdir, "metrics.jsonl")
-    self._file = None
-    self._writer = None
+    self._metrics = _LineFile(self.path)
+    self._samples = _LineFile(paths.join(self.workdir, samples_lib.SAMPLES_FILE))
+    self._tensorboard = None
+    self._writers: list = []
     self._lines: dict[str, int] = {}
+    self._closed = False
     if not enabled:
       return
     paths.resolve(self.workdir).mkdir(parents=True, exist_ok=True)
-    self._lines = _count_phases(_read_text(self.path).splitlines())
-    self._file = _open_append(self.path)
+    self._lines = _count_phases(self._metrics.lines())
+    self._metrics.append([])  # opened now: a resumed run appends to the same file
     if tensorboard:
-      import tensorboardX  # Imported lazily: only the primary host needs it.
-      self._writer = tensorboardX.SummaryWriter(paths.join(self.workdir, "tb"))
+      self._tensorboard = TensorBoardWriter(paths.join(self.workdir, "tb"))
+      self._writers.append(self._tensorboard)
+    self._writers += list(writers)
 
   def log(self, step: int, metrics: Mapping[str, Any], *, phase: str) -> dict[str, Any]:
     """Writes one record; returns it as written (non-finite floats as strings)."""
@@ -115,33 +166,44 @@ class MetricsLogger:
       record[name] = _to_python(name, value)
     if not self.enabled:
       return record
-    if self._file is None:
-      raise ValueError(f"MetricsLogger({self.workdir!r}) is closed")
-    self._file.write(json.dumps(record, allow_nan=False) + "\n")
-    self._file.flush()  # line-flushed: a killed process loses no logged record
+    self._check_open()
+    self._metrics.append([json.dumps(record, allow_nan=False)])
     self._lines[phase] = self._lines.get(phase, 0) + 1
-    if self._writer is not None:
-      for name, value in record.items():
-        if name in _RESERVED or isinstance(value, bool):
-          continue
-        value = _from_json(value)
-        if isinstance(value, (int, float)):
-          self._writer.add_scalar(f"{phase}/{name}", value, global_step=int(step))
+    numbers = {name: _from_json(value) for name, value in record.items()
+               if name not in _RESERVED and not isinstance(value, bool)}
+    numbers = {k: v for k, v in numbers.items() if isinstance(v, (int, float))}
+    for writer in self._writers:
+      writer.scalars(phase, int(step), numbers)
     return record
+
+  def log_samples(self, step: int, records: Sequence[Mapping[str, Any]], *,
+                  phase: str) -> None:
+    """Appends sample completions (dllm_rl.infra.samples) to samples.jsonl and the writers."""
+    if not self.enabled or not records:
+      return
+    self._check_open()
+    self._samples.append(samples_lib.sample_lines(phase, step, records, time.time()))
+    for writer in self._writers:
+      writer.samples(phase, int(step), records)
+
+  def _check_open(self) -> None:
+    if self._closed:
+      raise ValueError(f"MetricsLogger({self.workdir!r}) is closed")
 
   def lines(self, phase: str) -> int:
     """Records of ``phase`` in the file (kept from earlier runs and logged by this one)."""
     return self._lines.get(phase, 0)
 
-  def supersede(self, phase: str, keep: int) -> int:
+  def supersede(self, phase: str, keep: int, *, step: int | None = None) -> int:
     """Keep only the first ``keep`` records of ``phase`` (those logged up to the checkpoint a
     resumed run restored); later ones are dropped. Other phases and a truncated last line are
-    left as they are / dropped. Rewrites the file atomically; returns the number dropped."""
+    left as they are / dropped. Rewrites the file atomically; returns the number dropped.
+    ``step``: the restored step; the phase's samples of later steps are dropped too."""
     if not self.enabled:
       return 0
-    self._file.close()
     kept, seen, dropped = [], 0, 0
-    for line in _read_text(self.path).splitlines():
+    lines = self._metrics.lines()
+    for line in lines:
       record_phase = _phase_of(line)
       if record_phase is _CUT:
         dropped += 1  # a line cut short by a crash
@@ -153,33 +215,33 @@ class MetricsLogger:
           continue
       kept.append(line)
     if dropped:
-      text = "".join(line + "\n" for line in kept)
-      if paths.is_url(self.path):  # an object is replaced whole by one write
-        paths.resolve(self.path).write_text(text, encoding="utf-8")
-      else:
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-          f.write(text)
-        os.replace(tmp, self.path)
+      self._metrics.replace(kept)
     self._lines = _count_phases(kept)
-    self._file = _open_append(self.path)
+    if step is not None:
+      old = self._samples.lines()
+      new = samples_lib.keep_until(old, phase, step)
+      if new != old:
+        self._samples.replace(new)
     return dropped
 
   def flush(self) -> None:
-    """Flushes the JSONL file and TensorBoard events to disk."""
-    if self._file is not None:
-      self._file.flush()
-    if self._writer is not None:
-      self._writer.flush()
+    """Flushes the JSONL files, TensorBoard events and the other writers."""
+    self._metrics.flush()
+    self._samples.flush()
+    for writer in self._writers:
+      writer.flush()
 
   def close(self) -> None:
-    """Flushes and closes; later calls to `log` fail (except when disabled)."""
-    if self._file is not None:
-      self._file.close()
-      self._file = None
-    if self._writer is not None:
-      self._writer.close()
-      self._writer = None
+    """Flushes and closes (TensorBoard too; other writers are only flushed); later calls to
+    `log` fail (except when disabled)."""
+    if self._closed:
+      return
+    self.flush()
+    self._metrics.close()
+    self._samples.close()
+    if self._tensorboard is not None:
+      self._tensorboard.close()
+    self._writers, self._tensorboard, self._closed = [], None, True
 
   def __enter__(self) -> MetricsLogger:
     return self
@@ -277,6 +339,18 @@ def _fmt(value: Any) -> str:
   return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def postfix(record: Mapping[str, Any], fields: Sequence[tuple[str, str]]) -> dict[str, str]:
+  """The progress bar's fields from a metrics record: ``{label: value}`` for each
+  ``(label, key)`` of ``fields`` whose key the record has (3 significant digits; values of
+  1000 and more as integers: tokens/s)."""
+  out = {}
+  for label, key in fields:
+    value = _from_json(record.get(key))
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+      out[label] = f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+  return out
+
+
 def phase_summary(phase: str, metrics: Mapping[str, Any], wall_seconds: float) -> str:
   """One line like "[sft] done in 83.2s | step 600 | loss 0.412 | accuracy 0.352"; printed."""
   parts = [f"[{phase}] done in {wall_seconds:.1f}s"]
@@ -284,38 +358,3 @@ def phase_summary(phase: str, metrics: Mapping[str, Any], wall_seconds: float) -
   line = " | ".join(parts)
   print(line, flush=True)
   return line
-
-
-def plot_metrics(metrics_path: str, out_png: str, keys: Sequence[str], *,
-                 phase: str | None = None) -> str:
-  """One subplot per key (value vs step) from a metrics.jsonl; missing keys are skipped."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  records = read_metrics(metrics_path, phase=phase)
-  present = [k for k in keys if any(k in r for r in records)]
-  n = max(len(present), 1)
-  fig, axes = plt.subplots(n, 1, figsize=(6, 2.2 * n), squeeze=False)
-  for ax, key in zip(axes[:, 0], present):
-    phases = sorted({r.get("phase", "") for r in records if key in r})
-    for ph in phases:
-      pts = [(r["step"], r[key]) for r in records
-             if key in r and r.get("phase", "") == ph and isinstance(r[key], (int, float))]
-      if pts:
-        steps, values = zip(*pts)
-        ax.plot(steps, values, label=ph or None, marker="." if len(pts) < 50 else None)
-    ax.set_ylabel(key)
-    ax.grid(alpha=0.3)
-    if len(phases) > 1:
-      ax.legend(fontsize="small")
-  if not present:
-    axes[0, 0].text(0.5, 0.5, f"no data for {list(keys)}", ha="center", va="center")
-  axes[-1, 0].set_xlabel("step")
-  fig.tight_layout()
-  out = paths.resolve(out_png)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  with out.open("wb") as fh:
-    fig.savefig(fh, dpi=100, format="png")
-  plt.close(fig)
-  return os.fspath(out_png)

@@ -198,14 +198,30 @@ def plan(config, topo, only: list[str] | None = None) -> tuple[dict, list[str]]:
 
 
 def validated(config):
-  """``config`` validated with the task swapped for the built-in arithmetic task."""
+  """``config`` validated with the task swapped for the built-in arithmetic task (the plan
+  reads no data file); the task's name and option names are still checked (a typo in
+  ``--config.task.options.KEY`` is an error here too). Every problem at once."""
   import ml_collections
 
+  from dllm_rl import tasks
+  from dllm_rl.errors import ConfigError, raise_all
   from dllm_rl.train.validate import validate
+  errors = []
+  t = config.get("task")
+  if isinstance(t, ml_collections.ConfigDict) and isinstance(t.get("name"), str):
+    try:
+      tasks.check_options(t.name, t.get("options", {}))
+    except ValueError as err:
+      errors.append(ConfigError("task.name" if t.name not in tasks.TASKS else "task.options",
+                                str(err)))
   check = ml_collections.ConfigDict(config.to_dict())
   check.task.name = "arithmetic"
   check.task.options = ml_collections.ConfigDict()
-  validate(check)
+  try:
+    validate(check)
+  except ConfigError as err:
+    errors += getattr(err, "errors", [err])
+  raise_all(errors)
   return config
 
 

@@ -139,16 +139,21 @@ class Task(abc.ABC):
 TASKS: Registry[type[Task]] = Registry("task")
 
 
-def make_task(name: str, **kwargs: Any) -> Task:
-  """Builds the registered task ``name``; ValueError on unknown names or kwargs."""
+def check_options(name: str, options: Mapping[str, Any]) -> None:
+  """ValueError when ``name`` is not a registered task or ``options`` holds a keyword its
+  constructor does not take; nothing is built (no data file is read)."""
   if name not in TASKS:
     raise ValueError(TASKS.unknown_message(name))
-  cls = TASKS.get(name)
-  params = inspect.signature(cls).parameters
+  params = inspect.signature(TASKS.get(name)).parameters
   accepted = sorted(k for k, p in params.items()
                     if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-  unknown = sorted(set(kwargs) - set(accepted))
+  unknown = sorted(set(options) - set(accepted))
   if unknown:
     raise ValueError(f"task {name!r} got unknown option(s) {unknown}; "
                      f"accepted: {accepted}")
-  return cls(**kwargs)
+
+
+def make_task(name: str, **kwargs: Any) -> Task:
+  """Builds the registered task ``name``; ValueError on unknown names or kwargs."""
+  check_options(name, kwargs)
+  return TASKS.get(name)(**kwargs)

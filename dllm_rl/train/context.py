@@ -45,6 +45,7 @@ class Context:
   test: Split
   mesh: Mesh
   hf_checkpoint: str | None = None
+  writers: tuple = ()  # metric writers beside metrics.jsonl and TensorBoard (W&B; train/modes.py)
 
   @property
   def decoding(self) -> Decoding:

@@ -44,7 +44,8 @@ _KEYS = {"phase": "eval.phase", "step": "eval.checkpoint_step"}
 def resolve_target(config, workdir: str) -> CheckpointRef | None:
   """The checkpoint ``mode=eval`` evaluates, or None for ``model.hf_checkpoint``'s weights
   (``base``). A phase without checkpoints, or a step not saved: ConfigError naming
-  ``eval.phase`` / ``eval.checkpoint_step``; no checkpoint and no HF model: FileNotFoundError."""
+  ``eval.phase`` / ``eval.checkpoint_step``; no checkpoint and no HF model: ConfigError naming
+  ``model.hf_checkpoint``."""
   e = config.eval
   if e.phase == BASE:
     return None
@@ -60,9 +61,10 @@ def resolve_target(config, workdir: str) -> CheckpointRef | None:
                       f" {e.checkpoint_step} to evaluate")
   if config.model.hf_checkpoint:
     return None
-  raise FileNotFoundError(
-      f"eval mode needs a checkpoint: none under {where} (run mode 'sft' with this --workdir"
-      " first, or set model.hf_checkpoint to evaluate a pretrained model)")
+  raise ConfigError(
+      "model.hf_checkpoint", f"eval mode needs a checkpoint or an HF model: no checkpoint"
+      f" under {where} and no model.hf_checkpoint (set it to evaluate a pretrained model, or"
+      " run mode 'sft' with this --workdir first)")
 
 
 def label(ref: CheckpointRef | None) -> str:

@@ -197,19 +197,38 @@ class Split(NamedTuple):
 
 
 def make_greedy_evaluator(graphdef, decoding: Decoding, options: EvalOptions):
-  """One jitted greedy sampler for a run and ``accuracy(params, examples, arrays)`` over it
-  (for validation during training); returns (sample_fn, accuracy)."""
+  """One jitted greedy sampler for a run and ``grade(params, split)`` over it: the
+  :func:`verify_each` results of the split's greedy completions (validation during training:
+  :func:`mean_scores` of them; sample completions); returns (sample_fn, grade)."""
   cfg = dataclasses.replace(decoding.sampler_cfg, temperature=0.0)
   sample_fn = make_sample_fn(graphdef, cfg, mask_id=decoding.tokenizer.mask_id,
                              eos_id=decoding.tokenizer.eos_id, mesh=decoding.mesh)
 
-  def accuracy(params, examples, arrays) -> dict:
-    return greedy_accuracy(graphdef, params, task=decoding.task, tokenizer=decoding.tokenizer,
-                           examples=examples, arrays=arrays, cfg=cfg,
-                           batch_size=options.batch_size, sample_fn=sample_fn,
-                           buckets=options.buckets)
+  def grade(params, split: Split) -> list:
+    _, graded = _greedy(graphdef, params, task=decoding.task, tokenizer=decoding.tokenizer,
+                        examples=split.examples, arrays=split.arrays, cfg=cfg,
+                        batch_size=options.batch_size, sample_fn=sample_fn,
+                        buckets=options.buckets)
+    return graded
 
-  return sample_fn, accuracy
+  return sample_fn, grade
+
+
+def head(split: Split, n: int) -> Split:
+  """The first ``n`` examples of ``split`` (all when it has fewer)."""
+  return Split(split.examples[:n], {k: v[:n] for k, v in split.arrays.items()})
+
+
+def rollout_records(task, tokenizer, split: Split, completions_BGL: np.ndarray,
+                    correct_BG: np.ndarray, index_B: np.ndarray) -> list:
+  """:func:`generation_records` of the first completion of each prompt of a rollout batch
+  (``split``: its examples and prompt arrays), ``index`` the example's row in the training
+  split, and ``group_accuracy``: the fraction of the prompt's group that was correct."""
+  graded = verify_each(task, tokenizer, split.examples, completions_BGL[:, 0])
+  records = generation_records(tokenizer, split, graded)
+  for r, i, correct_G in zip(records, index_B, correct_BG):
+    r.update(index=int(i), group_accuracy=float(np.mean(correct_G)))
+  return records
 
 
 def evaluate_policy(graphdef, params, decoding: Decoding, split: Split, options: EvalOptions, *,

@@ -6,6 +6,8 @@ validation checks ``config.mode`` against); an import-time check keeps the two e
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import time
 
@@ -36,19 +38,14 @@ def _rl(ctx) -> dict:
 
 @RUNNERS.register("pipeline")
 def _pipeline(ctx) -> dict:
-  """SFT warm-up → RL → held-out evaluation, with a PNG of the RL curves."""
-  from dllm_rl.infra.observability import plot_metrics
+  """SFT warm-up → RL → held-out evaluation (each phase plots its curves)."""
   from dllm_rl.train.rl_loop import run_rl
   from dllm_rl.train.sft_loop import run_sft
 
   sft = run_sft(ctx)
   rl = run_rl(ctx)
-  plot = plot_metrics(paths.join(ctx.workdir, "metrics.jsonl"),
-                      paths.join(ctx.workdir, "rl_curves.png"),
-                      ["reward_mean", "accuracy", "val_accuracy", "grad_norm", "ratio_max",
-                       "bypass_fraction"], phase="rl")
   return {**sft, **rl, "pass_at_k": rl["rl_pass_at_k"],
-          "rl_gain": rl["rl_accuracy"] - sft["sft_accuracy"], "plot": plot}
+          "rl_gain": rl["rl_accuracy"] - sft["sft_accuracy"], "plot": rl["rl_plot"]}
 
 
 if set(RUNNERS) != set(RUN_MODES):  # one list of modes: validation's and the runners'
@@ -69,12 +66,37 @@ def enable_compilation_cache(path: str) -> str | None:
   return directory
 
 
+@contextlib.contextmanager
+def open_writers(config, workdir: str, *, enabled: bool):
+  """The run's metric writers beside metrics.jsonl and TensorBoard: W&B when
+  ``log.wandb_project`` is set (primary process only), given the resolved config; closed at
+  the end (a preempted run with exit code 75, a failed one with 1)."""
+  g = config.log
+  if not (enabled and g.wandb_project):
+    yield ()
+    return
+  from dllm_rl.infra.writers import WandbWriter
+  from dllm_rl.train.resilience import EXIT_PREEMPTED, Preempted
+  writer = WandbWriter.open(workdir, project=g.wandb_project, entity=g.wandb_entity,
+                            name=g.wandb_name, config=json.loads(config.to_json_best_effort()))
+  try:
+    yield (writer,)
+  except Preempted:
+    writer.close(exit_code=EXIT_PREEMPTED)
+    raise
+  except BaseException:
+    writer.close(exit_code=1)
+    raise
+  writer.close()
+
+
 def run(config, workdir: str) -> dict:
   """Run ``config.mode``; write ``workdir/config_<mode>.json`` (the resolved config,
   overrides applied; rewritten by each run of that mode, so an eval run never replaces the
   training run's) and, for the training modes, ``workdir/summary.json``; return the summary.
   ``eval`` writes its own ``eval_<task>_<label>.json`` instead (dllm_rl.train.eval_mode), so
-  the training run's summary stays.
+  the training run's summary stays. With ``log.wandb_project`` the W&B run (:func:`open_writers`)
+  gets the resolved config, every metrics record and sample of the phases, and the summary.
 
   SIGTERM / SIGINT during training save a checkpoint after the current step and raise
   ``dllm_rl.train.resilience.Preempted`` (no summary is written); see that module."""
@@ -93,8 +115,12 @@ def run(config, workdir: str) -> dict:
     if is_primary():  # the resolved config of this run (file + overrides), for the record
       paths.resolve(workdir).joinpath(f"config_{config.mode}.json").write_text(config.to_json_best_effort(
           indent=2, sort_keys=True) + "\n")
-    summary = {"mode": config.mode, **RUNNERS.get(config.mode)(ctx)}
-  summary["wall_seconds"] = time.time() - t0
+    with open_writers(config, workdir, enabled=is_primary()) as writers:
+      summary = {"mode": config.mode,
+                 **RUNNERS.get(config.mode)(dataclasses.replace(ctx, writers=writers))}
+      summary["wall_seconds"] = time.time() - t0
+      for writer in writers:
+        writer.summary(summary)
   if is_primary() and config.mode != "eval":
     paths.resolve(workdir).joinpath("summary.json").write_text(json.dumps(summary, indent=2))
   return summary

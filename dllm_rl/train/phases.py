@@ -12,8 +12,10 @@
   logged (a resumed run logs what an uninterrupted one does); a stop saves, then raises
   :class:`Preempted`;
 * periodic evaluation (``val_*`` lines), a metrics line every ``log_every`` steps (the mean
-  of the window, ``skipped_steps``, throughput), the final save, the test evaluation and the
-  one-line console summary.
+  of the window, ``skipped_steps``, throughput; the progress bar's fields: ``Phase.postfix``),
+  sample completions every ``log.samples_every`` steps (:meth:`Phase.samples` →
+  ``samples.jsonl``), the final save, the test evaluation, the curves
+  (``workdir/<phase>_curves.png`` of ``Phase.panels``) and the one-line console summary.
 
 Timing (:class:`_StepClock`). A phase whose step waits for the device anyway
 (``sync_every_step``: RL reads its rollouts) is timed per step, up to that wait. Otherwise
@@ -32,7 +34,8 @@ import numpy as np
 
 from dllm_rl import paths
 from dllm_rl.infra.checkpoint import Checkpointer
-from dllm_rl.infra.observability import MetricsLogger, phase_summary, progress
+from dllm_rl.infra.observability import MetricsLogger, phase_summary, postfix, progress
+from dllm_rl.infra.plots import Panel, plot_metrics
 from dllm_rl.parallel.distributed import is_primary
 from dllm_rl.train import evaluation
 from dllm_rl.train.context import Context
@@ -89,7 +92,8 @@ class Phase:
   steps: int
   log_every: int
   eval_every: int  # 0 = no periodic evaluation
-  postfix: tuple[str, str]  # (progress-bar label, metric key) shown after each log line
+  postfix: tuple[tuple[str, str], ...]  # (progress-bar label, metric key) after each log line
+  panels: tuple[str | Panel, ...]  # the curves of workdir/<name>_curves.png (infra/plots.py)
   sync_every_step = False  # the step waits for the device: time each step (see _StepClock)
   rollout_timing = False  # log rollout_seconds / update_seconds
   eval_at_start = False  # evaluate the starting policy (a val_* line at step 0)
@@ -99,6 +103,7 @@ class Phase:
   def __init__(self, ctx: Context):
     self.ctx = ctx
     self.wall0 = time.time()
+    self.val_graded: tuple[int, list] | None = None  # (step, graded) of the last validation
 
   def init_state(self):
     """A fresh training state: the start, and the template of a restore."""
@@ -117,12 +122,27 @@ class Phase:
     """One jitted greedy sampler of the policy (``self.graphdef``) for validation and the
     test's greedy pass (:meth:`evaluate`, :meth:`test`); call from :meth:`start`."""
     ctx = self.ctx
-    self.greedy_fn, self.accuracy = evaluation.make_greedy_evaluator(
+    self.greedy_fn, self.grade = evaluation.make_greedy_evaluator(
         self.graphdef, ctx.decoding, ctx.eval_options)
 
-  def evaluate(self, state) -> dict:
-    """Validation metrics (logged with a ``val_`` prefix): greedy accuracy on the val split."""
-    return self.accuracy(state.params, self.ctx.val.examples, self.ctx.val.arrays)
+  def evaluate(self, state, step: int) -> dict:
+    """Validation metrics (logged with a ``val_`` prefix): greedy accuracy and reward on the
+    val split; its graded completions are kept for :meth:`samples` at the same step."""
+    graded = self.grade(state.params, self.ctx.val)
+    self.val_graded = (step, graded)
+    return evaluation.mean_scores(graded)
+
+  def samples(self, state, step: int) -> list[dict]:
+    """Sample completions of step ``step`` (``log.samples_every``; dllm_rl.infra.samples):
+    here the greedy completions of the first ``log.num_samples`` validation prompts, those of
+    the validation pass when it ran at this step, else one greedy batch."""
+    ctx = self.ctx
+    val = evaluation.head(ctx.val, ctx.config.log.num_samples)
+    if self.val_graded is not None and self.val_graded[0] == step:
+      graded = self.val_graded[1][:len(val.examples)]
+    else:
+      graded = self.grade(state.params, val)
+    return evaluation.generation_records(ctx.tokenizer, val, graded)
 
   def evaluated(self, val: dict) -> None:
     """Called with each periodic evaluation's result."""
@@ -214,6 +234,11 @@ def _log_val(logger: MetricsLogger, phase: Phase, step: int, val: dict) -> None:
   logger.log(step, {f"val_{k}": v for k, v in val.items()}, phase=phase.name)
 
 
+def curves_path(workdir: str, phase: str) -> str:
+  """The phase's training-curve plot in ``workdir``."""
+  return paths.join(workdir, f"{phase}_curves.png")
+
+
 def run_phase(phase: Phase) -> dict:
   """Run ``phase`` to its last step (or early stop), resuming from its newest checkpoint;
   raises Preempted after saving on a stop request. Returns the phase's summary."""
@@ -225,15 +250,17 @@ def run_phase(phase: Phase) -> dict:
   timer = StepTimer.from_config(config, ctx.mesh)
   clock = _StepClock(timer, phase.sync_every_step)
   profile_steps = config.profile.steps if phase.profile else ""
-  with MetricsLogger(ctx.workdir, tensorboard=config.log.tensorboard,
+  samples_every = config.log.samples_every
+  with MetricsLogger(ctx.workdir, tensorboard=config.log.tensorboard, writers=ctx.writers,
                      enabled=is_primary()) as logger, \
        ProfileWindow(profile_steps, ctx.workdir, enabled=is_primary()) as profile:
-    if "metric_lines" in meta:  # drop records of steps about to be redone
-      logger.supersede(name, meta["metric_lines"])
+    if "metric_lines" in meta:  # drop records (and samples) of steps about to be redone
+      logger.supersede(name, meta["metric_lines"], step=step)
     if phase.eval_at_start and step == 0:
-      _log_val(logger, phase, 0, phase.evaluate(state))
+      _log_val(logger, phase, 0, phase.evaluate(state, 0))
     bar = progress(phase.steps, desc=name, initial=step,
                    disable=not (config.log.progress and is_primary()))
+    shown: dict = {}  # the newest value of each metric, for the bar's fields
     finished = phase.stopped or step >= phase.steps
     while not finished:
       profile.before(step + 1)
@@ -256,12 +283,17 @@ def run_phase(phase: Phase) -> dict:
         logged.update(timer.metrics(rollout=phase.rollout_timing))
         window = []
         logger.log(step, logged, phase=name)
-        label, key = phase.postfix
-        bar.set_postfix({label: f"{logged[key]:.3f}"}, refresh=False)
+        shown.update(logged)
+        bar.set_postfix(postfix(shown, phase.postfix), refresh=False)
       if phase.eval_every and step % phase.eval_every == 0:
-        val = clock.paused(state, lambda: phase.evaluate(state))
+        val = clock.paused(state, lambda: phase.evaluate(state, step))
         _log_val(logger, phase, step, val)
         phase.evaluated(val)
+        shown.update({f"val_{k}": v for k, v in val.items()})
+        bar.set_postfix(postfix(shown, phase.postfix), refresh=False)
+      if samples_every and step % samples_every == 0:  # every host: SFT's may sample
+        logger.log_samples(step, clock.paused(state, lambda: phase.samples(state, step)),
+                           phase=name)
       finished = phase.stopped or step >= phase.steps
       save, stop = guard.poll(step)  # step- or time-based save; a stop signal (all hosts agree)
       if finished or save:
@@ -283,8 +315,11 @@ def run_phase(phase: Phase) -> dict:
     report = phase.test(state)
     logger.log(step, {k: report[r] for k, r in TEST_METRICS}, phase=name)
   ckpt.close()
+  plot = curves_path(ctx.workdir, name)
+  if is_primary():
+    plot_metrics(paths.join(ctx.workdir, "metrics.jsonl"), plot, phase.panels, phase=name)
   run = PhaseRun(state=state, step=step, report=report, timer=timer,
                  wall_seconds=time.time() - phase.wall0)
   summary, console = phase.summary(run)
   phase_summary(name, console, run.wall_seconds)
-  return summary
+  return {**summary, f"{name}_plot": plot}

@@ -13,7 +13,9 @@ import numpy as np
 
 from dllm_rl import paths
 from dllm_rl.diffusion.estimators import EstimatorConfig
+from dllm_rl.errors import ConfigError
 from dllm_rl.infra import faults
+from dllm_rl.infra.plots import Panel
 from dllm_rl.parallel.shard import init_state_sharded, put_global
 from dllm_rl.rl.advantages import AdvantageConfig, calibrated_beta
 from dllm_rl.rl.losses import LossConfig
@@ -77,15 +79,17 @@ def _step_flops(config, ctx: Context, rollout_cfg, out, prompt_len: int) -> floa
 
 def load_sft_params(ctx: Context):
   """The RL starting policy: the latest SFT checkpoint in the workdir, else the
-  HF checkpoint of ``model.hf_checkpoint``."""
+  HF checkpoint of ``model.hf_checkpoint``; neither: a ConfigError naming that key (before
+  the model is built)."""
+  has_sft = paths.resolve(checkpoint_dir(ctx.workdir, SFT)).is_dir()
+  if not (has_sft or ctx.hf_checkpoint):
+    raise ConfigError(
+        "model.hf_checkpoint", f"RL starts from an SFT checkpoint or an HF model: no SFT"
+        f" checkpoint under {checkpoint_dir(ctx.workdir, SFT)} and no model.hf_checkpoint"
+        " (set it, run mode 'sft' with this --workdir first, or use mode 'pipeline')")
   graphdef, params = init_params(ctx)
-  if not paths.resolve(checkpoint_dir(ctx.workdir, SFT)).is_dir():
-    if ctx.hf_checkpoint:
-      return graphdef, params
-    raise FileNotFoundError(
-        f"RL starts from an SFT checkpoint: none under {checkpoint_dir(ctx.workdir, SFT)}"
-        " (use mode 'pipeline', run mode 'sft' with this --workdir first, or set"
-        " model.hf_checkpoint)")
+  if not has_sft:
+    return graphdef, params
   template, _ = init_state_sharded(params, make_optimizer(ctx.config.sft)[0], jax.random.key(0),
                                    ctx.mesh)
   with open_checkpointer(ctx, SFT) as ckpt:
@@ -97,7 +101,14 @@ class RLPhase(Phase):
   """RL from the SFT policy: one rollout batch per step, then the rl_step's inner updates."""
 
   name = PHASE
-  postfix = ("reward", "reward_mean")
+  postfix = (("reward", "reward_mean"), ("acc", "accuracy"), ("gnorm", "grad_norm"),
+             ("tok/s", "tokens_per_second"))
+  # Ratio statistics on a log axis: ρ̂ spans 1 to 1e12 when the likelihood estimates are noisy.
+  panels = ("reward_mean", Panel(("accuracy", "val_accuracy")),
+            Panel(("grad_norm", "grad_norm_max")), Panel(("ratio_mean", "ratio_max"), log=True),
+            Panel(("abs_log_ratio_p50", "abs_log_ratio_p90", "abs_log_ratio_p99",
+                   "abs_log_ratio_max"), log=True),
+            "bypass_fraction", "tokens_per_second")
   sync_every_step = True  # the rollout's completions are read on the host every step
   rollout_timing = True
   eval_at_start = True
@@ -110,6 +121,7 @@ class RLPhase(Phase):
     self.graphdef, self.params = load_sft_params(ctx)
     self.optimizer, self.schedule = rl_optimizer(r)
     self.base_accuracy = None  # the starting policy's training accuracy: its first rollouts
+    self.last_rollout = None  # (examples, batch, completions_BGL, correct_BG) of the last step
     self.rollout_tokens = r.batch_prompts * r.group_size * ctx.sampler_cfg.completion_len
     mc = ctx.model_cfg  # MoE layers: router load statistics every log_every steps
     self.moe_layers = tuple(i for i in range(mc.n_layers) if mc.is_moe_layer(i))
@@ -159,6 +171,7 @@ class RLPhase(Phase):
         rewards_BG=rewards, correct_BG=correct))
     if self.base_accuracy is None:
       self.base_accuracy = float(np.mean(correct))
+    self.last_rollout = (examples, batch, completions, correct)  # for samples(): host arrays
     if self.moe_layers and step % self.log_every == 0:  # before the update: the policy that rolled out
       m = config.model
       routing = router_metrics(self.graphdef, state.params, rollout.prompt_BP,
@@ -174,6 +187,17 @@ class RLPhase(Phase):
                     flops=_step_flops(config, ctx, self.rollout_cfg, out,
                                       batch["prompt_BP"].shape[1]))
     return state, metrics, cost
+
+  def samples(self, state, step: int) -> list[dict]:
+    """The first completion of each of the first ``log.num_samples`` prompts of the rollout
+    batch of step ``step`` (already sampled and verified: no extra sampling)."""
+    ctx = self.ctx
+    examples, batch, completions, correct = self.last_rollout
+    n = ctx.config.log.num_samples
+    split = evaluation.Split(examples[:n], {k: batch[k][:n]
+                                            for k in ("prompt_BP", "prompt_valid_BP")})
+    return evaluation.rollout_records(ctx.task, ctx.tokenizer, split, completions[:n],
+                                      correct[:n], batch["index"][:n])
 
   def meta(self) -> dict:
     return {"data_position": self.batches.position, "base_accuracy": self.base_accuracy}

@@ -22,7 +22,9 @@ class SFTPhase(Phase):
   reaches ``sft.target_accuracy`` (> 0)."""
 
   name = PHASE
-  postfix = ("loss", "loss")
+  postfix = (("loss", "loss"), ("val_acc", "val_accuracy"), ("gnorm", "grad_norm"),
+             ("tok/s", "tokens_per_second"))
+  panels = ("loss", "val_accuracy", "grad_norm", "lr", "tokens_per_second")
 
   def __init__(self, ctx: Context):
     super().__init__(ctx)

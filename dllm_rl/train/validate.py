@@ -18,6 +18,7 @@ from dllm_rl.config.schema import base_config
 from dllm_rl.diffusion import estimators
 from dllm_rl.config.overrides import did_you_mean
 from dllm_rl.errors import ConfigError, raise_all
+from dllm_rl.infra import writers
 from dllm_rl.kernels.staircase import ATTENTION_IMPLS
 from dllm_rl.models import transformer
 from dllm_rl.models.scan import REMAT_POLICIES
@@ -268,6 +269,10 @@ def _runtime(config, check: "_Checks") -> None:
   check(config.checkpoint.save_every > 0, "checkpoint.save_every", "must be positive")
   check(config.checkpoint.keep > 0, "checkpoint.keep", "must be positive")
   check(config.log.peak_tflops >= 0, "log.peak_tflops", "must be >= 0 (0 = from the device kind)")
+  check(config.log.samples_every >= 0, "log.samples_every", "must be >= 0 (0 = off)")
+  check(config.log.num_samples > 0, "log.num_samples", "must be positive")
+  missing = config.log.wandb_project and writers.wandb_missing()
+  check(not missing, "log.wandb_project", missing or "")
   try:
     parse_steps(config.profile.steps)
   except ValueError as err:

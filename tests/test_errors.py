@@ -1,0 +1,125 @@
+"""Every bad input of the issue's list is one line per problem, ``error: <key or file>: ...``,
+and exit status 2, through the real entry point (``dllm_rl.main.run``, in-process: absl flags
+parsed from ``sys.argv`` as the console script does), before anything compiles."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+
+import pytest
+from absl import flags
+
+from tests.helpers import ROOT
+from tests.test_production_configs import _gsm8k
+
+SMALL = ["--config.task.train_size=64", "--config.task.val_size=8", "--config.task.test_size=8"]
+GCSFS_MISSING = r"gs:// paths need the gcsfs package, which is not installed: pip install"
+
+
+def _cases(tmp_path):
+  """(name, argv after the program name, the expected stderr lines as regexes)."""
+  gsm8k_file = tmp_path / "gsm8k_config.py"  # a config file of the GSM8K task on 40 rows
+  gsm8k_file.write_text(
+      "from dllm_rl.config import base_config\n\n\ndef get_config():\n"
+      "  c = base_config()\n  c.task.name = 'gsm8k'\n"
+      f"  c.task.options = {{'train_file': {str(_gsm8k(tmp_path))!r},"
+      f" 'test_file': {str(_gsm8k(tmp_path))!r}}}\n"
+      "  c.data.batch_size = c.rl.batch_prompts = c.eval.batch_size = 8\n  return c\n")
+  gsm8k = [f"--config={gsm8k_file}"]
+  w = str(tmp_path / "w")
+  return [
+      ("data file smaller than train_size", [f"--workdir={w}", *gsm8k,
+                                             "--config.task.train_size=30",
+                                             "--config.task.val_size=20"],
+       [r"error: config\.task\.train_size: .*50.*has only 40.*"]),
+      ("mode=rl with neither an SFT nor an HF checkpoint", [f"--workdir={w}",
+                                                            "--config.mode=rl", *SMALL],
+       [r"error: config\.model\.hf_checkpoint: RL starts from an SFT checkpoint or an HF"
+        rf" model: no SFT checkpoint under {re.escape(w)}/checkpoints/sft and no"
+        r" model\.hf_checkpoint \(set it, run mode 'sft' .*'pipeline'\)"]),
+      ("mode=eval with neither a checkpoint nor an HF model", [f"--workdir={w}",
+                                                               "--config.mode=eval", *SMALL],
+       [r"error: config\.model\.hf_checkpoint: eval mode needs a checkpoint or an HF model.*"]),
+      ("gs:// workdir without gcsfs", ["--workdir=gs://bucket/run", *SMALL],
+       [rf"error: gs://bucket/run: {GCSFS_MISSING}.*"]),
+      ("gs:// data file without gcsfs", [f"--workdir={w}", *gsm8k,
+                                         "--config.task.options.train_file=gs://b/train.jsonl",
+                                         "--config.task.options.test_file=gs://b/test.jsonl"],
+       [rf"error: config\.task\.options: gs://b/(train|test)\.jsonl: {GCSFS_MISSING}.*"]),
+      ("llada_tpu.py without its three required values", [f"--workdir={w}",
+                                                          "--config=configs/llada_tpu.py"],
+       [rf"error: config\.{key}: required value not set \(.*\): pass --config\.{key}=\.\.\."
+        for key in ("model.hf_checkpoint", "task.options.test_file",
+                    "task.options.train_file")]),
+      ("a misspelt key another framework spells out", [f"--workdir={w}",
+                                                       "--config.rl.lerning_rate=1e-3"],
+       [r"error: config\.rl\.lerning_rate: unknown key; did you mean rl\.lr \(other"
+        r" frameworks' 'learning_rate'\)\?"]),
+      ("several problems at once", [f"--workdir={w}", "--config.rl.lerning_rate=1e-3",
+                                    "--config.seed=-1", "--config.sampler.threshold=1.5"],
+       [r"error: config\.rl\.lerning_rate: unknown key.*",
+        r"error: config\.sampler\.threshold: must be in \[0, 1\)",
+        r"error: config\.seed: must be in \[0, 2\*\*31\), got -1"]),
+  ]
+
+
+NAMES = ["data file smaller than train_size", "mode=rl with neither an SFT nor an HF checkpoint",
+         "mode=eval with neither a checkpoint nor an HF model", "gs:// workdir without gcsfs",
+         "gs:// data file without gcsfs", "llada_tpu.py without its three required values",
+         "a misspelt key another framework spells out", "several problems at once"]
+
+
+def _run_main(argv, monkeypatch):
+  """``dllm-rl ARGV`` in this process: the exit status."""
+  from dllm_rl import main as entry
+  flags.FLAGS.unparse_flags()  # the flags of an earlier call in this process
+  monkeypatch.setattr(sys, "argv", ["dllm-rl", *argv])
+  with pytest.raises(SystemExit) as stop:
+    entry.run()
+  return stop.value.code
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_bad_input_is_one_error_line_per_problem_and_exit_2(name, tmp_path, monkeypatch,
+                                                                 capsys):
+  cases = {n: (argv, expected) for n, argv, expected in _cases(tmp_path)}
+  assert sorted(cases) == sorted(NAMES)
+  argv, expected = cases[name]
+  monkeypatch.chdir(ROOT)  # config files are given relative to the checkout
+  real = importlib.util.find_spec  # gcsfs absent whatever this machine has
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda mod, *a: None if mod == "gcsfs" else real(mod, *a))
+  code = _run_main(argv, monkeypatch)
+  err = capsys.readouterr().err
+  assert code == 2, (name, err)
+  assert "Traceback" not in err, name
+  lines = [line for line in err.splitlines() if line.startswith("error:")]
+  assert len(lines) == len(expected), (name, err)
+  for line, pattern in zip(lines, expected):
+    assert re.fullmatch(pattern, line), (name, line)
+  assert not os.path.exists(tmp_path / "w" / "checkpoints"), name  # nothing trained
+
+
+@pytest.mark.parametrize("overrides, pattern", [
+    ([("task.name", "gsm8kk")], r"config\.task\.name: unknown task 'gsm8kk'.*"),
+    ([("task.options.num_digitz", "2")],
+     r"config\.task\.options: task 'arithmetic' got unknown option\(s\) \['num_digitz'\];"
+     r" accepted:.*"),
+    ([("rl.lerning_rate", "1e-3")], r"config\.rl\.lerning_rate: unknown key; did you mean rl\.lr"
+                                    r" \(other frameworks' 'learning_rate'\)\?"),
+])
+def test_plan_overrides_with_a_typo_are_one_error_line_and_exit_2(overrides, pattern, capsys):
+  """``dllm-rl-plan``'s config path (cli.load with planner.validated, as its main calls it;
+  its absl flags clash with dllm_rl.main's in one process, so its own CLI is run as a
+  subprocess in tests/test_cli.py): the plan swaps the task for arithmetic, yet a typo in the
+  task's name or options is still reported."""
+  from dllm_rl.config import cli
+  from dllm_rl.planning import planner
+  with pytest.raises(SystemExit) as stop:
+    cli.load(os.path.join(ROOT, "configs", "tiny_cpu.py"), overrides, check=planner.validated)
+  err = capsys.readouterr().err.splitlines()
+  assert stop.value.code == 2 and len(err) == 1, err
+  assert re.fullmatch("error: " + pattern, err[0]), err[0]
