@@ -27,12 +27,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dllm_rl.models import convert, hf
-from dllm_rl.models.transformer import ModelConfig
+from dllm_rl.models import convert, hf, lora
+from dllm_rl.models.transformer import ModelConfig, abstract_model
 from dllm_rl.parallel.distributed import is_primary
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.tasks.tokenizer import CharTokenizer
-from dllm_rl.train import run_checkpoints
+from dllm_rl.train import lora_checkpoint, run_checkpoints
 from dllm_rl.train.context import checkpoint_folder, hf_model_config, model_config
 from dllm_rl.train.run_checkpoints import AUTO, LATEST, CheckpointRef
 
@@ -82,6 +82,18 @@ def run_source(config) -> ExportSource:
   return ExportSource(model_cfg, ids, family, hf_config, [], tokenizer.hf_files(), "scratch")
 
 
+def restore_merged(ref: CheckpointRef, config, model_cfg: ModelConfig, mesh):
+  """The parameters of checkpoint ``ref`` in the layout of ``model_cfg`` (no adapters): a
+  LoRA run's adapters folded into its base, ``W + (alpha / rank)·A·B`` (adapted weights in
+  float32; ``lora.merge_adapters``)."""
+  if "lora" not in config or not config.lora.rank:
+    return run_checkpoints.restore_params(ref, model_cfg, mesh)
+  lora_cfg = lora.configure(model_cfg, config.lora)
+  params = run_checkpoints.restore_params(
+      ref, lora_cfg, mesh, base=lambda: lora_checkpoint.base_params(config, lora_cfg, mesh))
+  return lora.merge_adapters(params, lora_cfg, abstract_model(model_cfg)[1])
+
+
 def provenance(ref: CheckpointRef, source: ExportSource, dtype: str) -> dict[str, Any]:
   """The ``dllm_rl_export.json`` record of an export."""
   return {"workdir": os.path.abspath(ref.workdir), "phase": ref.phase, "step": ref.step,
@@ -102,9 +114,10 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
   if ref is None:
     raise FileNotFoundError(f"no checkpoint to export under {os.path.join(workdir, 'checkpoints')}"
                             " (a training run writes checkpoints/sft or checkpoints/rl there)")
-  source = run_source(run_checkpoints.read_train_config(ref))
+  config = run_checkpoints.read_train_config(ref)
+  source = run_source(config)
   mesh = mesh if mesh is not None else make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
-  params = run_checkpoints.restore_params(ref, source.model_cfg, mesh)
+  params = restore_merged(ref, config, source.model_cfg, mesh)
   dtype = dtype or np.dtype(source.model_cfg.param_dtype).name  # default: as trained
   t1 = time.perf_counter()
   hf.export_checkpoint(params, source.model_cfg, source.token_ids, source.family, out_dir,
