@@ -147,3 +147,17 @@ def test_optimizer_update_of_base_is_zero():
   assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(base))
   assert all(np.any(np.asarray(x)) for x in jax.tree.leaves(adapters))
   assert optax.tree.norm(adapters) > 0
+
+
+def test_base_gets_no_gradient():
+  from dllm_rl.diffusion.sft import sft_loss
+  graphdef, params = transformer.init_model(CFG, jax.random.key(0))
+  params = _randomise_b(params, jax.random.key(2))
+  tokens = jax.random.randint(jax.random.key(4), (2, 8), 4, BASE.vocab_size)
+  batch = SequenceBatch(prompt_BP=tokens[:, :4], prompt_valid_BP=jnp.ones((2, 4), bool),
+                        completion_BL=tokens[:, 4:], completion_valid_BL=jnp.ones((2, 4), bool))
+  loss = lambda p: sft_loss(graphdef, lora.freeze_base(p), batch, jax.random.key(5), mask_id=3,
+                            t_eps=1e-3)[0]
+  adapters, base = lora.split_adapters(jax.grad(loss)(params))
+  assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(base))
+  assert all(np.any(np.asarray(x)) for x in jax.tree.leaves(adapters))
