@@ -1,16 +1,18 @@
 """A LoRA run's checkpoint holds the adapters (and their optimizer state) only; a restore
 rebuilds the frozen base from the run's pointer; `export_run` writes merged HF weights whose
-logits are the unmerged model's (≤ 1e-5)."""
+logits are the unmerged model's (≤ 1e-5) and a PEFT folder that adds up to them."""
 
+import json
 import os
 
 import jax
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 import dllm_rl
 from dllm_rl.infra.checkpoint import Checkpointer, LayoutMismatch
-from dllm_rl.models import lora, transformer
+from dllm_rl.models import hf, lora, transformer
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.parallel.shard import init_state_sharded
 from dllm_rl.tasks.tokenizer import CharTokenizer
@@ -55,7 +57,7 @@ def test_checkpoint_holds_adapters_and_restores_onto_the_base(tmp_path):
 
 def test_export_writes_merged_weights_with_the_unmerged_logits(tmp_path):
   _, _, _, graphdef, _, trained, _ = _run(tmp_path / "w")
-  stats = export_run(str(tmp_path / "w"), str(tmp_path / "hf"))
+  stats = export_run(str(tmp_path / "w"), str(tmp_path / "hf"), peft_dir=str(tmp_path / "peft"))
   assert stats["label"] == "sft1"
   exported = dllm_rl.load_pretrained(str(tmp_path / "hf"))
   tok = CharTokenizer()
@@ -65,3 +67,24 @@ def test_export_writes_merged_weights_with_the_unmerged_logits(tmp_path):
     want = np.asarray(transformer.apply(graphdef, trained.params, ids_BL, pos_BL))
     got = np.asarray(exported.logits(ids_BL))
   assert np.abs(want - got).max() <= 1e-5
+
+
+def test_peft_folder_adds_up_to_the_merged_export(tmp_path):
+  """PEFT's ΔW = (α/r)·lora_B·lora_A in torch layout equals the merged export minus the base,
+  for an IN-layout (q_proj, one input dim) and an OUT-layout weight (attn_out: two)."""
+  _, _, model_cfg, _, _, trained, _ = _run(tmp_path / "w")
+  export_run(str(tmp_path / "w"), str(tmp_path / "hf"), peft_dir=str(tmp_path / "peft"))
+  adapters = load_file(str(tmp_path / "peft" / "adapter_model.safetensors"))
+  config = json.load(open(tmp_path / "peft" / "adapter_config.json"))
+  assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, 8.0, "LORA")
+  assert len(adapters) == 2 * 7 * model_cfg.n_layers
+  assert "model.transformer.ff_out" not in config["target_modules"]  # the head is not adapted
+  merged = load_file(str(tmp_path / "hf" / "model.safetensors"))
+  attn = trained.params["blocks"][1]["attn"]
+  for name, w, kind in (("q_proj", attn["q_proj"], hf.IN), ("attn_out", attn["o_proj"], hf.OUT)):
+    module = f"model.transformer.blocks.1.{name}"
+    a = adapters[f"base_model.model.{module}.lora_A.weight"]
+    b = adapters[f"base_model.model.{module}.lora_B.weight"]
+    base = hf.to_hf(np.asarray(w[...], np.float32), kind)
+    assert a.shape == (4, base.shape[1]) and b.shape == (base.shape[0], 4)
+    np.testing.assert_allclose(merged[f"{module}.weight"] - base, 2.0 * b @ a, atol=1e-6)
