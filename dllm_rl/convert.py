@@ -71,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--dtype", default=None, choices=DTYPES,
                  help="tensor dtype written (default: the params' dtype)")
   p.add_argument("--max_shard_bytes", type=float, default=5e9)
+  p.add_argument("--peft_dir", default=None,
+                 help="--workdir of a LoRA run: also write its adapters as a PEFT folder here")
   p = sub.add_parser("roundtrip", help="import, export and compare tensors byte for byte")
   p.add_argument("--hf_dir", required=True)
   p.add_argument("--tmp", required=True)
@@ -86,7 +88,8 @@ def _export(args) -> None:
     return
   try:
     stats = export_run(args.workdir, args.hf_dir, phase=args.phase, step=args.step,
-                       dtype=args.dtype, max_shard_bytes=args.max_shard_bytes)
+                       dtype=args.dtype, max_shard_bytes=args.max_shard_bytes,
+                       peft_dir=args.peft_dir)
   except NoCheckpoint as err:
     raise NoCheckpoint(err.what, f"--{err.what}: {err}") from None
   _report(f"export {stats['label']}", stats)

@@ -65,6 +65,17 @@ def base_config() -> ml_collections.ConfigDict:
   m.first_dense_layers = 0  # layers before this one keep the dense SwiGLU (mlp_hidden)
   m.rotary_dim = 0          # partial RoPE: dims rotated per head (0 = head_dim)
 
+  # LoRA (dllm_rl/models/lora.py; README "LoRA"): adapters A [in, r], B [r, out] on the chosen
+  # projections, h = x·W + (alpha / rank)·(x·A)·B. rank 0 = off (full fine-tuning). On: only the
+  # adapters train and hold optimizer state; the base is frozen and stored in base_dtype;
+  # adapters are float32; checkpoints hold the adapters only (the base is rebuilt from
+  # model.hf_checkpoint / the SFT checkpoint / the seed).
+  c.lora = a = ml_collections.ConfigDict()
+  a.rank = 0
+  a.alpha = 16.0
+  a.targets = ("q", "k", "v", "o", "gate", "up", "down")  # names in dllm_rl.models.lora.TARGETS
+  a.base_dtype = "bfloat16"  # the frozen base's storage dtype (model.param_dtype when off)
+
   c.task = t = ml_collections.ConfigDict()
   t.name = "arithmetic"   # a name in dllm_rl.tasks.TASKS
   t.options = ml_collections.ConfigDict()  # keyword arguments of that task

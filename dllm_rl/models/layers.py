@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from dllm_rl.models import lora
+
 _NEG_INF = -1e30
 
 
@@ -143,6 +145,8 @@ class Attention(nnx.Module):
     self.v_proj = _param(rngs, (d, kh, qd), ("embed", "kv_heads", "head_dim"), std=std, dtype=pdt)
     self.o_proj = _param(rngs, (h, qd, d), ("heads", "head_dim", "embed"),
                          std=std / math.sqrt(2 * cfg.n_layers), dtype=pdt)
+    for name, n_in in (("q_proj", 1), ("k_proj", 1), ("v_proj", 1), ("o_proj", 2)):
+      setattr(self, name + lora.SUFFIX, lora.adapter(cfg, name, getattr(self, name), n_in, rngs))
     if cfg.qkv_bias:
       self.q_bias = nnx.Param(jnp.zeros((h, qd), pdt), logical_axes=("heads", "head_dim"))
       self.k_bias = nnx.Param(jnp.zeros((kh, qd), pdt), logical_axes=("kv_heads", "head_dim"))
@@ -154,9 +158,12 @@ class Attention(nnx.Module):
   def _qkv(self, x_BND, cos_BNQ, sin_BNQ):
     """Projections (+ optional biases), optional qk-norm, RoPE on queries and keys."""
     dt = self.cfg.dtype
-    q = jnp.einsum("bnd,dhq->bnhq", x_BND, self.q_proj[...].astype(dt))
-    k = jnp.einsum("bnd,dkq->bnkq", x_BND, self.k_proj[...].astype(dt))
-    v = jnp.einsum("bnd,dkq->bnkq", x_BND, self.v_proj[...].astype(dt))
+    q = lora.add(jnp.einsum("bnd,dhq->bnhq", x_BND, self.q_proj[...].astype(dt)),
+                 self.q_proj_lora, x_BND, dt)
+    k = lora.add(jnp.einsum("bnd,dkq->bnkq", x_BND, self.k_proj[...].astype(dt)),
+                 self.k_proj_lora, x_BND, dt)
+    v = lora.add(jnp.einsum("bnd,dkq->bnkq", x_BND, self.v_proj[...].astype(dt)),
+                 self.v_proj_lora, x_BND, dt)
     if self.cfg.qkv_bias:
       q = q + self.q_bias[...].astype(dt)
       k = k + self.k_bias[...].astype(dt)
@@ -165,10 +172,15 @@ class Attention(nnx.Module):
       q, k = self.q_norm(q), self.k_norm(k)
     return apply_rope(q, cos_BNQ, sin_BNQ), apply_rope(k, cos_BNQ, sin_BNQ), v
 
+  def out_proj(self, out_BNHQ):
+    """The output projection (+ its adapter) of the attention output."""
+    dt = self.cfg.dtype
+    return lora.add(jnp.einsum("bnhq,hqd->bnd", out_BNHQ, self.o_proj[...].astype(dt)),
+                    self.o_proj_lora, out_BNHQ, dt)
+
   def __call__(self, x_BND, cos_BNQ, sin_BNQ, mask_BNM):
     q, k, v = self._qkv(x_BND, cos_BNQ, sin_BNQ)
-    out = attention(q, k, v, mask_BNM)
-    return jnp.einsum("bnhq,hqd->bnd", out, self.o_proj[...].astype(self.cfg.dtype))
+    return self.out_proj(attention(q, k, v, mask_BNM))
 
   def cached(self, x_BTD, cos_BTQ, sin_BTQ, k_BMJQ, v_BMJQ, offset, mask_BTM):
     """T new tokens against a fixed-size KV cache: their keys (RoPE applied)
@@ -179,8 +191,7 @@ class Attention(nnx.Module):
     q, k, v = self._qkv(x_BTD, cos_BTQ, sin_BTQ)
     k_BMJQ = jax.lax.dynamic_update_slice_in_dim(k_BMJQ, k.astype(k_BMJQ.dtype), offset, axis=1)
     v_BMJQ = jax.lax.dynamic_update_slice_in_dim(v_BMJQ, v.astype(v_BMJQ.dtype), offset, axis=1)
-    out = attention(q, k_BMJQ, v_BMJQ, mask_BTM)
-    out_BTD = jnp.einsum("bnhq,hqd->bnd", out, self.o_proj[...].astype(self.cfg.dtype))
+    out_BTD = self.out_proj(attention(q, k_BMJQ, v_BMJQ, mask_BTM))
     return out_BTD, k_BMJQ, v_BMJQ
 
 
@@ -196,9 +207,12 @@ class SwiGLU(nnx.Module):
     self.up_proj = _param(rngs, (d, f), ("embed", "mlp"), std=std, dtype=pdt)
     self.down_proj = _param(rngs, (f, d), ("mlp", "embed"),
                             std=std / math.sqrt(2 * cfg.n_layers), dtype=pdt)
+    for name in ("gate_proj", "up_proj", "down_proj"):
+      setattr(self, name + lora.SUFFIX, lora.adapter(cfg, name, getattr(self, name), 1, rngs))
 
   def __call__(self, x_BND):
     dt = self.dtype
-    gate = x_BND @ self.gate_proj[...].astype(dt)
-    up = x_BND @ self.up_proj[...].astype(dt)
-    return (jax.nn.silu(gate) * up) @ self.down_proj[...].astype(dt)
+    gate = lora.add(x_BND @ self.gate_proj[...].astype(dt), self.gate_proj_lora, x_BND, dt)
+    up = lora.add(x_BND @ self.up_proj[...].astype(dt), self.up_proj_lora, x_BND, dt)
+    h = jax.nn.silu(gate) * up
+    return lora.add(h @ self.down_proj[...].astype(dt), self.down_proj_lora, h, dt)

@@ -28,13 +28,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dllm_rl.models import layers, moe, scan
+from dllm_rl.models import layers, lora, moe, scan
 from dllm_rl.parallel.constraints import constrain_activations
 from dllm_rl.parallel.shard import param_shardings
 from dllm_rl.types import DTYPES
 
 # Every logical axis name a parameter may carry (the sharding rules table maps these).
-LOGICAL_AXES = ("vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "norm", "expert")
+LOGICAL_AXES = ("vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "norm", "expert",
+                "lora_rank")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +70,10 @@ class ModelConfig:
   routed_scaling: float = 1.0  # combine weights sum to this
   first_dense_layers: int = 0  # layers [0, first_dense_layers) keep the dense SwiGLU
   rotary_dim: int = 0          # rotated dims per head (partial RoPE); 0 = head_dim
+  # LoRA adapters (dllm_rl.models.lora; set from config.lora): rank 0 = none.
+  lora_rank: int = 0
+  lora_alpha: float = 16.0
+  lora_targets: tuple[str, ...] = ()
 
   def is_moe_layer(self, i: int) -> bool:
     return self.n_experts > 0 and i >= self.first_dense_layers
@@ -315,8 +320,7 @@ def _block_rows(block: Block, x_BTD, cos_BTQ, sin_BTQ, k_BMJQ, v_BMJQ, offset, m
   k_BMJQ = jax.lax.dynamic_update_slice_in_dim(k_BMJQ, k.astype(k_BMJQ.dtype), offset, axis=1)
   v_BMJQ = jax.lax.dynamic_update_slice_in_dim(v_BMJQ, v.astype(v_BMJQ.dtype), offset, axis=1)
   out = layers.attention(q, k_BMJQ, v_BMJQ, sl(mask_BTM))
-  o_proj = block.attn.o_proj[...].astype(block.attn.cfg.dtype)
-  h = sl(x_BTD) + jnp.einsum("bnhq,hqd->bnd", out, o_proj)
+  h = sl(x_BTD) + block.attn.out_proj(out)
   return h + block.mlp(block.mlp_norm(h)), k_BMJQ, v_BMJQ
 
 
@@ -411,3 +415,12 @@ def abstract_params_sharded(cfg: ModelConfig, mesh):
                         abstract, param_shardings(abstract, mesh))
   return graphdef, target
 
+
+
+def init_adapters_sharded(cfg: ModelConfig, key: jax.Array, mesh) -> nnx.State:
+  """The LoRA adapters alone (``lora.LoraParam``) of a fresh init from ``key``, on their
+  shardings; the base's initialiser is dead code under ``jit`` (only adapters are returned)."""
+  _, abstract = abstract_model(cfg)
+  shardings = lora.split_adapters(param_shardings(abstract, mesh))[0]
+  return jax.jit(lambda k: lora.split_adapters(init_model(cfg, k)[1])[0],
+                 out_shardings=shardings)(key)

@@ -29,6 +29,7 @@ LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
     "mlp": "tensor",
     "norm": None,
     "expert": "fsdp",
+    "lora_rank": None,  # LoRA adapters: the rank axis is replicated (dllm_rl.models.lora)
     "batch": ("data", "fsdp"),
     "length": None,
 }

@@ -45,12 +45,16 @@ def param_shardings(abstract_params: nnx.State, mesh: Mesh) -> nnx.State:
 
 def state_shardings(abstract_state: TrainState, optimizer: optax.GradientTransformation,
                     mesh: Mesh) -> TrainState:
-  """Shardings for a whole TrainState: optimizer moments follow their parameters,
-  counters and the RNG key are replicated."""
+  """Shardings for a whole TrainState: optimizer moments follow their parameters (none for
+  the parameters a masked optimizer skips, e.g. a LoRA run's frozen base), counters and the
+  RNG key are replicated."""
   p_sh = param_shardings(abstract_state.params, mesh)
   rep = replicated(mesh)
-  opt_sh = optax.tree_map_params(optimizer, lambda _, s: s, abstract_state.opt_state, p_sh,
-                                 transform_non_params=lambda _: rep, is_leaf=_is_var)
+  masked = lambda x: isinstance(x, optax.MaskedNode)  # a parameter a masked optimizer skips
+  opt_sh = optax.tree_map_params(optimizer, lambda v, s: v if masked(v) else s,
+                                 abstract_state.opt_state, p_sh,
+                                 transform_non_params=lambda _: rep,
+                                 is_leaf=lambda x: _is_var(x) or masked(x))
   ref_sh = None if abstract_state.ref_params is None else p_sh
   return TrainState(step=rep, params=p_sh, opt_state=opt_sh, rng=rep, ref_params=ref_sh)
 

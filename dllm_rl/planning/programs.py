@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from dllm_rl.config.choices import RL_MODES, SFT_MODES
-from dllm_rl.models import transformer
+from dllm_rl.models import lora, transformer
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.parallel.shard import batch_sharding, replicated, state_shardings
 from dllm_rl.sampling.configs import sampler_config
@@ -77,6 +77,7 @@ def build_programs(config, devices) -> tuple[list[Program], object, transformer.
   mesh = make_mesh(config.mesh, devices=list(devices))
   setup.check_batch_sizes(config, mesh)
   model_cfg, mask_id, eos_id = model_and_tokens(config)
+  model_cfg = lora.configure(model_cfg, config.lora)  # adapters + the frozen base's dtype
   graphdef, abstract = transformer.abstract_model(model_cfg)
   from dllm_rl.parallel.shard import param_shardings
   params = _abstract(abstract, param_shardings(abstract, mesh))
@@ -89,7 +90,7 @@ def build_programs(config, devices) -> tuple[list[Program], object, transformer.
   if config.mode in SFT_MODES:
     from dllm_rl.train.optim import make_optimizer
     from dllm_rl.train.sft_step import make_sft_step, step_options
-    optimizer, schedule = make_optimizer(config.sft)
+    optimizer, schedule = make_optimizer(config.sft, lora_only=model_cfg.lora_rank > 0)
     state, sharding = _train_state(params, optimizer, mesh)
     fn = make_sft_step(graphdef, optimizer, schedule, mask_id=mask_id, mesh=mesh,
                        state_sharding=sharding, **step_options(config))
@@ -104,7 +105,7 @@ def build_programs(config, devices) -> tuple[list[Program], object, transformer.
     from dllm_rl.rl.step import RolloutBatch, make_rl_step
     from dllm_rl.train.rl_loop import rl_optimizer, step_config
     r = config.rl
-    optimizer, schedule = rl_optimizer(r)
+    optimizer, schedule = rl_optimizer(r, lora_only=model_cfg.lora_rank > 0)
     state, sharding = _train_state(params, optimizer, mesh, ref=r.kl_coef > 0)
     fn = make_rl_step(graphdef, optimizer, schedule,
                       step_config(config, sampler_cfg, mask_id, eos_id), mesh=mesh,

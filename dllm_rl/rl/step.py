@@ -40,6 +40,7 @@ from flax import struct
 
 from dllm_rl.diffusion.estimators import ESTIMATORS, EstimatorConfig
 from dllm_rl.diffusion.scoring import ModelScorer
+from dllm_rl.models import lora
 from dllm_rl.parallel.constraints import jit_sharded
 from dllm_rl.parallel.shard import replicated
 from dllm_rl.rl import advantages as adv_lib
@@ -120,7 +121,8 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
   loss_fn_ = LOSSES.get(cfg.loss)
   advantage_fn = adv_lib.ADVANTAGES.get(cfg.advantage)
   est_cfg = cfg.estimator_cfg
-  make_scorer = lambda params: ModelScorer(graphdef, params, est_cfg.logits_chunk)
+  # LoRA: the base behind stop_gradient, so gradients reach the adapters only
+  make_scorer = lambda params: ModelScorer(graphdef, lora.freeze_base(params), est_cfg.logits_chunk)
 
   def rl_step(state: TrainState, batch: RolloutBatch, key: jax.Array):
     b, g, l = batch.completion_BGL.shape

@@ -9,11 +9,12 @@ from typing import Any, NamedTuple
 import jax
 import ml_collections
 import numpy as np
+from flax import nnx
 from jax.sharding import Mesh
 
 from dllm_rl import tasks as tasks_lib
 from dllm_rl.config import ConfigError
-from dllm_rl.models import transformer
+from dllm_rl.models import lora, transformer
 from dllm_rl.models.transformer import init_params_sharded
 from dllm_rl.parallel.distributed import host_rows
 from dllm_rl.parallel.mesh import make_mesh
@@ -236,7 +237,8 @@ def build_context(config, workdir: str) -> Context:
                    f"task.test_size = {t.test_size}")
   return Context(
       config=config, workdir=workdir, task=task, tokenizer=tokenizer,
-      model_cfg=hf.model_cfg if hf else model_config(config, tokenizer.vocab_size),
+      model_cfg=lora.configure(hf.model_cfg if hf else model_config(config, tokenizer.vocab_size),
+                               config.lora),
       sampler_cfg=sampler_config(config), eval_options=EvalOptions.from_config(config),
       train=Split(train, _encode(train, tokenizer, config, "train")),
       val=Split(val, _encode(val, tokenizer, config, "validation")),
@@ -247,10 +249,15 @@ def build_context(config, workdir: str) -> Context:
 def init_params(ctx: Context):
   """Starting (graphdef, params), placed in their shardings, stored in
   ``model.param_dtype``: the HF checkpoint's weights (streamed tensor by tensor
-  onto the mesh) or a fresh init from the seed."""
-  if ctx.hf_checkpoint:
-    return load_hf_params(ctx.hf_checkpoint, ctx.model_cfg, ctx.mesh)
+  onto the mesh) or a fresh init from the seed. With LoRA (``lora.rank`` > 0) the base is
+  stored in ``lora.base_dtype`` and fresh adapters (B = 0) are added to a HF base."""
   key = jax.random.fold_in(jax.random.key(ctx.config.seed), 0)
+  if ctx.hf_checkpoint:
+    graphdef, params = load_hf_params(ctx.hf_checkpoint, ctx.model_cfg, ctx.mesh)
+    if ctx.model_cfg.lora_rank:
+      params = nnx.merge_state(params, transformer.init_adapters_sharded(ctx.model_cfg, key,
+                                                                         ctx.mesh))
+    return graphdef, params
   return init_params_sharded(ctx.model_cfg, key, ctx.mesh)
 
 

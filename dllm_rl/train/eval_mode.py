@@ -31,7 +31,7 @@ import time
 
 from dllm_rl import paths
 from dllm_rl.errors import ConfigError
-from dllm_rl.models import transformer
+from dllm_rl.models import lora, transformer
 from dllm_rl.parallel.distributed import is_primary
 from dllm_rl.train import evaluation, run_checkpoints
 from dllm_rl.train.context import Context, init_params
@@ -83,7 +83,8 @@ def load_policy(ctx: Context, ref: CheckpointRef | None):
   if ref is None:
     return init_params(ctx)
   graphdef, _ = transformer.abstract_model(ctx.model_cfg)
-  return graphdef, run_checkpoints.restore_params(ref, ctx.model_cfg, ctx.mesh)
+  base = lambda: lora.split_adapters(init_params(ctx)[1])[1]  # LoRA: the run's frozen base
+  return graphdef, run_checkpoints.restore_params(ref, ctx.model_cfg, ctx.mesh, base=base)
 
 
 def _describe(ctx: Context, ref: CheckpointRef | None) -> str:

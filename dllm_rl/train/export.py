@@ -26,13 +26,14 @@ import time
 from typing import Any, NamedTuple
 
 import numpy as np
+from flax import nnx
 
-from dllm_rl.models import convert, hf
-from dllm_rl.models.transformer import ModelConfig
+from dllm_rl.models import convert, hf, lora, peft
+from dllm_rl.models.transformer import ModelConfig, abstract_model
 from dllm_rl.parallel.distributed import is_primary
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.tasks.tokenizer import CharTokenizer
-from dllm_rl.train import run_checkpoints
+from dllm_rl.train import lora_checkpoint, run_checkpoints
 from dllm_rl.train.context import checkpoint_folder, hf_model_config, model_config
 from dllm_rl.train.run_checkpoints import AUTO, LATEST, CheckpointRef
 
@@ -82,6 +83,17 @@ def run_source(config) -> ExportSource:
   return ExportSource(model_cfg, ids, family, hf_config, [], tokenizer.hf_files(), "scratch")
 
 
+def restore_run_params(ref: CheckpointRef, config, model_cfg: ModelConfig, mesh):
+  """(parameters of checkpoint ``ref``, the model config they fit): ``model_cfg`` itself
+  without LoRA; for a LoRA run, its adapters on the base rebuilt from the run's pointer and
+  ``model_cfg`` with the run's ``lora`` section."""
+  if "lora" not in config or not config.lora.rank:
+    return run_checkpoints.restore_params(ref, model_cfg, mesh), model_cfg
+  lora_cfg = lora.configure(model_cfg, config.lora)
+  base = lambda: lora_checkpoint.base_params(config, lora_cfg, mesh)
+  return run_checkpoints.restore_params(ref, lora_cfg, mesh, base=base), lora_cfg
+
+
 def provenance(ref: CheckpointRef, source: ExportSource, dtype: str) -> dict[str, Any]:
   """The ``dllm_rl_export.json`` record of an export."""
   return {"workdir": os.path.abspath(ref.workdir), "phase": ref.phase, "step": ref.step,
@@ -91,7 +103,7 @@ def provenance(ref: CheckpointRef, source: ExportSource, dtype: str) -> dict[str
 
 def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LATEST,
                dtype: str | None = None, max_shard_bytes: float = 5e9,
-               mesh=None) -> dict[str, Any]:
+               mesh=None, peft_dir: str | None = None) -> dict[str, Any]:
   """Checkpoint ``(phase, step)`` of the run in ``workdir`` (default: the newest phase's newest
   step) → HF folder ``out_dir``; returns timing stats and the checkpoint's label. Raises
   FileExistsError (``out_dir`` holds a checkpoint), FileNotFoundError / NoCheckpoint (no such
@@ -102,9 +114,17 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
   if ref is None:
     raise FileNotFoundError(f"no checkpoint to export under {os.path.join(workdir, 'checkpoints')}"
                             " (a training run writes checkpoints/sft or checkpoints/rl there)")
-  source = run_source(run_checkpoints.read_train_config(ref))
+  config = run_checkpoints.read_train_config(ref)
+  source = run_source(config)
   mesh = mesh if mesh is not None else make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
-  params = run_checkpoints.restore_params(ref, source.model_cfg, mesh)
+  params, run_cfg = restore_run_params(ref, config, source.model_cfg, mesh)
+  if run_cfg.lora_rank:
+    if peft_dir is not None and is_primary():
+      peft.export_peft(nnx.to_pure_dict(params), run_cfg, source.family, peft_dir, source.origin)
+    # merged HF weights: W + (alpha / rank)·A·B, folded in float32
+    params = lora.merge_adapters(params, run_cfg, abstract_model(source.model_cfg)[1])
+  elif peft_dir is not None:
+    raise ValueError(f"--peft_dir: {ref.label} is not a LoRA run (lora.rank = 0)")
   dtype = dtype or np.dtype(source.model_cfg.param_dtype).name  # default: as trained
   t1 = time.perf_counter()
   hf.export_checkpoint(params, source.model_cfg, source.token_ids, source.family, out_dir,

@@ -11,6 +11,7 @@ import optax
 from flax import nnx
 
 from dllm_rl.config.choices import LR_SCHEDULES
+from dllm_rl.models import lora
 from dllm_rl.models.layers import FrozenParam
 
 
@@ -84,15 +85,29 @@ def skip_counters(opt_state) -> tuple[int, int]:
   return int(opt_state.consecutive), int(opt_state.total)
 
 
-def make_optimizer(opt_cfg) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def adapters_only(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+  """``inner`` on the LoRA adapters (:class:`~dllm_rl.models.lora.LoraParam`) alone: it holds
+  state (Adam moments) for them only, clips their norm alone, and every other parameter's
+  update is zero (the frozen base)."""
+
+  def labels(params):
+    return jax.tree.map(lambda v: "adapter" if lora.is_adapter(v) else "base", params,
+                        is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+  return optax.multi_transform({"adapter": inner, "base": optax.set_to_zero()}, labels)
+
+
+def make_optimizer(opt_cfg, *, lora_only: bool = False
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """From a section with lr, steps, warmup_steps, schedule, b1, b2, weight_decay, grad_clip.
 
   The result is wrapped in `skip_nonfinite`, so its state is a `SkipNonFiniteState`;
-  frozen parameters (`keep_frozen`) never move."""
+  frozen parameters (`keep_frozen`) never move. ``lora_only``: only the LoRA adapters are
+  optimised (:func:`adapters_only`)."""
   schedule = learning_rate_schedule(opt_cfg.lr, opt_cfg.steps, opt_cfg.warmup_steps, opt_cfg.schedule)
-  adamw = optax.chain(
+  tx = optax.chain(
       optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, weight_decay=opt_cfg.weight_decay),
       keep_frozen())
   if opt_cfg.grad_clip > 0:
-    return skip_nonfinite(optax.chain(optax.clip_by_global_norm(opt_cfg.grad_clip), adamw)), schedule
-  return skip_nonfinite(adamw), schedule
+    tx = optax.chain(optax.clip_by_global_norm(opt_cfg.grad_clip), tx)
+  return skip_nonfinite(adapters_only(tx) if lora_only else tx), schedule

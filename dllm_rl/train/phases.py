@@ -39,6 +39,7 @@ from dllm_rl.infra.plots import Panel, plot_metrics
 from dllm_rl.parallel.distributed import is_primary
 from dllm_rl.train import evaluation
 from dllm_rl.train.context import Context
+from dllm_rl.train.lora_checkpoint import base_pointer, restore_checkpoint, saved_state
 from dllm_rl.train.resilience import Preempted, StepGuard, window_to_meta
 from dllm_rl.train.throughput import ProfileWindow, StepTimer
 
@@ -226,7 +227,7 @@ def _restore(phase: Phase, ckpt: Checkpointer) -> tuple[Any, dict, int]:
   state, meta = phase.init_state(), {"metric_lines": 0}
   resumed = ckpt.latest_step() is not None
   if resumed:
-    state, meta = ckpt.restore(state)
+    state, meta = restore_checkpoint(ckpt, state)
   return state, meta, phase.start(state, meta, resumed)
 
 
@@ -299,8 +300,8 @@ def run_phase(phase: Phase) -> dict:
       if finished or save:
         if skipped is None:
           guard.skipped(state.opt_state, step)  # never save after a non-finite run
-        clock.paused(state, lambda: ckpt.save(step, state, {
-            "phase": name, **phase.meta(), "config": config.to_json(),
+        clock.paused(state, lambda: ckpt.save(step, saved_state(state), {
+            "phase": name, **phase.meta(), **base_pointer(config), "config": config.to_json(),
             "metric_lines": logger.lines(name), "metrics_window": window_to_meta(window)}))
         guard.saved(step)
         phase.saved(step)

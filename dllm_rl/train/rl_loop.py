@@ -23,6 +23,7 @@ from dllm_rl.rl.step import RLStepConfig, RolloutBatch, make_rl_step
 from dllm_rl.tasks.data import BatchIterator, trim_to_bucket
 from dllm_rl.train import evaluation, flops
 from dllm_rl.train.context import Context, init_params
+from dllm_rl.train.lora_checkpoint import restore_checkpoint
 from dllm_rl.train.optim import make_optimizer
 from dllm_rl.train.phases import (
   Phase,
@@ -38,12 +39,13 @@ from dllm_rl.train.sft_loop import PHASE as SFT
 PHASE = "rl"
 
 
-def rl_optimizer(r):
-  """AdamW for RL; the schedule runs over steps × inner_steps optimizer updates."""
+def rl_optimizer(r, *, lora_only: bool = False):
+  """AdamW for RL; the schedule runs over steps × inner_steps optimizer updates
+  (``lora_only``: the LoRA adapters alone, ``optim.adapters_only``)."""
   section = types.SimpleNamespace(lr=r.lr, steps=r.steps * r.inner_steps,
                                   warmup_steps=r.warmup_steps, schedule=r.schedule, b1=r.b1,
                                   b2=r.b2, weight_decay=r.weight_decay, grad_clip=r.grad_clip)
-  return make_optimizer(section)
+  return make_optimizer(section, lora_only=lora_only)
 
 
 def step_config(config, sampler_cfg, mask_id: int, eos_id: int) -> RLStepConfig:
@@ -90,10 +92,10 @@ def load_sft_params(ctx: Context):
   graphdef, params = init_params(ctx)
   if not has_sft:
     return graphdef, params
-  template, _ = init_state_sharded(params, make_optimizer(ctx.config.sft)[0], jax.random.key(0),
-                                   ctx.mesh)
+  optimizer = make_optimizer(ctx.config.sft, lora_only=ctx.model_cfg.lora_rank > 0)[0]
+  template, _ = init_state_sharded(params, optimizer, jax.random.key(0), ctx.mesh)
   with open_checkpointer(ctx, SFT) as ckpt:
-    state, _ = ckpt.restore(template)
+    state, _ = restore_checkpoint(ckpt, template)
   return graphdef, state.params
 
 
@@ -119,7 +121,7 @@ class RLPhase(Phase):
     r = ctx.config.rl
     self.steps, self.log_every, self.eval_every = r.steps, r.log_every, r.eval_every
     self.graphdef, self.params = load_sft_params(ctx)
-    self.optimizer, self.schedule = rl_optimizer(r)
+    self.optimizer, self.schedule = rl_optimizer(r, lora_only=ctx.model_cfg.lora_rank > 0)
     self.base_accuracy = None  # the starting policy's training accuracy: its first rollouts
     self.last_rollout = None  # (examples, batch, completions_BGL, correct_BG) of the last step
     self.rollout_tokens = r.batch_prompts * r.group_size * ctx.sampler_cfg.completion_len

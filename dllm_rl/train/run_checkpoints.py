@@ -13,10 +13,14 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from typing import Any, Callable
+
 import ml_collections
+from flax import nnx
 
 from dllm_rl import paths
 from dllm_rl.infra.checkpoint import Checkpointer
+from dllm_rl.models import lora
 from dllm_rl.models.transformer import ModelConfig, abstract_params_sharded
 from dllm_rl.train.phases import checkpoint_dir
 
@@ -97,10 +101,17 @@ def read_train_config(ref: CheckpointRef) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(json.loads(meta["config"]))
 
 
-def restore_params(ref: CheckpointRef, model_cfg: ModelConfig, mesh):
+def restore_params(ref: CheckpointRef, model_cfg: ModelConfig, mesh, *,
+                   base: Callable[[], Any] | None = None):
   """The policy parameters of checkpoint ``ref`` only (no optimizer state is read),
-  placed on their shardings on ``mesh``, in ``model_cfg.param_dtype``."""
+  placed on their shardings on ``mesh``, in ``model_cfg.param_dtype``. A LoRA model
+  (``model_cfg.lora_rank`` > 0): the checkpoint's adapters on the frozen base that
+  ``base()`` rebuilds from the run's pointer (``lora_checkpoint.base_params``)."""
   _, target = abstract_params_sharded(model_cfg, mesh)
+  if model_cfg.lora_rank:
+    target = lora.split_adapters(target)[0]
   with Checkpointer(ref.directory, read_only=True) as ckpt:
     params, _ = ckpt.restore_part(target, "params", ref.step)
+  if model_cfg.lora_rank:
+    params = nnx.merge_state(base(), params)
   return params

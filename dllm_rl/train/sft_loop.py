@@ -32,7 +32,7 @@ class SFTPhase(Phase):
     self.steps, self.log_every, self.eval_every = f.steps, f.log_every, f.eval_every
     self.target_accuracy = f.target_accuracy
     self.graphdef, self.params = init_params(ctx)
-    self.optimizer, self.schedule = make_optimizer(f)
+    self.optimizer, self.schedule = make_optimizer(f, lora_only=ctx.model_cfg.lora_rank > 0)
     self.val = {}  # the latest validation result (summary of a resumed run)
     d = ctx.config.data
     self.cost = StepCost(tokens=d.batch_size * (d.prompt_len + d.completion_len),

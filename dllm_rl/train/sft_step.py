@@ -9,6 +9,7 @@ import optax
 
 from dllm_rl.diffusion.block import block_sft_loss
 from dllm_rl.diffusion.sft import sft_loss
+from dllm_rl.models import lora
 from dllm_rl.parallel.constraints import jit_sharded
 from dllm_rl.parallel.shard import replicated
 from dllm_rl.types import SequenceBatch, TrainState
@@ -37,6 +38,7 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation, schedule: o
 
   def sft_step(state: TrainState, batch: SequenceBatch, key: jax.Array):
     def loss_fn(params):
+      params = lora.freeze_base(params)  # LoRA: gradients reach the adapters only
       if block_size:
         return block_sft_loss(graphdef, params, batch, key, mask_id=mask_id, t_eps=t_eps,
                               block_size=block_size, attention_impl=attention_impl,

@@ -20,7 +20,7 @@ from dllm_rl.config.overrides import did_you_mean
 from dllm_rl.errors import ConfigError, raise_all
 from dllm_rl.infra import writers
 from dllm_rl.kernels.staircase import ATTENTION_IMPLS
-from dllm_rl.models import transformer
+from dllm_rl.models import lora, transformer
 from dllm_rl.models.scan import REMAT_POLICIES
 from dllm_rl.parallel.distributed import INITIALIZE_MODES
 from dllm_rl.paths import BackendMissing
@@ -111,6 +111,18 @@ def _model(config, check: "_Checks") -> None:
   if m.n_heads > 0 and m.head_dim >= 0 and m.d_model > 0:
     for field, msg in transformer.moe_problems(m, m.head_dim or m.d_model // m.n_heads):
       check(False, f"model.{field}", msg)
+
+
+def _lora(config, check: "_Checks") -> None:
+  """``lora``: rank, alpha, targets, the frozen base's dtype."""
+  a = config.lora
+  check(a.rank >= 0, "lora.rank", f"must be >= 0 (0 = off), got {a.rank}")
+  check(a.alpha > 0, "lora.alpha", f"must be positive, got {a.alpha}")
+  unknown = [t for t in a.targets if t not in lora.TARGETS]
+  check(not unknown, "lora.targets", f"unknown {unknown}; choose from {tuple(lora.TARGETS)}")
+  check(a.rank == 0 or len(a.targets) > 0, "lora.targets", "empty: name at least one projection")
+  check(a.base_dtype in DTYPES, "lora.base_dtype",
+        f"must be one of {tuple(DTYPES)}, got {a.base_dtype!r}")
 
 
 def _data(config, check: "_Checks") -> None:
@@ -315,7 +327,7 @@ def _required(config, check: "_Checks", prefix: str = "") -> None:
                                      f"--config.{prefix}{key}=...")
 
 
-_SECTIONS = (_required, _names, _model, _data, _sampler, _sft, _rl, _estimator, _eval, _runtime)
+_SECTIONS = (_required, _names, _model, _lora, _data, _sampler, _sft, _rl, _estimator, _eval, _runtime)
 
 
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

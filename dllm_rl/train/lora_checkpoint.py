@@ -1,0 +1,62 @@
+"""Checkpoints of a LoRA run (``lora.rank`` > 0): the adapters only, plus a pointer to the base.
+
+A LoRA run's checkpoint holds the :class:`~dllm_rl.models.lora.LoraParam` leaves, the
+optimizer state (adapters only: ``train.optim.adapters_only``), the step and the RNG key. The
+frozen base and a KL reference (the starting policy) are not written: the base is rebuilt from
+its pointer, :func:`base_pointer` in the meta (``model.hf_checkpoint``, else the seed's init),
+exactly as the run built it (:func:`base_params`). Full fine-tuning (rank 0) saves the whole
+state as before; every function here is then the identity.
+
+Limits: the base of RL is the run's base (HF checkpoint or seed), so RL with LoRA continues the
+adapters of an SFT with LoRA in the same workdir; a full-fine-tuned SFT checkpoint cannot be
+the base of a LoRA RL phase (its layout does not match: a LayoutMismatch names the step).
+"""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from dllm_rl.models import lora, transformer
+from dllm_rl.train import context as setup
+
+
+def saved_state(state):
+  """What a checkpoint of ``state`` holds: with adapters, params = the adapters alone and no
+  reference policy; ``state`` itself otherwise (also the restore template)."""
+  if not lora.has_adapters(state.params):
+    return state
+  return state.replace(params=lora.split_adapters(state.params)[0], ref_params=None)
+
+
+def restored_state(template, saved):
+  """The state ``saved`` (:func:`saved_state` layout) completed with the frozen base and the
+  reference policy of ``template`` (a fresh state of the same run)."""
+  if saved is template or not lora.has_adapters(template.params):
+    return saved
+  return saved.replace(params=nnx.merge_state(template.params, saved.params),
+                       ref_params=template.ref_params)
+
+
+def restore_checkpoint(ckpt, template):
+  """``ckpt.restore`` of a state shaped like ``template`` (a fresh state): (state, meta)."""
+  saved, meta = ckpt.restore(saved_state(template))
+  return restored_state(template, saved), meta
+
+
+def base_pointer(config) -> dict:
+  """The meta entry naming a LoRA run's base ({} without LoRA)."""
+  if not config.lora.rank:
+    return {}
+  base = config.model.hf_checkpoint or f"init from seed {config.seed}"
+  return {"lora_base": base, "lora": config.lora.to_dict()}
+
+
+def base_params(config, model_cfg, mesh) -> nnx.State:
+  """The frozen base of a LoRA run (``model_cfg`` with adapters) rebuilt from its pointer: the
+  HF checkpoint's weights, or the seed's init (with the run's key, so the same numbers)."""
+  if config.model.hf_checkpoint:
+    folder = setup.checkpoint_folder(config.model.hf_checkpoint)
+    return setup.load_hf_params(folder, model_cfg, mesh)[1]
+  key = jax.random.fold_in(jax.random.key(config.seed), 0)
+  return lora.split_adapters(transformer.init_params_sharded(model_cfg, key, mesh)[1])[1]

@@ -1,0 +1,90 @@
+"""A LoRA run's checkpoint holds the adapters (and their optimizer state) only; a restore
+rebuilds the frozen base from the run's pointer; `export_run` writes merged HF weights whose
+logits are the unmerged model's (≤ 1e-5) and a PEFT folder that adds up to them."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import dllm_rl
+from dllm_rl.infra.checkpoint import Checkpointer, LayoutMismatch
+from dllm_rl.models import hf, lora, transformer
+from dllm_rl.parallel.mesh import make_mesh
+from dllm_rl.parallel.shard import init_state_sharded
+from dllm_rl.tasks.tokenizer import CharTokenizer
+from dllm_rl.train import context as setup
+from dllm_rl.train.export import export_run
+from dllm_rl.train.lora_checkpoint import base_pointer, restore_checkpoint, saved_state
+from dllm_rl.train.optim import make_optimizer
+from tests.helpers import LLADA_TINY_MODEL, tiny_run_config
+from tests.models.test_lora import _randomise_b
+
+
+def _run(tmp_path):
+  """A LoRA run's state as context.init_params builds it, B randomised, saved at sft step 1."""
+  config = tiny_run_config("sft", {**LLADA_TINY_MODEL, "lora.rank": 4, "lora.alpha": 8.0})
+  mesh = make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
+  model_cfg = lora.configure(setup.model_config(config, CharTokenizer().vocab_size), config.lora)
+  key = jax.random.fold_in(jax.random.key(config.seed), 0)  # context.init_params' key
+  graphdef, params = transformer.init_params_sharded(model_cfg, key, mesh)
+  optimizer = make_optimizer(config.sft, lora_only=True)[0]
+  fresh, _ = init_state_sharded(params, optimizer, jax.random.key(1), mesh)
+  trained, _ = init_state_sharded(_randomise_b(params, jax.random.key(2)), optimizer,
+                                  jax.random.key(1), mesh)
+  directory = os.path.join(str(tmp_path), "checkpoints", "sft")
+  with Checkpointer(directory, async_save=False) as ckpt:
+    ckpt.save(1, saved_state(trained), {"phase": "sft", **base_pointer(config),
+                                        "config": config.to_json()})
+  return config, mesh, model_cfg, graphdef, fresh, trained, directory
+
+
+def test_checkpoint_holds_adapters_and_restores_onto_the_base(tmp_path):
+  config, mesh, model_cfg, _, fresh, trained, directory = _run(tmp_path)
+  with Checkpointer(directory, read_only=True) as ckpt:
+    assert ckpt.meta(1)["lora_base"] == f"init from seed {config.seed}"
+    _, full = transformer.abstract_params_sharded(model_cfg, mesh)
+    with pytest.raises(LayoutMismatch):  # no base weight was written
+      ckpt.restore_part(full, "params", 1)
+    restored, _ = restore_checkpoint(ckpt, fresh)
+  for part in ("params", "opt_state"):  # adapters from the file, the base from the template
+    for a, b in zip(jax.tree.leaves(getattr(trained, part)), jax.tree.leaves(getattr(restored, part))):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_export_writes_merged_weights_with_the_unmerged_logits(tmp_path):
+  _, _, _, graphdef, _, trained, _ = _run(tmp_path / "w")
+  stats = export_run(str(tmp_path / "w"), str(tmp_path / "hf"), peft_dir=str(tmp_path / "peft"))
+  assert stats["label"] == "sft1"
+  exported = dllm_rl.load_pretrained(str(tmp_path / "hf"))
+  tok = CharTokenizer()
+  ids_BL = np.array([tok.encode("123+456="), tok.encode("9+9=18??")])
+  pos_BL = np.broadcast_to(np.arange(ids_BL.shape[1]), ids_BL.shape)
+  with jax.default_matmul_precision("highest"):
+    want = np.asarray(transformer.apply(graphdef, trained.params, ids_BL, pos_BL))
+    got = np.asarray(exported.logits(ids_BL))
+  assert np.abs(want - got).max() <= 1e-5
+
+
+def test_peft_folder_adds_up_to_the_merged_export(tmp_path):
+  """PEFT's ΔW = (α/r)·lora_B·lora_A in torch layout equals the merged export minus the base,
+  for an IN-layout (q_proj, one input dim) and an OUT-layout weight (attn_out: two)."""
+  _, _, model_cfg, _, _, trained, _ = _run(tmp_path / "w")
+  export_run(str(tmp_path / "w"), str(tmp_path / "hf"), peft_dir=str(tmp_path / "peft"))
+  adapters = load_file(str(tmp_path / "peft" / "adapter_model.safetensors"))
+  config = json.load(open(tmp_path / "peft" / "adapter_config.json"))
+  assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, 8.0, "LORA")
+  assert len(adapters) == 2 * 7 * model_cfg.n_layers
+  assert "model.transformer.ff_out" not in config["target_modules"]  # the head is not adapted
+  merged = load_file(str(tmp_path / "hf" / "model.safetensors"))
+  attn = trained.params["blocks"][1]["attn"]
+  for name, w, kind in (("q_proj", attn["q_proj"], hf.IN), ("attn_out", attn["o_proj"], hf.OUT)):
+    module = f"model.transformer.blocks.1.{name}"
+    a = adapters[f"base_model.model.{module}.lora_A.weight"]
+    b = adapters[f"base_model.model.{module}.lora_B.weight"]
+    base = hf.to_hf(np.asarray(w[...], np.float32), kind)
+    assert a.shape == (4, base.shape[1]) and b.shape == (base.shape[0], 4)
+    np.testing.assert_allclose(merged[f"{module}.weight"] - base, 2.0 * b @ a, atol=1e-6)
