@@ -152,6 +152,8 @@ def load_imported(ckpt_dir: str, *, mesh=None, param_dtype: str | None = None,
   mc = dict(meta["model_config"])
   mc.update(dtype=jnp.dtype(mc["dtype"]).type,
             param_dtype=jnp.dtype(param_dtype or mc["param_dtype"]).type)
+  if "lora_targets" in mc:  # a JSON list; ModelConfig is hashable (a static jit argument)
+    mc["lora_targets"] = tuple(mc["lora_targets"])
   cfg, ids = ModelConfig(**mc), hf.TokenIds(**meta["token_ids"])
   mesh = mesh if mesh is not None else make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
   graphdef, target = abstract_params_sharded(cfg, mesh)

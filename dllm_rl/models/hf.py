@@ -550,11 +550,12 @@ def _write_safetensors(path: str | None, entries: list, pure: dict, np_dtype) ->
 
 def check_config(hf_config: dict, cfg: ModelConfig, ids: TokenIds) -> None:
   """ValueError listing each field where ``hf_config`` (a config.json) does not describe
-  ``cfg`` / ``ids`` (dtypes, init and scan / remat options aside)."""
+  ``cfg`` / ``ids`` (dtypes, init, scan / remat and LoRA adapter options aside)."""
   got_cfg, got_ids = model_config_from_hf(hf_config)
   got_cfg = dataclasses.replace(got_cfg, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                                 init_std=cfg.init_std, scan_layers=cfg.scan_layers,
-                                remat=cfg.remat)
+                                remat=cfg.remat, lora_rank=cfg.lora_rank,  # adapters: not HF
+                                lora_alpha=cfg.lora_alpha, lora_targets=cfg.lora_targets)
   diff = [f"{f.name}: config.json {getattr(a, f.name)!r} vs model {getattr(b, f.name)!r}"
           for a, b in ((got_cfg, cfg), (got_ids, ids)) for f in dataclasses.fields(a)
           if getattr(a, f.name) != getattr(b, f.name)]
