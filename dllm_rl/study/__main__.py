@@ -12,12 +12,8 @@ status 2). Finished arms are reused on rerun.
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
-import platform
 import sys
-import time
 
 from absl import app, flags, logging
 
@@ -25,6 +21,7 @@ from dllm_rl.config import cli
 from dllm_rl.config.defaults import get_config as default_config
 from dllm_rl.errors import ConfigError
 from dllm_rl.study import arms as arms_lib
+from dllm_rl.study.studies import study
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory (SFT, arms, JSON, plots).")
 _SEEDS = flags.DEFINE_integer("seeds", None, "Seeds (default 3; 1 with --quick).")
@@ -35,65 +32,6 @@ _overrides: list[tuple[str, str]] = []  # --config.KEY=VALUE and --set=KEY=VALUE
 _RESULTS = flags.DEFINE_string("results", "docs/results.md", "Markdown report to write.")
 _STEPS = flags.DEFINE_integer("rl_steps", None, "RL steps per arm (default: the study size).")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", None, "Validation every N RL steps.")
-
-
-def _machine() -> str:
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open("/proc/cpuinfo") as fh:
-      names = [l.split(":", 1)[1].strip() for l in fh if l.startswith("model name")]
-    cpu = names[0] if names else cpu
-  except OSError:
-    pass
-  return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores ({cpu})"
-
-
-def _load() -> str:
-  try:
-    return f"{os.getloadavg()[0]:.1f}"
-  except OSError:
-    return "n/a"
-
-
-def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
-          overrides: dict[str, object],
-          results_md: str, command: str, rl_steps: int | None = None,
-          eval_every: int | None = None, cache_dir: str | None = None,
-          arm_patterns: list[str] | None = None) -> dict:
-  """Run the named studies and write their JSON, plots and the markdown report.
-  ``arm_patterns``: only the arms matching one of these shell patterns."""
-  import jax
-
-  from dllm_rl.study import plots, report, runner
-
-  size = arms_lib.QUICK if quick else arms_lib.FULL
-  size = arms_lib.Size(rl_steps=rl_steps or size.rl_steps,
-                       eval_every=eval_every or size.eval_every,
-                       seeds=seeds or size.seeds)
-  started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
-  t0, load_start = time.time(), _load()
-  os.makedirs(workdir, exist_ok=True)
-  done = []
-  for name in names:
-    with runner.compilation_cache(cache_dir):
-      result = runner.run_study(name, arms_lib.select(arms_lib.STUDIES.get(name)(), arm_patterns),
-                                workdir, size.seeds, size,
-                                overrides)
-    result["command"], result["quick"] = command, quick
-    with open(os.path.join(workdir, f"{name}.json"), "w") as fh:
-      json.dump(result, fh)
-    plots.curves(result, os.path.join(workdir, f"{name}_curves.png"))
-    if name == "stability":
-      plots.spikes(result, os.path.join(workdir, f"{name}_spikes.png"))
-    done.append(result)
-  meta = {"command": command, "quick": quick, "machine": _machine(), "load_start": load_start,
-          "load_end": _load(), "jax": jax.__version__, "started": started,
-          "wall_seconds": time.time() - t0}
-  with open(os.path.join(workdir, "meta.json"), "w") as fh:
-    json.dump(meta, fh, indent=2)
-  report.write(done, meta, workdir, results_md)
-  print(f"[study] wrote {results_md} ({meta['wall_seconds']:.0f} s)", flush=True)
-  return {"studies": done, "meta": meta}
 
 
 def main(argv):

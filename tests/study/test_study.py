@@ -9,7 +9,7 @@ import pytest
 from dllm_rl.config.cli import typed_overrides
 from dllm_rl.config.defaults import get_config
 from dllm_rl.study import arms as arms_lib
-from dllm_rl.study.__main__ import study
+from dllm_rl.study.studies import study
 from tests.helpers import TINY_MODEL
 
 TINY = {**TINY_MODEL, **typed_overrides(get_config(), [tuple(s.split("=")) for s in [

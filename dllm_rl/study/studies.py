@@ -1,0 +1,75 @@
+"""The study as a library call: run the named studies, write their JSON, plots and the report.
+
+``python -m dllm_rl.study`` (``__main__``) is its command line; tests and scripts call
+:func:`study` without defining absl flags (``__main__`` defines them at import, and two entry
+points defining the same flag cannot share a process).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import time
+
+from dllm_rl.study import arms as arms_lib
+
+
+def _machine() -> str:
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo") as fh:
+      names = [l.split(":", 1)[1].strip() for l in fh if l.startswith("model name")]
+    cpu = names[0] if names else cpu
+  except OSError:
+    pass
+  return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores ({cpu})"
+
+
+def _load() -> str:
+  try:
+    return f"{os.getloadavg()[0]:.1f}"
+  except OSError:
+    return "n/a"
+
+
+def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
+          overrides: dict[str, object],
+          results_md: str, command: str, rl_steps: int | None = None,
+          eval_every: int | None = None, cache_dir: str | None = None,
+          arm_patterns: list[str] | None = None) -> dict:
+  """Run the named studies and write their JSON, plots and the markdown report.
+  ``arm_patterns``: only the arms matching one of these shell patterns."""
+  import jax
+
+  from dllm_rl.study import plots, report, runner
+
+  size = arms_lib.QUICK if quick else arms_lib.FULL
+  size = arms_lib.Size(rl_steps=rl_steps or size.rl_steps,
+                       eval_every=eval_every or size.eval_every,
+                       seeds=seeds or size.seeds)
+  started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+  t0, load_start = time.time(), _load()
+  os.makedirs(workdir, exist_ok=True)
+  done = []
+  for name in names:
+    with runner.compilation_cache(cache_dir):
+      result = runner.run_study(name, arms_lib.select(arms_lib.STUDIES.get(name)(), arm_patterns),
+                                workdir, size.seeds, size,
+                                overrides)
+    result["command"], result["quick"] = command, quick
+    with open(os.path.join(workdir, f"{name}.json"), "w") as fh:
+      json.dump(result, fh)
+    plots.curves(result, os.path.join(workdir, f"{name}_curves.png"))
+    if name == "stability":
+      plots.spikes(result, os.path.join(workdir, f"{name}_spikes.png"))
+    done.append(result)
+  meta = {"command": command, "quick": quick, "machine": _machine(), "load_start": load_start,
+          "load_end": _load(), "jax": jax.__version__, "started": started,
+          "wall_seconds": time.time() - t0}
+  with open(os.path.join(workdir, "meta.json"), "w") as fh:
+    json.dump(meta, fh, indent=2)
+  report.write(done, meta, workdir, results_md)
+  print(f"[study] wrote {results_md} ({meta['wall_seconds']:.0f} s)", flush=True)
+  return {"studies": done, "meta": meta}
