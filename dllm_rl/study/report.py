@@ -117,9 +117,10 @@ def _collapses(study: dict, arm: str) -> tuple[int, int]:
   return sum(r["stats"]["collapsed"] for r in runs), len(runs)
 
 
-def _stability_reason(study: dict, grpo: str, sdrl: str, p: dict) -> str:
-  """The likely reason a StableDRL-over-GRPO comparison did not reproduce, from its numbers."""
-  (gc, gn), (sc, sn) = _collapses(study, grpo), _collapses(study, sdrl)
+def _stability_reason(study: dict, grpo: str, collapses: tuple[int, int, int, int]) -> str:
+  """The likely reason a StableDRL-over-GRPO comparison did not reproduce, from its numbers;
+  ``collapses``: (GRPO collapsed, GRPO seeds, StableDRL collapsed, StableDRL seeds)."""
+  gc, gn, sc, sn = collapses
   bypass = _iv(study, grpo, lambda r: r["stats"]["bypass_fraction_mean"])["mean"] or 0.0
   p99 = _iv(study, grpo, lambda r: _ratio(r, "p99_first"))["mean"]
   if gc == 0:
@@ -150,11 +151,12 @@ def stability_verdicts(study: dict) -> list[tuple[str, str, str]]:
       continue
     p = paired_difference(study, name, grpo, _test)
     verdict = stats.verdict(p, MIN_EFFECT, "StableDRL's accuracy")
-    (gc, gn), (sc, sn) = _collapses(study, grpo), _collapses(study, name)
+    collapses = (*_collapses(study, grpo), *_collapses(study, name))
+    gc, gn, sc, sn = collapses
     evidence = (f"test accuracy StableDRL − GRPO {_fmt_paired(p)}; collapsed: GRPO {gc}/{gn},"
                 f" StableDRL {sc}/{sn}")
     if verdict != "reproduced":
-      evidence += f". Likely reason: {_stability_reason(study, grpo, name, p)}"
+      evidence += f". Likely reason: {_stability_reason(study, grpo, collapses)}"
     out.append((f"{name} vs {grpo} ({_group(a)})", verdict, evidence))
   return out
 
@@ -239,9 +241,9 @@ RATIO_NOTE = ("|log ρ̂| columns: quantiles of |log ρ̂| over the batch's sequ
 
 CAVEATS = {
     "stability": (
-        "At this size (0.1M parameters, 8-token completions of which ~5 are scored, a 1-draw"
-        " ELBO) log ρ̂ at the first inner step is pure mask noise of a short sequence; the"
-        " ratio-bypass mechanism needs A < 0 and ρ̂ > 1.2, which the bypass fraction column"
+        "At this size (0.1M parameters, 8-token completions of which ~5 are scored) log ρ̂ at"
+        " the first inner step is pure mask noise of a short sequence, with either estimator"
+        " (the |log ρ̂| quantile columns measure it); the ratio-bypass mechanism needs A < 0 and ρ̂ > 1.2, which the bypass fraction column"
         " measures. Grad norms are pre-clip: `rl.grad_clip = 1.0` bounds every update, so a"
         " spike changes the direction more than the size of a step, and Adam rescales"
         " gradients, so collapse at a high lr is not only the loss's doing. A zero grad norm"
@@ -298,10 +300,10 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
   c = make_config(studies[0]["runs"][0]["overrides"])  # the sizes every run shares
   out += ["Every arm starts from the same SFT checkpoint of the embedded default's task (3-digit"
           " addition, `dllm_rl/config/defaults.py`), one per seed, and changes only the listed"
-          " keys. Official noise (independent masks for ℓ̂_old and every inner step),"
-          f" {c.estimator.num_samples}-draw {c.estimator.name.upper()}, μ = {c.rl.inner_steps},"
-          f" {c.rl.batch_prompts} prompts × {c.rl.group_size} completions, centered advantages"
-          " unless stated. Intervals: mean ± 95% Student-t half-width across seeds (none with"
+          " keys. Unless an arm's overrides say otherwise: official noise (independent masks"
+          f" for ℓ̂_old and every inner step), {c.estimator.num_samples}-draw"
+          f" {c.estimator.name.upper()}, μ = {c.rl.inner_steps}, {c.rl.batch_prompts} prompts ×"
+          f" {c.rl.group_size} completions, centered advantages. Intervals: mean ± 95% Student-t half-width across seeds (none with"
           f" one seed). Validation accuracy: greedy, on {c.task.val_size} training-distribution"
           " prompts never trained on; test accuracy: greedy on the"
           f" {c.task.test_size} test prompts after the last step; pass@k from"

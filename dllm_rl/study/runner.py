@@ -16,6 +16,7 @@ import shutil
 import time
 
 import ml_collections
+import numpy as np
 
 from dllm_rl.config.defaults import get_config as default_config
 from dllm_rl.study import stats
@@ -32,7 +33,6 @@ def ratio_summary(records: list[dict]) -> dict:
   """|log ρ̂| of a run: for each per-step batch quantile (p50 / p90 / p99, at the first inner
   step and averaged over the inner steps), its median over the steps; the max over steps of
   the per-step max. Keys ``p50_first`` … ``max_first``, ``p50_all`` … ``max_all``."""
-  import numpy as np
   out = {}
   for when, suffix in (("first", "_first"), ("all", "")):
     for q in ("p50", "p90", "p99", "max"):
@@ -128,7 +128,6 @@ def arm_stats(records: list[dict], evals: list[dict], num_val: int) -> dict:
       "zero_grad_steps": sum(1 for g in grads if g == 0),  # no signal: all rewards equal
       "spike_ratio": stats.spike_ratio(grads),
       "grad_spikes": stats.count_spikes(grads),
-      "ratio_max": max((r["ratio_max"] for r in records if "ratio_max" in r), default=None),
       "abs_log_ratio": ratio_summary(records),
       "bypass_fraction_mean": (sum(r.get("bypass_fraction", 0.0) for r in records) / len(records)
                                if records else None),
