@@ -40,12 +40,16 @@ class SequenceBatch:
 
   ``completion_valid_BL`` marks completion positions that are targets (and may
   be masked); everything else is never masked and carries no loss.
+  ``unmask_step_BL``: for RL rollouts, the denoising step at which the sampler
+  committed each completion position (-1 = never; SampleOutput), read by the
+  ``trajectory`` estimator; None elsewhere.
   """
 
   prompt_BP: jax.Array
   prompt_valid_BP: jax.Array
   completion_BL: jax.Array
   completion_valid_BL: jax.Array
+  unmask_step_BL: Any = None
 
 
 @struct.dataclass

@@ -4,7 +4,8 @@ Each recipe maps a config to the flattened overrides (``{"rl.loss": "wd1", ...}`
 it run one published algorithm as its official code does — the loss, the advantage,
 the likelihood estimator and its noise, the clip range and the KL — and nothing about
 scale (model, data, lengths, learning rate, batch, μ). They are applied by the config files
-``configs/wd1.py``, ``configs/espo.py`` and ``configs/coupled_grpo.py`` (which add the
+``configs/wd1.py``, ``configs/espo.py``, ``configs/coupled_grpo.py``, ``configs/trajectory.py``
+and ``configs/steprs_trajectory.py`` (which add the
 official scale hyper-parameters at full size) and by the ``baselines`` study's arms
 (``dllm_rl/study/arms.py``, over the embedded default). Values and the official files they
 come from are documented in those config files.
@@ -57,6 +58,28 @@ def coupled_grpo(config: ml_collections.ConfigDict) -> dict:
           "estimator.num_samples": 2, "estimator.t_eps": 0.2, "estimator.full_mask_term": True,
           "estimator.reduction": "sum", "estimator.antithetic": True,
           "estimator.prompt_mask_prob": 0.0}
+
+
+def trajectory(config: ml_collections.ConfigDict) -> dict:
+  """TraceRL (Gen-Verse/dLLM-RL ``train/rl_llada.py``, method "TraceRL"): PPO's clipped
+  objective at ε = 0.2 on per-token ratios of the trajectory estimate (each token scored in
+  the denoising state it was committed from, summed over the tokens), z-scored group
+  advantages (``reward/rl_reward.py``: (r − mean_G r) / std_G r). Its per-token k3 penalty
+  to θ_old (β = 0.01) has no counterpart here (the KL is to the starting policy): off. The
+  shrinkage is a matter of scale (the official 8 is set by configs/trajectory.py; the
+  embedded default's 8 steps keep 1)."""
+  del config
+  return {"rl.loss": "grpo_token", "rl.advantage": "grpo", "rl.eps": 0.2, "rl.kl_coef": 0.0,
+          "estimator.name": "trajectory", "estimator.reduction": "sum"}
+
+
+def steprs_trajectory(config: ml_collections.ConfigDict) -> dict:
+  """StepRS-GRPO, state-conditioned: each token's risk coefficient β_s weights that token's
+  log-probability in the state s it was unmasked from (the ``trajectory`` estimator), not an
+  ELBO term under random masks; the StableDRL loss underneath, β 0 → 2 linear."""
+  del config
+  return {"rl.loss": "stabledrl", "rl.advantage": "steprs", "rl.beta_start": 0.0,
+          "rl.beta_end": 2.0, "rl.beta_schedule": "linear", "estimator.name": "trajectory"}
 
 
 def recipe_config(variant: str, recipe: Callable[[ml_collections.ConfigDict], dict],

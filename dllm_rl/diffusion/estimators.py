@@ -50,7 +50,7 @@ ESTIMATORS: Registry = Registry("likelihood estimator")
 
 
 REDUCTIONS = ("sum", "mean")  # per-sequence sum or length-mean
-REDUCIBLE = ("mean_field", "elbo")  # the estimators that read cfg.reduction
+REDUCIBLE = ("mean_field", "elbo", "trajectory")  # the estimators that read cfg.reduction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +64,7 @@ class EstimatorConfig:
   stratified: bool = False    # elbo: t_k = (k + u_k) / K
   prompt_mask_prob: float = 0.0  # mask prompt tokens with this probability (d1 uses 0.15)
   t_eps: float = 1e-3         # masking rates t ∈ [t_eps, 1]
-  reduction: str = "mean"     # mean_field, elbo: per-sequence "sum" or length-"mean"
+  reduction: str = "mean"     # mean_field, elbo, trajectory: per-sequence "sum" or length-"mean"
   spg_beta: float = 1.5       # spg_block: EUBO exponent β
   spg_omega: float = 0.5      # spg_block: EUBO weight ω for negative advantages
   spg_block_len: int = 32     # spg_block: block length of the block-wise masking
@@ -72,13 +72,15 @@ class EstimatorConfig:
   attention_impl: str = "auto"  # block_elbo: staircase attention auto | pallas | interpret | reference
   prompt_block_causal: bool = False  # block_elbo: block-causal prompt attention (SDAR)
   logits_chunk: int = 0       # rows per vocabulary slab of the scorer (config.model.logits_chunk)
+  trajectory_shrink: int = 1  # trajectory: distinct denoising steps per forward pass (TraceRL shrink)
+  num_states: int = 0         # trajectory: the sampler's step budget S (SamplerConfig.max_steps)
 
   @classmethod
   def from_config(cls, est_cfg, block_size: int = 0, prompt_block_causal: bool = False,
-                  logits_chunk: int = 0) -> "EstimatorConfig":
+                  logits_chunk: int = 0, num_states: int = 0) -> "EstimatorConfig":
     d = dict(est_cfg)
     d.pop("name", None)
-    return cls(**d, logits_chunk=logits_chunk,
+    return cls(**d, logits_chunk=logits_chunk, num_states=num_states,
                **({"block_size": block_size,
                    "prompt_block_causal": prompt_block_causal} if block_size else {}))
 

@@ -93,7 +93,8 @@ def flatten_groups(batch: RolloutBatch, eos_id: int) -> SequenceBatch:
 
   The action — the tokens through the first EOS — is ``completion_valid_BL``;
   every later position is set to EOS (the sampler's fill), so what the sampler
-  committed there reaches no estimator.
+  committed there reaches no estimator. The unmask steps travel along (the
+  ``trajectory`` estimator replays the states from them).
   """
   b, g, l = batch.completion_BGL.shape
   rep = lambda a: jnp.repeat(a, g, axis=0)
@@ -101,7 +102,8 @@ def flatten_groups(batch: RolloutBatch, eos_id: int) -> SequenceBatch:
   valid_BL = action_mask(completion_BL, eos_id)
   return SequenceBatch(prompt_BP=rep(batch.prompt_BP), prompt_valid_BP=rep(batch.prompt_valid_BP),
                        completion_BL=jnp.where(valid_BL, completion_BL, eos_id),
-                       completion_valid_BL=valid_BL)
+                       completion_valid_BL=valid_BL,
+                       unmask_step_BL=batch.unmask_step_BGL.reshape(b * g, l))
 
 
 def completion_lengths(completion_BGL, eos_id: int):

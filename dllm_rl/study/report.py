@@ -257,7 +257,7 @@ CAVEATS = {
     "baselines": (
         "Each baseline runs its official algorithm (loss, advantage, estimator, ε, KL;"
         " dllm_rl/config/recipes.py) at the embedded default's lr, μ and group size, not its"
-        " official scale (configs/wd1.py, espo.py, coupled_grpo.py): a gain here says the"
+        " official scale (configs/wd1.py, espo.py, coupled_grpo.py, trajectory.py): a gain here says the"
         " algorithm learns this task, not how it ranks at 8B. 256 test prompts give about ±3"
         " points of noise per run."),
 }

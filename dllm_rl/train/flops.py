@@ -28,7 +28,8 @@ Where the count comes from:
 * ``rl_step`` (dllm_rl/rl/step.py): B·G sequences; one likelihood estimate costs
   K forwards (``elbo``, ``spg_block``: K = ``estimator.num_samples`` draws on
   [prompt P | completion L], one more for ``elbo``'s ``full_mask_term``; ``block_elbo``: K staircase passes on N = P + 2L;
-  ``mean_field``: one forward whatever K), the head on the L completion rows the
+  ``mean_field``: one forward whatever K; ``trajectory``: K = ceil(S / shrink) state passes
+  on [prompt P | completion L]), the head on the L completion rows the
   estimators score. Per rollout batch: ℓ̂_old once (``antithetic`` False) or μ times
   (``antithetic`` True), ℓ̂_ref μ times when ``rl.kl_coef > 0``, and μ =
   ``rl.inner_steps`` updates at 3 × the estimate.
@@ -86,9 +87,16 @@ def estimate_flops(m: ModelConfig, estimator: str, num_samples: int, prompt_len:
     return forward_flops(m, p + l, head_rows=l)
   if estimator == "block_elbo":
     return num_samples * forward_flops(m, p + 2 * l, head_rows=l)
-  if estimator in ("elbo", "spg_block"):
+  if estimator in ("elbo", "spg_block", "trajectory"):
     return num_samples * forward_flops(m, p + l, head_rows=l)
   raise ValueError(f"estimator.name={estimator!r}: no FLOP count for this estimator")
+
+
+def trajectory_passes(config) -> int:
+  """Forward passes of one ``trajectory`` estimate: ceil(S / estimator.trajectory_shrink),
+  S the sampler's step budget (``data.completion_len`` in threshold mode)."""
+  s = config.data.completion_len if config.sampler.threshold > 0 else config.sampler.steps
+  return -(-s // config.estimator.trajectory_shrink)
 
 
 def rl_step_flops(config, model_cfg: ModelConfig, *, prompt_len: int | None = None) -> float:
@@ -101,6 +109,8 @@ def rl_step_flops(config, model_cfg: ModelConfig, *, prompt_len: int | None = No
   r, x = config.rl, config.estimator
   p = config.data.prompt_len if prompt_len is None else prompt_len
   draws = x.num_samples + (1 if x.name == "elbo" and x.full_mask_term else 0)
+  if x.name == "trajectory":  # one pass per group of shrink denoising states
+    draws = trajectory_passes(config)
   est = estimate_flops(model_cfg, x.name, draws, p, config.data.completion_len)
   mu = r.inner_steps
   passes = (mu if x.antithetic else 1) + (mu if r.kl_coef > 0 else 0) + 3 * mu

@@ -57,7 +57,7 @@ def step_config(config, sampler_cfg, mask_id: int, eos_id: int) -> RLStepConfig:
       estimator_cfg=EstimatorConfig.from_config(
           x, block_size=config.model.block_size,
           prompt_block_causal=config.model.prompt_block_causal,
-          logits_chunk=config.model.logits_chunk),
+          logits_chunk=config.model.logits_chunk, num_states=sampler_cfg.max_steps),
       loss_cfg=LossConfig(clip=r.clip, clip_C=r.clip_C, eps=r.eps, spg_omega=x.spg_omega,
                           self_normalize=r.self_normalize),
       advantage_cfg=AdvantageConfig(beta=r.beta, beta_start=r.beta_start, beta_end=r.beta_end,

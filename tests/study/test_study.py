@@ -43,7 +43,8 @@ def test_every_arm_of_every_study_is_a_valid_config(name):
   for arm in arms:
     validate(make_config({**TINY, "mode": "rl", **arm.overrides}))
   if name == "baselines":
-    assert [a.name for a in arms] == ["grpo", "stabledrl", "wd1", "espo", "coupled_grpo"]
+    assert [a.name for a in arms] == ["grpo", "stabledrl", "wd1", "espo", "coupled_grpo",
+                                      "trajectory"]
     assert {make_config(a.overrides).rl.loss for a in arms} == {
         "grpo", "stabledrl", "wd1", "espo", "grpo_token"}
 
