@@ -29,8 +29,9 @@ def test_overrides_are_typed_like_the_default():
 
 # Every arm of every study validates (run_study checks each before anything runs); end to
 # end, one arm of each kind runs.
-QUICK_ARMS = ["grpo@lr1e-4", "stabledrl@lr1e-4", "grpo_elbo1@lr3e-4", "stabledrl_elbo1@lr3e-4",
-              "centered", "steprs", "steprs_calibrated"]
+_LOW, _DEFAULT, _HIGH = (arms_lib.lr_tag(lr) for lr in arms_lib.LR_GRID)  # around the default
+QUICK_ARMS = [f"grpo@{_DEFAULT}", f"stabledrl@{_DEFAULT}", f"grpo_elbo1@{_HIGH}",
+              f"stabledrl_elbo1@{_HIGH}", "centered", "steprs", "steprs_calibrated"]
 
 
 @pytest.mark.parametrize("name", arms_lib.STUDIES.names())
@@ -53,7 +54,7 @@ def test_arm_patterns_select_and_name_what_matches_nothing():
   assert arms_lib.unmatched(["stability", "steprs"], QUICK_ARMS) is None
   assert "'nope*' matches no arm" in arms_lib.unmatched(["steprs"], ["centered", "nope*"])
   assert [a.name for a in arms_lib.select(arms_lib.STUDIES.get("stability")(), ["grpo@*"])] == [
-      "grpo@lr3e-5", "grpo@lr1e-4", "grpo@lr3e-4"]
+      f"grpo@{_LOW}", f"grpo@{_DEFAULT}", f"grpo@{_HIGH}"]
 
 
 @pytest.mark.slow
