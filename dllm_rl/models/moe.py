@@ -87,11 +87,13 @@ def routed_experts(x_BND, idx_BNK, weight_BNK, gate_EDF, up_EDF, down_EFD) -> ja
   if expert and gate_EDF.shape[0] % axes.mesh.shape["expert"]:
     raise ValueError(f"mesh.expert = {axes.mesh.shape['expert']} must divide the"
                      f" {gate_EDF.shape[0]} experts")
-  dispatch = grouped_experts
-  if expert:  # tokens split over 'expert' travel by all-to-all, else each adds its experts
-    dispatch = moe_ep.expert_parallel if axes.batch else moe_ep.local_experts_only
-  psum_axes = (() if not expert or axes.batch else ("expert",)) + \
-      (() if axes is None or axes.tensor is None else (axes.tensor,))
+  dispatch, psum_axes = grouped_experts, ()
+  if expert and axes.batch:  # tokens split over 'expert': rows travel by all-to-all
+    dispatch = moe_ep.expert_parallel
+  elif expert:  # tokens replicated over 'expert': each device adds its experts' share
+    dispatch, psum_axes = moe_ep.local_experts_only, ("expert",)
+  if axes is not None and axes.tensor is not None:  # the experts' width split over 'tensor'
+    psum_axes += (axes.tensor,)
 
   def local(x, idx, w, g, u, dn):
     bl = x.shape[0]

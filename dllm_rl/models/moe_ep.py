@@ -24,9 +24,13 @@ ahead-of-time compile for TPU from a CPU host takes the TPU path):
   but ep× the rows on the wire and in both buffers; ragged_all_to_all removes that.
 
 Either way the receive buffer holds ep·R rows, the dropless worst case (every peer's rows
-on this device's experts), and the grouped matmuls run over it; on TPU/GPU ``ragged_dot``
-multiplies only the rows received. Gradients flow through both exchanges (their
-transposes are the reverse exchanges) and through the grouped matmuls' custom VJP.
+on this device's experts), and the grouped matmuls run over it with the received group
+sizes (rows past them join no group). XLA's cost analysis counts the whole buffer (the
+planner's "XLA TF/dev" column grows with ep; its analytic FLOPs do not); whether the TPU
+ragged dot skips the empty tail has not been measured, and a capacity bound on the buffer
+(MaxText's capacity factor, not dropless) is the remedy if it does not. Gradients flow
+through both exchanges (their transposes are the reverse exchanges) and through the
+grouped matmuls' custom VJP.
 """
 
 from __future__ import annotations
