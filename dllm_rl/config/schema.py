@@ -192,6 +192,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh = h = ml_collections.ConfigDict()
   h.data = -1             # data-parallel axis; -1 = fill with the remaining devices
   h.fsdp = 1              # parameters (model width) and batch sharded over this axis
+  h.expert = 1            # expert parallelism (MoE models): experts split over this axis and
+                          # tokens sent to them by all-to-all; also a batch axis. Must divide
+                          # the model's n_experts; 1 = off (experts gathered, FSDP-style)
   h.tensor = 1            # heads / MLP / vocabulary sharded over this axis
   # Without -1, a single process may use a prefix of its devices (debugging, tests).
 

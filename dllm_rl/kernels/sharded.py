@@ -1,6 +1,6 @@
 """The staircase kernel inside ``shard_map``: GSPMD cannot partition a ``pallas_call``
 (a custom call), so on a mesh with more than one device the kernel runs per shard,
-over the batch axes (``data``, ``fsdp``) and, when the heads divide, ``tensor``.
+over the batch axes (``data``, ``fsdp``, ``expert``) and, when the heads divide, ``tensor``.
 
 Attention is independent per sequence and per key/value head group, so every shard
 computes exactly its slice of the unsharded result. The mesh is the abstract mesh that
@@ -16,28 +16,17 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from dllm_rl.kernels.staircase import staircase_attention as _staircase
-from dllm_rl.parallel.rules import BATCH_AXES
-
-
-def _mesh_axes(b: int, h: int, kh: int):
-  """(abstract mesh, batch axes or None, head axis or None) for these shapes."""
-  mesh = jax.sharding.get_abstract_mesh()
-  names = set(getattr(mesh, "axis_names", ()) or ())
-  if not names or mesh.size == 1 or not set(BATCH_AXES) <= names:
-    return None, None, None
-  batch = BATCH_AXES if b % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0 else None
-  t = mesh.shape.get("tensor", 1)
-  heads = "tensor" if "tensor" in names and t > 1 and h % t == 0 and kh % t == 0 else None
-  return mesh, batch, heads
+from dllm_rl.parallel.constraints import shard_axes
 
 
 def staircase_attention(q_BNHQ, k_BNJQ, v_BNJQ, *, key_valid_BN=None, **options):
   """``dllm_rl.kernels.staircase.staircase_attention`` (same arguments), per shard."""
   b, _, h, _ = q_BNHQ.shape
-  mesh, batch, heads = _mesh_axes(b, h, k_BNJQ.shape[2])
-  if mesh is None or (batch is None and heads is None):
+  axes = shard_axes(b, (h, k_BNJQ.shape[2]))
+  if axes is None or (axes.batch is None and axes.tensor is None):
     return _staircase(q_BNHQ, k_BNJQ, v_BNJQ, key_valid_BN=key_valid_BN, **options)
-  qkv = P(batch, None, heads, None)
+  mesh, batch = axes.mesh, axes.batch
+  qkv = P(batch, None, axes.tensor, None)
   if key_valid_BN is None:
     fn = functools.partial(_staircase, key_valid_BN=None, **options)
     return jax.shard_map(fn, mesh=mesh, in_specs=(qkv, qkv, qkv), out_specs=qkv,

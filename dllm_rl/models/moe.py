@@ -13,16 +13,15 @@ semantics"), on the normed hidden state n of each token:
    (width ``moe_hidden · n_shared_experts``) ungated and unscaled. No capacity limit,
    no token dropping, no jitter, no auxiliary loss.
 
-Dispatch is dropless and touches only the chosen experts: the (token, slot) pairs are
-sorted by expert and the three expert matmuls run as grouped matmuls
-(``jax.lax.ragged_dot``) over the sorted rows, then the rows go back to their tokens
-and are combined with their weights in float32. On TPU and GPU ``ragged_dot`` lowers to
-XLA's ragged-dot instruction (only the routed rows are multiplied); on CPU jax lowers it
-to its reference, a dense dot over every group with masked rows (E× the FLOPs: tests
-only). On a mesh the dispatch runs per batch
-shard inside ``shard_map`` (tokens never leave their device; the expert weights are
-gathered like FSDP weights, and their hidden width stays split over ``tensor`` with one
-``psum`` of the combined output).
+Dispatch is dropless and touches only the chosen experts (dllm_rl.models.moe_local):
+the (token, slot) pairs are sorted by expert, the three expert matmuls run as grouped
+matmuls (``jax.lax.ragged_dot``) over the sorted rows, then the rows go back to their
+tokens and are combined with their weights in float32. On a mesh
+(dllm_rl.parallel.rules) it runs in ``shard_map``: with ``mesh.expert`` = 1 per batch
+shard (tokens never leave their device; the expert weights are gathered like FSDP
+weights); with ``mesh.expert`` > 1 expert-parallel (dllm_rl.models.moe_ep: each device
+keeps E/expert experts and the rows travel to them by all-to-all). The experts' hidden
+width stays split over ``tensor``, with one ``psum`` of the combined output.
 
 Expert weights are stacked, ``[E, D, F]`` / ``[E, F, D]``, on the logical axis
 ``"expert"``. The router sees its weights, its bias and its input in ``dtype`` upcast
@@ -40,11 +39,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax import custom_batching
 from jax.sharding import PartitionSpec as P
 
-from dllm_rl.models import layers
-from dllm_rl.parallel.rules import BATCH_AXES
+from dllm_rl.models import layers, moe_ep
+from dllm_rl.models.moe_local import grouped_experts
+from dllm_rl.parallel.constraints import shard_axes
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -78,107 +77,37 @@ def route(x_TD: jax.Array, w_gate_DE: jax.Array, bias_E: jax.Array, *, top_k: in
   return Routing(idx_TK.astype(jnp.int32), weight_TK * scaling, logits_TE)
 
 
-def _experts_impl(x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD):
-  """Σ_k w_k · expert_{idx_k}(x) for local tokens: sort the T·K (token, slot) rows by
-  expert, three grouped matmuls over contiguous expert groups, unsort, combine in f32."""
-  t, k = idx_TK.shape
-  flat_R = idx_TK.reshape(-1)
-  order_R = jnp.argsort(flat_R, stable=True)
-  sizes_E = jnp.bincount(flat_R, length=gate_EDF.shape[0]).astype(jnp.int32)
-  x_RD = jnp.take(x_TD, order_R // k, axis=0)
-  gate_RF = jax.lax.ragged_dot(x_RD, gate_EDF, sizes_E)
-  up_RF = jax.lax.ragged_dot(x_RD, up_EDF, sizes_E)
-  y_RD = jax.lax.ragged_dot(jax.nn.silu(gate_RF) * up_RF, down_EFD, sizes_E)
-  y_TKD = jnp.zeros_like(y_RD).at[order_R].set(y_RD).reshape(t, k, -1)
-  return jnp.einsum("tkd,tk->td", y_TKD.astype(jnp.float32), weight_TK, precision=_HIGHEST)
-
-
-# ``ragged_dot`` cannot be vmapped with unbatched weights (the samplers vmap the model over
-# the G completions of a prompt), so the dispatch carries its own rules: under vmap the
-# forward folds the mapped axis into the tokens (it is token-wise); the backward (a
-# custom VJP, which recomputes the expert forward) maps over it. ``custom_vmap`` has no
-# autodiff of its own, hence the custom VJP around both.
-
-def _batched(axis_size, in_batched, args):
-  return [a if b else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, b in zip(args, in_batched)]
-
-
-@custom_batching.custom_vmap
-def _experts_fwd(x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD):
-  return _experts_impl(x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD)
-
-
-@_experts_fwd.def_vmap
-def _experts_fwd_vmap(axis_size, in_batched, x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD):
-  tokens = _batched(axis_size, in_batched[:3], (x_TD, idx_TK, weight_TK))
-  if any(in_batched[3:]):  # per-lane experts: one lane at a time
-    args = tokens + _batched(axis_size, in_batched[3:], (gate_EDF, up_EDF, down_EFD))
-    return jax.lax.map(lambda a: _experts_fwd(*a), tuple(args)), True
-  x, idx, w = (a.reshape(-1, *a.shape[2:]) for a in tokens)
-  y = _experts_fwd(x, idx, w, gate_EDF, up_EDF, down_EFD)
-  return y.reshape(axis_size, -1, y.shape[-1]), True
-
-
-@custom_batching.custom_vmap
-def _experts_bwd(x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD, ct_TD):
-  fn = lambda x, w, g, u, d: _experts_impl(x, idx_TK, w, g, u, d)
-  return jax.vjp(fn, x_TD, weight_TK, gate_EDF, up_EDF, down_EFD)[1](ct_TD)
-
-
-@_experts_bwd.def_vmap
-def _experts_bwd_vmap(axis_size, in_batched, *args):
-  out = jax.lax.map(lambda a: _experts_bwd(*a), tuple(_batched(axis_size, in_batched, args)))
-  return out, (True,) * 5
-
-
-@jax.custom_vjp
-def _experts(x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD):
-  return _experts_fwd(x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD)
-
-
-def _experts_vjp_fwd(*args):
-  return _experts_fwd(*args), args
-
-
-def _experts_vjp_bwd(res, ct_TD):
-  dx, dw, dg, du, dd = _experts_bwd(*res, ct_TD)
-  return dx, None, dw, dg, du, dd
-
-
-_experts.defvjp(_experts_vjp_fwd, _experts_vjp_bwd)
-
-
-def _mesh_axes(b: int, f: int):
-  """(abstract mesh, batch axes or None, tensor axis or None) for the dispatch."""
-  mesh = jax.sharding.get_abstract_mesh()
-  names = set(getattr(mesh, "axis_names", ()) or ())
-  if not names or mesh.size == 1 or not set(BATCH_AXES) <= names:
-    return None, None, None
-  batch = BATCH_AXES if b % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0 else None
-  t = mesh.shape.get("tensor", 1)
-  tensor = "tensor" if "tensor" in names and t > 1 and f % t == 0 else None
-  return mesh, batch, tensor
-
-
 def routed_experts(x_BND, idx_BNK, weight_BNK, gate_EDF, up_EDF, down_EFD) -> jax.Array:
   """float32 [B, N, D] routed-expert output (step 4 without the shared expert); per
-  batch shard on a mesh with the framework's axes (see the module docstring)."""
+  batch shard, or expert-parallel, on a mesh with the framework's axes (module docstring)."""
   b, n, d = x_BND.shape
   k = idx_BNK.shape[-1]
-  mesh, batch, tensor = _mesh_axes(b, gate_EDF.shape[-1])
+  axes = shard_axes(b, (gate_EDF.shape[-1],))
+  expert = axes is not None and axes.expert is not None
+  if expert and gate_EDF.shape[0] % axes.mesh.shape["expert"]:
+    raise ValueError(f"mesh.expert = {axes.mesh.shape['expert']} must divide the"
+                     f" {gate_EDF.shape[0]} experts")
+  dispatch, psum_axes = grouped_experts, ()
+  if expert and axes.batch:  # tokens split over 'expert': rows travel by all-to-all
+    dispatch = moe_ep.expert_parallel
+  elif expert:  # tokens replicated over 'expert': each device adds its experts' share
+    dispatch, psum_axes = moe_ep.local_experts_only, ("expert",)
+  if axes is not None and axes.tensor is not None:  # the experts' width split over 'tensor'
+    psum_axes += (axes.tensor,)
 
   def local(x, idx, w, g, u, dn):
     bl = x.shape[0]
-    y = _experts(x.reshape(bl * n, d), idx.reshape(bl * n, k), w.reshape(bl * n, k),
+    y = dispatch(x.reshape(bl * n, d), idx.reshape(bl * n, k), w.reshape(bl * n, k),
                  g, u, dn).reshape(bl, n, d)
-    return y if tensor is None else jax.lax.psum(y, tensor)
+    return jax.lax.psum(y, psum_axes) if psum_axes else y
 
   args = (x_BND, idx_BNK, weight_BNK, gate_EDF, up_EDF, down_EFD)
-  if mesh is None or (batch is None and tensor is None):
+  if axes is None or not (axes.batch or axes.tensor or expert):
     return local(*args)
-  tok = P(batch, None, None)
-  specs = (tok, tok, tok, P(None, None, tensor), P(None, None, tensor), P(None, tensor, None))
-  return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=tok, check_vma=False)(*args)
+  tok, e, t = P(axes.batch, None, None), axes.expert, axes.tensor
+  specs = (tok, tok, tok, P(e, None, t), P(e, None, t), P(e, t, None))
+  return jax.shard_map(local, mesh=axes.mesh, in_specs=specs, out_specs=tok,
+                       check_vma=False)(*args)
 
 
 class MoE(nnx.Module):

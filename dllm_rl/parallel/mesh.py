@@ -1,4 +1,4 @@
-"""Device mesh from config: axes ('data', 'fsdp', 'tensor'), sizes may be -1 (fill)."""
+"""Device mesh from config: axes ('data', 'fsdp', 'expert', 'tensor'), sizes may be -1 (fill)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-AXES = ("data", "fsdp", "tensor")
+AXES = ("data", "fsdp", "expert", "tensor")
 
 
 def resolve_shape(sizes: Sequence[int], num_devices: int) -> tuple[int, ...]:
@@ -31,12 +31,13 @@ def resolve_shape(sizes: Sequence[int], num_devices: int) -> tuple[int, ...]:
 
 
 def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A Mesh over ``devices`` (default: all global devices) with axes data × fsdp × tensor.
+  """A Mesh over ``devices`` (default: all global devices) with axes data × fsdp × expert ×
+  tensor; ``expert`` may be left out of ``mesh_cfg`` (size 1).
 
   A fully specified shape smaller than the device count uses the first devices
   (single process only: debugging and tests)."""
   devices = list(jax.devices() if devices is None else devices)
-  sizes = (mesh_cfg["data"], mesh_cfg["fsdp"], mesh_cfg["tensor"])
+  sizes = (mesh_cfg["data"], mesh_cfg["fsdp"], mesh_cfg.get("expert", 1), mesh_cfg["tensor"])
   if -1 not in sizes and 0 < math.prod(sizes) < len(devices) and jax.process_count() == 1:
     devices = devices[:math.prod(sizes)]
   shape = resolve_shape(sizes, len(devices))

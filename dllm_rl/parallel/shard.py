@@ -18,7 +18,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from dllm_rl.parallel.rules import BATCH_AXES, logical_to_spec
+from dllm_rl.parallel.rules import batch_axes, batch_size_divisor, logical_to_spec
 from dllm_rl.types import TrainState
 
 
@@ -60,8 +60,8 @@ def state_shardings(abstract_state: TrainState, optimizer: optax.GradientTransfo
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
-  """Leading (batch) dimension over ('data', 'fsdp'), the rest replicated."""
-  return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
+  """Leading (batch) dimension over ('data', 'fsdp'[, 'expert']), the rest replicated."""
+  return NamedSharding(mesh, PartitionSpec(batch_axes(mesh), *([None] * (ndim - 1))))
 
 
 def batch_shardings(mesh: Mesh, batch: Any) -> Any:
@@ -92,8 +92,8 @@ def shard_batch(mesh: Mesh, batch: Any) -> Any:
 
 
 def batch_divisor(mesh: Mesh) -> int:
-  """Global batch sizes must be multiples of this (data × fsdp)."""
-  return mesh.shape["data"] * mesh.shape["fsdp"]
+  """Global batch sizes must be multiples of this (data × fsdp × expert)."""
+  return batch_size_divisor(mesh)
 
 
 def init_train_state(params, optimizer: optax.GradientTransformation, rng: jax.Array) -> TrainState:

@@ -184,18 +184,43 @@ def _encode(examples, tokenizer, config, split: str) -> dict:
     raise ConfigError("data", f"{split} split of task {config.task.name!r}: {err}") from err
 
 
+def expert_axis_problem(expert: int, n_experts: int, *, known: bool = True) -> str | None:
+  """Why ``mesh.expert`` cannot split a model of ``n_experts`` experts (None when it can;
+  ``known`` = False: the model's experts are not known yet, only the value is checked)."""
+  if not isinstance(expert, int) or expert < 1:
+    return f"must be a positive integer (no -1 fill: it must divide the experts), got {expert}"
+  if expert == 1 or not known:
+    return None
+  if n_experts == 0:
+    return f"{expert} > 1 splits experts, but the model is dense (no MoE layers): leave 1"
+  if n_experts % expert:
+    return f"{expert} must divide the model's {n_experts} experts (choose a divisor)"
+  return None
+
+
+def check_expert_axis(config, model_cfg) -> None:
+  """:func:`expert_axis_problem` for the resolved model (a HF checkpoint's experts too)."""
+  problem = expert_axis_problem(config.mesh.get("expert", 1), model_cfg.n_experts)
+  if problem:
+    raise ConfigError("mesh.expert", problem)
+
+
+def _ep(mesh) -> str:
+  return " × expert" if dict(mesh.shape).get("expert", 1) > 1 else ""
+
+
 def check_batch_sizes(config, mesh) -> None:
-  """Every global batch must split evenly over the batch axes (data × fsdp)."""
+  """Every global batch must split evenly over the batch axes (data × fsdp × expert)."""
   div = batch_divisor(mesh)
   for key in ("data.batch_size", "rl.batch_prompts", "eval.batch_size"):
     section, name = key.split(".")
     value = config[section][name]
     if value % div:
-      raise ConfigError(key, f"{value} is not a multiple of mesh data × fsdp = {div}"
+      raise ConfigError(key, f"{value} is not a multiple of mesh data × fsdp{_ep(mesh)} = {div}"
                         f" (mesh {dict(mesh.shape)})")
   if config.rl.micro_batch % div:
     raise ConfigError("rl.micro_batch", f"{config.rl.micro_batch} sequences per micro-batch do"
-                      f" not split over mesh data × fsdp = {div} (mesh {dict(mesh.shape)})")
+                      f" not split over mesh data × fsdp{_ep(mesh)} = {div} (mesh {dict(mesh.shape)})")
 
 
 def _generate(task, split: str, n: int, seed: int, key: str, asked: str):
@@ -235,10 +260,11 @@ def build_context(config, workdir: str) -> Context:
     train, val = train[:t.train_size], train[t.train_size:]
   test = _generate(task, "test", t.test_size, config.seed + 1, "task.test_size",
                    f"task.test_size = {t.test_size}")
+  model_cfg = hf.model_cfg if hf else model_config(config, tokenizer.vocab_size)
+  check_expert_axis(config, model_cfg)
   return Context(
       config=config, workdir=workdir, task=task, tokenizer=tokenizer,
-      model_cfg=lora.configure(hf.model_cfg if hf else model_config(config, tokenizer.vocab_size),
-                               config.lora),
+      model_cfg=lora.configure(model_cfg, config.lora),
       sampler_cfg=sampler_config(config), eval_options=EvalOptions.from_config(config),
       train=Split(train, _encode(train, tokenizer, config, "train")),
       val=Split(val, _encode(val, tokenizer, config, "validation")),

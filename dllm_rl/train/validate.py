@@ -27,6 +27,7 @@ from dllm_rl.paths import BackendMissing
 from dllm_rl.registry import unknown_message
 from dllm_rl.rl import advantages, losses
 from dllm_rl.sampling import open_block, remasking
+from dllm_rl.train.context import expert_axis_problem
 from dllm_rl.train.throughput import parse_steps
 from dllm_rl.types import DTYPES
 
@@ -284,6 +285,9 @@ def _runtime(config, check: "_Checks") -> None:
            f"must be positive or -1 (fill), got {config.mesh[key]}")
   check([config.mesh[k] for k in ("data", "fsdp", "tensor")].count(-1) <= 1, "mesh",
          "at most one axis may be -1")
+  problem = expert_axis_problem(config.mesh.expert, config.model.n_experts,
+                                known=not config.model.hf_checkpoint)
+  check(problem is None, "mesh.expert", problem or "")
   check(config.distributed.initialize in INITIALIZE_MODES, "distributed.initialize",
          f"must be one of {INITIALIZE_MODES}, got {config.distributed.initialize!r}")
   check(config.checkpoint.save_every > 0, "checkpoint.save_every", "must be positive")

@@ -410,10 +410,12 @@ def test_llada2_production_config_runs_one_rl_step_at_tiny_size(tmp_path):
 
 
 @pytest.mark.slow
-def test_rl_step_compiles_for_a_tpu_slice_with_native_grouped_matmuls():
-  """configs/llada2_tpu.py at tiny size compiled for a v5p-8 (4 chips, FSDP 4) in this CPU
-  process through libtpu: the expert matmuls lower to XLA's ragged dot (not the masked
-  dense fallback jax uses on CPU), inside shard_map."""
+@pytest.mark.parametrize("expert", [1, 4])
+def test_rl_step_compiles_for_a_tpu_slice_with_native_grouped_matmuls(expert):
+  """configs/llada2_tpu.py at tiny size compiled for a v5p-8 (4 chips, FSDP 4, or expert
+  parallelism 4) in this CPU process through libtpu: the expert matmuls lower to XLA's
+  ragged dot (not the masked dense fallback jax uses on CPU), inside shard_map; with
+  mesh.expert = 4 the rows travel by ragged_all_to_all (the TPU path of moe_ep)."""
   from tests.test_plan import _tpu_available
   if not _tpu_available():
     pytest.skip("libtpu not installed (pip install -r requirements-tpu.txt)")
@@ -426,12 +428,15 @@ def test_rl_step_compiles_for_a_tpu_slice_with_native_grouped_matmuls():
   config.data.prompt_len, config.data.completion_len = 16, 16
   config.sampler.steps, config.sampler.block_len = 8, 4
   config.rl.batch_prompts, config.rl.group_size, config.eval.batch_size = 4, 2, 4
+  config.mesh.expert = expert
   progs, mesh, model_cfg = programs.build_programs(config, topology.get_topology("v5p-8").devices)
-  assert model_cfg.n_experts == 16 and dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 1}
+  assert model_cfg.n_experts == 16
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 4 // expert, "expert": expert, "tensor": 1}
   rl_step = next(p for p in progs if p.name == "rl_step")
   lowered = rl_step.fn.lower(*rl_step.args)
   text = lowered.as_text()
   assert "chlo.ragged_dot" in text and "sdy.manual_computation" in text
+  assert ("ragged_all_to_all" in text) == (expert > 1)
   assert lowered.compile().memory_analysis() is not None
 
 
