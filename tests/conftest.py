@@ -7,6 +7,20 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent XLA compilation cache per test run, shared by the xdist workers (they inherit
+# this environment from the controller, which imports this file first): many tests compile the
+# same programs (a tiny model's initialiser, forward, RL step) from fresh closures, which jit's
+# in-memory cache cannot match but the persistent cache (keyed by the program) does. Compiles
+# under 0.5 s are not worth a file. A fresh directory per run: nothing stale carries over.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  import atexit
+  import shutil
+  import tempfile
+
+  _cache = tempfile.mkdtemp(prefix="dllm_rl_test_xla_cache_")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+  atexit.register(shutil.rmtree, _cache, True)  # the process that made it removes it
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

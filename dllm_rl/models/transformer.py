@@ -22,6 +22,7 @@ raw rows, exactly what the official forward returns.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Mapping
 
 import jax
@@ -399,12 +400,20 @@ def count_params(params: nnx.State) -> int:
   return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))
 
 
-def init_params_sharded(cfg: ModelConfig, key: jax.Array, mesh):
-  """(graphdef, params) initialised directly into their shardings (never on one device)."""
+@functools.lru_cache(maxsize=8)
+def _sharded_initializer(cfg: ModelConfig, mesh):
+  """(graphdef, the jitted key → params initialiser) for ``cfg`` on ``mesh``, built once per
+  (config, mesh): a fresh lambda per call would recompile the whole initialiser (thousands of
+  random-number kernels, seconds on a CPU) every time."""
   graphdef, abstract = abstract_model(cfg)
   shardings = param_shardings(abstract, mesh)
-  params = jax.jit(lambda k: init_model(cfg, k)[1], out_shardings=shardings)(key)
-  return graphdef, params
+  return graphdef, jax.jit(lambda k: init_model(cfg, k)[1], out_shardings=shardings)
+
+
+def init_params_sharded(cfg: ModelConfig, key: jax.Array, mesh):
+  """(graphdef, params) initialised directly into their shardings (never on one device)."""
+  graphdef, init = _sharded_initializer(cfg, mesh)
+  return graphdef, init(key)
 
 
 def abstract_params_sharded(cfg: ModelConfig, mesh):

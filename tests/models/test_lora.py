@@ -29,6 +29,10 @@ LORA = types.SimpleNamespace(rank=4, alpha=8.0, targets=tuple(lora.TARGETS),
 CFG = lora.configure(BASE, LORA)
 
 
+# jitted (one compile per test instead of one per primitive, as eager dispatch does)
+_apply = jax.jit(transformer.apply, static_argnums=0)
+
+
 def _inputs(b=2, n=6):
   tokens = jax.random.randint(jax.random.key(1), (b, n), 0, BASE.vocab_size)
   return tokens, jnp.broadcast_to(jnp.arange(n), (b, n))
@@ -58,8 +62,8 @@ def test_fresh_adapter_leaves_logits_unchanged_exactly():
   assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(base))
   plain_graphdef, _ = transformer.abstract_model(lora.without_lora(CFG))
   tokens, pos = _inputs()
-  with_lora = transformer.apply(graphdef, params, tokens, pos)
-  without = transformer.apply(plain_graphdef, base, tokens, pos)
+  with_lora = _apply(graphdef, params, tokens, pos)
+  without = _apply(plain_graphdef, base, tokens, pos)
   np.testing.assert_array_equal(np.asarray(with_lora), np.asarray(without))
 
 
@@ -71,9 +75,9 @@ def test_merged_weights_equal_adapter_path():
   plain_graphdef, plain_abstract = transformer.abstract_model(plain)
   merged = lora.merge_adapters(params, cfg, plain_abstract)
   tokens, pos = _inputs()
-  unmerged_logits = transformer.apply(graphdef, params, tokens, pos)
-  merged_logits = transformer.apply(plain_graphdef, merged, tokens, pos)
-  base_logits = transformer.apply(plain_graphdef, lora.split_adapters(params)[1], tokens, pos)
+  unmerged_logits = _apply(graphdef, params, tokens, pos)
+  merged_logits = _apply(plain_graphdef, merged, tokens, pos)
+  base_logits = _apply(plain_graphdef, lora.split_adapters(params)[1], tokens, pos)
   assert float(jnp.abs(unmerged_logits - base_logits).max()) > 1e-3  # the adapters matter
   np.testing.assert_allclose(np.asarray(merged_logits), np.asarray(unmerged_logits), atol=1e-5)
 
@@ -142,7 +146,7 @@ def test_optimizer_update_of_base_is_zero():
   _, params = transformer.init_model(CFG, jax.random.key(0))
   optimizer, _ = _sft_opt()
   grads = jax.tree.map(jnp.ones_like, params)
-  updates, _ = optimizer.update(grads, optimizer.init(params), params)
+  updates, _ = jax.jit(optimizer.update)(grads, jax.jit(optimizer.init)(params), params)
   adapters, base = lora.split_adapters(updates)
   assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(base))
   assert all(np.any(np.asarray(x)) for x in jax.tree.leaves(adapters))
@@ -158,6 +162,6 @@ def test_base_gets_no_gradient():
                         completion_BL=tokens[:, 4:], completion_valid_BL=jnp.ones((2, 4), bool))
   loss = lambda p: sft_loss(graphdef, lora.freeze_base(p), batch, jax.random.key(5), mask_id=3,
                             t_eps=1e-3)[0]
-  adapters, base = lora.split_adapters(jax.grad(loss)(params))
+  adapters, base = lora.split_adapters(jax.jit(jax.grad(loss))(params))
   assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(base))
   assert all(np.any(np.asarray(x)) for x in jax.tree.leaves(adapters))
