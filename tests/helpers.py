@@ -56,7 +56,7 @@ def small_model(*, vocab_size: int = 24, d_model: int = 32, n_layers: int = 2, n
 TINY_MODEL = {"model.d_model": 32, "model.n_layers": 1, "model.mlp_hidden": 64}
 TINY_RUN = {**TINY_MODEL,
             "task.train_size": 256, "task.val_size": 32, "task.test_size": 32,
-            "sft.warmup_steps": 0, "rl.batch_prompts": 2, "rl.group_size": 4,
+            "sft.warmup_steps": 0, "rl.warmup_steps": 0, "rl.batch_prompts": 2, "rl.group_size": 4,
             "eval.num_samples": 4, "eval.pass_k": (1, 4), "log.progress": False,
             "mesh.data": 2}
 

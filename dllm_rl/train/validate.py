@@ -201,7 +201,8 @@ def _rl(config, check: "_Checks") -> None:
   check(r.kl_coef >= 0, "rl.kl_coef", "must be >= 0")
   check(r.schedule in LR_SCHEDULES, "rl.schedule", f"must be one of {LR_SCHEDULES}")
   check(0 <= r.warmup_steps <= r.steps * r.inner_steps, "rl.warmup_steps",
-         "must be in [0, rl.steps * rl.inner_steps]")
+         f"must be in [0, rl.steps * rl.inner_steps] = [0, {r.steps * r.inner_steps}] (it"
+         " counts optimizer updates; for a run this short set rl.warmup_steps=0)")
   check(r.temperature >= 0, "rl.temperature", "must be >= 0")
   check(r.eval_every >= 0, "rl.eval_every", "must be >= 0")
   n_seq = r.batch_prompts * r.group_size

@@ -15,7 +15,7 @@ from tests.helpers import TINY_MODEL
 TINY = {**TINY_MODEL, **typed_overrides(get_config(), [tuple(s.split("=")) for s in [
     "task.train_size=256",
     "task.val_size=16", "task.test_size=16", "data.batch_size=32", "sft.steps=4",
-    "sft.warmup_steps=0", "sft.eval_every=2", "sft.target_accuracy=0.0",
+    "sft.warmup_steps=0", "rl.warmup_steps=0", "sft.eval_every=2", "sft.target_accuracy=0.0",
     "rl.batch_prompts=2", "rl.group_size=4", "eval.batch_size=64", "mesh.data=2"]])}
 
 
