@@ -128,7 +128,7 @@ TESTBEDS.register("arithmetic")(Testbed(
 TESTBEDS.register("countdown")(Testbed(
     countdown, "Countdown with 4 numbers in [1, 10], 1.1M parameters, 32-token completions in"
     " 4 blocks of 8 (`dllm_rl/config/testbeds.py: countdown`)",
-    full=(30, 10, 5), quick=(10, 5, 1)))
+    full=(50, 10, 5), quick=(10, 5, 1)))
 TESTBEDS.register("gpu")(Testbed(
     gpu, "the GPU profile: Countdown with 4 numbers, ~100M parameters, 128-token completions"
     " in 4 blocks of 32, bfloat16 (`dllm_rl/config/testbeds.py: gpu`)",

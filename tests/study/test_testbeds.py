@@ -114,3 +114,16 @@ def test_testbed_runs_sft_then_an_arm_and_the_study_records_it(name, tmp_path):
   with pytest.raises(ConfigError, match=f"holds a study of testbed '{name}'"):
     study(["steprs"], workdir, 1, True, dict(TINY_SIZES), md, "test", rl_steps=1,
           arm_patterns=["centered"], testbed="arithmetic")
+
+
+def test_the_command_line_names_the_testbeds_on_an_unknown_one(tmp_path):
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  for flag in ("--testbed=nope", "--scale=tpu"):
+    proc = subprocess.run([sys.executable, "-m", "dllm_rl.study", "steprs",
+                           f"--workdir={tmp_path / 'w'}", flag], cwd=root, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "arithmetic, countdown, gpu" in proc.stderr and "Traceback" not in proc.stderr
+  assert not os.path.exists(tmp_path / "w")
