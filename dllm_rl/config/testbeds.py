@@ -117,7 +117,6 @@ def gpu() -> ml_collections.ConfigDict:
   c.rl.group_size = 16
   c.rl.lr = 1e-5
   c.rl.eval_every = 10
-  c.compilation_cache = "~/.cache/dllm_rl/xla"
   return locked(c)
 
 

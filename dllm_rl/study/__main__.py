@@ -26,7 +26,7 @@ from dllm_rl.study import arms as arms_lib
 from dllm_rl.study.studies import study
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory (SFT, arms, JSON, plots).")
-_SEEDS = flags.DEFINE_integer("seeds", None, "Seeds (default 3; 1 with --quick).")
+_SEEDS = flags.DEFINE_integer("seeds", None, "Seeds (default: the testbed's, 5; 1 with --quick).")
 _QUICK = flags.DEFINE_bool("quick", False, "1 seed, fewer RL steps: a smoke run of the study.")
 _ARMS = flags.DEFINE_list("arms", None, "Only the arms whose names match one of these shell"
                           " patterns (e.g. 'grpo@*,stabledrl@*'); default: every arm.")

@@ -20,8 +20,7 @@ TINY_SIZES = {"model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2,
               "task.test_size": 8, "data.batch_size": 16, "sft.steps": 2,
               "sft.warmup_steps": 0, "sft.eval_every": 1, "sft.target_accuracy": 0.0,
               "rl.batch_prompts": 2, "rl.group_size": 4, "eval.batch_size": 32,
-              "eval.num_samples": 2, "eval.pass_k": (1, 2), "mesh.data": 2,
-              "compilation_cache": ""}
+              "eval.num_samples": 2, "eval.pass_k": (1, 2), "mesh.data": 2}
 
 
 def test_unknown_testbed_is_an_error_listing_the_names(tmp_path):
