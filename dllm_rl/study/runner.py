@@ -85,16 +85,17 @@ def make_config(overrides: dict,
 
 def claim_workdir(workdir: str, testbed: str) -> None:
   """Record ``testbed`` as DIR's testbed (``DIR/testbed.txt``); a ConfigError when DIR already
-  holds another one (its SFT starts and arms would be mixed into this study)."""
+  holds another one (its SFT starts and arms would be mixed into this study). A DIR with SFT
+  starts and no record is from before testbeds: the embedded default's."""
   from dllm_rl.errors import ConfigError
   path = os.path.join(workdir, "testbed.txt")
+  held = testbeds.DEFAULT if os.path.isdir(os.path.join(workdir, "sft")) else None
   if os.path.exists(path):
     with open(path) as fh:
       held = fh.read().strip()
-    if held != testbed:
-      raise ConfigError("testbed", f"{workdir} holds a study of testbed {held!r}, not"
-                        f" {testbed!r}: use another --workdir")
-    return
+  if held is not None and held != testbed:
+    raise ConfigError("testbed", f"{workdir} holds a study of testbed {held!r}, not"
+                      f" {testbed!r}: use another --workdir")
   os.makedirs(workdir, exist_ok=True)
   with open(path, "w") as fh:
     fh.write(testbed + "\n")

@@ -115,6 +115,7 @@ def test_testbed_runs_sft_then_an_arm_and_the_study_records_it(name, tmp_path):
           arm_patterns=["centered"], testbed="arithmetic")
 
 
+@pytest.mark.slow  # two subprocess CLIs
 def test_the_command_line_names_the_testbeds_on_an_unknown_one(tmp_path):
   import subprocess
   import sys
@@ -126,3 +127,18 @@ def test_the_command_line_names_the_testbeds_on_an_unknown_one(tmp_path):
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "arithmetic, countdown, gpu" in proc.stderr and "Traceback" not in proc.stderr
   assert not os.path.exists(tmp_path / "w")
+
+
+def test_a_study_dir_holds_one_testbed(tmp_path):
+  from dllm_rl.study.runner import claim_workdir
+  fresh, old = tmp_path / "fresh", tmp_path / "old"
+  claim_workdir(str(fresh), "countdown")
+  claim_workdir(str(fresh), "countdown")  # the same testbed again: fine
+  assert (fresh / "testbed.txt").read_text() == "countdown\n"
+  with pytest.raises(ConfigError, match="holds a study of testbed 'countdown', not 'gpu'"):
+    claim_workdir(str(fresh), "gpu")
+  (old / "sft" / "seed0").mkdir(parents=True)  # a study DIR from before testbeds
+  with pytest.raises(ConfigError, match="testbed 'arithmetic', not 'countdown'"):
+    claim_workdir(str(old), "countdown")
+  claim_workdir(str(old), "arithmetic")
+  assert (old / "testbed.txt").read_text() == "arithmetic\n"
