@@ -3,7 +3,7 @@
 # available when it was written; its figures go in README.md once it has run.
 #
 #   bash launch/gpu_check.sh [OUT_DIR]        (GPU_CHECK_LIMIT_S=540 by default)
-#   GPU_CHECK_PARTS=study bash launch/gpu_check.sh [OUT_DIR]   (the GPU-scale study alone)
+#   GPU_CHECK_PARTS=study GPU_CHECK_LIMIT_S=590 bash launch/gpu_check.sh [OUT_DIR]  (the study)
 #
 # 1. staircase attention: compiled Pallas kernel vs dense reference vs
 #    jax.nn.dot_product_attention, forward and forward+backward, L = 1k..16k, bfloat16;
