@@ -3,12 +3,18 @@
 # available when it was written; its figures go in README.md once it has run.
 #
 #   bash launch/gpu_check.sh [OUT_DIR]        (GPU_CHECK_LIMIT_S=540 by default)
+#   GPU_CHECK_PARTS=study GPU_CHECK_LIMIT_S=590 bash launch/gpu_check.sh [OUT_DIR]  (the study)
 #
 # 1. staircase attention: compiled Pallas kernel vs dense reference vs
 #    jax.nn.dot_product_attention, forward and forward+backward, L = 1k..16k, bfloat16;
 # 2. masked sampler tokens/s per sampler.cache mode at ~1B shapes (random checkpoint);
-# 3. RL step MFU at ~1B shapes.
-# Each part gets a share of the limit; a part that runs out is cut and said so.
+# 3. RL step MFU at ~1B shapes;
+# 4. (only when GPU_CHECK_PARTS names it: it needs the whole limit) the study's main arms at
+#    --scale=gpu --quick (dllm_rl/config/testbeds.py: gpu; ~85M parameters, 128-token
+#    completions in blocks of 32, the official estimator; ~6.6 min at an assumed 25% MFU:
+#    python -m dllm_rl.study.sizing gpu --quick), reports in $OUT/study/{stability,steprs}.md.
+# Each part gets a share of the limit; a part that runs out is cut and said so (the study
+# resumes from its finished arms when rerun with the same OUT_DIR).
 set -u
 OUT=${1:-${OUT:-/tmp/gpu_check}}
 LIMIT=${GPU_CHECK_LIMIT_S:-540}
@@ -24,11 +30,19 @@ run() {  # run NAME SECONDS CMD...
   [ $rc -eq 124 ] && echo "   $name: cut at ${secs}s" | tee -a "$OUT/summary.txt"
   tail -n 25 "$OUT/$name.log" | tee -a "$OUT/summary.txt"
 }
-run staircase $((LIMIT * 2 / 5)) "$PY" -m dllm_rl.benchmarks.staircase \
+PARTS=" ${GPU_CHECK_PARTS:-staircase sampler rl_step_mfu} "
+part() { [[ "$PARTS" == *" $1 "* ]]; }
+part staircase && run staircase $((LIMIT * 2 / 5)) "$PY" -m dllm_rl.benchmarks.staircase \
   --lengths 1024 2048 4096 8192 16384 --impl pallas --dtype bfloat16 --repeats 5
-run sampler $((LIMIT * 3 / 10)) "$PY" -m dllm_rl.benchmarks.sampler \
+part sampler && run sampler $((LIMIT * 3 / 10)) "$PY" -m dllm_rl.benchmarks.sampler \
   --checkpoint "$OUT/llada_1b" --init-random --d-model 2048 --layers 16 --heads 16 \
   --mlp 5632 --vocab 32768 --batch 32 --prompt 256 --gen 256 --steps 128 --block 32 \
   --repeats 3 --dtype bfloat16 --out "$OUT/sampler.json"
-run rl_step_mfu $((LIMIT * 3 / 10)) "$PY" -m dllm_rl.benchmarks.rl_step_mfu --steps 5
+part rl_step_mfu && run rl_step_mfu $((LIMIT * 3 / 10)) "$PY" -m dllm_rl.benchmarks.rl_step_mfu --steps 5
+part study && run study_stability $((LIMIT * 3 / 4)) "$PY" -m dllm_rl.study stability \
+  --scale=gpu --quick --arms='grpo@*,stabledrl@*,clip_only@*,selfnorm_only@*' \
+  --workdir="$OUT/study" --results="$OUT/study/stability.md"
+part study && run study_steprs $((LIMIT / 4)) "$PY" -m dllm_rl.study steprs \
+  --scale=gpu --quick --arms='centered,steprs,steprs_calibrated' \
+  --workdir="$OUT/study" --results="$OUT/study/steprs.md"
 echo "done; logs in $OUT"

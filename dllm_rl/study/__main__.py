@@ -1,4 +1,4 @@
-"""``python -m dllm_rl.study NAME --workdir=DIR [--seeds=N] [--quick] [--config.key=value ...]``
+"""``python -m dllm_rl.study NAME --workdir=DIR [--testbed=T] [--seeds=N] [--quick] [--config.key=value ...]``
 
 NAME: ``stability``, ``steprs``, ``baselines`` or ``all`` (every registered study). Trains one SFT checkpoint per seed,
 runs every arm from it, writes ``DIR/<study>.json`` (every run, per-step
@@ -7,7 +7,9 @@ records, per-arm summaries), ``DIR/<study>_curves.png`` / ``_spikes.png``, and
 ``docs/results/``) from that JSON. ``--config.KEY=VALUE`` (or the older spelling
 ``--set=KEY=VALUE``) overrides a config key of every run (e.g. tiny sizes for tests), parsed
 as ``python -m dllm_rl.main`` parses it (dllm_rl.config.cli: every problem printed, exit
-status 2). Finished arms are reused on rerun.
+status 2). ``--testbed`` (``arithmetic``, the embedded default; ``countdown``; ``gpu``, also
+spelled ``--scale=gpu``: ``dllm_rl/config/testbeds.py``) chooses the base config of the SFT
+start and every arm, and the study's run lengths. Finished arms are reused on rerun.
 """
 
 from __future__ import annotations
@@ -18,17 +20,22 @@ import sys
 from absl import app, flags, logging
 
 from dllm_rl.config import cli
-from dllm_rl.config.defaults import get_config as default_config
+from dllm_rl.config import testbeds
 from dllm_rl.errors import ConfigError
 from dllm_rl.study import arms as arms_lib
 from dllm_rl.study.studies import study
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory (SFT, arms, JSON, plots).")
-_SEEDS = flags.DEFINE_integer("seeds", None, "Seeds (default 3; 1 with --quick).")
+_SEEDS = flags.DEFINE_integer("seeds", None, "Seeds (default: the testbed's, 5; 1 with --quick).")
 _QUICK = flags.DEFINE_bool("quick", False, "1 seed, fewer RL steps: a smoke run of the study.")
 _ARMS = flags.DEFINE_list("arms", None, "Only the arms whose names match one of these shell"
                           " patterns (e.g. 'grpo@*,stabledrl@*'); default: every arm.")
 _overrides: list[tuple[str, str]] = []  # --config.KEY=VALUE and --set=KEY=VALUE
+_TESTBED = flags.DEFINE_string("testbed", None, "Base config and run lengths of every run:"
+                               f" {', '.join(testbeds.TESTBEDS.names())} (default"
+                               f" {testbeds.DEFAULT}; dllm_rl/config/testbeds.py).")
+_SCALE = flags.DEFINE_string("scale", None, "The issue's spelling of --testbed=gpu: --scale=gpu"
+                             " (cpu = the default testbed).")
 _RESULTS = flags.DEFINE_string("results", "docs/results.md", "Markdown report to write.")
 _STEPS = flags.DEFINE_integer("rl_steps", None, "RL steps per arm (default: the study size).")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", None, "Validation every N RL steps.")
@@ -46,15 +53,21 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   names = arms_lib.STUDIES.names() if name == "all" else [name]
   names = sorted(names, key=lambda n: n != "stability")  # stability first
-  if (problem := arms_lib.unmatched(names, _ARMS.value)) is not None:
+  try:
+    testbed = testbeds.resolve(_TESTBED.value, _SCALE.value)
+  except ValueError as err:
+    raise app.UsageError(str(err)) from None
+  bed = testbeds.testbed(testbed)
+  if (problem := arms_lib.unmatched(names, _ARMS.value, bed.get_config())) is not None:
     raise app.UsageError(problem)
   command = "python -m dllm_rl.study " + " ".join(sys.argv[1:])
   from dllm_rl.train.validate import validate
-  config = cli.load(None, _overrides, check=validate, default=default_config)  # exits 2, all
+  config = cli.load(None, _overrides, check=validate, default=bed.get_config)  # exits 2, all
   overrides = cli.override_values(config, _overrides)
   try:
     study(names, _WORKDIR.value, _SEEDS.value, _QUICK.value, overrides, _RESULTS.value, command,
-          _STEPS.value, _EVAL_EVERY.value, os.path.join(_WORKDIR.value, "jax_cache"), _ARMS.value)
+          _STEPS.value, _EVAL_EVERY.value, os.path.join(_WORKDIR.value, "jax_cache"), _ARMS.value,
+          testbed)
   except ConfigError as err:
     cli.fail([err])
 

@@ -1,7 +1,9 @@
 """What each study runs: arms (config overrides from the seed's SFT checkpoint) and sizes.
 
-Every arm starts from the embedded default config (``dllm_rl/config/defaults.py``)
-and the same SFT checkpoint per seed, and changes only the keys listed here.
+Every arm starts from the testbed's base config (``--testbed``: ``dllm_rl/config/testbeds.py``;
+the embedded default ``dllm_rl/config/defaults.py`` unless chosen) and the same SFT checkpoint
+per seed, and changes only the keys listed here; a study is a function of that base config
+(its learning rates are the base's ``rl.lr`` and ÷3 / ×3 of it).
 Stability and StepRS main arms use the official StableDRL estimator
 (:data:`OFFICIAL_ESTIMATOR`: SPG's block-random masking, K = 2 draws, prompt masking 0.15,
 independent masks for ℓ̂_old and each inner step); the ``stress`` arms use a 1-draw
@@ -15,14 +17,12 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 
-from dllm_rl.config import defaults, recipes
+import ml_collections
+
+from dllm_rl.config import recipes, testbeds
 from dllm_rl.registry import Registry
 
-STUDIES: Registry = Registry("study")
-
-DEFAULT_LR = float(defaults.get_config().rl.lr)  # the embedded default's RL learning rate
-LR_GRID = (DEFAULT_LR / 3, DEFAULT_LR, DEFAULT_LR * 3)  # the stability study's lr grid
-AGGRESSIVE_LR = LR_GRID[-1]
+STUDIES: Registry = Registry("study")  # name -> f(base config) -> list[Arm]
 # StableDRL's official likelihood estimator (JianyuanZhong/StableDRL, after SPG): block-random
 # masks, the mean log-prob over masked tokens (no 1/t weight), K = 2, prompt masking 0.15.
 OFFICIAL_ESTIMATOR = {"estimator.name": "spg_block", "estimator.num_samples": 2,
@@ -36,7 +36,7 @@ STEPRS_LOSS = "stabledrl"  # the StepRS arms and their centered baseline share t
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
-  """One arm: a name, the overrides of the embedded default (``"rl.lr": 1e-3``), a short
+  """One arm: a name, the overrides of the base config (``"rl.lr": 1e-3``), a short
   description, and optionally the arm whose calibrated β (``summary.json``) sets rl.beta_end."""
 
   name: str
@@ -55,8 +55,20 @@ class Size:
   seeds: int
 
 
-FULL = Size(rl_steps=200, eval_every=20, seeds=5)
-QUICK = Size(rl_steps=40, eval_every=10, seeds=1)
+def size(testbed: str, quick: bool) -> Size:
+  """The study's run lengths on ``testbed`` (full, or ``--quick``)."""
+  bed = testbeds.testbed(testbed)
+  return Size(*(bed.quick if quick else bed.full))
+
+
+FULL = size(testbeds.DEFAULT, quick=False)
+QUICK = size(testbeds.DEFAULT, quick=True)
+
+
+def lr_grid(base: ml_collections.ConfigDict) -> tuple[float, float, float]:
+  """The stability study's lr grid: the base's RL lr ÷ 3, itself, × 3 (the aggressive one)."""
+  lr = float(base.rl.lr)
+  return (lr / 3, lr, lr * 3)
 
 
 def select(arms: list[Arm], patterns: list[str] | None) -> list[Arm]:
@@ -66,9 +78,12 @@ def select(arms: list[Arm], patterns: list[str] | None) -> list[Arm]:
   return [a for a in arms if any(fnmatch.fnmatchcase(a.name, p) for p in patterns)]
 
 
-def unmatched(studies: list[str], patterns: list[str] | None) -> str | None:
-  """An error message when a pattern matches no arm of the named studies, else None."""
-  names = [a.name for s in studies for a in STUDIES.get(s)()]
+def unmatched(studies: list[str], patterns: list[str] | None,
+              base: ml_collections.ConfigDict | None = None) -> str | None:
+  """An error message when a pattern matches no arm of the named studies (over ``base``,
+  default the embedded default), else None."""
+  base = base if base is not None else testbeds.testbed(testbeds.DEFAULT).get_config()
+  names = [a.name for s in studies for a in STUDIES.get(s)(base)]
   bad = [p for p in patterns or () if not any(fnmatch.fnmatchcase(n, p) for n in names)]
   return (f"--arms: {', '.join(map(repr, bad))} matches no arm of {', '.join(studies)};"
           f" arms: {', '.join(names)}") if bad else None
@@ -91,15 +106,17 @@ def _stability_pair(lr: float, estimator: dict, suffix: str = "", group: str = "
 
 
 @STUDIES.register("stability")
-def stability() -> list[Arm]:
+def stability(config: ml_collections.ConfigDict) -> list[Arm]:
   """StableDRL's claim: GRPO with estimated ratios spikes and collapses; unconditional
   clipping + self-normalisation stays stable. GRPO and StableDRL on the official estimator
   over a 3-value lr grid, the two ablations at the default lr, antithetic masks, and the
   1-draw-ELBO stress test at the default and the aggressive lr."""
-  main = [a for lr in LR_GRID for a in _stability_pair(lr, OFFICIAL_ESTIMATOR)]
-  base = {**OFFICIAL_ESTIMATOR, "rl.lr": DEFAULT_LR, "rl.advantage": "centered",
+  grid = lr_grid(config)
+  lr = grid[1]
+  main = [a for g in grid for a in _stability_pair(g, OFFICIAL_ESTIMATOR)]
+  base = {**OFFICIAL_ESTIMATOR, "rl.lr": lr, "rl.advantage": "centered",
           "rl.loss": "stabledrl"}
-  tag = lr_tag(DEFAULT_LR)
+  tag = lr_tag(lr)
   ablations = [
       Arm(f"clip_only@{tag}", {**base, "rl.clip": "upper", "rl.self_normalize": False},
           "unconditional clip min(ρ̂, 5), fixed 1/G (no self-normalisation)"),
@@ -109,18 +126,18 @@ def stability() -> list[Arm]:
           "StableDRL with antithetic masks (θ, θ_old share masks: ρ̂ = 1 at θ = θ_old)",
           group="control"),
   ]
-  stress = [a for lr in (DEFAULT_LR, AGGRESSIVE_LR)
-            for a in _stability_pair(lr, STRESS_ESTIMATOR, "_elbo1", "stress")]
+  stress = [a for g in (lr, grid[-1])
+            for a in _stability_pair(g, STRESS_ESTIMATOR, "_elbo1", "stress")]
   return main + ablations + stress
 
 
 @STUDIES.register("steprs")
-def steprs() -> list[Arm]:
+def steprs(config: ml_collections.ConfigDict) -> list[Arm]:
   """StepRS's claim: a risk coefficient rising over denoising states explores more (pass@k,
   distinct correct answers), against centered GRPO, with the paper's controls: RMS- and
   mass-matched scale, the reversed schedule (β high → low), a constant β, and the
   calibrated β."""
-  base = {**OFFICIAL_ESTIMATOR, "rl.lr": DEFAULT_LR, "rl.loss": STEPRS_LOSS}
+  base = {**OFFICIAL_ESTIMATOR, "rl.lr": float(config.rl.lr), "rl.loss": STEPRS_LOSS}
   steprs_base = {**base, "rl.advantage": "steprs", "rl.beta_start": 0.0,
                  "rl.beta_schedule": "linear"}
   return [
@@ -145,23 +162,22 @@ def steprs() -> list[Arm]:
 
 
 @STUDIES.register("baselines")
-def baselines() -> list[Arm]:
+def baselines(config: ml_collections.ConfigDict) -> list[Arm]:
   """The baselines a dLLM-RL paper is compared against, each with its official algorithm
   (loss, advantage, estimator and its noise, ε, KL: dllm_rl.config.recipes) over the
-  embedded default, at its lr and μ = 2 (the recipes' official scale — lr, μ, G — is in
+  base config, at its lr and μ (the recipes' official scale — lr, μ, G — is in
   configs/wd1.py, espo.py, coupled_grpo.py)."""
-  base = {"rl.lr": DEFAULT_LR}
-  default = defaults.get_config()
+  base = {"rl.lr": float(config.rl.lr)}
   return [
       Arm("grpo", {**base, "rl.loss": "grpo", "rl.advantage": "grpo"},
           "GRPO (d1's diffu-GRPO advantages (r − r̄)/σ): conditional clip ε = 0.2, sequence ratio"),
       Arm("stabledrl", {**base, "rl.loss": "stabledrl", "rl.advantage": "centered"},
           "StableDRL: unconditional upper clip C = 5 + self-normalisation"),
-      Arm("wd1", {**base, **recipes.wd1(default)},
+      Arm("wd1", {**base, **recipes.wd1(config)},
           "wd1: ratio-free −Σ (softmax(A) − softmax(−A)) ℓ̂, d1 one-step ℓ̂"),
-      Arm("espo", {**base, **recipes.espo(default)},
+      Arm("espo", {**base, **recipes.espo(config)},
           "ESPO: clipped exp(Δℓ̂ / L) on the coupled ELBO (2 pairs), RLOO, k2 KL"),
-      Arm("coupled_grpo", {**base, **recipes.coupled_grpo(default)},
+      Arm("coupled_grpo", {**base, **recipes.coupled_grpo(config)},
           "coupled-GRPO: d1 token loss on ½[log p(all masked) + w log p(pair)], RLOO, ε = 0.5"),
       Arm("trajectory", {**base, **recipes.trajectory(default)},
           "TraceRL: per-token clipped ratios, each token scored in its own denoising state"),

@@ -280,6 +280,28 @@ def compute_seconds(studies: list[dict]) -> float:
   return sum(sft.values()) + sum(r["wall_seconds"] for st in studies for r in st["runs"])
 
 
+def testbed_name(meta: dict, studies: list[dict]) -> str:
+  """The study's testbed (the JSON of a study from before testbeds: the embedded default)."""
+  from dllm_rl.config import testbeds
+  return meta.get("testbed") or studies[0].get("testbed") or testbeds.DEFAULT
+
+
+def testbed_description(meta: dict, studies: list[dict]) -> str:
+  from dllm_rl.config import testbeds
+  name = testbed_name(meta, studies)
+  return testbeds.testbed(name).description if name in testbeds.TESTBEDS else "unregistered"
+
+
+def run_config(study: dict, run: dict):
+  """A run's config: the study's recorded base config (else the embedded default) with the
+  run's overrides."""
+  import ml_collections
+
+  from dllm_rl.study.runner import make_config
+  base = study.get("base_config")
+  return make_config(run["overrides"], ml_collections.ConfigDict(base) if base else None)
+
+
 def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
   quick = meta.get("quick")
   out = ["# Results: the papers' claims at small scale", "",
@@ -289,6 +311,7 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
             " end to end; it does not establish any claim. The full study (≥ 3 seeds) is the"
             " command without `--quick`.**", ""]
   out += ["| | |", "| --- | --- |",
+          f"| testbed | `{testbed_name(meta, studies)}`: {testbed_description(meta, studies)} |",
           f"| machine | {meta['machine']} |",
           f"| load average (1 min) at start / end | {meta['load_start']} / {meta['load_end']} |",
           f"| jax | {meta['jax']} |",
@@ -296,10 +319,9 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
           f"| wall time of this invocation | {meta['wall_seconds']:.0f} s |",
           f"| compute recorded in the JSON (SFT + every arm, summed over the invocations that"
           f" produced them) | {compute_seconds(studies):.0f} s |", ""]
-  from dllm_rl.study.runner import make_config
-  c = make_config(studies[0]["runs"][0]["overrides"])  # the sizes every run shares
-  out += ["Every arm starts from the same SFT checkpoint of the embedded default's task (3-digit"
-          " addition, `dllm_rl/config/defaults.py`), one per seed, and changes only the listed"
+  c = run_config(studies[0], studies[0]["runs"][0])  # the sizes every run shares
+  out += [f"Every arm starts from the same SFT checkpoint of the testbed `{testbed_name(meta, studies)}`"
+          f" ({testbed_description(meta, studies)}), one per seed, and changes only the listed"
           " keys. Unless an arm's overrides say otherwise: official noise (independent masks"
           f" for ℓ̂_old and every inner step), {c.estimator.num_samples}-draw"
           f" {c.estimator.name.upper()}, μ = {c.rl.inner_steps}, {c.rl.batch_prompts} prompts ×"
@@ -336,8 +358,22 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
             f" is that the first arm is higher; differences inside ±{MIN_EFFECT:g} count as"
             " none):", ""]
     out += [f"* **{what}: {verdict}.** {evidence}." for what, verdict, evidence in lines]
-    out += ["", f"Caveats: {CAVEATS[name]}", ""]
+    out += ["", f"Caveats: {caveat(name, testbed_name(meta, studies), c)}", ""]
   return "\n".join(out)
+
+
+def caveat(name: str, testbed: str, c) -> str:
+  """The study's caveat: :data:`CAVEATS` (written for the embedded default) on ``arithmetic``;
+  on another testbed, its sizes from the run config ``c``."""
+  if testbed == "arithmetic":
+    return CAVEATS[name]
+  return (f"Testbed `{testbed}`: completions of {c.data.completion_len} tokens in"
+          f" {c.data.completion_len // c.sampler.block_len} blocks of {c.sampler.block_len}"
+          f" ({c.sampler.steps} denoising states); the scored action runs through the first EOS."
+          f" {c.task.test_size} test prompts give about"
+          f" ±{100 * stats.binomial_margin(0.3, c.task.test_size) / 2:.0f} points of noise per"
+          " run (one binomial standard error at p = 0.3). Grad norms are pre-clip"
+          f" (`rl.grad_clip = {c.rl.grad_clip:g}`).")
 
 
 def write(studies: list[dict], meta: dict, workdir: str, results_md: str) -> str:

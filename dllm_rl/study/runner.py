@@ -4,12 +4,15 @@ Runs go through the public ``dllm_rl.train.modes.run(config, workdir)``: SFT in
 ``DIR/sft/seed<k>`` (``config.mode=sft``; shared by the studies run in one DIR), each arm in
 ``DIR/<study>/seed<k>/<arm>`` (``config.mode=rl``) with a copy of the SFT
 checkpoint under ``checkpoints/sft``, which ``rl`` mode restores. A finished arm
-keeps ``run.json`` and is not rerun, so an interrupted study resumes.
+keeps ``run.json`` and is not rerun, so an interrupted study resumes. Every run is the
+study's base config (the testbed's, ``dllm_rl/config/testbeds.py``) with overrides; a DIR
+holds one testbed (``DIR/testbed.txt``), so SFT starts of different testbeds never mix.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import shutil
@@ -18,7 +21,7 @@ import time
 import ml_collections
 import numpy as np
 
-from dllm_rl.config.defaults import get_config as default_config
+from dllm_rl.config import testbeds
 from dllm_rl.study import stats
 from dllm_rl.study.arms import Arm, Size
 
@@ -68,11 +71,34 @@ def compilation_cache(cache_dir: str | None):
     cc.reset_cache()
 
 
-def make_config(overrides: dict) -> ml_collections.ConfigDict:
-  """The embedded default with flattened overrides (``{"rl.lr": 1e-3}``) applied."""
-  config = default_config()
+def make_config(overrides: dict,
+                base: ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:
+  """A copy of ``base`` (default: the embedded default) with flattened overrides
+  (``{"rl.lr": 1e-3}``) applied."""
+  if base is None:
+    config = testbeds.testbed(testbeds.DEFAULT).get_config()
+  else:
+    config = copy.deepcopy(base)
   config.update_from_flattened_dict(dict(overrides))
   return config
+
+
+def claim_workdir(workdir: str, testbed: str) -> None:
+  """Record ``testbed`` as DIR's testbed (``DIR/testbed.txt``); a ConfigError when DIR already
+  holds another one (its SFT starts and arms would be mixed into this study). A DIR with SFT
+  starts and no record is from before testbeds: the embedded default's."""
+  from dllm_rl.errors import ConfigError
+  path = os.path.join(workdir, "testbed.txt")
+  held = testbeds.DEFAULT if os.path.isdir(os.path.join(workdir, "sft")) else None
+  if os.path.exists(path):
+    with open(path) as fh:
+      held = fh.read().strip()
+  if held is not None and held != testbed:
+    raise ConfigError("testbed", f"{workdir} holds a study of testbed {held!r}, not"
+                      f" {testbed!r}: use another --workdir")
+  os.makedirs(workdir, exist_ok=True)
+  with open(path, "w") as fh:
+    fh.write(testbed + "\n")
 
 
 def _run(config, workdir: str) -> dict:
@@ -81,14 +107,15 @@ def _run(config, workdir: str) -> dict:
   return run.run(config, workdir)
 
 
-def train_sft(seed: int, workdir: str, overrides: dict) -> dict:
+def train_sft(seed: int, workdir: str, overrides: dict,
+              base: ml_collections.ConfigDict | None = None) -> dict:
   """The seed's SFT checkpoint (trained once; reused when its summary exists)."""
   path = os.path.join(workdir, "summary.json")
   if os.path.exists(path):
     with open(path) as fh:
       return json.load(fh)
   config = make_config({**overrides, "mode": "sft", "seed": seed, "log.progress": False,
-                        "log.tensorboard": False})
+                        "log.tensorboard": False}, base)
   return _run(config, workdir)
 
 
@@ -147,14 +174,14 @@ def calibrated_beta_end(source: dict) -> float:
 
 
 def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrides: dict,
-            calibrated: dict) -> dict:
+            calibrated: dict, base: ml_collections.ConfigDict | None = None) -> dict:
   """One arm from the seed's SFT checkpoint; returns (and writes) its run record."""
   path = os.path.join(workdir, "run.json")
   if os.path.exists(path):  # finished: reuse it, with the summary statistics recomputed
     with open(path) as fh:
       result = json.load(fh)
     result["stats"] = arm_stats(result["steps"], result["evals"],
-                                make_config(result["overrides"]).task.val_size)
+                                make_config(result["overrides"], base).task.val_size)
     return result
   target = os.path.join(workdir, "checkpoints", "sft")
   if not os.path.isdir(target):
@@ -167,11 +194,12 @@ def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrid
                    "checkpoint.save_every": size.rl_steps, "log.progress": False,
                    "log.tensorboard": False, **overrides, **arm_overrides}
   t0 = time.time()
-  summary = _run(make_config(run_overrides), workdir)
+  config = make_config(run_overrides, base)
+  summary = _run(config, workdir)
   records, evals, final = step_records(os.path.join(workdir, "metrics.jsonl"))
   result = {"arm": arm.name, "description": arm.description, "seed": seed,
             "overrides": run_overrides, "wall_seconds": time.time() - t0, "summary": summary,
-            "stats": arm_stats(records, evals, make_config(run_overrides).task.val_size),
+            "stats": arm_stats(records, evals, config.task.val_size),
             "evals": evals, "final": final,
             "steps": records}
   with open(path, "w") as fh:
@@ -180,23 +208,27 @@ def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrid
 
 
 def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
-              overrides: dict, log=print) -> dict:
-  """Every arm × seed; returns the study record (also written to DIR/<name>.json)."""
+              overrides: dict, log=print, testbed: str = testbeds.DEFAULT,
+              base: ml_collections.ConfigDict | None = None) -> dict:
+  """Every arm × seed from ``base`` (the config of ``testbed``; default its registered
+  config); returns the study record (also written to DIR/<name>.json by the caller)."""
   from dllm_rl.train.validate import validate
+  base = base if base is not None else testbeds.testbed(testbed).get_config()
   for arm in arms:  # every arm's config is checked before anything trains or compiles
-    validate(make_config({**overrides, "mode": "rl", **arm.overrides}))
+    validate(make_config({**overrides, "mode": "rl", **arm.overrides}, base))
+  claim_workdir(workdir, testbed)
   t0 = time.time()
   runs, sfts = [], {}
   for seed in range(seeds):
     seed_dir = os.path.join(workdir, name, f"seed{seed}")
     sft_dir = os.path.join(workdir, "sft", f"seed{seed}")  # shared by the studies of a DIR
-    sfts[seed] = train_sft(seed, sft_dir, overrides)
+    sfts[seed] = train_sft(seed, sft_dir, overrides, base)
     log(f"[study] {name} seed {seed}: SFT test accuracy {sfts[seed].get('sft_accuracy')}")
     calibrated = {}
     for arm in arms:
       rec = run_arm(arm, seed, sft_dir, os.path.join(seed_dir, arm.name.replace("@", "_")),
-                    size, overrides, calibrated)
-      r = make_config(rec["overrides"]).rl
+                    size, overrides, calibrated, base)
+      r = make_config(rec["overrides"], base).rl
       calibrated[arm.name] = {"calibrated_beta": rec["summary"].get("calibrated_beta"),
                               "base_train_accuracy": rec["summary"].get("base_train_accuracy"),
                               "rollouts": r.batch_prompts * r.group_size}
@@ -206,7 +238,8 @@ def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
           f" | collapsed {s['collapsed']} | spikes {s['grad_spikes']}"
           f" | {rec['wall_seconds']:.0f}s")
       runs.append(rec)
-  return {"study": name, "arms": [{"name": a.name, "description": a.description,
+  return {"study": name, "testbed": testbed, "base_config": json.loads(base.to_json()),
+          "arms": [{"name": a.name, "description": a.description,
                                    "overrides": a.overrides, "calibrate_from": a.calibrate_from,
                                    "group": a.group}
                                   for a in arms],

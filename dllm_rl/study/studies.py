@@ -13,6 +13,7 @@ import os
 import platform
 import time
 
+from dllm_rl.config import testbeds
 from dllm_rl.study import arms as arms_lib
 
 
@@ -38,14 +39,16 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
           overrides: dict[str, object],
           results_md: str, command: str, rl_steps: int | None = None,
           eval_every: int | None = None, cache_dir: str | None = None,
-          arm_patterns: list[str] | None = None) -> dict:
-  """Run the named studies and write their JSON, plots and the markdown report.
+          arm_patterns: list[str] | None = None, testbed: str = testbeds.DEFAULT) -> dict:
+  """Run the named studies on ``testbed`` (its base config and run lengths,
+  ``dllm_rl/config/testbeds.py``) and write their JSON, plots and the markdown report.
   ``arm_patterns``: only the arms matching one of these shell patterns."""
+  base = testbeds.testbed(testbed).get_config()  # a ValueError listing the names when unknown
   import jax
 
   from dllm_rl.study import plots, report, runner
 
-  size = arms_lib.QUICK if quick else arms_lib.FULL
+  size = arms_lib.size(testbed, quick)
   size = arms_lib.Size(rl_steps=rl_steps or size.rl_steps,
                        eval_every=eval_every or size.eval_every,
                        seeds=seeds or size.seeds)
@@ -55,9 +58,9 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
   done = []
   for name in names:
     with runner.compilation_cache(cache_dir):
-      result = runner.run_study(name, arms_lib.select(arms_lib.STUDIES.get(name)(), arm_patterns),
-                                workdir, size.seeds, size,
-                                overrides)
+      arms = arms_lib.select(arms_lib.STUDIES.get(name)(base), arm_patterns)
+      result = runner.run_study(name, arms, workdir, size.seeds, size, overrides,
+                                testbed=testbed, base=base)
     result["command"], result["quick"] = command, quick
     with open(os.path.join(workdir, f"{name}.json"), "w") as fh:
       json.dump(result, fh)
@@ -65,7 +68,7 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
     if name == "stability":
       plots.spikes(result, os.path.join(workdir, f"{name}_spikes.png"))
     done.append(result)
-  meta = {"command": command, "quick": quick, "machine": _machine(), "load_start": load_start,
+  meta = {"command": command, "quick": quick, "testbed": testbed, "machine": _machine(), "load_start": load_start,
           "load_end": _load(), "jax": jax.__version__, "started": started,
           "wall_seconds": time.time() - t0}
   with open(os.path.join(workdir, "meta.json"), "w") as fh:

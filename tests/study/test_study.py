@@ -29,7 +29,7 @@ def test_overrides_are_typed_like_the_default():
 
 # Every arm of every study validates (run_study checks each before anything runs); end to
 # end, one arm of each kind runs.
-_LOW, _DEFAULT, _HIGH = (arms_lib.lr_tag(lr) for lr in arms_lib.LR_GRID)  # around the default
+_LOW, _DEFAULT, _HIGH = (arms_lib.lr_tag(lr) for lr in arms_lib.lr_grid(get_config()))
 QUICK_ARMS = [f"grpo@{_DEFAULT}", f"stabledrl@{_DEFAULT}", f"grpo_elbo1@{_HIGH}",
               f"stabledrl_elbo1@{_HIGH}", "centered", "steprs", "steprs_calibrated"]
 
@@ -40,7 +40,7 @@ def test_every_arm_of_every_study_is_a_valid_config(name):
   combinations), before any study runs; the baselines study has one arm per algorithm."""
   from dllm_rl.study.runner import make_config
   from dllm_rl.train.validate import validate
-  arms = arms_lib.STUDIES.get(name)()
+  arms = arms_lib.STUDIES.get(name)(get_config())
   for arm in arms:
     validate(make_config({**TINY, "mode": "rl", **arm.overrides}))
   if name == "baselines":
@@ -53,7 +53,8 @@ def test_every_arm_of_every_study_is_a_valid_config(name):
 def test_arm_patterns_select_and_name_what_matches_nothing():
   assert arms_lib.unmatched(["stability", "steprs"], QUICK_ARMS) is None
   assert "'nope*' matches no arm" in arms_lib.unmatched(["steprs"], ["centered", "nope*"])
-  assert [a.name for a in arms_lib.select(arms_lib.STUDIES.get("stability")(), ["grpo@*"])] == [
+  stability = arms_lib.STUDIES.get("stability")(get_config())
+  assert [a.name for a in arms_lib.select(stability, ["grpo@*"])] == [
       f"grpo@{_LOW}", f"grpo@{_DEFAULT}", f"grpo@{_HIGH}"]
 
 
@@ -65,7 +66,7 @@ def test_quick_study_gives_every_arm_a_summary(tmp_path):
               cache_dir=str(tmp_path / "jax_cache"), arm_patterns=QUICK_ARMS)
   for result in out["studies"]:
     name = result["study"]
-    arms = [a.name for a in arms_lib.select(arms_lib.STUDIES.get(name)(), QUICK_ARMS)]
+    arms = [a.name for a in arms_lib.select(arms_lib.STUDIES.get(name)(get_config()), QUICK_ARMS)]
     assert sorted(r["arm"] for r in result["runs"]) == sorted(arms)
     for run in result["runs"]:
       assert len(run["steps"]) == 2 and all("grad_norm_max" in s for s in run["steps"])
@@ -100,7 +101,7 @@ def test_quick_study_gives_every_arm_a_summary(tmp_path):
   assert calibrated["overrides"]["rl.beta_end"] > 0  # p̄ < 1/2 at the start gives β > 0
   text = open(md).read()
   for arm in [a.name for n in ("stability", "steprs")
-              for a in arms_lib.select(arms_lib.STUDIES.get(n)(), QUICK_ARMS)]:
+              for a in arms_lib.select(arms_lib.STUDIES.get(n)(get_config()), QUICK_ARMS)]:
     assert f"| {arm} |" in text
   assert "--quick" in text
   assert text.count("* **stabledrl") == 2  # a verdict per GRPO / StableDRL pair (main, stress)
@@ -113,6 +114,6 @@ def test_a_bad_override_fails_naming_its_key_before_anything_runs(tmp_path):
   from dllm_rl.config import ConfigError
   from dllm_rl.study.runner import run_study
   with pytest.raises(ConfigError, match=r"config\.rl\.eps"):
-    run_study("stability", arms_lib.STUDIES.get("stability")(), str(tmp_path), 1, arms_lib.QUICK,
-              {"rl.eps": 2.0})
+    run_study("stability", arms_lib.STUDIES.get("stability")(get_config()), str(tmp_path), 1,
+              arms_lib.QUICK, {"rl.eps": 2.0})
   assert not os.listdir(tmp_path)

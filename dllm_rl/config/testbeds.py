@@ -1,0 +1,156 @@
+"""Testbeds of the study: the base config every arm and the SFT start are built from.
+
+``python -m dllm_rl.study NAME --testbed=T`` (``--scale=gpu`` is ``--testbed=gpu``). Each
+testbed is a :class:`Testbed`: a ``get_config()`` of a whole pipeline run (SFT warm-up → RL →
+held-out evaluation, like the embedded default) and the study's run lengths on it (RL steps
+per arm, validation interval and seeds of the full study; the quick study's), registered by
+name in :data:`TESTBEDS`. Nothing here knows the study's arms: they override RL keys only.
+
+* ``arithmetic`` — the embedded default (``dllm_rl/config/defaults.py``): 0.1M parameters,
+  3-digit addition, 8-token completions in one block. One correct answer per prompt.
+* ``countdown`` — :func:`countdown`: the harder CPU testbed of issue 18 (≥ 32-token
+  completions in ≥ 2 blocks, ~1M parameters, many correct answers per prompt).
+* ``gpu`` — :func:`gpu`: the same task at ~100M parameters, 128-token completions in blocks
+  of 32, the official StableDRL estimator; sized for one H200 (not runnable on CPU at size).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import ml_collections
+
+from dllm_rl.config import defaults
+from dllm_rl.config.schema import locked
+from dllm_rl.registry import Registry
+
+
+@dataclasses.dataclass(frozen=True)
+class Testbed:
+  """A base config, what it runs in a few words (the report's header), and the study's run
+  lengths on it: (rl_steps, eval_every, seeds) of the full study and of ``--quick``."""
+
+  get_config: Callable[[], ml_collections.ConfigDict]
+  description: str
+  full: tuple[int, int, int]
+  quick: tuple[int, int, int]
+
+
+TESTBEDS: Registry = Registry("testbed")
+DEFAULT = "arithmetic"
+
+
+def _countdown_task(c: ml_collections.ConfigDict) -> None:
+  """Countdown with 4 numbers in [1, 10] and a target in [1, 100]: the reference answer is
+  7–13 characters (mean 8.5), so with EOS it spans two 8-token blocks; many expressions hit
+  a target (``distinct_correct`` counts them per prompt)."""
+  c.task.name = "countdown"
+  c.task.options = ml_collections.ConfigDict({"num_numbers": 4, "max_number": 10,
+                                              "max_target": 100})
+  c.data.prompt_len = 16         # "10,9,8,7>100=" is at most 14 characters
+
+
+def countdown() -> ml_collections.ConfigDict:
+  """The harder CPU testbed: Countdown (4 numbers), a 1.1M-parameter model (d 128, 5 layers),
+  32-token completions sampled in 4 blocks of 8 (16 denoising steps, 2 tokens a step; the
+  answer itself takes two blocks), SFT stopped at validation accuracy 0.25 (RL headroom;
+  not yet shown reachable: one seed was still at 0 at step 1300, README "Testbeds"),
+  then the embedded default's RL (StableDRL, centered, lr 1e-4, μ = 2) on 4 prompts × 8
+  completions a rollout batch. Evaluation sizes are small (64 validation / 64 test prompts,
+  pass@k from 8 samples) because sampling dominates an arm's time on 2 CPU cores. Sizing and
+  measured times: README "Results" (the testbeds)."""
+  c = defaults.get_config()
+  c.unlock()
+  _countdown_task(c)
+  c.model.d_model = 128
+  c.model.n_layers = 5
+  c.model.n_heads = 4
+  c.model.mlp_hidden = 384
+  c.data.completion_len = 32
+  c.sampler.block_len = 8
+  c.sampler.steps = 16
+  c.estimator.spg_block_len = 8  # spg_block (the study's official estimator): sampler blocks
+  c.task.val_size = 64
+  c.task.test_size = 64
+  c.sft.steps = 3000
+  c.sft.eval_every = 100
+  c.sft.target_accuracy = 0.25
+  c.rl.batch_prompts = 4
+  c.rl.group_size = 8
+  c.rl.eval_every = 20
+  c.eval.num_samples = 8
+  c.checkpoint.save_every = 500
+  return locked(c)
+
+
+def gpu() -> ml_collections.ConfigDict:
+  """The GPU profile (``--scale=gpu``): Countdown (4 numbers) at ~100M parameters (d 768,
+  12 layers, 12 heads, MLP 2048, bfloat16 compute), 128-token completions sampled in 4
+  blocks of 32 (64 steps), the official StableDRL estimator (``spg_block``, K = 2, prompt
+  masking 0.15; the study's arms set it too), 8 prompts × 16 completions, μ = 2. Countdown
+  answers are at most ~15 characters, so most of the 128 tokens are EOS fill (the scored
+  action runs through the first EOS). Sized for the study's main arms in ≤ 8 min on one H200
+  (FLOP estimate in README "Results"); it runs on CPU only at tiny override sizes (tests)."""
+  c = countdown()
+  c.unlock()
+  c.model.d_model = 768
+  c.model.n_layers = 12
+  c.model.n_heads = 12
+  c.model.mlp_hidden = 2048
+  c.model.dtype = "bfloat16"
+  c.model.scan_layers = True
+  c.data.completion_len = 128
+  c.sampler.block_len = 32
+  c.sampler.steps = 64
+  c.estimator.name = "spg_block"
+  c.estimator.num_samples = 2
+  c.estimator.prompt_mask_prob = 0.15
+  c.estimator.spg_block_len = 32
+  c.task.val_size = 128
+  c.task.test_size = 128
+  c.data.batch_size = 128
+  c.eval.batch_size = 256
+  c.sft.steps = 1500
+  c.sft.lr = 5e-4
+  c.sft.eval_every = 100
+  c.rl.batch_prompts = 8
+  c.rl.group_size = 16
+  c.rl.lr = 1e-5
+  c.rl.eval_every = 10
+  return locked(c)
+
+
+TESTBEDS.register("arithmetic")(Testbed(
+    defaults.get_config, "the embedded default: 3-digit addition, 0.1M parameters, 8-token"
+    " completions in one block (`dllm_rl/config/defaults.py`)",
+    full=(200, 20, 5), quick=(40, 10, 1)))
+TESTBEDS.register("countdown")(Testbed(
+    countdown, "Countdown with 4 numbers in [1, 10], 1.1M parameters, 32-token completions in"
+    " 4 blocks of 8 (`dllm_rl/config/testbeds.py: countdown`)",
+    full=(50, 10, 5), quick=(10, 5, 1)))
+TESTBEDS.register("gpu")(Testbed(
+    gpu, "the GPU profile: Countdown with 4 numbers, ~100M parameters, 128-token completions"
+    " in 4 blocks of 32, bfloat16 (`dllm_rl/config/testbeds.py: gpu`)",
+    full=(40, 10, 5), quick=(20, 10, 1)))
+
+
+def testbed(name: str) -> Testbed:
+  """The registered testbed ``name``; a ``ValueError`` listing the names otherwise."""
+  if name not in TESTBEDS:
+    raise ValueError(TESTBEDS.unknown_message(name))
+  return TESTBEDS.get(name)
+
+
+def resolve(testbed: str | None, scale: str | None = None) -> str:
+  """The testbed named by the study's ``--testbed`` or ``--scale`` (``gpu``; ``cpu`` = the
+  default testbed); a ``ValueError`` listing the names when unknown or when the two disagree."""
+  if scale not in (None, "cpu", "gpu"):
+    raise ValueError(f"--scale={scale}: cpu or gpu (or --testbed: {', '.join(TESTBEDS.names())})")
+  from_scale = "gpu" if scale == "gpu" else None
+  if testbed is not None and from_scale is not None and testbed != from_scale:
+    raise ValueError(f"--testbed={testbed} and --scale={scale} disagree")
+  name = testbed or from_scale or DEFAULT
+  if name not in TESTBEDS:
+    raise ValueError(TESTBEDS.unknown_message(name))
+  return name

@@ -1,0 +1,94 @@
+"""How long a study takes on a testbed, from the analytic model FLOPs (``dllm_rl/train/flops.py``).
+
+Used to size the GPU profile (``--testbed=gpu``), which cannot run here: the FLOPs of an SFT
+start and of one arm (rollout sampling, the RL updates, the greedy validation passes and the
+final test with its pass@k samples), and the seconds they take at an assumed fraction of a
+device's peak (the MFU, an assumption until measured). Samplers are counted at their full
+schedule (every block, as without ``stop_at_eos``): an upper bound.
+
+``python -m dllm_rl.study.sizing [TESTBED] [--quick]`` prints the estimate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+H200_BF16_PEAK = 989e12  # NVIDIA H200 SXM, dense bfloat16 tensor-core peak, FLOP/s
+ASSUMED_MFU = 0.25       # an assumption (20–30% at ~100M parameters), not a measurement
+
+
+def _model(config):
+  """``config.model`` at the character tokenizer's vocabulary (the generated tasks')."""
+  from dllm_rl.tasks.tokenizer import CharTokenizer
+  from dllm_rl.train.context import model_config
+  return model_config(config, CharTokenizer().vocab_size)
+
+
+def param_count(config) -> int:
+  """Parameters of ``config.model`` (embedding, layers, norms, head), shapes only."""
+  from dllm_rl.models.transformer import abstract_model, count_params
+  return count_params(abstract_model(_model(config))[1])
+
+
+def study_flops(config, rl_steps: int, eval_every: int, arms: int, seeds: int) -> dict:
+  """Model FLOPs of a study of ``arms`` arms × ``seeds`` seeds on ``config``: the SFT start
+  (``sft.steps`` at most; it may stop early at its target), each arm, and the total."""
+  from dllm_rl.sampling.configs import sampler_config
+  from dllm_rl.train import flops
+  m, c = _model(config), config
+  s = sampler_config(c)
+  p = c.data.prompt_len
+  rollout = flops.sampler_flops(m, s, c.rl.batch_prompts * c.rl.group_size, p)
+  update = flops.rl_step_flops(c, m)
+  greedy_per_prompt = flops.sampler_flops(m, s, 1, p)
+  evals = rl_steps // eval_every + 1 if eval_every else 1  # validation at 0, every N, the end
+  arm = (rl_steps * (rollout + update)
+         + evals * c.task.val_size * greedy_per_prompt
+         + c.task.test_size * (1 + c.eval.num_samples) * greedy_per_prompt)
+  sft_evals = c.sft.steps // c.sft.eval_every + 1 if c.sft.eval_every else 1
+  sft = (c.sft.steps * flops.sft_step_flops(c, m)
+         + sft_evals * c.task.val_size * greedy_per_prompt
+         + c.task.test_size * (1 + c.eval.num_samples) * greedy_per_prompt)
+  return {"sft": sft, "arm": arm, "rl_step": rollout + update,
+          "total": seeds * (sft + arms * arm)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+  params: int
+  flops: dict
+  seconds: float          # total at ``mfu`` of ``peak``
+  peak: float
+  mfu: float
+
+
+def estimate(testbed: str, studies: list[str], quick: bool, group: str | None = "main",
+             peak: float = H200_BF16_PEAK, mfu: float = ASSUMED_MFU) -> Estimate:
+  """The FLOPs and seconds of ``studies`` on ``testbed`` (only the arms of ``group``; None =
+  every arm) at the testbed's full or quick size."""
+  from dllm_rl.config import testbeds
+  from dllm_rl.study import arms as arms_lib
+  config = testbeds.testbed(testbed).get_config()
+  size = arms_lib.size(testbed, quick)
+  n = sum(1 for name in studies for a in arms_lib.STUDIES.get(name)(config)
+          if group is None or a.group == group)
+  f = study_flops(config, size.rl_steps, size.eval_every, n, size.seeds)
+  return Estimate(param_count(config), f, f["total"] / (peak * mfu), peak, mfu)
+
+
+def main(argv: list[str]) -> None:
+  testbed = next((a for a in argv if not a.startswith("--")), "gpu")
+  quick = "--quick" in argv
+  for studies in (["stability", "steprs"], ["stability", "steprs", "baselines"]):
+    for group in ("main", None):
+      e = estimate(testbed, studies, quick, group)
+      print(f"{testbed} {'quick' if quick else 'full'} {'+'.join(studies)}"
+            f" ({group or 'every'} arms): {e.params / 1e6:.1f}M params, SFT"
+            f" {e.flops['sft'] / 1e15:.2f} PFLOP, arm {e.flops['arm'] / 1e15:.2f} PFLOP, total"
+            f" {e.flops['total'] / 1e15:.1f} PFLOP = {e.seconds / 60:.1f} min at"
+            f" {e.mfu:.0%} of {e.peak / 1e12:.0f} TFLOP/s")
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])

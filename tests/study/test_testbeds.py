@@ -1,0 +1,144 @@
+"""The study's testbeds (dllm_rl/config/testbeds.py): selection by name with an error listing
+the names, each testbed's config validates at its size, the countdown and GPU testbeds run
+SFT → an arm end to end at tiny override sizes through the study's own code path, and the
+study JSON and report record the testbed."""
+
+import json
+import os
+
+import pytest
+
+from dllm_rl.config import testbeds
+from dllm_rl.errors import ConfigError
+from dllm_rl.study import arms as arms_lib
+from dllm_rl.study import sizing
+from dllm_rl.study.studies import study
+
+# Sizes only (model, data, lengths, batches, steps): the code path is the testbed's own.
+TINY_SIZES = {"model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2,
+              "model.mlp_hidden": 64, "task.train_size": 128, "task.val_size": 8,
+              "task.test_size": 8, "data.batch_size": 16, "sft.steps": 2,
+              "sft.warmup_steps": 0, "sft.eval_every": 1, "sft.target_accuracy": 0.0,
+              "rl.batch_prompts": 2, "rl.group_size": 4, "eval.batch_size": 32,
+              "eval.num_samples": 2, "eval.pass_k": (1, 2), "mesh.data": 2}
+
+
+def test_unknown_testbed_is_an_error_listing_the_names(tmp_path):
+  for bad in ("nope", "countdwn"):
+    with pytest.raises(ValueError, match="available: arithmetic, countdown, gpu"):
+      testbeds.resolve(bad)
+  with pytest.raises(ValueError, match="Did you mean 'countdown'"):
+    testbeds.testbed("countdwn")
+  assert testbeds.resolve(None) == "arithmetic"
+  assert testbeds.resolve(None, "gpu") == testbeds.resolve("gpu") == "gpu"
+  assert testbeds.resolve(None, "cpu") == "arithmetic"
+  with pytest.raises(ValueError, match="disagree"):
+    testbeds.resolve("countdown", "gpu")
+  with pytest.raises(ValueError, match="--scale=tpu"):
+    testbeds.resolve(None, "tpu")
+  with pytest.raises(ValueError, match="available: arithmetic"):
+    study(["steprs"], str(tmp_path / "w"), 1, True, {}, str(tmp_path / "r.md"), "test",
+          testbed="nope")
+  assert not os.path.exists(tmp_path / "w")
+
+
+def test_the_default_testbed_is_the_embedded_default_and_its_old_size():
+  from dllm_rl.config.defaults import get_config
+  assert testbeds.testbed("arithmetic").get_config().to_dict() == get_config().to_dict()
+  assert arms_lib.FULL == arms_lib.Size(200, 20, 5) and arms_lib.QUICK == arms_lib.Size(40, 10, 1)
+
+
+@pytest.mark.parametrize("name", ["countdown", "gpu"])
+def test_testbed_meets_the_issue_sizes_and_every_arm_validates(name):
+  """≥ 32-token completions in ≥ 2 blocks, ~1–3M parameters (countdown) / 128–256 tokens in
+  blocks of 32 and ~50–150M parameters with the official estimator (gpu); ≥ 5 seeds; every
+  arm of every study over it is a valid config."""
+  from dllm_rl.study.runner import make_config
+  from dllm_rl.train.validate import validate
+  base = testbeds.testbed(name).get_config()
+  validate(base)
+  c, n = base, sizing.param_count(base)
+  assert c.task.name == "countdown" and c.task.options.num_numbers in (3, 4)
+  assert c.data.completion_len // c.sampler.block_len >= 2
+  if name == "countdown":
+    assert c.data.completion_len >= 32 and 1e6 <= n <= 3e6
+  else:
+    assert 128 <= c.data.completion_len <= 256 and c.sampler.block_len == 32
+    assert 50e6 <= n <= 150e6
+    assert {k: c.estimator[k.split(".")[1]] for k in arms_lib.OFFICIAL_ESTIMATOR} == (
+        arms_lib.OFFICIAL_ESTIMATOR)
+  assert 0.2 <= c.sft.target_accuracy <= 0.3
+  assert arms_lib.size(name, quick=False).seeds >= 5
+  for study_name in arms_lib.STUDIES.names():
+    for arm in arms_lib.STUDIES.get(study_name)(base):
+      validate(make_config({"mode": "rl", **arm.overrides}, base))
+
+
+def test_gpu_profile_main_arms_fit_eight_minutes_on_an_h200_by_flops():
+  """The quick stability + StepRS study's main arms on the GPU profile: ≤ 8 min at the
+  assumed 25% MFU of an H200's bf16 peak (an estimate from the analytic FLOPs)."""
+  e = sizing.estimate("gpu", ["stability", "steprs"], quick=True, group="main")
+  assert e.mfu == 0.25 and e.peak == pytest.approx(989e12)
+  assert e.seconds <= 8 * 60
+  base = testbeds.testbed("gpu").get_config()
+  main = [a for n in ("stability", "steprs") for a in arms_lib.STUDIES.get(n)(base)
+          if a.group == "main"]
+  assert len(main) == 11  # GRPO / StableDRL × 3 lr, 2 ablations; centered, StepRS, calibrated
+  assert e.flops["total"] == pytest.approx(e.flops["sft"] + len(main) * e.flops["arm"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["countdown", "gpu"])
+def test_testbed_runs_sft_then_an_arm_and_the_study_records_it(name, tmp_path):
+  workdir, md = str(tmp_path / "study"), str(tmp_path / "results.md")
+  out = study(["steprs"], workdir, 1, True, dict(TINY_SIZES), md, f"test --testbed={name}",
+              rl_steps=2, eval_every=1, arm_patterns=["centered"], testbed=name)
+  (result,) = out["studies"]
+  (run,) = result["runs"]
+  assert len(run["steps"]) == 2 and run["summary"]["rl_accuracy"] is not None
+  assert "rl_distinct_correct" in run["summary"]
+  assert set(run["summary"]["rl_pass_at_k"]) == {"1", "2"}
+  with open(os.path.join(workdir, "steprs.json")) as fh:
+    saved = json.load(fh)
+  assert saved["testbed"] == name and saved["base_config"]["task"]["name"] == "countdown"
+  assert saved["base_config"]["data"]["completion_len"] == (
+      testbeds.testbed(name).get_config().data.completion_len)
+  with open(os.path.join(workdir, "sft", "seed0", "config_sft.json")) as fh:
+    sft = json.load(fh)
+  assert sft["task"]["name"] == "countdown" and sft["model"]["d_model"] == 32
+  assert out["meta"]["testbed"] == name
+  text = open(md).read()
+  assert f"| testbed | `{name}`:" in text and f"testbed `{name}`" in text
+  # a DIR holds one testbed: another one's study there is refused before it runs
+  with pytest.raises(ConfigError, match=f"holds a study of testbed '{name}'"):
+    study(["steprs"], workdir, 1, True, dict(TINY_SIZES), md, "test", rl_steps=1,
+          arm_patterns=["centered"], testbed="arithmetic")
+
+
+@pytest.mark.slow  # two subprocess CLIs
+def test_the_command_line_names_the_testbeds_on_an_unknown_one(tmp_path):
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  for flag in ("--testbed=nope", "--scale=tpu"):
+    proc = subprocess.run([sys.executable, "-m", "dllm_rl.study", "steprs",
+                           f"--workdir={tmp_path / 'w'}", flag], cwd=root, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "arithmetic, countdown, gpu" in proc.stderr and "Traceback" not in proc.stderr
+  assert not os.path.exists(tmp_path / "w")
+
+
+def test_a_study_dir_holds_one_testbed(tmp_path):
+  from dllm_rl.study.runner import claim_workdir
+  fresh, old = tmp_path / "fresh", tmp_path / "old"
+  claim_workdir(str(fresh), "countdown")
+  claim_workdir(str(fresh), "countdown")  # the same testbed again: fine
+  assert (fresh / "testbed.txt").read_text() == "countdown\n"
+  with pytest.raises(ConfigError, match="holds a study of testbed 'countdown', not 'gpu'"):
+    claim_workdir(str(fresh), "gpu")
+  (old / "sft" / "seed0").mkdir(parents=True)  # a study DIR from before testbeds
+  with pytest.raises(ConfigError, match="testbed 'arithmetic', not 'countdown'"):
+    claim_workdir(str(old), "countdown")
+  claim_workdir(str(old), "arithmetic")
+  assert (old / "testbed.txt").read_text() == "arithmetic\n"
