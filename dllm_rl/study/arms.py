@@ -179,6 +179,6 @@ def baselines(config: ml_collections.ConfigDict) -> list[Arm]:
           "ESPO: clipped exp(Δℓ̂ / L) on the coupled ELBO (2 pairs), RLOO, k2 KL"),
       Arm("coupled_grpo", {**base, **recipes.coupled_grpo(config)},
           "coupled-GRPO: d1 token loss on ½[log p(all masked) + w log p(pair)], RLOO, ε = 0.5"),
-      Arm("trajectory", {**base, **recipes.trajectory(default)},
+      Arm("trajectory", {**base, **recipes.trajectory(config)},
           "TraceRL: per-token clipped ratios, each token scored in its own denoising state"),
   ]
