@@ -79,6 +79,7 @@ def countdown() -> ml_collections.ConfigDict:
   c.rl.batch_prompts = 4
   c.rl.group_size = 8
   c.rl.eval_every = 20
+  c.rl.warmup_steps = 0  # study arms run 10–50 RL steps: no room for the default's warm-up
   c.eval.num_samples = 8
   c.checkpoint.save_every = 500
   return locked(c)
@@ -117,6 +118,7 @@ def gpu() -> ml_collections.ConfigDict:
   c.rl.batch_prompts = 8
   c.rl.group_size = 16
   c.rl.lr = 1e-5
+  c.rl.warmup_steps = 0  # study arms run 20–40 RL steps: no room for the default's warm-up
   c.rl.eval_every = 10
   return locked(c)
 
