@@ -185,7 +185,7 @@ def test_sdar_rl_step_compiles_the_mosaic_kernel_for_a_tpu_slice():
   config.rl.batch_prompts, config.rl.group_size, config.eval.batch_size = 4, 2, 4
   topo = topology.get_topology("v5p-8")
   progs, mesh, model_cfg = programs.build_programs(config, topo.devices)
-  assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 1}
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "expert": 1, "tensor": 1}
   rl_step = next(p for p in progs if p.name == "rl_step")
   lowered = rl_step.fn.lower(*rl_step.args)
   assert "sdy.manual_computation" in lowered.as_text()  # shard_map
