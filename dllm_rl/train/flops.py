@@ -43,7 +43,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from dllm_rl.diffusion.trajectory import num_passes
 from dllm_rl.models.transformer import ModelConfig
+from dllm_rl.sampling.configs import sampler_config
 
 
 def layer_matmul_params(m: ModelConfig, layer: int = 0) -> int:
@@ -92,13 +94,6 @@ def estimate_flops(m: ModelConfig, estimator: str, num_samples: int, prompt_len:
   raise ValueError(f"estimator.name={estimator!r}: no FLOP count for this estimator")
 
 
-def trajectory_passes(config) -> int:
-  """Forward passes of one ``trajectory`` estimate: ceil(S / estimator.trajectory_shrink),
-  S the sampler's step budget (``data.completion_len`` in threshold mode)."""
-  s = config.data.completion_len if config.sampler.threshold > 0 else config.sampler.steps
-  return -(-s // config.estimator.trajectory_shrink)
-
-
 def rl_step_flops(config, model_cfg: ModelConfig, *, prompt_len: int | None = None) -> float:
   """Model FLOPs of one ``rl_step`` call (one rollout batch, μ inner updates).
 
@@ -109,8 +104,8 @@ def rl_step_flops(config, model_cfg: ModelConfig, *, prompt_len: int | None = No
   r, x = config.rl, config.estimator
   p = config.data.prompt_len if prompt_len is None else prompt_len
   draws = x.num_samples + (1 if x.name == "elbo" and x.full_mask_term else 0)
-  if x.name == "trajectory":  # one pass per group of shrink denoising states
-    draws = trajectory_passes(config)
+  if x.name == "trajectory":  # one pass per group of shrink states of the sampler's budget
+    draws = num_passes(sampler_config(config).max_steps, x.trajectory_shrink)
   est = estimate_flops(model_cfg, x.name, draws, p, config.data.completion_len)
   mu = r.inner_steps
   passes = (mu if x.antithetic else 1) + (mu if r.kl_coef > 0 else 0) + 3 * mu
