@@ -20,6 +20,12 @@ import ml_collections
 from dllm_rl.config import defaults
 from dllm_rl.config.schema import locked
 
+# StableDRL's official likelihood estimator (JianyuanZhong/StableDRL, after SPG): block-random
+# masks, the mean log-prob over masked tokens (no 1/t weight), K = 2, prompt masking 0.15,
+# independent masks for ℓ̂_old and each inner step.
+OFFICIAL_ESTIMATOR = {"estimator.name": "spg_block", "estimator.num_samples": 2,
+                      "estimator.prompt_mask_prob": 0.15, "estimator.antithetic": False}
+
 VARIANTS = ("", "tiny")  # get_config("") = full scale, get_config("tiny") = the embedded default
 
 

@@ -21,7 +21,7 @@ from typing import Callable
 
 import ml_collections
 
-from dllm_rl.config import defaults
+from dllm_rl.config import defaults, recipes
 from dllm_rl.config.schema import locked
 from dllm_rl.registry import Registry
 
@@ -104,9 +104,7 @@ def gpu() -> ml_collections.ConfigDict:
   c.data.completion_len = 128
   c.sampler.block_len = 32
   c.sampler.steps = 64
-  c.estimator.name = "spg_block"
-  c.estimator.num_samples = 2
-  c.estimator.prompt_mask_prob = 0.15
+  c.update_from_flattened_dict(recipes.OFFICIAL_ESTIMATOR)
   c.estimator.spg_block_len = 32
   c.task.val_size = 128
   c.task.test_size = 128

@@ -18,7 +18,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from dllm_rl.parallel.rules import batch_axes, batch_size_divisor, logical_to_spec
+from dllm_rl.parallel.rules import batch_axes, logical_to_spec
 from dllm_rl.types import TrainState
 
 
@@ -89,11 +89,6 @@ def shard_batch(mesh: Mesh, batch: Any) -> Any:
   return jax.tree.map(
       lambda a: jax.make_array_from_process_local_data(batch_sharding(mesh, np.ndim(a)),
                                                        np.asarray(a)), batch)
-
-
-def batch_divisor(mesh: Mesh) -> int:
-  """Global batch sizes must be multiples of this (data × fsdp × expert)."""
-  return batch_size_divisor(mesh)
 
 
 def init_train_state(params, optimizer: optax.GradientTransformation, rng: jax.Array) -> TrainState:

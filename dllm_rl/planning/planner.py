@@ -163,7 +163,7 @@ def plan(config, topo, only: list[str] | None = None) -> tuple[dict, list[str]]:
   from dllm_rl.train.flops import program_flops
 
   programs, mesh, model_cfg = build_programs(config, topo.devices)
-  from dllm_rl.parallel.shard import batch_divisor
+  from dllm_rl.parallel.rules import batch_size_divisor
   model_flops = program_flops(config, model_cfg)
   if only:
     unknown = set(only) - {p.name for p in programs}
@@ -189,7 +189,7 @@ def plan(config, topo, only: list[str] | None = None) -> tuple[dict, list[str]]:
                  f" GiB per device > {FIT_FRACTION:.0%} of {topo.hbm_bytes_per_device / 1024 ** 3:.1f}"
                  f" GiB; largest buffers: {buffers}")
     if problem:
-      fixes = remedies(config, program.name, batch_divisor(mesh))
+      fixes = remedies(config, program.name, batch_size_divisor(mesh))
       problems.append(problem + ("; try " + "; ".join(fixes) if fixes else ""))
   out = {"topology": topo.name, "chips": topo.chips, "devices": len(topo.devices),
          "estimate": topo.estimate, "hbm_bytes_per_device": topo.hbm_bytes_per_device,

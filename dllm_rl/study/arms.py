@@ -23,10 +23,7 @@ from dllm_rl.config import recipes, testbeds
 from dllm_rl.registry import Registry
 
 STUDIES: Registry = Registry("study")  # name -> f(base config) -> list[Arm]
-# StableDRL's official likelihood estimator (JianyuanZhong/StableDRL, after SPG): block-random
-# masks, the mean log-prob over masked tokens (no 1/t weight), K = 2, prompt masking 0.15.
-OFFICIAL_ESTIMATOR = {"estimator.name": "spg_block", "estimator.num_samples": 2,
-                      "estimator.prompt_mask_prob": 0.15, "estimator.antithetic": False}
+OFFICIAL_ESTIMATOR = recipes.OFFICIAL_ESTIMATOR  # StableDRL's own (SPG block masking, K = 2)
 # The stress test: a 1-draw, 1/t-weighted ELBO (|log ρ̂| of tens of nats at θ = θ_old).
 STRESS_ESTIMATOR = {"estimator.name": "elbo", "estimator.num_samples": 1,
                     "estimator.prompt_mask_prob": 0.0, "estimator.antithetic": False}

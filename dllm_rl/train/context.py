@@ -18,7 +18,8 @@ from dllm_rl.models import lora, transformer
 from dllm_rl.models.transformer import init_params_sharded
 from dllm_rl.parallel.distributed import host_rows
 from dllm_rl.parallel.mesh import make_mesh
-from dllm_rl.parallel.shard import batch_divisor, shard_batch
+from dllm_rl.parallel.rules import batch_size_divisor
+from dllm_rl.parallel.shard import shard_batch
 from dllm_rl.sampling.block_sampler import BlockSamplerConfig
 from dllm_rl.sampling.configs import sampler_config
 from dllm_rl.sampling.sampler import SamplerConfig
@@ -211,7 +212,7 @@ def _ep(mesh) -> str:
 
 def check_batch_sizes(config, mesh) -> None:
   """Every global batch must split evenly over the batch axes (data × fsdp × expert)."""
-  div = batch_divisor(mesh)
+  div = batch_size_divisor(mesh)
   for key in ("data.batch_size", "rl.batch_prompts", "eval.batch_size"):
     section, name = key.split(".")
     value = config[section][name]
