@@ -315,6 +315,7 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
           f"| machine | {meta['machine']} |",
           f"| load average (1 min) at start / end | {meta['load_start']} / {meta['load_end']} |",
           f"| jax | {meta['jax']} |",
+          f"| code (git commit) | {meta.get('commit', 'n/a')} |",
           f"| started (UTC) | {meta['started']} |",
           f"| wall time of this invocation | {meta['wall_seconds']:.0f} s |",
           f"| compute recorded in the JSON (SFT + every arm, summed over the invocations that"

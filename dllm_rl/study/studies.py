@@ -28,6 +28,20 @@ def _machine() -> str:
   return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores ({cpu})"
 
 
+def _commit() -> str:
+  """The git commit of the code that ran (``+dirty`` with uncommitted changes), or "n/a"."""
+  import subprocess
+  here = os.path.dirname(os.path.abspath(__file__))
+  try:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, check=True,
+                          capture_output=True, text=True, timeout=10).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                           check=True, capture_output=True, text=True, timeout=10).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return "n/a"
+  return head + ("+dirty" if dirty else "")
+
+
 def _load() -> str:
   try:
     return f"{os.getloadavg()[0]:.1f}"
@@ -69,7 +83,7 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
       plots.spikes(result, os.path.join(workdir, f"{name}_spikes.png"))
     done.append(result)
   meta = {"command": command, "quick": quick, "testbed": testbed, "machine": _machine(), "load_start": load_start,
-          "load_end": _load(), "jax": jax.__version__, "started": started,
+          "load_end": _load(), "jax": jax.__version__, "started": started, "commit": _commit(),
           "wall_seconds": time.time() - t0}
   with open(os.path.join(workdir, "meta.json"), "w") as fh:
     json.dump(meta, fh, indent=2)

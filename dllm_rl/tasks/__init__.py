@@ -3,7 +3,7 @@
 Importing this package registers every built-in task in ``TASKS``.
 """
 
-from dllm_rl.tasks import arithmetic, countdown, jsonl, sudoku  # noqa: F401  (registration)
+from dllm_rl.tasks import arithmetic, chain, countdown, jsonl, sudoku  # noqa: F401  (registration)
 from dllm_rl.tasks.base import TASKS, Example, Task, VerifyResult, check_options, make_task
 from dllm_rl.tasks.tokenizer import CharTokenizer
 

@@ -1,0 +1,108 @@
+"""Chain addition with a scratchpad: add k numbers one at a time, writing every partial sum.
+
+Prompt: the k operands zero-padded to ``num_digits`` and written least-significant digit
+first (the arithmetic task's ``reverse_operands``), joined by '+', then '=': 347 + 205 + 918
++ 66 → ``"743+502+819+660="``. Answer (the SFT target): k − 1 steps ``S+X=T`` separated by
+',', each ``T = S + X``, where the first step adds two operands, every later step adds one
+more operand to the previous step's sum, and every number is written reversed (sums
+zero-padded to ``num_digits + 1``): ``"743+502=2550,2550+819=0741,0741+660=6351"`` (the total
+1536 is the last sum). With 4 three-digit numbers the answer is 40 characters, so a
+completion carries ≥ 32 scored tokens: the harder study testbed (issue 18,
+``dllm_rl/config/testbeds.py: chain``).
+
+Many correct answers: the operands may be added in any order (k! orders; the SFT answer
+uses the prompt's order), and a completion is correct iff it is a well-formed chain whose
+steps are all correct sums, whose first sum and added numbers use the prompt's operands
+exactly once each, and whose last sum is the total. ``distinct_correct`` then counts the
+distinct orders a policy finds (StepRS's exploration measure). Numbers are read by value,
+so zero padding is optional in a completion.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import numpy as np
+
+from dllm_rl.tasks.base import TASKS, Example, Task, VerifyResult, malformed
+
+_STEP_RE = re.compile(r"([0-9]+)\+([0-9]+)=([0-9]+)")
+
+
+def _rev(value: int, width: int) -> str:
+  """``value`` zero-padded to ``width`` digits, least-significant digit first."""
+  return f"{value:0{width}d}"[::-1]
+
+
+def _value(reversed_digits: str) -> int:
+  return int(reversed_digits[::-1])
+
+
+def chain_answer(operands: list[int], num_digits: int) -> str:
+  """The scratchpad that adds ``operands`` in the given order (module docstring)."""
+  width = num_digits + 1
+  steps, total = [], operands[0]
+  for i, x in enumerate(operands[1:]):
+    lhs = _rev(total, num_digits if i == 0 else width)
+    total += x
+    steps.append(f"{lhs}+{_rev(x, num_digits)}={_rev(total, width)}")
+  return ",".join(steps)
+
+
+@TASKS.register("chain")
+class ChainTask(Task):
+  """``num_numbers`` operands uniform in [0, 10**num_digits), added one at a time."""
+
+  name = "chain"
+
+  def __init__(self, num_numbers: int = 4, num_digits: int = 3, test_fraction: float = 0.1):
+    super().__init__(test_fraction)
+    if not 2 <= num_numbers <= 9:
+      raise ValueError(f"num_numbers must be in [2, 9], got {num_numbers}")
+    if not 1 <= num_digits <= 9:
+      raise ValueError(f"num_digits must be in [1, 9], got {num_digits}")
+    self.num_numbers = int(num_numbers)
+    self.num_digits = int(num_digits)
+    # Longest well-formed answer with generous padding; longer text is rejected unparsed.
+    self._max_chars = 4 * (self.num_numbers - 1) * (self.num_digits + 3)
+
+  def sample(self, rng: np.random.Generator) -> Example:
+    operands = [int(x) for x in rng.integers(0, 10**self.num_digits, size=self.num_numbers)]
+    prompt = "+".join(_rev(x, self.num_digits) for x in operands) + "="
+    return Example(prompt=prompt, answer=chain_answer(operands, self.num_digits),
+                   meta={"operands": operands, "total": sum(operands)})
+
+  def canonical(self, example: Example) -> str:
+    """Sorted operands: reorderings of the operands are the same instance."""
+    return "+".join(map(str, sorted(example.meta["operands"])))
+
+  def verify(self, example: Example, completion: str) -> VerifyResult:
+    return grade_chain(completion.strip(), example.meta["operands"], self._max_chars)
+
+
+def grade_chain(text: str, operands, max_chars: int = 4096) -> VerifyResult:
+  """Reward 1 iff ``text`` is a correct scratchpad for ``operands`` in some order (module
+  docstring); otherwise 0 with the first problem in ``info["reason"]``."""
+  if len(text) > max_chars:
+    return malformed(f"answer too long ({len(text)} characters)")
+  operands = [int(x) for x in operands]
+  steps = text.split(",")
+  parsed = [_STEP_RE.fullmatch(s) for s in steps]
+  if not all(parsed):
+    bad = next(i for i, m in enumerate(parsed) if m is None)
+    return malformed(f"step {bad + 1} is not 'S+X=T' with reversed digits: {steps[bad]!r}")
+  values = [tuple(_value(g) for g in m.groups()) for m in parsed]
+  info: dict = {"steps": len(values), "total": sum(operands)}
+  used = [values[0][0]] + [x for _, x, _ in values]
+  for i, (s, x, t) in enumerate(values):
+    if i > 0 and s != values[i - 1][2]:
+      info["reason"] = f"step {i + 1} starts from {s}, not the previous sum {values[i - 1][2]}"
+    elif t != s + x:
+      info["reason"] = f"step {i + 1}: {s}+{x} is not {t}"
+    if "reason" in info:
+      break
+  if "reason" not in info and Counter(used) != Counter(operands):
+    info["reason"] = f"must add each of {sorted(operands)} once, added {sorted(used)}"
+  correct = "reason" not in info
+  return VerifyResult(reward=float(correct), correct=correct, parsed=text, info=info)

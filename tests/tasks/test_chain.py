@@ -1,0 +1,69 @@
+"""Chain addition with a scratchpad: the generator, any-order grading, hostile completions."""
+
+import itertools
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dllm_rl.tasks import CharTokenizer, make_task
+from dllm_rl.tasks.chain import chain_answer, grade_chain
+
+
+def test_the_docstring_example():
+  assert chain_answer([347, 205, 918, 66], 3) == "743+502=2550,2550+819=0741,0741+660=6351"
+  assert grade_chain("743+502=2550,2550+819=0741,0741+660=6351", [347, 205, 918, 66]).correct
+
+
+def test_generated_examples_are_long_distinct_and_correct():
+  task = make_task("chain", num_numbers=4, num_digits=3)
+  train, test = task.generate("train", 500, 0), task.generate("test", 100, 0)
+  assert train == task.generate("train", 500, 0)
+  assert not {task.canonical(e) for e in train} & {task.canonical(e) for e in test}
+  tok = CharTokenizer()
+  for ex in train + test:
+    ops = ex.meta["operands"]
+    assert ex.prompt == "+".join(f"{x:03d}"[::-1] for x in ops) + "="
+    assert len(ex.prompt) == 16 and len(ex.answer) == 40  # ≥ 32 scored tokens
+    assert ex.meta["total"] == sum(ops)
+    tok.encode(ex.prompt + ex.answer)
+    assert task.verify(ex, ex.answer).correct
+
+
+def test_every_order_of_the_operands_is_a_distinct_correct_answer():
+  ops = [347, 205, 918, 66]
+  answers = {chain_answer(list(p), 3) for p in itertools.permutations(ops)}
+  assert len(answers) == 24
+  assert all(grade_chain(a, ops).correct for a in answers)
+  # Padding is optional: numbers are read by value (reversed digits).
+  assert grade_chain("743+502=255,255+819=0741,0741+66=6351", ops).correct
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("743+502=2550,2550+819=0741", "must add each"),               # one operand missing
+    ("743+502=2550,2550+819=0741,0741+660=6352", "is not"),        # wrong last sum
+    ("743+502=2550,2551+819=0751,0751+660=6451", "previous sum"),  # chain broken
+    ("743+502=2550,2550+819=0741,0741+819=8832", "must add each"),  # an operand twice
+    ("743+502=2550,,0741+660=6351", "not 'S+X=T'"),
+    ("6351", "not 'S+X=T'"),
+    ("", "not 'S+X=T'"),
+])
+def test_wrong_chains_score_zero_with_the_reason(text, reason):
+  result = grade_chain(text, [347, 205, 918, 66])
+  assert result.reward == 0.0 and not result.correct
+  assert reason in (result.info.get("reason") or result.info.get("error") or str(result.info))
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=200,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(text=st.text(alphabet="0123456789+=,x -", max_size=80))
+def test_any_text_is_graded_never_raises(text):
+  result = grade_chain(text, [347, 205, 918, 66])
+  assert result.reward in (0.0, 1.0)
+
+
+def test_bad_options_are_refused():
+  with pytest.raises(ValueError, match="num_numbers"):
+    make_task("chain", num_numbers=1)
+  with pytest.raises(ValueError, match="unknown option"):
+    make_task("chain", num_operands=4)
