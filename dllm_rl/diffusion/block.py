@@ -38,6 +38,8 @@ from dllm_rl.types import SequenceBatch
 def block_masks(key, seqs: SequenceBatch, cfg: EstimatorConfig):
   """Per-block rates t [K, B, nb] and masks [K, B, L] (subset of the valid completion)."""
   b, l = seqs.completion_BL.shape
+  if cfg.block_size <= 0:
+    raise ValueError(f"block_elbo needs a block-diffusion model: block_size={cfg.block_size}")
   if l % cfg.block_size:
     raise ValueError(f"completion length {l} is not a multiple of block_size={cfg.block_size}")
   nb = l // cfg.block_size
@@ -71,14 +73,16 @@ def _block_draw(key, seqs: SequenceBatch, cfg: EstimatorConfig, mask_id: int) ->
           "scored_BL": masked_KBL, "t_BL": t_KBL}
 
 
-def staircase_forward(scorer, seqs: SequenceBatch, draw: dict, cfg: EstimatorConfig):
+def staircase_forward(scorer, seqs: SequenceBatch, draw: dict, cfg: EstimatorConfig, *,
+                      completion_keys_BL=None):
   """One staircase pass on [prompt | clean completion | noisy completion], scored
-  at the noisy copy's rows."""
+  at the noisy copy's rows. The completion keys attended are ``completion_keys_BL``
+  (default: the valid completion, i.e. nothing after the action)."""
   p, l = seqs.prompt_BP.shape[1], seqs.completion_BL.shape[1]
   p_pos, c_pos = _positions(seqs)
   positions_BN = jnp.concatenate([p_pos, c_pos, c_pos], axis=1)
-  key_valid_BN = jnp.concatenate(
-      [seqs.prompt_valid_BP, seqs.completion_valid_BL, seqs.completion_valid_BL], axis=1)
+  keys_BL = seqs.completion_valid_BL if completion_keys_BL is None else completion_keys_BL
+  key_valid_BN = jnp.concatenate([seqs.prompt_valid_BP, keys_BL, keys_BL], axis=1)
   spec = StaircaseSpec(key_valid_BN, prompt_len=p, block_size=cfg.block_size,
                        impl=cfg.attention_impl, prompt_block_causal=cfg.prompt_block_causal)
   tokens_BN = jnp.concatenate([draw["prompt_BP"], seqs.completion_BL, draw["noisy_BL"]], axis=1)

@@ -68,12 +68,12 @@ class EstimatorConfig:
   spg_beta: float = 1.5       # spg_block: EUBO exponent β
   spg_omega: float = 0.5      # spg_block: EUBO weight ω for negative advantages
   spg_block_len: int = 32     # spg_block: block length of the block-wise masking
-  block_size: int = 4         # block_elbo: the model's block size (from config.model.block_size)
+  block_size: int = 0         # block_elbo, trajectory: model.block_size (0 = bidirectional model)
   attention_impl: str = "auto"  # block_elbo: staircase attention auto | pallas | interpret | reference
   prompt_block_causal: bool = False  # block_elbo: block-causal prompt attention (SDAR)
   logits_chunk: int = 0       # rows per vocabulary slab of the scorer (config.model.logits_chunk)
   trajectory_shrink: int = 1  # trajectory: distinct denoising steps per forward pass (TraceRL shrink)
-  num_states: int = 0         # trajectory: the sampler's step budget S (SamplerConfig.max_steps)
+  num_states: int = 0         # trajectory: the sampler's step budget S over all blocks (SamplerConfig.max_steps)
 
   @classmethod
   def from_config(cls, est_cfg, block_size: int = 0, prompt_block_causal: bool = False,

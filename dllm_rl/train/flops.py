@@ -29,7 +29,8 @@ Where the count comes from:
   K forwards (``elbo``, ``spg_block``: K = ``estimator.num_samples`` draws on
   [prompt P | completion L], one more for ``elbo``'s ``full_mask_term``; ``block_elbo``: K staircase passes on N = P + 2L;
   ``mean_field``: one forward whatever K; ``trajectory``: K = ceil(S / shrink) state passes
-  on [prompt P | completion L]), the head on the L completion rows the
+  on [prompt P | completion L], or for a block model K = ceil(S_b / shrink) staircase passes
+  on N = P + 2L, S_b the steps of one block), the head on the L completion rows the
   estimators score. Per rollout batch: ℓ̂_old once (``antithetic`` False) or μ times
   (``antithetic`` True), ℓ̂_ref μ times when ``rl.kl_coef > 0``, and μ =
   ``rl.inner_steps`` updates at 3 × the estimate.
@@ -82,12 +83,13 @@ def forward_flops(m: ModelConfig, tokens: float, *, keys: float | None = None,
 
 
 def estimate_flops(m: ModelConfig, estimator: str, num_samples: int, prompt_len: int,
-                   completion_len: int) -> float:
-  """Forward FLOPs of one likelihood estimate ℓ̂ of one sequence (all its draws)."""
+                   completion_len: int, *, block: bool = False) -> float:
+  """Forward FLOPs of one likelihood estimate ℓ̂ of one sequence (all its draws);
+  ``block``: a block-diffusion model (``trajectory`` then runs staircase passes)."""
   p, l = prompt_len, completion_len
   if estimator == "mean_field":
     return forward_flops(m, p + l, head_rows=l)
-  if estimator == "block_elbo":
+  if estimator == "block_elbo" or (estimator == "trajectory" and block):
     return num_samples * forward_flops(m, p + 2 * l, head_rows=l)
   if estimator in ("elbo", "spg_block", "trajectory"):
     return num_samples * forward_flops(m, p + l, head_rows=l)
@@ -104,9 +106,11 @@ def rl_step_flops(config, model_cfg: ModelConfig, *, prompt_len: int | None = No
   r, x = config.rl, config.estimator
   p = config.data.prompt_len if prompt_len is None else prompt_len
   draws = x.num_samples + (1 if x.name == "elbo" and x.full_mask_term else 0)
+  bs, l = config.model.block_size, config.data.completion_len
   if x.name == "trajectory":  # one pass per group of shrink states of the sampler's budget
-    draws = num_passes(sampler_config(config).max_steps, x.trajectory_shrink)
-  est = estimate_flops(model_cfg, x.name, draws, p, config.data.completion_len)
+    draws = num_passes(sampler_config(config).max_steps, x.trajectory_shrink,
+                       completion_len=l, block_size=bs)
+  est = estimate_flops(model_cfg, x.name, draws, p, l, block=bs > 0)
   mu = r.inner_steps
   passes = (mu if x.antithetic else 1) + (mu if r.kl_coef > 0 else 0) + 3 * mu
   return float(r.batch_prompts * r.group_size * est * passes)
