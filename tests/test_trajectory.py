@@ -194,3 +194,24 @@ def test_trajectory_configs_validate_and_the_tiny_form_runs_the_recipe():
   full = load_config_file(os.path.join(root, "configs", "trajectory.py"))
   assert (full.rl.loss, full.rl.eps, full.rl.lr, full.rl.group_size, full.sampler.steps,
           full.rl.temperature) == ("grpo_token", 0.2, 1e-6, 8, 512, 0.8)
+
+
+def test_the_sdar_recipe_is_tracerl_on_a_block_model_with_the_official_values():
+  import os
+
+  from dllm_rl.config import load_config_file
+  from dllm_rl.diffusion.trajectory import num_passes
+  from dllm_rl.train.validate import validate
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                      "trajectory_sdar.py")
+  tiny = load_config_file(path + ":tiny")
+  validate(tiny)
+  assert (tiny.estimator.name, tiny.model.block_size, tiny.rl.loss) == ("trajectory", 4,
+                                                                         "grpo_token")
+  assert num_passes(tiny.sampler.steps, tiny.estimator.trajectory_shrink,
+                    completion_len=tiny.data.completion_len, block_size=tiny.model.block_size) == 4
+  full = load_config_file(path)  # configs/rl_sdar.yaml of Gen-Verse/dLLM-RL
+  assert (full.model.block_size, full.estimator.trajectory_shrink, full.rl.eps, full.rl.lr,
+          full.rl.batch_prompts, full.rl.group_size, full.rl.temperature, full.sampler.threshold,
+          full.rl.steps) == (4, 1, 0.2, 1e-6, 64, 16, 1.0, 0.9, 80)
+  assert full.sampler.steps == full.data.completion_len  # 4 steps per block of 4
