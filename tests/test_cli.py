@@ -35,11 +35,19 @@ def test_bad_overrides_same_lines_and_status_2_for_every_entry_point(tool, tmp_p
   assert not os.path.exists(workdir)
 
 
-def test_study_keeps_its_older_set_spelling(tmp_path):
+def test_study_keeps_its_older_set_spelling_and_takes_a_list_of_studies(tmp_path):
   workdir = str(tmp_path / "w")
-  proc = subprocess.run([sys.executable, "-m", "dllm_rl.study", "stability",
+  proc = subprocess.run([sys.executable, "-m", "dllm_rl.study", "stability,steprs",
                          f"--workdir={workdir}", "--set=rl.steps=many"], cwd=ROOT,
                         capture_output=True, text=True, timeout=300,
                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert proc.stderr.splitlines()[-1] == "error: config.rl.steps: expected int, got 'many'"
+
+
+def test_study_names_an_unknown_study_of_a_list(tmp_path):
+  proc = subprocess.run([sys.executable, "-m", "dllm_rl.study", "stability,stepr",
+                         f"--workdir={tmp_path / 'w'}"], cwd=ROOT, capture_output=True,
+                        text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode != 0 and "'stepr'" in proc.stderr, proc.stderr[-2000:]
+  assert not os.path.exists(tmp_path / "w")

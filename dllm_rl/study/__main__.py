@@ -1,6 +1,7 @@
 """``python -m dllm_rl.study NAME --workdir=DIR [--testbed=T] [--seeds=N] [--quick] [--config.key=value ...]``
 
-NAME: ``stability``, ``steprs``, ``baselines`` or ``all`` (every registered study). Trains one SFT checkpoint per seed,
+NAME: ``stability``, ``steprs``, ``baselines``, a comma-separated list of them
+(``stability,steprs``) or ``all`` (every registered study). Trains one SFT checkpoint per seed,
 runs every arm from it, writes ``DIR/<study>.json`` (every run, per-step
 records, per-arm summaries), ``DIR/<study>_curves.png`` / ``_spikes.png``, and
 ``--results`` (default ``docs/results.md``, plots and JSON copied to
@@ -44,14 +45,16 @@ _EVAL_EVERY = flags.DEFINE_integer("eval_every", None, "Validation every N RL st
 def main(argv):
   if len(argv) != 2:
     raise app.UsageError("usage: python -m dllm_rl.study NAME --workdir=DIR; NAME: "
-                         f"{', '.join(arms_lib.STUDIES.names())} or all")
+                         f"{', '.join(arms_lib.STUDIES.names())}, a comma-separated list of"
+                         " them, or all")
   name = argv[1]
-  if name != "all" and name not in arms_lib.STUDIES:
-    raise app.UsageError(arms_lib.STUDIES.unknown_message(name))
+  names = arms_lib.STUDIES.names() if name == "all" else name.split(",")
+  for n in names:
+    if n not in arms_lib.STUDIES:
+      raise app.UsageError(arms_lib.STUDIES.unknown_message(n))
   if not _WORKDIR.value:
     raise app.UsageError("--workdir is required")
   logging.set_verbosity(logging.WARNING)
-  names = arms_lib.STUDIES.names() if name == "all" else [name]
   names = sorted(names, key=lambda n: n != "stability")  # stability first
   try:
     testbed = testbeds.resolve(_TESTBED.value, _SCALE.value)
