@@ -85,6 +85,46 @@ def countdown() -> ml_collections.ConfigDict:
   return locked(c)
 
 
+def chain() -> ml_collections.ConfigDict:
+  """The harder CPU testbed: chain addition with a scratchpad (``dllm_rl/tasks/chain.py``:
+  4 three-digit numbers added one at a time, every partial sum written, digits reversed; a
+  40-character answer, so ≥ 32 scored tokens, and 24 correct orders per prompt), a
+  1.1M-parameter model (d 128, 5 layers, MLP 384), 48-token completions sampled in 3 blocks
+  of 16 (24 denoising steps, 2 tokens a step), SFT stopped at validation accuracy 0.25 (RL
+  headroom; **not yet shown reachable**: seed 0's masked loss fell 3.75 → 1.40 by step 140
+  and then sat at 1.33–1.40 to step 900, validation accuracy 0.000 at every evaluation, when
+  it was stopped — the copies and the format are learnt, the carries of three chained sums
+  are not, at this size and step count), then the embedded default's RL on 4 prompts × 8
+  completions a rollout batch. Evaluation sizes are small (64 validation / 64 test prompts,
+  pass@k from 8 samples) because sampling dominates an arm's time on 2 CPU cores. Measured
+  sizes and times: README "Results" (the testbeds)."""
+  c = defaults.get_config()
+  c.unlock()
+  c.task.name = "chain"
+  c.task.options = ml_collections.ConfigDict({"num_numbers": 4, "num_digits": 3})
+  c.data.prompt_len = 16         # "743+502+819+660=" is 16 characters
+  c.data.completion_len = 48     # the 40-character scratchpad + EOS fill
+  c.model.d_model = 128
+  c.model.n_layers = 5
+  c.model.n_heads = 4
+  c.model.mlp_hidden = 384
+  c.sampler.block_len = 16
+  c.sampler.steps = 24
+  c.estimator.spg_block_len = 16  # spg_block (the study's official estimator): sampler blocks
+  c.task.val_size = 64
+  c.task.test_size = 64
+  c.sft.steps = 3000
+  c.sft.eval_every = 100
+  c.sft.target_accuracy = 0.25
+  c.rl.batch_prompts = 4
+  c.rl.group_size = 8
+  c.rl.eval_every = 10
+  c.rl.warmup_steps = 0  # study arms are short: no room for the default's warm-up
+  c.eval.num_samples = 8
+  c.checkpoint.save_every = 500
+  return locked(c)
+
+
 def gpu() -> ml_collections.ConfigDict:
   """The GPU profile (``--scale=gpu``): Countdown (4 numbers) at ~100M parameters (d 768,
   12 layers, 12 heads, MLP 2048, bfloat16 compute), 128-token completions sampled in 4
@@ -129,6 +169,11 @@ TESTBEDS.register("countdown")(Testbed(
     countdown, "Countdown with 4 numbers in [1, 10], 1.1M parameters, 32-token completions in"
     " 4 blocks of 8 (`dllm_rl/config/testbeds.py: countdown`)",
     full=(50, 10, 5), quick=(10, 5, 1)))
+TESTBEDS.register("chain")(Testbed(
+    chain, "chain addition with a scratchpad: 4 three-digit numbers added one at a time"
+    " (40-character answers, 24 correct orders), 1.1M parameters, 48-token completions in 3"
+    " blocks of 16 (`dllm_rl/config/testbeds.py: chain`)",
+    full=(30, 10, 5), quick=(10, 5, 1)))
 TESTBEDS.register("gpu")(Testbed(
     gpu, "the GPU profile: Countdown with 4 numbers, ~100M parameters, 128-token completions"
     " in 4 blocks of 32, bfloat16 (`dllm_rl/config/testbeds.py: gpu`)",

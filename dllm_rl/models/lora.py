@@ -5,8 +5,9 @@ O = (H, Q); ``o_proj`` [H, Q, D]: I = (H, Q), O = (D,)) gets ``A`` [*I, r] and `
 both :class:`LoraParam`, stored in float32 whatever ``model.param_dtype``. Initialised as PEFT
 does: ``A ~ U(±1/√fan_in)`` (``kaiming_uniform_(a=√5)``), ``B = 0``, so a fresh adapter
 leaves every logit exactly as the base model computes it. ``A`` carries the base's input
-logical axes and ``B`` its output axes (the rank axis ``lora_rank`` is replicated), so the
-rules table shards adapters like their base weights.
+logical axes and ``B`` its output axes, so the rules table shards adapters like their base
+weights; the rank axis ``lora_rank`` takes the ``fsdp`` mesh axis where those axes leave it
+free (``dllm_rl.parallel.rules``), so no adapter is whole on every device.
 
 Which projections: :data:`TARGETS` (``config.lora.targets``). MoE routed experts are not
 adapted (a SwiGLU shared expert is). With adapters present the base is frozen:

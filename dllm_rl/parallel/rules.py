@@ -34,12 +34,19 @@ LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
     "mlp": "tensor",
     "norm": None,
     "expert": ("expert", "fsdp"),
-    "lora_rank": None,  # LoRA adapters: the rank axis is replicated (dllm_rl.models.lora)
+    # LoRA adapters (dllm_rl.models.lora): A [in, r] and B [r, out] carry their base weight's
+    # axes; the rank axis takes 'fsdp' where those left it unused (e.g. the MLP's A [mlp, r]
+    # on an FSDP-only mesh), so no adapter is whole on every device. Assigned last (_LAST).
+    "lora_rank": ("fsdp", "expert"),
     "batch": ("data", "fsdp", "expert"),
     "length": None,
 }
 
 BATCH_AXES = ("data", "fsdp", "expert")
+
+# Logical axes that get their mesh axes after every other dimension of the array has taken
+# its own (a fallback, never a competitor of the base weight's layout).
+_LAST = ("lora_rank",)
 
 # Mesh axes a spec leaves out where the mesh lacks them or has them of size 1, so that
 # configs without expert parallelism keep the specs they had before the axis existed.
@@ -80,12 +87,14 @@ def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int] | None =
                     mesh: Mesh | None = None) -> PartitionSpec:
   """PartitionSpec for logical axis names; with ``shape`` and ``mesh``, a dimension is
   sharded over the longest prefix of its mapped mesh axes that divides it (replicated
-  if none does). A mesh axis is used at most once (by the first dimension naming it).
+  if none does). A mesh axis is used at most once (by the first dimension naming it; the
+  fallback axes of :data:`_LAST` come after the others).
   Optional mesh axes (:data:`OPTIONAL_AXES`) are left out unless ``mesh`` has them with
   size > 1; a single remaining axis is written as its name."""
   used: set[str] = set()
-  out = []
-  for i, name in enumerate(logical):
+  out: list = [None] * len(logical)
+  for i in sorted(range(len(logical)), key=lambda i: logical[i] in _LAST):
+    name = logical[i]
     if name is not None and name not in LOGICAL_RULES:
       raise KeyError(f"logical axis {name!r} has no sharding rule; known: {sorted(LOGICAL_RULES)}")
     axes = LOGICAL_RULES.get(name) if name is not None else None
@@ -97,5 +106,5 @@ def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int] | None =
       while names and shape[i] % _axis_size(mesh, names):
         names = names[:-1]  # the longest prefix of the mapped axes that divides the dimension
     used.update(names)
-    out.append(None if not names else names[0] if len(names) == 1 else names)
+    out[i] = None if not names else names[0] if len(names) == 1 else names
   return PartitionSpec(*out)

@@ -114,10 +114,16 @@ def test_adapters_shard_like_their_base():
   attn, mlp = params["blocks"][0]["attn"], params["blocks"][0]["mlp"]
   spec = lambda v: tuple(v[...].sharding.spec)
   assert spec(attn["q_proj_lora"]["a"]) == ("fsdp", None)             # A: like q's input
-  assert spec(attn["q_proj_lora"]["b"]) == (None, "tensor", None)     # B: like q's output
-  assert spec(attn["o_proj_lora"]["a"]) == ("tensor", None, None)
-  assert spec(attn["o_proj_lora"]["b"]) == (None, "fsdp")
-  assert spec(mlp["down_proj_lora"]["a"]) == ("tensor", None)
+  assert spec(attn["q_proj_lora"]["b"]) == ("fsdp", "tensor", None)   # B: like q's output,
+  assert spec(attn["o_proj_lora"]["a"]) == ("tensor", None, "fsdp")   # the rank over 'fsdp'
+  assert spec(attn["o_proj_lora"]["b"]) == (None, "fsdp")             # where it is free
+  assert spec(mlp["down_proj_lora"]["a"]) == ("tensor", "fsdp")
+  assert spec(mlp["up_proj_lora"]["b"]) == ("fsdp", "tensor")
+  # Every adapter is split over the 4 devices or over 'fsdp' at least: none is whole anywhere.
+  for path, v in jax.tree_util.tree_flatten_with_path(
+      params, is_leaf=lambda x: isinstance(x, nnx.Variable))[0]:
+    if lora.is_adapter(v):
+      assert "fsdp" in jax.tree.leaves(tuple(v[...].sharding.spec)), path
 
 
 @pytest.mark.parametrize("key,value,name", [("rank", -1, "lora.rank"),
