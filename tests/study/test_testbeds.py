@@ -25,7 +25,7 @@ TINY_SIZES = {"model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2,
 
 def test_unknown_testbed_is_an_error_listing_the_names(tmp_path):
   for bad in ("nope", "countdwn"):
-    with pytest.raises(ValueError, match="available: arithmetic, countdown, gpu"):
+    with pytest.raises(ValueError, match="available: arithmetic, chain, countdown, gpu"):
       testbeds.resolve(bad)
   with pytest.raises(ValueError, match="Did you mean 'countdown'"):
     testbeds.testbed("countdwn")
@@ -130,7 +130,7 @@ def test_the_command_line_names_the_testbeds_on_an_unknown_one(tmp_path):
                            f"--workdir={tmp_path / 'w'}", flag], cwd=root, capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
     assert proc.returncode == 1, proc.stderr[-2000:]
-    assert "arithmetic, countdown, gpu" in proc.stderr and "Traceback" not in proc.stderr
+    assert "arithmetic, chain, countdown, gpu" in proc.stderr and "Traceback" not in proc.stderr
   assert not os.path.exists(tmp_path / "w")
 
 
