@@ -98,30 +98,16 @@ def chain() -> ml_collections.ConfigDict:
   completions a rollout batch. Evaluation sizes are small (64 validation / 64 test prompts,
   pass@k from 8 samples) because sampling dominates an arm's time on 2 CPU cores. Measured
   sizes and times: README "Results" (the testbeds)."""
-  c = defaults.get_config()
+  c = countdown()  # its model, evaluation sizes, SFT stop and RL batch
   c.unlock()
   c.task.name = "chain"
   c.task.options = ml_collections.ConfigDict({"num_numbers": 4, "num_digits": 3})
   c.data.prompt_len = 16         # "743+502+819+660=" is 16 characters
   c.data.completion_len = 48     # the 40-character scratchpad + EOS fill
-  c.model.d_model = 128
-  c.model.n_layers = 5
-  c.model.n_heads = 4
-  c.model.mlp_hidden = 384
   c.sampler.block_len = 16
   c.sampler.steps = 24
   c.estimator.spg_block_len = 16  # spg_block (the study's official estimator): sampler blocks
-  c.task.val_size = 64
-  c.task.test_size = 64
-  c.sft.steps = 3000
-  c.sft.eval_every = 100
-  c.sft.target_accuracy = 0.25
-  c.rl.batch_prompts = 4
-  c.rl.group_size = 8
   c.rl.eval_every = 10
-  c.rl.warmup_steps = 0  # study arms are short: no room for the default's warm-up
-  c.eval.num_samples = 8
-  c.checkpoint.save_every = 500
   return locked(c)
 
 
