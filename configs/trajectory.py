@@ -55,17 +55,9 @@ def _full_scale():
   c.rl.steps = 50
   c.rl.batch_prompts = 32
   c.rl.group_size = 8
-  c.rl.inner_steps = 1
   c.rl.temperature = 0.8
-  c.rl.lr = 1e-6
-  c.rl.schedule = "constant"
-  c.rl.warmup_steps = 0
-  c.rl.b1, c.rl.b2 = 0.9, 0.999
-  c.rl.weight_decay = 0.0
-  c.rl.grad_clip = 1.0
-  c.rl.micro_batch = 64
   c.estimator.trajectory_shrink = 8
-  c.estimator.prompt_mask_prob = 0.0
+  recipes.tracerl_optimizer(c)
   return c
 
 

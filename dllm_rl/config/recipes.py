@@ -79,6 +79,24 @@ def trajectory(config: ml_collections.ConfigDict) -> dict:
           "estimator.name": "trajectory", "estimator.reduction": "sum"}
 
 
+def tracerl_optimizer(config: ml_collections.ConfigDict) -> None:
+  """TraceRL's official training scale, shared by its LLaDA and SDAR configs
+  (Gen-Verse/dLLM-RL ``configs/rl_llada.yaml`` and ``rl_sdar.yaml`` agree): AdamW lr 1e-6,
+  betas (0.9, 0.999), weight decay 0, a constant lr (cosine with ``min_lr_scale`` 1.0), no
+  warm-up, grad-norm clip 1.0; one update per rollout batch, micro-batched at 64 sequences;
+  no prompt masking (the estimate is exact). Sets ``config`` in place."""
+  r = config.rl
+  r.inner_steps = 1
+  r.lr = 1e-6
+  r.schedule = "constant"
+  r.warmup_steps = 0
+  r.b1, r.b2 = 0.9, 0.999
+  r.weight_decay = 0.0
+  r.grad_clip = 1.0
+  r.micro_batch = 64
+  config.estimator.prompt_mask_prob = 0.0
+
+
 def steprs_trajectory(config: ml_collections.ConfigDict) -> dict:
   """StepRS-GRPO, state-conditioned: each token's risk coefficient β_s weights that token's
   log-probability in the state s it was unmasked from (the ``trajectory`` estimator), not an
