@@ -3,8 +3,13 @@
 import os
 import sys
 
+# The tests' programs are tiny and run for milliseconds, so nearly all of the suite's time is
+# XLA's CPU compiles: LLVM optimisation level 0 without its expensive passes compiles them
+# about a quarter faster (one RL step's test: 47.9 s → 35.6 s). Tests only; a user's run keeps
+# XLA's defaults.
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
+    + os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent XLA compilation cache per test run, shared by the xdist workers (they inherit

@@ -69,10 +69,14 @@ def lr_grid(base: ml_collections.ConfigDict) -> tuple[float, float, float]:
 
 
 def select(arms: list[Arm], patterns: list[str] | None) -> list[Arm]:
-  """The arms whose names match one of the shell ``patterns`` (all when None)."""
+  """The arms whose names match one of the shell ``patterns`` (all when None), with the arms
+  they calibrate from (``steprs_calibrated`` takes its β from the ``steprs`` run), in the
+  study's order."""
   if not patterns:
     return arms
-  return [a for a in arms if any(fnmatch.fnmatchcase(a.name, p) for p in patterns)]
+  chosen = {a.name for a in arms if any(fnmatch.fnmatchcase(a.name, p) for p in patterns)}
+  chosen |= {a.calibrate_from for a in arms if a.name in chosen and a.calibrate_from}
+  return [a for a in arms if a.name in chosen]
 
 
 def unmatched(studies: list[str], patterns: list[str] | None,
