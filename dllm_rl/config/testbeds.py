@@ -29,12 +29,16 @@ from dllm_rl.registry import Registry
 @dataclasses.dataclass(frozen=True)
 class Testbed:
   """A base config, what it runs in a few words (the report's header), and the study's run
-  lengths on it: (rl_steps, eval_every, seeds) of the full study and of ``--quick``."""
+  lengths on it: (rl_steps, eval_every, seeds) of the full study and of ``--quick``.
+  ``shared_sft``: every seed's arms start from one SFT checkpoint (seed 0's), for a testbed
+  whose warm-up is too long to repeat per seed; the seeds then vary the RL randomness only
+  (rollouts, masks, evaluation samples), and the report says so."""
 
   get_config: Callable[[], ml_collections.ConfigDict]
   description: str
   full: tuple[int, int, int]
   quick: tuple[int, int, int]
+  shared_sft: bool = False
 
 
 TESTBEDS: Registry = Registry("testbed")
@@ -159,7 +163,7 @@ TESTBEDS.register("chain")(Testbed(
     chain, "chain addition with a scratchpad: 4 three-digit numbers added one at a time"
     " (40-character answers, 24 correct orders), 1.1M parameters, 48-token completions in 3"
     " blocks of 16 (`dllm_rl/config/testbeds.py: chain`)",
-    full=(30, 10, 5), quick=(10, 5, 1)))
+    full=(30, 10, 5), quick=(10, 5, 1), shared_sft=True))
 TESTBEDS.register("gpu")(Testbed(
     gpu, "the GPU profile: Countdown with 4 numbers, ~100M parameters, 128-token completions"
     " in 4 blocks of 32, bfloat16 (`dllm_rl/config/testbeds.py: gpu`)",

@@ -321,8 +321,12 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
           f"| compute recorded in the JSON (SFT + every arm, summed over the invocations that"
           f" produced them) | {compute_seconds(studies):.0f} s |", ""]
   c = run_config(studies[0], studies[0]["runs"][0])  # the sizes every run shares
+  shared = any(st.get("shared_sft") for st in studies)
+  start = (" one for all seeds (seed 0's warm-up: this testbed's is too long to repeat per"
+           " seed, so the seeds vary the RL randomness only, not the SFT start)" if shared
+           else " one per seed")
   out += [f"Every arm starts from the same SFT checkpoint of the testbed `{testbed_name(meta, studies)}`"
-          f" ({testbed_description(meta, studies)}), one per seed, and changes only the listed"
+          f" ({testbed_description(meta, studies)}),{start}, and changes only the listed"
           " keys. Unless an arm's overrides say otherwise: official noise (independent masks"
           f" for ℓ̂_old and every inner step), {c.estimator.num_samples}-draw"
           f" {c.estimator.name.upper()}, μ = {c.rl.inner_steps}, {c.rl.batch_prompts} prompts ×"

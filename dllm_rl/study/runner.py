@@ -1,7 +1,8 @@
 """Run a study: SFT once per seed, then every arm from that seed's SFT checkpoint.
 
 Runs go through the public ``dllm_rl.train.modes.run(config, workdir)``: SFT in
-``DIR/sft/seed<k>`` (``config.mode=sft``; shared by the studies run in one DIR), each arm in
+``DIR/sft/seed<k>`` (``config.mode=sft``; shared by the studies run in one DIR; on a testbed
+with ``shared_sft``, only ``DIR/sft/seed0``, which every seed's arms start from), each arm in
 ``DIR/<study>/seed<k>/<arm>`` (``config.mode=rl``) with a copy of the SFT
 checkpoint under ``checkpoints/sft``, which ``rl`` mode restores. A finished arm
 keeps ``run.json`` and is not rerun, so an interrupted study resumes. Every run is the
@@ -217,13 +218,19 @@ def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
   for arm in arms:  # every arm's config is checked before anything trains or compiles
     validate(make_config({**overrides, "mode": "rl", **arm.overrides}, base))
   claim_workdir(workdir, testbed)
+  shared = testbeds.testbed(testbed).shared_sft if testbed in testbeds.TESTBEDS else False
   t0 = time.time()
   runs, sfts = [], {}
   for seed in range(seeds):
     seed_dir = os.path.join(workdir, name, f"seed{seed}")
-    sft_dir = os.path.join(workdir, "sft", f"seed{seed}")  # shared by the studies of a DIR
-    sfts[seed] = train_sft(seed, sft_dir, overrides, base)
-    log(f"[study] {name} seed {seed}: SFT test accuracy {sfts[seed].get('sft_accuracy')}")
+    sft_seed = 0 if shared else seed
+    sft_dir = os.path.join(workdir, "sft", f"seed{sft_seed}")  # shared by the studies of a DIR
+    if shared and seed > 0:  # one start for every seed: recorded (and its time counted) once
+      sfts[seed] = {**sfts[0], "wall_seconds": 0.0, "shared_from_seed": 0}
+    else:
+      sfts[seed] = train_sft(sft_seed, sft_dir, overrides, base)
+    log(f"[study] {name} seed {seed}: SFT test accuracy {sfts[seed].get('sft_accuracy')}"
+        + (" (the shared start: seed 0's)" if shared else ""))
     calibrated = {}
     for arm in arms:
       rec = run_arm(arm, seed, sft_dir, os.path.join(seed_dir, arm.name.replace("@", "_")),
@@ -243,6 +250,7 @@ def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
                                    "overrides": a.overrides, "calibrate_from": a.calibrate_from,
                                    "group": a.group}
                                   for a in arms],
-          "seeds": seeds, "size": {"rl_steps": size.rl_steps, "eval_every": size.eval_every},
+          "seeds": seeds, "shared_sft": shared,
+          "size": {"rl_steps": size.rl_steps, "eval_every": size.eval_every},
           "overrides": overrides, "sft": {str(k): v for k, v in sfts.items()}, "runs": runs,
           "wall_seconds": time.time() - t0}

@@ -147,3 +147,29 @@ def test_a_study_dir_holds_one_testbed(tmp_path):
     claim_workdir(str(old), "countdown")
   claim_workdir(str(old), "arithmetic")
   assert (old / "testbed.txt").read_text() == "arithmetic\n"
+
+
+def test_a_shared_sft_testbed_trains_one_start_for_every_seed(tmp_path, monkeypatch):
+  """``Testbed.shared_sft``: seed 0's SFT checkpoint is every seed's start (trained once,
+  its time counted once); the arms still run per seed with the seed's own RL randomness."""
+  from dllm_rl.study import runner
+  trained, started = [], []
+  monkeypatch.setattr(runner, "train_sft", lambda seed, d, o, b=None: trained.append(
+      (seed, d)) or {"sft_accuracy": 0.25, "wall_seconds": 60.0})
+  def fake_arm(arm, seed, sft_dir, workdir, size, overrides, calibrated, base=None):
+    started.append((seed, os.path.basename(sft_dir)))
+    return {"arm": arm.name, "seed": seed, "overrides": dict(arm.overrides), "summary": {"rl_accuracy": 0.3},
+            "stats": {"start_val_accuracy": 0.2, "final_val_accuracy": 0.3,
+                      "collapsed": False, "grad_spikes": 0}, "wall_seconds": 1.0}
+  monkeypatch.setattr(runner, "run_arm", fake_arm)
+  arms = arms_lib.select(arms_lib.STUDIES.get("steprs")(testbeds.chain()), ["centered"])
+  assert testbeds.testbed("chain").shared_sft and not testbeds.testbed("countdown").shared_sft
+  out = runner.run_study("steprs", arms, str(tmp_path / "c"), 3, arms_lib.QUICK, {},
+                         log=lambda *_: None, testbed="chain")
+  assert [s for s, _ in trained] == [0] and trained[0][1].endswith(os.path.join("sft", "seed0"))
+  assert started == [(0, "seed0"), (1, "seed0"), (2, "seed0")]
+  assert out["shared_sft"] and [out["sft"][k]["wall_seconds"] for k in "012"] == [60, 0, 0]
+  trained.clear(), started.clear()
+  runner.run_study("steprs", arms, str(tmp_path / "d"), 2, arms_lib.QUICK, {},
+                   log=lambda *_: None, testbed="countdown")
+  assert [s for s, _ in trained] == [0, 1] and started == [(0, "seed0"), (1, "seed1")]
