@@ -382,10 +382,12 @@ def caveat(name: str, testbed: str, c) -> str:
 
 
 def write(studies: list[dict], meta: dict, workdir: str, results_md: str) -> str:
-  """Write ``results_md`` and copy the plots and study JSON beside it
-  (``<results dir>/results/``)."""
+  """Write ``results_md`` and copy the plots and study JSON beside it, into a folder named
+  after it (``docs/results.md`` → ``docs/results/``, ``docs/results_chain.md`` →
+  ``docs/results_chain/``), so reports of different testbeds keep their own plots."""
   base = os.path.dirname(os.path.abspath(results_md))
-  image_dir = os.path.join(base, "results")
+  folder = os.path.splitext(os.path.basename(results_md))[0]
+  image_dir = os.path.join(base, folder)
   os.makedirs(image_dir, exist_ok=True)
   for study in studies:
     for suffix in ("_curves.png", "_spikes.png", ".json"):
@@ -393,5 +395,5 @@ def write(studies: list[dict], meta: dict, workdir: str, results_md: str) -> str
       if os.path.exists(src):
         shutil.copyfile(src, os.path.join(image_dir, os.path.basename(src)))
   with open(results_md, "w") as fh:
-    fh.write(render(studies, meta, "results"))
+    fh.write(render(studies, meta, folder))
   return results_md

@@ -25,5 +25,9 @@ def test_two_process_rl_steps_match_single_process(tmp_path):
     got = np.load(out)
     assert int(got["process_count"]) == 2 and int(got["global_devices"]) == 4
     np.testing.assert_allclose(got["losses"], ref_losses, rtol=1e-5, atol=1e-6)
+    # Parameters after two Adam steps of lr 1e-2: the two layouts sum gradients in different
+    # orders, and where a gradient element is near zero Adam's g/√v magnifies that rounding
+    # (1.1e-6 on one of 512 elements, seen under the tests' LLVM level 0). atol 1e-5 is 0.1%
+    # of one step; a wrong reduction or sharding is off by the step itself (~1e-2).
     for i, ref in enumerate(ref_leaves):
-      np.testing.assert_allclose(got[f"p{i}"], ref, rtol=1e-5, atol=1e-6)
+      np.testing.assert_allclose(got[f"p{i}"], ref, rtol=1e-5, atol=1e-5)
