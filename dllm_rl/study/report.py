@@ -168,8 +168,15 @@ def _steprs_reason(study: dict) -> str:
   if base8 is not None and base8 > 0.95:
     reasons.append(f"centered GRPO's pass@8 is already {base8:.3f} (no headroom)")
   if distinct is not None and distinct <= 1.05:
-    reasons.append(f"{distinct:.2f} distinct correct answers per prompt: the task has one"
-                   " correct answer, so exploration has nothing to find")
+    task = (study.get("base_config") or {}).get("task", {}).get("name", "arithmetic")
+    if task == "arithmetic":  # one correct answer per prompt
+      reasons.append(f"{distinct:.2f} distinct correct answers per prompt: the task has one"
+                     " correct answer, so exploration has nothing to find")
+    else:  # a many-answer task whose policies still find one answer per prompt
+      reasons.append(f"centered GRPO finds {distinct:.2f} distinct correct answers per prompt"
+                     f" (≤ 1): the `{task}` task has many, but the SFT start writes one form"
+                     " per prompt (its training answers do) and RL at this length did not"
+                     " find others, so exploration has not yet had anything to reward")
   return "; ".join(reasons) or "the effect is smaller than the seed-to-seed spread at this size"
 
 

@@ -103,7 +103,11 @@ def test_steprs_verdicts_compare_pass_at_8_and_distinct_answers():
   assert v["steprs vs centered, pass@8"] == "reproduced"
   assert v["steprs vs centered, distinct"].startswith("not reproduced (no difference")
   reason = [e for w, _, e in steprs_verdicts(study) if "distinct" in w][0]
-  assert "1.00 distinct correct answers per prompt" in reason
+  assert "1.00 distinct correct answers per prompt: the task has one" in reason
+  # a many-answer task (chain) whose policies still find one answer: the reason says so
+  chain = {**study, "base_config": {"task": {"name": "chain"}}}
+  reason = [e for w, _, e in steprs_verdicts(chain) if "distinct" in w][0]
+  assert "the `chain` task has many, but the SFT start writes one form" in reason
 
 
 def test_paired_differences_interval_and_sign_count():
