@@ -8,8 +8,12 @@ name in :data:`TESTBEDS`. Nothing here knows the study's arms: they override RL 
 
 * ``arithmetic`` — the embedded default (``dllm_rl/config/defaults.py``): 0.1M parameters,
   3-digit addition, 8-token completions in one block. One correct answer per prompt.
-* ``countdown`` — :func:`countdown`: the harder CPU testbed of issue 18 (≥ 32-token
-  completions in ≥ 2 blocks, ~1M parameters, many correct answers per prompt).
+* ``countdown`` — :func:`countdown`: the first harder CPU testbed of issue 18 (≥ 32-token
+  completions in ≥ 2 blocks, ~1M parameters, many correct answers per prompt); its SFT
+  warm-up has not been shown to reach its target.
+* ``chain`` — :func:`chain`: the harder CPU testbed the study runs on (chain addition with a
+  scratchpad, 48-token completions in 3 blocks, ~1M parameters, many correct orders), with
+  one SFT start shared by the seeds.
 * ``gpu`` — :func:`gpu`: the same task at ~100M parameters, 128-token completions in blocks
   of 32, the official StableDRL estimator; sized for one H200 (not runnable on CPU at size).
 """
