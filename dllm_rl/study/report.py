@@ -168,11 +168,12 @@ def _steprs_reason(study: dict) -> str:
   if base8 is not None and base8 > 0.95:
     reasons.append(f"centered GRPO's pass@8 is already {base8:.3f} (no headroom)")
   if distinct is not None and distinct <= 1.05:
+    from dllm_rl.tasks import TASKS
     task = (study.get("base_config") or {}).get("task", {}).get("name", "arithmetic")
-    if task == "arithmetic":  # one correct answer per prompt
+    if not (task in TASKS and TASKS.get(task).many_answers):
       reasons.append(f"{distinct:.2f} distinct correct answers per prompt: the task has one"
                      " correct answer, so exploration has nothing to find")
-    else:  # a many-answer task whose policies still find one answer per prompt
+    else:  # policies that find one answer per prompt of a many-answer task
       reasons.append(f"centered GRPO finds {distinct:.2f} distinct correct answers per prompt"
                      f" (≤ 1): the `{task}` task has many, but the SFT start writes one form"
                      " per prompt (its training answers do) and RL at this length did not"

@@ -218,7 +218,7 @@ def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
   for arm in arms:  # every arm's config is checked before anything trains or compiles
     validate(make_config({**overrides, "mode": "rl", **arm.overrides}, base))
   claim_workdir(workdir, testbed)
-  shared = testbeds.testbed(testbed).shared_sft if testbed in testbeds.TESTBEDS else False
+  shared = testbeds.testbed(testbed).shared_sft
   t0 = time.time()
   runs, sfts = [], {}
   for seed in range(seeds):

@@ -79,6 +79,9 @@ class Task(abc.ABC):
   """
 
   name: str = ""
+  # Whether a prompt has many correct answers (Countdown's expressions, chain's operand
+  # orders): what the StepRS study's distinct-correct-answers measure can grow on.
+  many_answers: bool = False
 
   def __init__(self, test_fraction: float = 0.1):
     if not 0.0 < test_fraction < 1.0:

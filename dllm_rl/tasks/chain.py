@@ -55,6 +55,7 @@ class ChainTask(Task):
   """``num_numbers`` operands uniform in [0, 10**num_digits), added one at a time."""
 
   name = "chain"
+  many_answers = True  # any order of the operands
 
   def __init__(self, num_numbers: int = 4, num_digits: int = 3, test_fraction: float = 0.1):
     super().__init__(test_fraction)

@@ -53,6 +53,7 @@ class CountdownTask(Task):
   """``num_numbers`` numbers in [1, max_number], positive integer target ≤ max_target."""
 
   name = "countdown"
+  many_answers = True  # every expression that uses the numbers once and hits the target
 
   def __init__(self, num_numbers: int = 3, max_number: int = 20, max_target: int = 100,
                test_fraction: float = 0.1):

@@ -296,6 +296,7 @@ class CountdownJsonlTask(JsonlTask):
   """Countdown from a file; reward 1 iff each number is used once and the value hits."""
 
   name = "countdown_jsonl"
+  many_answers = True
   default_question = ("Using the numbers {numbers}, create an equation that equals "
                       "{target}. Use + - * / and each number exactly once. Put the "
                       "equation inside <answer></answer>.")

@@ -108,6 +108,9 @@ def test_steprs_verdicts_compare_pass_at_8_and_distinct_answers():
   chain = {**study, "base_config": {"task": {"name": "chain"}}}
   reason = [e for w, _, e in steprs_verdicts(chain) if "distinct" in w][0]
   assert "the `chain` task has many, but the SFT start writes one form" in reason
+  sudoku = {**study, "base_config": {"task": {"name": "sudoku"}}}  # one solution per puzzle
+  reason = [e for w, _, e in steprs_verdicts(sudoku) if "distinct" in w][0]
+  assert "1.00 distinct correct answers per prompt: the task has one" in reason
 
 
 def test_paired_differences_interval_and_sign_count():

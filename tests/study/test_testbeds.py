@@ -158,7 +158,8 @@ def test_a_shared_sft_testbed_trains_one_start_for_every_seed(tmp_path, monkeypa
       (seed, d)) or {"sft_accuracy": 0.25, "wall_seconds": 60.0})
   def fake_arm(arm, seed, sft_dir, workdir, size, overrides, calibrated, base=None):
     started.append((seed, os.path.basename(sft_dir)))
-    return {"arm": arm.name, "seed": seed, "overrides": dict(arm.overrides), "summary": {"rl_accuracy": 0.3},
+    return {"arm": arm.name, "seed": seed, "overrides": dict(arm.overrides),
+            "summary": {"rl_accuracy": 0.3},
             "stats": {"start_val_accuracy": 0.2, "final_val_accuracy": 0.3,
                       "collapsed": False, "grad_spikes": 0}, "wall_seconds": 1.0}
   monkeypatch.setattr(runner, "run_arm", fake_arm)
