@@ -10,8 +10,10 @@ zero-padded to ``num_digits + 1``): ``"743+502=2550,2550+819=0741,0741+660=6351"
 completion carries ≥ 32 scored tokens: the harder study testbed (issue 18,
 ``dllm_rl/config/testbeds.py: chain``).
 
-Many correct answers: the operands may be added in any order (k! orders; the SFT answer
-uses the prompt's order), and a completion is correct iff it is a well-formed chain whose
+Many correct answers: the operands may be added in any order (k! orders). The SFT answer
+uses the prompt's order (``answer_order="prompt"``) or an order drawn per example
+(``answer_order="random"``: an SFT start that writes several orders, the testbed for
+StepRS's exploration claim, ``dllm_rl/config/testbeds.py: chain_orders``), and a completion is correct iff it is a well-formed chain whose
 steps are all correct sums, whose first sum and added numbers use the prompt's operands
 exactly once each, and whose last sum is the total. ``distinct_correct`` then counts the
 distinct orders a policy finds (StepRS's exploration measure). Numbers are read by value,
@@ -52,13 +54,20 @@ def chain_answer(operands: list[int], num_digits: int) -> str:
 
 @TASKS.register("chain")
 class ChainTask(Task):
-  """``num_numbers`` operands uniform in [0, 10**num_digits), added one at a time."""
+  """``num_numbers`` operands uniform in [0, 10**num_digits), added one at a time; the
+  reference answer adds them in the prompt's order or in a random one (``answer_order``)."""
 
   name = "chain"
   many_answers = True  # any order of the operands
 
-  def __init__(self, num_numbers: int = 4, num_digits: int = 3, test_fraction: float = 0.1):
+  ANSWER_ORDERS = ("prompt", "random")
+
+  def __init__(self, num_numbers: int = 4, num_digits: int = 3, answer_order: str = "prompt",
+               test_fraction: float = 0.1):
     super().__init__(test_fraction)
+    if answer_order not in self.ANSWER_ORDERS:
+      raise ValueError(f"answer_order must be one of {self.ANSWER_ORDERS}, got {answer_order!r}")
+    self.answer_order = answer_order
     if not 2 <= num_numbers <= 9:
       raise ValueError(f"num_numbers must be in [2, 9], got {num_numbers}")
     if not 1 <= num_digits <= 9:
@@ -71,7 +80,10 @@ class ChainTask(Task):
   def sample(self, rng: np.random.Generator) -> Example:
     operands = [int(x) for x in rng.integers(0, 10**self.num_digits, size=self.num_numbers)]
     prompt = "+".join(_rev(x, self.num_digits) for x in operands) + "="
-    return Example(prompt=prompt, answer=chain_answer(operands, self.num_digits),
+    order = operands
+    if self.answer_order == "random":
+      order = [operands[i] for i in rng.permutation(self.num_numbers)]
+    return Example(prompt=prompt, answer=chain_answer(order, self.num_digits),
                    meta={"operands": operands, "total": sum(operands)})
 
   def canonical(self, example: Example) -> str:

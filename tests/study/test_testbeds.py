@@ -25,7 +25,8 @@ TINY_SIZES = {"model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2,
 
 def test_unknown_testbed_is_an_error_listing_the_names(tmp_path):
   for bad in ("nope", "countdwn"):
-    with pytest.raises(ValueError, match="available: arithmetic, chain, countdown, gpu"):
+    with pytest.raises(ValueError,
+                       match="available: arithmetic, chain, chain_orders, countdown, gpu"):
       testbeds.resolve(bad)
   with pytest.raises(ValueError, match="Did you mean 'countdown'"):
     testbeds.testbed("countdwn")
@@ -48,7 +49,7 @@ def test_the_default_testbed_is_the_embedded_default_and_its_old_size():
   assert arms_lib.FULL == arms_lib.Size(200, 20, 5) and arms_lib.QUICK == arms_lib.Size(40, 10, 1)
 
 
-@pytest.mark.parametrize("name", ["countdown", "chain", "gpu"])
+@pytest.mark.parametrize("name", ["countdown", "chain", "chain_orders", "gpu"])
 def test_testbed_meets_the_issue_sizes_and_every_arm_validates(name):
   """≥ 32-token completions in ≥ 2 blocks, ~1–3M parameters (countdown) / 128–256 tokens in
   blocks of 32 and ~50–150M parameters with the official estimator (gpu); ≥ 5 seeds; every
@@ -59,13 +60,13 @@ def test_testbed_meets_the_issue_sizes_and_every_arm_validates(name):
   validate(base)
   c, n = base, sizing.param_count(base)
   assert c.data.completion_len // c.sampler.block_len >= 2
-  if name == "chain":  # every reference answer is ≥ 32 scored tokens and fits the completion
+  if name.startswith("chain"):  # every reference answer is ≥ 32 scored tokens and fits the completion
     from dllm_rl.tasks import make_task
     answers = [e.answer for e in make_task("chain", **c.task.options).generate("train", 50, 0)]
     assert all(32 <= len(a) < c.data.completion_len for a in answers)
   else:
     assert c.task.name == "countdown" and c.task.options.num_numbers in (3, 4)
-  if name in ("countdown", "chain"):
+  if name in ("countdown", "chain", "chain_orders"):
     assert c.data.completion_len >= 32 and 1e6 <= n <= 3e6
   else:
     assert 128 <= c.data.completion_len <= 256 and c.sampler.block_len == 32
@@ -130,7 +131,7 @@ def test_the_command_line_names_the_testbeds_on_an_unknown_one(tmp_path):
                            f"--workdir={tmp_path / 'w'}", flag], cwd=root, capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
     assert proc.returncode == 1, proc.stderr[-2000:]
-    assert "arithmetic, chain, countdown, gpu" in proc.stderr and "Traceback" not in proc.stderr
+    assert "arithmetic, chain, chain_orders, countdown, gpu" in proc.stderr and "Traceback" not in proc.stderr
   assert not os.path.exists(tmp_path / "w")
 
 

@@ -67,3 +67,17 @@ def test_bad_options_are_refused():
     make_task("chain", num_numbers=1)
   with pytest.raises(ValueError, match="unknown option"):
     make_task("chain", num_operands=4)
+
+
+def test_random_answer_order_writes_many_correct_orders_of_the_same_operands():
+  task = make_task("chain", num_numbers=6, num_digits=1, answer_order="random")
+  train = task.generate("train", 400, 0)
+  assert train == task.generate("train", 400, 0)
+  first_ops = []
+  for ex in train:
+    assert task.verify(ex, ex.answer).correct
+    first_ops.append([int(ex.answer[0]), int(ex.answer[2])] == ex.meta["operands"][:2])
+  # The prompt's own first two operands open about 1 in 30 answers, not all of them.
+  assert 0 < sum(first_ops) < 0.15 * len(train)
+  with pytest.raises(ValueError, match="answer_order"):
+    make_task("chain", answer_order="sorted")
