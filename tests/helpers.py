@@ -183,6 +183,29 @@ def rl_step_config(loss: str = "stabledrl", advantage: str = "centered", estimat
                       inner_steps=inner_steps, num_states=num_states, **fields)
 
 
+def trajectory_rl_step_grads(model_cfg, rollout, estimator_cfg, loss: str, advantage: str,
+                             micro_batch: int):
+  """One jitted RL step on the ``trajectory`` estimator (4 states, 2 inner steps, lr 1e-2)
+  from ``model_cfg``'s key-0 initialisation, with an optimizer whose state captures the last
+  gradients: (those gradients, the step's metrics), on the host."""
+  import optax
+  from dllm_rl.models import transformer as T
+  from dllm_rl.parallel.shard import init_train_state
+  from dllm_rl.rl.advantages import AdvantageConfig
+  from dllm_rl.rl.step import make_rl_step
+  cfg = rl_step_config(loss, advantage, "trajectory", estimator_cfg, inner_steps=2,
+                       num_states=4, advantage_cfg=AdvantageConfig(num_states=4),
+                       micro_batch=micro_batch)
+  graphdef, params = T.init_model(model_cfg, jax.random.key(0))
+  capture = optax.GradientTransformation(
+      init=lambda p: jax.tree.map(jnp.zeros_like, p),
+      update=lambda g, state, params=None: (jax.tree.map(jnp.zeros_like, g), g))
+  state = init_train_state(params, capture, jax.random.key(1))
+  state, metrics = make_rl_step(graphdef, capture, lambda s: 1e-2, cfg)(state, rollout,
+                                                                        jax.random.key(3))
+  return jax.device_get(state.opt_state), jax.device_get(metrics)
+
+
 def random_rollout_batch(seed: int, b: int, g: int, p: int, l: int, vocab_size: int,
                          unmask_period: int):
   """A rollout batch of b prompts × g completions: tokens uniform in [3, vocab_size) (no

@@ -3,18 +3,16 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from dllm_rl.config import ConfigError
 from dllm_rl.diffusion.estimators import ESTIMATORS, EstimatorConfig
 from dllm_rl.diffusion.trajectory import num_passes
 from dllm_rl.models import transformer as T
-from dllm_rl.parallel.shard import init_train_state
-from dllm_rl.rl.advantages import AdvantageConfig
-from dllm_rl.rl.step import RolloutBatch, make_rl_step
+from dllm_rl.rl.step import RolloutBatch
 from dllm_rl.types import SequenceBatch
-from tests.helpers import EOS, MASK, rl_step_config, tiny_model, tiny_run_config
+from tests.helpers import (EOS, MASK, tiny_model, tiny_run_config,
+                           trajectory_rl_step_grads)
 
 CFG = tiny_model(vocab_size=12, init_std=0.5)
 S = 6  # sampler step budget of the hand-made trajectories
@@ -132,22 +130,9 @@ def _rollout(b=2, g=4, p=3, l=8):
                       unmask_step_BGL=steps, rewards_BG=rewards, correct_BG=rewards > 0.5)
 
 
-def _capture_grads():
-  return optax.GradientTransformation(
-      init=lambda p: jax.tree.map(jnp.zeros_like, p),
-      update=lambda g, state, params=None: (jax.tree.map(jnp.zeros_like, g), g))
-
-
 def _step(loss, advantage, micro_batch, reduction="mean"):
-  est = EstimatorConfig(num_states=4, trajectory_shrink=2, reduction=reduction)
-  cfg = rl_step_config(loss, advantage, "trajectory", est, inner_steps=2, num_states=4,
-                       advantage_cfg=AdvantageConfig(num_states=4), micro_batch=micro_batch)
-  graphdef, params = T.init_model(CFG, jax.random.key(0))
-  opt = _capture_grads()
-  state = init_train_state(params, opt, jax.random.key(1))
-  state, metrics = make_rl_step(graphdef, opt, lambda s: 1e-2, cfg)(state, _rollout(),
-                                                                      jax.random.key(3))
-  return jax.device_get(state.opt_state), jax.device_get(metrics)
+  return trajectory_rl_step_grads(CFG, _rollout(), EstimatorConfig(num_states=4, trajectory_shrink=2, reduction=reduction), loss, advantage,
+                                  micro_batch)
 
 
 @pytest.mark.parametrize("loss,advantage,reduction", [

@@ -6,18 +6,16 @@ staircase pass."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from dllm_rl.diffusion.estimators import ESTIMATORS, EstimatorConfig
 from dllm_rl.diffusion.trajectory import block_state_groups, num_passes
 from dllm_rl.kernels.block_mask import block_causal_mask
 from dllm_rl.models import transformer as T
-from dllm_rl.parallel.shard import init_train_state
-from dllm_rl.rl.advantages import AdvantageConfig
-from dllm_rl.rl.step import RolloutBatch, action_mask, make_rl_step
+from dllm_rl.rl.step import RolloutBatch, action_mask
 from dllm_rl.types import SequenceBatch
-from tests.helpers import EOS, MASK, rl_step_config, tiny_model, tiny_run_config
+from tests.helpers import (EOS, MASK, tiny_model, tiny_run_config,
+                           trajectory_rl_step_grads)
 
 CFG = tiny_model(vocab_size=12, n_layers=2, init_std=0.5)
 BS = 4  # block size: completions of 8 tokens are 2 blocks
@@ -176,22 +174,9 @@ def _rollout(b=2, g=4, p=3, l=8):
                       correct_BG=rewards > 0.5)
 
 
-def _capture_grads():
-  return optax.GradientTransformation(
-      init=lambda p: jax.tree.map(jnp.zeros_like, p),
-      update=lambda g, state, params=None: (jax.tree.map(jnp.zeros_like, g), g))
-
-
 def _step(loss, advantage, micro_batch, reduction):
-  est = _cfg(1, reduction, True, num_states=4)
-  cfg = rl_step_config(loss, advantage, "trajectory", est, inner_steps=2, num_states=4,
-                       advantage_cfg=AdvantageConfig(num_states=4), micro_batch=micro_batch)
-  graphdef, params = T.init_model(CFG, jax.random.key(0))
-  opt = _capture_grads()
-  state = init_train_state(params, opt, jax.random.key(1))
-  state, metrics = make_rl_step(graphdef, opt, lambda s: 1e-2, cfg)(state, _rollout(),
-                                                                      jax.random.key(3))
-  return jax.device_get(state.opt_state), jax.device_get(metrics)
+  return trajectory_rl_step_grads(CFG, _rollout(), _cfg(1, reduction, True, num_states=4), loss, advantage,
+                                  micro_batch)
 
 
 @pytest.mark.parametrize("loss,advantage,reduction", [
