@@ -11,8 +11,7 @@ from dllm_rl.diffusion.trajectory import num_passes
 from dllm_rl.models import transformer as T
 from dllm_rl.rl.step import RolloutBatch
 from dllm_rl.types import SequenceBatch
-from tests.helpers import (EOS, MASK, tiny_model, tiny_run_config,
-                           trajectory_rl_step_grads)
+from tests.helpers import EOS, MASK, tiny_model, tiny_run_config, trajectory_rl_step_grads
 
 CFG = tiny_model(vocab_size=12, init_std=0.5)
 S = 6  # sampler step budget of the hand-made trajectories
@@ -131,8 +130,8 @@ def _rollout(b=2, g=4, p=3, l=8):
 
 
 def _step(loss, advantage, micro_batch, reduction="mean"):
-  return trajectory_rl_step_grads(CFG, _rollout(), EstimatorConfig(num_states=4, trajectory_shrink=2, reduction=reduction), loss, advantage,
-                                  micro_batch)
+  est = EstimatorConfig(num_states=4, trajectory_shrink=2, reduction=reduction)
+  return trajectory_rl_step_grads(CFG, _rollout(), est, loss, advantage, micro_batch)
 
 
 @pytest.mark.parametrize("loss,advantage,reduction", [

@@ -175,8 +175,8 @@ def _rollout(b=2, g=4, p=3, l=8):
 
 
 def _step(loss, advantage, micro_batch, reduction):
-  return trajectory_rl_step_grads(CFG, _rollout(), _cfg(1, reduction, True, num_states=4), loss, advantage,
-                                  micro_batch)
+  est = _cfg(1, reduction, True, num_states=4)
+  return trajectory_rl_step_grads(CFG, _rollout(), est, loss, advantage, micro_batch)
 
 
 @pytest.mark.parametrize("loss,advantage,reduction", [
