@@ -11,9 +11,11 @@ completion carries ≥ 32 scored tokens: the harder study testbed (issue 18,
 ``dllm_rl/config/testbeds.py: chain``).
 
 Many correct answers: the operands may be added in any order (k! orders). The SFT answer
-uses the prompt's order (``answer_order="prompt"``) or an order drawn per example
-(``answer_order="random"``: an SFT start that writes several orders, the testbed for
-StepRS's exploration claim, ``dllm_rl/config/testbeds.py: chain_orders``), and a completion is correct iff it is a well-formed chain whose
+uses the prompt's order (``answer_order="prompt"``), a rotation of it drawn per example
+(``"rotation"``: start at a random operand, then follow the prompt cyclically; k orders, an
+SFT start that writes several correct answers per prompt, the testbed for StepRS's
+exploration claim, ``dllm_rl/config/testbeds.py: chain_orders``) or a random order per
+example (``"random"``; the 6-number warm-up did not learn it: README "Testbeds"), and a completion is correct iff it is a well-formed chain whose
 steps are all correct sums, whose first sum and added numbers use the prompt's operands
 exactly once each, and whose last sum is the total. ``distinct_correct`` then counts the
 distinct orders a policy finds (StepRS's exploration measure). Numbers are read by value,
@@ -55,12 +57,13 @@ def chain_answer(operands: list[int], num_digits: int) -> str:
 @TASKS.register("chain")
 class ChainTask(Task):
   """``num_numbers`` operands uniform in [0, 10**num_digits), added one at a time; the
-  reference answer adds them in the prompt's order or in a random one (``answer_order``)."""
+  reference answer adds them in the prompt's order, a rotation of it or a random order
+  (``answer_order``)."""
 
   name = "chain"
   many_answers = True  # any order of the operands
 
-  ANSWER_ORDERS = ("prompt", "random")
+  ANSWER_ORDERS = ("prompt", "rotation", "random")
 
   def __init__(self, num_numbers: int = 4, num_digits: int = 3, answer_order: str = "prompt",
                test_fraction: float = 0.1):
@@ -81,7 +84,10 @@ class ChainTask(Task):
     operands = [int(x) for x in rng.integers(0, 10**self.num_digits, size=self.num_numbers)]
     prompt = "+".join(_rev(x, self.num_digits) for x in operands) + "="
     order = operands
-    if self.answer_order == "random":
+    if self.answer_order == "rotation":
+      shift = int(rng.integers(self.num_numbers))
+      order = operands[shift:] + operands[:shift]
+    elif self.answer_order == "random":
       order = [operands[i] for i in rng.permutation(self.num_numbers)]
     return Example(prompt=prompt, answer=chain_answer(order, self.num_digits),
                    meta={"operands": operands, "total": sum(operands)})

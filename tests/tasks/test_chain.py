@@ -69,7 +69,7 @@ def test_bad_options_are_refused():
     make_task("chain", num_operands=4)
 
 
-def test_random_answer_order_writes_many_correct_orders_of_the_same_operands():
+def test_rotated_and_random_answer_orders_write_many_correct_orders():
   task = make_task("chain", num_numbers=6, num_digits=1, answer_order="random")
   train = task.generate("train", 400, 0)
   assert train == task.generate("train", 400, 0)
@@ -79,5 +79,13 @@ def test_random_answer_order_writes_many_correct_orders_of_the_same_operands():
     first_ops.append([int(ex.answer[0]), int(ex.answer[2])] == ex.meta["operands"][:2])
   # The prompt's own first two operands open about 1 in 30 answers, not all of them.
   assert 0 < sum(first_ops) < 0.15 * len(train)
+  rotations = make_task("chain", num_numbers=6, num_digits=1, answer_order="rotation")
+  starts = set()
+  for ex in rotations.generate("train", 200, 0):
+    ops = ex.meta["operands"]
+    shift = next(s for s in range(6) if chain_answer(ops[s:] + ops[:s], 1) == ex.answer)
+    starts.add(shift)
+    assert rotations.verify(ex, ex.answer).correct
+  assert starts == set(range(6))  # every rotation occurs
   with pytest.raises(ValueError, match="answer_order"):
     make_task("chain", answer_order="sorted")
