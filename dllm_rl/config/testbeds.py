@@ -15,8 +15,8 @@ name in :data:`TESTBEDS`. Nothing here knows the study's arms: they override RL 
   scratchpad, 48-token completions in 3 blocks, ~1M parameters, many correct orders), with
   one SFT start shared by the seeds.
 * ``chain_orders`` — :func:`chain_orders`: ``chain`` with SFT answers in a rotation of the
-  prompt's order, so the SFT start writes several correct answers per prompt (the StepRS
-  testbed).
+  prompt's order, meant for StepRS (several correct answers per prompt from the start); its
+  warm-up is not shown to reach its target.
 * ``gpu`` — :func:`gpu`: the same task at ~100M parameters, 128-token completions in blocks
   of 32, the official StableDRL estimator; sized for one H200 (not runnable on CPU at size).
 """
@@ -130,12 +130,12 @@ def chain_orders() -> ml_collections.ConfigDict:
   """:func:`chain` with SFT answers that add the operands in a rotation of the prompt's order
   drawn per example (``task.options.answer_order="rotation"``: start at any of the 6
   operands, then follow the prompt cyclically): the SFT start then writes several correct
-  orders of one prompt, so a policy's distinct correct answers per prompt can exceed one and
-  StepRS's exploration claim (more distinct correct answers, higher pass@k) is measurable.
-  On :func:`chain` every policy found at most one order per prompt
-  (``docs/results_chain_steprs.md``). A random order per example (``"random"``) was the
-  first choice; its warm-up was still at validation 0.000 at step 2400 (README "Testbeds").
-  Everything else is :func:`chain`'s."""
+  orders of one prompt, so a policy's distinct correct answers per prompt could exceed one
+  and StepRS's exploration claim (more distinct correct answers, higher pass@k) would be
+  measurable (on :func:`chain` every policy found at most one order per prompt,
+  ``docs/results_chain_steprs.md``). **Its warm-up is not shown to reach its target**: it
+  was at validation 0.000 through all 3000 SFT steps, as a random order per example was at
+  step 2580 (README "Testbeds"). Everything else is :func:`chain`'s."""
   c = chain()
   c.unlock()
   c.task.options.answer_order = "rotation"

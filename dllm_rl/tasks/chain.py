@@ -12,10 +12,10 @@ completion carries ≥ 32 scored tokens: the harder study testbed (issue 18,
 
 Many correct answers: the operands may be added in any order (k! orders). The SFT answer
 uses the prompt's order (``answer_order="prompt"``), a rotation of it drawn per example
-(``"rotation"``: start at a random operand, then follow the prompt cyclically; k orders, an
-SFT start that writes several correct answers per prompt, the testbed for StepRS's
-exploration claim, ``dllm_rl/config/testbeds.py: chain_orders``) or a random order per
-example (``"random"``; the 6-number warm-up did not learn it: README "Testbeds"), and a completion is correct iff it is a well-formed chain whose
+(``"rotation"``: start at a random operand, then follow the prompt cyclically; k orders,
+``dllm_rl/config/testbeds.py: chain_orders``) or a random order per example (``"random"``);
+with 6 one-digit numbers neither of the last two warm-ups left validation accuracy 0 in its
+budget (README "Testbeds"). A completion is correct iff it is a well-formed chain whose
 steps are all correct sums, whose first sum and added numbers use the prompt's operands
 exactly once each, and whose last sum is the total. ``distinct_correct`` then counts the
 distinct orders a policy finds (StepRS's exploration measure). Numbers are read by value,

@@ -60,7 +60,7 @@ def test_testbed_meets_the_issue_sizes_and_every_arm_validates(name):
   validate(base)
   c, n = base, sizing.param_count(base)
   assert c.data.completion_len // c.sampler.block_len >= 2
-  if name.startswith("chain"):  # every reference answer is ≥ 32 scored tokens and fits the completion
+  if name.startswith("chain"):  # every reference answer: ≥ 32 scored tokens, fits the completion
     from dllm_rl.tasks import make_task
     answers = [e.answer for e in make_task("chain", **c.task.options).generate("train", 50, 0)]
     assert all(32 <= len(a) < c.data.completion_len for a in answers)
@@ -131,7 +131,8 @@ def test_the_command_line_names_the_testbeds_on_an_unknown_one(tmp_path):
                            f"--workdir={tmp_path / 'w'}", flag], cwd=root, capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
     assert proc.returncode == 1, proc.stderr[-2000:]
-    assert "arithmetic, chain, chain_orders, countdown, gpu" in proc.stderr and "Traceback" not in proc.stderr
+    assert "arithmetic, chain, chain_orders, countdown, gpu" in proc.stderr
+    assert "Traceback" not in proc.stderr
   assert not os.path.exists(tmp_path / "w")
 
 
