@@ -17,6 +17,8 @@ name in :data:`TESTBEDS`. Nothing here knows the study's arms: they override RL 
 * ``chain_orders`` — :func:`chain_orders`: ``chain`` with SFT answers in a rotation of the
   prompt's order, meant for StepRS (several correct answers per prompt from the start); its
   warm-up is not shown to reach its target.
+* ``sum_split`` — :func:`sum_split`: the embedded default's model and sizes on a task with
+  up to 100 correct answers per prompt whose SFT start writes several (StepRS's testbed).
 * ``gpu`` — :func:`gpu`: the same task at ~100M parameters, 128-token completions in blocks
   of 32, the official StableDRL estimator; sized for one H200 (not runnable on CPU at size).
 """
@@ -142,6 +144,31 @@ def chain_orders() -> ml_collections.ConfigDict:
   return locked(c)
 
 
+def sum_split() -> ml_collections.ConfigDict:
+  """The embedded default with its task swapped for sum split (``dllm_rl/tasks/sum_split.py``:
+  write a 3-digit target as the sum of two 2-digit numbers, digits least-significant first,
+  SFT answers a uniformly drawn split per example): the same 0.1M-parameter model, 8-token
+  prompts and completions in one block, SFT stop at validation accuracy 0.3 and RL. A target
+  has up to 100 correct answers and the SFT start writes several of them (seed 0's: 7.8
+  distinct answers in 8 samples, pass@1 0.26, pass@8 0.86), so StepRS's exploration measures
+  (distinct correct answers per prompt, pass@k) can move, as they cannot on addition's one
+  answer. The warm-up is slower than addition's: y's digits depend on x's inside the answer,
+  and seed 0 reached the target at step 3950 (6000 allowed; 2-digit addends: with 3 digits
+  validation was 0.008 after 2000 steps). The study shares seed 0's SFT start across seeds
+  (``shared_sft``) to fit its arms in one session on 2 cores. Targets 0–198 give 10,000
+  (target, x) pairs, ~9,000 of them training-split: 6,000 are trained on."""
+  c = defaults.get_config()
+  c.unlock()
+  c.task.name = "sum_split"
+  c.task.options = ml_collections.ConfigDict({"num_digits": 2})
+  c.task.train_size = 6000
+  c.data.prompt_len = 8          # "864=" is 4 characters
+  c.data.completion_len = 8      # "21+54" is 5 characters, + EOS
+  c.sft.steps = 6000
+  c.sft.eval_every = 50
+  return locked(c)
+
+
 def gpu() -> ml_collections.ConfigDict:
   """The GPU profile (``--scale=gpu``): Countdown (4 numbers) at ~100M parameters (d 768,
   12 layers, 12 heads, MLP 2048, bfloat16 compute), 128-token completions sampled in 4
@@ -197,6 +224,12 @@ TESTBEDS.register("chain_orders")(Testbed(
     " order (the SFT start writes several correct orders per prompt), one SFT start shared"
     " by the seeds (`dllm_rl/config/testbeds.py: chain_orders`)",
     full=(30, 10, 5), quick=(10, 5, 1), shared_sft=True))
+TESTBEDS.register("sum_split")(Testbed(
+    sum_split, "sum split: a 3-digit target written as the sum of two 2-digit numbers (up to"
+    " 100 correct answers per prompt; the SFT answers draw one per example), 0.1M parameters,"
+    " 8-token completions in one block, one SFT start shared by the seeds"
+    " (`dllm_rl/config/testbeds.py: sum_split`)",
+    full=(200, 20, 5), quick=(40, 10, 1), shared_sft=True))
 TESTBEDS.register("gpu")(Testbed(
     gpu, "the GPU profile: Countdown with 4 numbers, ~100M parameters, 128-token completions"
     " in 4 blocks of 32, bfloat16 (`dllm_rl/config/testbeds.py: gpu`)",

@@ -73,7 +73,7 @@ class Task(abc.ABC):
   """A verifiable task. Subclasses implement ``sample``, ``canonical``, ``verify``.
 
   ``generate`` draws instances with ``sample`` from a numpy Generator seeded by
-  (seed, split), keeps those whose ``split_of(canonical)`` is the requested
+  (seed, split), keeps those whose ``split_of(split_key)`` is the requested
   split, and drops duplicates (by canonical string). It gives up with a
   ValueError after ``max_draws(n)`` draws.
   """
@@ -99,6 +99,12 @@ class Task(abc.ABC):
   @abc.abstractmethod
   def verify(self, example: Example, completion: str) -> VerifyResult:
     """Scores ``completion`` (decoded model output, already cut at EOS)."""
+
+  def split_key(self, example: Example) -> str:
+    """The string that decides the instance's split: its canonical string, unless a task
+    with several training answers per prompt keeps the prompt alone here (so a test prompt
+    is never trained on with any answer)."""
+    return self.canonical(example)
 
   def has_split(self, split: str) -> bool:
     """Whether ``generate(split, ...)`` can give examples (a generated task has both splits;
@@ -127,7 +133,7 @@ class Task(abc.ABC):
       if ex is None:
         continue
       key = self.canonical(ex)
-      if key in seen or split_of(key, self.test_fraction) != split:
+      if key in seen or split_of(self.split_key(ex), self.test_fraction) != split:
         continue
       seen.add(key)
       out.append(ex)
