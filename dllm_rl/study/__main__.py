@@ -8,9 +8,10 @@ records, per-arm summaries), ``DIR/<study>_curves.png`` / ``_spikes.png``, and
 ``docs/results/``) from that JSON. ``--config.KEY=VALUE`` (or the older spelling
 ``--set=KEY=VALUE``) overrides a config key of every run (e.g. tiny sizes for tests), parsed
 as ``python -m dllm_rl.main`` parses it (dllm_rl.config.cli: every problem printed, exit
-status 2). ``--testbed`` (``arithmetic``, the embedded default; ``countdown``; ``gpu``, also
-spelled ``--scale=gpu``: ``dllm_rl/config/testbeds.py``) chooses the base config of the SFT
-start and every arm, and the study's run lengths. Finished arms are reused on rerun.
+status 2). ``--testbed`` (``arithmetic``, the embedded default; ``countdown``; ``chain``;
+``chain_orders``; ``sum_split``; ``gpu``, also spelled ``--scale=gpu``: every one is in
+``dllm_rl/config/testbeds.py``) chooses the base config of the SFT start and every arm, and
+the study's run lengths. Finished arms are reused on rerun.
 """
 
 from __future__ import annotations
