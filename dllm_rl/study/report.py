@@ -95,10 +95,33 @@ def _distinct(r):
   return r["summary"].get("rl_distinct_correct")
 
 
+def _diversity(r):
+  return r["summary"].get("rl_diversity")
+
+
+def _sft_of(study: dict, arm: str, get) -> dict:
+  """Mean ± t-interval over the arm's seeds of get(their SFT start's summary) (one value
+  when the testbed shares one start)."""
+  sft = study.get("sft") or {}
+  runs = _runs(study, arm)[:1] if study.get("shared_sft") else _runs(study, arm)
+  return stats.t_interval([get(sft.get(str(r["seed"])) or {}) for r in runs])
+
+
 def steprs_table(study: dict) -> str:
+  """One row per arm, after a row for the SFT start (what exploration is measured
+  against): greedy accuracy, pass@k at T = 1, distinct correct answers per prompt and
+  distinct answers (correct or not) in the 8 samples."""
   rows = ["| arm | group | greedy test acc. | pass@1 (T = 1) | pass@4 | pass@8 |"
-          " distinct correct answers / prompt | val acc. start → final | β_end |",
-          "|" + " --- |" * 9]
+          " distinct correct answers / prompt | distinct answers in 8 samples |"
+          " val acc. start → final | β_end |",
+          "|" + " --- |" * 10]
+  first = study["arms"][0]["name"] if study["arms"] else None
+  sft = lambda get, digits=3: _fmt(_sft_of(study, first, get), digits)
+  if first and _sft_of(study, first, lambda s: s.get("sft_accuracy"))["mean"] is not None:
+    k = lambda n: sft(lambda s: (s.get("sft_pass_at_k") or {}).get(n))
+    rows.append(f"| SFT start | — | {sft(lambda s: s.get('sft_accuracy'))} | {k('1')} |"
+                f" {k('4')} | {k('8')} | — | {sft(lambda s: s.get('sft_diversity'), 2)} |"
+                f" {sft(lambda s: s.get('sft_val_accuracy'))} | — |")
   for a in study["arms"]:
     n = a["name"]
     st = lambda key: _iv(study, n, lambda r: r["stats"][key])
@@ -107,6 +130,7 @@ def steprs_table(study: dict) -> str:
     rows.append(f"| {n} | {_group(a)} | {_fmt(_iv(study, n, _test))} |"
                 f" {_fmt(_iv(study, n, _pass(1)))} | {_fmt(_iv(study, n, _pass(4)))} |"
                 f" {_fmt(_iv(study, n, _pass(8)))} | {_fmt(_iv(study, n, _distinct), 2)} |"
+                f" {_fmt(_iv(study, n, _diversity), 2)} |"
                 f" {_fmt(st('start_val_accuracy'))} → {_fmt(st('final_val_accuracy'))} |"
                 f" {_fmt(beta, 2) if beta['mean'] is not None else '—'} |")
   return "\n".join(rows)
@@ -178,7 +202,21 @@ def _steprs_reason(study: dict) -> str:
                      f" (≤ 1): the `{task}` task has many, but the SFT start writes one form"
                      " per prompt (its training answers do) and RL at this length did not"
                      " find others, so exploration has not yet had anything to reward")
+  kept = _iv(study, "centered", _diversity)["mean"]
+  start = _sft_of(study, "centered", lambda s: s.get("sft_diversity"))["mean"]
+  if kept is not None and start and kept >= NARROWING * start:
+    p1 = _iv(study, "centered", _pass(1))["mean"]
+    p1_start = _sft_of(study, "centered", lambda s: (s.get("sft_pass_at_k") or {}).get("1"))
+    moved = (f", and its pass@1 at T = 1 is {p1:.3f} against the start's"
+             f" {p1_start['mean']:.3f}" if p1 is not None and p1_start["mean"] is not None
+             else "")
+    reasons.append(f"centered GRPO kept {kept:.2f} distinct answers in 8 samples (the SFT start"
+                   f" {start:.2f}){moved}: RL at this length did not narrow the sampling"
+                   " policy, so there was no lost exploration for StepRS to recover")
   return "; ".join(reasons) or "the effect is smaller than the seed-to-seed spread at this size"
+
+
+NARROWING = 0.9  # centered GRPO "did not narrow" the policy: it keeps ≥ 90% of the start's distinct answers
 
 
 STEPRS_COMPARISONS = (  # (arm, baseline, metric): the claim is arm > baseline on the metric

@@ -113,6 +113,35 @@ def test_steprs_verdicts_compare_pass_at_8_and_distinct_answers():
   assert "1.00 distinct correct answers per prompt: the task has one" in reason
 
 
+def test_steprs_report_names_a_policy_rl_did_not_narrow_and_shows_the_start():
+  from dllm_rl.study.report import steprs_table, steprs_verdicts
+  def run(arm, s, p8, diversity):
+    return {"arm": arm, "seed": s, "overrides": {},
+            "summary": {"rl_accuracy": 0.6, "rl_pass_at_k": {"1": 0.33, "4": 0.7, "8": p8},
+                        "rl_distinct_correct": 2.3, "rl_diversity": diversity},
+            "stats": {"start_val_accuracy": 0.4, "final_val_accuracy": 0.8}}
+  noisy = [0.01, -0.03, 0.02, -0.01]
+  runs = [run("centered", s, 0.9, 7.4) for s in range(4)]
+  runs += [run("steprs", s, 0.9 + d, 7.5) for s, d in enumerate(noisy)]
+  start = {"sft_accuracy": 0.25, "sft_val_accuracy": 0.39, "sft_diversity": 7.8,
+           "sft_pass_at_k": {"1": 0.26, "4": 0.66, "8": 0.86}}
+  study = {"arms": [{"name": "centered"}, {"name": "steprs"}], "runs": runs,
+           "shared_sft": True, "sft": {str(s): start for s in range(4)},
+           "base_config": {"task": {"name": "sum_split"}}}
+  reason = [e for w, v, e in steprs_verdicts(study) if w == "steprs vs centered, pass@8"
+            and v.startswith("inconclusive")][0]
+  assert ("centered GRPO kept 7.40 distinct answers in 8 samples (the SFT start 7.80), and its"
+          " pass@1 at T = 1 is 0.330 against the start's 0.260") in reason
+  table = steprs_table(study).splitlines()
+  assert table[2] == "| SFT start | — | 0.250 | 0.260 | 0.660 | 0.860 | — | 7.80 | 0.390 | — |"
+  assert table[3].startswith("| centered | main | 0.600 ± 0.000 |") and "| 7.40 ± 0.00 |" in table[3]
+  # a policy RL narrowed (7.8 → 3 distinct answers): that reason is not given
+  narrowed = {**study, "runs": [{**r, "summary": {**r["summary"], "rl_diversity": 3.0}}
+                                for r in runs]}
+  reason = [e for w, _, e in steprs_verdicts(narrowed) if w == "steprs vs centered, pass@8"][0]
+  assert "did not narrow" not in reason and "seed-to-seed spread" in reason
+
+
 def test_paired_differences_interval_and_sign_count():
   a = {0: 0.50, 1: 0.40, 2: 0.45, 3: None, 4: 0.30}
   b = {0: 0.40, 1: 0.40, 2: 0.35, 3: 0.20, 5: 0.10}
