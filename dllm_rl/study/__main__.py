@@ -11,7 +11,9 @@ as ``python -m dllm_rl.main`` parses it (dllm_rl.config.cli: every problem print
 status 2). ``--testbed`` (``arithmetic``, the embedded default; ``countdown``; ``chain``;
 ``chain_orders``; ``sum_split``; ``gpu``, also spelled ``--scale=gpu``: every one is in
 ``dllm_rl/config/testbeds.py``) chooses the base config of the SFT start and every arm, and
-the study's run lengths. Finished arms are reused on rerun.
+the study's run lengths. Finished arms are reused on rerun. SIGTERM / SIGINT stop the study
+after the run in progress (a run still training saves a checkpoint first) with exit status 75:
+rerun the same command to resume.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def main(argv):
   if (problem := arms_lib.unmatched(names, _ARMS.value, bed.get_config())) is not None:
     raise app.UsageError(problem)
   command = "python -m dllm_rl.study " + " ".join(sys.argv[1:])
+  from dllm_rl.train.resilience import EXIT_PREEMPTED, Preempted
   from dllm_rl.train.validate import validate
   config = cli.load(None, _overrides, check=validate, default=bed.get_config)  # exits 2, all
   overrides = cli.override_values(config, _overrides)
@@ -74,6 +77,9 @@ def main(argv):
           testbed)
   except ConfigError as err:
     cli.fail([err])
+  except Preempted as stop:  # SIGTERM / SIGINT: the run in progress saved, the study stopped
+    print(f"[preemption] {stop}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_PREEMPTED)
 
 
 def run():

@@ -218,6 +218,21 @@ def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
   for arm in arms:  # every arm's config is checked before anything trains or compiles
     validate(make_config({**overrides, "mode": "rl", **arm.overrides}, base))
   claim_workdir(workdir, testbed)
+  from dllm_rl.train.resilience import handle_signals
+  with handle_signals():  # a stop request ends the study after the run in progress
+    return _run_seeds(name, arms, workdir, seeds, size, overrides, log, testbed, base)
+
+
+def _stop_if_requested(name: str, seed: int, done: str) -> None:
+  from dllm_rl.train.resilience import Preempted, stop_requested
+  if stop_requested():
+    raise Preempted("study", seed, f"stopped on request after {name} seed {seed}'s {done}"
+                    " (every finished SFT start and arm is saved); rerun the same command to"
+                    " resume: finished runs are reused")
+
+
+def _run_seeds(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
+               overrides: dict, log, testbed: str, base: ml_collections.ConfigDict) -> dict:
   shared = testbeds.testbed(testbed).shared_sft
   t0 = time.time()
   runs, sfts = [], {}
@@ -231,6 +246,7 @@ def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
       sfts[seed] = train_sft(sft_seed, sft_dir, overrides, base)
     log(f"[study] {name} seed {seed}: SFT test accuracy {sfts[seed].get('sft_accuracy')}"
         + (" (the shared start: seed 0's)" if shared else ""))
+    _stop_if_requested(name, seed, "SFT start")
     calibrated = {}
     for arm in arms:
       rec = run_arm(arm, seed, sft_dir, os.path.join(seed_dir, arm.name.replace("@", "_")),
@@ -245,6 +261,7 @@ def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
           f" | collapsed {s['collapsed']} | spikes {s['grad_spikes']}"
           f" | {rec['wall_seconds']:.0f}s")
       runs.append(rec)
+      _stop_if_requested(name, seed, f"arm {arm.name}")
   return {"study": name, "testbed": testbed, "base_config": json.loads(base.to_json()),
           "arms": [{"name": a.name, "description": a.description,
                                    "overrides": a.overrides, "calibrate_from": a.calibrate_from,

@@ -39,15 +39,17 @@ from dllm_rl.train.optim import skip_counters
 EXIT_PREEMPTED = 75  # sysexits.h EX_TEMPFAIL: temporary failure, rerun to resume
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _received: list[int] = []  # signal numbers received while handle_signals is active
+_depth = [0]  # nesting of handle_signals (a study's arms run inside the study's)
 
 
 class Preempted(Exception):
-  """Raised by a loop after it saved a checkpoint at ``step`` because a stop was requested."""
+  """Raised by a loop after it saved a checkpoint at ``step`` because a stop was requested
+  (``message``: the loop's own account of what was saved, e.g. a study's finished arms)."""
 
-  def __init__(self, phase: str, step: int):
+  def __init__(self, phase: str, step: int, message: str | None = None):
     self.phase, self.step = phase, step
-    super().__init__(f"stopped on request after {phase} step {step} (checkpoint saved); "
-                     "rerun the same command to resume")
+    super().__init__(message or f"stopped on request after {phase} step {step} (checkpoint"
+                     " saved); rerun the same command to resume")
 
 
 class NonFiniteError(RuntimeError):
@@ -66,17 +68,30 @@ def _handler(signum, frame):
 
 @contextlib.contextmanager
 def handle_signals():
-  """Install the SIGTERM/SIGINT stop-request handlers for the duration (main thread only)."""
+  """Install the SIGTERM/SIGINT stop-request handlers for the duration (main thread only).
+
+  Nested uses keep the outermost's handlers and its received signals: a run inside a loop of
+  runs (the study's arms) that ends without acting on a stop request (it came during the
+  final evaluation) leaves it for the outer loop, which stops before its next run."""
   if threading.current_thread() is not threading.main_thread():
     yield
+    return
+  if _depth[0]:
+    _depth[0] += 1
+    try:
+      yield
+    finally:
+      _depth[0] -= 1
     return
   previous = {s: signal.getsignal(s) for s in _SIGNALS}
   _received.clear()
   for s in _SIGNALS:
     signal.signal(s, _handler)
+  _depth[0] = 1
   try:
     yield
   finally:
+    _depth[0] = 0
     for s, h in previous.items():
       signal.signal(s, h)
     _received.clear()

@@ -176,3 +176,31 @@ def test_a_shared_sft_testbed_trains_one_start_for_every_seed(tmp_path, monkeypa
   runner.run_study("steprs", arms, str(tmp_path / "d"), 2, arms_lib.QUICK, {},
                    log=lambda *_: None, testbed="countdown")
   assert [s for s, _ in trained] == [0, 1] and started == [(0, "seed0"), (1, "seed1")]
+
+
+def test_a_stop_request_during_an_arm_ends_the_study_after_that_arm(tmp_path, monkeypatch):
+  """SIGTERM arriving while an arm runs but after its last stop check (its final evaluation)
+  is kept for the study, which stops before the next arm with ``Preempted`` (exit 75 from the
+  CLI) instead of going on; the finished arm is saved for the rerun."""
+  import signal
+  from dllm_rl.study import runner
+  from dllm_rl.train import resilience
+  monkeypatch.setattr(runner, "train_sft", lambda seed, d, o, b=None: {"sft_accuracy": 0.25})
+  started = []
+  def fake_arm(arm, seed, sft_dir, workdir, size, overrides, calibrated, base=None):
+    started.append(arm.name)
+    with resilience.handle_signals():  # as modes.run does around each arm
+      os.kill(os.getpid(), signal.SIGTERM)  # handled: a stop request, no exit
+      assert resilience.stop_requested()
+    return {"arm": arm.name, "seed": seed, "overrides": dict(arm.overrides),
+            "summary": {"rl_accuracy": 0.3},
+            "stats": {"start_val_accuracy": 0.2, "final_val_accuracy": 0.3,
+                      "collapsed": False, "grad_spikes": 0}, "wall_seconds": 1.0}
+  monkeypatch.setattr(runner, "run_arm", fake_arm)
+  arms = arms_lib.select(arms_lib.STUDIES.get("steprs")(testbeds.chain()), ["centered", "steprs"])
+  before = signal.getsignal(signal.SIGTERM)
+  with pytest.raises(resilience.Preempted, match="after steprs seed 0's arm centered"):
+    runner.run_study("steprs", arms, str(tmp_path / "s"), 2, arms_lib.QUICK, {},
+                     log=lambda *_: None, testbed="chain")
+  assert started == ["centered"]
+  assert signal.getsignal(signal.SIGTERM) is before and not resilience.stop_requested()
