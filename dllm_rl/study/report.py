@@ -43,6 +43,7 @@ def _pass(k):
 
 
 MIN_EFFECT = 0.02  # the smallest accuracy difference of interest (2 points): inside ±this is "no difference"
+NARROWING = 0.9  # centered GRPO "did not narrow" the policy: it keeps ≥ 90% of the start's distinct answers
 
 
 def _by_seed(study: dict, arm: str, get) -> dict:
@@ -99,12 +100,21 @@ def _diversity(r):
   return r["summary"].get("rl_diversity")
 
 
+def _of_sft(study: dict, get):
+  """get_run(run) → get(the summary of the run's seed's SFT start)."""
+  sft = study.get("sft") or {}
+  return lambda r: get(sft.get(str(r["seed"])) or {})
+
+
+def _sft_pass(k):
+  return lambda s: (s.get("sft_pass_at_k") or {}).get(str(k))
+
+
 def _sft_of(study: dict, arm: str, get) -> dict:
   """Mean ± t-interval over the arm's seeds of get(their SFT start's summary) (one value
   when the testbed shares one start)."""
-  sft = study.get("sft") or {}
   runs = _runs(study, arm)[:1] if study.get("shared_sft") else _runs(study, arm)
-  return stats.t_interval([get(sft.get(str(r["seed"])) or {}) for r in runs])
+  return stats.t_interval(list(map(_of_sft(study, get), runs)))
 
 
 def steprs_table(study: dict) -> str:
@@ -116,11 +126,11 @@ def steprs_table(study: dict) -> str:
           " val acc. start → final | β_end |",
           "|" + " --- |" * 10]
   first = study["arms"][0]["name"] if study["arms"] else None
-  sft = lambda get, digits=3: _fmt(_sft_of(study, first, get), digits)
-  if first and _sft_of(study, first, lambda s: s.get("sft_accuracy"))["mean"] is not None:
-    k = lambda n: sft(lambda s: (s.get("sft_pass_at_k") or {}).get(n))
-    rows.append(f"| SFT start | — | {sft(lambda s: s.get('sft_accuracy'))} | {k('1')} |"
-                f" {k('4')} | {k('8')} | — | {sft(lambda s: s.get('sft_diversity'), 2)} |"
+  start = _sft_of(study, first, lambda s: s.get("sft_accuracy")) if first else {"mean": None}
+  if start["mean"] is not None:
+    sft = lambda get, digits=3: _fmt(_sft_of(study, first, get), digits)
+    rows.append(f"| SFT start | — | {_fmt(start)} | {sft(_sft_pass(1))} | {sft(_sft_pass(4))} |"
+                f" {sft(_sft_pass(8))} | — | {sft(lambda s: s.get('sft_diversity'), 2)} |"
                 f" {sft(lambda s: s.get('sft_val_accuracy'))} | — |")
   for a in study["arms"]:
     n = a["name"]
@@ -206,7 +216,7 @@ def _steprs_reason(study: dict) -> str:
   start = _sft_of(study, "centered", lambda s: s.get("sft_diversity"))["mean"]
   if kept is not None and start and kept >= NARROWING * start:
     p1 = _iv(study, "centered", _pass(1))["mean"]
-    p1_start = _sft_of(study, "centered", lambda s: (s.get("sft_pass_at_k") or {}).get("1"))
+    p1_start = _sft_of(study, "centered", _sft_pass(1))
     moved = (f", and its pass@1 at T = 1 is {p1:.3f} against the start's"
              f" {p1_start['mean']:.3f}" if p1 is not None and p1_start["mean"] is not None
              else "")
@@ -214,9 +224,6 @@ def _steprs_reason(study: dict) -> str:
                    f" {start:.2f}){moved}: RL at this length did not narrow the sampling"
                    " policy, so there was no lost exploration for StepRS to recover")
   return "; ".join(reasons) or "the effect is smaller than the seed-to-seed spread at this size"
-
-
-NARROWING = 0.9  # centered GRPO "did not narrow" the policy: it keeps ≥ 90% of the start's distinct answers
 
 
 STEPRS_COMPARISONS = (  # (arm, baseline, metric): the claim is arm > baseline on the metric
@@ -249,8 +256,7 @@ def steprs_verdicts(study: dict) -> list[tuple[str, str, str]]:
 
 def _sft_start(study: dict):
   """get(run) → the held-out test accuracy of the run's seed's SFT start."""
-  sft = study.get("sft", {})
-  return lambda r: (sft.get(str(r["seed"])) or {}).get("sft_accuracy")
+  return _of_sft(study, lambda s: s.get("sft_accuracy"))
 
 
 def baselines_table(study: dict) -> str:
