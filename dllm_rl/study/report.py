@@ -195,6 +195,59 @@ def stability_verdicts(study: dict) -> list[tuple[str, str, str]]:
   return out
 
 
+ABLATIONS = {  # ablation arm prefix → the StableDRL component it drops
+    "clip_only": "self-normalisation", "selfnorm_only": "unconditional clipping"}
+ANTITHETIC = "stabledrl_antithetic"  # the control: θ and θ_old share masks (ρ̂ = 1 at θ = θ_old)
+
+
+def _ablation_reason(study: dict, ablation: str, full: str, dropped: str) -> str:
+  """The likely reason StableDRL did not beat one of its single-component ablations."""
+  ac, an = _collapses(study, ablation)
+  fc, fn = _collapses(study, full)
+  spikes = lambda arm: _iv(study, arm, lambda r: r["stats"]["grad_spikes"])["mean"] or 0.0
+  if ac == 0:
+    why = (f"{ablation} did not collapse in any seed (0/{an}) either: without {dropped} the"
+           " other component alone kept training stable at this lr and size")
+  elif ac == an and fc == fn:
+    why = f"both collapsed in every seed ({ac}/{an}): the lr is too high for either"
+  else:
+    why = f"{ablation} collapsed in {ac}/{an} seeds, StableDRL in {fc}/{fn}"
+  return why + (f"; grad-norm spikes per run {ablation} {spikes(ablation):.1f}, StableDRL"
+                f" {spikes(full):.1f}")
+
+
+def ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
+  """(comparison, verdict, evidence) for StableDRL's two components: the claim "StableDRL
+  (unconditional clipping + self-normalisation) ends with higher held-out accuracy than each
+  single-component ablation at the same lr" on paired seeds; and the antithetic-mask control
+  (no claim: the paired difference of shared against independent masks)."""
+  names = {a["name"] for a in study["arms"]}
+  out = []
+  for a in study["arms"]:
+    prefix, _, tag = a["name"].partition("@")
+    full = f"stabledrl@{tag}"
+    if full not in names:
+      continue
+    if prefix in ABLATIONS:
+      p = paired_difference(study, full, a["name"], _test)
+      verdict = stats.verdict(p, MIN_EFFECT, "StableDRL's accuracy")
+      (ac, an), (fc, fn) = _collapses(study, a["name"]), _collapses(study, full)
+      evidence = (f"test accuracy StableDRL − {a['name']} {_fmt_paired(p)}; collapsed:"
+                  f" {a['name']} {ac}/{an}, StableDRL {fc}/{fn}")
+      if verdict != "reproduced":
+        evidence += (". Likely reason:"
+                     f" {_ablation_reason(study, a['name'], full, ABLATIONS[prefix])}")
+      out.append((f"{full} vs {a['name']} (ablation: without {ABLATIONS[prefix]})", verdict,
+                  evidence))
+    elif prefix == ANTITHETIC:
+      p = paired_difference(study, a["name"], full, _test)
+      out.append((f"{a['name']} vs {full} (control)", "no claim",
+                  f"test accuracy shared − independent masks {_fmt_paired(p)}; collapsed:"
+                  f" {'/'.join(map(str, _collapses(study, a['name'])))} with shared masks,"
+                  f" {'/'.join(map(str, _collapses(study, full)))} with independent ones"))
+  return out
+
+
 def _steprs_reason(study: dict) -> str:
   base8 = _iv(study, "centered", _pass(8))["mean"]
   distinct = _iv(study, "centered", _distinct)["mean"]
@@ -315,7 +368,11 @@ CAVEATS = {
 }
 
 
-REPORTS = {"stability": (stability_table, stability_verdicts),  # study → (table, verdicts)
+def _stability_and_ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
+  return stability_verdicts(study) + ablation_verdicts(study)
+
+
+REPORTS = {"stability": (stability_table, _stability_and_ablation_verdicts),  # study → (table, verdicts)
            "steprs": (steprs_table, steprs_verdicts),
            "baselines": (baselines_table, baselines_verdicts)}
 
