@@ -151,19 +151,25 @@ def _collapses(study: dict, arm: str) -> tuple[int, int]:
   return sum(r["stats"]["collapsed"] for r in runs), len(runs)
 
 
+def _collapse_reason(other: str, collapses: tuple[int, int, int, int], if_stable: str) -> str:
+  """How StableDRL's collapses compare with the ``other`` arm's; ``collapses``: (other
+  collapsed, other seeds, StableDRL collapsed, StableDRL seeds); ``if_stable`` follows the
+  statement that the other arm never collapsed."""
+  oc, on, sc, sn = collapses
+  if oc == 0:
+    return f"{other} did not collapse in any seed (0/{on}){if_stable}"
+  if oc == on and sc == sn:
+    return f"both collapsed in every seed ({oc}/{on}): the lr is too high for either"
+  return f"{other} collapsed in {oc}/{on} seeds, StableDRL in {sc}/{sn}"
+
+
 def _stability_reason(study: dict, grpo: str, collapses: tuple[int, int, int, int]) -> str:
   """The likely reason a StableDRL-over-GRPO comparison did not reproduce, from its numbers;
   ``collapses``: (GRPO collapsed, GRPO seeds, StableDRL collapsed, StableDRL seeds)."""
-  gc, gn, sc, sn = collapses
   bypass = _iv(study, grpo, lambda r: r["stats"]["bypass_fraction_mean"])["mean"] or 0.0
   p99 = _iv(study, grpo, lambda r: _ratio(r, "p99_first"))["mean"]
-  if gc == 0:
-    why = (f"GRPO did not collapse in any seed (0/{gn}): there was no instability for"
-           " StableDRL to remove at this lr")
-  elif gc == gn and sc == sn:
-    why = f"both collapsed in every seed ({gc}/{gn}): the lr is too high for either"
-  else:
-    why = f"GRPO collapsed in {gc}/{gn} seeds, StableDRL in {sc}/{sn}"
+  why = _collapse_reason("GRPO", collapses,
+                         ": there was no instability for StableDRL to remove at this lr")
   why += f"; GRPO's bypass (A < 0, ρ̂ > 1 + ε) hit {bypass:.2%} of sequences"
   if p99 is not None:
     why += f", p99 |log ρ̂| at θ = θ_old {p99:.3g} nats"
@@ -200,18 +206,13 @@ ABLATIONS = {  # ablation arm prefix → the StableDRL component it drops
 ANTITHETIC = "stabledrl_antithetic"  # the control: θ and θ_old share masks (ρ̂ = 1 at θ = θ_old)
 
 
-def _ablation_reason(study: dict, ablation: str, full: str, dropped: str) -> str:
-  """The likely reason StableDRL did not beat one of its single-component ablations."""
-  ac, an = _collapses(study, ablation)
-  fc, fn = _collapses(study, full)
+def _ablation_reason(study: dict, ablation: str, full: str, dropped: str,
+                     collapses: tuple[int, int, int, int]) -> str:
+  """The likely reason StableDRL did not beat one of its single-component ablations;
+  ``collapses``: (ablation collapsed, its seeds, StableDRL collapsed, StableDRL seeds)."""
   spikes = lambda arm: _iv(study, arm, lambda r: r["stats"]["grad_spikes"])["mean"] or 0.0
-  if ac == 0:
-    why = (f"{ablation} did not collapse in any seed (0/{an}) either: without {dropped} the"
-           " other component alone kept training stable at this lr and size")
-  elif ac == an and fc == fn:
-    why = f"both collapsed in every seed ({ac}/{an}): the lr is too high for either"
-  else:
-    why = f"{ablation} collapsed in {ac}/{an} seeds, StableDRL in {fc}/{fn}"
+  why = _collapse_reason(ablation, collapses, f" either: without {dropped} the other component"
+                         " alone kept training stable at this lr and size")
   return why + (f"; grad-norm spikes per run {ablation} {spikes(ablation):.1f}, StableDRL"
                 f" {spikes(full):.1f}")
 
@@ -231,12 +232,13 @@ def ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
     if prefix in ABLATIONS:
       p = paired_difference(study, full, a["name"], _test)
       verdict = stats.verdict(p, MIN_EFFECT, "StableDRL's accuracy")
-      (ac, an), (fc, fn) = _collapses(study, a["name"]), _collapses(study, full)
+      collapses = (*_collapses(study, a["name"]), *_collapses(study, full))
+      ac, an, fc, fn = collapses
       evidence = (f"test accuracy StableDRL − {a['name']} {_fmt_paired(p)}; collapsed:"
                   f" {a['name']} {ac}/{an}, StableDRL {fc}/{fn}")
       if verdict != "reproduced":
-        evidence += (". Likely reason:"
-                     f" {_ablation_reason(study, a['name'], full, ABLATIONS[prefix])}")
+        evidence += (". Likely reason: "
+                     + _ablation_reason(study, a["name"], full, ABLATIONS[prefix], collapses))
       out.append((f"{full} vs {a['name']} (ablation: without {ABLATIONS[prefix]})", verdict,
                   evidence))
     elif prefix == ANTITHETIC:
