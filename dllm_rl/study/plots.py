@@ -29,13 +29,16 @@ def _series(runs: list[dict], arm: str, key: str, source: str = "steps"):
 
 
 def _band(ax, steps, values, label):
-  """Mean line with a 95% t-interval band across seeds (no band with one seed)."""
+  """Mean line with a 95% t-interval band across seeds (no band with one seed), each step's
+  over its seeds' finite values: a skipped update's non-finite grad norm (counted as a spike
+  by the report) would make the step's mean and band NaN."""
   if values.size == 0:
     return
-  mean = values.mean(0)
+  per_step = [stats.t_interval(v[np.isfinite(v)]) for v in values.T]
+  mean = np.asarray([np.nan if s["mean"] is None else s["mean"] for s in per_step])
   line, = ax.plot(steps, mean, label=label)
   if values.shape[0] > 1:
-    half = np.asarray([stats.t_interval(values[:, j])["half_width"] for j in range(len(steps))])
+    half = np.asarray([np.nan if s["half_width"] is None else s["half_width"] for s in per_step])
     ax.fill_between(steps, mean - half, mean + half, color=line.get_color(), alpha=0.2)
 
 
