@@ -1,4 +1,5 @@
-"""``python -m dllm_rl.study NAME --workdir=DIR [--testbed=T] [--seeds=N] [--quick] [--config.key=value ...]``
+"""``python -m dllm_rl.study NAME --workdir=DIR [--testbed=T] [--seeds=N] [--quick]
+[--config.key=value ...]``
 
 NAME: ``stability``, ``steprs``, ``baselines``, a comma-separated list of them
 (``stability,steprs``) or ``all`` (every registered study). Trains one SFT checkpoint per seed,

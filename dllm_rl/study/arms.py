@@ -171,7 +171,8 @@ def baselines(config: ml_collections.ConfigDict) -> list[Arm]:
   base = {"rl.lr": float(config.rl.lr)}
   return [
       Arm("grpo", {**base, "rl.loss": "grpo", "rl.advantage": "grpo"},
-          "GRPO (d1's diffu-GRPO advantages (r − r̄)/σ): conditional clip ε = 0.2, sequence ratio"),
+          "GRPO (d1's diffu-GRPO advantages (r − r̄)/σ): conditional clip ε = 0.2,"
+          " sequence ratio"),
       Arm("stabledrl", {**base, "rl.loss": "stabledrl", "rl.advantage": "centered"},
           "StableDRL: unconditional upper clip C = 5 + self-normalisation"),
       Arm("wd1", {**base, **recipes.wd1(config)},

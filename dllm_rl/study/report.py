@@ -42,8 +42,10 @@ def _pass(k):
   return lambda r: (r["summary"].get("rl_pass_at_k") or {}).get(str(k))
 
 
-MIN_EFFECT = 0.02  # the smallest accuracy difference of interest (2 points): inside ±this is "no difference"
-NARROWING = 0.9  # centered GRPO "did not narrow" the policy: it keeps ≥ 90% of the start's distinct answers
+# The smallest accuracy difference of interest (2 points): inside ±this is "no difference".
+MIN_EFFECT = 0.02
+# Centered GRPO "did not narrow" the policy: it keeps ≥ 90% of the start's distinct answers.
+NARROWING = 0.9
 
 
 def _by_seed(study: dict, arm: str, get) -> dict:
@@ -203,7 +205,7 @@ def stability_verdicts(study: dict) -> list[tuple[str, str, str]]:
 
 ABLATIONS = {  # ablation arm prefix → the StableDRL component it drops
     "clip_only": "self-normalisation", "selfnorm_only": "unconditional clipping"}
-ANTITHETIC = "stabledrl_antithetic"  # the control: θ and θ_old share masks (ρ̂ = 1 at θ = θ_old)
+ANTITHETIC = "stabledrl_antithetic"  # the control: θ and θ_old share masks (ρ̂ = 1 at θ_old)
 
 
 def _ablation_reason(study: dict, ablation: str, full: str, dropped: str,
@@ -336,7 +338,8 @@ def baselines_verdicts(study: dict) -> list[tuple[str, str, str]]:
   for a in study["arms"]:
     n = a["name"]
     gain = stats.paired(_by_seed(study, n, _test), _by_seed(study, n, start))
-    out.append((f"{n} improves on the SFT start", stats.verdict(gain, MIN_EFFECT, f"{n}'s accuracy"),
+    out.append((f"{n} improves on the SFT start",
+                stats.verdict(gain, MIN_EFFECT, f"{n}'s accuracy"),
                 f"test accuracy {n} − SFT {_fmt_paired(gain)}"))
   return out
 
@@ -350,7 +353,8 @@ CAVEATS = {
     "stability": (
         "At this size (0.1M parameters, 8-token completions of which ~5 are scored) log ρ̂ at"
         " the first inner step is pure mask noise of a short sequence, with either estimator"
-        " (the |log ρ̂| quantile columns measure it); the ratio-bypass mechanism needs A < 0 and ρ̂ > 1.2, which the bypass fraction column"
+        " (the |log ρ̂| quantile columns measure it); the ratio-bypass mechanism needs A < 0"
+        " and ρ̂ > 1.2, which the bypass fraction column"
         " measures. Grad norms are pre-clip: `rl.grad_clip = 1.0` bounds every update, so a"
         " spike changes the direction more than the size of a step, and Adam rescales"
         " gradients, so collapse at a high lr is not only the loss's doing. A zero grad norm"
@@ -364,7 +368,8 @@ CAVEATS = {
     "baselines": (
         "Each baseline runs its official algorithm (loss, advantage, estimator, ε, KL;"
         " dllm_rl/config/recipes.py) at the embedded default's lr, μ and group size, not its"
-        " official scale (configs/wd1.py, espo.py, coupled_grpo.py, trajectory.py): a gain here says the"
+        " official scale (configs/wd1.py, espo.py, coupled_grpo.py, trajectory.py): a gain"
+        " here says the"
         " algorithm learns this task, not how it ranks at 8B. 256 test prompts give about ±3"
         " points of noise per run."),
 }
@@ -374,7 +379,8 @@ def _stability_and_ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
   return stability_verdicts(study) + ablation_verdicts(study)
 
 
-REPORTS = {"stability": (stability_table, _stability_and_ablation_verdicts),  # study → (table, verdicts)
+# study → (table, verdicts)
+REPORTS = {"stability": (stability_table, _stability_and_ablation_verdicts),
            "steprs": (steprs_table, steprs_verdicts),
            "baselines": (baselines_table, baselines_verdicts)}
 
@@ -436,12 +442,14 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
   start = (" one for all seeds (seed 0's warm-up: this testbed's is too long to repeat per"
            " seed, so the seeds vary the RL randomness only, not the SFT start)" if shared
            else " one per seed")
-  out += [f"Every arm starts from the same SFT checkpoint of the testbed `{testbed_name(meta, studies)}`"
+  out += ["Every arm starts from the same SFT checkpoint of the testbed"
+          f" `{testbed_name(meta, studies)}`"
           f" ({testbed_description(meta, studies)}),{start}, and changes only the listed"
           " keys. Unless an arm's overrides say otherwise: official noise (independent masks"
           f" for ℓ̂_old and every inner step), {c.estimator.num_samples}-draw"
           f" {c.estimator.name.upper()}, μ = {c.rl.inner_steps}, {c.rl.batch_prompts} prompts ×"
-          f" {c.rl.group_size} completions, centered advantages. Intervals: mean ± 95% Student-t half-width across seeds (none with"
+          f" {c.rl.group_size} completions, centered advantages. Intervals: mean ± 95%"
+          " Student-t half-width across seeds (none with"
           f" one seed). Validation accuracy: greedy, on {c.task.val_size} training-distribution"
           " prompts never trained on; test accuracy: greedy on the"
           f" {c.task.test_size} test prompts after the last step; pass@k from"

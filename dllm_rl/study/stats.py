@@ -146,7 +146,8 @@ def verdict(comparison: dict, min_effect: float, what: str) -> str:
   if hi < 0:
     return f"not reproduced (the opposite holds: {what} is lower)"
   if -min_effect < lo and hi < min_effect:
-    return f"not reproduced (no difference as large as {min_effect:g}: the interval lies inside ±{min_effect:g})"
+    return (f"not reproduced (no difference as large as {min_effect:g}: the interval lies"
+            f" inside ±{min_effect:g})")
   need = seeds_to_decide(comparison["sd"], max(abs(mean), min_effect))
   return (f"inconclusive (the interval includes 0; about {need} seeds would resolve a difference"
           f" of {max(abs(mean), min_effect):.3g})")

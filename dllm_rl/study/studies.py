@@ -82,7 +82,8 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
     if name == "stability":
       plots.spikes(result, os.path.join(workdir, f"{name}_spikes.png"))
     done.append(result)
-  meta = {"command": command, "quick": quick, "testbed": testbed, "machine": _machine(), "load_start": load_start,
+  meta = {"command": command, "quick": quick, "testbed": testbed, "machine": _machine(),
+          "load_start": load_start,
           "load_end": _load(), "jax": jax.__version__, "started": started, "commit": _commit(),
           "wall_seconds": time.time() - t0}
   with open(os.path.join(workdir, "meta.json"), "w") as fh:
