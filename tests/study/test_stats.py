@@ -111,6 +111,21 @@ def test_ablation_verdicts_compare_stabledrl_with_each_single_component():
   assert v[2][1] == "no claim" and "-0.100" in v[2][2] and "0 up, 5 down" in v[2][2]
 
 
+@pytest.mark.parametrize("collapsed, reason", [
+    ([0] * 9 + [1], "clip_only@a collapsed in only 1/10 seeds (StableDRL in 0/10): without"
+                    " self-normalisation the other component alone kept training stable in 9"
+                    " of 10 seeds"),
+    ([0] * 8 + [1, 1], "clip_only@a collapsed in 2/10 seeds, StableDRL in 0/10;"),
+    ([0] * 10, "clip_only@a did not collapse in any seed (0/10) either")])
+def test_ablation_reason_names_a_rare_collapse_as_rare(collapsed, reason):
+  from dllm_rl.study.report import ablation_verdicts
+  full = [0.50, 0.55, 0.45, 0.60, 0.52, 0.48, 0.51, 0.57, 0.44, 0.53]
+  same = [f + d for f, d in zip(full, [0.003, -0.004, 0.002, -0.001, 0.0] * 2)]
+  v = ablation_verdicts(_study({"stabledrl@a": full, "clip_only@a": same},
+                               {"clip_only@a": collapsed}))
+  assert v[0][1].startswith("not reproduced (no difference") and reason in v[0][2]
+
+
 def test_steprs_verdicts_compare_pass_at_8_and_distinct_answers():
   from dllm_rl.study.report import steprs_verdicts
   def run(arm, s, p8, distinct):
