@@ -180,6 +180,12 @@ def _stability_reason(study: dict, grpo: str, collapses: tuple[int, int, int, in
   why += f"; GRPO's bypass (A < 0, ρ̂ > 1 + ε) hit {bypass:.2%} of sequences"
   if p99 is not None:
     why += f", p99 |log ρ̂| at θ = θ_old {p99:.3g} nats"
+  stabledrl, sc = grpo.replace("grpo", "stabledrl", 1), collapses[2]
+  spikes = lambda arm: _iv(study, arm, lambda r: r["stats"]["grad_spikes"])["mean"] or 0.0
+  if sc > 0 and spikes(stabledrl) < spikes(grpo):
+    why += (f"; StableDRL's {sc} collapse(s) came with {spikes(stabledrl):.1f} grad-norm spikes"
+            f" per run against GRPO's {spikes(grpo):.1f}: a drift, not the ratio-driven"
+            " instability StableDRL removes (the lr may be too high for this start)")
   return why
 
 

@@ -56,12 +56,13 @@ def test_binomial_margin_is_z_standard_errors():
   assert stats.binomial_margin(0.3, 256, z=1.0) < stats.binomial_margin(0.3, 64, z=1.0)
 
 
-def _study(acc: dict, collapses: dict | None = None):
-  """A synthetic stability study: {arm: [test accuracy per seed]}, collapses likewise."""
-  collapses = collapses or {}
+def _study(acc: dict, collapses: dict | None = None, spikes: dict | None = None):
+  """A synthetic stability study: {arm: [test accuracy per seed]}, collapses likewise,
+  spikes {arm: grad-norm spikes of every run}."""
+  collapses, spikes = collapses or {}, spikes or {}
   runs = [{"arm": arm, "seed": s, "summary": {"rl_accuracy": a},
            "stats": {"collapsed": bool((collapses.get(arm) or [0] * len(accs))[s]),
-                     "grad_spikes": 0, "bypass_fraction_mean": 0.01,
+                     "grad_spikes": spikes.get(arm, 0), "bypass_fraction_mean": 0.01,
                      "abs_log_ratio": {"p99_first": 0.5}}}
           for arm, accs in acc.items() for s, a in enumerate(accs)]
   return {"seeds": max(len(v) for v in acc.values()), "arms": [{"name": a} for a in acc],
@@ -89,6 +90,21 @@ def test_stability_verdicts_follow_the_paired_numbers():
   assert v[0][1].startswith("inconclusive (the interval includes 0; about ")
   assert stability_verdicts(_study({"grpo@a": [0.3], "stabledrl@a": [0.5]}))[0][1].startswith(
       "not established")
+
+
+def test_stability_reason_names_stabledrl_collapses_without_spikes_a_drift():
+  from dllm_rl.study.report import stability_verdicts
+  grpo = [0.30, 0.40, 0.35, 0.20, 0.25]
+  noisy = [g + d for g, d in zip(grpo, [0.10, -0.05, 0.08, -0.02, -0.4])]
+  collapsed = {"grpo@a": [1, 1, 0, 0, 0], "stabledrl@a": [0, 1, 0, 1, 1]}
+  v = stability_verdicts(_study({"grpo@a": grpo, "stabledrl@a": noisy}, collapsed,
+                                {"grpo@a": 5, "stabledrl@a": 0}))
+  assert v[0][1].startswith("inconclusive")
+  assert ("StableDRL's 3 collapse(s) came with 0.0 grad-norm spikes per run against GRPO's"
+          " 5.0: a drift") in v[0][2]
+  v = stability_verdicts(_study({"grpo@a": grpo, "stabledrl@a": noisy}, collapsed,
+                                {"grpo@a": 1, "stabledrl@a": 2}))  # spikes too: no such line
+  assert "a drift" not in v[0][2]
 
 
 def test_ablation_verdicts_compare_stabledrl_with_each_single_component():
