@@ -107,10 +107,10 @@ def chain() -> ml_collections.ConfigDict:
   0.25 (RL headroom), then the embedded default's RL at lr 2e-5 (not 2e-4) on 4 prompts ×
   8 completions a rollout batch. Six one-digit numbers have 5,005 distinct multisets, so the
   training set is 4,000 of the ~4,500 outside the test split. The warm-up escapes its
-  plateau only after ~1,500 steps
-  (README "Testbeds"), too long to repeat per seed: the study shares seed 0's SFT start
-  across seeds (``shared_sft``). Evaluation sizes are small (64 validation / 64 test
-  prompts, pass@k from 8 samples) because sampling dominates an arm's time on 2 CPU cores.
+  plateau only after ~1,500 steps (README "Testbeds"), too long to repeat per seed: the
+  study shares seed 0's SFT start across seeds (``shared_sft``). Evaluation sizes are small
+  (64 validation / 64 test prompts, pass@k from 8 samples) because sampling dominates an
+  arm's time on 2 CPU cores.
   (Three-digit operands, the first version, never left the plateau in 900 steps.)"""
   c = countdown()  # its model, evaluation sizes, SFT stop and RL batch
   c.unlock()

@@ -169,7 +169,13 @@ def _collapse_reason(other: str, collapses: tuple[int, int, int, int], if_stable
   return f"{other} collapsed in {oc}/{on} seeds, StableDRL in {sc}/{sn}"
 
 
-def _stability_reason(study: dict, grpo: str, collapses: tuple[int, int, int, int]) -> str:
+def _spikes(study: dict, arm: str) -> float:
+  """Mean grad-norm spikes per run of ``arm`` over its seeds (0 when it has none)."""
+  return _iv(study, arm, lambda r: r["stats"]["grad_spikes"])["mean"] or 0.0
+
+
+def _stability_reason(study: dict, stabledrl: str, grpo: str,
+                      collapses: tuple[int, int, int, int]) -> str:
   """The likely reason a StableDRL-over-GRPO comparison did not reproduce, from its numbers;
   ``collapses``: (GRPO collapsed, GRPO seeds, StableDRL collapsed, StableDRL seeds)."""
   bypass = _iv(study, grpo, lambda r: r["stats"]["bypass_fraction_mean"])["mean"] or 0.0
@@ -180,12 +186,11 @@ def _stability_reason(study: dict, grpo: str, collapses: tuple[int, int, int, in
   why += f"; GRPO's bypass (A < 0, ρ̂ > 1 + ε) hit {bypass:.2%} of sequences"
   if p99 is not None:
     why += f", p99 |log ρ̂| at θ = θ_old {p99:.3g} nats"
-  stabledrl, sc = grpo.replace("grpo", "stabledrl", 1), collapses[2]
-  spikes = lambda arm: _iv(study, arm, lambda r: r["stats"]["grad_spikes"])["mean"] or 0.0
-  if sc > 0 and spikes(stabledrl) < spikes(grpo):
-    why += (f"; StableDRL's {sc} collapse(s) came with {spikes(stabledrl):.1f} grad-norm spikes"
-            f" per run against GRPO's {spikes(grpo):.1f}: a drift, not the ratio-driven"
-            " instability StableDRL removes (the lr may be too high for this start)")
+  sc, s_spikes, g_spikes = collapses[2], _spikes(study, stabledrl), _spikes(study, grpo)
+  if sc > 0 and s_spikes < g_spikes:
+    why += (f"; StableDRL's {sc} collapse(s) came with {s_spikes:.1f} grad-norm spikes per run"
+            f" against GRPO's {g_spikes:.1f}: a drift, not the ratio-driven instability"
+            " StableDRL removes (the lr may be too high for this start)")
   return why
 
 
@@ -209,7 +214,7 @@ def stability_verdicts(study: dict) -> list[tuple[str, str, str]]:
     evidence = (f"test accuracy StableDRL − GRPO {_fmt_paired(p)}; collapsed: GRPO {gc}/{gn},"
                 f" StableDRL {sc}/{sn}")
     if verdict != "reproduced":
-      evidence += f". Likely reason: {_stability_reason(study, grpo, collapses)}"
+      evidence += f". Likely reason: {_stability_reason(study, name, grpo, collapses)}"
     out.append((f"{name} vs {grpo} ({_group(a)})", verdict, evidence))
   return out
 
@@ -223,14 +228,13 @@ def _ablation_reason(study: dict, ablation: str, full: str, dropped: str,
                      collapses: tuple[int, int, int, int]) -> str:
   """The likely reason StableDRL did not beat one of its single-component ablations;
   ``collapses``: (ablation collapsed, its seeds, StableDRL collapsed, StableDRL seeds)."""
-  spikes = lambda arm: _iv(study, arm, lambda r: r["stats"]["grad_spikes"])["mean"] or 0.0
   kept = collapses[1] - collapses[0]
   why = _collapse_reason(ablation, collapses, f" either: without {dropped} the other component"
                          " alone kept training stable at this lr and size",
                          f": without {dropped} the other component alone kept training stable"
                          f" in {kept} of {collapses[1]} seeds at this lr and size")
-  return why + (f"; grad-norm spikes per run {ablation} {spikes(ablation):.1f}, StableDRL"
-                f" {spikes(full):.1f}")
+  return why + (f"; grad-norm spikes per run {ablation} {_spikes(study, ablation):.1f},"
+                f" StableDRL {_spikes(study, full):.1f}")
 
 
 def ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
@@ -368,9 +372,9 @@ CAVEATS = {
         "At this size (0.1M parameters, 8-token completions of which ~5 are scored) log ρ̂ at"
         " the first inner step is pure mask noise of a short sequence, with either estimator"
         " (the |log ρ̂| quantile columns measure it); the ratio-bypass mechanism needs A < 0"
-        " and ρ̂ > 1.2, which the bypass fraction column"
-        " measures. Grad norms are pre-clip: `rl.grad_clip = 1.0` bounds every update, so a"
-        " spike changes the direction more than the size of a step, and Adam rescales"
+        " and ρ̂ > 1.2, which the bypass fraction column measures. Grad norms are pre-clip:"
+        " `rl.grad_clip = 1.0` bounds every update, so a spike changes the direction more"
+        " than the size of a step, and Adam rescales"
         " gradients, so collapse at a high lr is not only the loss's doing. A zero grad norm"
         " (every group's rewards equal, e.g. after collapse to 0 reward) is excluded from the"
         " median."),
@@ -383,9 +387,8 @@ CAVEATS = {
         "Each baseline runs its official algorithm (loss, advantage, estimator, ε, KL;"
         " dllm_rl/config/recipes.py) at the embedded default's lr, μ and group size, not its"
         " official scale (configs/wd1.py, espo.py, coupled_grpo.py, trajectory.py): a gain"
-        " here says the"
-        " algorithm learns this task, not how it ranks at 8B. 256 test prompts give about ±3"
-        " points of noise per run."),
+        " here says the algorithm learns this task, not how it ranks at 8B. 256 test prompts"
+        " give about ±3 points of noise per run."),
 }
 
 
@@ -463,8 +466,8 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
           f" for ℓ̂_old and every inner step), {c.estimator.num_samples}-draw"
           f" {c.estimator.name.upper()}, μ = {c.rl.inner_steps}, {c.rl.batch_prompts} prompts ×"
           f" {c.rl.group_size} completions, centered advantages. Intervals: mean ± 95%"
-          " Student-t half-width across seeds (none with"
-          f" one seed). Validation accuracy: greedy, on {c.task.val_size} training-distribution"
+          " Student-t half-width across seeds (none with one seed). Validation accuracy:"
+          f" greedy, on {c.task.val_size} training-distribution"
           " prompts never trained on; test accuracy: greedy on the"
           f" {c.task.test_size} test prompts after the last step; pass@k from"
           f" {c.eval.num_samples} samples per test prompt at T = {c.eval.temperature:g}."

@@ -83,8 +83,8 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
       plots.spikes(result, os.path.join(workdir, f"{name}_spikes.png"))
     done.append(result)
   meta = {"command": command, "quick": quick, "testbed": testbed, "machine": _machine(),
-          "load_start": load_start,
-          "load_end": _load(), "jax": jax.__version__, "started": started, "commit": _commit(),
+          "load_start": load_start, "load_end": _load(), "jax": jax.__version__,
+          "started": started, "commit": _commit(),
           "wall_seconds": time.time() - t0}
   with open(os.path.join(workdir, "meta.json"), "w") as fh:
     json.dump(meta, fh, indent=2)
