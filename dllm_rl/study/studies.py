@@ -28,7 +28,7 @@ def _machine() -> str:
   return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores ({cpu})"
 
 
-def _commit() -> str:
+def git_commit() -> str:
   """The git commit of the code that ran (``+dirty`` with uncommitted changes), or "n/a"."""
   import subprocess
   here = os.path.dirname(os.path.abspath(__file__))
@@ -84,7 +84,7 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
     done.append(result)
   meta = {"command": command, "quick": quick, "testbed": testbed, "machine": _machine(),
           "load_start": load_start, "load_end": _load(), "jax": jax.__version__,
-          "started": started, "commit": _commit(),
+          "started": started, "commit": git_commit(),
           "wall_seconds": time.time() - t0}
   with open(os.path.join(workdir, "meta.json"), "w") as fh:
     json.dump(meta, fh, indent=2)

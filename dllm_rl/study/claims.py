@@ -1,0 +1,187 @@
+"""``python -m dllm_rl.study.claims [DOCS] [--out=FILE]``: every verdict of the committed study
+reports on one page, recomputed on this code from their JSON.
+
+A study report ``DOCS/<name>.md`` keeps its study JSON in ``DOCS/<name>/<study>.json``
+(:func:`dllm_rl.study.report.write`). This reads every such JSON (``--quick`` smoke runs
+excepted: they claim nothing), recomputes its verdicts with the report's own rules
+(:data:`dllm_rl.study.report.REPORTS`: StableDRL over GRPO and its ablations, StepRS over
+centered GRPO and its controls, each baseline over its SFT start) and writes one table of
+them, each row linking the report that holds its full evidence (tables, plots, the likely
+reason). The numbers are the runs' as stored; only the verdict rules are this code's, so a
+report written by older report code may word a verdict differently from this page.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import re
+import sys
+
+from dllm_rl.study import report
+
+DEFAULT_DOCS = "docs"
+DEFAULT_OUT = "claims.md"  # inside DOCS
+_LIKELY = ". Likely reason: "
+
+
+def find_reports(docs: str) -> list[tuple[str, list[dict]]]:
+  """(report markdown path, its study dicts) for every ``DOCS/<name>.md`` whose folder
+  ``DOCS/<name>/`` holds the JSON of a registered study, sorted by name; ``--quick`` runs
+  are left out."""
+  out = []
+  for md in sorted(glob.glob(os.path.join(docs, "*.md"))):
+    folder = os.path.splitext(md)[0]
+    studies = []
+    for name in report.REPORTS:  # the report's own order: stability, steprs, baselines
+      path = os.path.join(folder, f"{name}.json")
+      if os.path.isfile(path):
+        with open(path) as fh:
+          try:
+            study = json.load(fh)
+          except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not a study JSON ({e})") from None
+        if study.get("study") != name:
+          raise ValueError(f"{path}: holds study {study.get('study')!r}, not {name!r}")
+        if not study.get("quick"):
+          studies.append(study)
+    if studies:
+      out.append((md, studies))
+  return out
+
+
+def run_commit(md_path: str) -> str:
+  """The code commit the report's header names (``| code (git commit) | X |``), or "—"."""
+  with open(md_path) as fh:
+    m = re.search(r"^\| code \(git commit\) \| ([^|]+?) \|", fh.read(), re.M)
+  return m.group(1) if m else "—"
+
+
+@dataclasses.dataclass
+class Claim:
+  """One verdict of one study: where it comes from, what it compares, and the runs it rests
+  on (``runs``: the compared arms' ``(arm, seed)`` → that run's summary, as JSON text)."""
+
+  report: str
+  run_commit: str
+  testbed: str
+  study: str
+  seeds: int
+  shared_sft: bool
+  comparison: str
+  verdict: str
+  evidence: str
+  runs: dict
+  covered_by: str = ""  # "superseded by X" / "the same runs as X": left out of the counts
+
+
+def compared_arms(comparison: str) -> tuple[str, ...]:
+  """The arm names a verdict's comparison names: "A vs B (group)", "A vs B, metric" or "A
+  improves on the SFT start"."""
+  m = re.match(r"(\S+) vs (\S+?)(?:,| \(|$)", comparison)
+  if m:
+    return m.group(1), m.group(2)
+  m = re.match(r"(\S+) improves on the SFT start", comparison)
+  if m:
+    return (m.group(1),)
+  raise ValueError(f"claims: cannot read the arms of the comparison {comparison!r}")
+
+
+def claims_of(md: str, study: dict) -> list[Claim]:
+  """Every verdict of ``study`` (of report ``md``) by the report's rules, its evidence
+  without the likely reason."""
+  out = []
+  seeds = len({r["seed"] for r in study["runs"]})
+  for comparison, verdict, evidence in report.REPORTS[study["study"]][1](study):
+    arms = compared_arms(comparison)
+    runs = {(r["arm"], r["seed"]): json.dumps(r["summary"], sort_keys=True)
+            for r in study["runs"] if r["arm"] in arms}
+    out.append(Claim(md, run_commit(md), study.get("testbed") or "arithmetic", study["study"],
+                     seeds, bool(study.get("shared_sft")), comparison, verdict,
+                     evidence.split(_LIKELY)[0], runs))
+  return out
+
+
+def mark_covered(claims: list[Claim]) -> list[Claim]:
+  """A claim whose runs all reappear, identical, in the same comparison of another report
+  on the same testbed is covered by it: "superseded by" the one with more runs, or "the
+  same runs as" the first report (by name) holding exactly these runs."""
+  for c in claims:
+    for o in claims:
+      if (o is c or o.covered_by or o.testbed != c.testbed or o.comparison != c.comparison
+          or not c.runs.items() <= o.runs.items()):
+        continue
+      if len(o.runs) > len(c.runs):
+        c.covered_by = f"superseded by {os.path.basename(o.report)}"
+      elif o.report < c.report:
+        c.covered_by = f"the same runs as {os.path.basename(o.report)}"
+      if c.covered_by:
+        break
+  return claims
+
+
+def render(claims: list[Claim], out_dir: str, command: str, commit: str) -> str:
+  """The claims page: a count of the verdicts by kind (covered claims left out), then one row
+  per claim."""
+  kinds: dict[str, int] = {}
+  for c in claims:
+    if not c.covered_by:
+      kind = c.verdict.split(" (")[0]
+      kinds[kind] = kinds.get(kind, 0) + 1
+  out = ["# Claims: every verdict of the committed studies", "",
+         f"Generated by `{command}` on code {commit} (do not edit by hand; rerun the command)."
+         " Each row's numbers are those stored in its report's JSON, from runs at the commit"
+         " in the \"runs at\" column; its verdict is recomputed by this code's rules"
+         " (`dllm_rl/study/report.py`), so a report written by older code may word it"
+         " differently. The report holds the evidence: tables, plots and, where a claim does"
+         " not reproduce, the likely reason. A claim whose runs reappear in a larger study of"
+         " another report is marked superseded, and one whose runs another report already"
+         " shows is marked as the same runs; neither is counted.", "",
+         "Verdicts: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) + ".", "",
+         "| report | runs at | testbed | study | claim | verdict | evidence |",
+         "|" + " --- |" * 7]
+  for c in claims:
+    link = os.path.relpath(c.report, out_dir)
+    verdict = f"({c.covered_by}) {c.verdict}" if c.covered_by else f"**{c.verdict}**"
+    study = f"{c.study}, {c.seeds} seeds" + (", one SFT start" if c.shared_sft else "")
+    row = (f"[{link}]({link})", c.run_commit, f"`{c.testbed}`", study, c.comparison, verdict,
+           c.evidence)
+    out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+  return "\n".join(out) + "\n"
+
+
+def main(argv: list[str]) -> int:
+  args = [a for a in argv[1:] if not a.startswith("--out=")]
+  outs = [a.split("=", 1)[1] for a in argv[1:] if a.startswith("--out=")]
+  if len(args) > 1 or any(a.startswith("-") for a in args):
+    print("usage: python -m dllm_rl.study.claims [DOCS] [--out=FILE]", file=sys.stderr)
+    return 2
+  docs = args[0] if args else DEFAULT_DOCS
+  if not os.path.isdir(docs):
+    print(f"claims: {docs}: no such directory", file=sys.stderr)
+    return 2
+  out = outs[-1] if outs else os.path.join(docs, DEFAULT_OUT)
+  try:
+    reports = find_reports(docs)
+    claims = mark_covered([c for md, studies in reports for st in studies
+                           for c in claims_of(md, st)])
+  except ValueError as e:
+    print(f"claims: {e}", file=sys.stderr)
+    return 2
+  if not reports:
+    print(f"claims: no study report in {docs} (DOCS/<name>.md beside DOCS/<name>/<study>.json)",
+          file=sys.stderr)
+    return 2
+  from dllm_rl.study.studies import git_commit
+  command = " ".join(["python -m dllm_rl.study.claims"] + argv[1:])
+  text = render(claims, os.path.dirname(os.path.abspath(out)), command, git_commit())
+  with open(out, "w") as fh:
+    fh.write(text)
+  print(f"[claims] wrote {out}: {len(claims)} claims of {sum(len(s) for _, s in reports)}"
+        f" studies in {len(reports)} reports")
+  return 0
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))

@@ -1,0 +1,90 @@
+"""The claims page (python -m dllm_rl.study.claims): every committed report's verdicts, recomputed
+from its JSON by the report's rules, with claims whose runs reappear elsewhere marked."""
+
+import json
+import os
+
+import pytest
+
+from dllm_rl.study import claims
+
+GRPO = [0.30, 0.40, 0.35, 0.20, 0.25, 0.33, 0.28, 0.31, 0.36, 0.22]
+UP = [0.10, 0.12, 0.08, 0.11, 0.09, 0.10, 0.13, 0.07, 0.12, 0.09]
+
+
+def _stability(seeds: int, *, quick: bool = False, testbed: str = "arithmetic") -> dict:
+  """A constructed stability study of GRPO and StableDRL at one lr: StableDRL higher by
+  UP[s] in seed s, no collapse."""
+  runs = [{"arm": arm, "seed": s,
+           "summary": {"rl_accuracy": GRPO[s] + (UP[s] if arm.startswith("stabledrl") else 0)},
+           "stats": {"collapsed": False, "grad_spikes": 0, "bypass_fraction_mean": 0.01,
+                     "abs_log_ratio": {"p99_first": 0.5}}}
+          for arm in ("grpo@lr2e-4", "stabledrl@lr2e-4") for s in range(seeds)]
+  return {"study": "stability", "testbed": testbed, "quick": quick, "seeds": seeds,
+          "arms": [{"name": "grpo@lr2e-4"}, {"name": "stabledrl@lr2e-4"}], "runs": runs}
+
+
+def _report(docs, name: str, study: dict, commit: str = "abc1234"):
+  with open(docs / f"{name}.md", "w") as fh:
+    fh.write(f"# Results\n\n| | |\n| --- | --- |\n| code (git commit) | {commit} |\n")
+  os.makedirs(docs / name, exist_ok=True)
+  with open(docs / name / f"{study['study']}.json", "w") as fh:
+    json.dump(study, fh)
+
+
+def test_verdicts_are_recomputed_and_a_larger_study_supersedes_its_subset(tmp_path):
+  _report(tmp_path, "r_a", _stability(5), "1111111")
+  _report(tmp_path, "r_b", _stability(10), "2222222")  # the same 5 runs and 5 more
+  _report(tmp_path, "r_c", _stability(5), "3333333")  # r_a's runs: r_b's cover them too
+  _report(tmp_path, "r_q", _stability(3, quick=True))  # a --quick smoke run: no claim
+  _report(tmp_path, "r_t", _stability(5, testbed="chain"))  # another testbed: its own claim
+  out = tmp_path / "claims.md"
+  assert claims.main(["claims", str(tmp_path), f"--out={out}"]) == 0
+  text = out.read_text()
+  rows = [l for l in text.splitlines() if l.startswith("| [")]
+  assert [r.split("]")[0] for r in rows] == ["| [r_a.md", "| [r_b.md", "| [r_c.md", "| [r_t.md"]
+  a, b, c, t = rows
+  assert "| 1111111 |" in a and "(superseded by r_b.md) reproduced" in a
+  assert "| 2222222 |" in b and "**reproduced**" in b and "10 seeds" in b
+  assert "(superseded by r_b.md) reproduced" in c
+  assert "`chain`" in t and "**reproduced**" in t
+  assert "Verdicts: reproduced 2." in text  # r_a and r_c are covered: not counted
+  assert "stabledrl@lr2e-4 vs grpo@lr2e-4 (main)" in b
+  assert "10 up, 0 down" in b
+
+
+def test_the_same_runs_in_two_reports_count_once(tmp_path):
+  _report(tmp_path, "r_b", _stability(5))
+  _report(tmp_path, "r_a", _stability(5))
+  got = claims.mark_covered([c for md, st in claims.find_reports(str(tmp_path)) for s in st
+                             for c in claims.claims_of(md, s)])
+  assert [c.covered_by for c in got] == ["", "the same runs as r_a.md"]
+
+
+def test_a_different_run_is_not_covered(tmp_path):
+  other = _stability(10)
+  other["runs"][0]["summary"]["rl_accuracy"] += 0.01  # seed 0 of GRPO differs: another run
+  _report(tmp_path, "r_a", _stability(5))
+  _report(tmp_path, "r_b", other)
+  got = claims.mark_covered([c for md, st in claims.find_reports(str(tmp_path)) for s in st
+                             for c in claims.claims_of(md, s)])
+  assert [c.covered_by for c in got] == ["", ""]
+
+
+@pytest.mark.parametrize("comparison, arms", [
+    ("stabledrl@lr2e-4 vs grpo@lr2e-4 (main)", ("stabledrl@lr2e-4", "grpo@lr2e-4")),
+    ("steprs vs centered, pass@8", ("steprs", "centered")),
+    ("espo improves on the SFT start", ("espo",))])
+def test_compared_arms_reads_each_comparison_form(comparison, arms):
+  assert claims.compared_arms(comparison) == arms
+
+
+def test_a_broken_json_or_an_empty_folder_exits_2_naming_it(tmp_path, capsys):
+  assert claims.main(["claims", str(tmp_path)]) == 2
+  assert "no study report" in capsys.readouterr().err
+  (tmp_path / "r.md").write_text("# r\n")
+  os.makedirs(tmp_path / "r")
+  (tmp_path / "r" / "stability.json").write_text("{not json")
+  assert claims.main(["claims", str(tmp_path)]) == 2
+  assert os.path.join("r", "stability.json") in capsys.readouterr().err
+  assert not (tmp_path / "claims.md").exists()  # nothing written on an error
