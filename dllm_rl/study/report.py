@@ -414,6 +414,19 @@ def compute_seconds(studies: list[dict]) -> float:
   return sum(sft.values()) + sum(r["wall_seconds"] for st in studies for r in st["runs"])
 
 
+def run_provenance(studies: list[dict]) -> str:
+  """The code commits and machines the runs trained on, with their counts, most runs first
+  ("56eb2dd, Linux x86_64, 2 CPU cores (...): 40 runs; not recorded: 90 runs"); runs from
+  before run records kept them count as "not recorded"."""
+  counts: dict[str, int] = {}
+  for st in studies:
+    for r in st["runs"]:
+      key = f"{r['commit']}, {r.get('machine', 'n/a')}" if r.get("commit") else "not recorded"
+      counts[key] = counts.get(key, 0) + 1
+  return "; ".join(f"{k}: {n} run{'s' * (n != 1)}"
+                   for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def testbed_name(meta: dict, studies: list[dict]) -> str:
   """The study's testbed (the JSON of a study from before testbeds: the embedded default)."""
   from dllm_rl.config import testbeds
@@ -450,6 +463,8 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
           f"| load average (1 min) at start / end | {meta['load_start']} / {meta['load_end']} |",
           f"| jax | {meta['jax']} |",
           f"| code (git commit) | {meta.get('commit', 'n/a')} |",
+          f"| code and machine of the runs (git commit, machine: runs) |"
+          f" {run_provenance(studies)} |",
           f"| started (UTC) | {meta['started']} |",
           f"| wall time of this invocation | {meta['wall_seconds']:.0f} s |",
           f"| compute recorded in the JSON (SFT + every arm, summed over the invocations that"

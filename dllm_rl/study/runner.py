@@ -23,7 +23,7 @@ import ml_collections
 import numpy as np
 
 from dllm_rl.config import testbeds
-from dllm_rl.study import stats
+from dllm_rl.study import provenance, stats
 from dllm_rl.study.arms import Arm, Size
 
 STEP_KEYS = ("reward_mean", "accuracy", "grad_norm", "grad_norm_max", "ratio_max",
@@ -194,11 +194,13 @@ def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrid
                    "rl.eval_every": size.eval_every, "rl.log_every": 1,
                    "checkpoint.save_every": size.rl_steps, "log.progress": False,
                    "log.tensorboard": False, **overrides, **arm_overrides}
+  commit, machine = provenance.git_commit(), provenance.machine()  # the code that trains it
   t0 = time.time()
   config = make_config(run_overrides, base)
   summary = _run(config, workdir)
   records, evals, final = step_records(os.path.join(workdir, "metrics.jsonl"))
   result = {"arm": arm.name, "description": arm.description, "seed": seed,
+            "commit": commit, "machine": machine,
             "overrides": run_overrides, "wall_seconds": time.time() - t0, "summary": summary,
             "stats": arm_stats(records, evals, config.task.val_size),
             "evals": evals, "final": final,

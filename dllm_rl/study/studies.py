@@ -10,36 +10,11 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 import time
 
 from dllm_rl.config import testbeds
 from dllm_rl.study import arms as arms_lib
-
-
-def _machine() -> str:
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open("/proc/cpuinfo") as fh:
-      names = [l.split(":", 1)[1].strip() for l in fh if l.startswith("model name")]
-    cpu = names[0] if names else cpu
-  except OSError:
-    pass
-  return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores ({cpu})"
-
-
-def git_commit() -> str:
-  """The git commit of the code that ran (``+dirty`` with uncommitted changes), or "n/a"."""
-  import subprocess
-  here = os.path.dirname(os.path.abspath(__file__))
-  try:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, check=True,
-                          capture_output=True, text=True, timeout=10).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                           check=True, capture_output=True, text=True, timeout=10).stdout.strip()
-  except (OSError, subprocess.SubprocessError):
-    return "n/a"
-  return head + ("+dirty" if dirty else "")
+from dllm_rl.study import provenance
 
 
 def _load() -> str:
@@ -82,9 +57,9 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
     if name == "stability":
       plots.spikes(result, os.path.join(workdir, f"{name}_spikes.png"))
     done.append(result)
-  meta = {"command": command, "quick": quick, "testbed": testbed, "machine": _machine(),
+  meta = {"command": command, "quick": quick, "testbed": testbed, "machine": provenance.machine(),
           "load_start": load_start, "load_end": _load(), "jax": jax.__version__,
-          "started": started, "commit": git_commit(),
+          "started": started, "commit": provenance.git_commit(),
           "wall_seconds": time.time() - t0}
   with open(os.path.join(workdir, "meta.json"), "w") as fh:
     json.dump(meta, fh, indent=2)

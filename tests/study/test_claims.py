@@ -12,10 +12,11 @@ GRPO = [0.30, 0.40, 0.35, 0.20, 0.25, 0.33, 0.28, 0.31, 0.36, 0.22]
 UP = [0.10, 0.12, 0.08, 0.11, 0.09, 0.10, 0.13, 0.07, 0.12, 0.09]
 
 
-def _stability(seeds: int, *, quick: bool = False, testbed: str = "arithmetic") -> dict:
+def _stability(seeds: int, *, quick: bool = False, testbed: str = "arithmetic",
+               commit: str | None = None) -> dict:
   """A constructed stability study of GRPO and StableDRL at one lr: StableDRL higher by
-  UP[s] in seed s, no collapse."""
-  runs = [{"arm": arm, "seed": s,
+  UP[s] in seed s, no collapse; ``commit``: the code its runs record (None: not recorded)."""
+  runs = [{"arm": arm, "seed": s, **({"commit": commit} if commit else {}),
            "summary": {"rl_accuracy": GRPO[s] + (UP[s] if arm.startswith("stabledrl") else 0)},
            "stats": {"collapsed": False, "grad_spikes": 0, "bypass_fraction_mean": 0.01,
                      "abs_log_ratio": {"p99_first": 0.5}}}
@@ -37,17 +38,17 @@ def test_verdicts_are_recomputed_and_a_larger_study_supersedes_its_subset(tmp_pa
   _report(tmp_path, "r_b", _stability(10), "2222222")  # the same 5 runs and 5 more
   _report(tmp_path, "r_c", _stability(5), "3333333")  # r_a's runs: r_b's cover them too
   _report(tmp_path, "r_q", _stability(3, quick=True))  # a --quick smoke run: no claim
-  _report(tmp_path, "r_t", _stability(5, testbed="chain"))  # another testbed: its own claim
+  _report(tmp_path, "r_t", _stability(5, testbed="chain", commit="feed123"))  # its own claim
   out = tmp_path / "claims.md"
   assert claims.main(["claims", str(tmp_path), f"--out={out}"]) == 0
   text = out.read_text()
   rows = [l for l in text.splitlines() if l.startswith("| [")]
   assert [r.split("]")[0] for r in rows] == ["| [r_a.md", "| [r_b.md", "| [r_c.md", "| [r_t.md"]
   a, b, c, t = rows
-  assert "| 1111111 |" in a and "(superseded by r_b.md) reproduced" in a
+  assert "| 1111111 | not recorded |" in a and "(superseded by r_b.md) reproduced" in a
   assert "| 2222222 |" in b and "**reproduced**" in b and "10 seeds" in b
   assert "(superseded by r_b.md) reproduced" in c
-  assert "`chain`" in t and "**reproduced**" in t
+  assert "| feed123 | `chain` |" in t and "**reproduced**" in t
   assert "Verdicts: reproduced 2." in text  # r_a and r_c are covered: not counted
   assert "stabledrl@lr2e-4 vs grpo@lr2e-4 (main)" in b
   assert "10 up, 0 down" in b

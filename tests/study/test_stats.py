@@ -247,3 +247,12 @@ def test_baselines_verdicts_pair_each_arm_with_its_seeds_sft_start():
   (what, verdict, evidence), = baselines_verdicts(study)
   assert verdict == "reproduced" and "+0.200, +0.220, +0.190" in evidence
   assert "| wd1 | 0.553" in baselines_table(study)
+
+
+def test_report_header_names_the_code_and_machine_of_the_runs():
+  from dllm_rl.study.report import run_provenance
+  study = _study({"grpo@a": [0.3, 0.4, 0.5], "stabledrl@a": [0.3, 0.4, 0.5]})
+  for r, commit in zip(study["runs"], ["abc", "abc", "abc", "def", None, None]):
+    if commit:
+      r.update(commit=commit, machine="box")
+  assert run_provenance([study]) == "abc, box: 3 runs; not recorded: 2 runs; def, box: 1 run"

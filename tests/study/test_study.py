@@ -3,6 +3,7 @@ its seed's SFT checkpoint and produces its summary, the JSON, the plots and the 
 
 import json
 import os
+import platform
 
 import pytest
 
@@ -100,6 +101,7 @@ def test_quick_study_gives_every_arm_a_summary(tmp_path):
                                                                    + sorted(firsts)[1] / 2)
       assert q["p50_first"] <= q["p90_first"] <= q["p99_first"] <= q["max_first"] <= q["max_all"]
       assert "rl_distinct_correct" in run["summary"]
+      assert run["commit"] and run["machine"].startswith(platform.system())  # provenance
       # every arm restored the seed's one SFT checkpoint: the same starting accuracy
       assert run["stats"]["start_val_accuracy"] == result["runs"][0]["stats"]["start_val_accuracy"]
     with open(os.path.join(workdir, f"{name}.json")) as fh:
@@ -115,6 +117,7 @@ def test_quick_study_gives_every_arm_a_summary(tmp_path):
   assert text.count("* **stabledrl") == 1  # a verdict per GRPO / StableDRL pair run (main)
   assert "stress test: heavier ratio noise than the paper" in text
   assert "not established (1 seed(s)" in text
+  assert f"{out['studies'][0]['runs'][0]['commit']}, {platform.system()}" in text  # header
   assert os.path.exists(tmp_path / "docs" / "results" / "stability_spikes.png")
 
 
