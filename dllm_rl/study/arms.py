@@ -110,7 +110,8 @@ def _stability_pair(lr: float, estimator: dict, suffix: str = "", group: str = "
 def stability(config: ml_collections.ConfigDict) -> list[Arm]:
   """StableDRL's claim: GRPO with estimated ratios spikes and collapses; unconditional
   clipping + self-normalisation stays stable. GRPO and StableDRL on the official estimator
-  over a 3-value lr grid, the two ablations at the default lr, antithetic masks, and the
+  over a 3-value lr grid, the two ablations at the default lr, two controls there (antithetic
+  masks; the ELBO instead of SPG's EUBO surrogate for negative advantages), and the
   1-draw-ELBO stress test at the default and the aggressive lr."""
   grid = lr_grid(config)
   lr = grid[1]
@@ -126,6 +127,9 @@ def stability(config: ml_collections.ConfigDict) -> list[Arm]:
       Arm(f"stabledrl_antithetic@{tag}", {**base, "estimator.antithetic": True},
           "StableDRL with antithetic masks (θ, θ_old share masks: ρ̂ = 1 at θ = θ_old)",
           group="control"),
+      Arm(f"stabledrl_no_eubo@{tag}", {**base, "estimator.spg_omega": 0.0},
+          "StableDRL with the ELBO as every sample's gradient term (SPG's EUBO surrogate for"
+          " A < 0 off: ω = 0)", group="control"),
   ]
   stress = [a for g in (lr, grid[-1])
             for a in _stability_pair(g, STRESS_ESTIMATOR, "_elbo1", "stress")]

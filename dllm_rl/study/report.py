@@ -222,6 +222,7 @@ def stability_verdicts(study: dict) -> list[tuple[str, str, str]]:
 ABLATIONS = {  # ablation arm prefix → the StableDRL component it drops
     "clip_only": "self-normalisation", "selfnorm_only": "unconditional clipping"}
 ANTITHETIC = "stabledrl_antithetic"  # the control: θ and θ_old share masks (ρ̂ = 1 at θ_old)
+NO_EUBO = "stabledrl_no_eubo"  # the control: the ELBO, not SPG's EUBO surrogate, for A < 0
 
 
 def _ablation_reason(study: dict, ablation: str, full: str, dropped: str,
@@ -240,8 +241,9 @@ def _ablation_reason(study: dict, ablation: str, full: str, dropped: str,
 def ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
   """(comparison, verdict, evidence) for StableDRL's two components: the claim "StableDRL
   (unconditional clipping + self-normalisation) ends with higher held-out accuracy than each
-  single-component ablation at the same lr" on paired seeds; and the antithetic-mask control
-  (no claim: the paired difference of shared against independent masks)."""
+  single-component ablation at the same lr" on paired seeds; and two controls (no claim: the
+  paired difference, collapses and spikes): antithetic masks against independent ones, and
+  the ELBO against SPG's EUBO surrogate as the gradient term of negative advantages."""
   names = {a["name"] for a in study["arms"]}
   out = []
   for a in study["arms"]:
@@ -267,6 +269,14 @@ def ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
                   f"test accuracy shared − independent masks {_fmt_paired(p)}; collapsed:"
                   f" {'/'.join(map(str, _collapses(study, a['name'])))} with shared masks,"
                   f" {'/'.join(map(str, _collapses(study, full)))} with independent ones"))
+    elif prefix == NO_EUBO:
+      p = paired_difference(study, a["name"], full, _test)
+      out.append((f"{a['name']} vs {full} (control)", "no claim",
+                  f"test accuracy ELBO − SPG surrogate (ω = 0.5) for A < 0 {_fmt_paired(p)};"
+                  f" collapsed: {'/'.join(map(str, _collapses(study, a['name'])))} with the"
+                  f" ELBO, {'/'.join(map(str, _collapses(study, full)))} with the surrogate;"
+                  f" grad-norm spikes per run {_spikes(study, a['name']):.1f} and"
+                  f" {_spikes(study, full):.1f}"))
   return out
 
 

@@ -111,20 +111,26 @@ def test_ablation_verdicts_compare_stabledrl_with_each_single_component():
   from dllm_rl.study.report import ablation_verdicts
   full = [0.50, 0.55, 0.45, 0.60, 0.52]
   worse = [f - d for f, d in zip(full, [0.10, 0.12, 0.08, 0.11, 0.09])]
+  better = [f + 0.2 for f in full]
   study = _study({"stabledrl@a": full, "clip_only@a": worse, "selfnorm_only@a": full,
-                  "stabledrl_antithetic@a": worse, "selfnorm_only@b": worse},
-                 {"clip_only@a": [1, 1, 0, 1, 1]})
+                  "stabledrl_antithetic@a": worse, "selfnorm_only@b": worse,
+                  "stabledrl_no_eubo@a": better},
+                 {"clip_only@a": [1, 1, 0, 1, 1], "stabledrl@a": [0, 0, 0, 1, 1]},
+                 {"stabledrl@a": 0, "stabledrl_no_eubo@a": 0})
   v = ablation_verdicts(study)
   # selfnorm_only@b has no stabledrl@b to pair with: no line
   assert [x[0] for x in v] == [
       "stabledrl@a vs clip_only@a (ablation: without self-normalisation)",
       "stabledrl@a vs selfnorm_only@a (ablation: without unconditional clipping)",
-      "stabledrl_antithetic@a vs stabledrl@a (control)"]
-  assert v[0][1] == "reproduced" and "collapsed: clip_only@a 4/5, StableDRL 0/5" in v[0][2]
+      "stabledrl_antithetic@a vs stabledrl@a (control)",
+      "stabledrl_no_eubo@a vs stabledrl@a (control)"]
+  assert v[0][1] == "reproduced" and "collapsed: clip_only@a 4/5, StableDRL 2/5" in v[0][2]
   assert v[1][1].startswith("not reproduced (no difference")  # identical: d = 0
   assert "selfnorm_only@a did not collapse in any seed (0/5) either" in v[1][2]
   assert "without unconditional clipping" in v[1][2]
   assert v[2][1] == "no claim" and "-0.100" in v[2][2] and "0 up, 5 down" in v[2][2]
+  assert v[3][1] == "no claim" and "ELBO − SPG surrogate (ω = 0.5) for A < 0 0.200" in v[3][2]
+  assert "collapsed: 0/5 with the ELBO, 2/5 with the surrogate" in v[3][2]
 
 
 @pytest.mark.parametrize("collapsed, reason", [
