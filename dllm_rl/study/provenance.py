@@ -23,14 +23,16 @@ def machine() -> str:
 
 
 def git_commit() -> str:
-  """The git commit of the code that runs (``+dirty`` with uncommitted changes to tracked
-  files), or "n/a" outside a git checkout."""
+  """The git commit of the code that runs (``+dirty`` with uncommitted changes to the package
+  or the configs: edits to docs or tests do not change a run), or "n/a" outside a git
+  checkout."""
   here = os.path.dirname(os.path.abspath(__file__))
   try:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, check=True,
                           capture_output=True, text=True, timeout=10).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                           check=True, capture_output=True, text=True, timeout=10).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                            ":/dllm_rl", ":/configs"], cwd=here, check=True,
+                           capture_output=True, text=True, timeout=10).stdout.strip()
   except (OSError, subprocess.SubprocessError):
     return "n/a"
   return head + ("+dirty" if dirty else "")
