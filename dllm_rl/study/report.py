@@ -191,6 +191,15 @@ def _stability_reason(study: dict, stabledrl: str, grpo: str,
     why += (f"; StableDRL's {sc} collapse(s) came with {s_spikes:.1f} grad-norm spikes per run"
             f" against GRPO's {g_spikes:.1f}: a drift, not the ratio-driven instability"
             " StableDRL removes (the lr may be too high for this start)")
+  control = f"{NO_EUBO}@{stabledrl.partition('@')[2]}"
+  if sc > 0 and any(a["name"] == control for a in study["arms"]):
+    p = paired_difference(study, control, stabledrl, _test)
+    cc, cn = _collapses(study, control)
+    why += (f"; the {control} control (the ELBO, not SPG's EUBO surrogate, as the gradient term"
+            f" of A < 0) collapsed in {cc}/{cn} seeds and ended {_fmt_paired(p)} above"
+            " StableDRL")
+    if p["half_width"] is not None and p["mean"] - p["half_width"] > 0 and cc < sc:
+      why += ": SPG's EUBO surrogate, which GRPO's loss does not use, drives these collapses"
   return why
 
 

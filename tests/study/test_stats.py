@@ -107,6 +107,23 @@ def test_stability_reason_names_stabledrl_collapses_without_spikes_a_drift():
   assert "a drift" not in v[0][2]
 
 
+def test_stability_reason_names_the_no_eubo_control_when_it_removes_the_collapses():
+  from dllm_rl.study.report import stability_verdicts
+  grpo = [0.30, 0.40, 0.35, 0.20, 0.25]
+  drift = [g + d for g, d in zip(grpo, [0.10, -0.05, 0.08, -0.02, -0.4])]
+  collapsed = {"grpo@a": [1, 1, 0, 0, 0], "stabledrl@a": [0, 1, 0, 1, 1]}
+  arms = {"grpo@a": grpo, "stabledrl@a": drift,
+          "stabledrl_no_eubo@a": [x + 0.3 for x in drift]}
+  v = stability_verdicts(_study(arms, collapsed, {"grpo@a": 5, "stabledrl@a": 0}))
+  assert len(v) == 1  # the control is not a GRPO / StableDRL pair of its own
+  assert ("the stabledrl_no_eubo@a control (the ELBO, not SPG's EUBO surrogate, as the gradient"
+          " term of A < 0) collapsed in 0/5 seeds and ended 0.300") in v[0][2]
+  assert "SPG's EUBO surrogate, which GRPO's loss does not use, drives these collapses" in v[0][2]
+  arms["stabledrl_no_eubo@a"] = [x + d for x, d in zip(drift, [0.3, -0.3, 0.2, -0.2, 0.1])]
+  v = stability_verdicts(_study(arms, collapsed, {"grpo@a": 5, "stabledrl@a": 0}))
+  assert "collapsed in 0/5 seeds and ended" in v[0][2] and "drives these" not in v[0][2]
+
+
 def test_ablation_verdicts_compare_stabledrl_with_each_single_component():
   from dllm_rl.study.report import ablation_verdicts
   full = [0.50, 0.55, 0.45, 0.60, 0.52]
