@@ -209,7 +209,7 @@ def gpu() -> ml_collections.ConfigDict:
 TESTBEDS.register("arithmetic")(Testbed(
     defaults.get_config, "the embedded default: 3-digit addition, 0.1M parameters, 8-token"
     " completions in one block (`dllm_rl/config/defaults.py`)",
-    full=(200, 20, 5), quick=(40, 10, 1)))
+    full=(200, 20, 5), quick=(20, 10, 1)))
 TESTBEDS.register("countdown")(Testbed(
     countdown, "Countdown with 4 numbers in [1, 10], 1.1M parameters, 32-token completions in"
     " 4 blocks of 8 (`dllm_rl/config/testbeds.py: countdown`)",
@@ -230,7 +230,7 @@ TESTBEDS.register("sum_split")(Testbed(
     " 100 correct answers per prompt; the SFT answers draw one per example), 0.1M parameters,"
     " 8-token completions in one block, one SFT start shared by the seeds"
     " (`dllm_rl/config/testbeds.py: sum_split`)",
-    full=(200, 20, 5), quick=(40, 10, 1), shared_sft=True))
+    full=(200, 20, 5), quick=(20, 10, 1), shared_sft=True))
 TESTBEDS.register("gpu")(Testbed(
     gpu, "the GPU profile: Countdown with 4 numbers, ~100M parameters, 128-token completions"
     " in 4 blocks of 32, bfloat16 (`dllm_rl/config/testbeds.py: gpu`)",

@@ -47,11 +47,17 @@ def ratio_summary(records: list[dict]) -> dict:
   return out
 
 
+_STUDY_CACHE: str | None = None  # the study's cache directory while compilation_cache is open
+
+
 @contextlib.contextmanager
 def compilation_cache(cache_dir: str | None):
   """JAX's persistent compilation cache in ``cache_dir`` for the arms of a study: the
   samplers and evaluators of every arm have the same programs, so only the first compiles
-  them. The previous settings are restored on exit. ``None``: unchanged."""
+  them. While it is open, each run's own ``config.compilation_cache`` is switched off, so a
+  run does not move the cache back to ``~/.cache/dllm_rl/xla`` (:func:`_run`). The previous
+  settings are restored on exit. ``None``: unchanged."""
+  global _STUDY_CACHE
   if not cache_dir:
     yield
     return
@@ -64,9 +70,11 @@ def compilation_cache(cache_dir: str | None):
   for k, v in zip(keys, (cache_dir, 0.0, 0)):
     jax.config.update(k, v)
   cc.reset_cache()
+  _STUDY_CACHE = cache_dir
   try:
     yield
   finally:
+    _STUDY_CACHE = None
     for k, v in old.items():
       jax.config.update(k, v)
     cc.reset_cache()
@@ -105,6 +113,8 @@ def claim_workdir(workdir: str, testbed: str) -> None:
 def _run(config, workdir: str) -> dict:
   from dllm_rl.train import modes as run
   os.makedirs(workdir, exist_ok=True)
+  if _STUDY_CACHE:  # keep the study's cache (config.compilation_cache would replace it)
+    config.compilation_cache = ""
   return run.run(config, workdir)
 
 

@@ -119,6 +119,8 @@ def test_quick_study_gives_every_arm_a_summary(tmp_path):
   assert "not established (1 seed(s)" in text
   assert f"{out['studies'][0]['runs'][0]['commit']}, {platform.system()}" in text  # header
   assert os.path.exists(tmp_path / "docs" / "results" / "stability_spikes.png")
+  # the arms compiled into the study's cache, not a run's own config.compilation_cache
+  assert os.listdir(tmp_path / "jax_cache")
 
 
 def test_a_bad_override_fails_naming_its_key_before_anything_runs(tmp_path):
