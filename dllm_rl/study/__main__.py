@@ -32,7 +32,8 @@ from dllm_rl.study.studies import study
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory (SFT, arms, JSON, plots).")
 _SEEDS = flags.DEFINE_integer("seeds", None, "Seeds (default: the testbed's, 5; 1 with --quick).")
-_QUICK = flags.DEFINE_bool("quick", False, "1 seed, fewer RL steps: a smoke run of the study.")
+_QUICK = flags.DEFINE_bool("quick", False, "1 seed, fewer RL steps (the warm-up shrunk in step): a"
+                            " smoke run of the study.")
 _ARMS = flags.DEFINE_list("arms", None, "Only the arms whose names match one of these shell"
                           " patterns (e.g. 'grpo@*,stabledrl@*'); default: every arm.")
 _overrides: list[tuple[str, str]] = []  # --config.KEY=VALUE and --set=KEY=VALUE

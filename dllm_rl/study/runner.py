@@ -184,6 +184,15 @@ def calibrated_beta_end(source: dict) -> float:
   return float(calibrated_beta((c + 1) / (n + 2)))
 
 
+def arm_run_overrides(seed: int, size: Size, overrides: dict, arm_overrides: dict) -> dict:
+  """The overrides of one arm's RL run: the study's size, then the study-wide ``overrides``,
+  then the arm's own."""
+  return {"mode": "rl", "seed": seed, "rl.steps": size.rl_steps,
+          "rl.eval_every": size.eval_every, "rl.log_every": 1,
+          "checkpoint.save_every": size.rl_steps, "log.progress": False,
+          "log.tensorboard": False, **overrides, **arm_overrides}
+
+
 def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrides: dict,
             calibrated: dict, base: ml_collections.ConfigDict | None = None) -> dict:
   """One arm from the seed's SFT checkpoint; returns (and writes) its run record."""
@@ -200,10 +209,7 @@ def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrid
   arm_overrides = dict(arm.overrides)
   if arm.calibrate_from is not None:
     arm_overrides["rl.beta_end"] = calibrated_beta_end(calibrated[arm.calibrate_from])
-  run_overrides = {"mode": "rl", "seed": seed, "rl.steps": size.rl_steps,
-                   "rl.eval_every": size.eval_every, "rl.log_every": 1,
-                   "checkpoint.save_every": size.rl_steps, "log.progress": False,
-                   "log.tensorboard": False, **overrides, **arm_overrides}
+  run_overrides = arm_run_overrides(seed, size, overrides, arm_overrides)
   commit, machine = provenance.git_commit(), provenance.machine()  # the code that trains it
   t0 = time.time()
   config = make_config(run_overrides, base)
@@ -227,8 +233,8 @@ def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
   config); returns the study record (also written to DIR/<name>.json by the caller)."""
   from dllm_rl.train.validate import validate
   base = base if base is not None else testbeds.testbed(testbed).get_config()
-  for arm in arms:  # every arm's config is checked before anything trains or compiles
-    validate(make_config({**overrides, "mode": "rl", **arm.overrides}, base))
+  for arm in arms:  # every arm's run config is checked before anything trains or compiles
+    validate(make_config(arm_run_overrides(0, size, overrides, arm.overrides), base))
   claim_workdir(workdir, testbed)
   from dllm_rl.train.resilience import handle_signals
   with handle_signals():  # a stop request ends the study after the run in progress

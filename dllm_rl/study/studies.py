@@ -41,6 +41,10 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
   size = arms_lib.Size(rl_steps=rl_steps or size.rl_steps,
                        eval_every=eval_every or size.eval_every,
                        seeds=seeds or size.seeds)
+  if quick and "rl.warmup_steps" not in overrides:  # the full arm's warm-up, shrunk in step
+    full = arms_lib.size(testbed, quick=False)
+    overrides = {**overrides, "rl.warmup_steps": round(
+        base.rl.warmup_steps * size.rl_steps / full.rl_steps)}
   started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
   t0, load_start = time.time(), _load()
   os.makedirs(workdir, exist_ok=True)

@@ -130,3 +130,14 @@ def test_a_bad_override_fails_naming_its_key_before_anything_runs(tmp_path):
     run_study("stability", arms_lib.STUDIES.get("stability")(get_config()), str(tmp_path), 1,
               arms_lib.QUICK, {"rl.eps": 2.0})
   assert not os.listdir(tmp_path)
+
+
+def test_a_warmup_longer_than_the_study_arms_fails_before_the_sft_start(tmp_path):
+  """The up-front check validates each arm's run config at the study's size (its rl.steps), so
+  a warm-up that does not fit 2 RL steps is an error before any SFT start trains."""
+  from dllm_rl.config import ConfigError
+  from dllm_rl.study.runner import run_study
+  with pytest.raises(ConfigError, match=r"config\.rl\.warmup_steps"):
+    run_study("stability", arms_lib.STUDIES.get("stability")(get_config()), str(tmp_path), 1,
+              arms_lib.Size(2, 1, 1), {"rl.warmup_steps": 50})
+  assert not os.listdir(tmp_path)
