@@ -4,6 +4,7 @@ earlier invocations can name the code and machine each of them ran on."""
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import subprocess
@@ -22,10 +23,12 @@ def machine() -> str:
   return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores ({cpu})"
 
 
+@functools.cache
 def git_commit() -> str:
   """The git commit of the code that runs (``+dirty`` with uncommitted changes to the package
   or the configs: edits to docs or tests do not change a run), or "n/a" outside a git
-  checkout."""
+  checkout. Read once per process (the study calls it when it starts): a process keeps the
+  code it imported, so a commit made while it runs is not its code."""
   here = os.path.dirname(os.path.abspath(__file__))
   try:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, check=True,

@@ -33,6 +33,7 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
   ``dllm_rl/config/testbeds.py``) and write their JSON, plots and the markdown report.
   ``arm_patterns``: only the arms matching one of these shell patterns."""
   base = testbeds.testbed(testbed).get_config()  # a ValueError listing the names when unknown
+  provenance.git_commit()  # the code this process imported: read now, before any run
   import jax
 
   from dllm_rl.study import plots, report, runner
