@@ -10,6 +10,7 @@ import platform
 import subprocess
 
 
+@functools.cache
 def machine() -> str:
   """"Linux x86_64, 2 CPU cores (Intel(R) Xeon(R) Processor)": system, architecture, cores and
   the CPU's model name (from /proc/cpuinfo where there is one)."""

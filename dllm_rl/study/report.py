@@ -3,6 +3,7 @@ plots, the exact command, the machine, the wall time, and one verdict per claim.
 
 from __future__ import annotations
 
+import collections
 import os
 import shutil
 
@@ -153,6 +154,11 @@ def _collapses(study: dict, arm: str) -> tuple[int, int]:
   return sum(r["stats"]["collapsed"] for r in runs), len(runs)
 
 
+def _collapsed(study: dict, arm: str) -> str:
+  """"k/n": the seeds in which ``arm`` collapsed, of its seeds."""
+  return "/".join(map(str, _collapses(study, arm)))
+
+
 def _collapse_reason(other: str, collapses: tuple[int, int, int, int], if_stable: str,
                      if_rare: str) -> str:
   """How StableDRL's collapses compare with the ``other`` arm's; ``collapses``: (other
@@ -276,14 +282,14 @@ def ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
       p = paired_difference(study, a["name"], full, _test)
       out.append((f"{a['name']} vs {full} (control)", "no claim",
                   f"test accuracy shared − independent masks {_fmt_paired(p)}; collapsed:"
-                  f" {'/'.join(map(str, _collapses(study, a['name'])))} with shared masks,"
-                  f" {'/'.join(map(str, _collapses(study, full)))} with independent ones"))
+                  f" {_collapsed(study, a['name'])} with shared masks,"
+                  f" {_collapsed(study, full)} with independent ones"))
     elif prefix == NO_EUBO:
       p = paired_difference(study, a["name"], full, _test)
       out.append((f"{a['name']} vs {full} (control)", "no claim",
                   f"test accuracy ELBO − SPG surrogate (ω = 0.5) for A < 0 {_fmt_paired(p)};"
-                  f" collapsed: {'/'.join(map(str, _collapses(study, a['name'])))} with the"
-                  f" ELBO, {'/'.join(map(str, _collapses(study, full)))} with the surrogate;"
+                  f" collapsed: {_collapsed(study, a['name'])} with the"
+                  f" ELBO, {_collapsed(study, full)} with the surrogate;"
                   f" grad-norm spikes per run {_spikes(study, a['name']):.1f} and"
                   f" {_spikes(study, full):.1f}"))
   return out
@@ -437,11 +443,9 @@ def run_provenance(studies: list[dict]) -> str:
   """The code commits and machines the runs trained on, with their counts, most runs first
   ("56eb2dd, Linux x86_64, 2 CPU cores (...): 40 runs; not recorded: 90 runs"); runs from
   before run records kept them count as "not recorded"."""
-  counts: dict[str, int] = {}
-  for st in studies:
-    for r in st["runs"]:
-      key = f"{r['commit']}, {r.get('machine', 'n/a')}" if r.get("commit") else "not recorded"
-      counts[key] = counts.get(key, 0) + 1
+  counts = collections.Counter(
+      f"{r['commit']}, {r.get('machine', 'n/a')}" if r.get("commit") else "not recorded"
+      for st in studies for r in st["runs"])
   return "; ".join(f"{k}: {n} run{'s' * (n != 1)}"
                    for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
