@@ -80,6 +80,17 @@ def put_global(mesh: Mesh, batch: Any) -> Any:
   return jax.tree.map(one, batch)
 
 
+def put_replicated(mesh: Mesh, tree: Any) -> Any:
+  """Values every process holds (e.g. the step's traced hyperparameters) → global arrays
+  replicated on every device of ``mesh``."""
+
+  def one(a):
+    a = np.asarray(a)
+    return jax.make_array_from_callback(a.shape, replicated(mesh), lambda idx: a[idx])
+
+  return jax.tree.map(one, tree)
+
+
 def shard_batch(mesh: Mesh, batch: Any) -> Any:
   """Host-local rows → global arrays sharded over the batch axes.
 

@@ -103,21 +103,23 @@ def build_programs(config, devices) -> tuple[list[Program], object, transformer.
 
   from dllm_rl.train import evaluation
   if config.mode in RL_MODES:
-    from dllm_rl.rl.step import RolloutBatch, make_rl_step
+    from dllm_rl.rl.step import RolloutBatch, StepHyper, make_rl_step
     from dllm_rl.train.rl_loop import rl_optimizer, step_config
     r = config.rl
     optimizer, schedule = rl_optimizer(r, lora_only=model_cfg.lora_rank > 0)
     state, sharding = _train_state(params, optimizer, mesh, ref=r.kl_coef > 0)
-    fn = make_rl_step(graphdef, optimizer, schedule,
-                      step_config(config, sampler_cfg, mask_id, eos_id), mesh=mesh,
+    step_cfg = step_config(config, sampler_cfg, mask_id, eos_id)
+    fn = make_rl_step(graphdef, optimizer, schedule, step_cfg, mesh=mesh,
                       state_sharding=sharding)
+    hyper = jax.tree.map(lambda a: jax.ShapeDtypeStruct((), a.dtype, sharding=replicated(mesh)),
+                         StepHyper.of(r.lr, step_cfg.advantage_cfg))  # traced, as in the RL loop
     b, g = r.batch_prompts, r.group_size
     batch = _batch(mesh, {"prompt_BP": ((b, p), jnp.int32), "prompt_valid_BP": ((b, p), bool),
                           "completion_BGL": ((b, g, l), jnp.int32),
                           "unmask_step_BGL": ((b, g, l), jnp.int32),
                           "rewards_BG": ((b, g), jnp.float32), "correct_BG": ((b, g), bool)},
                    RolloutBatch)
-    programs.append(Program("rl_step", fn, (state, batch, key)))
+    programs.append(Program("rl_step", fn, (state, batch, key, hyper)))
     rollout_cfg = dataclasses.replace(sampler_cfg, temperature=float(r.temperature))
     fn = evaluation.make_sample_fn(graphdef, rollout_cfg, mask_id=mask_id, eos_id=eos_id,
                                    mesh=mesh, group_size=g)

@@ -62,6 +62,28 @@ class RolloutBatch:
   correct_BG: jax.Array
 
 
+@struct.dataclass
+class StepHyper:
+  """Hyperparameters the jitted step takes as traced float32 scalars, not constants: runs that
+  differ only in them (a learning-rate grid, StepRS's β schedules) share one compiled
+  program, and the persistent compilation cache serves every run after the first.
+
+  ``lr`` is the peak learning rate, passed to the optimizer's ``update`` as the extra
+  argument ``lr`` (``dllm_rl.train.optim.make_optimizer``); ``beta``, ``beta_start`` and
+  ``beta_end`` replace those fields of ``RLStepConfig.advantage_cfg``."""
+
+  lr: jax.Array
+  beta: jax.Array
+  beta_start: jax.Array
+  beta_end: jax.Array
+
+  @classmethod
+  def of(cls, lr: float, advantage_cfg) -> "StepHyper":
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    return cls(lr=f32(lr), beta=f32(advantage_cfg.beta), beta_start=f32(advantage_cfg.beta_start),
+               beta_end=f32(advantage_cfg.beta_end))
+
+
 @dataclasses.dataclass(frozen=True)
 class RLStepConfig:
   """Static options of the step (hashable)."""
@@ -117,8 +139,12 @@ def _group(tree, b: int, g: int):
 
 def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
                  cfg: RLStepConfig, *, mesh=None, state_sharding=None) -> Callable:
-  """Build the jitted step (state donated). With a ``mesh``, the new state keeps
-  ``state_sharding`` and the metrics are replicated."""
+  """Build the jitted ``rl_step(state, batch, key, hyper=None)`` (state donated). With a
+  ``mesh``, the new state keeps ``state_sharding`` and the metrics are replicated.
+
+  ``hyper`` (:class:`StepHyper`): the learning rate and β as traced inputs; ``optimizer``
+  must then take ``update(..., lr=)`` and ``schedule(step, lr)`` (``train.optim``). None:
+  the optimizer and schedule as given and ``cfg``'s β, compiled in as constants."""
   estimator = ESTIMATORS.get(cfg.estimator)
   loss_fn_ = LOSSES.get(cfg.loss)
   advantage_fn = adv_lib.ADVANTAGES.get(cfg.advantage)
@@ -126,8 +152,14 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
   # LoRA: the base behind stop_gradient, so gradients reach the adapters only
   make_scorer = lambda params: ModelScorer(graphdef, lora.freeze_base(params), est_cfg.logits_chunk)
 
-  def rl_step(state: TrainState, batch: RolloutBatch, key: jax.Array):
+  def rl_step(state: TrainState, batch: RolloutBatch, key: jax.Array,
+              hyper: StepHyper | None = None):
     b, g, l = batch.completion_BGL.shape
+    adv_cfg, opt_args = cfg.advantage_cfg, {}
+    if hyper is not None:
+      adv_cfg = dataclasses.replace(adv_cfg, beta=hyper.beta, beta_start=hyper.beta_start,
+                                    beta_end=hyper.beta_end)
+      opt_args = {"lr": hyper.lr}
     seqs = flatten_groups(batch, cfg.eos_id)
     n_micro = b * g // cfg.micro_batch if cfg.micro_batch else 0
 
@@ -153,7 +185,7 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
     else:
       progress_BGL = adv_lib.progress_from_unmask_step(batch.unmask_step_BGL, cfg.num_states)
     rewards_BG = batch.rewards_BG.astype(jnp.float32)
-    adv_BGL = advantage_fn(rewards_BG, progress_BGL, mask_BGL, cfg.advantage_cfg)
+    adv_BGL = advantage_fn(rewards_BG, progress_BGL, mask_BGL, adv_cfg)
     lengths_BG = mask_BGL.sum(-1).astype(jnp.float32)
     k_old, k_inner = jax.random.split(key)
     keys_M = jax.random.split(k_inner, cfg.inner_steps)
@@ -197,9 +229,9 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
     def inner(carry, m):
       params, opt_state, step = carry
       (loss, aux), grads = loss_and_grads(params, keys_M[m], old_at(m), m)
-      updates, opt_state = optimizer.update(grads, opt_state, params)
+      updates, opt_state = optimizer.update(grads, opt_state, params, **opt_args)
       params = optax.apply_updates(params, updates)
-      aux = dict(aux, loss=loss, grad_norm=optax.tree.norm(grads), lr=schedule(step))
+      aux = dict(aux, loss=loss, grad_norm=optax.tree.norm(grads), lr=schedule(step, **opt_args))
       return (params, opt_state, step + 1), aux
 
     (params, opt_state, step), inner_M = jax.lax.scan(

@@ -1,9 +1,14 @@
 """Optimiser: optax AdamW with warm-up + decay schedule and global-norm clipping, wrapped so
-that an update with a non-finite gradient is skipped (`skip_nonfinite`)."""
+that an update with a non-finite gradient is skipped (`skip_nonfinite`).
+
+The peak learning rate may be passed to ``update`` as the extra argument ``lr`` (a traced
+scalar): the jitted RL step then takes it as an input, and runs that differ only in their
+learning rate share one compiled program (``dllm_rl.rl.step.StepHyper``). Without it the
+config's ``lr`` is used; both give the same arithmetic."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -15,8 +20,9 @@ from dllm_rl.models import lora
 from dllm_rl.models.layers import FrozenParam
 
 
-def learning_rate_schedule(lr: float, steps: int, warmup_steps: int, kind: str) -> optax.Schedule:
-  """Linear warm-up to ``lr`` then constant / cosine / linear decay to 0 at ``steps``."""
+def learning_rate_schedule(lr, steps: int, warmup_steps: int, kind: str) -> optax.Schedule:
+  """Linear warm-up to ``lr`` then constant / cosine / linear decay to 0 at ``steps``
+  (``lr``: a float or a traced float32 scalar)."""
   decay_steps = max(steps - warmup_steps, 1)
   decays = {
       "constant": lambda: optax.constant_schedule(lr),
@@ -33,6 +39,34 @@ def learning_rate_schedule(lr: float, steps: int, warmup_steps: int, kind: str) 
   return optax.join_schedules([warm, decay], [warmup_steps])
 
 
+class PeakSchedule:
+  """``schedule(count, lr=None)``: the learning rate at update ``count`` of a schedule whose
+  peak is ``lr`` (default: the config's)."""
+
+  def __init__(self, lr: float, of_peak: Callable[[object], optax.Schedule]):
+    self.lr, self._of_peak, self._default = lr, of_peak, of_peak(lr)
+
+  def __call__(self, count, lr=None):
+    return self._default(count) if lr is None else self._of_peak(lr)(count)
+
+
+def scale_by_peak_schedule(schedule: PeakSchedule) -> optax.GradientTransformationExtraArgs:
+  """``optax.scale_by_learning_rate(schedule)`` (the same state and arithmetic: updates ×
+  −schedule(count)) whose ``update`` takes the peak lr as the extra argument ``lr``."""
+
+  def init(params):
+    del params
+    return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+  def update(updates, state, params=None, *, lr=None, **extra_args):
+    del params, extra_args
+    step_size = -1 * schedule(state.count, lr)
+    updates = jax.tree.map(lambda g: jnp.array(step_size, dtype=g.dtype) * g, updates)
+    return updates, optax.ScaleByScheduleState(count=optax.safe_increment(state.count))
+
+  return optax.GradientTransformationExtraArgs(init, update)
+
+
 class SkipNonFiniteState(NamedTuple):
   """The wrapped optimiser's state and two counters of skipped (non-finite) updates."""
   inner: optax.OptState
@@ -40,23 +74,25 @@ class SkipNonFiniteState(NamedTuple):
   total: jax.Array        # int32: skipped updates over the whole phase
 
 
-def skip_nonfinite(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+def skip_nonfinite(inner: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
   """Skip an update whose gradients are not all finite: zero update, ``inner`` state unchanged.
 
   A non-finite loss (e.g. a NaN reward reaching the advantages) makes the gradient norm
   non-finite, so checking the gradients covers both. The parameters and the optimiser moments
   are then exactly those before the step; only the counters move. Unlike
   ``optax.apply_if_finite`` the update is never forced through after many failures: stopping
-  the run is the training loop's decision (``train.max_consecutive_nonfinite``).
+  the run is the training loop's decision (``train.max_consecutive_nonfinite``). Extra
+  arguments of ``update`` (the peak ``lr``) reach ``inner``.
   """
+  inner = optax.with_extra_args_support(inner)
 
   def init(params):
     zero = jnp.zeros((), jnp.int32)
     return SkipNonFiniteState(inner.init(params), zero, zero)
 
-  def update(grads, state, params=None):
+  def update(grads, state, params=None, **extra_args):
     finite = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
-    updates, new_inner = inner.update(grads, state.inner, params)
+    updates, new_inner = inner.update(grads, state.inner, params, **extra_args)
     pick = lambda new, old: jnp.where(finite, new, old)
     updates = jax.tree.map(lambda u: jnp.where(finite, u, jnp.zeros_like(u)), updates)
     new_inner = jax.tree.map(pick, new_inner, state.inner)
@@ -64,7 +100,7 @@ def skip_nonfinite(inner: optax.GradientTransformation) -> optax.GradientTransfo
     return updates, SkipNonFiniteState(new_inner, (state.consecutive + bad) * bad,
                                        state.total + bad)
 
-  return optax.GradientTransformation(init, update)
+  return optax.GradientTransformationExtraArgs(init, update)
 
 
 def keep_frozen() -> optax.GradientTransformation:
@@ -98,16 +134,20 @@ def adapters_only(inner: optax.GradientTransformation) -> optax.GradientTransfor
 
 
 def make_optimizer(opt_cfg, *, lora_only: bool = False
-                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+                   ) -> tuple[optax.GradientTransformationExtraArgs, PeakSchedule]:
   """From a section with lr, steps, warmup_steps, schedule, b1, b2, weight_decay, grad_clip.
 
   The result is wrapped in `skip_nonfinite`, so its state is a `SkipNonFiniteState`;
   frozen parameters (`keep_frozen`) never move. ``lora_only``: only the LoRA adapters are
-  optimised (:func:`adapters_only`)."""
-  schedule = learning_rate_schedule(opt_cfg.lr, opt_cfg.steps, opt_cfg.warmup_steps, opt_cfg.schedule)
-  tx = optax.chain(
-      optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, weight_decay=opt_cfg.weight_decay),
-      keep_frozen())
+  optimised (:func:`adapters_only`). ``update(..., lr=x)`` scales the schedule to peak
+  ``x`` (a traced scalar; :class:`PeakSchedule`). The AdamW chain is ``optax.adamw``'s
+  (Adam, decoupled weight decay, −lr(t)), with the same state."""
+  schedule = PeakSchedule(opt_cfg.lr, lambda lr: learning_rate_schedule(
+      lr, opt_cfg.steps, opt_cfg.warmup_steps, opt_cfg.schedule))
+  adamw = optax.chain(optax.scale_by_adam(b1=opt_cfg.b1, b2=opt_cfg.b2),
+                      optax.add_decayed_weights(opt_cfg.weight_decay),
+                      scale_by_peak_schedule(schedule))
+  tx = optax.chain(adamw, keep_frozen())
   if opt_cfg.grad_clip > 0:
     tx = optax.chain(optax.clip_by_global_norm(opt_cfg.grad_clip), tx)
   return skip_nonfinite(adapters_only(tx) if lora_only else tx), schedule

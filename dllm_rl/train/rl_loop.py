@@ -16,10 +16,10 @@ from dllm_rl.diffusion.estimators import EstimatorConfig
 from dllm_rl.errors import ConfigError
 from dllm_rl.infra import faults
 from dllm_rl.infra.plots import Panel
-from dllm_rl.parallel.shard import init_state_sharded, put_global
+from dllm_rl.parallel.shard import init_state_sharded, put_global, put_replicated
 from dllm_rl.rl.advantages import AdvantageConfig, calibrated_beta
 from dllm_rl.rl.losses import LossConfig
-from dllm_rl.rl.step import RLStepConfig, RolloutBatch, make_rl_step
+from dllm_rl.rl.step import RLStepConfig, RolloutBatch, StepHyper, make_rl_step
 from dllm_rl.tasks.data import BatchIterator, trim_to_bucket
 from dllm_rl.train import evaluation, flops
 from dllm_rl.train.context import Context, init_params
@@ -152,6 +152,8 @@ class RLPhase(Phase):
     cfg = step_config(config, ctx.sampler_cfg, ctx.tokenizer.mask_id, ctx.tokenizer.eos_id)
     self.step_fn = make_rl_step(self.graphdef, self.optimizer, self.schedule, cfg,
                                 mesh=ctx.mesh, state_sharding=self.state_sharding)
+    # lr and β as inputs: runs that differ only in them share the compiled step
+    self.hyper = put_replicated(ctx.mesh, StepHyper.of(r.lr, cfg.advantage_cfg))
     self.build_evaluators()
     return self.batches.position
 
@@ -180,7 +182,7 @@ class RLPhase(Phase):
                                rollout.prompt_valid_BP, rollout.completion_BGL,
                                moe_layers=self.moe_layers, block_size=m.block_size,
                                prompt_block_causal=m.prompt_block_causal)
-    state, metrics = self.step_fn(state, rollout, k_step)
+    state, metrics = self.step_fn(state, rollout, k_step, self.hyper)
     metrics = dict(metrics, prompt_padding_fraction=padding)
     if self.moe_layers and step % self.log_every == 0:
       metrics.update(routing)

@@ -5,25 +5,27 @@
 Initialises jax.distributed (explicit mode), builds a data × fsdp = 2 × 2 mesh
 over both processes' devices, initialises a tiny model sharded on it, and runs
 two RL steps (StableDRL, StepRS advantages, ELBO, μ = 2) on a fixed rollout
-batch. Writes the losses and the final parameters (gathered) to OUT.npz.
+batch, with the RL loop's optimizer and its lr and β passed as replicated inputs
+(``StepHyper``). Writes the losses and the final parameters (gathered) to OUT.npz.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import types
 
 import jax
 import ml_collections
 import numpy as np
-import optax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from dllm_rl.diffusion.estimators import EstimatorConfig  # noqa: E402
 from dllm_rl.models import transformer as T  # noqa: E402
 from dllm_rl.parallel import distributed, shard  # noqa: E402
 from dllm_rl.parallel.mesh import make_mesh  # noqa: E402
-from dllm_rl.rl.step import RolloutBatch, make_rl_step  # noqa: E402
+from dllm_rl.rl.step import RolloutBatch, StepHyper, make_rl_step  # noqa: E402
+from dllm_rl.train.optim import make_optimizer  # noqa: E402
 from tests.helpers import rl_step_config, tiny_model  # noqa: E402
 
 CFG = tiny_model(vocab_size=16, n_layers=2, n_heads=4)
@@ -43,14 +45,17 @@ def rollout_batch() -> RolloutBatch:
 
 def two_rl_steps(mesh):
   """Losses of two RL steps and the final parameters (as host numpy, flattened)."""
-  opt = optax.adamw(1e-2)
+  opt, schedule = make_optimizer(types.SimpleNamespace(
+      lr=1e-2, steps=4, warmup_steps=0, schedule="constant", b1=0.9, b2=0.999,
+      weight_decay=1e-4, grad_clip=0.0))
   graphdef, params = T.init_params_sharded(CFG, jax.random.key(0), mesh)
   state, sharding = shard.init_state_sharded(params, opt, jax.random.key(1), mesh)
-  step = make_rl_step(graphdef, opt, lambda s: 1e-2, STEP, mesh=mesh, state_sharding=sharding)
+  step = make_rl_step(graphdef, opt, schedule, STEP, mesh=mesh, state_sharding=sharding)
   batch = shard.put_global(mesh, rollout_batch())
+  hyper = shard.put_replicated(mesh, StepHyper.of(1e-2, STEP.advantage_cfg))
   losses = []
   for i in range(2):
-    state, metrics = step(state, batch, jax.random.key(10 + i))
+    state, metrics = step(state, batch, jax.random.key(10 + i), hyper)
     losses.append(float(metrics["loss"]))
   gathered = jax.jit(lambda p: p, out_shardings=shard.replicated(mesh))(state.params)
   leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(gathered)]
