@@ -5,8 +5,8 @@ NAME: ``stability``, ``steprs``, ``baselines``, a comma-separated list of them
 (``stability,steprs``) or ``all`` (every registered study). Trains one SFT checkpoint per seed,
 runs every arm from it, writes ``DIR/<study>.json`` (every run, per-step
 records, per-arm summaries), ``DIR/<study>_curves.png`` / ``_spikes.png``, and
-``--results`` (default ``docs/results.md``, plots and JSON copied to
-``docs/results/``) from that JSON. ``--config.KEY=VALUE`` (or the older spelling
+``--results`` (default ``DIR/results.md``, plots and JSON copied to ``DIR/results/``; pass
+``--results=docs/results.md`` to replace the committed report) from that JSON. ``--config.KEY=VALUE`` (or the older spelling
 ``--set=KEY=VALUE``) overrides a config key of every run (e.g. tiny sizes for tests), parsed
 as ``python -m dllm_rl.main`` parses it (dllm_rl.config.cli: every problem printed, exit
 status 2). ``--testbed`` (``arithmetic``, the embedded default; ``countdown``; ``chain``;
@@ -42,7 +42,8 @@ _TESTBED = flags.DEFINE_string("testbed", None, "Base config and run lengths of 
                                f" {testbeds.DEFAULT}; dllm_rl/config/testbeds.py).")
 _SCALE = flags.DEFINE_string("scale", None, "The issue's spelling of --testbed=gpu: --scale=gpu"
                              " (cpu = the default testbed).")
-_RESULTS = flags.DEFINE_string("results", "docs/results.md", "Markdown report to write.")
+_RESULTS = flags.DEFINE_string("results", None, "Markdown report to write (default DIR/results.md;"
+                               " the committed report is docs/results.md).")
 _STEPS = flags.DEFINE_integer("rl_steps", None, "RL steps per arm (default: the study size).")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", None, "Validation every N RL steps.")
 
@@ -69,12 +70,13 @@ def main(argv):
   if (problem := arms_lib.unmatched(names, _ARMS.value, bed.get_config())) is not None:
     raise app.UsageError(problem)
   command = "python -m dllm_rl.study " + " ".join(sys.argv[1:])
+  results = _RESULTS.value or os.path.join(_WORKDIR.value, "results.md")
   from dllm_rl.train.resilience import EXIT_PREEMPTED, Preempted
   from dllm_rl.train.validate import validate
   config = cli.load(None, _overrides, check=validate, default=bed.get_config)  # exits 2, all
   overrides = cli.override_values(config, _overrides)
   try:
-    study(names, _WORKDIR.value, _SEEDS.value, _QUICK.value, overrides, _RESULTS.value, command,
+    study(names, _WORKDIR.value, _SEEDS.value, _QUICK.value, overrides, results, command,
           _STEPS.value, _EVAL_EVERY.value, os.path.join(_WORKDIR.value, "jax_cache"), _ARMS.value,
           testbed)
   except ConfigError as err:
