@@ -193,23 +193,67 @@ def arm_run_overrides(seed: int, size: Size, overrides: dict, arm_overrides: dic
           "log.tensorboard": False, **overrides, **arm_overrides}
 
 
+def _value(config: ml_collections.ConfigDict, key: str):
+  node = config
+  for part in key.split("."):
+    node = node[part]
+  return node
+
+
+def check_reusable(path: str, recorded: dict, wanted: dict,
+                   base: ml_collections.ConfigDict | None = None, skip: tuple = ()) -> None:
+  """A ConfigError (key ``workdir``) when the finished run at ``path`` ran with other
+  settings than this study's (``recorded`` against ``wanted`` overrides; a key one side does
+  not set has the ``base`` config's value): reusing it would mix, e.g., a ``--quick`` run or
+  another ``--config`` override into the study. ``skip``: keys not compared."""
+  from dllm_rl.errors import ConfigError
+  base = base if base is not None else testbeds.testbed(testbeds.DEFAULT).get_config()
+  # as run.json holds them (JSON: tuples are lists)
+  at = lambda d, k: json.loads(json.dumps(d[k] if k in d else _value(base, k)))
+  differ = sorted(k for k in (set(recorded) | set(wanted)) - set(skip)
+                  if at(recorded, k) != at(wanted, k))
+  if differ:
+    shown = "; ".join(f"{k}: ran with {at(recorded, k)!r}, this study sets {at(wanted, k)!r}"
+                      for k in differ)
+    raise ConfigError("workdir", f"{path} is a finished run with other settings ({shown}):"
+                      " use a fresh --workdir, or the size and --config overrides it ran with")
+
+
+def check_finished_runs(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
+                        overrides: dict, base: ml_collections.ConfigDict | None = None) -> None:
+  """:func:`check_reusable` on every finished run of the study in DIR, before anything
+  trains (a calibrated arm's β_end, known only once its source arm has run, is checked
+  by :func:`run_arm`)."""
+  for seed in range(seeds):
+    for arm in arms:
+      path = os.path.join(_arm_dir(workdir, name, seed, arm), "run.json")
+      if os.path.exists(path):
+        with open(path) as fh:
+          recorded = json.load(fh)["overrides"]
+        check_reusable(path, recorded, arm_run_overrides(seed, size, overrides, arm.overrides),
+                       base, skip=("rl.beta_end",) if arm.calibrate_from is not None else ())
+
+
 def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrides: dict,
             calibrated: dict, base: ml_collections.ConfigDict | None = None) -> dict:
-  """One arm from the seed's SFT checkpoint; returns (and writes) its run record."""
+  """One arm from the seed's SFT checkpoint; returns (and writes) its run record. A finished
+  run (``run.json``) is reused when it ran with these overrides; one that ran with others
+  (another size, ``--config`` override or arm definition) is a ConfigError naming them."""
+  arm_overrides = dict(arm.overrides)
+  if arm.calibrate_from is not None:
+    arm_overrides["rl.beta_end"] = calibrated_beta_end(calibrated[arm.calibrate_from])
+  run_overrides = arm_run_overrides(seed, size, overrides, arm_overrides)
   path = os.path.join(workdir, "run.json")
   if os.path.exists(path):  # finished: reuse it, with the summary statistics recomputed
     with open(path) as fh:
       result = json.load(fh)
+    check_reusable(path, result["overrides"], run_overrides, base)
     result["stats"] = arm_stats(result["steps"], result["evals"],
                                 make_config(result["overrides"], base).task.val_size)
     return result
   target = os.path.join(workdir, "checkpoints", "sft")
   if not os.path.isdir(target):
     shutil.copytree(os.path.join(sft_dir, "checkpoints", "sft"), target)
-  arm_overrides = dict(arm.overrides)
-  if arm.calibrate_from is not None:
-    arm_overrides["rl.beta_end"] = calibrated_beta_end(calibrated[arm.calibrate_from])
-  run_overrides = arm_run_overrides(seed, size, overrides, arm_overrides)
   commit, machine = provenance.git_commit(), provenance.machine()  # the code that trains it
   t0 = time.time()
   config = make_config(run_overrides, base)
@@ -236,9 +280,14 @@ def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
   for arm in arms:  # every arm's run config is checked before anything trains or compiles
     validate(make_config(arm_run_overrides(0, size, overrides, arm.overrides), base))
   claim_workdir(workdir, testbed)
+  check_finished_runs(name, arms, workdir, seeds, size, overrides, base)
   from dllm_rl.train.resilience import handle_signals
   with handle_signals():  # a stop request ends the study after the run in progress
     return _run_seeds(name, arms, workdir, seeds, size, overrides, log, testbed, base)
+
+
+def _arm_dir(workdir: str, name: str, seed: int, arm: Arm) -> str:
+  return os.path.join(workdir, name, f"seed{seed}", arm.name.replace("@", "_"))
 
 
 def _stop_if_requested(name: str, seed: int, done: str) -> None:
@@ -255,7 +304,6 @@ def _run_seeds(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
   t0 = time.time()
   runs, sfts = [], {}
   for seed in range(seeds):
-    seed_dir = os.path.join(workdir, name, f"seed{seed}")
     sft_seed = 0 if shared else seed
     sft_dir = os.path.join(workdir, "sft", f"seed{sft_seed}")  # shared by the studies of a DIR
     if shared and seed > 0:  # one start for every seed: recorded (and its time counted) once
@@ -267,8 +315,8 @@ def _run_seeds(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
     _stop_if_requested(name, seed, "SFT start")
     calibrated = {}
     for arm in arms:
-      rec = run_arm(arm, seed, sft_dir, os.path.join(seed_dir, arm.name.replace("@", "_")),
-                    size, overrides, calibrated, base)
+      rec = run_arm(arm, seed, sft_dir, _arm_dir(workdir, name, seed, arm), size, overrides,
+                    calibrated, base)
       r = make_config(rec["overrides"], base).rl
       calibrated[arm.name] = {"calibrated_beta": rec["summary"].get("calibrated_beta"),
                               "base_train_accuracy": rec["summary"].get("base_train_accuracy"),

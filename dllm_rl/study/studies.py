@@ -46,6 +46,11 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
     full = arms_lib.size(testbed, quick=False)
     overrides = {**overrides, "rl.warmup_steps": round(
         base.rl.warmup_steps * size.rl_steps / full.rl_steps)}
+  runner.claim_workdir(workdir, testbed)  # DIR's testbed, then its finished runs: before any run
+  for name in names:
+    runner.check_finished_runs(name, arms_lib.select(arms_lib.STUDIES.get(name)(base),
+                                                     arm_patterns),
+                               workdir, size.seeds, size, overrides, base)
   started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
   t0, load_start = time.time(), _load()
   os.makedirs(workdir, exist_ok=True)

@@ -121,6 +121,39 @@ def test_quick_study_gives_every_arm_a_summary(tmp_path):
   assert os.path.exists(tmp_path / "docs" / "results" / "stability_spikes.png")
   # the arms compiled into the study's cache, not a run's own config.compilation_cache
   assert os.listdir(tmp_path / "jax_cache")
+  # the same DIR at another size: its finished runs are not mixed in; nothing runs
+  from dllm_rl.config import ConfigError
+  with pytest.raises(ConfigError, match=r"grpo_lr.*run\.json is a finished run with other"
+                     r" settings \(.*rl\.steps: ran with 2, this study sets 3"):
+    study(["stability", "steprs"], workdir, None, True, TINY, md, "test", rl_steps=3,
+          eval_every=1, arm_patterns=QUICK_ARMS)
+
+
+def test_a_finished_run_is_reused_only_with_the_settings_it_ran_with(tmp_path):
+  from dllm_rl.config import ConfigError
+  from dllm_rl.study.runner import arm_run_overrides, check_finished_runs, check_reusable
+  size = arms_lib.Size(rl_steps=20, eval_every=10, seeds=1)
+  arm = arms_lib.Arm("steprs_calibrated", {"rl.advantage": "steprs"}, "test",
+                     calibrate_from="steprs")
+  ran = arm_run_overrides(0, size, {"rl.group_size": 4}, {**arm.overrides, "rl.beta_end": 0.7})
+  run_dir = tmp_path / "steprs" / "seed0" / "steprs_calibrated"
+  run_dir.mkdir(parents=True)
+  (run_dir / "run.json").write_text(json.dumps({"overrides": ran}))
+  check_finished_runs("steprs", [arm], str(tmp_path), 1, size, {"rl.group_size": 4})
+  # a key the run did not set counts at the base config's value, either way round
+  default_group = get_config().rl.group_size
+  check_reusable("p", {"rl.lr": 1e-3}, {"rl.lr": 1e-3, "rl.group_size": default_group})
+  with pytest.raises(ConfigError, match=rf"rl\.group_size: ran with {default_group}, this"
+                     r" study sets 3"):
+    check_reusable("p", {"rl.lr": 1e-3}, {"rl.lr": 1e-3, "rl.group_size": 3})
+  with pytest.raises(ConfigError, match=r"rl\.group_size: ran with 4, this study sets 8"):
+    check_finished_runs("steprs", [arm], str(tmp_path), 1, size, {"rl.group_size": 8})
+  with pytest.raises(ConfigError, match=r"rl\.steps: ran with 20, this study sets 200"):
+    check_finished_runs("steprs", [arm], str(tmp_path), 1,
+                        arms_lib.Size(rl_steps=200, eval_every=10, seeds=1), {"rl.group_size": 4})
+  # the calibrated β_end is compared once it is known (run_arm), not before
+  with pytest.raises(ConfigError, match=r"rl\.beta_end: ran with 0\.7, this study sets 0\.9"):
+    check_reusable("p", ran, {**ran, "rl.beta_end": 0.9})
 
 
 def test_a_bad_override_fails_naming_its_key_before_anything_runs(tmp_path):
