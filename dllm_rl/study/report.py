@@ -258,7 +258,9 @@ def ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
   (unconditional clipping + self-normalisation) ends with higher held-out accuracy than each
   single-component ablation at the same lr" on paired seeds; and two controls (no claim: the
   paired difference, collapses and spikes): antithetic masks against independent ones, and
-  the ELBO against SPG's EUBO surrogate as the gradient term of negative advantages."""
+  the ELBO against SPG's EUBO surrogate as the gradient term of negative advantages; with
+  GRPO at the same lr, that ELBO arm against GRPO too (the same gradient term, StableDRL's
+  clipped, self-normalised weights against GRPO's conditional clip)."""
   names = {a["name"] for a in study["arms"]}
   out = []
   for a in study["arms"]:
@@ -292,6 +294,15 @@ def ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
                   f" ELBO, {_collapsed(study, full)} with the surrogate;"
                   f" grad-norm spikes per run {_spikes(study, a['name']):.1f} and"
                   f" {_spikes(study, full):.1f}"))
+      grpo = f"grpo@{tag}"
+      if grpo in names:  # the same gradient term as GRPO's: what StableDRL's weights add
+        p = paired_difference(study, a["name"], grpo, _test)
+        out.append((f"{a['name']} vs {grpo} (control: StableDRL's weights on GRPO's gradient"
+                    " term)", "no claim",
+                    f"test accuracy {a['name']} − GRPO {_fmt_paired(p)}; collapsed:"
+                    f" {_collapsed(study, a['name'])} and {_collapsed(study, grpo)};"
+                    f" grad-norm spikes per run {_spikes(study, a['name']):.1f} and"
+                    f" {_spikes(study, grpo):.1f}"))
   return out
 
 

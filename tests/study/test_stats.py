@@ -148,6 +148,16 @@ def test_ablation_verdicts_compare_stabledrl_with_each_single_component():
   assert v[2][1] == "no claim" and "-0.100" in v[2][2] and "0 up, 5 down" in v[2][2]
   assert v[3][1] == "no claim" and "ELBO − SPG surrogate (ω = 0.5) for A < 0 0.200" in v[3][2]
   assert "collapsed: 0/5 with the ELBO, 2/5 with the surrogate" in v[3][2]
+  # with GRPO at that lr, the ELBO arm against GRPO: StableDRL's weights on GRPO's term
+  study = _study({"stabledrl@a": full, "stabledrl_no_eubo@a": better, "grpo@a": worse},
+                 {"grpo@a": [1, 1, 0, 0, 0]}, {"grpo@a": 4, "stabledrl_no_eubo@a": 0})
+  v = ablation_verdicts(study)
+  assert [x[0] for x in v] == [
+      "stabledrl_no_eubo@a vs stabledrl@a (control)",
+      "stabledrl_no_eubo@a vs grpo@a (control: StableDRL's weights on GRPO's gradient term)"]
+  assert v[1][1] == "no claim" and "stabledrl_no_eubo@a − GRPO 0.300" in v[1][2]
+  assert "5 up, 0 down" in v[1][2] and "collapsed: 0/5 and 2/5" in v[1][2]
+  assert "grad-norm spikes per run 0.0 and 4.0" in v[1][2]
 
 
 @pytest.mark.parametrize("collapsed, reason", [
