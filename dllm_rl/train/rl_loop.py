@@ -152,8 +152,8 @@ class RLPhase(Phase):
     cfg = step_config(config, ctx.sampler_cfg, ctx.tokenizer.mask_id, ctx.tokenizer.eos_id)
     self.step_fn = make_rl_step(self.graphdef, self.optimizer, self.schedule, cfg,
                                 mesh=ctx.mesh, state_sharding=self.state_sharding)
-    # lr and β as inputs: runs that differ only in them share the compiled step
-    self.hyper = put_replicated(ctx.mesh, StepHyper.of(r.lr, cfg.advantage_cfg))
+    # the lr as an input: runs that differ only in it share the compiled step
+    self.hyper = put_replicated(ctx.mesh, StepHyper.of(r.lr))
     self.build_evaluators()
     return self.batches.position
 
