@@ -209,7 +209,7 @@ def gpu() -> ml_collections.ConfigDict:
 TESTBEDS.register("arithmetic")(Testbed(
     defaults.get_config, "the embedded default: 3-digit addition, 0.1M parameters, 8-token"
     " completions in one block (`dllm_rl/config/defaults.py`)",
-    full=(200, 20, 5), quick=(20, 10, 1)))
+    full=(200, 20, 5), quick=(10, 5, 1)))
 TESTBEDS.register("countdown")(Testbed(
     countdown, "Countdown with 4 numbers in [1, 10], 1.1M parameters, 32-token completions in"
     " 4 blocks of 8 (`dllm_rl/config/testbeds.py: countdown`)",

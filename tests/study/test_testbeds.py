@@ -46,7 +46,7 @@ def test_unknown_testbed_is_an_error_listing_the_names(tmp_path):
 def test_the_default_testbed_is_the_embedded_default_and_its_old_size():
   from dllm_rl.config.defaults import get_config
   assert testbeds.testbed("arithmetic").get_config().to_dict() == get_config().to_dict()
-  assert arms_lib.FULL == arms_lib.Size(200, 20, 5) and arms_lib.QUICK == arms_lib.Size(20, 10, 1)
+  assert arms_lib.FULL == arms_lib.Size(200, 20, 5) and arms_lib.QUICK == arms_lib.Size(10, 5, 1)
 
 
 @pytest.mark.parametrize("name", ["countdown", "chain", "chain_orders", "gpu"])
