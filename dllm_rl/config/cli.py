@@ -15,7 +15,7 @@ from typing import Callable, NoReturn
 import ml_collections
 from absl import flags
 
-from dllm_rl.config.overrides import apply_overrides
+from dllm_rl.config.overrides import apply_overrides, value_at
 from dllm_rl.config.schema import load_config_file
 from dllm_rl.errors import ConfigError
 
@@ -101,10 +101,4 @@ def typed_overrides(base: ml_collections.ConfigDict,
 def override_values(config: ml_collections.ConfigDict,
                     overrides: list[tuple[str, str]]) -> dict[str, object]:
   """``{dotted key: value}`` in ``config`` of each overridden key (after they were applied)."""
-  out = {}
-  for key, _ in overrides:
-    node = config
-    for part in key.split("."):
-      node = node[part]
-    out[key] = node
-  return out
+  return {key: value_at(config, key) for key, _ in overrides}

@@ -8,6 +8,14 @@ import ml_collections
 
 from dllm_rl.errors import ConfigError
 
+def value_at(config: ml_collections.ConfigDict, dotted: str):
+  """The value of the dotted key ``dotted`` (``"rl.lr"``) in ``config``."""
+  node = config
+  for part in dotted.split("."):
+    node = node[part]
+  return node
+
+
 # Names other frameworks (TRL, verl, d1 / SPG scripts, the official generators) use for a key
 # of ours: ``rl.learning_rate`` → ``rl.lr``. Read by :func:`did_you_mean`.
 KEY_ALIASES = {

@@ -69,26 +69,26 @@ def batch_shardings(mesh: Mesh, batch: Any) -> Any:
   return jax.tree.map(lambda a: batch_sharding(mesh, np.ndim(a)), batch)
 
 
-def put_global(mesh: Mesh, batch: Any) -> Any:
-  """Arrays every process holds in full (e.g. rewards computed on every host) →
-  global arrays sharded over the batch axes."""
+def _put(tree: Any, sharding_of) -> Any:
+  """Host values every process holds in full → global arrays with ``sharding_of(ndim)``."""
 
   def one(a):
     a = np.asarray(a)
-    return jax.make_array_from_callback(a.shape, batch_sharding(mesh, a.ndim), lambda idx: a[idx])
+    return jax.make_array_from_callback(a.shape, sharding_of(a.ndim), lambda idx: a[idx])
 
-  return jax.tree.map(one, batch)
+  return jax.tree.map(one, tree)
+
+
+def put_global(mesh: Mesh, batch: Any) -> Any:
+  """Arrays every process holds in full (e.g. rewards computed on every host) →
+  global arrays sharded over the batch axes."""
+  return _put(batch, lambda ndim: batch_sharding(mesh, ndim))
 
 
 def put_replicated(mesh: Mesh, tree: Any) -> Any:
   """Values every process holds (e.g. the step's traced hyperparameters) → global arrays
   replicated on every device of ``mesh``."""
-
-  def one(a):
-    a = np.asarray(a)
-    return jax.make_array_from_callback(a.shape, replicated(mesh), lambda idx: a[idx])
-
-  return jax.tree.map(one, tree)
+  return _put(tree, lambda ndim: replicated(mesh))
 
 
 def shard_batch(mesh: Mesh, batch: Any) -> Any:

@@ -193,23 +193,17 @@ def arm_run_overrides(seed: int, size: Size, overrides: dict, arm_overrides: dic
           "log.tensorboard": False, **overrides, **arm_overrides}
 
 
-def _value(config: ml_collections.ConfigDict, key: str):
-  node = config
-  for part in key.split("."):
-    node = node[part]
-  return node
-
-
 def check_reusable(path: str, recorded: dict, wanted: dict,
                    base: ml_collections.ConfigDict | None = None, skip: tuple = ()) -> None:
   """A ConfigError (key ``workdir``) when the finished run at ``path`` ran with other
   settings than this study's (``recorded`` against ``wanted`` overrides; a key one side does
   not set has the ``base`` config's value): reusing it would mix, e.g., a ``--quick`` run or
   another ``--config`` override into the study. ``skip``: keys not compared."""
+  from dllm_rl.config.overrides import value_at
   from dllm_rl.errors import ConfigError
   base = base if base is not None else testbeds.testbed(testbeds.DEFAULT).get_config()
   # as run.json holds them (JSON: tuples are lists)
-  at = lambda d, k: json.loads(json.dumps(d[k] if k in d else _value(base, k)))
+  at = lambda d, k: json.loads(json.dumps(d[k] if k in d else value_at(base, k)))
   differ = sorted(k for k in (set(recorded) | set(wanted)) - set(skip)
                   if at(recorded, k) != at(wanted, k))
   if differ:
@@ -221,9 +215,10 @@ def check_reusable(path: str, recorded: dict, wanted: dict,
 
 def check_finished_runs(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
                         overrides: dict, base: ml_collections.ConfigDict | None = None) -> None:
-  """:func:`check_reusable` on every finished run of the study in DIR, before anything
-  trains (a calibrated arm's β_end, known only once its source arm has run, is checked
-  by :func:`run_arm`)."""
+  """:func:`check_reusable` on every finished run of the study in DIR; ``studies.study``
+  calls it for every study of the command before anything trains (a calibrated arm's β_end,
+  known only once its source arm has run, and the runs of a direct :func:`run_study` call
+  are checked by :func:`run_arm`)."""
   for seed in range(seeds):
     for arm in arms:
       path = os.path.join(_arm_dir(workdir, name, seed, arm), "run.json")
@@ -280,7 +275,6 @@ def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
   for arm in arms:  # every arm's run config is checked before anything trains or compiles
     validate(make_config(arm_run_overrides(0, size, overrides, arm.overrides), base))
   claim_workdir(workdir, testbed)
-  check_finished_runs(name, arms, workdir, seeds, size, overrides, base)
   from dllm_rl.train.resilience import handle_signals
   with handle_signals():  # a stop request ends the study after the run in progress
     return _run_seeds(name, arms, workdir, seeds, size, overrides, log, testbed, base)
