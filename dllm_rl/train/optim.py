@@ -44,7 +44,7 @@ class PeakSchedule:
   peak is ``lr`` (default: the config's)."""
 
   def __init__(self, lr: float, of_peak: Callable[[object], optax.Schedule]):
-    self.lr, self._of_peak, self._default = lr, of_peak, of_peak(lr)
+    self._of_peak, self._default = of_peak, of_peak(lr)
 
   def __call__(self, count, lr=None):
     return self._default(count) if lr is None else self._of_peak(lr)(count)
