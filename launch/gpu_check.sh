@@ -25,12 +25,16 @@ nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt" 2>&1 || t
 run() {  # run NAME SECONDS CMD...
   local name=$1 secs=$2; shift 2
   echo "== $name (limit ${secs}s)" | tee -a "$OUT/summary.txt"
-  timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
+  timeout -k 45 "$secs" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   [ $rc -eq 124 ] && echo "   $name: cut at ${secs}s" | tee -a "$OUT/summary.txt"
   tail -n 25 "$OUT/$name.log" | tee -a "$OUT/summary.txt"
 }
 PARTS=" ${GPU_CHECK_PARTS:-staircase sampler rl_step_mfu} "
+# The study's arms (shell patterns) and extra flags (e.g. --config.KEY=VALUE for a dry run).
+STABILITY_ARMS=${GPU_CHECK_STABILITY_ARMS:-'grpo@*,stabledrl@*,clip_only@*,selfnorm_only@*'}
+STEPRS_ARMS=${GPU_CHECK_STEPRS_ARMS:-'centered,steprs,steprs_calibrated'}
+read -r -a STUDY_FLAGS <<< "${GPU_CHECK_STUDY_FLAGS:-}"
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 part staircase && run staircase $((LIMIT * 2 / 5)) "$PY" -m dllm_rl.benchmarks.staircase \
   --lengths 1024 2048 4096 8192 16384 --impl pallas --dtype bfloat16 --repeats 5
@@ -40,9 +44,9 @@ part sampler && run sampler $((LIMIT * 3 / 10)) "$PY" -m dllm_rl.benchmarks.samp
   --repeats 3 --dtype bfloat16 --out "$OUT/sampler.json"
 part rl_step_mfu && run rl_step_mfu $((LIMIT * 3 / 10)) "$PY" -m dllm_rl.benchmarks.rl_step_mfu --steps 5
 part study && run study_stability $((LIMIT * 3 / 4)) "$PY" -m dllm_rl.study stability \
-  --scale=gpu --quick --arms='grpo@*,stabledrl@*,clip_only@*,selfnorm_only@*' \
+  --scale=gpu --quick --arms="$STABILITY_ARMS" "${STUDY_FLAGS[@]}" \
   --workdir="$OUT/study" --results="$OUT/study/stability.md"
 part study && run study_steprs $((LIMIT / 4)) "$PY" -m dllm_rl.study steprs \
-  --scale=gpu --quick --arms='centered,steprs,steprs_calibrated' \
+  --scale=gpu --quick --arms="$STEPRS_ARMS" "${STUDY_FLAGS[@]}" \
   --workdir="$OUT/study" --results="$OUT/study/steprs.md"
 echo "done; logs in $OUT"

@@ -180,6 +180,37 @@ def _spikes(study: dict, arm: str) -> float:
   return _iv(study, arm, lambda r: r["stats"]["grad_spikes"])["mean"] or 0.0
 
 
+def weak_start(study: dict) -> str | None:
+  """The warm-up's failure, when some seed's SFT start stopped below ``sft.target_accuracy``
+  (validation accuracy at its last evaluation; the study's overrides, else its base config):
+  the first likely reason of every verdict, since RL from a start that rarely answers
+  correctly sees almost no reward. None when every start reached it (or no target is set)."""
+  base_sft = (study.get("base_config") or {}).get("sft") or {}
+  target = (study.get("overrides") or {}).get("sft.target_accuracy",
+                                              base_sft.get("target_accuracy"))
+  sft = study.get("sft") or {}
+  short = {seed: s for seed, s in sft.items()
+           if target and s.get("sft_val_accuracy") is not None
+           and s["sft_val_accuracy"] < target}
+  if not short:
+    return None
+  val = ", ".join(f"{s['sft_val_accuracy']:.3f}" for s in short.values())
+  test = ", ".join(f"{s['sft_accuracy']:.3f}" for s in short.values()
+                   if s.get("sft_accuracy") is not None)
+  steps = sorted({s["sft_steps"] for s in short.values() if s.get("sft_steps") is not None})
+  return (f"the SFT start of {len(short)}/{len(sft)} seed(s) stopped below its warm-up target"
+          f" (validation {val} < {target:g}"
+          + (f" after {', '.join(map(str, steps))} steps" if steps else "")
+          + (f"; test {test}" if test else "")
+          + "): RL from a start that rarely answers correctly sees almost no reward, so the"
+          " arms had little to learn and little to lose")
+
+
+def _with_weak_start(study: dict, why: str) -> str:
+  weak = weak_start(study)
+  return f"{weak}; {why}" if weak else why
+
+
 def _stability_reason(study: dict, stabledrl: str, grpo: str,
                       collapses: tuple[int, int, int, int]) -> str:
   """The likely reason a StableDRL-over-GRPO comparison did not reproduce, from its numbers;
@@ -206,7 +237,7 @@ def _stability_reason(study: dict, stabledrl: str, grpo: str,
             " StableDRL")
     if p["half_width"] is not None and p["mean"] - p["half_width"] > 0 and cc < sc:
       why += ": SPG's EUBO surrogate, which GRPO's loss does not use, drives these collapses"
-  return why
+  return _with_weak_start(study, why)
 
 
 def stability_verdicts(study: dict) -> list[tuple[str, str, str]]:
@@ -249,8 +280,9 @@ def _ablation_reason(study: dict, ablation: str, full: str, dropped: str,
                          " alone kept training stable at this lr and size",
                          f": without {dropped} the other component alone kept training stable"
                          f" in {kept} of {collapses[1]} seeds at this lr and size")
-  return why + (f"; grad-norm spikes per run {ablation} {_spikes(study, ablation):.1f},"
-                f" StableDRL {_spikes(study, full):.1f}")
+  return _with_weak_start(study, why + (
+      f"; grad-norm spikes per run {ablation} {_spikes(study, ablation):.1f},"
+      f" StableDRL {_spikes(study, full):.1f}"))
 
 
 def ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
@@ -334,7 +366,9 @@ def _steprs_reason(study: dict) -> str:
     reasons.append(f"centered GRPO kept {kept:.2f} distinct answers in 8 samples (the SFT start"
                    f" {start:.2f}){moved}: RL at this length did not narrow the sampling"
                    " policy, so there was no lost exploration for StepRS to recover")
-  return "; ".join(reasons) or "the effect is smaller than the seed-to-seed spread at this size"
+  weak = weak_start(study)
+  return "; ".join(([weak] if weak else []) + reasons) or (
+      "the effect is smaller than the seed-to-seed spread at this size")
 
 
 STEPRS_COMPARISONS = (  # (arm, baseline, metric): the claim is arm > baseline on the metric

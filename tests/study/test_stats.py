@@ -289,3 +289,28 @@ def test_report_header_names_the_code_and_machine_of_the_runs():
     if commit:
       r.update(commit=commit, machine="box")
   assert run_provenance([study]) == "abc, box: 3 runs; not recorded: 2 runs; def, box: 1 run"
+
+
+def test_a_start_below_its_warm_up_target_leads_every_likely_reason():
+  from dllm_rl.study.report import stability_verdicts, steprs_verdicts, weak_start
+  grpo = [0.30, 0.40, 0.35]
+  study = _study({"grpo@a": grpo, "stabledrl@a": grpo})
+  study["base_config"] = {"sft": {"target_accuracy": 0.25}}
+  study["sft"] = {"0": {"sft_val_accuracy": 0.3, "sft_accuracy": 0.28, "sft_steps": 900},
+                  "1": {"sft_val_accuracy": 0.0, "sft_accuracy": 0.031, "sft_steps": 1500},
+                  "2": {"sft_val_accuracy": 0.26, "sft_accuracy": 0.3, "sft_steps": 700}}
+  why = weak_start(study)
+  assert why.startswith("the SFT start of 1/3 seed(s) stopped below its warm-up target"
+                        " (validation 0.000 < 0.25 after 1500 steps; test 0.031)")
+  (v,) = stability_verdicts(study)
+  assert v[1].startswith("not reproduced") and f"Likely reason: {why}; GRPO did not" in v[2]
+  study["overrides"] = {"sft.target_accuracy": 0.0}  # the study's override wins: no target
+  assert weak_start(study) is None
+  assert "warm-up target" not in stability_verdicts(study)[0][2]
+  study["overrides"] = {}
+  study["sft"]["1"]["sft_val_accuracy"] = 0.25  # every start reached it
+  assert weak_start(study) is None
+  steprs = _study({"centered": grpo, "steprs": grpo})
+  steprs["base_config"] = {"sft": {"target_accuracy": 0.25}}
+  steprs["sft"] = {"0": {"sft_val_accuracy": 0.1, "sft_accuracy": 0.1, "sft_steps": 10}}
+  assert "Likely reason: the SFT start of 1/1 seed(s)" in steprs_verdicts(steprs)[0][2]

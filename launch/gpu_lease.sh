@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One call of the `device` tool's lent GPU (a 15-minute lease, one command ≤ 10 min): install
+# the carried wheels, record versions, run the study's GPU profile and then the single-GPU
+# benchmarks (launch/gpu_check.sh) under their own limits, and pack what they wrote into
+# $OUT (the tool returns ≤ 8 files from it).
+#
+#   bash launch/gpu_lease.sh STUDY_S BENCH_S      (e.g. 400 150; wheels in .whl/, see below)
+#
+# Wheels: the lent machine (Python 3.12) has jax 0.11.2, flax 0.12.10, optax, orbax and chex
+# but no registry. Its own flax must be used: our flax 0.12.8 pin fails to import on jax 0.11.2
+# (README "GPU (H200)"). The pinned pure-Python packages it lacks travel as wheels in .whl/
+# (git-ignored; carry it), fetched here with
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl \
+#     ml-collections==1.1.0 math-verify==0.9.0 latex2sympy2_extended==1.11.0 \
+#     antlr4-python3-runtime==4.13.2 tensorboardX==2.6.5
+# and installed into a fresh /tmp/site (a warm machine keeps the last call's).
+# State lives in .gpu_out/ (git-ignored) so that a second call on the still-warm machine
+# resumes the study from its finished arms.
+set -u
+STUDY_S=${1:-400}
+BENCH_S=${2:-150}
+cd "$(dirname "$0")/.."
+STATE=.gpu_out
+mkdir -p "$STATE"
+export PYTHONUNBUFFERED=1 PYTHON=${PYTHON:-python3}
+if [ -d .whl ]; then
+  rm -rf /tmp/site
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 3
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+"$PYTHON" - > "$STATE/env.txt" 2>&1 <<'EOF'
+import platform, jax, flax, optax, chex, orbax.checkpoint, ml_collections, numpy
+print("python", platform.python_version(), "jax", jax.__version__, "flax", flax.__version__,
+      "optax", optax.__version__, "chex", chex.__version__, "numpy", numpy.__version__)
+print("devices", jax.devices())
+EOF
+cat "$STATE/env.txt"
+nproc >> "$STATE/env.txt"; lscpu | grep -m1 "Model name" >> "$STATE/env.txt"
+T0=$SECONDS
+[ "$STUDY_S" -gt 0 ] && GPU_CHECK_PARTS=study GPU_CHECK_LIMIT_S=$STUDY_S \
+  bash launch/gpu_check.sh "$STATE/study_check"
+echo "study part: $((SECONDS - T0)) s" | tee -a "$STATE/env.txt"
+T0=$SECONDS
+[ "$BENCH_S" -gt 0 ] && GPU_CHECK_LIMIT_S=$BENCH_S bash launch/gpu_check.sh "$STATE/bench"
+echo "bench part: $((SECONDS - T0)) s" | tee -a "$STATE/env.txt"
+if [ -n "${OUT:-}" ]; then
+  tar czf "$OUT/gpu_lease.tgz" --exclude='*checkpoint*' --exclude='llada_1b' \
+    --exclude='*.safetensors' --exclude='ckpt*' --exclude='xla_cache*' --exclude='jax_cache' "$STATE"
+  cp "$STATE/env.txt" "$OUT/"
+  cat "$STATE"/*/summary.txt > "$OUT/summary.txt" 2>/dev/null
+  ls -la "$OUT"
+fi
