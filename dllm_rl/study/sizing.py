@@ -6,12 +6,19 @@ final test with its pass@k samples), and the seconds they take at an assumed fra
 device's peak (the MFU, an assumption until measured). Samplers are counted at their full
 schedule (every block, as without ``stop_at_eos``): an upper bound.
 
-``python -m dllm_rl.study.sizing [TESTBED] [--quick]`` prints the estimate.
+``python -m dllm_rl.study.sizing [TESTBED] [--quick]`` prints the estimate;
+``--measured=DIR`` adds the projection from a study directory's recorded wall times
+(:func:`measured`: what one H200 took for the profile's SFT start and each arm, README
+"GPU (H200)").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import glob
+import json
+import os
+import statistics
 import sys
 
 H200_BF16_PEAK = 989e12  # NVIDIA H200 SXM, dense bfloat16 tensor-core peak, FLOP/s
@@ -77,6 +84,42 @@ def estimate(testbed: str, studies: list[str], quick: bool, group: str | None = 
   return Estimate(param_count(config), f, f["total"] / (peak * mfu), peak, mfu)
 
 
+@dataclasses.dataclass(frozen=True)
+class Measured:
+  """Recorded wall seconds of a study directory: its SFT start(s) and every arm run."""
+  sft_seconds: list[float]
+  arm_seconds: list[float]
+
+  def project(self, arms: int, seeds: int = 1) -> float:
+    """Seconds for ``arms`` arms × ``seeds`` seeds at the recorded means (the first arm's
+    compile included in the mean: the runs recorded are mostly cache hits)."""
+    return seeds * (statistics.fmean(self.sft_seconds)
+                    + arms * statistics.fmean(self.arm_seconds))
+
+
+def measured(study_dir: str) -> Measured:
+  """The wall seconds that ``study_dir``'s ``<study>.json`` files record: each seed's SFT start
+  (``wall_seconds`` of its summary: start-up, steps, evaluations, test) once, and every arm
+  run. A directory without study JSON, or whose JSON records no SFT start or no run, is an
+  error naming it."""
+  sft, arms = {}, []
+  paths = sorted(glob.glob(os.path.join(study_dir, "*.json")))
+  for path in paths:
+    with open(path) as fh:
+      study = json.load(fh)
+    if not isinstance(study, dict) or "runs" not in study:
+      continue
+    for seed, summary in (study.get("sft") or {}).items():
+      if summary.get("wall_seconds") is not None:
+        sft[seed] = summary["wall_seconds"]
+    arms += [r["wall_seconds"] for r in study["runs"] if r.get("wall_seconds") is not None]
+  if not sft or not arms:
+    raise ValueError(f"--measured={study_dir}: no study JSON there records"
+                     f" {'an SFT start' if not sft else 'an arm run'} with its wall_seconds"
+                     f" (looked at {len(paths)} *.json)")
+  return Measured(list(sft.values()), arms)
+
+
 def main(argv: list[str]) -> None:
   testbed = next((a for a in argv if not a.startswith("--")), "gpu")
   quick = "--quick" in argv
@@ -88,6 +131,21 @@ def main(argv: list[str]) -> None:
             f" {e.flops['sft'] / 1e15:.2f} PFLOP, arm {e.flops['arm'] / 1e15:.2f} PFLOP, total"
             f" {e.flops['total'] / 1e15:.1f} PFLOP = {e.seconds / 60:.1f} min at"
             f" {e.mfu:.0%} of {e.peak / 1e12:.0f} TFLOP/s")
+  for arg in argv:
+    if arg.startswith("--measured="):
+      m = measured(arg.split("=", 1)[1])
+      main_arms = sum(1 for name in ("stability", "steprs")
+                      for a in _arms(testbed, name) if a.group == "main")
+      print(f"measured in {arg.split('=', 1)[1]}: SFT start {statistics.fmean(m.sft_seconds):.0f} s,"
+            f" {len(m.arm_seconds)} arm runs {min(m.arm_seconds):.0f}–{max(m.arm_seconds):.0f} s"
+            f" (mean {statistics.fmean(m.arm_seconds):.0f} s): the {main_arms} main arms of"
+            f" stability + steprs (1 seed) take {m.project(main_arms) / 60:.1f} min")
+
+
+def _arms(testbed: str, study: str):
+  from dllm_rl.config import testbeds
+  from dllm_rl.study import arms as arms_lib
+  return arms_lib.STUDIES.get(study)(testbeds.testbed(testbed).get_config())
 
 
 if __name__ == "__main__":

@@ -204,3 +204,20 @@ def test_a_stop_request_during_an_arm_ends_the_study_after_that_arm(tmp_path, mo
                      log=lambda *_: None, testbed="chain")
   assert started == ["centered"]
   assert signal.getsignal(signal.SIGTERM) is before and not resilience.stop_requested()
+
+
+def test_measured_projection_reads_the_recorded_wall_times(tmp_path):
+  """sizing.measured: each seed's SFT start once (two studies share it), every arm run, and
+  the projection SFT + arms × mean arm; a directory without them is an error naming it."""
+  sft = {"0": {"wall_seconds": 170.0}}
+  for name, walls in (("stability", [56.0, 42.0]), ("steprs", [36.0, 46.0])):
+    with open(tmp_path / f"{name}.json", "w") as fh:
+      json.dump({"study": name, "sft": sft, "runs": [{"wall_seconds": w} for w in walls]}, fh)
+  with open(tmp_path / "meta.json", "w") as fh:
+    json.dump({"command": "x"}, fh)  # not a study: skipped
+  m = sizing.measured(str(tmp_path))
+  assert m.sft_seconds == [170.0] and sorted(m.arm_seconds) == [36.0, 42.0, 46.0, 56.0]
+  assert m.project(11) == pytest.approx(170 + 11 * 45)
+  assert m.project(2, seeds=3) == pytest.approx(3 * (170 + 2 * 45))
+  with pytest.raises(ValueError, match="no study JSON there records an SFT start"):
+    sizing.measured(str(tmp_path / "nothing"))
