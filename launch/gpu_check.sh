@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Single-GPU check (issue 12), one script under one time limit. Not run yet: no GPU was
-# available when it was written; its figures go in README.md once it has run.
+# Single-GPU check (issue 12), one script under one time limit. First run on a lent H200
+# on 2026-12-04 (through launch/gpu_lease.sh): README "GPU (H200)".
 #
 #   bash launch/gpu_check.sh [OUT_DIR]        (GPU_CHECK_LIMIT_S=540 by default)
 #   GPU_CHECK_PARTS=study GPU_CHECK_LIMIT_S=590 bash launch/gpu_check.sh [OUT_DIR]  (the study)
@@ -11,8 +11,9 @@
 # 3. RL step MFU at ~1B shapes;
 # 4. (only when GPU_CHECK_PARTS names it: it needs the whole limit) the study's main arms at
 #    --scale=gpu --quick (dllm_rl/config/testbeds.py: gpu; ~85M parameters, 128-token
-#    completions in blocks of 32, the official estimator; ~6.6 min at an assumed 25% MFU:
-#    python -m dllm_rl.study.sizing gpu --quick), reports in $OUT/study/{stability,steprs}.md.
+#    completions in blocks of 32, the official estimator; the 11 arms take ~11 min on one
+#    H200 by the times measured there: python -m dllm_rl.study.sizing gpu --quick
+#    --measured=docs/results_gpu_quick), reports in $OUT/study/{stability,steprs}.md.
 # Each part gets a share of the limit; a part that runs out is cut and said so (the study
 # resumes from its finished arms when rerun with the same OUT_DIR).
 set -u

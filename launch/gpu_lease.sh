@@ -37,6 +37,9 @@ print("devices", jax.devices())
 EOF
 cat "$STATE/env.txt"
 nproc >> "$STATE/env.txt"; lscpu | grep -m1 "Model name" >> "$STATE/env.txt"
+# The lease-sized study: the main arms at the profile's default lr (rl.lr = 1e-5; the full
+# study adds the lr grid's other two values), resumed from finished arms on a second call.
+export GPU_CHECK_STABILITY_ARMS=${GPU_CHECK_STABILITY_ARMS:-'grpo@lr1e-5,stabledrl@lr1e-5,clip_only@*,selfnorm_only@*'}
 T0=$SECONDS
 [ "$STUDY_S" -gt 0 ] && GPU_CHECK_PARTS=study GPU_CHECK_LIMIT_S=$STUDY_S \
   bash launch/gpu_check.sh "$STATE/study_check"
