@@ -184,7 +184,8 @@ def gpu() -> ml_collections.ConfigDict:
   never learned it (validation ≤ 1/128 at every evaluation, test 0.031 after all 1500 steps),
   so no arm had anything to learn. ``chain``'s warm-up reached validation 0.44 at step 1900 at
   1.1M parameters on CPU; a 9-number chain (62-character answers) was still at 0.06 after 3000
-  steps there, so the profile keeps 6 numbers. At 85M the warm-up is not yet measured: it
+  steps there and a 7-number one at 0.000 after 2500 (the plateau's escape is erratic at
+  1.1M), so the profile keeps 6 numbers. At 85M the warm-up is not yet measured: it
   stops at validation 0.25 (≤ 3000 steps, 49.5 ms a step on the H200 at this model and batch).
   It runs on CPU only at tiny override sizes (tests)."""
   c = chain()
