@@ -188,10 +188,11 @@ def weak_start(study: dict) -> str | None:
   base_sft = (study.get("base_config") or {}).get("sft") or {}
   target = (study.get("overrides") or {}).get("sft.target_accuracy",
                                               base_sft.get("target_accuracy"))
+  if not target:
+    return None
   sft = study.get("sft") or {}
   short = {seed: s for seed, s in sft.items()
-           if target and s.get("sft_val_accuracy") is not None
-           and s["sft_val_accuracy"] < target}
+           if s.get("sft_val_accuracy") is not None and s["sft_val_accuracy"] < target}
   if not short:
     return None
   val = ", ".join(f"{s['sft_val_accuracy']:.3f}" for s in short.values())

@@ -61,6 +61,13 @@ def study_flops(config, rl_steps: int, eval_every: int, arms: int, seeds: int) -
           "total": seeds * (sft + arms * arm)}
 
 
+def arm_count(config, studies: list[str], group: str | None = "main") -> int:
+  """How many arms ``studies`` run over ``config`` (only those of ``group``; None = every)."""
+  from dllm_rl.study import arms as arms_lib
+  return sum(1 for name in studies for a in arms_lib.STUDIES.get(name)(config)
+             if group is None or a.group == group)
+
+
 @dataclasses.dataclass(frozen=True)
 class Estimate:
   params: int
@@ -78,9 +85,8 @@ def estimate(testbed: str, studies: list[str], quick: bool, group: str | None = 
   from dllm_rl.study import arms as arms_lib
   config = testbeds.testbed(testbed).get_config()
   size = arms_lib.size(testbed, quick)
-  n = sum(1 for name in studies for a in arms_lib.STUDIES.get(name)(config)
-          if group is None or a.group == group)
-  f = study_flops(config, size.rl_steps, size.eval_every, n, size.seeds)
+  f = study_flops(config, size.rl_steps, size.eval_every, arm_count(config, studies, group),
+                  size.seeds)
   return Estimate(param_count(config), f, f["total"] / (peak * mfu), peak, mfu)
 
 
@@ -133,19 +139,14 @@ def main(argv: list[str]) -> None:
             f" {e.mfu:.0%} of {e.peak / 1e12:.0f} TFLOP/s")
   for arg in argv:
     if arg.startswith("--measured="):
-      m = measured(arg.split("=", 1)[1])
-      main_arms = sum(1 for name in ("stability", "steprs")
-                      for a in _arms(testbed, name) if a.group == "main")
-      print(f"measured in {arg.split('=', 1)[1]}: SFT start {statistics.fmean(m.sft_seconds):.0f} s,"
+      from dllm_rl.config import testbeds
+      study_dir = arg.split("=", 1)[1]
+      m = measured(study_dir)
+      n = arm_count(testbeds.testbed(testbed).get_config(), ["stability", "steprs"])
+      print(f"measured in {study_dir}: SFT start {statistics.fmean(m.sft_seconds):.0f} s,"
             f" {len(m.arm_seconds)} arm runs {min(m.arm_seconds):.0f}–{max(m.arm_seconds):.0f} s"
-            f" (mean {statistics.fmean(m.arm_seconds):.0f} s): the {main_arms} main arms of"
-            f" stability + steprs (1 seed) take {m.project(main_arms) / 60:.1f} min")
-
-
-def _arms(testbed: str, study: str):
-  from dllm_rl.config import testbeds
-  from dllm_rl.study import arms as arms_lib
-  return arms_lib.STUDIES.get(study)(testbeds.testbed(testbed).get_config())
+            f" (mean {statistics.fmean(m.arm_seconds):.0f} s): the {n} main arms of"
+            f" stability + steprs (1 seed) take {m.project(n) / 60:.1f} min")
 
 
 if __name__ == "__main__":
