@@ -14,8 +14,9 @@
 #    completions in blocks of 32, the official estimator; the 11 arms take ~11 min on one
 #    H200 by the times measured there: python -m dllm_rl.study.sizing gpu --quick
 #    --measured=docs/results_gpu_quick), reports in $OUT/study/{stability,steprs}.md.
-# Each part gets a share of the limit; a part that runs out is cut and said so (the study
-# resumes from its finished arms when rerun with the same OUT_DIR).
+# Each part gets a share of the limit (the study: 3/4 stability, 1/4 StepRS); a part that
+# runs out is cut and said so (the study resumes from its finished arms when rerun with the
+# same OUT_DIR).
 set -u
 OUT=${1:-${OUT:-/tmp/gpu_check}}
 LIMIT=${GPU_CHECK_LIMIT_S:-540}
@@ -37,13 +38,20 @@ STABILITY_ARMS=${GPU_CHECK_STABILITY_ARMS:-'grpo@*,stabledrl@*,clip_only@*,selfn
 STEPRS_ARMS=${GPU_CHECK_STEPRS_ARMS:-'centered,steprs,steprs_calibrated'}
 read -r -a STUDY_FLAGS <<< "${GPU_CHECK_STUDY_FLAGS:-}"
 part() { [[ "$PARTS" == *" $1 "* ]]; }
-part staircase && run staircase $((LIMIT * 2 / 5)) "$PY" -m dllm_rl.benchmarks.staircase \
+# The benchmarks share the limit by weight among the parts named (staircase 3, sampler 4,
+# rl_step_mfu 3): one part alone gets all of it.
+WEIGHTS=0
+for p in "staircase 3" "sampler 4" "rl_step_mfu 3"; do
+  set -- $p; part "$1" && WEIGHTS=$((WEIGHTS + $2))
+done
+share() { echo $((LIMIT * $1 / (WEIGHTS > 0 ? WEIGHTS : 1))); }
+part staircase && run staircase "$(share 3)" "$PY" -m dllm_rl.benchmarks.staircase \
   --lengths 1024 2048 4096 8192 16384 --impl pallas --dtype bfloat16 --repeats 5
-part sampler && run sampler $((LIMIT * 3 / 10)) "$PY" -m dllm_rl.benchmarks.sampler \
+part sampler && run sampler "$(share 4)" "$PY" -m dllm_rl.benchmarks.sampler \
   --checkpoint "$OUT/llada_1b" --init-random --d-model 2048 --layers 16 --heads 16 \
   --mlp 5632 --vocab 32768 --batch 32 --prompt 256 --gen 256 --steps 128 --block 32 \
   --repeats 3 --dtype bfloat16 --out "$OUT/sampler.json"
-part rl_step_mfu && run rl_step_mfu $((LIMIT * 3 / 10)) "$PY" -m dllm_rl.benchmarks.rl_step_mfu --steps 5
+part rl_step_mfu && run rl_step_mfu "$(share 3)" "$PY" -m dllm_rl.benchmarks.rl_step_mfu --steps 5
 part study && run study_stability $((LIMIT * 3 / 4)) "$PY" -m dllm_rl.study stability \
   --scale=gpu --quick --arms="$STABILITY_ARMS" "${STUDY_FLAGS[@]}" \
   --workdir="$OUT/study" --results="$OUT/study/stability.md"

@@ -40,9 +40,39 @@ nproc >> "$STATE/env.txt"; lscpu | grep -m1 "Model name" >> "$STATE/env.txt"
 # The lease-sized study: the main arms at the profile's default lr (rl.lr = 1e-5; the full
 # study adds the lr grid's other two values), resumed from finished arms on a second call.
 export GPU_CHECK_STABILITY_ARMS=${GPU_CHECK_STABILITY_ARMS:-'grpo@lr1e-5,stabledrl@lr1e-5,clip_only@*,selfnorm_only@*'}
+# The arms are worth running only from an SFT start that reached its target (the Countdown
+# start never did, README "GPU (H200)"): once the shared start's summary appears, a start
+# below sft.target_accuracy stops the study and hands its time to the benchmarks, the
+# sampler first (its timed rounds were cut on the first lease), unless GPU_LEASE_PARTS is set.
+SFT_SUMMARY="$STATE/study_check/study/sft/seed0/summary.json"
 T0=$SECONDS
-[ "$STUDY_S" -gt 0 ] && GPU_CHECK_PARTS=study GPU_CHECK_LIMIT_S=$STUDY_S \
-  bash launch/gpu_check.sh "$STATE/study_check"
+if [ "$STUDY_S" -gt 0 ]; then
+  GPU_CHECK_PARTS=study GPU_CHECK_LIMIT_S=$STUDY_S setsid bash launch/gpu_check.sh \
+    "$STATE/study_check" &
+  STUDY_PID=$!
+  CHECKED=
+  while kill -0 "$STUDY_PID" 2>/dev/null; do
+    if [ -z "$CHECKED" ] && [ -s "$SFT_SUMMARY" ]; then
+      CHECKED=1
+      VERDICT=$("$PYTHON" -c "
+import json, os, sys
+val = json.load(open(sys.argv[1])).get('sft_val_accuracy')
+with open(os.path.join(os.path.dirname(sys.argv[1]), 'config_sft.json')) as fh:
+  target = json.load(fh)['sft']['target_accuracy']
+print('ok' if val is not None and val >= target else f'weak {val} < {target}')
+" "$SFT_SUMMARY" 2>&1 | tail -n 1)
+      echo "SFT start: $VERDICT ($((SECONDS - T0)) s)" | tee -a "$STATE/env.txt"
+      if [ "$VERDICT" != ok ]; then
+        # the whole session: timeout(1) puts the study in a process group of its own
+        pkill -TERM -s "$STUDY_PID"; sleep 5; pkill -KILL -s "$STUDY_PID"
+        BENCH_S=$((BENCH_S + STUDY_S - (SECONDS - T0)))
+        export GPU_CHECK_PARTS=${GPU_LEASE_PARTS:-sampler staircase}
+      fi
+    fi
+    sleep 5
+  done
+  wait "$STUDY_PID" 2>/dev/null
+fi
 echo "study part: $((SECONDS - T0)) s" | tee -a "$STATE/env.txt"
 T0=$SECONDS
 [ "$BENCH_S" -gt 0 ] && GPU_CHECK_LIMIT_S=$BENCH_S bash launch/gpu_check.sh "$STATE/bench"
