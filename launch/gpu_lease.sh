@@ -14,14 +14,26 @@
 #     ml-collections==1.1.0 math-verify==0.9.0 latex2sympy2_extended==1.11.0 \
 #     antlr4-python3-runtime==4.13.2 tensorboardX==2.6.5
 # and installed into a fresh /tmp/site (a warm machine keeps the last call's).
-# State lives in .gpu_out/ (git-ignored) so that a second call on the still-warm machine
-# resumes the study from its finished arms.
+# State lives in /tmp/gpu_lease so that a second call on the still-warm machine resumes the
+# study from its finished arms: /tmp survives between calls, the repository's copy does not
+# (on 2026-12-04 a second call's .gpu_out/ inside the repository was gone and the SFT start
+# ran again). Give the call's timeout_s at least STUDY_S + BENCH_S + 60: the tool's timeout
+# kills everything, packing included, and a cut call returns no files. Results are packed
+# after each part, so a cut benchmark part still leaves the study's.
 set -u
 STUDY_S=${1:-400}
 BENCH_S=${2:-150}
 cd "$(dirname "$0")/.."
-STATE=.gpu_out
+STATE=${GPU_LEASE_STATE:-/tmp/gpu_lease}
 mkdir -p "$STATE"
+pack() {  # what the parts wrote so far, into $OUT (the device tool brings it back)
+  [ -n "${OUT:-}" ] || return 0
+  tar czf "$OUT/gpu_lease.tgz" --exclude='*checkpoint*' --exclude='llada_1b' \
+    --exclude='*.safetensors' --exclude='ckpt*' --exclude='xla_cache*' --exclude='jax_cache' \
+    -C "$(dirname "$STATE")" "$(basename "$STATE")"
+  cp "$STATE/env.txt" "$OUT/"
+  cat "$STATE"/*/summary.txt > "$OUT/summary.txt" 2>/dev/null
+}
 export PYTHONUNBUFFERED=1 PYTHON=${PYTHON:-python3}
 if [ -d .whl ]; then
   rm -rf /tmp/site
@@ -74,13 +86,9 @@ print('ok' if val is not None and val >= target else f'weak {val} < {target}')
   wait "$STUDY_PID" 2>/dev/null
 fi
 echo "study part: $((SECONDS - T0)) s" | tee -a "$STATE/env.txt"
+pack
 T0=$SECONDS
 [ "$BENCH_S" -gt 0 ] && GPU_CHECK_LIMIT_S=$BENCH_S bash launch/gpu_check.sh "$STATE/bench"
 echo "bench part: $((SECONDS - T0)) s" | tee -a "$STATE/env.txt"
-if [ -n "${OUT:-}" ]; then
-  tar czf "$OUT/gpu_lease.tgz" --exclude='*checkpoint*' --exclude='llada_1b' \
-    --exclude='*.safetensors' --exclude='ckpt*' --exclude='xla_cache*' --exclude='jax_cache' "$STATE"
-  cp "$STATE/env.txt" "$OUT/"
-  cat "$STATE"/*/summary.txt > "$OUT/summary.txt" 2>/dev/null
-  ls -la "$OUT"
-fi
+pack
+ls -la "${OUT:-.}"
