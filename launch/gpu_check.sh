@@ -11,9 +11,10 @@
 # 3. RL step MFU at ~1B shapes;
 # 4. (only when GPU_CHECK_PARTS names it: it needs the whole limit) the study's main arms at
 #    --scale=gpu --quick (dllm_rl/config/testbeds.py: gpu; ~85M parameters, 128-token
-#    completions in blocks of 32, the official estimator; the 11 arms take ~11 min on one
-#    H200 by the times measured there: python -m dllm_rl.study.sizing gpu --quick
-#    --measured=docs/results_gpu_quick), reports in $OUT/study/{stability,steprs}.md.
+#    completions in blocks of 32, the official estimator; on one H200 the 11 main arms take
+#    ~11 min and the 7 at the default lr 8 min by the times measured there: python -m
+#    dllm_rl.study.sizing gpu --quick --measured=docs/results_gpu_chain_quick), reports in
+#    $OUT/study/{stability,steprs}.md.
 # Each part gets a share of the limit (the study: 3/4 stability, 1/4 StepRS); a part that
 # runs out is cut and said so (the study resumes from its finished arms when rerun with the
 # same OUT_DIR).

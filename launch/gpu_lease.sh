@@ -4,7 +4,10 @@
 # benchmarks (launch/gpu_check.sh) under their own limits, and pack what they wrote into
 # $OUT (the tool returns ≤ 8 files from it).
 #
-#   bash launch/gpu_lease.sh STUDY_S BENCH_S      (e.g. 400 150; wheels in .whl/, see below)
+#   bash launch/gpu_lease.sh STUDY_S BENCH_S      (wheels in .whl/, see below)
+#
+# e.g. `bash launch/gpu_lease.sh 520 0` with timeout_s 590: the 7 default-lr main arms of the
+# GPU profile took 495 s in one call on 2026-12-04 (docs/results_gpu_chain_quick/).
 #
 # Wheels: the lent machine (Python 3.12) has jax 0.11.2, flax 0.12.10, optax, orbax and chex
 # but no registry. Its own flax must be used: our flax 0.12.8 pin fails to import on jax 0.11.2

@@ -185,9 +185,10 @@ def gpu() -> ml_collections.ConfigDict:
   so no arm had anything to learn. ``chain``'s warm-up reached validation 0.44 at step 1900 at
   1.1M parameters on CPU; a 9-number chain (62-character answers) was still at 0.06 after 3000
   steps there and a 7-number one at 0.000 after 2500 (the plateau's escape is erratic at
-  1.1M), so the profile keeps 6 numbers. At 85M the warm-up is not yet measured: it
-  stops at validation 0.25 (≤ 3000 steps, 49.5 ms a step on the H200 at this model and batch).
-  It runs on CPU only at tiny override sizes (tests)."""
+  1.1M), so the profile keeps 6 numbers. At 85M on the H200 the warm-up stopped at its
+  target at step 1400 (validation 0.297, test 0.320; 50.4 ms a step, 173 s in all), and the
+  7 main arms at the default lr took 35–59 s each: 8.25 min for the lot
+  (``docs/results_gpu_chain_quick/``). It runs on CPU only at tiny override sizes (tests)."""
   c = chain()
   c.unlock()
   c.model.d_model = 768

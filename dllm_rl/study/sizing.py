@@ -61,11 +61,15 @@ def study_flops(config, rl_steps: int, eval_every: int, arms: int, seeds: int) -
           "total": seeds * (sft + arms * arm)}
 
 
-def arm_count(config, studies: list[str], group: str | None = "main") -> int:
-  """How many arms ``studies`` run over ``config`` (only those of ``group``; None = every)."""
+def arm_count(config, studies: list[str], group: str | None = "main",
+              default_lr_only: bool = False) -> int:
+  """How many arms ``studies`` run over ``config`` (only those of ``group``; None = every;
+  ``default_lr_only``: without the lr grid's other values, as launch/gpu_lease.sh runs)."""
   from dllm_rl.study import arms as arms_lib
+  lr = float(config.rl.lr)
   return sum(1 for name in studies for a in arms_lib.STUDIES.get(name)(config)
-             if group is None or a.group == group)
+             if (group is None or a.group == group)
+             and not (default_lr_only and float(a.overrides.get("rl.lr", lr)) != lr))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,11 +146,14 @@ def main(argv: list[str]) -> None:
       from dllm_rl.config import testbeds
       study_dir = arg.split("=", 1)[1]
       m = measured(study_dir)
-      n = arm_count(testbeds.testbed(testbed).get_config(), ["stability", "steprs"])
+      config = testbeds.testbed(testbed).get_config()
+      n = arm_count(config, ["stability", "steprs"])
+      n_lr = arm_count(config, ["stability", "steprs"], default_lr_only=True)
       print(f"measured in {study_dir}: SFT start {statistics.fmean(m.sft_seconds):.0f} s,"
             f" {len(m.arm_seconds)} arm runs {min(m.arm_seconds):.0f}–{max(m.arm_seconds):.0f} s"
             f" (mean {statistics.fmean(m.arm_seconds):.0f} s): the {n} main arms of"
-            f" stability + steprs (1 seed) take {m.project(n) / 60:.1f} min")
+            f" stability + steprs (1 seed) take {m.project(n) / 60:.1f} min, the {n_lr} at the"
+            f" default lr (launch/gpu_lease.sh) {m.project(n_lr) / 60:.1f} min")
 
 
 if __name__ == "__main__":

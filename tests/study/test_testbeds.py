@@ -92,6 +92,10 @@ def test_gpu_profile_flop_estimate_counts_the_sft_start_and_each_main_arm():
           if a.group == "main"]
   assert len(main) == 11  # GRPO / StableDRL × 3 lr, 2 ablations; centered, StepRS, calibrated
   assert e.flops["total"] == pytest.approx(e.flops["sft"] + len(main) * e.flops["arm"])
+  # launch/gpu_lease.sh's set: the lr grid's other two values dropped for GRPO and StableDRL
+  at_lr = [a.name for a in main if a.overrides.get("rl.lr", base.rl.lr) == base.rl.lr]
+  assert sizing.arm_count(base, ["stability", "steprs"], default_lr_only=True) == len(at_lr) == 7
+  assert "grpo@lr1e-5" in at_lr and "grpo@lr3e-5" not in at_lr
 
 
 @pytest.mark.slow  # the gpu profile only: chain is the same task and code path, smaller
