@@ -1,11 +1,11 @@
 """``python -m dllm_rl.study.claims [DOCS] [--out=FILE]``: every verdict of the committed study
 reports on one page, recomputed on this code from their JSON.
 
-A study report ``DOCS/<name>.md`` keeps its study JSON in ``DOCS/<name>/<study>.json``
-(:func:`dllm_rl.study.report.write`). This reads every such JSON (``--quick`` smoke runs
-excepted: they claim nothing), recomputes its verdicts with the report's own rules
-(:data:`dllm_rl.study.report.REPORTS`: StableDRL over GRPO and its ablations, StepRS over
-centered GRPO and its controls, each baseline over its SFT start) and writes one table of
+A study report ``DOCS/<name>.md`` keeps its study JSON in ``DOCS/<name>/<study>.json.gz``
+(:func:`dllm_rl.study.report.write`; ``.json`` from older code). This reads every such JSON
+(``--quick`` smoke runs excepted: they claim nothing), recomputes its verdicts with the report's
+own rules (:data:`dllm_rl.study.report.REPORTS`: StableDRL over GRPO and its ablations, StepRS
+over centered GRPO and its controls, each baseline over its SFT start) and writes one table of
 them, each row linking the report that holds its full evidence (tables, plots, the likely
 reason). The numbers are the runs' as stored; only the verdict rules are this code's, so a
 report written by older report code may word a verdict differently from this page.
@@ -37,13 +37,9 @@ def find_reports(docs: str) -> list[tuple[str, list[dict]]]:
     folder = os.path.splitext(md)[0]
     studies = []
     for name in report.REPORTS:  # the report's own order: stability, steprs, baselines
-      path = os.path.join(folder, f"{name}.json")
-      if os.path.isfile(path):
-        with open(path) as fh:
-          try:
-            study = json.load(fh)
-          except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not a study JSON ({e})") from None
+      found = report.load_study_json(folder, name)
+      if found is not None:
+        path, study = found
         if study.get("study") != name:
           raise ValueError(f"{path}: holds study {study.get('study')!r}, not {name!r}")
         if not study.get("quick"):
@@ -174,7 +170,7 @@ def main(argv: list[str]) -> int:
     print(f"claims: {e}", file=sys.stderr)
     return 2
   if not reports:
-    print(f"claims: no study report in {docs} (DOCS/<name>.md beside DOCS/<name>/<study>.json)",
+    print(f"claims: no study report in {docs} (DOCS/<name>.md beside DOCS/<name>/<study>.json.gz)",
           file=sys.stderr)
     return 2
   from dllm_rl.study.provenance import git_commit

@@ -89,3 +89,33 @@ def test_a_broken_json_or_an_empty_folder_exits_2_naming_it(tmp_path, capsys):
   assert claims.main(["claims", str(tmp_path)]) == 2
   assert os.path.join("r", "stability.json") in capsys.readouterr().err
   assert not (tmp_path / "claims.md").exists()  # nothing written on an error
+
+
+def test_report_write_keeps_the_study_json_gzipped_and_the_claims_page_reads_it(tmp_path,
+                                                                               monkeypatch):
+  """report.write copies DIR/<study>.json beside the report as <study>.json.gz (the same
+  bytes for the same JSON; an uncompressed copy from older code removed), and the claims
+  page reads it as it reads an older report's plain JSON."""
+  from dllm_rl.study import report
+  monkeypatch.setattr(report, "render", lambda *a: "# report\n")  # rendering: test_study.py
+  workdir, docs = tmp_path / "w", tmp_path / "docs"
+  os.makedirs(workdir)
+  study = _stability(5)
+  with open(workdir / "stability.json", "w") as fh:
+    json.dump(study, fh)
+  os.makedirs(docs / "r_new")
+  (docs / "r_new" / "stability.json").write_text("{}")  # left by older code: replaced
+  report.write([study], {"command": "test"}, str(workdir), str(docs / "r_new.md"))
+  assert sorted(os.listdir(docs / "r_new")) == ["stability.json.gz"]
+  first = (docs / "r_new" / "stability.json.gz").read_bytes()
+  report.save_study_json(str(workdir / "stability.json"), str(docs / "r_new"))
+  assert (docs / "r_new" / "stability.json.gz").read_bytes() == first  # deterministic
+  assert report.load_study_json(str(docs / "r_new"), "stability")[1] == study
+  assert report.load_study_json(str(docs / "r_new"), "steprs") is None
+  _report(docs, "r_old", _stability(10))  # plain JSON: an older report
+  found = claims.find_reports(str(docs))
+  assert [(os.path.basename(md), len(st[0]["runs"])) for md, st in found] == [
+      ("r_new.md", 10), ("r_old.md", 20)]
+  (docs / "r_new" / "stability.json.gz").write_bytes(b"not gzip")
+  with pytest.raises(ValueError, match="stability.json.gz: not a study JSON"):
+    claims.find_reports(str(docs))
