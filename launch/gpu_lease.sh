@@ -105,4 +105,4 @@ T0=$SECONDS
 [ "$BENCH_S" -gt 0 ] && GPU_CHECK_LIMIT_S=$BENCH_S bash launch/gpu_check.sh "$STATE/bench"
 echo "bench part: $((SECONDS - T0)) s" | tee -a "$STATE/env.txt"
 pack
-[ -n "${OUT:-}" ] && ls -la "$OUT"
+if [ -n "${OUT:-}" ]; then ls -la "$OUT"; fi
