@@ -118,15 +118,78 @@ def _run(config, workdir: str) -> dict:
   return run.run(config, workdir)
 
 
+# The config groups that make an SFT start what it is (its model, data, task, training and
+# the evaluations its summary reports); the rest (rl, log, checkpoint, mesh, ...) does not.
+SFT_START_KEYS = ("seed", "model", "task", "data", "sft", "sampler", "eval", "lora", "train")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[prefix + k] = v
+  return out
+
+
+def check_sft_reusable(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """A ConfigError (key ``workdir``) when the finished SFT start in ``workdir`` was trained
+  with other settings of :data:`SFT_START_KEYS` than ``config`` (its ``config_sft.json``
+  against this study's; keys only one side has, from another code version, are not
+  compared): the study would otherwise build its arms on a start it did not ask for."""
+  from dllm_rl.errors import ConfigError
+  path = os.path.join(workdir, "config_sft.json")
+  if not os.path.exists(path):
+    return
+  with open(path) as fh:
+    recorded = _flat(json.load(fh))
+  wanted = _flat(json.loads(config.to_json_best_effort()))
+  differ = sorted(k for k in set(recorded) & set(wanted)
+                  if k.split(".")[0] in SFT_START_KEYS and recorded[k] != wanted[k])
+  if differ:
+    shown = "; ".join(f"{k}: trained with {recorded[k]!r}, this study sets {wanted[k]!r}"
+                      for k in differ[:6]) + ("; ..." if len(differ) > 6 else "")
+    raise ConfigError("workdir", f"{workdir} holds an SFT start trained with other settings"
+                      f" ({shown}): use a fresh --workdir, or the --config overrides it"
+                      " was trained with")
+
+
+def sft_config(seed: int, overrides: dict,
+               base: ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:
+  """The config of the seed's SFT start: ``base`` with the study-wide ``overrides``."""
+  return make_config({**overrides, "mode": "sft", "seed": seed, "log.progress": False,
+                      "log.tensorboard": False}, base)
+
+
+def sft_start_dir(workdir: str, seed: int, shared: bool) -> str:
+  """The folder of the SFT start that ``seed``'s arms start from (seed 0's when ``shared``)."""
+  return os.path.join(workdir, "sft", f"seed{0 if shared else seed}")
+
+
+def check_sft_starts(workdir: str, seeds: int, overrides: dict, testbed: str,
+                     base: ml_collections.ConfigDict | None = None) -> None:
+  """:func:`check_sft_reusable` on every finished SFT start the study in DIR would reuse;
+  ``studies.study`` calls it before anything trains. ``base``: the testbed's config unless
+  given."""
+  bed = testbeds.testbed(testbed)
+  shared, base = bed.shared_sft, base if base is not None else bed.get_config()
+  for seed in range(1 if shared else seeds):
+    folder = sft_start_dir(workdir, seed, shared)
+    if os.path.exists(os.path.join(folder, "summary.json")):
+      check_sft_reusable(folder, sft_config(seed, overrides, base))
+
+
 def train_sft(seed: int, workdir: str, overrides: dict,
               base: ml_collections.ConfigDict | None = None) -> dict:
-  """The seed's SFT checkpoint (trained once; reused when its summary exists)."""
+  """The seed's SFT checkpoint (trained once; reused when its summary exists and it was
+  trained with this study's settings, :func:`check_sft_reusable`)."""
+  config = sft_config(seed, overrides, base)
   path = os.path.join(workdir, "summary.json")
   if os.path.exists(path):
+    check_sft_reusable(workdir, config)
     with open(path) as fh:
       return json.load(fh)
-  config = make_config({**overrides, "mode": "sft", "seed": seed, "log.progress": False,
-                        "log.tensorboard": False}, base)
   return _run(config, workdir)
 
 
@@ -298,18 +361,17 @@ def _run_seeds(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
   t0 = time.time()
   runs, sfts = [], {}
   for seed in range(seeds):
-    sft_seed = 0 if shared else seed
-    sft_dir = os.path.join(workdir, "sft", f"seed{sft_seed}")  # shared by the studies of a DIR
+    start_dir = sft_start_dir(workdir, seed, shared)  # shared by the studies of a DIR
     if shared and seed > 0:  # one start for every seed: recorded (and its time counted) once
       sfts[seed] = {**sfts[0], "wall_seconds": 0.0, "shared_from_seed": 0}
     else:
-      sfts[seed] = train_sft(sft_seed, sft_dir, overrides, base)
+      sfts[seed] = train_sft(0 if shared else seed, start_dir, overrides, base)
     log(f"[study] {name} seed {seed}: SFT test accuracy {sfts[seed].get('sft_accuracy')}"
         + (" (the shared start: seed 0's)" if shared else ""))
     _stop_if_requested(name, seed, "SFT start")
     calibrated = {}
     for arm in arms:
-      rec = run_arm(arm, seed, sft_dir, _arm_dir(workdir, name, seed, arm), size, overrides,
+      rec = run_arm(arm, seed, start_dir, _arm_dir(workdir, name, seed, arm), size, overrides,
                     calibrated, base)
       r = make_config(rec["overrides"], base).rl
       calibrated[arm.name] = {"calibrated_beta": rec["summary"].get("calibrated_beta"),

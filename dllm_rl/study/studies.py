@@ -47,6 +47,7 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
     overrides = {**overrides, "rl.warmup_steps": round(
         base.rl.warmup_steps * size.rl_steps / full.rl_steps)}
   runner.claim_workdir(workdir, testbed)  # DIR's testbed, then its finished runs: before any run
+  runner.check_sft_starts(workdir, size.seeds, overrides, testbed, base)
   for name in names:
     runner.check_finished_runs(name, arms_lib.select(arms_lib.STUDIES.get(name)(base),
                                                      arm_patterns),

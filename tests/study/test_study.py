@@ -156,6 +156,36 @@ def test_a_finished_run_is_reused_only_with_the_settings_it_ran_with(tmp_path):
     check_reusable("p", ran, {**ran, "rl.beta_end": 0.9})
 
 
+def test_a_finished_sft_start_is_reused_only_with_the_settings_it_was_trained_with(tmp_path):
+  """check_sft_starts: the SFT start in DIR (its config_sft.json) against this study's SFT
+  config, on the keys that make a start (model, task, data, sft, sampler, eval, ...): another
+  value is a ConfigError naming the key; RL-only overrides and keys only one side has are
+  not compared."""
+  from dllm_rl.config import ConfigError
+  from dllm_rl.study.runner import check_sft_starts, sft_config
+  start = tmp_path / "sft" / "seed0"
+  start.mkdir(parents=True)
+  (start / "summary.json").write_text("{}")
+  check_sft_starts(str(tmp_path), 2, {"sft.lr": 1e-3}, "arithmetic")  # no config recorded
+  recorded = json.loads(sft_config(0, {"sft.lr": 1e-3}).to_json_best_effort())
+  recorded["model"]["a_key_of_other_code"] = 1
+  (start / "config_sft.json").write_text(json.dumps(recorded))
+  check_sft_starts(str(tmp_path), 1, {"sft.lr": 1e-3, "rl.lr": 5e-5}, "arithmetic")
+  with pytest.raises(ConfigError, match=r"sft/seed0 holds an SFT start trained with other"
+                     r" settings \(sft\.lr: trained with 0\.001, this study sets 0\.002\)"):
+    check_sft_starts(str(tmp_path), 1, {"sft.lr": 2e-3}, "arithmetic")
+  # seed 1's start is its own on a testbed without a shared start; chain's seeds share seed 0's
+  (tmp_path / "sft" / "seed1").mkdir()
+  (tmp_path / "sft" / "seed1" / "summary.json").write_text("{}")
+  (tmp_path / "sft" / "seed1" / "config_sft.json").write_text(json.dumps(recorded))
+  with pytest.raises(ConfigError, match=r"seed1 holds an SFT start .*seed: trained with 0,"
+                     r" this study sets 1"):
+    check_sft_starts(str(tmp_path), 2, {"sft.lr": 1e-3}, "arithmetic")
+  with pytest.raises(ConfigError, match=r"sft/seed0 holds .*data\.completion_len: trained with"
+                     r" 8, this study sets 48"):
+    check_sft_starts(str(tmp_path), 2, {"sft.lr": 1e-3}, "chain")
+
+
 def test_a_bad_override_fails_naming_its_key_before_anything_runs(tmp_path):
   from dllm_rl.config import ConfigError
   from dllm_rl.study.runner import run_study
