@@ -53,10 +53,12 @@ part sampler && run sampler "$(share 4)" "$PY" -m dllm_rl.benchmarks.sampler \
   --mlp 5632 --vocab 32768 --batch 32 --prompt 256 --gen 256 --steps 128 --block 32 \
   --repeats 3 --dtype bfloat16 --out "$OUT/sampler.json"
 part rl_step_mfu && run rl_step_mfu "$(share 3)" "$PY" -m dllm_rl.benchmarks.rl_step_mfu --steps 5
-part study && run study_stability $((LIMIT * 3 / 4)) "$PY" -m dllm_rl.study stability \
+# GPU_CHECK_STEPRS_ARMS=none: the stability study alone, with the whole limit
+STABILITY_S=$((LIMIT * 3 / 4)); [ "$STEPRS_ARMS" = none ] && STABILITY_S=$LIMIT
+part study && run study_stability "$STABILITY_S" "$PY" -m dllm_rl.study stability \
   --scale=gpu --quick --arms="$STABILITY_ARMS" "${STUDY_FLAGS[@]}" \
   --workdir="$OUT/study" --results="$OUT/study/stability.md"
-part study && run study_steprs $((LIMIT / 4)) "$PY" -m dllm_rl.study steprs \
-  --scale=gpu --quick --arms="$STEPRS_ARMS" "${STUDY_FLAGS[@]}" \
-  --workdir="$OUT/study" --results="$OUT/study/steprs.md"
+[ "$STEPRS_ARMS" = none ] || { part study && run study_steprs $((LIMIT / 4)) "$PY" \
+  -m dllm_rl.study steprs --scale=gpu --quick --arms="$STEPRS_ARMS" "${STUDY_FLAGS[@]}" \
+  --workdir="$OUT/study" --results="$OUT/study/steprs.md"; }
 echo "done; logs in $OUT"
