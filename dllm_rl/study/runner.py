@@ -337,7 +337,8 @@ def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
   base = base if base is not None else testbeds.testbed(testbed).get_config()
   for arm in arms:  # every arm's run config is checked before anything trains or compiles
     validate(make_config(arm_run_overrides(0, size, overrides, arm.overrides), base))
-  claim_workdir(workdir, testbed)
+  claim_workdir(workdir, testbed)  # studies.study did both already; a direct call had not
+  check_sft_starts(workdir, seeds, overrides, testbed, base)
   from dllm_rl.train.resilience import handle_signals
   with handle_signals():  # a stop request ends the study after the run in progress
     return _run_seeds(name, arms, workdir, seeds, size, overrides, log, testbed, base)
