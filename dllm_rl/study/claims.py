@@ -88,6 +88,18 @@ def compared_arms(comparison: str) -> tuple[str, ...]:
   raise ValueError(f"claims: cannot read the arms of the comparison {comparison!r}")
 
 
+# Summary keys that a rerun of the same run changes (timings, where its plot was written):
+# left out when runs are matched across reports.
+_VOLATILE_SUFFIXES = ("_seconds", "_per_second", "_plot")
+
+
+def run_identity(summary: dict) -> str:
+  """What makes two runs the same run: their summary without timings and paths (a run
+  retrained bit for bit on another day has other wall times)."""
+  return json.dumps({k: v for k, v in summary.items() if not k.endswith(_VOLATILE_SUFFIXES)},
+                    sort_keys=True)
+
+
 def claims_of(md: str, study: dict) -> list[Claim]:
   """Every verdict of ``study`` (of report ``md``) by the report's rules, its evidence
   without the likely reason."""
@@ -97,7 +109,7 @@ def claims_of(md: str, study: dict) -> list[Claim]:
   for comparison, verdict, evidence in report.REPORTS[study["study"]][1](study):
     arms = compared_arms(comparison)
     compared = [r for r in study["runs"] if r["arm"] in arms]
-    runs = {(r["arm"], r["seed"]): json.dumps(r["summary"], sort_keys=True) for r in compared}
+    runs = {(r["arm"], r["seed"]): run_identity(r["summary"]) for r in compared}
     commits = sorted({r.get("commit") or "not recorded" for r in compared})
     out.append(Claim(md, written_at, ", ".join(commits), testbed, study["study"], seeds,
                      bool(study.get("shared_sft")), comparison, verdict,

@@ -62,6 +62,28 @@ def test_the_same_runs_in_two_reports_count_once(tmp_path):
   assert [c.covered_by for c in got] == ["", "the same runs as r_a.md"]
 
 
+def test_a_rerun_with_other_timings_is_the_same_run(tmp_path):
+  """A run retrained bit for bit (another wall time, another plot path) still counts as the
+  run a smaller report holds: that report is superseded; another accuracy is another run."""
+  small, big = _stability(5), _stability(10)
+  for r in small["runs"]:
+    r["summary"].update(rl_wall_seconds=180.0, rollout_tokens_per_second=970.0,
+                        rl_plot="/old/rl_curves.png")
+  for r in big["runs"]:
+    r["summary"].update(rl_wall_seconds=100.0, rollout_tokens_per_second=1940.0,
+                        rl_plot="/new/rl_curves.png")
+  _report(tmp_path, "r_small", small)
+  _report(tmp_path, "r_big", big)
+  got = claims.mark_covered([c for md, st in claims.find_reports(str(tmp_path)) for s in st
+                             for c in claims.claims_of(md, s)])
+  assert [c.covered_by for c in got] == ["", "superseded by r_big.md"]
+  big["runs"][0]["summary"]["rl_accuracy"] += 0.01
+  _report(tmp_path, "r_big", big)
+  got = claims.mark_covered([c for md, st in claims.find_reports(str(tmp_path)) for s in st
+                             for c in claims.claims_of(md, s)])
+  assert [c.covered_by for c in got] == ["", ""]
+
+
 def test_a_different_run_is_not_covered(tmp_path):
   other = _stability(10)
   other["runs"][0]["summary"]["rl_accuracy"] += 0.01  # seed 0 of GRPO differs: another run
