@@ -39,20 +39,18 @@ STABILITY_ARMS=${GPU_CHECK_STABILITY_ARMS:-'grpo@*,stabledrl@*,clip_only@*,selfn
 STEPRS_ARMS=${GPU_CHECK_STEPRS_ARMS:-'centered,steprs,steprs_calibrated'}
 read -r -a STUDY_FLAGS <<< "${GPU_CHECK_STUDY_FLAGS:-}"
 part() { [[ "$PARTS" == *" $1 "* ]]; }
-# The benchmarks share the limit by weight among the parts named (staircase 3, sampler 4,
-# rl_step_mfu 3): one part alone gets all of it.
+# The benchmarks share the limit by weight among the parts named: one part alone gets all of it.
+declare -A WEIGHT=([staircase]=3 [sampler]=4 [rl_step_mfu]=3)
 WEIGHTS=0
-for p in "staircase 3" "sampler 4" "rl_step_mfu 3"; do
-  set -- $p; part "$1" && WEIGHTS=$((WEIGHTS + $2))
-done
-share() { echo $((LIMIT * $1 / (WEIGHTS > 0 ? WEIGHTS : 1))); }
-part staircase && run staircase "$(share 3)" "$PY" -m dllm_rl.benchmarks.staircase \
+for name in "${!WEIGHT[@]}"; do part "$name" && WEIGHTS=$((WEIGHTS + WEIGHT[$name])); done
+share() { echo $((LIMIT * WEIGHT[$1] / (WEIGHTS > 0 ? WEIGHTS : 1))); }
+part staircase && run staircase "$(share staircase)" "$PY" -m dllm_rl.benchmarks.staircase \
   --lengths 1024 2048 4096 8192 16384 --impl pallas --dtype bfloat16 --repeats 5
-part sampler && run sampler "$(share 4)" "$PY" -m dllm_rl.benchmarks.sampler \
+part sampler && run sampler "$(share sampler)" "$PY" -m dllm_rl.benchmarks.sampler \
   --checkpoint "$OUT/llada_1b" --init-random --d-model 2048 --layers 16 --heads 16 \
   --mlp 5632 --vocab 32768 --batch 32 --prompt 256 --gen 256 --steps 128 --block 32 \
   --repeats 3 --dtype bfloat16 --out "$OUT/sampler.json"
-part rl_step_mfu && run rl_step_mfu "$(share 3)" "$PY" -m dllm_rl.benchmarks.rl_step_mfu --steps 5
+part rl_step_mfu && run rl_step_mfu "$(share rl_step_mfu)" "$PY" -m dllm_rl.benchmarks.rl_step_mfu --steps 5
 # GPU_CHECK_STEPRS_ARMS=none: the stability study alone, with the whole limit
 STABILITY_S=$((LIMIT * 3 / 4)); [ "$STEPRS_ARMS" = none ] && STABILITY_S=$LIMIT
 part study && run study_stability "$STABILITY_S" "$PY" -m dllm_rl.study stability \
