@@ -28,10 +28,13 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
           overrides: dict[str, object],
           results_md: str, command: str, rl_steps: int | None = None,
           eval_every: int | None = None, cache_dir: str | None = None,
-          arm_patterns: list[str] | None = None, testbed: str = testbeds.DEFAULT) -> dict:
+          arm_patterns: list[str] | None = None, testbed: str = testbeds.DEFAULT,
+          prefetch: bool | None = None) -> dict:
   """Run the named studies on ``testbed`` (its base config and run lengths,
   ``dllm_rl/config/testbeds.py``) and write their JSON, plots and the markdown report.
-  ``arm_patterns``: only the arms matching one of these shell patterns."""
+  ``arm_patterns``: only the arms matching one of these shell patterns. ``prefetch``: compile
+  the arms' RL programs in the background ahead of the arm that trains (runner.run_study;
+  None: on GPU and TPU only)."""
   base = testbeds.testbed(testbed).get_config()  # a ValueError listing the names when unknown
   provenance.git_commit()  # the code this process imported: read now, before any run
   import jax
@@ -60,7 +63,7 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
     with runner.compilation_cache(cache_dir):
       arms = arms_lib.select(arms_lib.STUDIES.get(name)(base), arm_patterns)
       result = runner.run_study(name, arms, workdir, size.seeds, size, overrides,
-                                testbed=testbed, base=base)
+                                testbed=testbed, base=base, prefetch=prefetch)
     result["command"], result["quick"] = command, quick
     with open(os.path.join(workdir, f"{name}.json"), "w") as fh:
       json.dump(result, fh)

@@ -69,6 +69,57 @@ def step_config(config, sampler_cfg, mask_id: int, eos_id: int) -> RLStepConfig:
       kl_estimator=r.kl_estimator, mask_id=mask_id, eos_id=eos_id, micro_batch=r.micro_batch)
 
 
+def rl_state(ctx: Context, params, optimizer):
+  """(the fresh RL train state from ``params``, its shardings): the optimizer's initial
+  state, the run's RNG and, with ``rl.kl_coef`` > 0, ``params`` as the reference policy."""
+  return init_state_sharded(params, optimizer,
+                            jax.random.fold_in(jax.random.key(ctx.config.seed), 2), ctx.mesh,
+                            ref_params=params if ctx.config.rl.kl_coef > 0 else None)
+
+
+def rollout_prompts(ctx: Context, position: int = 0) -> BatchIterator:
+  """The RL phase's prompt batches (``rl.batch_prompts`` training prompts, shuffled with
+  ``seed + 1``) from batch ``position`` on."""
+  prompts = {"prompt_BP": ctx.train.arrays["prompt_BP"],
+             "prompt_valid_BP": ctx.train.arrays["prompt_valid_BP"],
+             "index": np.arange(len(ctx.train.examples))}
+  return BatchIterator(prompts, ctx.config.rl.batch_prompts, ctx.config.seed + 1,
+                       position=position)
+
+
+def rollout_sampler(ctx: Context, graphdef):
+  """(sampler config, jitted group sampler) of the rollouts: the run's sampler at
+  ``rl.temperature``, ``rl.group_size`` completions per prompt."""
+  r = ctx.config.rl
+  cfg = dataclasses.replace(ctx.sampler_cfg, temperature=float(r.temperature))
+  return cfg, evaluation.make_sample_fn(graphdef, cfg, mask_id=ctx.tokenizer.mask_id,
+                                        eos_id=ctx.tokenizer.eos_id, mesh=ctx.mesh,
+                                        group_size=r.group_size)
+
+
+def update_step(ctx: Context, graphdef, optimizer, schedule, state_sharding):
+  """The jitted rl_step of the run (dllm_rl.rl.step.make_rl_step)."""
+  cfg = step_config(ctx.config, ctx.sampler_cfg, ctx.tokenizer.mask_id, ctx.tokenizer.eos_id)
+  return make_rl_step(graphdef, optimizer, schedule, cfg, mesh=ctx.mesh,
+                      state_sharding=state_sharding)
+
+
+def step_hyper(ctx: Context) -> StepHyper:
+  """The rl_step's traced hyperparameters (the lr: runs that differ only in it share the
+  compiled step), replicated on the mesh."""
+  return put_replicated(ctx.mesh, StepHyper.of(ctx.config.rl.lr))
+
+
+def rollout_batch(ctx: Context, batch: dict, completions, unmask_steps, rewards,
+                  correct) -> RolloutBatch:
+  """The rl_step's input: a prompt batch, its rollouts and their rewards (host arrays) as
+  global arrays sharded over the batch axes."""
+  return put_global(ctx.mesh, RolloutBatch(
+      prompt_BP=batch["prompt_BP"], prompt_valid_BP=batch["prompt_valid_BP"],
+      completion_BGL=completions, unmask_step_BGL=unmask_steps, rewards_BG=rewards,
+      correct_BG=correct))
+
+
 def _step_flops(config, ctx: Context, rollout_cfg, out, prompt_len: int) -> float:
   """Model FLOPs of one RL iteration (dllm_rl.train.flops): the rollout, at the blocks and
   steps the sampler ran (max over the groups), and the rl_step."""
@@ -129,31 +180,20 @@ class RLPhase(Phase):
     self.moe_layers = tuple(i for i in range(mc.n_layers) if mc.is_moe_layer(i))
 
   def init_state(self):
-    ctx, r = self.ctx, self.ctx.config.rl
-    state, self.state_sharding = init_state_sharded(
-        self.params, self.optimizer, jax.random.fold_in(jax.random.key(ctx.config.seed), 2),
-        ctx.mesh, ref_params=self.params if r.kl_coef > 0 else None)
+    state, self.state_sharding = rl_state(self.ctx, self.params, self.optimizer)
     return state
 
   def start(self, state, meta: dict, resumed: bool) -> int:
-    ctx, config, r = self.ctx, self.ctx.config, self.ctx.config.rl
+    ctx = self.ctx
     position = meta.get("data_position", 0)
     self.base_accuracy = meta.get("base_accuracy")
     if resumed:
       print(f"[rl] resumed at rollout batch {position}", flush=True)
-    prompts = {"prompt_BP": ctx.train.arrays["prompt_BP"],
-               "prompt_valid_BP": ctx.train.arrays["prompt_valid_BP"],
-               "index": np.arange(len(ctx.train.examples))}
-    self.batches = BatchIterator(prompts, r.batch_prompts, config.seed + 1, position=position)
-    self.rollout_cfg = dataclasses.replace(ctx.sampler_cfg, temperature=float(r.temperature))
-    self.rollout_fn = evaluation.make_sample_fn(
-        self.graphdef, self.rollout_cfg, mask_id=ctx.tokenizer.mask_id,
-        eos_id=ctx.tokenizer.eos_id, mesh=ctx.mesh, group_size=r.group_size)
-    cfg = step_config(config, ctx.sampler_cfg, ctx.tokenizer.mask_id, ctx.tokenizer.eos_id)
-    self.step_fn = make_rl_step(self.graphdef, self.optimizer, self.schedule, cfg,
-                                mesh=ctx.mesh, state_sharding=self.state_sharding)
-    # the lr as an input: runs that differ only in it share the compiled step
-    self.hyper = put_replicated(ctx.mesh, StepHyper.of(r.lr))
+    self.batches = rollout_prompts(ctx, position)
+    self.rollout_cfg, self.rollout_fn = rollout_sampler(ctx, self.graphdef)
+    self.step_fn = update_step(ctx, self.graphdef, self.optimizer, self.schedule,
+                               self.state_sharding)
+    self.hyper = step_hyper(ctx)
     self.build_evaluators()
     return self.batches.position
 
@@ -169,10 +209,8 @@ class RLPhase(Phase):
     examples = [ctx.train.examples[i] for i in batch["index"]]
     rewards, correct, _ = evaluation.verify_groups(ctx.task, ctx.tokenizer, examples, completions)
     rewards = faults.at("reward", step, rewards)
-    rollout = put_global(ctx.mesh, RolloutBatch(
-        prompt_BP=batch["prompt_BP"], prompt_valid_BP=batch["prompt_valid_BP"],
-        completion_BGL=completions, unmask_step_BGL=np.asarray(out.unmask_step_BL),
-        rewards_BG=rewards, correct_BG=correct))
+    rollout = rollout_batch(ctx, batch, completions, np.asarray(out.unmask_step_BL), rewards,
+                            correct)
     if self.base_accuracy is None:
       self.base_accuracy = float(np.mean(correct))
     self.last_rollout = (examples, batch, completions, correct)  # for samples(): host arrays

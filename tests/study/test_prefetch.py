@@ -1,0 +1,93 @@
+"""The study's background compiles (dllm_rl.study.prefetch): claim order, failures, and that
+the arms load what was compiled for them, with the same results as without."""
+
+import logging
+import os
+import re
+import threading
+
+import pytest
+
+from dllm_rl.study import prefetch
+from dllm_rl.study.studies import study
+from tests.study.test_study import QUICK_ARMS, TINY
+
+
+def test_claims_wait_for_a_compile_in_progress_and_drop_those_not_started(tmp_path):
+  started, release, compiled, lines = threading.Event(), threading.Event(), [], []
+
+  def fake_compile(config, workdir):
+    compiled.append(config)
+    if config == "a":
+      started.set()
+      assert release.wait(10)
+    if config == "b":
+      raise RuntimeError("no such program")
+
+  pre = prefetch.Prefetcher([("a", "a"), ("b", "b"), ("c", "c")], str(tmp_path / "scratch"),
+                            log=lines.append, compile_fn=fake_compile).start()
+  assert started.wait(10)
+  assert pre.claim("c") < 1.0  # not started: dropped at once, its arm compiles it
+  assert pre.state["c"] == prefetch.CLAIMED
+  threading.Timer(0.3, release.set).start()
+  assert pre.claim("a") >= 0.2  # in progress: waited for, not compiled a second time
+  assert pre.state["a"] == prefetch.DONE
+  pre.claim("b")  # whatever b's compile did, claiming it returns once it is over
+  pre.close()
+  assert compiled == ["a", "b"]  # c was claimed before its turn
+  assert pre.state == {"a": prefetch.DONE, "b": prefetch.DONE, "c": prefetch.CLAIMED}
+  assert len(lines) == 2 and "background compile of b failed (RuntimeError: no such program)" \
+      in lines[0] and "compiles its programs itself" in lines[0]
+  assert lines[1].startswith("[study] compiled 1 arm(s)' RL programs in the background (")
+  assert re.search(r"\(\d+ s: a \d+ s\)$", lines[1])  # the failed one is not counted
+  assert not (tmp_path / "scratch").exists()
+  assert pre.claim("unknown") < 1.0  # an arm that was never queued
+
+
+class _CacheLog(logging.Handler):
+  """JAX's persistent-cache lines: (thread name, 'hit' / 'miss', cache key)."""
+
+  def __init__(self):
+    super().__init__(logging.DEBUG)
+    self.events = []
+
+  def emit(self, record):
+    msg = record.getMessage()
+    for marker, kind in (("Persistent compilation cache hit", "hit"),
+                         ("PERSISTENT COMPILATION CACHE MISS", "miss")):
+      if msg.startswith(marker):
+        self.events.append((threading.current_thread().name, kind, msg.rsplit(" ", 1)[-1]))
+
+
+@pytest.mark.slow
+def test_arms_load_the_background_compiles_and_give_the_same_runs(tmp_path):
+  arms = QUICK_ARMS[:2]  # GRPO and StableDRL at the default lr: two different rl_steps
+  runs, events, handler = {}, {}, _CacheLog()
+  logger = logging.getLogger("jax._src.compiler")
+  old_level = logger.level
+  logger.setLevel(logging.DEBUG)
+  logger.addHandler(handler)
+  try:
+    for on in (False, True):  # each in its own cache directory
+      d = tmp_path / f"prefetch_{on}"
+      out = study(["stability"], str(d), 1, True, TINY, str(d / "r.md"), "test", rl_steps=2,
+                  eval_every=1, cache_dir=str(d / "jax_cache"), arm_patterns=arms, prefetch=on)
+      runs[on], events[on], handler.events = out["studies"][0]["runs"], handler.events, []
+  finally:
+    logger.removeHandler(handler)
+    logger.setLevel(old_level)
+  # the same programs either way: every step record and test result is bit-identical
+  for a, b in zip(runs[True], runs[False], strict=True):
+    assert a["arm"] == b["arm"] and a["steps"] == b["steps"] and a["final"] == b["final"]
+
+  def keys(on, thread, kind):
+    return {key for t, k, key in events[on] if t == thread and k == kind}
+
+  background = keys(True, "dllm_rl-prefetch", "miss")
+  assert keys(False, "dllm_rl-prefetch", "miss") == set()  # --noprefetch: no thread
+  assert len(background) >= 2  # a rollout sampler and an rl_step, at least
+  assert background <= keys(True, "MainThread", "hit")  # each was loaded by an arm
+  # ... instead of compiled there: the arms compiled that many fewer programs themselves
+  assert (len(keys(True, "MainThread", "miss"))
+          <= len(keys(False, "MainThread", "miss")) - len(background))
+  assert not os.path.exists(prefetch.scratch_dir(str(tmp_path / "prefetch_True")))
