@@ -46,6 +46,11 @@ _RESULTS = flags.DEFINE_string("results", None, "Markdown report to write (defau
                                " the committed report is docs/results.md).")
 _STEPS = flags.DEFINE_integer("rl_steps", None, "RL steps per arm (default: the study size).")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", None, "Validation every N RL steps.")
+_SFT_SEED = flags.DEFINE_integer("sft_seed", 0, "The seed of the one SFT start on a testbed whose"
+                                  " seeds share it (" + ", ".join(
+                                      n for n in testbeds.TESTBEDS.names()
+                                      if testbeds.testbed(n).shared_sft) + "): the claims from"
+                                  " another start (DIR/sft/seed<N>; one start per DIR).")
 _PREFETCH = flags.DEFINE_bool("prefetch", None, "Compile the arms' RL programs in a background"
                               " thread ahead of the arm that trains (the results are the same)."
                               " Default: on with a GPU or TPU, off on CPU, where compiling and"
@@ -82,7 +87,7 @@ def main(argv):
   try:
     study(names, _WORKDIR.value, _SEEDS.value, _QUICK.value, overrides, results, command,
           _STEPS.value, _EVAL_EVERY.value, os.path.join(_WORKDIR.value, "jax_cache"), _ARMS.value,
-          testbed, _PREFETCH.value)
+          testbed, _PREFETCH.value, _SFT_SEED.value)
   except ConfigError as err:
     cli.fail([err])
   except Preempted as stop:  # SIGTERM / SIGINT: the run in progress saved, the study stopped

@@ -542,9 +542,10 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
           f" produced them) | {compute_seconds(studies):.0f} s |", ""]
   c = run_config(studies[0], studies[0]["runs"][0])  # the sizes every run shares
   shared = any(st.get("shared_sft") for st in studies)
-  start = (" one for all seeds (seed 0's warm-up: this testbed's is too long to repeat per"
-           " seed, so the seeds vary the RL randomness only, not the SFT start)" if shared
-           else " one per seed")
+  sft_seed = next((st["sft_seed"] for st in studies if st.get("sft_seed") is not None), 0)
+  start = (f" one for all seeds (seed {sft_seed}'s warm-up: this testbed's is too long to"
+           " repeat per seed, so the seeds vary the RL randomness only, not the SFT start)"
+           if shared else " one per seed")
   out += ["Every arm starts from the same SFT checkpoint of the testbed"
           f" `{testbed_name(meta, studies)}`"
           f" ({testbed_description(meta, studies)}),{start}, and changes only the listed"

@@ -162,22 +162,45 @@ def sft_config(seed: int, overrides: dict,
                       "log.tensorboard": False}, base)
 
 
-def sft_start_dir(workdir: str, seed: int, shared: bool) -> str:
-  """The folder of the SFT start that ``seed``'s arms start from (seed 0's when ``shared``)."""
-  return os.path.join(workdir, "sft", f"seed{0 if shared else seed}")
+def sft_start_dir(workdir: str, seed: int, shared: bool, sft_seed: int = 0) -> str:
+  """The folder of the SFT start that ``seed``'s arms start from (when ``shared``, the one
+  start of every seed: seed ``sft_seed``'s)."""
+  return os.path.join(workdir, "sft", f"seed{sft_seed if shared else seed}")
 
 
 def check_sft_starts(workdir: str, seeds: int, overrides: dict, testbed: str,
-                     base: ml_collections.ConfigDict | None = None) -> None:
+                     base: ml_collections.ConfigDict | None = None, sft_seed: int = 0) -> None:
   """:func:`check_sft_reusable` on every finished SFT start the study in DIR would reuse;
   ``studies.study`` calls it before anything trains. ``base``: the testbed's config unless
-  given."""
+  given; ``sft_seed``: the seed of a shared start (:func:`check_sft_seed`)."""
   bed = testbeds.testbed(testbed)
   shared, base = bed.shared_sft, base if base is not None else bed.get_config()
-  for seed in range(1 if shared else seeds):
-    folder = sft_start_dir(workdir, seed, shared)
+  check_sft_seed(testbed, sft_seed)
+  if shared:  # one start per DIR: the arms' folders do not name the start they ran from
+    others = sorted(f for f in (os.listdir(os.path.join(workdir, "sft"))
+                                if os.path.isdir(os.path.join(workdir, "sft")) else ())
+                    if f != f"seed{sft_seed}")
+    if others:
+      from dllm_rl.errors import ConfigError
+      raise ConfigError("sft_seed", f"{workdir} holds the SFT start sft/{others[0]}, which its"
+                        f" arms start from; the start of seed {sft_seed} needs its own --workdir")
+  for seed in ([sft_seed] if shared else range(seeds)):
+    folder = sft_start_dir(workdir, seed, shared, sft_seed)
     if os.path.exists(os.path.join(folder, "summary.json")):
       check_sft_reusable(folder, sft_config(seed, overrides, base))
+
+
+def check_sft_seed(testbed: str, sft_seed: int) -> None:
+  """A ConfigError (key ``sft_seed``) unless ``sft_seed`` is 0 or ``testbed`` shares one SFT
+  start across its seeds: elsewhere each seed trains its own start from its own seed."""
+  from dllm_rl.errors import ConfigError
+  if sft_seed < 0:
+    raise ConfigError("sft_seed", f"must be >= 0, got {sft_seed}")
+  if sft_seed and not testbeds.testbed(testbed).shared_sft:
+    raise ConfigError("sft_seed", f"the testbed {testbed!r} trains one SFT start per seed"
+                      " (from that seed); --sft_seed chooses the one start of a testbed whose"
+                      " seeds share it: " + ", ".join(n for n in testbeds.TESTBEDS.names()
+                                                     if testbeds.testbed(n).shared_sft))
 
 
 def train_sft(seed: int, workdir: str, overrides: dict,
@@ -331,26 +354,28 @@ def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrid
 def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
               overrides: dict, log=print, testbed: str = testbeds.DEFAULT,
               base: ml_collections.ConfigDict | None = None,
-              prefetch: bool | None = None) -> dict:
+              prefetch: bool | None = None, sft_seed: int = 0) -> dict:
   """Every arm × seed from ``base`` (the config of ``testbed``; default its registered
   config); returns the study record (also written to DIR/<name>.json by the caller).
   ``prefetch``: while the study's compilation cache is open (:func:`compilation_cache`), a
   background thread compiles the arms' RL programs ahead of the arm that trains
   (dllm_rl.study.prefetch; single-process runs only). None: on a GPU or TPU, where the host
   compiles while the device trains; off on CPU, where both compete for the same cores (the
-  2-core ``--quick`` study took longer with it: 5 min 21 s against 4 min 40 s)."""
+  2-core ``--quick`` study took longer with it: 6 min 32 s against 4 min 40 s). ``sft_seed``:
+  the seed of the one SFT start of a ``shared_sft`` testbed (default 0; its folder
+  ``DIR/sft/seed<sft_seed>``), for the claims from another start."""
   from dllm_rl.train.validate import validate
   base = base if base is not None else testbeds.testbed(testbed).get_config()
   for arm in arms:  # every arm's run config is checked before anything trains or compiles
     validate(make_config(arm_run_overrides(0, size, overrides, arm.overrides), base))
   claim_workdir(workdir, testbed)  # studies.study did both already; a direct call had not
-  check_sft_starts(workdir, seeds, overrides, testbed, base)
+  check_sft_starts(workdir, seeds, overrides, testbed, base, sft_seed)
   from dllm_rl.train.resilience import handle_signals
   with handle_signals():  # a stop request ends the study after the run in progress
     prefetcher = _prefetcher(name, arms, workdir, seeds, size, overrides, log, base, prefetch)
     try:
       return _run_seeds(name, arms, workdir, seeds, size, overrides, log, testbed, base,
-                        prefetcher)
+                        prefetcher, sft_seed)
     finally:
       if prefetcher is not None:
         prefetcher.close()
@@ -402,18 +427,18 @@ def _stop_if_requested(name: str, seed: int, done: str) -> None:
 
 def _run_seeds(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
                overrides: dict, log, testbed: str, base: ml_collections.ConfigDict,
-               prefetcher=None) -> dict:
+               prefetcher=None, sft_seed: int = 0) -> dict:
   shared = testbeds.testbed(testbed).shared_sft
   t0 = time.time()
   runs, sfts = [], {}
   for seed in range(seeds):
-    start_dir = sft_start_dir(workdir, seed, shared)  # shared by the studies of a DIR
+    start_dir = sft_start_dir(workdir, seed, shared, sft_seed)  # shared by the studies of a DIR
     if shared and seed > 0:  # one start for every seed: recorded (and its time counted) once
       sfts[seed] = {**sfts[0], "wall_seconds": 0.0, "shared_from_seed": 0}
     else:
-      sfts[seed] = train_sft(0 if shared else seed, start_dir, overrides, base)
+      sfts[seed] = train_sft(sft_seed if shared else seed, start_dir, overrides, base)
     log(f"[study] {name} seed {seed}: SFT test accuracy {sfts[seed].get('sft_accuracy')}"
-        + (" (the shared start: seed 0's)" if shared else ""))
+        + (f" (the shared start: seed {sft_seed}'s)" if shared else ""))
     _stop_if_requested(name, seed, "SFT start")
     calibrated = {}
     for arm in arms:
@@ -437,7 +462,7 @@ def _run_seeds(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
                                    "overrides": a.overrides, "calibrate_from": a.calibrate_from,
                                    "group": a.group}
                                   for a in arms],
-          "seeds": seeds, "shared_sft": shared,
+          "seeds": seeds, "shared_sft": shared, "sft_seed": sft_seed if shared else None,
           "size": {"rl_steps": size.rl_steps, "eval_every": size.eval_every},
           "overrides": overrides, "sft": {str(k): v for k, v in sfts.items()}, "runs": runs,
           "wall_seconds": time.time() - t0}

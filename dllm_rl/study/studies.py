@@ -29,12 +29,13 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
           results_md: str, command: str, rl_steps: int | None = None,
           eval_every: int | None = None, cache_dir: str | None = None,
           arm_patterns: list[str] | None = None, testbed: str = testbeds.DEFAULT,
-          prefetch: bool | None = None) -> dict:
+          prefetch: bool | None = None, sft_seed: int = 0) -> dict:
   """Run the named studies on ``testbed`` (its base config and run lengths,
   ``dllm_rl/config/testbeds.py``) and write their JSON, plots and the markdown report.
   ``arm_patterns``: only the arms matching one of these shell patterns. ``prefetch``: compile
   the arms' RL programs in the background ahead of the arm that trains (runner.run_study;
-  None: on GPU and TPU only)."""
+  None: on GPU and TPU only). ``sft_seed``: the seed of the one SFT start of a testbed whose
+  seeds share it (runner.run_study)."""
   base = testbeds.testbed(testbed).get_config()  # a ValueError listing the names when unknown
   provenance.git_commit()  # the code this process imported: read now, before any run
   import jax
@@ -50,7 +51,7 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
     overrides = {**overrides, "rl.warmup_steps": round(
         base.rl.warmup_steps * size.rl_steps / full.rl_steps)}
   runner.claim_workdir(workdir, testbed)  # DIR's testbed, then its finished runs: before any run
-  runner.check_sft_starts(workdir, size.seeds, overrides, testbed, base)
+  runner.check_sft_starts(workdir, size.seeds, overrides, testbed, base, sft_seed)
   for name in names:
     runner.check_finished_runs(name, arms_lib.select(arms_lib.STUDIES.get(name)(base),
                                                      arm_patterns),
@@ -63,7 +64,8 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
     with runner.compilation_cache(cache_dir):
       arms = arms_lib.select(arms_lib.STUDIES.get(name)(base), arm_patterns)
       result = runner.run_study(name, arms, workdir, size.seeds, size, overrides,
-                                testbed=testbed, base=base, prefetch=prefetch)
+                                testbed=testbed, base=base, prefetch=prefetch,
+                                sft_seed=sft_seed)
     result["command"], result["quick"] = command, quick
     with open(os.path.join(workdir, f"{name}.json"), "w") as fh:
       json.dump(result, fh)

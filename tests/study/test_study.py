@@ -181,9 +181,23 @@ def test_a_finished_sft_start_is_reused_only_with_the_settings_it_was_trained_wi
   with pytest.raises(ConfigError, match=r"seed1 holds an SFT start .*seed: trained with 0,"
                      r" this study sets 1"):
     check_sft_starts(str(tmp_path), 2, {"sft.lr": 1e-3}, "arithmetic")
+  # a testbed whose seeds share one start: one start per DIR (the arms' folders do not say
+  # which start they ran from)
+  with pytest.raises(ConfigError, match=r"config\.sft_seed.*holds the SFT start sft/seed1.*"
+                     r"the start of seed 0 needs its own --workdir"):
+    check_sft_starts(str(tmp_path), 2, {"sft.lr": 1e-3}, "chain")
+  import shutil
+  shutil.rmtree(tmp_path / "sft" / "seed1")
   with pytest.raises(ConfigError, match=r"sft/seed0 holds .*data\.completion_len: trained with"
                      r" 8, this study sets 48"):
     check_sft_starts(str(tmp_path), 2, {"sft.lr": 1e-3}, "chain")
+  with pytest.raises(ConfigError, match=r"holds the SFT start sft/seed0.*seed 3 needs its own"):
+    check_sft_starts(str(tmp_path), 2, {"sft.lr": 1e-3}, "chain", sft_seed=3)
+  # --sft_seed chooses the shared start; a testbed that trains one start per seed has none
+  with pytest.raises(ConfigError, match=r"config\.sft_seed.*'arithmetic' trains one SFT start"
+                     r" per seed.*: chain, "):
+    check_sft_starts(str(tmp_path / "empty"), 2, {}, "arithmetic", sft_seed=1)
+  check_sft_starts(str(tmp_path / "empty"), 2, {}, "chain", sft_seed=1)  # nothing trained yet
 
 
 def test_a_bad_override_fails_naming_its_key_before_anything_runs(tmp_path):
