@@ -111,12 +111,25 @@ def init_train_state(params, optimizer: optax.GradientTransformation, rng: jax.A
 def init_state_sharded(params: nnx.State, optimizer: optax.GradientTransformation, rng: jax.Array,
                        mesh: Mesh, *, ref_params: Any = None):
   """(TrainState placed on its shardings, the state shardings) for sharded params."""
+  build, shardings = _state_builder(params, optimizer, rng, mesh, ref_params)
+  state = jax.jit(build, out_shardings=shardings)(params, ref_params)
+  return state, shardings
 
+
+def abstract_state_sharded(params: Any, optimizer: optax.GradientTransformation, rng: jax.Array,
+                           mesh: Mesh, *, ref_params: Any = None):
+  """What :func:`init_state_sharded` gives, as ``jax.ShapeDtypeStruct`` leaves carrying their
+  shardings (nothing allocated; ``params`` may be abstract too): the arguments of an AOT
+  ``lower``."""
+  build, shardings = _state_builder(params, optimizer, rng, mesh, ref_params)
+  abstract = jax.eval_shape(build, params, ref_params)
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                      abstract, shardings), shardings
+
+
+def _state_builder(params, optimizer, rng, mesh, ref_params):
   def build(p, r):
     state = init_train_state(p, optimizer, rng)
     return state.replace(ref_params=r)
 
-  abstract = jax.eval_shape(build, params, ref_params)
-  shardings = state_shardings(abstract, optimizer, mesh)
-  state = jax.jit(build, out_shardings=shardings)(params, ref_params)
-  return state, shardings
+  return build, state_shardings(jax.eval_shape(build, params, ref_params), optimizer, mesh)

@@ -386,7 +386,8 @@ def _prefetcher(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size
                 enabled: bool | None):
   """The started :class:`~dllm_rl.study.prefetch.Prefetcher` of the arms not yet run of the
   first seed that has any (the programs do not depend on the seed; an arm calibrated from
-  another's result is left out: its β is known only then), or None: ``enabled`` False (or
+  another's result is left out: its β is known only then, and so is a run from an HF
+  checkpoint, dllm_rl.train.precompile), or None: ``enabled`` False (or
   None on the CPU backend), no study compilation cache (nowhere to keep the programs), more
   than one process, or nothing to run."""
   if enabled is False or _STUDY_CACHE is None:
@@ -401,6 +402,7 @@ def _prefetcher(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size
   jobs = [(f"{name} {a.name}", make_config(arm_run_overrides(seed, size, overrides, a.overrides),
                                            base))
           for a in todo if a.calibrate_from is None]
+  jobs = [(label, c) for label, c in jobs if not c.model.hf_checkpoint]  # not covered: precompile.py
   if not jobs:
     return None
   from dllm_rl.parallel.distributed import initialize

@@ -7,9 +7,11 @@ the RL phase's own constructors (dllm_rl.train.rl_loop: ``rollout_sampler``, ``u
 persistent compilation cache on, the run then loads them instead of compiling them: the study
 compiles the next arms in a background thread while one trains (dllm_rl.study.prefetch).
 
-No checkpoint is needed: the state is a fresh init of the model, which has the SFT start's
-shapes, dtypes and shardings (the programs depend on nothing else). Later prompt buckets of
-other lengths (``data.prompt_buckets``) still compile when the run meets them.
+Nothing is allocated or read: the state is abstract (``jax.ShapeDtypeStruct`` leaves with the
+shapes, dtypes and shardings of a fresh init, which are the SFT start's; the programs depend
+on nothing else), so it needs no checkpoint and no device memory. Later prompt buckets of
+other lengths (``data.prompt_buckets``) still compile when the run meets them. A run from
+``model.hf_checkpoint`` (whose stored dtypes may differ, e.g. a LoRA base) is not covered.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import numpy as np
 
 from dllm_rl.tasks.data import trim_to_bucket
 from dllm_rl.train import evaluation
-from dllm_rl.train.context import Context, init_params
+from dllm_rl.models.transformer import abstract_params_sharded
+from dllm_rl.train.context import Context
 from dllm_rl.train.rl_loop import (
   rl_optimizer,
   rl_state,
@@ -39,11 +42,13 @@ def precompile_rl(ctx: Context) -> dict:
   compiling, or loading from the persistent cache). Nothing is trained or written but the
   cache's entries."""
   config, r = ctx.config, ctx.config.rl
-  graphdef, params = init_params(ctx)
+  graphdef, params = abstract_params_sharded(ctx.model_cfg, ctx.mesh)
   optimizer, schedule = rl_optimizer(r, lora_only=ctx.model_cfg.lora_rank > 0)
-  state, state_sharding = rl_state(ctx, params, optimizer)
+  state, state_sharding = rl_state(ctx, params, optimizer, abstract=True)
   batch, _ = trim_to_bucket(next(rollout_prompts(ctx)), config.data.prompt_buckets)
-  k_roll, k_step = jax.random.split(jax.random.fold_in(state.rng, 0))  # RLPhase.step's keys
+  # the state's RNG as the run holds it (rl_state's key, on its sharding): RLPhase.step's keys
+  rng = jax.device_put(jax.random.fold_in(jax.random.key(config.seed), 2), state_sharding.rng)
+  k_roll, k_step = jax.random.split(jax.random.fold_in(rng, 0))
   _, sample_fn = rollout_sampler(ctx, graphdef)
   args = (state.params, batch["prompt_BP"], batch["prompt_valid_BP"], k_roll)
   t0 = time.perf_counter()

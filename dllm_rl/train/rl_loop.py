@@ -16,7 +16,12 @@ from dllm_rl.diffusion.estimators import EstimatorConfig
 from dllm_rl.errors import ConfigError
 from dllm_rl.infra import faults
 from dllm_rl.infra.plots import Panel
-from dllm_rl.parallel.shard import init_state_sharded, put_global, put_replicated
+from dllm_rl.parallel.shard import (
+  abstract_state_sharded,
+  init_state_sharded,
+  put_global,
+  put_replicated,
+)
 from dllm_rl.rl.advantages import AdvantageConfig, calibrated_beta
 from dllm_rl.rl.losses import LossConfig
 from dllm_rl.rl.step import RLStepConfig, RolloutBatch, StepHyper, make_rl_step
@@ -69,12 +74,13 @@ def step_config(config, sampler_cfg, mask_id: int, eos_id: int) -> RLStepConfig:
       kl_estimator=r.kl_estimator, mask_id=mask_id, eos_id=eos_id, micro_batch=r.micro_batch)
 
 
-def rl_state(ctx: Context, params, optimizer):
+def rl_state(ctx: Context, params, optimizer, *, abstract: bool = False):
   """(the fresh RL train state from ``params``, its shardings): the optimizer's initial
-  state, the run's RNG and, with ``rl.kl_coef`` > 0, ``params`` as the reference policy."""
-  return init_state_sharded(params, optimizer,
-                            jax.random.fold_in(jax.random.key(ctx.config.seed), 2), ctx.mesh,
-                            ref_params=params if ctx.config.rl.kl_coef > 0 else None)
+  state, the run's RNG and, with ``rl.kl_coef`` > 0, ``params`` as the reference policy.
+  ``abstract``: shapes, dtypes and shardings only (``jax.ShapeDtypeStruct`` leaves)."""
+  init = abstract_state_sharded if abstract else init_state_sharded
+  return init(params, optimizer, jax.random.fold_in(jax.random.key(ctx.config.seed), 2),
+              ctx.mesh, ref_params=params if ctx.config.rl.kl_coef > 0 else None)
 
 
 def rollout_prompts(ctx: Context, position: int = 0) -> BatchIterator:
