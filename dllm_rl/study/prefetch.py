@@ -82,13 +82,14 @@ class Prefetcher:
         self._cv.wait()
     return time.perf_counter() - t0
 
-  def close(self) -> None:
-    """Stop after the compile in progress (waited for: a compile cannot be interrupted, and
-    the interpreter must not exit under it) and remove the scratch workdir."""
+  def close(self, timeout: float | None = None) -> None:
+    """Stop after the compile in progress (waited for, at most ``timeout`` seconds: a compile
+    cannot be interrupted, and the interpreter should not exit under it) and remove the
+    scratch workdir."""
     with self._cv:
       self._stop = True
     if self._thread.is_alive():
-      self._thread.join()
+      self._thread.join(timeout)
     shutil.rmtree(self.workdir, ignore_errors=True)
     if self.seconds:
       self.log(f"[study] compiled {len(self.seconds)} arm(s)' RL programs in the background"

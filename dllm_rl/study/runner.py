@@ -374,11 +374,15 @@ def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
   with handle_signals():  # a stop request ends the study after the run in progress
     prefetcher = _prefetcher(name, arms, workdir, seeds, size, overrides, log, base, prefetch)
     try:
-      return _run_seeds(name, arms, workdir, seeds, size, overrides, log, testbed, base,
-                        prefetcher, sft_seed)
-    finally:
+      result = _run_seeds(name, arms, workdir, seeds, size, overrides, log, testbed, base,
+                          prefetcher, sft_seed)
+    except BaseException:  # a stop request or a failure: do not hold the exit for long
       if prefetcher is not None:
-        prefetcher.close()
+        prefetcher.close(timeout=10.0)
+      raise
+    if prefetcher is not None:
+      prefetcher.close()
+    return result
 
 
 def _prefetcher(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
