@@ -74,6 +74,7 @@ class Claim:
   evidence: str
   runs: dict
   covered_by: str = ""  # "superseded by X" / "the same runs as X": left out of the counts
+  sft_seed: int | None = None  # the seed of the shared SFT start, when not 0 (--sft_seed)
 
 
 def compared_arms(comparison: str) -> tuple[str, ...]:
@@ -113,7 +114,7 @@ def claims_of(md: str, study: dict) -> list[Claim]:
     commits = sorted({r.get("commit") or "not recorded" for r in compared})
     out.append(Claim(md, written_at, ", ".join(commits), testbed, study["study"], seeds,
                      bool(study.get("shared_sft")), comparison, verdict,
-                     evidence.split(_LIKELY)[0], runs))
+                     evidence.split(_LIKELY)[0], runs, sft_seed=study.get("sft_seed")))
   return out
 
 
@@ -156,7 +157,8 @@ def render(claims: list[Claim], out_dir: str, command: str, commit: str) -> str:
   for c in claims:
     link = os.path.relpath(c.report, out_dir)
     verdict = f"({c.covered_by}) {c.verdict}" if c.covered_by else f"**{c.verdict}**"
-    study = f"{c.study}, {c.seeds} seeds" + (", one SFT start" if c.shared_sft else "")
+    study = (f"{c.study}, {c.seeds} seeds" + (", one SFT start" if c.shared_sft else "")
+             + (f" (seed {c.sft_seed}'s)" if c.shared_sft and c.sft_seed else ""))
     row = (f"[{link}]({link})", c.report_commit, c.run_commits, f"`{c.testbed}`", study,
            c.comparison, verdict, c.evidence)
     out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")

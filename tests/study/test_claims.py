@@ -39,17 +39,24 @@ def test_verdicts_are_recomputed_and_a_larger_study_supersedes_its_subset(tmp_pa
   _report(tmp_path, "r_c", _stability(5), "3333333")  # r_a's runs: r_b's cover them too
   _report(tmp_path, "r_q", _stability(3, quick=True))  # a --quick smoke run: no claim
   _report(tmp_path, "r_t", _stability(5, testbed="chain", commit="feed123"))  # its own claim
+  other_start = {**_stability(5, testbed="chain", commit="beef123"), "shared_sft": True,
+                 "sft_seed": 1}  # --sft_seed=1: another start, so other runs
+  for run in other_start["runs"]:
+    run["summary"] = {"rl_accuracy": run["summary"]["rl_accuracy"] + 0.01}
+  _report(tmp_path, "r_u", other_start)
   out = tmp_path / "claims.md"
   assert claims.main(["claims", str(tmp_path), f"--out={out}"]) == 0
   text = out.read_text()
   rows = [l for l in text.splitlines() if l.startswith("| [")]
-  assert [r.split("]")[0] for r in rows] == ["| [r_a.md", "| [r_b.md", "| [r_c.md", "| [r_t.md"]
-  a, b, c, t = rows
+  assert [r.split("]")[0] for r in rows] == ["| [r_a.md", "| [r_b.md", "| [r_c.md", "| [r_t.md",
+                                              "| [r_u.md"]
+  a, b, c, t, u = rows
+  assert "| stability, 5 seeds, one SFT start (seed 1's) |" in u and "**reproduced**" in u
   assert "| 1111111 | not recorded |" in a and "(superseded by r_b.md) reproduced" in a
   assert "| 2222222 |" in b and "**reproduced**" in b and "10 seeds" in b
   assert "(superseded by r_b.md) reproduced" in c
   assert "| feed123 | `chain` |" in t and "**reproduced**" in t
-  assert "Verdicts: reproduced 2." in text  # r_a and r_c are covered: not counted
+  assert "Verdicts: reproduced 3." in text  # r_a and r_c are covered: not counted
   assert "stabledrl@lr2e-4 vs grpo@lr2e-4 (main)" in b
   assert "10 up, 0 down" in b
 
