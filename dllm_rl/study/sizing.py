@@ -96,15 +96,42 @@ def estimate(testbed: str, studies: list[str], quick: bool, group: str | None = 
 
 @dataclasses.dataclass(frozen=True)
 class Measured:
-  """Recorded wall seconds of a study directory: its SFT start(s) and every arm run."""
+  """Recorded wall seconds of a study directory: its SFT start(s) and every arm run;
+  ``compile_seconds``: for each arm run whose metrics.jsonl is there and that a background
+  compile could serve (not calibrated from another arm), how much longer its first RL step
+  took after its step-0 validation than the quickest such first step of the directory (an
+  arm whose programs were all in the cache): its compile time."""
   sft_seconds: list[float]
   arm_seconds: list[float]
+  compile_seconds: list[float] = dataclasses.field(default_factory=list)
 
-  def project(self, arms: int, seeds: int = 1) -> float:
+  def project(self, arms: int, seeds: int = 1, *, background_compiles: bool = False) -> float:
     """Seconds for ``arms`` arms × ``seeds`` seeds at the recorded means (the first arm's
-    compile included in the mean: the runs recorded are mostly cache hits)."""
-    return seeds * (statistics.fmean(self.sft_seconds)
-                    + arms * statistics.fmean(self.arm_seconds))
+    compile included in the mean: the runs recorded are mostly cache hits).
+    ``background_compiles``: less the mean compile time per arm (dllm_rl.study.prefetch
+    compiles it while an earlier run trains): an estimate, assuming it is all hidden."""
+    arm = statistics.fmean(self.arm_seconds)
+    if background_compiles and self.compile_seconds:
+      arm -= sum(self.compile_seconds) / len(self.arm_seconds)
+    return seeds * (statistics.fmean(self.sft_seconds) + arms * arm)
+
+
+def first_step_delay(metrics_path: str) -> float | None:
+  """Seconds from a run's step-0 validation line to its first RL step's line (its
+  metrics.jsonl ``time`` fields): the first step's rollout and update, compiles included;
+  None when either line is missing."""
+  t0 = t1 = None
+  with open(metrics_path) as fh:
+    for line in fh:
+      rec = json.loads(line)
+      if rec.get("phase") != "rl":
+        continue
+      if t0 is None and rec.get("step") == 0 and "val_accuracy" in rec:
+        t0 = rec["time"]
+      elif t0 is not None and "reward_mean" in rec:
+        t1 = rec["time"]
+        break
+  return None if t0 is None or t1 is None else t1 - t0
 
 
 def measured(study_dir: str) -> Measured:
@@ -112,7 +139,7 @@ def measured(study_dir: str) -> Measured:
   (``wall_seconds`` of its summary: start-up, steps, evaluations, test) once, and every arm
   run. A directory without study JSON, or whose JSON records no SFT start or no run, is an
   error naming it."""
-  sft, arms = {}, []
+  sft, arms, delays = {}, [], []
   paths = sorted(glob.glob(os.path.join(study_dir, "*.json")))
   for path in paths:
     with open(path) as fh:
@@ -123,11 +150,18 @@ def measured(study_dir: str) -> Measured:
       if summary.get("wall_seconds") is not None:
         sft[seed] = summary["wall_seconds"]
     arms += [r["wall_seconds"] for r in study["runs"] if r.get("wall_seconds") is not None]
+    calibrated = {a["name"] for a in study.get("arms", []) if a.get("calibrate_from")}
+    for r in study["runs"]:
+      path = os.path.join(study_dir, study["study"], f"seed{r.get('seed', 0)}",
+                          r.get("arm", "").replace("@", "_"), "metrics.jsonl")
+      if r.get("arm") not in calibrated and os.path.exists(path):
+        delays.append(first_step_delay(path))
   if not sft or not arms:
     raise ValueError(f"--measured={study_dir}: no study JSON there records"
                      f" {'an SFT start' if not sft else 'an arm run'} with its wall_seconds"
                      f" (looked at {len(paths)} *.json)")
-  return Measured(list(sft.values()), arms)
+  delays = [d for d in delays if d is not None]
+  return Measured(list(sft.values()), arms, [d - min(delays) for d in delays])
 
 
 def main(argv: list[str]) -> None:
@@ -154,6 +188,13 @@ def main(argv: list[str]) -> None:
             f" (mean {statistics.fmean(m.arm_seconds):.0f} s): the {n} main arms of"
             f" stability + steprs (1 seed) take {m.project(n) / 60:.1f} min, the {n_lr} at the"
             f" default lr (launch/gpu_lease.sh) {m.project(n_lr) / 60:.1f} min")
+      if m.compile_seconds:
+        print(f"  compiles in those runs (first step after the step-0 validation, beyond the"
+              f" quickest such step): {sum(m.compile_seconds):.0f} s over"
+              f" {len(m.compile_seconds)} runs; if background compiles (--prefetch) hid them"
+              f" all, {m.project(n, background_compiles=True) / 60:.1f} and"
+              f" {m.project(n_lr, background_compiles=True) / 60:.1f} min (an estimate, not a"
+              f" measurement)")
 
 
 if __name__ == "__main__":

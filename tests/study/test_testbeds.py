@@ -226,3 +226,30 @@ def test_measured_projection_reads_the_recorded_wall_times(tmp_path):
   assert m.project(2, seeds=3) == pytest.approx(3 * (170 + 2 * 45))
   with pytest.raises(ValueError, match="no study JSON there records an SFT start"):
     sizing.measured(str(tmp_path / "nothing"))
+
+
+def test_measured_compile_time_is_each_first_steps_delay_beyond_the_quickest(tmp_path):
+  """sizing.measured's compile_seconds: from each arm's metrics.jsonl, the time from its step-0
+  validation to its first RL step, less the quickest such delay (an arm served from the
+  cache); an arm calibrated from another is left out (a background compile cannot serve
+  it). The projection with background compiles takes their mean per arm off each arm."""
+  arms = {"a": (0.0, 20.0), "b": (100.0, 105.0), "c": (200.0, 215.0), "cal": (300.0, 330.0)}
+  for arm, (t0, t1) in arms.items():
+    d = tmp_path / "steprs" / "seed0" / arm
+    d.mkdir(parents=True)
+    lines = [{"phase": "sft", "step": 0, "time": t0 - 50, "val_accuracy": 0.1},
+             {"phase": "rl", "step": 0, "time": t0, "val_accuracy": 0.3},
+             {"phase": "rl", "step": 1, "time": t1, "reward_mean": 0.2},
+             {"phase": "rl", "step": 2, "time": t1 + 1, "reward_mean": 0.2}]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+  study = {"study": "steprs", "sft": {"0": {"wall_seconds": 100.0}},
+           "arms": [{"name": "a"}, {"name": "b"}, {"name": "c"},
+                    {"name": "cal", "calibrate_from": "a"}],
+           "runs": [{"arm": a, "seed": 0, "wall_seconds": 40.0} for a in arms]}
+  (tmp_path / "steprs.json").write_text(json.dumps(study))
+  m = sizing.measured(str(tmp_path))
+  assert sorted(m.compile_seconds) == [0.0, 10.0, 15.0]
+  assert m.project(2) == pytest.approx(100 + 2 * 40)
+  assert m.project(2, background_compiles=True) == pytest.approx(100 + 2 * (40 - 25 / 4))
+  assert sizing.first_step_delay(str(tmp_path / "steprs" / "seed0" / "c" / "metrics.jsonl")) \
+      == pytest.approx(15.0)
