@@ -52,10 +52,11 @@ def precompile_rl(ctx: Context) -> dict:
   _, sample_fn = rollout_sampler(ctx, graphdef)
   args = (state.params, batch["prompt_BP"], batch["prompt_valid_BP"], k_roll)
   t0 = time.perf_counter()
-  traced = sample_fn.trace(*args)  # one trace: its output shapes and its program
+  traced = sample_fn.trace(*args)  # one trace: its program and its output shapes
   traced.lower().compile()
   t_sample = time.perf_counter() - t0
-  out = traced.out_info
+  out = getattr(traced, "out_info", None)  # a jax without it: trace the shapes again
+  out = out if out is not None else jax.eval_shape(sample_fn, *args)
   completions = np.zeros(out.completion_BL.shape, out.completion_BL.dtype)
   examples = [ctx.train.examples[i] for i in batch["index"]]
   rewards, correct, _ = evaluation.verify_groups(ctx.task, ctx.tokenizer, examples, completions)
