@@ -12,7 +12,10 @@ as ``python -m dllm_rl.main`` parses it (dllm_rl.config.cli: every problem print
 status 2). ``--testbed`` (``arithmetic``, the embedded default; ``countdown``; ``chain``;
 ``chain_orders``; ``sum_split``; ``gpu``, also spelled ``--scale=gpu``: every one is in
 ``dllm_rl/config/testbeds.py``) chooses the base config of the SFT start and every arm, and
-the study's run lengths. Finished arms are reused on rerun. SIGTERM / SIGINT stop the study
+the study's run lengths; ``--sft_seed=N`` trains the one SFT start of such a testbed from seed N
+(another start, in its own DIR). ``--prefetch`` / ``--noprefetch``: compile the arms' programs
+in a background thread ahead of the arm that trains (default: with a GPU or TPU only;
+dllm_rl/study/prefetch.py). Finished arms are reused on rerun. SIGTERM / SIGINT stop the study
 after the run in progress (a run still training saves a checkpoint first) with exit status 75:
 rerun the same command to resume.
 """
