@@ -177,9 +177,10 @@ def check_sft_starts(workdir: str, seeds: int, overrides: dict, testbed: str,
   shared, base = bed.shared_sft, base if base is not None else bed.get_config()
   check_sft_seed(testbed, sft_seed)
   if shared:  # one start per DIR: the arms' folders do not name the start they ran from
-    others = sorted(f for f in (os.listdir(os.path.join(workdir, "sft"))
-                                if os.path.isdir(os.path.join(workdir, "sft")) else ())
-                    if f != f"seed{sft_seed}")
+    ours = sft_start_dir(workdir, 0, shared, sft_seed)
+    starts = os.path.dirname(ours)
+    others = sorted(f for f in (os.listdir(starts) if os.path.isdir(starts) else ())
+                    if f != os.path.basename(ours))
     if others:
       from dllm_rl.errors import ConfigError
       raise ConfigError("sft_seed", f"{workdir} holds the SFT start sft/{others[0]}, which its"
@@ -420,7 +421,12 @@ def _prefetcher(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size
 
 
 def _arm_dir(workdir: str, name: str, seed: int, arm: Arm) -> str:
-  return os.path.join(workdir, name, f"seed{seed}", arm.name.replace("@", "_"))
+  return arm_dir(workdir, name, seed, arm.name)
+
+
+def arm_dir(workdir: str, study: str, seed: int, arm_name: str) -> str:
+  """The run folder of arm ``arm_name`` of ``study`` at ``seed`` in the study DIR."""
+  return os.path.join(workdir, study, f"seed{seed}", arm_name.replace("@", "_"))
 
 
 def _stop_if_requested(name: str, seed: int, done: str) -> None:

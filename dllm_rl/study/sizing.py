@@ -21,6 +21,8 @@ import os
 import statistics
 import sys
 
+from dllm_rl.study.runner import arm_dir
+
 H200_BF16_PEAK = 989e12  # NVIDIA H200 SXM, dense bfloat16 tensor-core peak, FLOP/s
 ASSUMED_MFU = 0.25       # an assumption (20–30% at ~100M parameters), not a measurement
 
@@ -120,17 +122,14 @@ def first_step_delay(metrics_path: str) -> float | None:
   """Seconds from a run's step-0 validation line to its first RL step's line (its
   metrics.jsonl ``time`` fields): the first step's rollout and update, compiles included;
   None when either line is missing."""
+  from dllm_rl.infra.observability import read_metrics
   t0 = t1 = None
-  with open(metrics_path) as fh:
-    for line in fh:
-      rec = json.loads(line)
-      if rec.get("phase") != "rl":
-        continue
-      if t0 is None and rec.get("step") == 0 and "val_accuracy" in rec:
-        t0 = rec["time"]
-      elif t0 is not None and "reward_mean" in rec:
-        t1 = rec["time"]
-        break
+  for rec in read_metrics(metrics_path, phase="rl"):
+    if t0 is None and rec.get("step") == 0 and "val_accuracy" in rec:
+      t0 = rec["time"]
+    elif t0 is not None and "reward_mean" in rec:
+      t1 = rec["time"]
+      break
   return None if t0 is None or t1 is None else t1 - t0
 
 
@@ -152,8 +151,8 @@ def measured(study_dir: str) -> Measured:
     arms += [r["wall_seconds"] for r in study["runs"] if r.get("wall_seconds") is not None]
     calibrated = {a["name"] for a in study.get("arms", []) if a.get("calibrate_from")}
     for r in study["runs"]:
-      path = os.path.join(study_dir, study["study"], f"seed{r.get('seed', 0)}",
-                          r.get("arm", "").replace("@", "_"), "metrics.jsonl")
+      path = os.path.join(arm_dir(study_dir, study["study"], r.get("seed", 0), r.get("arm", "")),
+                          "metrics.jsonl")
       if r.get("arm") not in calibrated and os.path.exists(path):
         delays.append(first_step_delay(path))
   if not sft or not arms:

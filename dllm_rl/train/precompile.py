@@ -27,11 +27,13 @@ from dllm_rl.models.transformer import abstract_params_sharded
 from dllm_rl.train.context import Context
 from dllm_rl.train.rl_loop import (
   rl_optimizer,
+  rl_rng,
   rl_state,
   rollout_batch,
   rollout_prompts,
   rollout_sampler,
   step_hyper,
+  step_keys,
   update_step,
 )
 
@@ -46,9 +48,8 @@ def precompile_rl(ctx: Context) -> dict:
   optimizer, schedule = rl_optimizer(r, lora_only=ctx.model_cfg.lora_rank > 0)
   state, state_sharding = rl_state(ctx, params, optimizer, abstract=True)
   batch, _ = trim_to_bucket(next(rollout_prompts(ctx)), config.data.prompt_buckets)
-  # the state's RNG as the run holds it (rl_state's key, on its sharding): RLPhase.step's keys
-  rng = jax.device_put(jax.random.fold_in(jax.random.key(config.seed), 2), state_sharding.rng)
-  k_roll, k_step = jax.random.split(jax.random.fold_in(rng, 0))
+  # the state's RNG as the run holds it (on its sharding; the abstract state has none)
+  k_roll, k_step = step_keys(jax.device_put(rl_rng(ctx), state_sharding.rng), 0)
   _, sample_fn = rollout_sampler(ctx, graphdef)
   args = (state.params, batch["prompt_BP"], batch["prompt_valid_BP"], k_roll)
   t0 = time.perf_counter()

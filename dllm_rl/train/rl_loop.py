@@ -74,13 +74,24 @@ def step_config(config, sampler_cfg, mask_id: int, eos_id: int) -> RLStepConfig:
       kl_estimator=r.kl_estimator, mask_id=mask_id, eos_id=eos_id, micro_batch=r.micro_batch)
 
 
+def rl_rng(ctx: Context) -> jax.Array:
+  """The fresh RL state's RNG key (from ``seed``)."""
+  return jax.random.fold_in(jax.random.key(ctx.config.seed), 2)
+
+
+def step_keys(rng: jax.Array, step: int) -> tuple[jax.Array, jax.Array]:
+  """(rollout key, rl_step key) of RL step ``step`` from the state's RNG ``rng``."""
+  return tuple(jax.random.split(jax.random.fold_in(rng, step)))
+
+
 def rl_state(ctx: Context, params, optimizer, *, abstract: bool = False):
   """(the fresh RL train state from ``params``, its shardings): the optimizer's initial
-  state, the run's RNG and, with ``rl.kl_coef`` > 0, ``params`` as the reference policy.
-  ``abstract``: shapes, dtypes and shardings only (``jax.ShapeDtypeStruct`` leaves)."""
+  state, the run's RNG (:func:`rl_rng`) and, with ``rl.kl_coef`` > 0, ``params`` as the
+  reference policy. ``abstract``: shapes, dtypes and shardings only (``jax.ShapeDtypeStruct``
+  leaves)."""
   init = abstract_state_sharded if abstract else init_state_sharded
-  return init(params, optimizer, jax.random.fold_in(jax.random.key(ctx.config.seed), 2),
-              ctx.mesh, ref_params=params if ctx.config.rl.kl_coef > 0 else None)
+  return init(params, optimizer, rl_rng(ctx), ctx.mesh,
+              ref_params=params if ctx.config.rl.kl_coef > 0 else None)
 
 
 def rollout_prompts(ctx: Context, position: int = 0) -> BatchIterator:
@@ -207,7 +218,7 @@ class RLPhase(Phase):
     ctx, config = self.ctx, self.ctx.config
     t0 = time.perf_counter()
     batch, padding = trim_to_bucket(next(self.batches), config.data.prompt_buckets)
-    k_roll, k_step = jax.random.split(jax.random.fold_in(state.rng, step))
+    k_roll, k_step = step_keys(state.rng, step)
     out = self.rollout_fn(state.params, batch["prompt_BP"], batch["prompt_valid_BP"], k_roll)
     faults.at("rollout", step)  # test-only hook (DLLM_FAULT), a no-op otherwise
     completions = np.asarray(out.completion_BL)
