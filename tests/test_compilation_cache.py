@@ -36,3 +36,18 @@ def test_compiled_programs_land_in_the_cache(tmp_path, fresh_cache):
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # cache even tiny ones
   jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.0)(jnp.ones(7)).block_until_ready()
   assert os.listdir(directory), "nothing was written to the compilation cache"
+
+
+def test_a_cache_set_through_jax_wins_over_the_default_only(tmp_path, fresh_cache):
+  from dllm_rl.config.schema import DEFAULT_COMPILATION_CACHE
+  assert base_config().compilation_cache == DEFAULT_COMPILATION_CACHE
+  users = str(tmp_path / "users")
+  jax.config.update("jax_compilation_cache_dir", users)  # as JAX_COMPILATION_CACHE_DIR does
+  assert run.enable_compilation_cache(DEFAULT_COMPILATION_CACHE) == users
+  assert jax.config.jax_compilation_cache_dir == users
+  ours = str(tmp_path / "ours")  # set in the config: the config wins
+  assert run.enable_compilation_cache(ours) == ours
+  assert jax.config.jax_compilation_cache_dir == ours
+  jax.config.update("jax_compilation_cache_dir", None)  # none set through JAX: the default
+  assert run.enable_compilation_cache(DEFAULT_COMPILATION_CACHE) == os.path.expanduser(
+      DEFAULT_COMPILATION_CACHE)

@@ -193,13 +193,25 @@ def test_initialize_cluster_calls_init_without_arguments():
     (dist_cfg(), {}),
     (dist_cfg(), {"SLURM_JOB_ID": "1", "SLURM_NTASKS": "8"}),
 ])
-def test_initialize_single_process_does_not_call_init(cfg, env, capsys):
+def test_initialize_single_process_does_not_call_init(cfg, env, capsys, monkeypatch):
+  monkeypatch.setattr(distributed, "_REPORTED", [""])
   fake = FakeInit()
   info = distributed.initialize(cfg, env=env, init_fn=fake, cloud_tpu_vm=False)
   assert fake.calls == []
   assert info["process_count"] == 1 and info["process_index"] == 0
   out = capsys.readouterr().out
   assert out.count("\n") == 1 and out.startswith("[distributed] process 0/1")
+
+
+def test_initialize_prints_its_line_once(capsys, monkeypatch):
+  monkeypatch.setattr(distributed, "_REPORTED", [""])
+  for _ in range(3):  # a study's runs in one process
+    distributed.initialize(dist_cfg(), env={}, init_fn=FakeInit(), cloud_tpu_vm=False)
+  first = capsys.readouterr().out
+  assert first.count("[distributed] process 0/1") == 1
+  distributed.initialize(dist_cfg(initialize="never"), env={}, init_fn=FakeInit(),
+                         cloud_tpu_vm=False)  # another reason: another line
+  assert capsys.readouterr().out.startswith("[distributed] process 0/1")
 
 
 def test_initialize_validates_before_calling_init():

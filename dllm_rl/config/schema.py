@@ -11,6 +11,10 @@ from __future__ import annotations
 import ml_collections
 
 
+# The default of config.compilation_cache; a cache directory set through JAX itself
+# (JAX_COMPILATION_CACHE_DIR, jax.config) is kept over it (dllm_rl.train.modes).
+DEFAULT_COMPILATION_CACHE = "~/.cache/dllm_rl/xla"
+
 def base_config() -> ml_collections.ConfigDict:
   """Every key the framework reads, with documented defaults."""
   c = ml_collections.ConfigDict()
@@ -236,7 +240,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   # --- scale (issue 10): persistent XLA compilation cache, shared by runs on this machine
   # (or bucket): a restarted 8B run skips minutes of compilation. "" = off.
-  c.compilation_cache = "~/.cache/dllm_rl/xla"
+  c.compilation_cache = DEFAULT_COMPILATION_CACHE  # a cache set through JAX (its env) wins
   # --- preemption and faults (dllm_rl/train/resilience.py) ---
   k.save_every_seconds = 0.0   # > 0: also save when this long has passed since the last save
   c.train = n = ml_collections.ConfigDict()

@@ -258,6 +258,9 @@ def initialize(dist_cfg: Any, *, env: Mapping[str, str] | None = None,
                cloud_tpu_vm: bool | None = None) -> dict:
   """Starts ``jax.distributed`` as ``config.distributed`` says; call it before touching devices.
 
+  Prints one ``[distributed]`` line naming the processes and devices; a later call that would
+  print the same line (a study's next run in the same process) prints nothing.
+
   Args:
     dist_cfg: ``config.distributed`` (see the module docstring).
     env: environment variables (default ``os.environ``).
@@ -281,10 +284,16 @@ def initialize(dist_cfg: Any, *, env: Mapping[str, str] | None = None,
       (init_fn or jax.distributed.initialize)(**kwargs)
   info = {"process_index": jax.process_index(), "process_count": jax.process_count(),
           "local_devices": jax.local_device_count(), "global_devices": jax.device_count()}
-  print(f"[distributed] process {info['process_index']}/{info['process_count']}, "
-        f"{info['local_devices']} local / {info['global_devices']} global "
-        f"{jax.default_backend()} devices ({p.reason})", flush=True)
+  line = (f"[distributed] process {info['process_index']}/{info['process_count']}, "
+          f"{info['local_devices']} local / {info['global_devices']} global "
+          f"{jax.default_backend()} devices ({p.reason})")
+  if line != _REPORTED[0]:  # once per process, not once per run of a study's many runs
+    print(line, flush=True)
+    _REPORTED[0] = line
   return info
+
+
+_REPORTED = [""]  # the last line initialize() printed
 
 
 def is_primary() -> bool:

@@ -38,6 +38,7 @@ class Prefetcher:
     self.compile_fn = compile_fn or compile_arm
     self.state = {label: PENDING for label, _ in self.jobs}
     self.seconds: dict[str, float] = {}
+    self.parts: dict[str, dict] = {}  # compile_fn's own timings (precompile_rl: per program)
     self._cv = threading.Condition()
     self._stop = False
     self._thread = threading.Thread(target=self._work, name="dllm_rl-prefetch", daemon=True)
@@ -61,8 +62,10 @@ class Prefetcher:
       label, config = job
       t0 = time.perf_counter()
       try:
-        self.compile_fn(config, self.workdir)
+        parts = self.compile_fn(config, self.workdir)
         self.seconds[label] = time.perf_counter() - t0
+        if isinstance(parts, dict):
+          self.parts[label] = parts
       except Exception as err:  # noqa: BLE001 - the arm compiles its own programs instead
         self.log(f"[study] background compile of {label} failed ({type(err).__name__}: {err});"
                  " the arm compiles its programs itself")
@@ -94,7 +97,14 @@ class Prefetcher:
     if self.seconds:
       self.log(f"[study] compiled {len(self.seconds)} arm(s)' RL programs in the background"
                f" ({sum(self.seconds.values()):.0f} s: "
-               + ", ".join(f"{k} {v:.0f} s" for k, v in self.seconds.items()) + ")")
+               + ", ".join(f"{k} {v:.0f} s{self._detail(k)}" for k, v in self.seconds.items())
+               + ")")
+
+  def _detail(self, label: str) -> str:
+    """`` (sampler 9 s, step 12 s)`` from compile_fn's per-program seconds, or ``""``."""
+    parts = {k.removesuffix("_seconds"): v for k, v in self.parts.get(label, {}).items()
+             if k.endswith("_seconds") and isinstance(v, (int, float))}
+    return (" (" + ", ".join(f"{k} {v:.0f} s" for k, v in parts.items()) + ")") if parts else ""
 
 
 def compile_arm(config: ml_collections.ConfigDict, workdir: str) -> dict:

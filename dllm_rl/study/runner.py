@@ -454,8 +454,9 @@ def _run_seeds(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
     _stop_if_requested(name, seed, "SFT start")
     calibrated = {}
     for arm in arms:
-      if prefetcher is not None:
-        prefetcher.claim(f"{name} {arm.name}")
+      if prefetcher is not None and (waited := prefetcher.claim(f"{name} {arm.name}")) >= 1.0:
+        log(f"[study] {name} seed {seed} {arm.name}: waited {waited:.0f} s for its background"
+            " compile")
       rec = run_arm(arm, seed, start_dir, _arm_dir(workdir, name, seed, arm), size, overrides,
                     calibrated, base)
       r = make_config(rec["overrides"], base).rl

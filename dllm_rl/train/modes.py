@@ -54,12 +54,20 @@ if set(RUNNERS) != set(RUN_MODES):  # one list of modes: validation's and the ru
 
 def enable_compilation_cache(path: str) -> str | None:
   """Turn on JAX's persistent compilation cache in ``path`` (``~`` expanded; a gs:// URL
-  stays one); returns the directory, or None when ``path`` is empty (off)."""
+  stays one); returns the directory, or None when ``path`` is empty (off). When ``path`` is
+  the config's default and a cache directory was already set through JAX (the environment's
+  ``JAX_COMPILATION_CACHE_DIR``, or ``jax.config``), that directory is kept and returned: the
+  default does not override the user's JAX setting; a ``compilation_cache`` set in the
+  config does."""
   if not path:
     return None
   import os
 
   import jax
+
+  from dllm_rl.config.schema import DEFAULT_COMPILATION_CACHE
+  if path == DEFAULT_COMPILATION_CACHE and jax.config.jax_compilation_cache_dir:
+    return jax.config.jax_compilation_cache_dir
   directory = os.fspath(paths.resolve(os.path.expanduser(path)))
   jax.config.update("jax_compilation_cache_dir", directory)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)  # only slow compiles

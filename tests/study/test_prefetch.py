@@ -21,6 +21,7 @@ def test_claims_wait_for_a_compile_in_progress_and_drop_those_not_started(tmp_pa
     if config == "a":
       started.set()
       assert release.wait(10)
+      return {"sampler_seconds": 2.0, "step_seconds": 3.0}  # as precompile_rl's
     if config == "b":
       raise RuntimeError("no such program")
 
@@ -39,7 +40,8 @@ def test_claims_wait_for_a_compile_in_progress_and_drop_those_not_started(tmp_pa
   assert len(lines) == 2 and "background compile of b failed (RuntimeError: no such program)" \
       in lines[0] and "compiles its programs itself" in lines[0]
   assert lines[1].startswith("[study] compiled 1 arm(s)' RL programs in the background (")
-  assert re.search(r"\(\d+ s: a \d+ s\)$", lines[1])  # the failed one is not counted
+  # the failed one is not counted; a's own per-program timings are named
+  assert re.search(r"\(\d+ s: a \d+ s \(sampler 2 s, step 3 s\)\)$", lines[1]), lines[1]
   assert not (tmp_path / "scratch").exists()
   assert pre.claim("unknown") < 1.0  # an arm that was never queued
 
