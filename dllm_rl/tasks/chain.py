@@ -13,9 +13,11 @@ completion carries ≥ 32 scored tokens: the harder study testbed (issue 18,
 Many correct answers: the operands may be added in any order (k! orders). The SFT answer
 uses the prompt's order (``answer_order="prompt"``), a rotation of it drawn per example
 (``"rotation"``: start at a random operand, then follow the prompt cyclically; k orders,
-``dllm_rl/config/testbeds.py: chain_orders``) or a random order per example (``"random"``);
-with 6 one-digit numbers neither of the last two warm-ups left validation accuracy 0 in its
-budget (README "Testbeds"). A completion is correct iff it is a well-formed chain whose
+``dllm_rl/config/testbeds.py: chain_orders``), the prompt's order or its reverse drawn per
+example (``"prompt_or_reverse"``: 2 orders, each step copying a neighbouring operand of the
+prompt, as the prompt's order does) or a random order per example (``"random"``); with 6
+one-digit numbers neither the rotation nor the random warm-up left validation accuracy 0 in
+its budget (README "Testbeds"). A completion is correct iff it is a well-formed chain whose
 steps are all correct sums, whose first sum and added numbers use the prompt's operands
 exactly once each, and whose last sum is the total. ``distinct_correct`` then counts the
 distinct orders a policy finds (StepRS's exploration measure). Numbers are read by value,
@@ -57,13 +59,13 @@ def chain_answer(operands: list[int], num_digits: int) -> str:
 @TASKS.register("chain")
 class ChainTask(Task):
   """``num_numbers`` operands uniform in [0, 10**num_digits), added one at a time; the
-  reference answer adds them in the prompt's order, a rotation of it or a random order
-  (``answer_order``)."""
+  reference answer adds them in the prompt's order, a rotation of it, the prompt's order or
+  its reverse, or a random order (``answer_order``)."""
 
   name = "chain"
   many_answers = True  # any order of the operands
 
-  ANSWER_ORDERS = ("prompt", "rotation", "random")
+  ANSWER_ORDERS = ("prompt", "rotation", "prompt_or_reverse", "random")
 
   def __init__(self, num_numbers: int = 4, num_digits: int = 3, answer_order: str = "prompt",
                test_fraction: float = 0.1):
@@ -87,6 +89,8 @@ class ChainTask(Task):
     if self.answer_order == "rotation":
       shift = int(rng.integers(self.num_numbers))
       order = operands[shift:] + operands[:shift]
+    elif self.answer_order == "prompt_or_reverse":
+      order = operands[::-1] if rng.integers(2) else operands
     elif self.answer_order == "random":
       order = [operands[i] for i in rng.permutation(self.num_numbers)]
     return Example(prompt=prompt, answer=chain_answer(order, self.num_digits),

@@ -87,5 +87,13 @@ def test_rotated_and_random_answer_orders_write_many_correct_orders():
     starts.add(shift)
     assert rotations.verify(ex, ex.answer).correct
   assert starts == set(range(6))  # every rotation occurs
+  two = make_task("chain", num_numbers=6, num_digits=1, answer_order="prompt_or_reverse")
+  orders = []
+  for ex in two.generate("train", 200, 0):
+    ops = ex.meta["operands"]
+    assert ex.answer in (chain_answer(ops, 1), chain_answer(ops[::-1], 1))
+    assert two.verify(ex, ex.answer).correct
+    orders.append(ex.answer == chain_answer(ops, 1))
+  assert 0.35 < sum(orders) / len(orders) < 0.65  # about half in each order
   with pytest.raises(ValueError, match="answer_order"):
     make_task("chain", answer_order="sorted")
