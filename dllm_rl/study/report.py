@@ -353,11 +353,12 @@ def _steprs_reason(study: dict) -> str:
     if not (task in TASKS and TASKS.get(task).many_answers):
       reasons.append(f"{distinct:.2f} distinct correct answers per prompt: the task has one"
                      " correct answer, so exploration has nothing to find")
-    else:  # policies that find one answer per prompt of a many-answer task
+    elif base8 is None or distinct <= base8 + 1e-6:  # one answer per solved prompt
       reasons.append(f"centered GRPO finds {distinct:.2f} distinct correct answers per prompt"
                      f" (≤ 1): the `{task}` task has many, but the SFT start writes one form"
                      " per prompt (its training answers do) and RL at this length did not"
                      " find others, so exploration has not yet had anything to reward")
+    # else: distinct > pass@8, so some prompts get several correct answers: not the reason
   kept = _iv(study, "centered", _diversity)["mean"]
   start = _sft_of(study, "centered", lambda s: s.get("sft_diversity"))["mean"]
   if kept is not None and start and kept >= NARROWING * start:

@@ -188,10 +188,15 @@ def test_steprs_verdicts_compare_pass_at_8_and_distinct_answers():
   assert v["steprs vs centered, distinct"].startswith("not reproduced (no difference")
   reason = [e for w, _, e in steprs_verdicts(study) if "distinct" in w][0]
   assert "1.00 distinct correct answers per prompt: the task has one" in reason
-  # a many-answer task (chain) whose policies still find one answer: the reason says so
-  chain = {**study, "base_config": {"task": {"name": "chain"}}}
+  # a many-answer task (chain) whose policies find one answer per solved prompt (distinct =
+  # pass@8): the reason says so; where some prompts get several (distinct > pass@8) it does not
+  one = [run(r["arm"], r["seed"], 0.9, 0.9) for r in runs]
+  chain = {**study, "runs": one, "base_config": {"task": {"name": "chain"}}}
   reason = [e for w, _, e in steprs_verdicts(chain) if "distinct" in w][0]
   assert "the `chain` task has many, but the SFT start writes one form" in reason
+  several = {**study, "base_config": {"task": {"name": "chain"}}}  # distinct 1.0 > pass@8 0.5
+  reason = [e for w, _, e in steprs_verdicts(several) if "distinct" in w][0]
+  assert "writes one form" not in reason
   sudoku = {**study, "base_config": {"task": {"name": "sudoku"}}}  # one solution per puzzle
   reason = [e for w, _, e in steprs_verdicts(sudoku) if "distinct" in w][0]
   assert "1.00 distinct correct answers per prompt: the task has one" in reason
