@@ -127,20 +127,23 @@ def test_sudoku_result():
     assert r.reward == 0.0 and r.info["cell_accuracy"] == 0.0 and r.parsed is None
 
 
-def _hostile(canary):
-  code = f"__import__('os').system('touch {canary}')"
+def _hostile(canary_name):
+  # A relative path: the code carries no digits from the temporary directory's name, which a
+  # last-number verifier would otherwise parse (e.g. "pytest-5" against the answer 5).
+  code = f"__import__('os').system('touch {canary_name}')"
   return [code, f"<answer>{code}</answer>", f"\\boxed{{{code}}}", f"#### {code}",
           "9" * 10**6, "1," * 500_000, "123," * 15_000 + "1234", "\\boxed{" * 9_000,
           "\\boxed{" + "{" * 400 + "1" + "}" * 400 + "}", "(" * 60_000, "$" * 60_000,
           "####" * 15_000, "<answer>" * 8_000]
 
 
-def test_hostile_completions_are_cheap_and_inert(tmp_path):
+def test_hostile_completions_are_cheap_and_inert(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
   canary = tmp_path / "pwned"
   checks = [lambda s: V.gsm8k_result(s, "#### 5"),
             lambda s: V.countdown_reward(s, [1, 2, 3], 6),
             lambda s: V.sudoku_result(s, "0034341221404301", "1234341221434321")]
-  for text in _hostile(canary):
+  for text in _hostile(canary.name):
     for check in checks:
       start = time.monotonic()
       r = check(text)
@@ -149,10 +152,11 @@ def test_hostile_completions_are_cheap_and_inert(tmp_path):
   assert not canary.exists()
 
 
-def test_hostile_math_under_the_hard_timeout(tmp_path):
+def test_hostile_math_under_the_hard_timeout(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)  # the worker inherits it: the canary's relative path lands here
   canary = tmp_path / "pwned"
   with V.TimedVerifier(V.math_result, 5.0, preload=("math_verify",)) as timed:
-    for text in _hostile(canary) + ["\\boxed{9^{9^{9^{9}}}}", "\\boxed{10^{10^{10}}}"]:
+    for text in _hostile(canary.name) + ["\\boxed{9^{9^{9^{9}}}}", "\\boxed{10^{10^{10}}}"]:
       start = time.monotonic()
       r = timed(text, "5")
       assert time.monotonic() - start < 8.0, text[:40]  # the 5 s deadline, not math-verify
