@@ -65,8 +65,13 @@ def _measured_slow() -> set[str]:
     return {line.strip() for line in fh if line.strip() and not line.startswith("#")}
 
 
+COLLECTED = pytest.StashKey[set]()  # every collected node id, before -m / -k deselection
+
+
+@pytest.hookimpl(tryfirst=True)  # before the mark plugin deselects
 def pytest_collection_modifyitems(config, items):
   """Mark the measured slow tests (tests/slow_tests.txt) ``slow``."""
+  config.stash[COLLECTED] = {item.nodeid for item in items}
   slow = _measured_slow()
   for item in items:
     if item.nodeid in slow:

@@ -79,17 +79,30 @@ def test_production_config_runs_one_rl_step_at_tiny_size(tmp_path, name):
   assert step and all(np.isfinite(float(step[0][k])) for k in ("loss", "grad_norm", "ratio_max"))
 
 
-@pytest.mark.slow
-def test_rl_step_from_a_converted_checkpoint(tmp_path):
-  """`python -m dllm_rl.convert import` output works as model.hf_checkpoint too."""
+def test_a_converted_checkpoint_gives_a_run_the_same_start(tmp_path):
+  """`python -m dllm_rl.convert import` output works as model.hf_checkpoint too: the run's
+  architecture, tokenized data and starting parameters equal those of the HF folder it came
+  from (the RL step on them is test_production_config_runs_one_rl_step_at_tiny_size's)."""
+  import jax
   from dllm_rl.models.convert import import_hf
-  converted = tmp_path / "converted"
-  import_hf(str(_hf_dir(tmp_path)), str(converted))
-  config = _tiny(_load_config("llada_tpu"), converted, _gsm8k(tmp_path))
-  config.model.dtype = "float32"
-  summary = run.run(config, str(tmp_path / "work"))
-  assert summary["rl_steps"] == 1
-  assert_test_figures(summary, tmp_path / "work", "rl", test_size=8)
+  from dllm_rl.train.context import build_context, init_params
+  source, converted = _hf_dir(tmp_path), tmp_path / "converted"
+  import_hf(str(source), str(converted))
+  data = _gsm8k(tmp_path)
+  starts = []
+  for folder in (source, converted):
+    config = _tiny(_load_config("llada_tpu"), folder, data)
+    config.model.dtype = "float32"
+    ctx = build_context(validate(config), str(tmp_path / "work" / folder.name))
+    starts.append((ctx, init_params(ctx)[1]))
+  (hf_ctx, hf_params), (ctx, params) = starts
+  assert ctx.hf_checkpoint == str(converted) and ctx.model_cfg == hf_ctx.model_cfg
+  for split in ("train", "val", "test"):
+    got, want = getattr(ctx, split).arrays, getattr(hf_ctx, split).arrays
+    assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
+  got, want = jax.tree.leaves(params), jax.tree.leaves(hf_params)
+  assert len(got) == len(want) > 0
+  assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(got, want))
 
 
 def test_block_size_must_match_the_sdar_checkpoint(tmp_path):
