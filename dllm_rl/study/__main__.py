@@ -17,7 +17,9 @@ the study's run lengths; ``--sft_seed=N`` trains the one SFT start of such a tes
 in a background thread ahead of the arm that trains (default: with a GPU or TPU only;
 dllm_rl/study/prefetch.py). Finished arms are reused on rerun. SIGTERM / SIGINT stop the study
 after the run in progress (a run still training saves a checkpoint first) with exit status 75:
-rerun the same command to resume.
+rerun the same command to resume. ``--reuse_from=FILE[,FILE]``: an earlier report's runs
+(its study JSON) seed DIR, and reruns already in DIR are checked against them bit for bit
+(dllm_rl/study/reuse.py): extend a committed study with more seeds without rerunning it.
 """
 
 from __future__ import annotations
@@ -54,6 +56,12 @@ _SFT_SEED = flags.DEFINE_integer("sft_seed", 0, "The seed of the one SFT start o
                                       n for n in testbeds.TESTBEDS.names()
                                       if testbeds.testbed(n).shared_sft) + "): the claims from"
                                   " another start (DIR/sft/seed<N>; one start per DIR).")
+_REUSE_FROM = flags.DEFINE_list("reuse_from", None, "Study JSONs (.json or .json.gz, e.g. a"
+                                 " committed report's docs/<report>/steprs.json.gz) whose runs"
+                                 " of this study's arms and seeds are written into DIR as"
+                                 " finished runs where DIR has none; runs DIR already has are"
+                                 " compared with them (bit for bit; reported). The usual"
+                                 " override check applies to every reused run.")
 _PREFETCH = flags.DEFINE_bool("prefetch", None, "Compile the arms' RL programs in a background"
                               " thread ahead of the arm that trains (the results are the same)."
                               " Default: on with a GPU or TPU, off on CPU, where compiling and"
@@ -90,7 +98,7 @@ def main(argv):
   try:
     study(names, _WORKDIR.value, _SEEDS.value, _QUICK.value, overrides, results, command,
           _STEPS.value, _EVAL_EVERY.value, os.path.join(_WORKDIR.value, "jax_cache"), _ARMS.value,
-          testbed, _PREFETCH.value, _SFT_SEED.value)
+          testbed, _PREFETCH.value, _SFT_SEED.value, _REUSE_FROM.value)
   except ConfigError as err:
     cli.fail([err])
   except Preempted as stop:  # SIGTERM / SIGINT: the run in progress saved, the study stopped

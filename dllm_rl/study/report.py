@@ -9,7 +9,7 @@ import json
 import os
 import shutil
 
-from dllm_rl.study import stats
+from dllm_rl.study import reuse, stats
 
 
 def _fmt(iv: dict, digits: int = 3) -> str:
@@ -537,6 +537,8 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
           f"| code (git commit) | {meta.get('commit', 'n/a')} |",
           f"| code and machine of the runs (git commit, machine: runs) |"
           f" {run_provenance(studies)} |",
+          *[f"| runs reused (--reuse_from) | {reuse.summary_line(n, c)} |"
+            for n, c in (meta.get("reused") or {}).items()],
           f"| started (UTC) | {meta['started']} |",
           f"| wall time of this invocation | {meta['wall_seconds']:.0f} s |",
           f"| compute recorded in the JSON (SFT + every arm, summed over the invocations that"

@@ -14,7 +14,7 @@ import time
 
 from dllm_rl.config import testbeds
 from dllm_rl.study import arms as arms_lib
-from dllm_rl.study import provenance
+from dllm_rl.study import provenance, reuse
 
 
 def _load() -> str:
@@ -29,13 +29,15 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
           results_md: str, command: str, rl_steps: int | None = None,
           eval_every: int | None = None, cache_dir: str | None = None,
           arm_patterns: list[str] | None = None, testbed: str = testbeds.DEFAULT,
-          prefetch: bool | None = None, sft_seed: int = 0) -> dict:
+          prefetch: bool | None = None, sft_seed: int = 0,
+          reuse_from: list[str] | None = None) -> dict:
   """Run the named studies on ``testbed`` (its base config and run lengths,
   ``dllm_rl/config/testbeds.py``) and write their JSON, plots and the markdown report.
   ``arm_patterns``: only the arms matching one of these shell patterns. ``prefetch``: compile
   the arms' RL programs in the background ahead of the arm that trains (runner.run_study;
   None: on GPU and TPU only). ``sft_seed``: the seed of the one SFT start of a testbed whose
-  seeds share it (runner.run_study)."""
+  seeds share it (runner.run_study). ``reuse_from``: study JSONs whose runs seed DIR where it
+  has none, and against which the runs DIR has are checked (dllm_rl.study.reuse)."""
   base = testbeds.testbed(testbed).get_config()  # a ValueError listing the names when unknown
   provenance.git_commit()  # the code this process imported: read now, before any run
   import jax
@@ -52,6 +54,12 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
         base.rl.warmup_steps * size.rl_steps / full.rl_steps)}
   runner.claim_workdir(workdir, testbed)  # DIR's testbed, then its finished runs: before any run
   runner.check_sft_starts(workdir, size.seeds, overrides, testbed, base, sft_seed)
+  reused = {}
+  for name in names if reuse_from else ():
+    arms = arms_lib.select(arms_lib.STUDIES.get(name)(base), arm_patterns)
+    reused[name] = reuse.reuse_runs(workdir, name, [a.name for a in arms], size.seeds,
+                                    reuse_from)
+    print(f"[study] reused {reuse.summary_line(name, reused[name])}", flush=True)
   for name in names:
     runner.check_finished_runs(name, arms_lib.select(arms_lib.STUDIES.get(name)(base),
                                                      arm_patterns),
@@ -76,7 +84,7 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
   meta = {"command": command, "quick": quick, "testbed": testbed, "machine": provenance.machine(),
           "load_start": load_start, "load_end": _load(), "jax": jax.__version__,
           "started": started, "commit": provenance.git_commit(),
-          "wall_seconds": time.time() - t0}
+          "wall_seconds": time.time() - t0, "reused": reused}
   with open(os.path.join(workdir, "meta.json"), "w") as fh:
     json.dump(meta, fh, indent=2)
   report.write(done, meta, workdir, results_md)

@@ -4,6 +4,7 @@ its seed's SFT checkpoint and produces its summary, the JSON, the plots and the 
 import json
 import os
 import platform
+import shutil
 
 import pytest
 
@@ -127,6 +128,19 @@ def test_quick_study_gives_every_arm_a_summary(tmp_path):
                      r" settings \(.*rl\.steps: ran with 2, this study sets 3"):
     study(["stability", "steprs"], workdir, None, True, TINY, md, "test", rl_steps=3,
           eval_every=1, arm_patterns=QUICK_ARMS)
+  # --reuse_from: a fresh DIR (given the SFT start) seeded from the first study's JSONs trains
+  # nothing and reports the same runs, and says where they came from
+  again, md2 = str(tmp_path / "again"), str(tmp_path / "docs2" / "again.md")
+  shutil.copytree(os.path.join(workdir, "sft"), os.path.join(again, "sft"))
+  jsons = [os.path.join(workdir, f"{n}.json") for n in ("stability", "steprs")]
+  out2 = study(["stability", "steprs"], again, None, True, TINY, md2, "test", rl_steps=2,
+               eval_every=1, arm_patterns=QUICK_ARMS, reuse_from=jsons)
+  for first, second in zip(out["studies"], out2["studies"]):
+    assert [{k: r[k] for k in ("arm", "steps", "final")} for r in first["runs"]] == [
+        {k: r[k] for k in ("arm", "steps", "final")} for r in second["runs"]]
+    assert {r["reused_from"] for r in second["runs"]} == {f"{first['study']}.json"}
+  assert out2["meta"]["reused"]["steprs"]["written"] == 2
+  assert "| runs reused (--reuse_from) | steprs: 2 run(s) written from" in open(md2).read()
 
 
 def test_a_finished_run_is_reused_only_with_the_settings_it_ran_with(tmp_path):

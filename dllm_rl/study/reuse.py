@@ -1,0 +1,85 @@
+"""``--reuse_from``: finished runs from earlier study JSONs (a committed report's
+``<study>.json.gz``) seed a study DIR, and reruns in DIR are checked against them.
+
+A run recorded in such a file, of this study, one of its selected arms and one of its seeds, is
+written into DIR as that arm's finished run (``run.json``, marked ``reused_from``) where DIR has
+none; the study then reuses it after the same override check as any finished run
+(runner.check_reusable), so a record made with other settings is a ConfigError, not mixed in.
+Where DIR already holds the run (trained by this code), the two records are compared: equal
+per-step records, evaluations, final figures and overrides mean the rerun reproduced the
+recorded run bit for bit, the check that makes reusing the others sound (XLA's CPU kernels
+round differently on different CPU types, so records reproduce on the CPU type that made them).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+
+from dllm_rl.errors import ConfigError
+from dllm_rl.study.runner import arm_dir
+
+COMPARED = ("steps", "evals", "final", "overrides")  # what "bit for bit" compares
+
+
+def read_study_json(path: str) -> dict:
+  """A study JSON (``.json`` or ``.json.gz``); a ConfigError (key ``--reuse_from``) naming the
+  file when it is missing, unreadable or not a study's record."""
+  try:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as fh:
+      data = json.load(fh)
+  except (OSError, ValueError) as err:
+    raise ConfigError("--reuse_from", f"{path}: {err}") from err
+  if not isinstance(data, dict) or not isinstance(data.get("runs"), list) or "study" not in data:
+    raise ConfigError("--reuse_from", f"{path} is not a study JSON (no 'study' and 'runs')")
+  return data
+
+
+def reuse_runs(workdir: str, name: str, arm_names: list[str], seeds: int,
+               files: list[str]) -> dict:
+  """Seed DIR with ``files``' runs of study ``name`` (``arm_names`` × seeds 0..``seeds``-1)
+  where DIR has none, and compare those DIR has. Returns ``{"written": n, "kept": n, "identical": [...],
+  "differing": [...], "files": [...]}`` ("kept": runs an earlier reuse wrote; runs named "seed
+  S arm"); the first file that records a run is the one used."""
+  records = {}
+  for path in files:
+    data = read_study_json(path)
+    if data["study"] != name:
+      continue
+    for run in data["runs"]:
+      if run["arm"] in arm_names and 0 <= run["seed"] < seeds:
+        records.setdefault((run["seed"], run["arm"]), (path, run))
+  out = {"written": 0, "kept": 0, "identical": [], "differing": [], "files": list(files)}
+  for (seed, arm), (path, run) in sorted(records.items()):
+    target = os.path.join(arm_dir(workdir, name, seed, arm), "run.json")
+    if os.path.exists(target):
+      with open(target) as fh:
+        have = json.load(fh)
+      if have.get("reused_from"):  # written by an earlier --reuse_from, not a rerun
+        out["kept"] += 1
+        continue
+      same = all(have.get(k) == json.loads(json.dumps(run.get(k))) for k in COMPARED)
+      out["identical" if same else "differing"].append(f"seed {seed} {arm}")
+      continue
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target + ".tmp", "w") as fh:
+      json.dump({**run, "reused_from": run.get("reused_from") or os.path.basename(path)}, fh)
+    os.replace(target + ".tmp", target)  # a stopped study never leaves half a record
+    out["written"] += 1
+  return out
+
+
+def summary_line(name: str, counts: dict) -> str:
+  """One line for the log and the report: what was reused and what was checked."""
+  line = (f"{counts['written']} run(s) written from {', '.join(counts['files'])}"
+          + (f" ({counts['kept']} more written by an earlier --reuse_from)" if counts["kept"]
+             else "") + ";"
+          f" {len(counts['identical'])} already in DIR matched their records bit for bit")
+  if counts["identical"]:
+    line += f" ({', '.join(counts['identical'])})"
+  if counts["differing"]:
+    line += (f"; {len(counts['differing'])} differ from their records"
+             f" ({', '.join(counts['differing'])}): DIR's own runs are kept")
+  return f"{name}: {line}"

@@ -1,0 +1,59 @@
+"""--reuse_from: an earlier study JSON's runs seed a DIR; the runs DIR has are compared."""
+
+import gzip
+import json
+import os
+
+import pytest
+
+from dllm_rl.errors import ConfigError
+from dllm_rl.study import reuse
+from dllm_rl.study.runner import arm_dir
+
+
+def _run(seed, arm, loss):
+  return {"seed": seed, "arm": arm, "overrides": {"seed": seed}, "final": {"test_accuracy": 0.5},
+          "evals": [{"step": 0, "val_accuracy": 0.25}], "steps": [{"step": 1, "loss": loss}]}
+
+
+def _write(workdir, study, run, **extra):
+  path = arm_dir(str(workdir), study, run["seed"], run["arm"]) + "/run.json"
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w") as fh:
+    json.dump({**run, **extra}, fh)
+  return path
+
+
+def test_runs_are_written_where_dir_has_none_and_reruns_are_compared(tmp_path):
+  committed = tmp_path / "steprs.json.gz"
+  runs = [_run(s, a, 0.1 * s + (a == "b")) for s in (0, 1, 2) for a in ("a", "b", "c@lr1e-4")]
+  with gzip.open(committed, "wt") as fh:
+    json.dump({"study": "steprs", "runs": runs}, fh)
+  other = tmp_path / "stability.json"  # another study's runs are never written
+  other.write_text(json.dumps({"study": "stability", "runs": [_run(0, "a", 9.0)]}))
+  work = tmp_path / "dir"
+  _write(work, "steprs", _run(0, "a", 0.0))  # reran: the same record
+  _write(work, "steprs", _run(0, "b", 0.5))  # reran: another loss
+  got = reuse.reuse_runs(str(work), "steprs", ["a", "b", "c@lr1e-4"], 2,
+                         [str(other), str(committed)])
+  assert got["written"] == 4 and got["kept"] == 0  # seeds 0-1 of a, b, c less the two reruns
+  assert got["identical"] == ["seed 0 a"] and got["differing"] == ["seed 0 b"]
+  written = json.load(open(arm_dir(str(work), "steprs", 1, "c@lr1e-4") + "/run.json"))
+  assert written == {**runs[5], "reused_from": "steprs.json.gz"}
+  assert json.load(open(arm_dir(str(work), "steprs", 0, "b") + "/run.json"))["steps"][0][
+      "loss"] == 0.5  # DIR's own run is kept
+  assert not (work / "steprs" / "seed2").exists()  # beyond --seeds
+  line = reuse.summary_line("steprs", got)
+  assert "4 run(s) written" in line and "1 already in DIR matched" in line
+  assert "1 differ from their records (seed 0 b)" in line
+  # a second invocation: what the first wrote is not counted as a rerun that matched
+  again = reuse.reuse_runs(str(work), "steprs", ["a", "b", "c@lr1e-4"], 2, [str(committed)])
+  assert again["written"] == 0 and again["kept"] == 4 and again["identical"] == ["seed 0 a"]
+
+
+def test_a_bad_file_is_named(tmp_path):
+  with pytest.raises(ConfigError, match=r"--reuse_from.*missing\.json"):
+    reuse.reuse_runs(str(tmp_path), "steprs", ["a"], 1, [str(tmp_path / "missing.json")])
+  (tmp_path / "x.json").write_text(json.dumps({"runs": []}))
+  with pytest.raises(ConfigError, match=r"x\.json is not a study JSON"):
+    reuse.reuse_runs(str(tmp_path), "steprs", ["a"], 1, [str(tmp_path / "x.json")])
