@@ -41,8 +41,8 @@ def reuse_runs(workdir: str, name: str, arm_names: list[str], seeds: int,
                files: list[str]) -> dict:
   """Seed DIR with ``files``' runs of study ``name`` (``arm_names`` × seeds 0..``seeds``-1)
   where DIR has none, and compare those DIR has. Returns ``{"written": n, "kept": n, "identical": [...],
-  "differing": [...], "files": [...]}`` ("kept": runs an earlier reuse wrote; runs named "seed
-  S arm"); the first file that records a run is the one used."""
+  "differing": [...], "files": [...]}`` ("kept": the file's own records, which an earlier reuse
+  or a copy put there, told by the marker or the run's wall time; runs named "seed S arm"); the first file that records a run is the one used."""
   records = {}
   for path in files:
     data = read_study_json(path)
@@ -57,8 +57,8 @@ def reuse_runs(workdir: str, name: str, arm_names: list[str], seeds: int,
     if os.path.exists(target):
       with open(target) as fh:
         have = json.load(fh)
-      if have.get("reused_from"):  # written by an earlier --reuse_from, not a rerun
-        out["kept"] += 1
+      if have.get("reused_from") or have.get("wall_seconds") == run.get("wall_seconds"):
+        out["kept"] += 1  # the file's own record (an earlier reuse or a copy), not a rerun
         continue
       same = all(have.get(k) == json.loads(json.dumps(run.get(k))) for k in COMPARED)
       out["identical" if same else "differing"].append(f"seed {seed} {arm}")
@@ -74,7 +74,7 @@ def reuse_runs(workdir: str, name: str, arm_names: list[str], seeds: int,
 def summary_line(name: str, counts: dict) -> str:
   """One line for the log and the report: what was reused and what was checked."""
   line = (f"{counts['written']} run(s) written from {', '.join(counts['files'])}"
-          + (f" ({counts['kept']} more written by an earlier --reuse_from)" if counts["kept"]
+          + (f" ({counts['kept']} more were already there)" if counts["kept"]
              else "") + ";"
           f" {len(counts['identical'])} already in DIR matched their records bit for bit")
   if counts["identical"]:

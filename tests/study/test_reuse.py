@@ -11,8 +11,9 @@ from dllm_rl.study import reuse
 from dllm_rl.study.runner import arm_dir
 
 
-def _run(seed, arm, loss):
+def _run(seed, arm, loss, wall_seconds=60.0):
   return {"seed": seed, "arm": arm, "overrides": {"seed": seed}, "final": {"test_accuracy": 0.5},
+          "wall_seconds": wall_seconds,
           "evals": [{"step": 0, "val_accuracy": 0.25}], "steps": [{"step": 1, "loss": loss}]}
 
 
@@ -32,8 +33,8 @@ def test_runs_are_written_where_dir_has_none_and_reruns_are_compared(tmp_path):
   other = tmp_path / "stability.json"  # another study's runs are never written
   other.write_text(json.dumps({"study": "stability", "runs": [_run(0, "a", 9.0)]}))
   work = tmp_path / "dir"
-  _write(work, "steprs", _run(0, "a", 0.0))  # reran: the same record
-  _write(work, "steprs", _run(0, "b", 0.5))  # reran: another loss
+  _write(work, "steprs", _run(0, "a", 0.0, 58.5))  # reran: the same record
+  _write(work, "steprs", _run(0, "b", 0.5, 61.0))  # reran: another loss
   got = reuse.reuse_runs(str(work), "steprs", ["a", "b", "c@lr1e-4"], 2,
                          [str(other), str(committed)])
   assert got["written"] == 4 and got["kept"] == 0  # seeds 0-1 of a, b, c less the two reruns
@@ -42,7 +43,11 @@ def test_runs_are_written_where_dir_has_none_and_reruns_are_compared(tmp_path):
   assert written == {**runs[5], "reused_from": "steprs.json.gz"}
   assert json.load(open(arm_dir(str(work), "steprs", 0, "b") + "/run.json"))["steps"][0][
       "loss"] == 0.5  # DIR's own run is kept
-  assert not (work / "steprs" / "seed2").exists()  # beyond --seeds
+  assert not (work / "steprs" / "seed2" / "a").exists()  # beyond --seeds
+  # the file's own record copied in by hand (no marker, its wall time) is not a rerun
+  _write(tmp_path / "dir2", "steprs", runs[1])
+  copied = reuse.reuse_runs(str(tmp_path / "dir2"), "steprs", ["b"], 1, [str(committed)])
+  assert copied["identical"] == [] and copied["kept"] == 1 and copied["written"] == 0
   line = reuse.summary_line("steprs", got)
   assert "4 run(s) written" in line and "1 already in DIR matched" in line
   assert "1 differ from their records (seed 0 b)" in line
