@@ -9,7 +9,7 @@ import json
 import os
 import shutil
 
-from dllm_rl.study import reuse, stats
+from dllm_rl.study import stats
 
 
 def _fmt(iv: dict, digits: int = 3) -> str:
@@ -537,8 +537,8 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
           f"| code (git commit) | {meta.get('commit', 'n/a')} |",
           f"| code and machine of the runs (git commit, machine: runs) |"
           f" {run_provenance(studies)} |",
-          *[f"| runs reused (--reuse_from) | {reuse.summary_line(n, c)} |"
-            for n, c in (meta.get("reused") or {}).items()],
+          *[f"| runs reused (--reuse_from) | {c['line']} |"
+            for c in (meta.get("reused") or {}).values()],
           f"| started (UTC) | {meta['started']} |",
           f"| wall time of this invocation | {meta['wall_seconds']:.0f} s |",
           f"| compute recorded in the JSON (SFT + every arm, summed over the invocations that"
@@ -627,15 +627,21 @@ def load_study_json(folder: str, study: str) -> tuple[str, dict] | None:
   """(path, study dict) of ``folder``'s ``<study>.json.gz`` (or a ``<study>.json`` written by
   older code), None when there is neither; a ValueError naming the file when it is not
   JSON."""
-  for path, opener in ((os.path.join(folder, f"{study}.json.gz"), gzip.open),
-                       (os.path.join(folder, f"{study}.json"), open)):
+  for path in (os.path.join(folder, f"{study}.json.gz"), os.path.join(folder, f"{study}.json")):
     if os.path.isfile(path):
-      try:
-        with opener(path, "rt") as fh:
-          return path, json.load(fh)
-      except (json.JSONDecodeError, OSError, EOFError) as e:
-        raise ValueError(f"{path}: not a study JSON ({e})") from None
+      return path, read_study_file(path)
   return None
+
+
+def read_study_file(path: str) -> dict:
+  """The study JSON at ``path`` (gzip-compressed when it ends in ``.gz``); a ValueError naming
+  the file when it cannot be read as JSON."""
+  opener = gzip.open if path.endswith(".gz") else open
+  try:
+    with opener(path, "rt") as fh:
+      return json.load(fh)
+  except (json.JSONDecodeError, OSError, EOFError) as e:
+    raise ValueError(f"{path}: not a study JSON ({e})") from None
 
 
 def write(studies: list[dict], meta: dict, workdir: str, results_md: str) -> str:

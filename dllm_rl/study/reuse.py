@@ -13,11 +13,11 @@ round differently on different CPU types, so records reproduce on the CPU type t
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 
 from dllm_rl.errors import ConfigError
+from dllm_rl.study import report
 from dllm_rl.study.runner import arm_dir
 
 COMPARED = ("steps", "evals", "final", "overrides")  # what "bit for bit" compares
@@ -26,12 +26,12 @@ COMPARED = ("steps", "evals", "final", "overrides")  # what "bit for bit" compar
 def read_study_json(path: str) -> dict:
   """A study JSON (``.json`` or ``.json.gz``); a ConfigError (key ``--reuse_from``) naming the
   file when it is missing, unreadable or not a study's record."""
+  if not os.path.isfile(path):
+    raise ConfigError("--reuse_from", f"{path}: no such file")
   try:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as fh:
-      data = json.load(fh)
-  except (OSError, ValueError) as err:
-    raise ConfigError("--reuse_from", f"{path}: {err}") from err
+    data = report.read_study_file(path)
+  except ValueError as err:
+    raise ConfigError("--reuse_from", str(err)) from None
   if not isinstance(data, dict) or not isinstance(data.get("runs"), list) or "study" not in data:
     raise ConfigError("--reuse_from", f"{path} is not a study JSON (no 'study' and 'runs')")
   return data
@@ -40,9 +40,10 @@ def read_study_json(path: str) -> dict:
 def reuse_runs(workdir: str, name: str, arm_names: list[str], seeds: int,
                files: list[str]) -> dict:
   """Seed DIR with ``files``' runs of study ``name`` (``arm_names`` × seeds 0..``seeds``-1)
-  where DIR has none, and compare those DIR has. Returns ``{"written": n, "kept": n, "identical": [...],
-  "differing": [...], "files": [...]}`` ("kept": the file's own records, which an earlier reuse
-  or a copy put there, told by the marker or the run's wall time; runs named "seed S arm"); the first file that records a run is the one used."""
+  where DIR has none, and compare those DIR has. Returns ``{"written": n, "kept": n,
+  "identical": [...], "differing": [...], "files": [...], "line": summary_line}`` ("kept":
+  the file's own records, which an earlier reuse or a copy put there, told by the marker or
+  the run's wall time; runs named "seed S arm"); the first file that records a run is used."""
   records = {}
   for path in files:
     data = read_study_json(path)
@@ -60,7 +61,7 @@ def reuse_runs(workdir: str, name: str, arm_names: list[str], seeds: int,
       if have.get("reused_from") or have.get("wall_seconds") == run.get("wall_seconds"):
         out["kept"] += 1  # the file's own record (an earlier reuse or a copy), not a rerun
         continue
-      same = all(have.get(k) == json.loads(json.dumps(run.get(k))) for k in COMPARED)
+      same = all(have.get(k) == run.get(k) for k in COMPARED)
       out["identical" if same else "differing"].append(f"seed {seed} {arm}")
       continue
     os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -68,7 +69,7 @@ def reuse_runs(workdir: str, name: str, arm_names: list[str], seeds: int,
       json.dump({**run, "reused_from": run.get("reused_from") or os.path.basename(path)}, fh)
     os.replace(target + ".tmp", target)  # a stopped study never leaves half a record
     out["written"] += 1
-  return out
+  return {**out, "line": summary_line(name, out)}
 
 
 def summary_line(name: str, counts: dict) -> str:

@@ -55,15 +55,13 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
   runner.claim_workdir(workdir, testbed)  # DIR's testbed, then its finished runs: before any run
   runner.check_sft_starts(workdir, size.seeds, overrides, testbed, base, sft_seed)
   reused = {}
-  for name in names if reuse_from else ():
-    arms = arms_lib.select(arms_lib.STUDIES.get(name)(base), arm_patterns)
-    reused[name] = reuse.reuse_runs(workdir, name, [a.name for a in arms], size.seeds,
-                                    reuse_from)
-    print(f"[study] reused {reuse.summary_line(name, reused[name])}", flush=True)
   for name in names:
-    runner.check_finished_runs(name, arms_lib.select(arms_lib.STUDIES.get(name)(base),
-                                                     arm_patterns),
-                               workdir, size.seeds, size, overrides, base)
+    arms = arms_lib.select(arms_lib.STUDIES.get(name)(base), arm_patterns)
+    if reuse_from:  # written before the check below, which then covers them too
+      reused[name] = reuse.reuse_runs(workdir, name, [a.name for a in arms], size.seeds,
+                                      reuse_from)
+      print(f"[study] reused {reused[name]['line']}", flush=True)
+    runner.check_finished_runs(name, arms, workdir, size.seeds, size, overrides, base)
   started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
   t0, load_start = time.time(), _load()
   os.makedirs(workdir, exist_ok=True)
