@@ -38,7 +38,12 @@ def run_workers(worker: str, tmp_path, *, out_suffix: str, processes: int = 2, d
                 timeout: float = 120.0):
   """Run the workers; return (output paths, log paths, return codes, a report of the logs)."""
   env = {k: v for k, v in os.environ.items() if not k.startswith(CLUSTER_ENV_PREFIXES)}
-  env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+  # The test run's XLA flags (tests/conftest.py: the faster CPU compiles) with this worker's
+  # own device count.
+  flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+           if not f.startswith("--xla_force_host_platform_device_count")]
+  env.update(XLA_FLAGS=" ".join(flags + [f"--xla_force_host_platform_device_count={devices}"]),
+             JAX_PLATFORMS="cpu",
              PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=REPO)
   coordinator = f"localhost:{free_port()}"
   outs = [tmp_path / f"out{p}{out_suffix}" for p in range(processes)]
