@@ -341,7 +341,9 @@ def ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
   return out
 
 
-def _steprs_reason(study: dict) -> str:
+def _steprs_reason(study: dict, arm: str = "steprs") -> str:
+  """The likely reason ``arm`` did not beat its baseline in :func:`steprs_verdicts`, from the
+  study's numbers (the first that apply, joined)."""
   base8 = _iv(study, "centered", _pass(8))["mean"]
   distinct = _iv(study, "centered", _distinct)["mean"]
   reasons = []
@@ -370,6 +372,14 @@ def _steprs_reason(study: dict) -> str:
     reasons.append(f"centered GRPO kept {kept:.2f} distinct answers in 8 samples (the SFT start"
                    f" {start:.2f}){moved}: RL at this length did not narrow the sampling"
                    " policy, so there was no lost exploration for StepRS to recover")
+  narrower = paired_difference(study, arm, "centered", _diversity)
+  if arm != "centered" and narrower["mean"] is not None and narrower["half_width"] is not None \
+      and narrower["mean"] + narrower["half_width"] < 0:
+    ours, theirs = (_iv(study, a, _diversity)["mean"] for a in (arm, "centered"))
+    reasons.append(f"{arm} narrowed the sampling policy more than centered GRPO ({ours:.2f}"
+                   f" against {theirs:.2f} distinct answers in 8 samples; paired"
+                   f" {_fmt(narrower, 2)}): its weights did not keep the exploration they are"
+                   " meant to")
   weak = weak_start(study)
   return "; ".join(([weak] if weak else []) + reasons) or (
       "the effect is smaller than the seed-to-seed spread at this size")
@@ -398,7 +408,7 @@ def steprs_verdicts(study: dict) -> list[tuple[str, str, str]]:
     verdict = stats.verdict(p, MIN_EFFECT if metric != "distinct" else 0.1, f"{arm}'s {metric}")
     evidence = f"{metric} {arm} − {base} {_fmt_paired(p)}"
     if verdict != "reproduced":
-      evidence += f". Likely reason: {_steprs_reason(study)}"
+      evidence += f". Likely reason: {_steprs_reason(study, arm)}"
     out.append((f"{arm} vs {base}, {metric}", verdict, evidence))
   return out
 
