@@ -28,35 +28,49 @@ def _series(runs: list[dict], arm: str, key: str, source: str = "steps"):
   return np.asarray(common), np.asarray([[s[t] for t in common] for s in per_seed], np.float64)
 
 
-def _band(ax, steps, values, label):
+def _band(ax, steps, values, label, log: bool = False):
   """Mean line with a 95% t-interval band across seeds (no band with one seed), each step's
   over its seeds' finite values: a skipped update's non-finite grad norm (counted as a spike
-  by the report) would make the step's mean and band NaN."""
+  by the report) would make the step's mean and band NaN. ``log``: the mean and band of
+  log10 of the positive values, drawn back on a log axis (a geometric mean): for quantities
+  spanning decades across seeds (grad norms, ratio maxima), whose arithmetic band runs below
+  zero and fills a symlog axis with ±10^10."""
   if values.size == 0:
     return
+  if log:
+    with np.errstate(divide="ignore", invalid="ignore"):
+      values = np.where(values > 0, np.log10(values), np.nan)
   per_step = [stats.t_interval(v[np.isfinite(v)]) for v in values.T]
   mean = np.asarray([np.nan if s["mean"] is None else s["mean"] for s in per_step])
-  line, = ax.plot(steps, mean, label=label)
+  back = (lambda x: 10.0 ** x) if log else (lambda x: x)
+  line, = ax.plot(steps, back(mean), label=label)
   if values.shape[0] > 1:
     half = np.asarray([np.nan if s["half_width"] is None else s["half_width"] for s in per_step])
-    ax.fill_between(steps, mean - half, mean + half, color=line.get_color(), alpha=0.2)
+    ax.fill_between(steps, back(mean - half), back(mean + half), color=line.get_color(),
+                    alpha=0.2)
+
+
+# Positive quantities that span decades across seeds and steps: plotted on a log axis.
+LOG_PANELS = ("grad_norm_max", "ratio_max")
 
 
 def curves(study: dict, out_png: str,
            panels=(("val_accuracy", "evals"), ("reward_mean", "steps"),
                    ("grad_norm_max", "steps"), ("ratio_max", "steps"),
                    ("bypass_fraction", "steps"))) -> str:
-  """One panel per metric, one line per arm (mean over seeds) with its 95% band."""
+  """One panel per metric, one line per arm (mean over seeds) with its 95% band; the
+  :data:`LOG_PANELS` on a log axis, as geometric means (:func:`_band`)."""
   plt = _plt()
   arms = [a["name"] for a in study["arms"]]
   fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels)), squeeze=False)
   for ax, (key, source) in zip(axes[:, 0], panels):
+    log = key in LOG_PANELS
     for arm in arms:
       steps, values = _series(study["runs"], arm, key, source)
-      _band(ax, steps, values, arm)
-    ax.set_ylabel(key)
-    if key in ("grad_norm_max", "ratio_max"):
-      ax.set_yscale("symlog", linthresh=1.0)
+      _band(ax, steps, values, arm, log=log)
+    ax.set_ylabel(f"{key} (geometric mean)" if log else key)
+    if log:
+      ax.set_yscale("log")
     ax.grid(alpha=0.3)
   axes[0, 0].legend(fontsize="x-small", ncol=2)
   axes[-1, 0].set_xlabel("RL step")

@@ -23,22 +23,44 @@ def test_band_skips_a_seeds_non_finite_grad_norm_without_a_numpy_warning(tmp_pat
   assert (tmp_path / "c.png").stat().st_size > 0 and out.endswith("c.png")
 
 
+class _Ax:
+  """Records the mean line and the band's (lo, hi) that _band draws."""
+
+  def __init__(self):
+    self.lines = []
+
+  def plot(self, steps, mean, label):
+    self.lines.append(np.asarray(mean))
+
+    class Line:
+      def get_color(self):
+        return "k"
+    return (Line(),)
+
+  def fill_between(self, steps, lo, hi, **kw):
+    self.lines.append((np.asarray(lo), np.asarray(hi)))
+
+
 def test_band_mean_is_over_the_finite_seeds_of_each_step():
-  lines = []
-
-  class Ax:
-    def plot(self, steps, mean, label):
-      lines.append(np.asarray(mean))
-
-      class Line:
-        def get_color(self):
-          return "k"
-      return (Line(),)
-
-    def fill_between(self, steps, lo, hi, **kw):
-      lines.append(np.asarray(hi) - np.asarray(lo))
-
+  ax = _Ax()
   values = np.asarray([[1.0, np.inf, 2.0], [3.0, 1.0, 2.0], [2.0, 3.0, np.nan]])
-  plots._band(Ax(), np.arange(3), values, "grpo")
-  np.testing.assert_allclose(lines[0], [2.0, 2.0, 2.0])
-  assert np.all(np.isfinite(lines[1]))  # every step has ≥ 2 finite seeds: a finite band
+  plots._band(ax, np.arange(3), values, "grpo")
+  np.testing.assert_allclose(ax.lines[0], [2.0, 2.0, 2.0])
+  lo, hi = ax.lines[1]
+  assert np.all(np.isfinite(hi - lo))  # every step has ≥ 2 finite seeds: a finite band
+
+
+def test_log_band_is_a_geometric_mean_whose_band_stays_positive():
+  """Ratio maxima 1 and 10^10 across seeds: the arithmetic band runs far below 0 (it filled
+  the symlog panel with ±10^10); the log band is 10^(mean ± t·sd of log10), above 0, around
+  the geometric mean 10^5. A zero (no signal) is left out, as on the log axis."""
+  values = np.asarray([[1.0, 1.0], [1e10, 1e10], [0.0, 1e5]])
+  ax = _Ax()
+  plots._band(ax, np.arange(2), values, "grpo")
+  assert ax.lines[1][0].min() < -1e9
+  ax = _Ax()
+  plots._band(ax, np.arange(2), values, "grpo", log=True)
+  np.testing.assert_allclose(ax.lines[0], [1e5, 1e5])
+  lo, hi = ax.lines[1]
+  assert np.all(lo > 0) and np.all(lo < 1e5) and np.all(hi > 1e5)
+  np.testing.assert_allclose(lo * hi, [1e10, 1e10])  # symmetric in log10 around 10^5
