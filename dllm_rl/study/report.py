@@ -341,9 +341,10 @@ def ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
   return out
 
 
-def _steprs_reason(study: dict, arm: str = "steprs") -> str:
+def _steprs_reason(study: dict, arm: str = "steprs", opposite: bool = False) -> str:
   """The likely reason ``arm`` did not beat its baseline in :func:`steprs_verdicts`, from the
-  study's numbers (the first that apply, joined)."""
+  study's numbers (the first that apply, joined). ``opposite``: the verdict found the arm
+  decidedly lower, which no seed-to-seed spread explains."""
   base8 = _iv(study, "centered", _pass(8))["mean"]
   distinct = _iv(study, "centered", _distinct)["mean"]
   reasons = []
@@ -382,7 +383,8 @@ def _steprs_reason(study: dict, arm: str = "steprs") -> str:
                    " meant to")
   weak = weak_start(study)
   return "; ".join(([weak] if weak else []) + reasons) or (
-      "the effect is smaller than the seed-to-seed spread at this size")
+      "none of the report's computed reasons applies: the arm is decidedly lower here"
+      if opposite else "the effect is smaller than the seed-to-seed spread at this size")
 
 
 STEPRS_COMPARISONS = (  # (arm, baseline, metric): the claim is arm > baseline on the metric
@@ -408,7 +410,8 @@ def steprs_verdicts(study: dict) -> list[tuple[str, str, str]]:
     verdict = stats.verdict(p, MIN_EFFECT if metric != "distinct" else 0.1, f"{arm}'s {metric}")
     evidence = f"{metric} {arm} − {base} {_fmt_paired(p)}"
     if verdict != "reproduced":
-      evidence += f". Likely reason: {_steprs_reason(study, arm)}"
+      evidence += (". Likely reason: "
+                   + _steprs_reason(study, arm, verdict.startswith("not reproduced (the opp")))
     out.append((f"{arm} vs {base}, {metric}", verdict, evidence))
   return out
 

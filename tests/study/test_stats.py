@@ -236,6 +236,14 @@ def test_steprs_report_names_a_policy_rl_did_not_narrow_and_shows_the_start():
   assert ("steprs narrowed the sampling policy more than centered GRPO (2.55 against 3.00"
           " distinct answers in 8 samples; paired -0.45 ± 0.09)") in reason
   assert "seed-to-seed spread" not in reason
+  # decidedly lower with no computed reason: not blamed on the seed-to-seed spread
+  lower = {**narrowed, "runs": [{**r, "summary": {**r["summary"], "rl_pass_at_k": {
+      **r["summary"]["rl_pass_at_k"], "8": 0.8 + 0.01 * (r["seed"] % 2)}}}
+      if r["arm"] == "steprs" else r for r in narrowed["runs"]]}
+  (verdict, reason), = [(v, e) for w, v, e in steprs_verdicts(lower)
+                        if w == "steprs vs centered, pass@8"]
+  assert verdict.startswith("not reproduced (the opposite holds")
+  assert "none of the report's computed reasons applies: the arm is decidedly lower" in reason
 
 
 def test_paired_differences_interval_and_sign_count():
