@@ -374,8 +374,7 @@ def _steprs_reason(study: dict, arm: str = "steprs", opposite: bool = False) -> 
                    f" {start:.2f}){moved}: RL at this length did not narrow the sampling"
                    " policy, so there was no lost exploration for StepRS to recover")
   narrower = paired_difference(study, arm, "centered", _diversity)
-  if arm != "centered" and narrower["mean"] is not None and narrower["half_width"] is not None \
-      and narrower["mean"] + narrower["half_width"] < 0:
+  if narrower["half_width"] is not None and narrower["mean"] + narrower["half_width"] < 0:
     ours, theirs = (_iv(study, a, _diversity)["mean"] for a in (arm, "centered"))
     reasons.append(f"{arm} narrowed the sampling policy more than centered GRPO ({ours:.2f}"
                    f" against {theirs:.2f} distinct answers in 8 samples; paired"
@@ -410,8 +409,8 @@ def steprs_verdicts(study: dict) -> list[tuple[str, str, str]]:
     verdict = stats.verdict(p, MIN_EFFECT if metric != "distinct" else 0.1, f"{arm}'s {metric}")
     evidence = f"{metric} {arm} − {base} {_fmt_paired(p)}"
     if verdict != "reproduced":
-      evidence += (". Likely reason: "
-                   + _steprs_reason(study, arm, verdict.startswith("not reproduced (the opp")))
+      lower = p["half_width"] is not None and p["mean"] + p["half_width"] < 0  # below 0
+      evidence += f". Likely reason: {_steprs_reason(study, arm, lower)}"
     out.append((f"{arm} vs {base}, {metric}", verdict, evidence))
   return out
 
