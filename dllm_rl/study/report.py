@@ -547,6 +547,11 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
           f"| load average (1 min) at start / end | {meta['load_start']} / {meta['load_end']} |",
           f"| jax | {meta['jax']} |",
           f"| code (git commit) | {meta.get('commit', 'n/a')} |",
+          *([f"| first written by (git commit) | {meta.get('first_commit', 'n/a')} |",
+             "| re-rendered | from the stored study JSON by `python -m dllm_rl.study.rerender`"
+             " on the code above: tables, verdicts and plots; the runs, and the invocation's"
+             " machine, load, start and wall time below, are the original's |"]
+            if meta.get("rerendered") else []),
           f"| code and machine of the runs (git commit, machine: runs) |"
           f" {run_provenance(studies)} |",
           *[f"| runs reused (--reuse_from) | {c['line']} |"
@@ -656,11 +661,22 @@ def read_study_file(path: str) -> dict:
     raise ValueError(f"{path}: not a study JSON ({e})") from None
 
 
+def save_meta(meta: dict, folder: str) -> str:
+  """Write the invocation's header fields (``render``'s ``meta``) as ``folder/meta.json``, so
+  the report can be re-rendered from its folder alone (``dllm_rl.study.rerender``)."""
+  path = os.path.join(folder, "meta.json")
+  with open(path, "w") as fh:
+    json.dump(meta, fh, indent=2, sort_keys=True)
+    fh.write("\n")
+  return path
+
+
 def write(studies: list[dict], meta: dict, workdir: str, results_md: str) -> str:
   """Write ``results_md`` and copy the plots and the study JSON (gzip-compressed,
   :func:`save_study_json`) beside it, into a folder named after it (``docs/results.md`` →
   ``docs/results/``, ``docs/results_chain.md`` → ``docs/results_chain/``), so reports of
-  different testbeds keep their own plots."""
+  different testbeds keep their own plots, with the header fields (:func:`save_meta`) that
+  let ``python -m dllm_rl.study.rerender`` rewrite the report from the folder alone."""
   base = os.path.dirname(os.path.abspath(results_md))
   folder = os.path.splitext(os.path.basename(results_md))[0]
   image_dir = os.path.join(base, folder)
@@ -673,6 +689,7 @@ def write(studies: list[dict], meta: dict, workdir: str, results_md: str) -> str
     src = os.path.join(workdir, study["study"] + ".json")
     if os.path.exists(src):
       save_study_json(src, image_dir)
+  save_meta(meta, image_dir)
   with open(results_md, "w") as fh:
     fh.write(render(studies, meta, folder))
   return results_md

@@ -141,6 +141,39 @@ def test_quick_study_gives_every_arm_a_summary(tmp_path):
     assert {r["reused_from"] for r in second["runs"]} == {f"{first['study']}.json"}
   assert out2["meta"]["reused"]["steprs"]["written"] == 2
   assert "| runs reused (--reuse_from) | steprs: 2 run(s) written from" in open(md2).read()
+  _rerender_keeps_every_number(md, md2)
+
+
+def _rerender_keeps_every_number(md: str, md2: str):
+  """python -m dllm_rl.study.rerender: a report rewritten from its folder alone keeps every
+  line but the code rows, its plots and verdicts; one without meta.json (older code) reads
+  the same header fields back from its own text, the --reuse_from row included."""
+  from dllm_rl.study import rerender
+  code_rows = ("| code (git commit) |", "| first written by", "| re-rendered |")
+  body = lambda text: [l for l in text.splitlines() if not l.startswith(code_rows)]
+  for path in (md, md2):
+    before = open(path).read()
+    folder = os.path.splitext(path)[0]
+    with open(os.path.join(folder, "meta.json")) as fh:
+      meta = json.load(fh)
+    parsed = rerender.header_meta(before, path)
+    same = ("command", "quick", "machine", "load_start", "load_end", "jax", "commit",
+            "started", "testbed")
+    assert {k: parsed[k] for k in same} == {k: meta[k] for k in same}
+    assert parsed["wall_seconds"] == round(meta["wall_seconds"])
+    assert [r["line"] for r in parsed["reused"].values()] == [
+        r["line"] for r in meta["reused"].values()]
+    os.remove(os.path.join(folder, "meta.json"))  # as older code left it
+    os.remove(os.path.join(folder, "steprs_curves.png"))
+    got = rerender.rerender(path, "abc1234")
+    after = open(path).read()
+    assert got == {"verdicts": before.count("\n* **"), "changed": [], "studies": 2}
+    assert body(after) == body(before)
+    assert "| code (git commit) | abc1234 |" in after
+    assert f"| first written by (git commit) | {meta['commit']} |" in after
+    assert os.path.getsize(os.path.join(folder, "steprs_curves.png")) > 0
+    assert rerender.rerender(path, "def5678")["changed"] == []  # again, from its meta.json
+    assert f"| first written by (git commit) | {meta['commit']} |" in open(path).read()
 
 
 def test_a_finished_run_is_reused_only_with_the_settings_it_ran_with(tmp_path):
