@@ -341,8 +341,13 @@ def ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
   return out
 
 
-def _steprs_reason(study: dict, arm: str = "steprs", opposite: bool = False) -> str:
-  """The likely reason ``arm`` did not beat its baseline in :func:`steprs_verdicts`, from the
+def _final_val(r):
+  return (r.get("stats") or {}).get("final_val_accuracy")
+
+
+def _steprs_reason(study: dict, arm: str = "steprs", opposite: bool = False,
+                   base: str = "centered") -> str:
+  """The likely reason ``arm`` did not beat ``base`` in :func:`steprs_verdicts`, from the
   study's numbers (the first that apply, joined). ``opposite``: the verdict found the arm
   decidedly lower, which no seed-to-seed spread explains."""
   base8 = _iv(study, "centered", _pass(8))["mean"]
@@ -380,6 +385,12 @@ def _steprs_reason(study: dict, arm: str = "steprs", opposite: bool = False) -> 
                    f" against {theirs:.2f} distinct answers in 8 samples; paired"
                    f" {_fmt(narrower, 2)}): its weights did not keep the exploration they are"
                    " meant to")
+  learned = paired_difference(study, arm, base, _final_val)
+  if learned["half_width"] is not None and learned["mean"] + learned["half_width"] < 0:
+    ours, theirs = (_iv(study, a, _final_val)["mean"] for a in (arm, base))
+    reasons.append(f"{arm} learned less than {base}: its final greedy validation accuracy"
+                   f" is {ours:.3f} against {theirs:.3f} (paired {_fmt(learned)}): its"
+                   " weights cost accuracy, not only exploration")
   weak = weak_start(study)
   return "; ".join(([weak] if weak else []) + reasons) or (
       "none of the report's computed reasons applies: the arm is decidedly lower here"
@@ -410,7 +421,7 @@ def steprs_verdicts(study: dict) -> list[tuple[str, str, str]]:
     evidence = f"{metric} {arm} − {base} {_fmt_paired(p)}"
     if verdict != "reproduced":
       lower = p["half_width"] is not None and p["mean"] + p["half_width"] < 0  # below 0
-      evidence += f". Likely reason: {_steprs_reason(study, arm, lower)}"
+      evidence += f". Likely reason: {_steprs_reason(study, arm, lower, base)}"
     out.append((f"{arm} vs {base}, {metric}", verdict, evidence))
   return out
 

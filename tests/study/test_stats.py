@@ -244,6 +244,14 @@ def test_steprs_report_names_a_policy_rl_did_not_narrow_and_shows_the_start():
                         if w == "steprs vs centered, pass@8"]
   assert verdict.startswith("not reproduced (the opposite holds")
   assert "none of the report's computed reasons applies: the arm is decidedly lower" in reason
+  # ... and where its greedy validation accuracy ended decidedly below the baseline's, it
+  # learned less: that is the reason (against the comparison's own baseline)
+  worse = {**lower, "runs": [{**r, "stats": {**r["stats"], "final_val_accuracy": 0.7 + 0.01 * (
+      r["seed"] % 2)}} if r["arm"] == "steprs" else r for r in lower["runs"]]}
+  (reason,) = [e for w, _, e in steprs_verdicts(worse) if w == "steprs vs centered, pass@8"]
+  assert ("steprs learned less than centered: its final greedy validation accuracy is 0.705"
+          " against 0.800 (paired -0.095 ± 0.009)") in reason
+  assert "none of the report's computed reasons" not in reason
 
 
 def test_paired_differences_interval_and_sign_count():
