@@ -116,13 +116,20 @@ def rerender(md_path: str, commit: str) -> dict:
   return {"verdicts": len(after), "changed": changed, "studies": len(studies)}
 
 
+def has_study_json(md_path: str) -> bool:
+  """Whether ``md_path``'s folder holds a registered study's JSON (not read)."""
+  folder = os.path.splitext(md_path)[0]
+  return any(os.path.isfile(os.path.join(folder, f"{name}{ext}"))
+             for name in report.REPORTS for ext in (".json.gz", ".json"))
+
+
 def find(paths: list[str]) -> list[str]:
   """The reports named: a ``.md`` file itself, or every ``DIR/<name>.md`` with a study JSON
   in ``DIR/<name>/``; a ValueError naming a path that is neither."""
   out = []
   for p in paths:
     if os.path.isdir(p):
-      out += [md for md in sorted(glob.glob(os.path.join(p, "*.md"))) if studies_of(md)]
+      out += [md for md in sorted(glob.glob(os.path.join(p, "*.md"))) if has_study_json(md)]
     elif os.path.isfile(p) and p.endswith(".md"):
       out.append(p)
     else:
