@@ -123,8 +123,9 @@ def test_a_broken_json_or_an_empty_folder_exits_2_naming_it(tmp_path, capsys):
 def test_report_write_keeps_the_study_json_gzipped_and_the_claims_page_reads_it(tmp_path,
                                                                                monkeypatch):
   """report.write copies DIR/<study>.json beside the report as <study>.json.gz (the same
-  bytes for the same JSON; an uncompressed copy from older code removed), and the claims
-  page reads it as it reads an older report's plain JSON."""
+  bytes for the same JSON; an uncompressed copy from older code removed) with the header's
+  fields (meta.json, for dllm_rl.study.rerender), and the claims page reads it as it reads an
+  older report's plain JSON."""
   from dllm_rl.study import report
   monkeypatch.setattr(report, "render", lambda *a: "# report\n")  # rendering: test_study.py
   workdir, docs = tmp_path / "w", tmp_path / "docs"
@@ -135,7 +136,8 @@ def test_report_write_keeps_the_study_json_gzipped_and_the_claims_page_reads_it(
   os.makedirs(docs / "r_new")
   (docs / "r_new" / "stability.json").write_text("{}")  # left by older code: replaced
   report.write([study], {"command": "test"}, str(workdir), str(docs / "r_new.md"))
-  assert sorted(os.listdir(docs / "r_new")) == ["stability.json.gz"]
+  assert sorted(os.listdir(docs / "r_new")) == ["meta.json", "stability.json.gz"]
+  assert json.loads((docs / "r_new" / "meta.json").read_text()) == {"command": "test"}
   first = (docs / "r_new" / "stability.json.gz").read_bytes()
   report.save_study_json(str(workdir / "stability.json"), str(docs / "r_new"))
   assert (docs / "r_new" / "stability.json.gz").read_bytes() == first  # deterministic
