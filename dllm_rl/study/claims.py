@@ -2,7 +2,7 @@
 reports on one page, recomputed on this code from their JSON.
 
 A study report ``DOCS/<name>.md`` keeps its study JSON in ``DOCS/<name>/<study>.json.gz``
-(:func:`dllm_rl.study.report.write`; ``.json`` from older code). This reads every such JSON
+(:func:`dllm_rl.study.report_files.write`; ``.json`` from older code). This reads every such JSON
 (``--quick`` smoke runs excepted: they claim nothing), recomputes its verdicts with the report's
 own rules (:data:`dllm_rl.study.report.REPORTS`: StableDRL over GRPO and its ablations, StepRS
 over centered GRPO and its controls, each baseline over its SFT start) and writes one table of
@@ -21,7 +21,7 @@ import os
 import re
 import sys
 
-from dllm_rl.study import report
+from dllm_rl.study import report, report_files
 
 DEFAULT_DOCS = "docs"
 DEFAULT_OUT = "claims.md"  # inside DOCS
@@ -37,7 +37,7 @@ def find_reports(docs: str) -> list[tuple[str, list[dict]]]:
     folder = os.path.splitext(md)[0]
     studies = []
     for name in report.REPORTS:  # the report's own order: stability, steprs, baselines
-      found = report.load_study_json(folder, name)
+      found = report_files.load_study_json(folder, name)
       if found is not None:
         path, study = found
         if study.get("study") != name:

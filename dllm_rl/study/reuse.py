@@ -17,7 +17,7 @@ import json
 import os
 
 from dllm_rl.errors import ConfigError
-from dllm_rl.study import report
+from dllm_rl.study import report_files
 from dllm_rl.study.runner import arm_dir
 
 COMPARED = ("steps", "evals", "final", "overrides")  # what "bit for bit" compares
@@ -29,7 +29,7 @@ def read_study_json(path: str) -> dict:
   if not os.path.isfile(path):
     raise ConfigError("--reuse_from", f"{path}: no such file")
   try:
-    data = report.read_study_file(path)
+    data = report_files.read_study_file(path)
   except ValueError as err:
     raise ConfigError("--reuse_from", str(err)) from None
   if not isinstance(data, dict) or not isinstance(data.get("runs"), list) or "study" not in data:

@@ -42,7 +42,7 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
   provenance.git_commit()  # the code this process imported: read now, before any run
   import jax
 
-  from dllm_rl.study import plots, report, runner
+  from dllm_rl.study import plots, report_files, runner
 
   size = arms_lib.size(testbed, quick)
   size = arms_lib.Size(rl_steps=rl_steps or size.rl_steps,
@@ -85,6 +85,6 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
           "wall_seconds": time.time() - t0, "reused": reused}
   with open(os.path.join(workdir, "meta.json"), "w") as fh:
     json.dump(meta, fh, indent=2)
-  report.write(done, meta, workdir, results_md)
+  report_files.write(done, meta, workdir, results_md)
   print(f"[study] wrote {results_md} ({meta['wall_seconds']:.0f} s)", flush=True)
   return {"studies": done, "meta": meta}

@@ -122,11 +122,11 @@ def test_a_broken_json_or_an_empty_folder_exits_2_naming_it(tmp_path, capsys):
 
 def test_report_write_keeps_the_study_json_gzipped_and_the_claims_page_reads_it(tmp_path,
                                                                                monkeypatch):
-  """report.write copies DIR/<study>.json beside the report as <study>.json.gz (the same
+  """report_files.write copies DIR/<study>.json beside the report as <study>.json.gz (the same
   bytes for the same JSON; an uncompressed copy from older code removed) with the header's
   fields (meta.json, for dllm_rl.study.rerender), and the claims page reads it as it reads an
   older report's plain JSON."""
-  from dllm_rl.study import report
+  from dllm_rl.study import report, report_files
   monkeypatch.setattr(report, "render", lambda *a: "# report\n")  # rendering: test_study.py
   workdir, docs = tmp_path / "w", tmp_path / "docs"
   os.makedirs(workdir)
@@ -135,14 +135,14 @@ def test_report_write_keeps_the_study_json_gzipped_and_the_claims_page_reads_it(
     json.dump(study, fh)
   os.makedirs(docs / "r_new")
   (docs / "r_new" / "stability.json").write_text("{}")  # left by older code: replaced
-  report.write([study], {"command": "test"}, str(workdir), str(docs / "r_new.md"))
+  report_files.write([study], {"command": "test"}, str(workdir), str(docs / "r_new.md"))
   assert sorted(os.listdir(docs / "r_new")) == ["meta.json", "stability.json.gz"]
   assert json.loads((docs / "r_new" / "meta.json").read_text()) == {"command": "test"}
   first = (docs / "r_new" / "stability.json.gz").read_bytes()
-  report.save_study_json(str(workdir / "stability.json"), str(docs / "r_new"))
+  report_files.save_study_json(str(workdir / "stability.json"), str(docs / "r_new"))
   assert (docs / "r_new" / "stability.json.gz").read_bytes() == first  # deterministic
-  assert report.load_study_json(str(docs / "r_new"), "stability")[1] == study
-  assert report.load_study_json(str(docs / "r_new"), "steprs") is None
+  assert report_files.load_study_json(str(docs / "r_new"), "stability")[1] == study
+  assert report_files.load_study_json(str(docs / "r_new"), "steprs") is None
   _report(docs, "r_old", _stability(10))  # plain JSON: an older report
   found = claims.find_reports(str(docs))
   assert [(os.path.basename(md), len(st[0]["runs"])) for md, st in found] == [
