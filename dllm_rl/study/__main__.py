@@ -51,6 +51,10 @@ _RESULTS = flags.DEFINE_string("results", None, "Markdown report to write (defau
                                " the committed report is docs/results.md).")
 _STEPS = flags.DEFINE_integer("rl_steps", None, "RL steps per arm (default: the study size).")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", None, "Validation every N RL steps.")
+_FIRST_SEED = flags.DEFINE_integer("first_seed", 0, "The first seed: the study runs --seeds"
+                                   " seeds from it (e.g. --first_seed=20 --seeds=20: seeds"
+                                   " 20-39, a fresh set to confirm a result of seeds 0-19 on"
+                                   " one look; in the same DIR the SFT start is reused).")
 _SFT_SEED = flags.DEFINE_integer("sft_seed", 0, "The seed of the one SFT start on a testbed whose"
                                   " seeds share it (" + ", ".join(
                                       n for n in testbeds.TESTBEDS.names()
@@ -98,7 +102,7 @@ def main(argv):
   try:
     study(names, _WORKDIR.value, _SEEDS.value, _QUICK.value, overrides, results, command,
           _STEPS.value, _EVAL_EVERY.value, os.path.join(_WORKDIR.value, "jax_cache"), _ARMS.value,
-          testbed, _PREFETCH.value, _SFT_SEED.value, _REUSE_FROM.value)
+          testbed, _PREFETCH.value, _SFT_SEED.value, _REUSE_FROM.value, _FIRST_SEED.value)
   except ConfigError as err:
     cli.fail([err])
   except Preempted as stop:  # SIGTERM / SIGINT: the run in progress saved, the study stopped

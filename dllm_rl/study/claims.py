@@ -75,6 +75,7 @@ class Claim:
   runs: dict
   covered_by: str = ""  # "superseded by X" / "the same runs as X": left out of the counts
   sft_seed: int | None = None  # the seed of the shared SFT start, when not 0 (--sft_seed)
+  first_seed: int = 0  # the study's first seed, when not 0 (--first_seed)
 
 
 def compared_arms(comparison: str) -> tuple[str, ...]:
@@ -106,6 +107,7 @@ def claims_of(md: str, study: dict) -> list[Claim]:
   without the likely reason."""
   out = []
   seeds = len({r["seed"] for r in study["runs"]})
+  first_seed = min((r["seed"] for r in study["runs"]), default=0)
   written_at, testbed = report_commit(md), report.testbed_name({}, [study])
   for comparison, verdict, evidence in report.REPORTS[study["study"]][1](study):
     arms = compared_arms(comparison)
@@ -114,7 +116,8 @@ def claims_of(md: str, study: dict) -> list[Claim]:
     commits = sorted({r.get("commit") or "not recorded" for r in compared})
     out.append(Claim(md, written_at, ", ".join(commits), testbed, study["study"], seeds,
                      bool(study.get("shared_sft")), comparison, verdict,
-                     evidence.split(_LIKELY)[0], runs, sft_seed=study.get("sft_seed")))
+                     evidence.split(_LIKELY)[0], runs, sft_seed=study.get("sft_seed"),
+                     first_seed=first_seed))
   return out
 
 
@@ -157,7 +160,9 @@ def render(claims: list[Claim], out_dir: str, command: str, commit: str) -> str:
   for c in claims:
     link = os.path.relpath(c.report, out_dir)
     verdict = f"({c.covered_by}) {c.verdict}" if c.covered_by else f"**{c.verdict}**"
-    study = (f"{c.study}, {c.seeds} seeds" + (", one SFT start" if c.shared_sft else "")
+    study = (f"{c.study}, {c.seeds} seeds"
+             + (f" ({c.first_seed}–{c.first_seed + c.seeds - 1})" if c.first_seed else "")
+             + (", one SFT start" if c.shared_sft else "")
              + (f" (seed {c.sft_seed}'s)" if c.shared_sft and c.sft_seed else ""))
     row = (f"[{link}]({link})", c.report_commit, c.run_commits, f"`{c.testbed}`", study,
            c.comparison, verdict, c.evidence)

@@ -26,6 +26,12 @@ def _fmt_g(iv: dict) -> str:
   return f"{iv['mean']:.3g} ± {iv['half_width']:.3g}"
 
 
+def seeds_label(study: dict) -> str:
+  """"N seed(s)", naming the range when it does not start at seed 0 (``--first_seed``)."""
+  n, first = study["seeds"], study.get("first_seed") or 0
+  return f"{n} seed(s)" + (f" (seeds {first}–{first + n - 1})" if first else "")
+
+
 def _runs(study: dict, arm: str) -> list[dict]:
   return sorted((r for r in study["runs"] if r["arm"] == arm), key=lambda r: r["seed"])
 
@@ -593,7 +599,7 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
           f" exceeds {stats.SPIKE_FACTOR:g}× the run's median.", ""]
   for study in studies:
     name = study["study"]
-    out += [f"## `{name}`", "", f"{study['seeds']} seed(s), {study['size']['rl_steps']} RL steps"
+    out += [f"## `{name}`", "", f"{seeds_label(study)}, {study['size']['rl_steps']} RL steps"
             f" per arm, validation every {study['size']['eval_every']} steps; compute recorded"
             f" for its arms {sum(r['wall_seconds'] for r in study['runs']):.0f} s (mean RL step"
             f" {_mean_step_ms(study):.0f} ms).", ""]

@@ -37,20 +37,21 @@ def read_study_json(path: str) -> dict:
   return data
 
 
-def reuse_runs(workdir: str, name: str, arm_names: list[str], seeds: int,
+def reuse_runs(workdir: str, name: str, arm_names: list[str], seeds: int | range,
                files: list[str]) -> dict:
-  """Seed DIR with ``files``' runs of study ``name`` (``arm_names`` × seeds 0..``seeds``-1)
+  """Seed DIR with ``files``' runs of study ``name`` (``arm_names`` × the seeds: a range, or
+  an int n for seeds 0..n-1)
   where DIR has none, and compare those DIR has. Returns ``{"written": n, "kept": n,
   "identical": [...], "differing": [...], "files": [...], "line": summary_line}`` ("kept":
   the file's own records, which an earlier reuse or a copy put there, told by the marker or
   the run's wall time; runs named "seed S arm"); the first file that records a run is used."""
-  records = {}
+  records, seeds = {}, seeds if isinstance(seeds, range) else range(seeds)
   for path in files:
     data = read_study_json(path)
     if data["study"] != name:
       continue
     for run in data["runs"]:
-      if run["arm"] in arm_names and 0 <= run["seed"] < seeds:
+      if run["arm"] in arm_names and run["seed"] in seeds:
         records.setdefault((run["seed"], run["arm"]), (path, run))
   out = {"written": 0, "kept": 0, "identical": [], "differing": [], "files": list(files)}
   for (seed, arm), (path, run) in sorted(records.items()):

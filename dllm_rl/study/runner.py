@@ -168,11 +168,22 @@ def sft_start_dir(workdir: str, seed: int, shared: bool, sft_seed: int = 0) -> s
   return os.path.join(workdir, "sft", f"seed{sft_seed if shared else seed}")
 
 
+def seed_range(seeds: int, first_seed: int = 0) -> range:
+  """The seeds of a study: ``seeds`` of them from ``first_seed`` (default 0; a later first
+  seed gives a fresh set, e.g. a confirmatory run judged apart from the seeds before it)."""
+  from dllm_rl.errors import ConfigError
+  if first_seed < 0:
+    raise ConfigError("first_seed", f"must be >= 0, got {first_seed}")
+  return range(first_seed, first_seed + seeds)
+
+
 def check_sft_starts(workdir: str, seeds: int, overrides: dict, testbed: str,
-                     base: ml_collections.ConfigDict | None = None, sft_seed: int = 0) -> None:
+                     base: ml_collections.ConfigDict | None = None, sft_seed: int = 0,
+                     first_seed: int = 0) -> None:
   """:func:`check_sft_reusable` on every finished SFT start the study in DIR would reuse;
   ``studies.study`` calls it before anything trains. ``base``: the testbed's config unless
-  given; ``sft_seed``: the seed of a shared start (:func:`check_sft_seed`)."""
+  given; ``sft_seed``: the seed of a shared start (:func:`check_sft_seed`); the seeds:
+  :func:`seed_range`."""
   bed = testbeds.testbed(testbed)
   shared, base = bed.shared_sft, base if base is not None else bed.get_config()
   check_sft_seed(testbed, sft_seed)
@@ -185,7 +196,7 @@ def check_sft_starts(workdir: str, seeds: int, overrides: dict, testbed: str,
       from dllm_rl.errors import ConfigError
       raise ConfigError("sft_seed", f"{workdir} holds the SFT start sft/{others[0]}, which its"
                         f" arms start from; the start of seed {sft_seed} needs its own --workdir")
-  for seed in ([sft_seed] if shared else range(seeds)):
+  for seed in ([sft_seed] if shared else seed_range(seeds, first_seed)):
     folder = sft_start_dir(workdir, seed, shared, sft_seed)
     if os.path.exists(os.path.join(folder, "summary.json")):
       check_sft_reusable(folder, sft_config(seed, overrides, base))
@@ -301,12 +312,13 @@ def check_reusable(path: str, recorded: dict, wanted: dict,
 
 
 def check_finished_runs(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
-                        overrides: dict, base: ml_collections.ConfigDict | None = None) -> None:
+                        overrides: dict, base: ml_collections.ConfigDict | None = None,
+                        first_seed: int = 0) -> None:
   """:func:`check_reusable` on every finished run of the study in DIR; ``studies.study``
   calls it for every study of the command before anything trains (a calibrated arm's β_end,
   known only once its source arm has run, and the runs of a direct :func:`run_study` call
   are checked by :func:`run_arm`)."""
-  for seed in range(seeds):
+  for seed in seed_range(seeds, first_seed):
     for arm in arms:
       path = os.path.join(_arm_dir(workdir, name, seed, arm), "run.json")
       if os.path.exists(path):
@@ -355,7 +367,7 @@ def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrid
 def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
               overrides: dict, log=print, testbed: str = testbeds.DEFAULT,
               base: ml_collections.ConfigDict | None = None,
-              prefetch: bool | None = None, sft_seed: int = 0) -> dict:
+              prefetch: bool | None = None, sft_seed: int = 0, first_seed: int = 0) -> dict:
   """Every arm × seed from ``base`` (the config of ``testbed``; default its registered
   config); returns the study record (also written to DIR/<name>.json by the caller).
   ``prefetch``: while the study's compilation cache is open (:func:`compilation_cache`), a
@@ -364,19 +376,21 @@ def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
   compiles while the device trains; off on CPU, where both compete for the same cores (the
   2-core ``--quick`` study took longer with it: 6 min 32 s against 4 min 40 s). ``sft_seed``:
   the seed of the one SFT start of a ``shared_sft`` testbed (default 0; its folder
-  ``DIR/sft/seed<sft_seed>``), for the claims from another start."""
+  ``DIR/sft/seed<sft_seed>``), for the claims from another start. The seeds:
+  :func:`seed_range` (``seeds`` of them from ``first_seed``)."""
   from dllm_rl.train.validate import validate
   base = base if base is not None else testbeds.testbed(testbed).get_config()
   for arm in arms:  # every arm's run config is checked before anything trains or compiles
     validate(make_config(arm_run_overrides(0, size, overrides, arm.overrides), base))
   claim_workdir(workdir, testbed)  # studies.study did both already; a direct call had not
-  check_sft_starts(workdir, seeds, overrides, testbed, base, sft_seed)
+  check_sft_starts(workdir, seeds, overrides, testbed, base, sft_seed, first_seed)
   from dllm_rl.train.resilience import handle_signals
   with handle_signals():  # a stop request ends the study after the run in progress
-    prefetcher = _prefetcher(name, arms, workdir, seeds, size, overrides, log, base, prefetch)
+    prefetcher = _prefetcher(name, arms, workdir, seed_range(seeds, first_seed), size,
+                             overrides, log, base, prefetch)
     try:
-      result = _run_seeds(name, arms, workdir, seeds, size, overrides, log, testbed, base,
-                          prefetcher, sft_seed)
+      result = _run_seeds(name, arms, workdir, seed_range(seeds, first_seed), size, overrides,
+                          log, testbed, base, prefetcher, sft_seed)
     except BaseException:  # a stop request or a failure: do not hold the exit for long
       if prefetcher is not None:
         prefetcher.close(timeout=10.0)
@@ -386,7 +400,7 @@ def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
     return result
 
 
-def _prefetcher(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
+def _prefetcher(name: str, arms: list[Arm], workdir: str, seeds: range, size: Size,
                 overrides: dict, log, base: ml_collections.ConfigDict,
                 enabled: bool | None):
   """The started :class:`~dllm_rl.study.prefetch.Prefetcher` of the arms not yet run of the
@@ -397,7 +411,7 @@ def _prefetcher(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size
   than one process, or nothing to run."""
   if enabled is False or _STUDY_CACHE is None:
     return None
-  for seed in range(seeds):
+  for seed in seeds:
     todo = [a for a in arms
             if not os.path.exists(os.path.join(_arm_dir(workdir, name, seed, a), "run.json"))]
     if todo:
@@ -437,16 +451,16 @@ def _stop_if_requested(name: str, seed: int, done: str) -> None:
                     " resume: finished runs are reused")
 
 
-def _run_seeds(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
+def _run_seeds(name: str, arms: list[Arm], workdir: str, seeds: range, size: Size,
                overrides: dict, log, testbed: str, base: ml_collections.ConfigDict,
                prefetcher=None, sft_seed: int = 0) -> dict:
   shared = testbeds.testbed(testbed).shared_sft
   t0 = time.time()
   runs, sfts = [], {}
-  for seed in range(seeds):
+  for seed in seeds:
     start_dir = sft_start_dir(workdir, seed, shared, sft_seed)  # shared by the studies of a DIR
-    if shared and seed > 0:  # one start for every seed: recorded (and its time counted) once
-      sfts[seed] = {**sfts[0], "wall_seconds": 0.0, "shared_from_seed": 0}
+    if shared and seed > seeds.start:  # one start for every seed: recorded (and timed) once
+      sfts[seed] = {**sfts[seeds.start], "wall_seconds": 0.0, "shared_from_seed": seeds.start}
     else:
       sfts[seed] = train_sft(sft_seed if shared else seed, start_dir, overrides, base)
     log(f"[study] {name} seed {seed}: SFT test accuracy {sfts[seed].get('sft_accuracy')}"
@@ -475,7 +489,8 @@ def _run_seeds(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
                                    "overrides": a.overrides, "calibrate_from": a.calibrate_from,
                                    "group": a.group}
                                   for a in arms],
-          "seeds": seeds, "shared_sft": shared, "sft_seed": sft_seed if shared else None,
+          "seeds": len(seeds), "first_seed": seeds.start, "shared_sft": shared,
+          "sft_seed": sft_seed if shared else None,
           "size": {"rl_steps": size.rl_steps, "eval_every": size.eval_every},
           "overrides": overrides, "sft": {str(k): v for k, v in sfts.items()}, "runs": runs,
           "wall_seconds": time.time() - t0}

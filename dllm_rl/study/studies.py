@@ -30,14 +30,15 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
           eval_every: int | None = None, cache_dir: str | None = None,
           arm_patterns: list[str] | None = None, testbed: str = testbeds.DEFAULT,
           prefetch: bool | None = None, sft_seed: int = 0,
-          reuse_from: list[str] | None = None) -> dict:
+          reuse_from: list[str] | None = None, first_seed: int = 0) -> dict:
   """Run the named studies on ``testbed`` (its base config and run lengths,
   ``dllm_rl/config/testbeds.py``) and write their JSON, plots and the markdown report.
   ``arm_patterns``: only the arms matching one of these shell patterns. ``prefetch``: compile
   the arms' RL programs in the background ahead of the arm that trains (runner.run_study;
   None: on GPU and TPU only). ``sft_seed``: the seed of the one SFT start of a testbed whose
   seeds share it (runner.run_study). ``reuse_from``: study JSONs whose runs seed DIR where it
-  has none, and against which the runs DIR has are checked (dllm_rl.study.reuse)."""
+  has none, and against which the runs DIR has are checked (dllm_rl.study.reuse).
+  ``first_seed``: the seeds are ``seeds`` of them from this one (runner.seed_range)."""
   base = testbeds.testbed(testbed).get_config()  # a ValueError listing the names when unknown
   provenance.git_commit()  # the code this process imported: read now, before any run
   import jax
@@ -52,16 +53,18 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
     full = arms_lib.size(testbed, quick=False)
     overrides = {**overrides, "rl.warmup_steps": round(
         base.rl.warmup_steps * size.rl_steps / full.rl_steps)}
+  runner.seed_range(size.seeds, first_seed)  # a ConfigError naming first_seed when negative
   runner.claim_workdir(workdir, testbed)  # DIR's testbed, then its finished runs: before any run
-  runner.check_sft_starts(workdir, size.seeds, overrides, testbed, base, sft_seed)
+  runner.check_sft_starts(workdir, size.seeds, overrides, testbed, base, sft_seed, first_seed)
   reused = {}
   for name in names:
     arms = arms_lib.select(arms_lib.STUDIES.get(name)(base), arm_patterns)
     if reuse_from:  # written before the check below, which then covers them too
-      reused[name] = reuse.reuse_runs(workdir, name, [a.name for a in arms], size.seeds,
-                                      reuse_from)
+      reused[name] = reuse.reuse_runs(workdir, name, [a.name for a in arms],
+                                      runner.seed_range(size.seeds, first_seed), reuse_from)
       print(f"[study] reused {reused[name]['line']}", flush=True)
-    runner.check_finished_runs(name, arms, workdir, size.seeds, size, overrides, base)
+    runner.check_finished_runs(name, arms, workdir, size.seeds, size, overrides, base,
+                               first_seed)
   started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
   t0, load_start = time.time(), _load()
   os.makedirs(workdir, exist_ok=True)
@@ -71,7 +74,7 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
       arms = arms_lib.select(arms_lib.STUDIES.get(name)(base), arm_patterns)
       result = runner.run_study(name, arms, workdir, size.seeds, size, overrides,
                                 testbed=testbed, base=base, prefetch=prefetch,
-                                sft_seed=sft_seed)
+                                sft_seed=sft_seed, first_seed=first_seed)
     result["command"], result["quick"] = command, quick
     with open(os.path.join(workdir, f"{name}.json"), "w") as fh:
       json.dump(result, fh)

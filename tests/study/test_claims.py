@@ -61,6 +61,26 @@ def test_verdicts_are_recomputed_and_a_larger_study_supersedes_its_subset(tmp_pa
   assert "10 up, 0 down" in b
 
 
+def test_a_fresh_set_of_seeds_is_its_own_claim_named_by_its_range(tmp_path):
+  """A --first_seed study (seeds 5-9) shares no run with the seeds 0-4 study: two claims,
+  the later labelled with its seed range; the study of seeds 0-9 supersedes both."""
+  fresh = _stability(10)
+  fresh["runs"] = [r for r in fresh["runs"] if r["seed"] >= 5]
+  fresh["seeds"], fresh["first_seed"] = 5, 5
+  _report(tmp_path, "r_a", _stability(5))
+  _report(tmp_path, "r_f", fresh)
+  out = tmp_path / "claims.md"
+  assert claims.main(["claims", str(tmp_path), f"--out={out}"]) == 0
+  a, f = [l for l in out.read_text().splitlines() if l.startswith("| [")]
+  assert "| stability, 5 seeds |" in a and "**reproduced**" in a
+  assert "| stability, 5 seeds (5–9) |" in f and "**reproduced**" in f
+  assert "per seed +0.100, +0.130, +0.070, +0.120, +0.090" in f  # UP[5:]
+  _report(tmp_path, "r_z", _stability(10))
+  assert claims.main(["claims", str(tmp_path), f"--out={out}"]) == 0
+  rows = [l for l in out.read_text().splitlines() if l.startswith("| [")]
+  assert ["superseded by r_z.md" in r for r in rows] == [True, True, False]
+
+
 def test_the_same_runs_in_two_reports_count_once(tmp_path):
   _report(tmp_path, "r_b", _stability(5))
   _report(tmp_path, "r_a", _stability(5))

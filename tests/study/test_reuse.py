@@ -54,6 +54,9 @@ def test_runs_are_written_where_dir_has_none_and_reruns_are_compared(tmp_path):
   # a second invocation: what the first wrote is not counted as a rerun that matched
   again = reuse.reuse_runs(str(work), "steprs", ["a", "b", "c@lr1e-4"], 2, [str(committed)])
   assert again["written"] == 0 and again["kept"] == 4 and again["identical"] == ["seed 0 a"]
+  fresh = reuse.reuse_runs(str(tmp_path / "dir3"), "steprs", ["a"], range(1, 3),
+                         [str(committed)])  # --first_seed=1 --seeds=2
+  assert fresh["written"] == 2 and not (tmp_path / "dir3" / "steprs" / "seed0").exists()
 
 
 def test_a_bad_file_is_named(tmp_path):

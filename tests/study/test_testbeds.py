@@ -11,7 +11,7 @@ import pytest
 from dllm_rl.config import testbeds
 from dllm_rl.errors import ConfigError
 from dllm_rl.study import arms as arms_lib
-from dllm_rl.study import sizing
+from dllm_rl.study import report, sizing
 from dllm_rl.study.studies import study
 
 # Sizes only (model, data, lengths, batches, steps): the code path is the testbed's own.
@@ -181,6 +181,19 @@ def test_a_shared_sft_testbed_trains_one_start_for_every_seed(tmp_path, monkeypa
   runner.run_study("steprs", arms, str(tmp_path / "d"), 2, arms_lib.QUICK, {},
                    log=lambda *_: None, testbed="countdown")
   assert [s for s, _ in trained] == [0, 1] and started == [(0, "seed0"), (1, "seed1")]
+  trained.clear(), started.clear()  # --first_seed: a fresh set of seeds, same starts
+  out = runner.run_study("steprs", arms, str(tmp_path / "c"), 2, arms_lib.QUICK, {},
+                         log=lambda *_: None, testbed="chain", first_seed=5)
+  assert [s for s, _ in trained] == [0] and started == [(5, "seed0"), (6, "seed0")]
+  assert (out["seeds"], out["first_seed"]) == (2, 5) and sorted(out["sft"]) == ["5", "6"]
+  assert [out["sft"][k]["wall_seconds"] for k in "56"] == [60, 0]
+  assert report.seeds_label(out) == "2 seed(s) (seeds 5–6)"
+  trained.clear(), started.clear()
+  runner.run_study("steprs", arms, str(tmp_path / "d"), 2, arms_lib.QUICK, {},
+                   log=lambda *_: None, testbed="countdown", first_seed=3)
+  assert [s for s, _ in trained] == [3, 4] and started == [(3, "seed3"), (4, "seed4")]
+  with pytest.raises(ConfigError, match="first_seed.*must be >= 0"):
+    runner.seed_range(2, -1)
 
 
 def test_a_stop_request_during_an_arm_ends_the_study_after_that_arm(tmp_path, monkeypatch):
