@@ -21,8 +21,8 @@ least-significant digit first, so answer digit i sits at a fixed offset from ope
   decay), rollout temperature 0.7, 16 prompts per batch, d1's mean-field estimate, SPG's block
   estimator (K = 2, prompt masking 0.15) and antithetic masks. The decay is what helps: the
   policy drifts (validation often dips in the first 300 batches) and settles as the step size
-  falls. The sweep and the per-seed results are in the README ("The embedded default over
-  seeds").
+  falls. The per-seed results are in the README ("The embedded default over seeds"), the
+  sweep in docs/study.md ("The embedded default's RL settings").
 """
 
 from dllm_rl.config import base_config, locked

@@ -69,11 +69,11 @@ def countdown() -> ml_collections.ConfigDict:
   """The harder CPU testbed: Countdown (4 numbers), a 1.1M-parameter model (d 128, 5 layers),
   32-token completions sampled in 4 blocks of 8 (16 denoising steps, 2 tokens a step; the
   answer itself takes two blocks), SFT stopped at validation accuracy 0.25 (RL headroom;
-  not yet shown reachable: one seed was still at 0 at step 1300, README "Testbeds"),
+  not yet shown reachable: one seed was still at 0 at step 1300, docs/study.md "Testbeds"),
   then the embedded default's RL (StableDRL, centered, lr 1e-4, μ = 2) on 4 prompts × 8
   completions a rollout batch. Evaluation sizes are small (64 validation / 64 test prompts,
   pass@k from 8 samples) because sampling dominates an arm's time on 2 CPU cores. Sizing and
-  measured times: README "Results" (the testbeds)."""
+  measured times: docs/study.md "Testbeds"."""
   c = defaults.get_config()
   c.unlock()
   _countdown_task(c)
@@ -108,7 +108,7 @@ def chain() -> ml_collections.ConfigDict:
   0.25 (RL headroom), then the embedded default's RL at lr 2e-5 (not 2e-4) on 4 prompts ×
   8 completions a rollout batch. Six one-digit numbers have 5,005 distinct multisets, so the
   training set is 4,000 of the ~4,500 outside the test split. The warm-up escapes its
-  plateau only after ~1,500 steps (README "Testbeds"), too long to repeat per seed: the
+  plateau only after ~1,500 steps (docs/study.md "Testbeds"), too long to repeat per seed: the
   study shares seed 0's SFT start across seeds (``shared_sft``). Evaluation sizes are small
   (64 validation / 64 test prompts, pass@k from 8 samples) because sampling dominates an
   arm's time on 2 CPU cores.
@@ -125,7 +125,7 @@ def chain() -> ml_collections.ConfigDict:
   c.estimator.spg_block_len = 16  # spg_block (the study's official estimator): sampler blocks
   c.rl.eval_every = 10
   # From this start, StableDRL with centered advantages at lr 6e-5 fell to validation 0.000
-  # within 10 RL steps; at 2e-5 it held 0.30–0.39 (one probe each, README "Testbeds").
+  # within 10 RL steps; at 2e-5 it held 0.30–0.39 (one probe each, docs/study.md "Testbeds").
   c.rl.lr = 2e-5
   return locked(c)
 
@@ -139,7 +139,7 @@ def chain_orders() -> ml_collections.ConfigDict:
   measurable (on :func:`chain` every policy found at most one order per prompt,
   ``docs/results_chain_steprs.md``). **Its warm-up is not shown to reach its target**: it
   was at validation 0.000 through all 3000 SFT steps, as a random order per example was at
-  step 2580 (README "Testbeds"). Everything else is :func:`chain`'s."""
+  step 2580 (docs/study.md "Testbeds"). Everything else is :func:`chain`'s."""
   c = chain()
   c.unlock()
   c.task.options.answer_order = "rotation"

@@ -19,11 +19,11 @@ prompt, as the prompt's order does) or a random order per example (``"random"``)
 one-digit numbers none of the last three warm-ups left validation accuracy 0 in 3000 steps,
 and ``"prompt_or_reverse"`` reached 0.297 at step 4000 of an 8000-step schedule on one
 machine (a 2-core AMD EPYC) but was still at 0 at step 4700 of the same run on another (a
-2-core Intel Xeon; README "Testbeds"). A completion is correct iff it is a well-formed chain whose
-steps are all correct sums, whose first sum and added numbers use the prompt's operands
-exactly once each, and whose last sum is the total. ``distinct_correct`` then counts the
-distinct orders a policy finds (StepRS's exploration measure). Numbers are read by value,
-so zero padding is optional in a completion.
+2-core Intel Xeon; docs/study.md "Testbeds"). A completion is correct iff it is a
+well-formed chain whose steps are all correct sums, whose first sum and added numbers use the
+prompt's operands exactly once each, and whose last sum is the total.
+``distinct_correct`` then counts the distinct orders a policy finds (StepRS's exploration
+measure). Numbers are read by value, so zero padding is optional in a completion.
 """
 
 from __future__ import annotations
