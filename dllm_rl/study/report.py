@@ -125,21 +125,33 @@ def _sft_of(study: dict, arm: str, get) -> dict:
   return stats.t_interval(list(map(_of_sft(study, get), runs)))
 
 
+def _late(key: str):
+  """get(run) → the mean of the per-step metric ``key`` over the second half of the run's RL
+  steps (None where the records lack it: runs older than the metric)."""
+  def get(r):
+    steps = r.get("steps") or []
+    last = max((x["step"] for x in steps), default=0)
+    vals = [x[key] for x in steps if x["step"] > last / 2 and x.get(key) is not None]
+    return sum(vals) / len(vals) if vals else None
+  return get
+
+
 def steprs_table(study: dict) -> str:
   """One row per arm, after a row for the SFT start (what exploration is measured
   against): greedy accuracy, pass@k at T = 1, distinct correct answers per prompt and
-  distinct answers (correct or not) in the 8 samples."""
+  distinct answers (correct or not) in the 8 samples, and over the second half of RL the
+  step's mean |A| and the policy's entropy (:data:`STEPRS_NOTE`)."""
   rows = ["| arm | group | greedy test acc. | pass@1 (T = 1) | pass@4 | pass@8 |"
           " distinct correct answers / prompt | distinct answers in 8 samples |"
-          " val acc. start → final | β_end |",
-          "|" + " --- |" * 10]
+          " val acc. start → final | mean |A|, 2nd half | entropy, 2nd half | β_end |",
+          "|" + " --- |" * 12]
   first = study["arms"][0]["name"] if study["arms"] else None
   start = _sft_of(study, first, lambda s: s.get("sft_accuracy")) if first else {"mean": None}
   if start["mean"] is not None:
     sft = lambda get, digits=3: _fmt(_sft_of(study, first, get), digits)
     rows.append(f"| SFT start | — | {_fmt(start)} | {sft(_sft_pass(1))} | {sft(_sft_pass(4))} |"
                 f" {sft(_sft_pass(8))} | — | {sft(lambda s: s.get('sft_diversity'), 2)} |"
-                f" {sft(lambda s: s.get('sft_val_accuracy'))} | — |")
+                f" {sft(lambda s: s.get('sft_val_accuracy'))} | — | — | — |")
   for a in study["arms"]:
     n = a["name"]
     st = lambda key: _iv(study, n, lambda r: r["stats"][key])
@@ -150,6 +162,8 @@ def steprs_table(study: dict) -> str:
                 f" {_fmt(_iv(study, n, _pass(8)))} | {_fmt(_iv(study, n, _distinct), 2)} |"
                 f" {_fmt(_iv(study, n, _diversity), 2)} |"
                 f" {_fmt(st('start_val_accuracy'))} → {_fmt(st('final_val_accuracy'))} |"
+                f" {_fmt(_iv(study, n, _late('adv_abs_mean')))} |"
+                f" {_fmt(_iv(study, n, _late('entropy')))} |"
                 f" {_fmt(beta, 2) if beta['mean'] is not None else '—'} |")
   return "\n".join(rows)
 
@@ -467,6 +481,13 @@ RATIO_NOTE = ("|log ρ̂| columns: quantiles of |log ρ̂| over the batch's sequ
               " median over steps of each per-step quantile, and the largest value of the run;"
               " mean ± t-interval over seeds.")
 
+STEPRS_NOTE = ("mean |A| and entropy: each RL step's mean |advantage| over the batch's tokens"
+               " (the step's size at a given lr) and the policy's mean predictive entropy (nats)"
+               " at the scored positions, averaged over the second half of the RL steps; mean ±"
+               " t-interval over seeds.")
+
+TABLE_NOTES = {"stability": RATIO_NOTE, "steprs": STEPRS_NOTE}
+
 CAVEATS = {
     "stability": (
         "At this size (0.1M parameters, 8-token completions of which ~5 are scored) log ρ̂ at"
@@ -610,8 +631,8 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
     out += [""]
     table, verdicts_of = REPORTS[name]
     out += [table(study), ""]
-    if name == "stability":
-      out += [RATIO_NOTE, ""]
+    if name in TABLE_NOTES:
+      out += [TABLE_NOTES[name], ""]
     out += [f"![{name} curves]({image_dir_rel}/{name}_curves.png)", ""]
     if name == "stability":
       out += [f"![{name} grad-norm spikes]({image_dir_rel}/{name}_spikes.png)", ""]

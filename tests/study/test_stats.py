@@ -222,8 +222,15 @@ def test_steprs_report_names_a_policy_rl_did_not_narrow_and_shows_the_start():
   assert ("centered GRPO kept 7.40 distinct answers in 8 samples (the SFT start 7.80), and its"
           " pass@1 at T = 1 is 0.330 against the start's 0.260") in reason
   table = steprs_table(study).splitlines()
-  assert table[2] == "| SFT start | — | 0.250 | 0.260 | 0.660 | 0.860 | — | 7.80 | 0.390 | — |"
+  assert table[2] == ("| SFT start | — | 0.250 | 0.260 | 0.660 | 0.860 | — | 7.80 | 0.390 | — |"
+                      " — | — |")
   assert table[3].startswith("| centered | main | 0.600 ± 0.000 |") and "| 7.40 ± 0.00 |" in table[3]
+  assert table[3].endswith("| n/a | n/a | — |")  # runs recorded without per-step metrics
+  # mean |A| and entropy over the second half of the RL steps (steps 3-4 of 4: 0.2 and 0.4)
+  steps = [{"step": t, "adv_abs_mean": 0.1 * t, "entropy": 1.0 - 0.1 * t} for t in range(5)]
+  with_steps = {**study, "runs": [{**r, "steps": steps} for r in runs]}
+  assert steprs_table(with_steps).splitlines()[4].endswith(
+      "| 0.350 ± 0.000 | 0.650 ± 0.000 | — |")
   # a policy RL narrowed (7.8 → 3 distinct answers): that reason is not given
   narrowed = {**study, "runs": [{**r, "summary": {**r["summary"], "rl_diversity": 3.0}}
                                 for r in runs]}
