@@ -240,3 +240,23 @@ def assert_test_figures(summary: Mapping[str, Any], workdir, phase: str, test_si
   assert abs(pass_at_k["1"] - summary[f"{phase}_sample_accuracy"]) <= 1e-12
   ks = sorted(pass_at_k, key=int)
   assert all(pass_at_k[a] <= pass_at_k[b] for a, b in zip(ks, ks[1:]))
+
+
+def malformed_table_rows(markdown: str) -> list[str]:
+  """The rows of ``markdown``'s tables whose cell count differs from their delimiter row's:
+  an unescaped ``|`` inside a cell splits it, and GitHub then does not render the table."""
+  import re
+  cells = lambda line: len(re.split(r"(?<!\\)\|", line.strip()))
+  lines, bad, i = markdown.split("\n"), [], 0
+  while i < len(lines):
+    if (lines[i].startswith("|") and i + 1 < len(lines)
+        and re.fullmatch(r"\|( *:?-+:? *\|)+ *", lines[i + 1])):
+      n, j = cells(lines[i + 1]), i
+      while j < len(lines) and lines[j].startswith("|"):
+        if cells(lines[j]) != n:
+          bad.append(lines[j])
+        j += 1
+      i = j
+    else:
+      i += 1
+  return bad

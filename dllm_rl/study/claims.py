@@ -166,7 +166,7 @@ def render(claims: list[Claim], out_dir: str, command: str, commit: str) -> str:
              + (f" (seed {c.sft_seed}'s)" if c.shared_sft and c.sft_seed else ""))
     row = (f"[{link}]({link})", c.report_commit, c.run_commits, f"`{c.testbed}`", study,
            c.comparison, verdict, c.evidence)
-    out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+    out.append("| " + " | ".join(map(report.cell, row)) + " |")
   return "\n".join(out) + "\n"
 
 

@@ -26,6 +26,11 @@ def _fmt_g(iv: dict) -> str:
   return f"{iv['mean']:.3g} ± {iv['half_width']:.3g}"
 
 
+def cell(text: str) -> str:
+  """``text`` as a markdown table cell: its pipes escaped, so they do not split the cell."""
+  return text.replace("|", "\\|")
+
+
 def seeds_label(study: dict) -> str:
   """"N seed(s)", naming the range when it does not start at seed 0 (``--first_seed``)."""
   n, first = study["seeds"], study.get("first_seed") or 0
@@ -82,8 +87,8 @@ def _group(a: dict) -> str:
 
 def stability_table(study: dict) -> str:
   rows = ["| arm | group | held-out test acc. (end) | val acc. start → final | collapsed (seeds)"
-          " | grad-norm spikes (> 5× median) | |log ρ̂| first inner step p50 / p90 / p99 / max"
-          " | |log ρ̂| all inner steps p50 / p90 / p99 / max | bypass fraction (A < 0,"
+          " | grad-norm spikes (> 5× median) | \\|log ρ̂\\| first inner step p50 / p90 / p99 / max"
+          " | \\|log ρ̂\\| all inner steps p50 / p90 / p99 / max | bypass fraction (A < 0,"
           " ρ̂ > 1 + ε) |", "|" + " --- |" * 9]
   for a in study["arms"]:
     n = a["name"]
@@ -143,7 +148,7 @@ def steprs_table(study: dict) -> str:
   step's mean |A| and the policy's entropy (:data:`STEPRS_NOTE`)."""
   rows = ["| arm | group | greedy test acc. | pass@1 (T = 1) | pass@4 | pass@8 |"
           " distinct correct answers / prompt | distinct answers in 8 samples |"
-          " val acc. start → final | mean |A|, 2nd half | entropy, 2nd half | β_end |",
+          " val acc. start → final | mean \\|A\\|, 2nd half | entropy, 2nd half | β_end |",
           "|" + " --- |" * 12]
   first = study["arms"][0]["name"] if study["arms"] else None
   start = _sft_of(study, first, lambda s: s.get("sft_accuracy")) if first else {"mean": None}
@@ -577,7 +582,8 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
             " end to end; it does not establish any claim. The full study (≥ 3 seeds) is the"
             " command without `--quick`.**", ""]
   out += ["| | |", "| --- | --- |",
-          f"| testbed | `{testbed_name(meta, studies)}`: {testbed_description(meta, studies)} |",
+          f"| testbed | `{testbed_name(meta, studies)}`:"
+          f" {cell(testbed_description(meta, studies))} |",
           f"| machine | {meta['machine']} |",
           f"| load average (1 min) at start / end | {meta['load_start']} / {meta['load_end']} |",
           f"| jax | {meta['jax']} |",
@@ -589,7 +595,7 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
             if meta.get("rerendered") else []),
           f"| code and machine of the runs (git commit, machine: runs) |"
           f" {run_provenance(studies)} |",
-          *[f"| runs reused (--reuse_from) | {c['line']} |"
+          *[f"| runs reused (--reuse_from) | {cell(c['line'])} |"
             for c in (meta.get("reused") or {}).values()],
           f"| started (UTC) | {meta['started']} |",
           f"| wall time of this invocation | {meta['wall_seconds']:.0f} s |",
@@ -627,7 +633,8 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
     if study.get("overrides"):
       out += [f"Extra overrides: `{study['overrides']}`.", ""]
     out += ["| arm | what | overrides |", "| --- | --- | --- |"]
-    out += [f"| {a['name']} | {a['description']} | `{a['overrides']}` |" for a in study["arms"]]
+    out += [f"| {a['name']} | {cell(a['description'])} | `{a['overrides']}` |"
+            for a in study["arms"]]
     out += [""]
     table, verdicts_of = REPORTS[name]
     out += [table(study), ""]

@@ -12,7 +12,7 @@ from dllm_rl.config.cli import typed_overrides
 from dllm_rl.config.defaults import get_config
 from dllm_rl.study import arms as arms_lib
 from dllm_rl.study.studies import study
-from tests.helpers import TINY_MODEL
+from tests.helpers import TINY_MODEL, malformed_table_rows
 
 TINY = {**TINY_MODEL, **typed_overrides(get_config(), [tuple(s.split("=")) for s in [
     "task.train_size=256",
@@ -115,6 +115,7 @@ def test_quick_study_gives_every_arm_a_summary(tmp_path):
               for a in arms_lib.select(arms_lib.STUDIES.get(n)(get_config()), QUICK_ARMS)]:
     assert f"| {arm} |" in text
   assert "--quick" in text
+  assert malformed_table_rows(text) == []  # every table renders (pipes in cells escaped)
   assert text.count("* **stabledrl") == 1  # a verdict per GRPO / StableDRL pair run (main)
   assert "stress test: heavier ratio noise than the paper" in text
   assert "not established (1 seed(s)" in text
