@@ -148,15 +148,16 @@ def steprs_table(study: dict) -> str:
   step's mean |A| and the policy's entropy (:data:`STEPRS_NOTE`)."""
   rows = ["| arm | group | greedy test acc. | pass@1 (T = 1) | pass@4 | pass@8 |"
           " distinct correct answers / prompt | distinct answers in 8 samples |"
-          " val acc. start → final | mean \\|A\\|, 2nd half | entropy, 2nd half | β_end |",
-          "|" + " --- |" * 12]
+          " val acc. start → final | collapsed (seeds) | mean \\|A\\|, 2nd half |"
+          " entropy, 2nd half | β_end |",
+          "|" + " --- |" * 13]
   first = study["arms"][0]["name"] if study["arms"] else None
   start = _sft_of(study, first, lambda s: s.get("sft_accuracy")) if first else {"mean": None}
   if start["mean"] is not None:
     sft = lambda get, digits=3: _fmt(_sft_of(study, first, get), digits)
     rows.append(f"| SFT start | — | {_fmt(start)} | {sft(_sft_pass(1))} | {sft(_sft_pass(4))} |"
                 f" {sft(_sft_pass(8))} | — | {sft(lambda s: s.get('sft_diversity'), 2)} |"
-                f" {sft(lambda s: s.get('sft_val_accuracy'))} | — | — | — |")
+                f" {sft(lambda s: s.get('sft_val_accuracy'))} | — | — | — | — |")
   for a in study["arms"]:
     n = a["name"]
     st = lambda key: _iv(study, n, lambda r: r["stats"][key])
@@ -167,7 +168,7 @@ def steprs_table(study: dict) -> str:
                 f" {_fmt(_iv(study, n, _pass(8)))} | {_fmt(_iv(study, n, _distinct), 2)} |"
                 f" {_fmt(_iv(study, n, _diversity), 2)} |"
                 f" {_fmt(st('start_val_accuracy'))} → {_fmt(st('final_val_accuracy'))} |"
-                f" {_fmt(_iv(study, n, _late('adv_abs_mean')))} |"
+                f" {_collapsed(study, n)} | {_fmt(_iv(study, n, _late('adv_abs_mean')))} |"
                 f" {_fmt(_iv(study, n, _late('entropy')))} |"
                 f" {_fmt(beta, 2) if beta['mean'] is not None else '—'} |")
   return "\n".join(rows)
@@ -175,7 +176,7 @@ def steprs_table(study: dict) -> str:
 
 def _collapses(study: dict, arm: str) -> tuple[int, int]:
   runs = _runs(study, arm)
-  return sum(r["stats"]["collapsed"] for r in runs), len(runs)
+  return sum(bool((r.get("stats") or {}).get("collapsed")) for r in runs), len(runs)
 
 
 def _collapsed(study: dict, arm: str) -> str:
@@ -413,6 +414,12 @@ def _steprs_reason(study: dict, arm: str = "steprs", opposite: bool = False,
     reasons.append(f"{arm} learned less than {base}: its final greedy validation accuracy"
                    f" is {ours:.3f} against {theirs:.3f} (paired {_fmt(learned)}): its"
                    " weights cost accuracy, not only exploration")
+  fell = {a: _collapses(study, a) for a in (arm, base)}
+  if any(k for k, _ in fell.values()):
+    reasons.append(f"runs collapsed ({arm} {'/'.join(map(str, fell[arm]))} seeds, {base}"
+                   f" {'/'.join(map(str, fell[base]))}: validation accuracy fell below the SFT"
+                   " start and stayed there), and a collapsed run's pass@8 is near 0, so those"
+                   " seeds' differences dominate the interval")
   weak = weak_start(study)
   return "; ".join(([weak] if weak else []) + reasons) or (
       "none of the report's computed reasons applies: the arm is decidedly lower here"

@@ -223,9 +223,9 @@ def test_steprs_report_names_a_policy_rl_did_not_narrow_and_shows_the_start():
           " pass@1 at T = 1 is 0.330 against the start's 0.260") in reason
   table = steprs_table(study).splitlines()
   assert table[2] == ("| SFT start | — | 0.250 | 0.260 | 0.660 | 0.860 | — | 7.80 | 0.390 | — |"
-                      " — | — |")
+                      " — | — | — |")
   assert table[3].startswith("| centered | main | 0.600 ± 0.000 |") and "| 7.40 ± 0.00 |" in table[3]
-  assert table[3].endswith("| n/a | n/a | — |")  # runs recorded without per-step metrics
+  assert table[3].endswith("| 0/4 | n/a | n/a | — |")  # no per-step metrics recorded
   # mean |A| and entropy over the second half of the RL steps (steps 3-4 of 4: 0.2 and 0.4)
   steps = [{"step": t, "adv_abs_mean": 0.1 * t, "entropy": 1.0 - 0.1 * t} for t in range(5)]
   with_steps = {**study, "runs": [{**r, "steps": steps} for r in runs]}
@@ -258,7 +258,14 @@ def test_steprs_report_names_a_policy_rl_did_not_narrow_and_shows_the_start():
   (reason,) = [e for w, _, e in steprs_verdicts(worse) if w == "steprs vs centered, pass@8"]
   assert ("steprs learned less than centered: its final greedy validation accuracy is 0.705"
           " against 0.800 (paired -0.095 ± 0.009)") in reason
-  assert "none of the report's computed reasons" not in reason
+  assert "none of the report's computed reasons" not in reason and "collapsed" not in reason
+  # a seed whose StepRS run collapsed: the table counts it and the reason names it
+  fell = {**lower, "runs": [{**r, "stats": {**r["stats"], "collapsed": True}}
+                            if r["arm"] == "steprs" and r["seed"] == 2 else r
+                            for r in lower["runs"]]}
+  assert "| 1/4 |" in steprs_table(fell).splitlines()[4]
+  (reason,) = [e for w, _, e in steprs_verdicts(fell) if w == "steprs vs centered, pass@8"]
+  assert "runs collapsed (steprs 1/4 seeds, centered 0/4" in reason
 
 
 def test_paired_differences_interval_and_sign_count():
