@@ -418,8 +418,8 @@ def _steprs_reason(study: dict, arm: str = "steprs", opposite: bool = False,
   if any(k for k, _ in fell.values()):
     reasons.append(f"runs collapsed ({arm} {'/'.join(map(str, fell[arm]))} seeds, {base}"
                    f" {'/'.join(map(str, fell[base]))}: validation accuracy fell below the SFT"
-                   " start and stayed there), and a collapsed run's pass@8 is near 0, so those"
-                   " seeds' differences dominate the interval")
+                   " start and stayed there): those seeds' differences measure the collapse,"
+                   " not the weights' effect on exploration")
   weak = weak_start(study)
   return "; ".join(([weak] if weak else []) + reasons) or (
       "none of the report's computed reasons applies: the arm is decidedly lower here"
