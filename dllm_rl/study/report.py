@@ -144,8 +144,9 @@ def _late(key: str):
 def steprs_table(study: dict) -> str:
   """One row per arm, after a row for the SFT start (what exploration is measured
   against): greedy accuracy, pass@k at T = 1, distinct correct answers per prompt and
-  distinct answers (correct or not) in the 8 samples, and over the second half of RL the
-  step's mean |A| and the policy's entropy (:data:`STEPRS_NOTE`)."""
+  distinct answers (correct or not) in the 8 samples, validation accuracy, the seeds whose
+  run collapsed, and over the second half of RL the step's mean |A| and the policy's
+  entropy (:data:`STEPRS_NOTE`)."""
   rows = ["| arm | group | greedy test acc. | pass@1 (T = 1) | pass@4 | pass@8 |"
           " distinct correct answers / prompt | distinct answers in 8 samples |"
           " val acc. start → final | collapsed (seeds) | mean \\|A\\|, 2nd half |"
