@@ -379,6 +379,7 @@ def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
   ``DIR/sft/seed<sft_seed>``), for the claims from another start. The seeds:
   :func:`seed_range` (``seeds`` of them from ``first_seed``)."""
   from dllm_rl.train.validate import validate
+  seed_list = seed_range(seeds, first_seed)  # a ConfigError when first_seed < 0
   base = base if base is not None else testbeds.testbed(testbed).get_config()
   for arm in arms:  # every arm's run config is checked before anything trains or compiles
     validate(make_config(arm_run_overrides(0, size, overrides, arm.overrides), base))
@@ -386,11 +387,11 @@ def run_study(name: str, arms: list[Arm], workdir: str, seeds: int, size: Size,
   check_sft_starts(workdir, seeds, overrides, testbed, base, sft_seed, first_seed)
   from dllm_rl.train.resilience import handle_signals
   with handle_signals():  # a stop request ends the study after the run in progress
-    prefetcher = _prefetcher(name, arms, workdir, seed_range(seeds, first_seed), size,
-                             overrides, log, base, prefetch)
+    prefetcher = _prefetcher(name, arms, workdir, seed_list, size, overrides, log, base,
+                             prefetch)
     try:
-      result = _run_seeds(name, arms, workdir, seed_range(seeds, first_seed), size, overrides,
-                          log, testbed, base, prefetcher, sft_seed)
+      result = _run_seeds(name, arms, workdir, seed_list, size, overrides, log, testbed, base,
+                          prefetcher, sft_seed)
     except BaseException:  # a stop request or a failure: do not hold the exit for long
       if prefetcher is not None:
         prefetcher.close(timeout=10.0)

@@ -53,15 +53,15 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
     full = arms_lib.size(testbed, quick=False)
     overrides = {**overrides, "rl.warmup_steps": round(
         base.rl.warmup_steps * size.rl_steps / full.rl_steps)}
-  runner.seed_range(size.seeds, first_seed)  # a ConfigError naming first_seed when negative
+  seed_list = runner.seed_range(size.seeds, first_seed)  # a ConfigError when first_seed < 0
   runner.claim_workdir(workdir, testbed)  # DIR's testbed, then its finished runs: before any run
   runner.check_sft_starts(workdir, size.seeds, overrides, testbed, base, sft_seed, first_seed)
   reused = {}
   for name in names:
     arms = arms_lib.select(arms_lib.STUDIES.get(name)(base), arm_patterns)
     if reuse_from:  # written before the check below, which then covers them too
-      reused[name] = reuse.reuse_runs(workdir, name, [a.name for a in arms],
-                                      runner.seed_range(size.seeds, first_seed), reuse_from)
+      reused[name] = reuse.reuse_runs(workdir, name, [a.name for a in arms], seed_list,
+                                      reuse_from)
       print(f"[study] reused {reused[name]['line']}", flush=True)
     runner.check_finished_runs(name, arms, workdir, size.seeds, size, overrides, base,
                                first_seed)
