@@ -141,6 +141,7 @@ def test_eval_writes_its_report_and_generations_and_never_the_summary(tmp_path):
   assert (tmp_path / "summary.json").read_text() == '{"sft_accuracy": 0.5}'
   saved = json.load(open(tmp_path / "eval_arithmetic_rl3.json"))
   assert saved["test_accuracy"] == report["test_accuracy"] and saved["step_label"] == "rl3"
+  assert 0.0 <= saved["malformed_fraction"] <= 1.0  # of the pass@k samples
   lines = [json.loads(x) for x in open(tmp_path / "eval_arithmetic_rl3.generations.jsonl")]
   assert len(lines) == saved["test_size"] == 8
   assert np.mean([x["correct"] for x in lines]) == saved["test_accuracy"]

@@ -32,3 +32,22 @@ def test_distinct_correct_counts_distinct_correct_answers_per_prompt():
   correct = [[True, True, True, False], [False, False, False, False]]
   assert distinct_correct(parsed, correct) == pytest.approx((2 + 0) / 2)
   assert distinct_correct([["a", "b"]], [[True, True]]) == 2.0
+
+
+def test_verify_groups_marks_malformed_completions_which_score_as_wrong_answers():
+  """A completion the verifier cannot parse gets reward 0, as a wrong answer does: the mask
+  (and the RL step's ``malformed_fraction``) is what tells a format collapse from learning."""
+  from dllm_rl.tasks import CharTokenizer, make_task
+  from dllm_rl.train.evaluation import verify_groups
+  task, tok = make_task("sum_split", num_digits=2), CharTokenizer()
+  ex = next(e for e in task.generate("train", 2000, 0) if e.meta["target"] == 46)
+  texts = [["32+32", "33+41", "60098", "11++5"]]  # correct, wrong sum, no "+", two "+"
+  width = max(len(t) for t in texts[0]) + 1
+  completions = np.full((1, 4, width), tok.eos_id, np.int32)
+  for j, t in enumerate(texts[0]):
+    completions[0, j, :len(t)] = tok.encode(t)
+  graded = verify_groups(task, tok, [ex], completions)
+  np.testing.assert_array_equal(graded.correct_BG, [[True, False, False, False]])
+  np.testing.assert_array_equal(graded.rewards_BG, [[1.0, 0.0, 0.0, 0.0]])
+  np.testing.assert_array_equal(graded.malformed_BG, [[False, False, True, True]])
+  assert graded.parsed[0][:2] == ["23+23", "33+14"] and graded.parsed[0][2:] == texts[0][2:]

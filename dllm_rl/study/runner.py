@@ -28,7 +28,7 @@ from dllm_rl.study.arms import Arm, Size
 
 STEP_KEYS = ("reward_mean", "accuracy", "grad_norm", "grad_norm_max", "ratio_max",
              "ratio_max_first", "log_ratio_max", "bypass_fraction", "clip_fraction", "loss",
-             "entropy", "adv_abs_mean") + tuple(
+             "entropy", "adv_abs_mean", "malformed_fraction") + tuple(
                  f"abs_log_ratio_{q}{w}" for q in ("p50", "p90", "p99", "max")
                  for w in ("", "_first"))
 

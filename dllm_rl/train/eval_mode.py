@@ -109,7 +109,8 @@ def run_eval(ctx: Context) -> dict:
       "task": config.task.name, "test_size": len(ctx.test.examples),
       "test_accuracy": result["accuracy"], "test_reward": result["reward"],
       "pass_at_k": result["pass_at_k"], "sample_accuracy": result["sample_accuracy"],
-      "diversity": result["diversity"], "results": report_path, "generations": generations_path,
+      "diversity": result["diversity"], "malformed_fraction": result["malformed_fraction"],
+      "results": report_path, "generations": generations_path,
       "eval_seconds": time.time() - t0}
   if is_primary():
     records = evaluation.generation_records(ctx.tokenizer, ctx.test, result["graded"])

@@ -113,11 +113,21 @@ def pass_at_k(n: int, c: int, k: int) -> float:
   return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def verify_groups(task, tokenizer, examples: Sequence[Any], completions_BGL: np.ndarray):
-  """Host verifiers over [B, G] completions → (rewards_BG float32, correct_BG bool, parsed)."""
+class Graded(NamedTuple):
+  """A [B, G] batch of verified completions. ``parsed[i][j]``: the verifier's normalised
+  answer, or the decoded text when it could not parse one (``malformed_BG`` then True)."""
+  rewards_BG: np.ndarray
+  correct_BG: np.ndarray
+  parsed: list[list[str]]
+  malformed_BG: np.ndarray
+
+
+def verify_groups(task, tokenizer, examples: Sequence[Any], completions_BGL: np.ndarray) -> Graded:
+  """Host verifiers over [B, G] completions."""
   b, g, _ = completions_BGL.shape
   rewards = np.zeros((b, g), np.float32)
   correct = np.zeros((b, g), bool)
+  malformed = np.zeros((b, g), bool)
   parsed = []
   for i, ex in enumerate(examples):
     row = []
@@ -125,9 +135,10 @@ def verify_groups(task, tokenizer, examples: Sequence[Any], completions_BGL: np.
       text = tokenizer.decode(completions_BGL[i, j])
       result = task.verify(ex, text)
       rewards[i, j], correct[i, j] = result.reward, result.correct
+      malformed[i, j] = result.parsed is None
       row.append(result.parsed if result.parsed is not None else text)
     parsed.append(row)
-  return rewards, correct, parsed
+  return Graded(rewards, correct, parsed, malformed)
 
 
 def sampled_metrics(sample_fn, params, *, task, tokenizer, examples, arrays: dict, num_samples: int,
@@ -136,19 +147,22 @@ def sampled_metrics(sample_fn, params, *, task, tokenizer, examples, arrays: dic
   """n samples per prompt: unbiased pass@k for each k, mean sample accuracy, answer
   diversity (distinct answers per prompt, malformed outputs by their text) and distinct
   correct answers per prompt (by the verifier's normalised answer: on countdown, distinct
-  expressions that hit the target)."""
+  expressions that hit the target), and the fraction of samples the verifier could not parse
+  (format collapse: malformed outputs score as a wrong answer does)."""
   n = num_samples
   prompts = np.repeat(arrays["prompt_BP"], n, axis=0)
   valid = np.repeat(arrays["prompt_valid_BP"], n, axis=0)
   completions = generate(sample_fn, params, prompts, valid, key, batch_size, buckets)
   completions = completions.reshape(len(examples), n, -1)
-  _, correct, parsed = verify_groups(task, tokenizer, examples, completions)
+  graded = verify_groups(task, tokenizer, examples, completions)
+  correct, parsed = graded.correct_BG, graded.parsed
   counts = correct.sum(-1)
   return {
       "pass_at_k": {str(k): float(np.mean([pass_at_k(n, int(c), k) for c in counts])) for k in ks},
       "sample_accuracy": float(correct.mean()),
       "diversity": float(np.mean([len(set(row)) for row in parsed])),
       "distinct_correct": distinct_correct(parsed, correct),
+      "malformed_fraction": float(graded.malformed_BG.mean()),
   }
 
 

@@ -44,7 +44,8 @@ from dllm_rl.train.resilience import Preempted, StepGuard, window_to_meta
 from dllm_rl.train.throughput import ProfileWindow, StepTimer
 
 TEST_METRICS = (("test_accuracy", "accuracy"), ("test_sample_accuracy", "sample_accuracy"),
-                ("test_diversity", "diversity"), ("test_distinct_correct", "distinct_correct"))  # logged key, key of the test report
+                ("test_diversity", "diversity"), ("test_distinct_correct", "distinct_correct"),
+                ("test_malformed_fraction", "malformed_fraction"))  # logged key, key of the test report
 
 
 def checkpoint_dir(workdir: str, phase: str) -> str:

@@ -60,10 +60,10 @@ def precompile_rl(ctx: Context) -> dict:
   out = out if out is not None else jax.eval_shape(sample_fn, *args)
   completions = np.zeros(out.completion_BL.shape, out.completion_BL.dtype)
   examples = [ctx.train.examples[i] for i in batch["index"]]
-  rewards, correct, _ = evaluation.verify_groups(ctx.task, ctx.tokenizer, examples, completions)
+  graded = evaluation.verify_groups(ctx.task, ctx.tokenizer, examples, completions)
   rollout = rollout_batch(ctx, batch, completions,
                           np.zeros(out.unmask_step_BL.shape, out.unmask_step_BL.dtype),
-                          rewards, correct)
+                          graded.rewards_BG, graded.correct_BG)
   step_fn = update_step(ctx, graphdef, optimizer, schedule, state_sharding)
   t0 = time.perf_counter()
   step_fn.lower(state, rollout, k_step, step_hyper(ctx)).compile()

@@ -224,8 +224,8 @@ class RLPhase(Phase):
     completions = np.asarray(out.completion_BL)
     t_roll = time.perf_counter() - t0
     examples = [ctx.train.examples[i] for i in batch["index"]]
-    rewards, correct, _ = evaluation.verify_groups(ctx.task, ctx.tokenizer, examples, completions)
-    rewards = faults.at("reward", step, rewards)
+    graded = evaluation.verify_groups(ctx.task, ctx.tokenizer, examples, completions)
+    rewards, correct = faults.at("reward", step, graded.rewards_BG), graded.correct_BG
     rollout = rollout_batch(ctx, batch, completions, np.asarray(out.unmask_step_BL), rewards,
                             correct)
     if self.base_accuracy is None:
@@ -238,7 +238,10 @@ class RLPhase(Phase):
                                moe_layers=self.moe_layers, block_size=m.block_size,
                                prompt_block_causal=m.prompt_block_causal)
     state, metrics = self.step_fn(state, rollout, k_step, self.hyper)
-    metrics = dict(metrics, prompt_padding_fraction=padding)
+    # Malformed rollouts score as wrong answers do; a batch of nothing else gives every group
+    # equal rewards, so no gradient: the format collapse this fraction shows coming.
+    metrics = dict(metrics, prompt_padding_fraction=padding,
+                   malformed_fraction=float(graded.malformed_BG.mean()))
     if self.moe_layers and step % self.log_every == 0:
       metrics.update(routing)
     faults.at("update", step)
@@ -275,6 +278,7 @@ class RLPhase(Phase):
         "rl_sample_accuracy": test["sample_accuracy"],
         "rl_diversity": test["diversity"],
         "rl_distinct_correct": test["distinct_correct"],
+        "rl_malformed_fraction": test["malformed_fraction"],
         "rl_wall_seconds": run.wall_seconds,
         # StepRS calibration: the β with w_β(p̄) = 1 at the starting policy's training accuracy.
         "base_train_accuracy": base,

@@ -102,6 +102,8 @@ def test_quick_study_gives_every_arm_a_summary(tmp_path):
                                                                    + sorted(firsts)[1] / 2)
       assert q["p50_first"] <= q["p90_first"] <= q["p99_first"] <= q["max_first"] <= q["max_all"]
       assert "rl_distinct_correct" in run["summary"]
+      assert 0.0 <= run["summary"]["rl_malformed_fraction"] <= 1.0
+      assert all(0.0 <= r["malformed_fraction"] <= 1.0 for r in run["steps"])  # each rollout batch
       assert run["commit"] and run["machine"].startswith(platform.system())  # provenance
       # every arm restored the seed's one SFT checkpoint: the same starting accuracy
       assert run["stats"]["start_val_accuracy"] == result["runs"][0]["stats"]["start_val_accuracy"]
