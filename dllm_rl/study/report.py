@@ -180,6 +180,27 @@ def _collapses(study: dict, arm: str) -> tuple[int, int]:
   return sum(bool((r.get("stats") or {}).get("collapsed")) for r in runs), len(runs)
 
 
+def _stuck_note(study: dict, arms: tuple[str, ...]) -> str:
+  """Which runs of ``arms`` ended in the absorbing all-zero state, and, where the runs
+  recorded it, how many of those rollouts the verifier could not parse."""
+  parts, malformed = [], []
+  for arm in arms:
+    stuck = [(r, at) for r in _runs(study, arm)
+             if (at := stats.zero_reward_from(r.get("steps") or [])) is not None]
+    if stuck:
+      at_steps = ", ".join(f"{r['seed']} (from step {at})" for r, at in stuck)
+      parts.append(f"{arm} seed(s) {at_steps}")
+    malformed += [x["malformed_fraction"] for r, at in stuck for x in r["steps"]
+                  if x["step"] >= at and "malformed_fraction" in x]
+  note = (f"; of those, {' and '.join(parts)} scored 0 on every rollout to the end: every"
+          " group's rewards equal, so the advantages and the gradient were 0 and nothing could"
+          " bring the policy back" if parts else "")
+  if malformed:
+    note += (f" ({100 * sum(malformed) / len(malformed):.0f}% of those rollouts malformed:"
+             " the output format collapsed)")
+  return note
+
+
 def _collapsed(study: dict, arm: str) -> str:
   """"k/n": the seeds in which ``arm`` collapsed, of its seeds."""
   return "/".join(map(str, _collapses(study, arm)))
@@ -420,7 +441,7 @@ def _steprs_reason(study: dict, arm: str = "steprs", opposite: bool = False,
     reasons.append(f"runs collapsed ({arm} {'/'.join(map(str, fell[arm]))} seeds, {base}"
                    f" {'/'.join(map(str, fell[base]))}: validation accuracy fell below the SFT"
                    " start and stayed there): those seeds' differences measure the collapse,"
-                   " not the weights' effect on exploration")
+                   " not the weights' effect on exploration" + _stuck_note(study, (arm, base)))
   weak = weak_start(study)
   return "; ".join(([weak] if weak else []) + reasons) or (
       "none of the report's computed reasons applies: the arm is decidedly lower here"

@@ -62,6 +62,38 @@ def binomial_margin(p: float, n: int, z: float = 2.0) -> float:
   return z * math.sqrt(max(p * (1.0 - p), 0.0) / n)
 
 
+def signal_lost_step(steps: Sequence[int], grad_norms: Sequence[float],
+                     min_fraction: float = 0.1) -> int | None:
+  """The first step of the run's last stretch of zero gradient norms, when that stretch runs
+  to the end and spans at least ``min_fraction`` of the steps; else None.
+
+  A step has zero gradient when every rollout group's rewards are equal: group-relative
+  advantages (GRPO, Eq. 2 of Shao et al. 2024, and every variant here) are then 0, and without
+  a KL term nothing moves the policy. A policy whose rollouts all score 0 stays there: an
+  absorbing state, the end of a format collapse on a task whose malformed outputs score as
+  wrong answers. A short stretch at the end (every group solved) is not one.
+  """
+  if len(steps) != len(grad_norms):
+    raise ValueError(f"{len(steps)} steps but {len(grad_norms)} gradient norms")
+  n = 0
+  while n < len(grad_norms) and grad_norms[len(grad_norms) - 1 - n] == 0:
+    n += 1
+  return steps[len(steps) - n] if n and n >= min_fraction * len(steps) else None
+
+
+def zero_reward_from(records: Sequence[dict], min_fraction: float = 0.1) -> int | None:
+  """The step from which every per-step record (``step``, ``reward_mean``, ``grad_norm_max``
+  or ``grad_norm``) to the end had reward 0 and gradient 0 (:func:`signal_lost_step`): the
+  absorbing state of a run whose rollouts all score 0. None when the records do not end
+  there or lack those metrics."""
+  grads = [r.get("grad_norm_max", r.get("grad_norm")) for r in records]
+  if not records or any(g is None for g in grads):
+    return None
+  at = signal_lost_step([r["step"] for r in records], grads, min_fraction)
+  tail = [r for r in records if at is not None and r["step"] >= at]
+  return at if tail and all(r.get("reward_mean") == 0 for r in tail) else None
+
+
 def collapse_step(eval_steps: Sequence[int], accuracies: Sequence[float], start: float,
                   margin: float = 0.0, min_evals: int = 2) -> int | None:
   """The first evaluation step from which held-out accuracy stays below the start.

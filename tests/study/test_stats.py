@@ -266,6 +266,36 @@ def test_steprs_report_names_a_policy_rl_did_not_narrow_and_shows_the_start():
   assert "| 1/4 |" in steprs_table(fell).splitlines()[4]
   (reason,) = [e for w, _, e in steprs_verdicts(fell) if w == "steprs vs centered, pass@8"]
   assert "runs collapsed (steprs 1/4 seeds, centered 0/4" in reason
+  assert "scored 0 on every rollout" not in reason  # no per-step records: nothing claimed
+  # ... and where that run's rollouts all scored 0 from step 6 to the end (no gradient), the
+  # reason says it stayed there; its malformed fraction, where recorded, names the format
+  dead = [{"step": t, "grad_norm": 0.0 if t >= 6 else 1.0, "reward_mean": 0.0 if t >= 6
+           else 0.4, **({"malformed_fraction": 0.75 + 0.25 * (t > 6)} if t >= 6 else {})}
+          for t in range(1, 11)]
+  stuck = {**fell, "runs": [{**r, "steps": dead} if r["arm"] == "steprs" and r["seed"] == 2
+                            else r for r in fell["runs"]]}
+  (reason,) = [e for w, _, e in steprs_verdicts(stuck) if w == "steprs vs centered, pass@8"]
+  assert ("of those, steprs seed(s) 2 (from step 6) scored 0 on every rollout to the end: every group's"
+          " rewards equal, so the advantages and the gradient were 0") in reason
+  assert "(95% of those rollouts malformed: the output format collapsed)" in reason
+  solved = [{**x, "reward_mean": 1.0} for x in dead]  # every group solved: not that state
+  done = {**fell, "runs": [{**r, "steps": solved} if r["arm"] == "steprs" else r
+                           for r in fell["runs"]]}
+  (reason,) = [e for w, _, e in steprs_verdicts(done) if w == "steprs vs centered, pass@8"]
+  assert "scored 0 on every rollout" not in reason
+
+
+def test_signal_lost_step_is_the_start_of_a_final_zero_gradient_stretch():
+  steps = list(range(1, 11))
+  assert stats.signal_lost_step(steps, [1, 1, 0, 1, 0, 0, 0, 0, 0, 0]) == 5
+  assert stats.signal_lost_step(steps, [0, 0, 0, 0, 0, 0, 0, 0, 0, 1]) is None  # it moved again
+  assert stats.signal_lost_step(steps, [1.0] * 10) is None
+  assert stats.signal_lost_step(steps, [0.0] * 10) == 1
+  # a short stretch at the end (below min_fraction of the steps) is not one
+  assert stats.signal_lost_step(list(range(100)), [1.0] * 95 + [0.0] * 5) is None
+  assert stats.signal_lost_step(list(range(100)), [1.0] * 90 + [0.0] * 10) == 90
+  with pytest.raises(ValueError, match="10 steps but 9 gradient norms"):
+    stats.signal_lost_step(steps, [0.0] * 9)
 
 
 def test_paired_differences_interval_and_sign_count():
