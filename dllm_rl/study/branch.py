@@ -1,0 +1,263 @@
+"""``python -m dllm_rl.study.branch RUN_DIR --out=OUT --at=STEP --until=STEP
+[--variant=NAME:KEY=VALUE[,KEY=VALUE...] ...]``: what a study run would have done from one of
+its steps under other settings.
+
+A study arm keeps its final checkpoint only. This replays the arm (``RUN_DIR``, a folder
+``DIR/<study>/seed<S>/<arm>`` with its ``run.json``) from its SFT start with its recorded
+overrides on the study DIR's testbed, saving a checkpoint at step AT, and checks that the
+replay's per-step records up to AT equal the run's (XLA CPU programs are deterministic: on the
+machine that ran it they match bit for bit). Then each variant, and the recorded settings
+unchanged (``as_run``), trains from that checkpoint to step UNTIL; a variant's overrides are
+validated before anything trains. The lr schedule spans the recorded ``rl.steps`` in every
+branch, so a branch differs from the run only where its overrides do. Each process is
+stopped by SIGTERM once its metrics reach the step (the preemption path: it saves and exits).
+
+Prints and writes ``OUT/branches.json`` (per branch: its overrides and per-step records) and
+``OUT/branches.md``: per branch the mean reward over steps AT+1..UNTIL, the lowest mean over
+10 consecutive steps, the step from which every rollout scored 0 to UNTIL
+(:func:`dllm_rl.study.stats.zero_reward_from`) and the validation accuracy at UNTIL where one
+was evaluated. docs/study.md ("Why runs collapsed at 1000 steps") shows a use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from dllm_rl.config import testbeds
+from dllm_rl.errors import ConfigError
+from dllm_rl.study import stats
+from dllm_rl.study.runner import STEP_KEYS, make_config, step_records
+
+AS_RUN = "as_run"
+WINDOW = 10  # steps: the window of the lowest mean reward
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+  """``NAME:KEY=VALUE[,KEY=VALUE...]`` → (NAME, {KEY: VALUE}) with VALUE read as JSON where
+  it parses (numbers, booleans), else as the string."""
+  name, sep, body = text.partition(":")
+  if not sep or not name or not body:
+    raise ConfigError("variant", f"{text!r} is not NAME:KEY=VALUE[,KEY=VALUE...]")
+  if name == AS_RUN:
+    raise ConfigError("variant", f"{AS_RUN!r} is the recorded settings' branch: name it otherwise")
+  out = {}
+  for item in body.split(","):
+    key, eq, value = item.partition("=")
+    if not eq or not key:
+      raise ConfigError("variant", f"{item!r} in {text!r} is not KEY=VALUE")
+    try:
+      out[key] = json.loads(value)
+    except json.JSONDecodeError:
+      out[key] = value
+  return name, out
+
+
+def study_dir_of(run_dir: str) -> str:
+  """The study DIR holding ``run_dir`` (``DIR/<study>/seed<S>/<arm>``): the nearest parent
+  with a ``testbed.txt``; a ConfigError naming ``run_dir`` where none has one."""
+  path = os.path.abspath(run_dir)
+  for _ in range(4):
+    path = os.path.dirname(path)
+    if os.path.exists(os.path.join(path, "testbed.txt")):
+      return path
+  raise ConfigError("run_dir", f"{run_dir} is not in a study DIR (no testbed.txt above it)")
+
+
+def run_settings(run_dir: str) -> tuple[str, dict]:
+  """(testbed, recorded overrides) of a finished study run."""
+  path = os.path.join(run_dir, "run.json")
+  if not os.path.exists(path):
+    raise ConfigError("run_dir", f"{path} does not exist: not a finished study run")
+  with open(path) as fh:
+    overrides = json.load(fh)["overrides"]
+  with open(os.path.join(study_dir_of(run_dir), "testbed.txt")) as fh:
+    return fh.read().strip(), overrides
+
+
+def branch_overrides(recorded: dict, at: int, variant: dict) -> dict:
+  """The recorded overrides with a checkpoint every ``at`` steps, then the variant's; a
+  ConfigError for a variant the checkpoint cannot start (one that adds state to it)."""
+  if float(variant.get("rl.kl_coef", 0.0)) > 0 and not float(recorded.get("rl.kl_coef", 0.0)):
+    raise ConfigError("variant", "rl.kl_coef > 0 adds the reference weights to the RL state,"
+                      " which the run's checkpoint does not hold: a branch cannot turn KL on")
+  return {**recorded, "checkpoint.save_every": at, "checkpoint.keep": 1_000_000,
+          "checkpoint.async_save": False, **variant}
+
+
+def first_difference(ours: list[dict], theirs: list[dict], until: int) -> str | None:
+  """"step S, KEY" of the first per-step record (up to ``until``) that differs, else None."""
+  mine = {r["step"]: r for r in ours if r["step"] <= until}
+  for r in theirs:
+    if r["step"] > until:
+      break
+    other = mine.get(r["step"])
+    if other is None:
+      return f"step {r['step']} (missing from the replay)"
+    for key in STEP_KEYS:  # the run's metrics (a newer metric the run lacks is not compared)
+      if key in r and r[key] != other.get(key):
+        return f"step {r['step']}, {key}: {other.get(key)!r} against {r.get(key)!r}"
+  return None
+
+
+def summarise(records: list[dict], evals: list[dict], at: int, until: int) -> dict:
+  """A branch's figures over steps ``at``+1..``until``."""
+  rows = [r for r in records if at < r["step"] <= until]
+  rewards = [r["reward_mean"] for r in rows]
+  windows = [sum(rewards[i:i + WINDOW]) / WINDOW for i in range(len(rewards) - WINDOW + 1)]
+  val = [e["val_accuracy"] for e in evals if e["step"] == until]
+  return {"steps": len(rows), "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+          "lowest_window_reward": min(windows) if windows else None,
+          "zero_reward_from": stats.zero_reward_from(rows),
+          "val_accuracy": val[-1] if val else None}
+
+
+def train_until(workdir: str, testbed: str, overrides: dict, until: int, log) -> None:
+  """Train (a subprocess) in ``workdir`` until its metrics reach step ``until``, then stop it
+  with SIGTERM (it saves a checkpoint and exits). Raises RuntimeError with the process's last
+  output when it fails first."""
+  spec = os.path.join(workdir, "branch_spec.json")
+  with open(spec, "w") as fh:
+    json.dump({"testbed": testbed, "overrides": overrides}, fh)
+  log_path = os.path.join(workdir, "train.log")
+  with open(log_path, "w") as out:
+    proc = subprocess.Popen([sys.executable, "-m", "dllm_rl.study.branch", "--train", spec,
+                             "--out", workdir], stdout=out, stderr=subprocess.STDOUT)
+  metrics, t0 = os.path.join(workdir, "metrics.jsonl"), time.time()
+  while proc.poll() is None:
+    if _reached(metrics, until):
+      proc.send_signal(signal.SIGTERM)
+      proc.wait()
+      break
+    time.sleep(1.0)
+  if not _reached(metrics, until):
+    with open(log_path) as fh:
+      tail = fh.read()[-3000:]
+    raise RuntimeError(f"{workdir}: training ended (status {proc.returncode}) before step"
+                       f" {until}:\n{tail}")
+  log(f"[branch] {os.path.basename(workdir)}: step {until} in {time.time() - t0:.0f} s")
+
+
+def _reached(metrics_path: str, step: int) -> bool:
+  if not os.path.exists(metrics_path):
+    return False
+  records, _, _ = step_records(metrics_path)
+  return bool(records) and records[-1]["step"] >= step
+
+
+def _train(spec_path: str, workdir: str) -> None:
+  """The training subprocess: the spec's overrides on its testbed, in ``workdir``."""
+  from dllm_rl.train import modes
+  from dllm_rl.train.resilience import Preempted
+  with open(spec_path) as fh:
+    spec = json.load(fh)
+  config = make_config(spec["overrides"], testbeds.testbed(spec["testbed"]).get_config())
+  try:
+    modes.run(config, workdir)
+  except Preempted:  # the parent's SIGTERM at the step it wanted: a checkpoint was saved
+    pass
+
+
+def branch(run_dir: str, out: str, at: int, until: int, variants: list[tuple[str, dict]],
+           log=print) -> dict:
+  """Replay ``run_dir`` to step ``at`` (checked against its records), then each branch
+  (``as_run`` and ``variants``) from there to ``until``; returns and writes the record."""
+  from dllm_rl.train.validate import validate
+  if not 0 < at < until:
+    raise ConfigError("at", f"need 0 < --at < --until, got {at} and {until}")
+  testbed, recorded = run_settings(run_dir)
+  if until > int(recorded["rl.steps"]):
+    raise ConfigError("until", f"--until={until} is past the run's {recorded['rl.steps']} steps")
+  base = testbeds.testbed(testbed).get_config()
+  branches = [(AS_RUN, {})] + list(variants)
+  for name, variant in branches:  # every branch's config, before anything trains
+    validate(make_config(branch_overrides(recorded, at, variant), base))
+  replay = os.path.join(out, "replay")
+  _with_sft(run_dir, replay)
+  if not os.path.isdir(os.path.join(replay, "checkpoints", "rl", str(at))):
+    train_until(replay, testbed, branch_overrides(recorded, at, {}), at, log)
+  ours, _, _ = step_records(os.path.join(replay, "metrics.jsonl"))
+  theirs, _, _ = step_records(os.path.join(run_dir, "metrics.jsonl"))
+  differs = first_difference(ours, theirs, at)
+  log(f"[branch] replay to step {at}: " + (f"differs from the run at {differs}" if differs
+                                           else "every per-step record equals the run's"))
+  result = {"run_dir": os.path.abspath(run_dir), "testbed": testbed, "at": at, "until": until,
+            "replay_differs": differs, "branches": []}
+  for name, variant in branches:
+    workdir = os.path.join(out, name)
+    if not _reached(os.path.join(workdir, "metrics.jsonl"), until):
+      shutil.rmtree(workdir, ignore_errors=True)
+      _with_sft(run_dir, workdir)
+      shutil.copytree(os.path.join(replay, "checkpoints", "rl", str(at)),
+                      os.path.join(workdir, "checkpoints", "rl", str(at)))
+      train_until(workdir, testbed, branch_overrides(recorded, at, variant), until, log)
+    records, evals, _ = step_records(os.path.join(workdir, "metrics.jsonl"))
+    result["branches"].append({"name": name, "overrides": variant,
+                               **summarise(records, evals, at, until),
+                               "records": [r for r in records if at < r["step"] <= until],
+                               "evals": [e for e in evals if at < e["step"] <= until]})
+  with open(os.path.join(out, "branches.json"), "w") as fh:
+    json.dump(result, fh)
+  text = render(result)
+  with open(os.path.join(out, "branches.md"), "w") as fh:
+    fh.write(text)
+  log(text)
+  return result
+
+
+def _with_sft(run_dir: str, workdir: str) -> None:
+  target = os.path.join(workdir, "checkpoints", "sft")
+  if not os.path.isdir(target):
+    shutil.copytree(os.path.join(run_dir, "checkpoints", "sft"), target)
+
+
+def render(result: dict) -> str:
+  """The branches as a markdown table."""
+  def num(v, digits=3):
+    return "—" if v is None else f"{v:.{digits}f}"
+  at, until = result["at"], result["until"]
+  lines = [f"Branches of `{result['run_dir']}` from step {at} to {until}"
+           f" (replay: {result['replay_differs'] or 'equal to the run'}).", "",
+           f"| branch | overrides | reward, steps {at + 1}–{until} | lowest {WINDOW}-step mean"
+           f" | every rollout 0 from | val acc. at {until} |", "|---|---|---|---|---|---|"]
+  for b in result["branches"]:
+    over = ", ".join(f"{k}={v}" for k, v in b["overrides"].items()) or "(as recorded)"
+    lines.append(f"| {b['name']} | {over} | {num(b['reward_mean'])} |"
+                 f" {num(b['lowest_window_reward'])} |"
+                 f" {b['zero_reward_from'] if b['zero_reward_from'] is not None else '—'} |"
+                 f" {num(b['val_accuracy'])} |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+  p = argparse.ArgumentParser(prog="python -m dllm_rl.study.branch",
+                              description=__doc__.split("\n\n")[1])
+  p.add_argument("run_dir", nargs="?")
+  p.add_argument("--out", required=True)
+  p.add_argument("--at", type=int)
+  p.add_argument("--until", type=int)
+  p.add_argument("--variant", action="append", default=[])
+  p.add_argument("--train", help=argparse.SUPPRESS)  # the training subprocess's spec
+  args = p.parse_args(argv)
+  if args.train:
+    _train(args.train, args.out)
+    return 0
+  try:
+    if args.run_dir is None or args.at is None or args.until is None:
+      raise ConfigError("run_dir", "RUN_DIR, --at and --until are required")
+    branch(args.run_dir, args.out, args.at, args.until,
+           [parse_variant(v) for v in args.variant])
+  except ConfigError as err:
+    print(f"error: {err}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
