@@ -61,7 +61,9 @@ def _with_mode(mode):
 
 @pytest.mark.slow
 def test_pipeline_sft_rl_eval(tmp_path):
-  summary = run.run(_config(10, "pipeline"), str(tmp_path))
+  config = _config(10, "pipeline")
+  config.rl.malformed_reward = -1.0  # a malformed rollout scores -1, a wrong one 0
+  summary = run.run(config, str(tmp_path))
   saved = json.load(open(tmp_path / "summary.json"))
   for key in ("sft_accuracy", "rl_accuracy", "pass_at_k", "wall_seconds", "rl_gain"):
     assert key in saved
@@ -74,6 +76,10 @@ def test_pipeline_sft_rl_eval(tmp_path):
   rl_records = read_metrics(str(tmp_path / "metrics.jsonl"), phase="rl")
   assert [r["step"] for r in rl_records if "reward_mean" in r] == [2, 4]
   assert [r["step"] for r in rl_records if "val_accuracy" in r] == [0, 2, 4]
+  for r in rl_records:  # rewards 1 (correct), 0 (wrong), -1 (malformed), averaged
+    if "reward_mean" in r:
+      assert r["reward_mean"] == pytest.approx(r["accuracy"] - r["malformed_fraction"])
+  assert any(r.get("malformed_fraction", 0) > 0 for r in rl_records)  # 10 SFT steps: many
   evaluated = run.run(_config(10, "eval"), str(tmp_path))  # the newest phase: rl
   assert evaluated["phase"] == "rl" and evaluated["test_accuracy"] == saved["rl_accuracy"]
 

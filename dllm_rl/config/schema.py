@@ -136,6 +136,8 @@ def base_config() -> ml_collections.ConfigDict:
   r.group_size = 16       # G completions per prompt
   r.inner_steps = 2       # μ policy updates per rollout batch, fresh estimator masks each
   r.temperature = 1.0     # rollout sampling temperature
+  r.malformed_reward = 0.0  # reward of a rollout the verifier cannot parse (the verifiers give
+                            # 0, as for a wrong answer); < 0 penalises losing the format
   r.loss = "stabledrl"    # a name in dllm_rl.rl.losses.LOSSES
   r.advantage = "centered"  # a name in dllm_rl.rl.advantages.ADVANTAGES
   r.clip = "upper"        # stabledrl: upper = min(ρ, C) | symmetric = clip(ρ, 1 − ε, 1 + ε)

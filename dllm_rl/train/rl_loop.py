@@ -225,7 +225,9 @@ class RLPhase(Phase):
     t_roll = time.perf_counter() - t0
     examples = [ctx.train.examples[i] for i in batch["index"]]
     graded = evaluation.verify_groups(ctx.task, ctx.tokenizer, examples, completions)
-    rewards, correct = faults.at("reward", step, graded.rewards_BG), graded.correct_BG
+    rewards = np.where(graded.malformed_BG, np.float32(config.rl.malformed_reward),
+                       graded.rewards_BG)  # rl.malformed_reward: 0, the verifiers' own, by default
+    rewards, correct = faults.at("reward", step, rewards), graded.correct_BG
     rollout = rollout_batch(ctx, batch, completions, np.asarray(out.unmask_step_BL), rewards,
                             correct)
     if self.base_accuracy is None:

@@ -9,6 +9,7 @@ component and imports none of them).
 
 from __future__ import annotations
 
+import math
 
 import ml_collections
 
@@ -204,6 +205,7 @@ def _rl(config, check: "_Checks") -> None:
          f"must be in [0, rl.steps * rl.inner_steps] = [0, {r.steps * r.inner_steps}] (it"
          " counts optimizer updates; for a run this short set rl.warmup_steps=0)")
   check(r.temperature >= 0, "rl.temperature", "must be >= 0")
+  check(math.isfinite(r.malformed_reward), "rl.malformed_reward", "must be finite")
   check(r.eval_every >= 0, "rl.eval_every", "must be >= 0")
   n_seq = r.batch_prompts * r.group_size
   check(r.micro_batch >= 0 and (r.micro_batch == 0 or n_seq % r.micro_batch == 0),
