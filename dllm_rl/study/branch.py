@@ -13,9 +13,10 @@ branch, so a branch differs from the run only where its overrides do. Each proce
 stopped by SIGTERM once its metrics reach the step (the preemption path: it saves and exits).
 
 Prints and writes ``OUT/branches.json`` (per branch: its overrides and per-step records) and
-``OUT/branches.md``: per branch the mean reward over steps AT+1..UNTIL, the lowest mean over
-10 consecutive steps, the step from which every rollout scored 0 to UNTIL
-(:func:`dllm_rl.study.stats.zero_reward_from`) and the validation accuracy at UNTIL where one
+``OUT/branches.md``: per branch the rollouts' training accuracy (the share correct, comparable
+across reward settings) over steps AT+1..UNTIL, its lowest mean over 10 consecutive steps, the
+step from which every rollout failed to UNTIL with no gradient
+(:func:`dllm_rl.study.stats.all_wrong_from`) and the validation accuracy at UNTIL where one
 was evaluated. docs/study.md ("Why runs collapsed at 1000 steps") shows a use.
 """
 
@@ -109,12 +110,12 @@ def first_difference(ours: list[dict], theirs: list[dict], until: int) -> str | 
 def summarise(records: list[dict], evals: list[dict], at: int, until: int) -> dict:
   """A branch's figures over steps ``at``+1..``until``."""
   rows = [r for r in records if at < r["step"] <= until]
-  rewards = [r["reward_mean"] for r in rows]
-  windows = [sum(rewards[i:i + WINDOW]) / WINDOW for i in range(len(rewards) - WINDOW + 1)]
+  acc = [r["accuracy"] for r in rows]
+  windows = [sum(acc[i:i + WINDOW]) / WINDOW for i in range(len(acc) - WINDOW + 1)]
   val = [e["val_accuracy"] for e in evals if e["step"] == until]
-  return {"steps": len(rows), "reward_mean": sum(rewards) / len(rewards) if rewards else None,
-          "lowest_window_reward": min(windows) if windows else None,
-          "zero_reward_from": stats.zero_reward_from(rows),
+  return {"steps": len(rows), "accuracy": sum(acc) / len(acc) if acc else None,
+          "lowest_window_accuracy": min(windows) if windows else None,
+          "all_wrong_from": stats.all_wrong_from(rows),
           "val_accuracy": val[-1] if val else None}
 
 
@@ -224,13 +225,13 @@ def render(result: dict) -> str:
   at, until = result["at"], result["until"]
   lines = [f"Branches of `{result['run_dir']}` from step {at} to {until}"
            f" (replay: {result['replay_differs'] or 'equal to the run'}).", "",
-           f"| branch | overrides | reward, steps {at + 1}–{until} | lowest {WINDOW}-step mean"
-           f" | every rollout 0 from | val acc. at {until} |", "|---|---|---|---|---|---|"]
+           f"| branch | overrides | rollout acc., steps {at + 1}–{until} | lowest {WINDOW}-step"
+           f" mean | every rollout wrong from | val acc. at {until} |", "|---|---|---|---|---|---|"]
   for b in result["branches"]:
     over = ", ".join(f"{k}={v}" for k, v in b["overrides"].items()) or "(as recorded)"
-    lines.append(f"| {b['name']} | {over} | {num(b['reward_mean'])} |"
-                 f" {num(b['lowest_window_reward'])} |"
-                 f" {b['zero_reward_from'] if b['zero_reward_from'] is not None else '—'} |"
+    lines.append(f"| {b['name']} | {over} | {num(b['accuracy'])} |"
+                 f" {num(b['lowest_window_accuracy'])} |"
+                 f" {b['all_wrong_from'] if b['all_wrong_from'] is not None else '—'} |"
                  f" {num(b['val_accuracy'])} |")
   return "\n".join(lines) + "\n"
 

@@ -186,13 +186,13 @@ def _stuck_note(study: dict, arms: tuple[str, ...]) -> str:
   parts, malformed = [], []
   for arm in arms:
     stuck = [(r, at) for r in _runs(study, arm)
-             if (at := stats.zero_reward_from(r.get("steps") or [])) is not None]
+             if (at := stats.all_wrong_from(r.get("steps") or [])) is not None]
     if stuck:
       at_steps = ", ".join(f"{r['seed']} (from step {at})" for r, at in stuck)
       parts.append(f"{arm} seed(s) {at_steps}")
     malformed += [x["malformed_fraction"] for r, at in stuck for x in r["steps"]
                   if x["step"] >= at and "malformed_fraction" in x]
-  note = (f"; of those, {' and '.join(parts)} scored 0 on every rollout to the end: every"
+  note = (f"; of those, {' and '.join(parts)} failed every rollout to the end: every"
           " group's rewards equal, so the advantages and the gradient were 0 and nothing could"
           " bring the policy back" if parts else "")
   if malformed:

@@ -81,17 +81,17 @@ def signal_lost_step(steps: Sequence[int], grad_norms: Sequence[float],
   return steps[len(steps) - n] if n and n >= min_fraction * len(steps) else None
 
 
-def zero_reward_from(records: Sequence[dict], min_fraction: float = 0.1) -> int | None:
-  """The step from which every per-step record (``step``, ``reward_mean``, ``grad_norm_max``
-  or ``grad_norm``) to the end had reward 0 and gradient 0 (:func:`signal_lost_step`): the
-  absorbing state of a run whose rollouts all score 0. None when the records do not end
-  there or lack those metrics."""
+def all_wrong_from(records: Sequence[dict], min_fraction: float = 0.1) -> int | None:
+  """The step from which every per-step record (``step``, ``accuracy``: the share of correct
+  rollouts, ``grad_norm_max`` or ``grad_norm``) to the end had no correct rollout and gradient
+  0 (:func:`signal_lost_step`): the absorbing state of a run whose rollouts all fail. None
+  when the records do not end there or lack those metrics."""
   grads = [r.get("grad_norm_max", r.get("grad_norm")) for r in records]
   if not records or any(g is None for g in grads):
     return None
   at = signal_lost_step([r["step"] for r in records], grads, min_fraction)
   tail = [r for r in records if at is not None and r["step"] >= at]
-  return at if tail and all(r.get("reward_mean") == 0 for r in tail) else None
+  return at if tail and all(r.get("accuracy") == 0 for r in tail) else None
 
 
 def collapse_step(eval_steps: Sequence[int], accuracies: Sequence[float], start: float,

@@ -36,13 +36,13 @@ def test_first_difference_and_the_summary_of_a_branch():
   assert branch.first_difference(other, run, 3) is None
   assert branch.first_difference(other, run, 5).startswith("step 4, loss: 9.0 against 0.4")
   assert "missing" in branch.first_difference(run[:2], run, 5)
-  # reward 0.4 until step 14, then every rollout 0 with no gradient to step 40
-  records = [{"step": s, "reward_mean": 0.0 if s >= 15 else 0.4,
+  # accuracy 0.4 until step 14, then every rollout wrong with no gradient to step 40
+  records = [{"step": s, "accuracy": 0.0 if s >= 15 else 0.4,
               "grad_norm": 0.0 if s >= 15 else 1.0} for s in range(1, 41)]
   got = branch.summarise(records, [{"step": 40, "val_accuracy": 0.0}], 10, 40)
-  assert got["steps"] == 30 and got["zero_reward_from"] == 15 and got["val_accuracy"] == 0.0
-  assert got["reward_mean"] == pytest.approx(0.4 * 4 / 30) and got["lowest_window_reward"] == 0
-  assert branch.summarise(records, [], 0, 10)["zero_reward_from"] is None
+  assert got["steps"] == 30 and got["all_wrong_from"] == 15 and got["val_accuracy"] == 0.0
+  assert got["accuracy"] == pytest.approx(0.4 * 4 / 30) and got["lowest_window_accuracy"] == 0
+  assert branch.summarise(records, [], 0, 10)["all_wrong_from"] is None
 
 
 @pytest.mark.slow  # a tiny study, then three training subprocesses

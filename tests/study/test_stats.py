@@ -266,23 +266,23 @@ def test_steprs_report_names_a_policy_rl_did_not_narrow_and_shows_the_start():
   assert "| 1/4 |" in steprs_table(fell).splitlines()[4]
   (reason,) = [e for w, _, e in steprs_verdicts(fell) if w == "steprs vs centered, pass@8"]
   assert "runs collapsed (steprs 1/4 seeds, centered 0/4" in reason
-  assert "scored 0 on every rollout" not in reason  # no per-step records: nothing claimed
-  # ... and where that run's rollouts all scored 0 from step 6 to the end (no gradient), the
+  assert "failed every rollout" not in reason  # no per-step records: nothing claimed
+  # ... and where that run's rollouts all failed from step 6 to the end (no gradient), the
   # reason says it stayed there; its malformed fraction, where recorded, names the format
-  dead = [{"step": t, "grad_norm": 0.0 if t >= 6 else 1.0, "reward_mean": 0.0 if t >= 6
+  dead = [{"step": t, "grad_norm": 0.0 if t >= 6 else 1.0, "accuracy": 0.0 if t >= 6
            else 0.4, **({"malformed_fraction": 0.75 + 0.25 * (t > 6)} if t >= 6 else {})}
           for t in range(1, 11)]
   stuck = {**fell, "runs": [{**r, "steps": dead} if r["arm"] == "steprs" and r["seed"] == 2
                             else r for r in fell["runs"]]}
   (reason,) = [e for w, _, e in steprs_verdicts(stuck) if w == "steprs vs centered, pass@8"]
-  assert ("of those, steprs seed(s) 2 (from step 6) scored 0 on every rollout to the end: every group's"
+  assert ("of those, steprs seed(s) 2 (from step 6) failed every rollout to the end: every group's"
           " rewards equal, so the advantages and the gradient were 0") in reason
   assert "(95% of those rollouts malformed: the output format collapsed)" in reason
-  solved = [{**x, "reward_mean": 1.0} for x in dead]  # every group solved: not that state
+  solved = [{**x, "accuracy": 1.0} for x in dead]  # every group solved: not that state
   done = {**fell, "runs": [{**r, "steps": solved} if r["arm"] == "steprs" else r
                            for r in fell["runs"]]}
   (reason,) = [e for w, _, e in steprs_verdicts(done) if w == "steprs vs centered, pass@8"]
-  assert "scored 0 on every rollout" not in reason
+  assert "failed every rollout" not in reason
 
 
 def test_signal_lost_step_is_the_start_of_a_final_zero_gradient_stretch():
