@@ -1,6 +1,6 @@
-"""The committed reports, the claims page and the README render as tables on GitHub: no
-row has more or fewer cells than its table's delimiter row (a ``|`` inside a cell, such as
-``|log ρ̂|``, must be escaped)."""
+"""The committed reports (the GPU leases' raw ones in their folders too), the claims page and
+the README render as tables on GitHub: no row has more or fewer cells than its table's
+delimiter row (a ``|`` inside a cell, such as ``|log ρ̂|``, must be escaped)."""
 
 import glob
 import os
@@ -10,7 +10,7 @@ import pytest
 from tests.helpers import malformed_table_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DOCS = sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))) + [
+DOCS = sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)) + [
     os.path.join(ROOT, "README.md"), os.path.join(ROOT, "CHANGELOG.md")]
 
 
