@@ -179,6 +179,7 @@ def branch(run_dir: str, out: str, at: int, until: int, variants: list[tuple[str
   branches = [(AS_RUN, {})] + list(variants)
   for name, variant in branches:  # every branch's config, before anything trains
     validate(make_config(branch_overrides(recorded, at, variant), base))
+  _claim_out(out, run_dir, at)
   replay = os.path.join(out, "replay")
   _with_sft(run_dir, replay)
   if not os.path.isdir(os.path.join(replay, "checkpoints", "rl", str(at))):
@@ -191,13 +192,14 @@ def branch(run_dir: str, out: str, at: int, until: int, variants: list[tuple[str
   result = {"run_dir": os.path.abspath(run_dir), "testbed": testbed, "at": at, "until": until,
             "replay_differs": differs, "branches": []}
   for name, variant in branches:
-    workdir = os.path.join(out, name)
-    if not _reached(os.path.join(workdir, "metrics.jsonl"), until):
+    workdir, overrides = os.path.join(out, name), branch_overrides(recorded, at, variant)
+    if not (_reached(os.path.join(workdir, "metrics.jsonl"), until)
+            and _spec_overrides(workdir) == overrides):  # a renamed or changed variant: retrain
       shutil.rmtree(workdir, ignore_errors=True)
       _with_sft(run_dir, workdir)
       shutil.copytree(os.path.join(replay, "checkpoints", "rl", str(at)),
                       os.path.join(workdir, "checkpoints", "rl", str(at)))
-      train_until(workdir, testbed, branch_overrides(recorded, at, variant), until, log)
+      train_until(workdir, testbed, overrides, until, log)
     records, evals, _ = step_records(os.path.join(workdir, "metrics.jsonl"))
     result["branches"].append({"name": name, "overrides": variant,
                                **summarise(records, evals, at, until),
@@ -210,6 +212,29 @@ def branch(run_dir: str, out: str, at: int, until: int, variants: list[tuple[str
     fh.write(text)
   log(text)
   return result
+
+
+def _claim_out(out: str, run_dir: str, at: int) -> None:
+  """Record which run and step ``out`` branches (``out/source.json``); a ConfigError when it
+  already holds the branches of another run or step (their replay would be reused)."""
+  path, source = os.path.join(out, "source.json"), {"run_dir": os.path.abspath(run_dir), "at": at}
+  if os.path.exists(path):
+    with open(path) as fh:
+      held = json.load(fh)
+    if held != source:
+      raise ConfigError("out", f"{out} holds the branches of {held['run_dir']} at step"
+                        f" {held['at']}: use another --out")
+  os.makedirs(out, exist_ok=True)
+  with open(path, "w") as fh:
+    json.dump(source, fh)
+
+
+def _spec_overrides(workdir: str) -> dict | None:
+  path = os.path.join(workdir, "branch_spec.json")
+  if not os.path.exists(path):
+    return None
+  with open(path) as fh:
+    return json.load(fh)["overrides"]
 
 
 def _with_sft(run_dir: str, workdir: str) -> None:

@@ -77,3 +77,8 @@ def test_a_replayed_run_branches_and_its_recorded_settings_reproduce_it(tmp_path
   assert "| cold | rl.temperature=0.3 |" in text and malformed_table_rows(text) == []
   again = branch.branch(run_dir, out, 3, 6, variant, log=lambda *_: None)
   assert again["branches"][1]["records"] == cold["records"]  # finished branches are reused
+  hotter = branch.branch(run_dir, out, 3, 6, [("cold", {"rl.temperature": 0.6})],
+                         log=lambda *_: None)  # the same name, other settings: retrained
+  assert hotter["branches"][1]["records"][0]["entropy"] != cold["records"][0]["entropy"]
+  with pytest.raises(ConfigError, match="holds the branches of .* at step 3"):
+    branch.branch(run_dir, out, 2, 6, [])  # another branch point: another --out
