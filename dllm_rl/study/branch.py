@@ -25,39 +25,51 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
 
+import ml_collections
+
 from dllm_rl.config import testbeds
-from dllm_rl.errors import ConfigError
+from dllm_rl.config.cli import override_values
+from dllm_rl.config.overrides import apply_overrides
+from dllm_rl.errors import ConfigError, raise_all
 from dllm_rl.study import stats
 from dllm_rl.study.runner import STEP_KEYS, make_config, step_records
 
 AS_RUN = "as_run"
-WINDOW = 10  # steps: the window of the lowest mean reward
+WINDOW = 10  # steps: the window of the lowest mean rollout accuracy
 
 
-def parse_variant(text: str) -> tuple[str, dict]:
-  """``NAME:KEY=VALUE[,KEY=VALUE...]`` → (NAME, {KEY: VALUE}) with VALUE read as JSON where
-  it parses (numbers, booleans), else as the string."""
+def parse_variant(text: str) -> tuple[str, list[tuple[str, str]]]:
+  """``NAME:KEY=VALUE[,KEY=VALUE...]`` → (NAME, [(KEY, VALUE text), ...]); NAME names the
+  branch's folder (letters, digits, ``_.@+-``)."""
   name, sep, body = text.partition(":")
-  if not sep or not name or not body:
-    raise ConfigError("variant", f"{text!r} is not NAME:KEY=VALUE[,KEY=VALUE...]")
+  if not sep or not re.fullmatch(r"[\w.@+-]+", name) or not body:
+    raise ConfigError("variant", f"{text!r} is not NAME:KEY=VALUE[,KEY=VALUE...] (NAME of"
+                      " letters, digits and _.@+-)")
   if name == AS_RUN:
     raise ConfigError("variant", f"{AS_RUN!r} is the recorded settings' branch: name it otherwise")
-  out = {}
+  pairs = []
   for item in body.split(","):
     key, eq, value = item.partition("=")
     if not eq or not key:
       raise ConfigError("variant", f"{item!r} in {text!r} is not KEY=VALUE")
-    try:
-      out[key] = json.loads(value)
-    except json.JSONDecodeError:
-      out[key] = value
-  return name, out
+    pairs.append((key, value))
+  return name, pairs
+
+
+def typed_variant(base: ml_collections.ConfigDict, pairs: list[tuple[str, str]]) -> dict:
+  """``{KEY: value}`` of the (KEY, text) pairs, each parsed as the type of ``base``'s value
+  there (as ``--config.KEY=VALUE`` is); every unknown key or bad value at once, as
+  ConfigErrors."""
+  config = ml_collections.ConfigDict(base.to_dict())
+  raise_all(apply_overrides(config, pairs))
+  return override_values(config, pairs)
 
 
 def study_dir_of(run_dir: str) -> str:
@@ -277,8 +289,11 @@ def main(argv: list[str] | None = None) -> int:
   try:
     if args.run_dir is None or args.at is None or args.until is None:
       raise ConfigError("run_dir", "RUN_DIR, --at and --until are required")
+    parsed = [parse_variant(v) for v in args.variant]
+    testbed, _ = run_settings(args.run_dir)
+    base = testbeds.testbed(testbed).get_config()
     branch(args.run_dir, args.out, args.at, args.until,
-           [parse_variant(v) for v in args.variant])
+           [(name, typed_variant(base, pairs)) for name, pairs in parsed])
   except ConfigError as err:
     print(f"error: {err}", file=sys.stderr)
     return 2

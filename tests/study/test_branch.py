@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from dllm_rl.config import testbeds
 from dllm_rl.errors import ConfigError
 from dllm_rl.study import branch
 from dllm_rl.study.studies import study
@@ -15,12 +16,21 @@ from tests.helpers import malformed_table_rows
 from tests.study.test_testbeds import TINY_SIZES
 
 
-def test_variants_parse_values_as_json_and_bad_ones_are_named():
-  assert branch.parse_variant("half:rl.lr=1e-4,rl.grad_clip=0.5,rl.loss=grpo") == (
-      "half", {"rl.lr": 1e-4, "rl.grad_clip": 0.5, "rl.loss": "grpo"})
-  for bad in ("nolr", ":rl.lr=1", "x:", "x:rl.lr", "as_run:rl.lr=1"):
+def test_variants_parse_as_config_overrides_and_bad_ones_are_named():
+  name, pairs = branch.parse_variant("half:rl.lr=1e-4,rl.grad_clip=1,rl.loss=grpo")
+  assert name == "half" and pairs == [("rl.lr", "1e-4"), ("rl.grad_clip", "1"),
+                                      ("rl.loss", "grpo")]
+  base = testbeds.testbed("sum_split").get_config()
+  got = branch.typed_variant(base, pairs)
+  assert got == {"rl.lr": 1e-4, "rl.grad_clip": 1.0, "rl.loss": "grpo"}
+  assert isinstance(got["rl.grad_clip"], float)  # the key's type, not the text's
+  for bad in ("nolr", ":rl.lr=1", "x:", "x:rl.lr", "as_run:rl.lr=1", "a/b:rl.lr=1"):
     with pytest.raises(ConfigError, match="variant"):
       branch.parse_variant(bad)
+  with pytest.raises(ConfigError) as err:  # every problem at once, with the key's name
+    branch.typed_variant(base, [("rl.lrr", "1"), ("rl.lr", "fast")])
+  assert "rl.lrr: unknown key; did you mean rl.lr?" in str(err.value)
+  assert "config.rl.lr: expected float, got 'fast'" in str(err.value)
   recorded = {"rl.lr": 2e-4, "rl.kl_coef": 0.0, "checkpoint.save_every": 1000}
   got = branch.branch_overrides(recorded, 100, {"rl.lr": 1e-4})
   assert got["rl.lr"] == 1e-4 and got["checkpoint.save_every"] == 100
