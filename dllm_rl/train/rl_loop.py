@@ -240,8 +240,8 @@ class RLPhase(Phase):
                                moe_layers=self.moe_layers, block_size=m.block_size,
                                prompt_block_causal=m.prompt_block_causal)
     state, metrics = self.step_fn(state, rollout, k_step, self.hyper)
-    # Malformed rollouts score as wrong answers do; a batch of nothing else gives every group
-    # equal rewards, so no gradient: the format collapse this fraction shows coming.
+    # Malformed rollouts score as wrong answers do (rl.malformed_reward 0); a batch of nothing
+    # else gives every group equal rewards, so no gradient: the collapse this fraction foretells.
     metrics = dict(metrics, prompt_padding_fraction=padding,
                    malformed_fraction=float(graded.malformed_BG.mean()))
     if self.moe_layers and step % self.log_every == 0:
