@@ -174,7 +174,7 @@ class RLPhase(Phase):
   postfix = (("reward", "reward_mean"), ("acc", "accuracy"), ("gnorm", "grad_norm"),
              ("tok/s", "tokens_per_second"))
   # Ratio statistics on a log axis: ρ̂ spans 1 to 1e12 when the likelihood estimates are noisy.
-  panels = ("reward_mean", Panel(("accuracy", "val_accuracy")),
+  panels = ("reward_mean", Panel(("accuracy", "val_accuracy", "malformed_fraction")),
             Panel(("grad_norm", "grad_norm_max")), Panel(("ratio_mean", "ratio_max"), log=True),
             Panel(("abs_log_ratio_p50", "abs_log_ratio_p90", "abs_log_ratio_p99",
                    "abs_log_ratio_max"), log=True),
