@@ -63,6 +63,7 @@ def _with_mode(mode):
 def test_pipeline_sft_rl_eval(tmp_path):
   config = _config(10, "pipeline")
   config.rl.malformed_reward = -1.0  # a malformed rollout scores -1, a wrong one 0
+  config.log.samples_every = 2
   summary = run.run(config, str(tmp_path))
   saved = json.load(open(tmp_path / "summary.json"))
   for key in ("sft_accuracy", "rl_accuracy", "pass_at_k", "wall_seconds", "rl_gain"):
@@ -80,6 +81,11 @@ def test_pipeline_sft_rl_eval(tmp_path):
     if "reward_mean" in r:
       assert r["reward_mean"] == pytest.approx(r["accuracy"] - r["malformed_fraction"])
   assert any(r.get("malformed_fraction", 0) > 0 for r in rl_records)  # 10 SFT steps: many
+  samples = [json.loads(x) for x in open(tmp_path / "samples.jsonl")]
+  rl_samples = [x for x in samples if x["phase"] == "rl"]
+  assert rl_samples and all(x["reward"] == (-1.0 if x["parsed"] is None else float(x["correct"]))
+                            for x in rl_samples)  # the reward RL trained on
+  assert any(x["parsed"] is None for x in rl_samples)
   evaluated = run.run(_config(10, "eval"), str(tmp_path))  # the newest phase: rl
   assert evaluated["phase"] == "rl" and evaluated["test_accuracy"] == saved["rl_accuracy"]
 

@@ -191,7 +191,7 @@ class RLPhase(Phase):
     self.graphdef, self.params = load_sft_params(ctx)
     self.optimizer, self.schedule = rl_optimizer(r, lora_only=ctx.model_cfg.lora_rank > 0)
     self.base_accuracy = None  # the starting policy's training accuracy: its first rollouts
-    self.last_rollout = None  # (examples, batch, completions_BGL, correct_BG) of the last step
+    self.last_rollout = None  # (examples, batch, completions_BGL, correct_BG, rewards_BG): last step
     self.rollout_tokens = r.batch_prompts * r.group_size * ctx.sampler_cfg.completion_len
     mc = ctx.model_cfg  # MoE layers: router load statistics every log_every steps
     self.moe_layers = tuple(i for i in range(mc.n_layers) if mc.is_moe_layer(i))
@@ -232,7 +232,7 @@ class RLPhase(Phase):
                             correct)
     if self.base_accuracy is None:
       self.base_accuracy = float(np.mean(correct))
-    self.last_rollout = (examples, batch, completions, correct)  # for samples(): host arrays
+    self.last_rollout = (examples, batch, completions, correct, rewards)  # samples(): host arrays
     if self.moe_layers and step % self.log_every == 0:  # before the update: the policy that rolled out
       m = config.model
       routing = router_metrics(self.graphdef, state.params, rollout.prompt_BP,
@@ -256,12 +256,15 @@ class RLPhase(Phase):
     """The first completion of each of the first ``log.num_samples`` prompts of the rollout
     batch of step ``step`` (already sampled and verified: no extra sampling)."""
     ctx = self.ctx
-    examples, batch, completions, correct = self.last_rollout
+    examples, batch, completions, correct, rewards = self.last_rollout
     n = ctx.config.log.num_samples
     split = evaluation.Split(examples[:n], {k: batch[k][:n]
                                             for k in ("prompt_BP", "prompt_valid_BP")})
-    return evaluation.rollout_records(ctx.task, ctx.tokenizer, split, completions[:n],
-                                      correct[:n], batch["index"][:n])
+    records = evaluation.rollout_records(ctx.task, ctx.tokenizer, split, completions[:n],
+                                         correct[:n], batch["index"][:n])
+    for record, reward in zip(records, rewards[:n, 0]):  # the reward RL used
+      record["reward"] = float(reward)  # (rl.malformed_reward where the verifier could not parse)
+    return records
 
   def meta(self) -> dict:
     return {"data_position": self.batches.position, "base_accuracy": self.base_accuracy}
