@@ -39,7 +39,7 @@ from dllm_rl.config.cli import override_values
 from dllm_rl.config.overrides import apply_overrides
 from dllm_rl.errors import ConfigError, raise_all
 from dllm_rl.study import stats
-from dllm_rl.study.runner import STEP_KEYS, make_config, step_records
+from dllm_rl.study.runner import STEP_KEYS, copy_sft_start, make_config, step_records
 
 AS_RUN = "as_run"
 WINDOW = 10  # steps: the window of the lowest mean rollout accuracy
@@ -177,10 +177,12 @@ def _train(spec_path: str, workdir: str) -> None:
     pass
 
 
-def branch(run_dir: str, out: str, at: int, until: int, variants: list[tuple[str, dict]],
-           log=print) -> dict:
+def branch(run_dir: str, out: str, at: int, until: int,
+           variants: list[tuple[str, list[tuple[str, str]]]], log=print) -> dict:
   """Replay ``run_dir`` to step ``at`` (checked against its records), then each branch
-  (``as_run`` and ``variants``) from there to ``until``; returns and writes the record."""
+  (``as_run`` and ``variants``: (NAME, [(KEY, VALUE text), ...]) as :func:`parse_variant`
+  gives them, typed against the run's testbed) from there to ``until``; returns and writes
+  the record."""
   from dllm_rl.train.validate import validate
   if not 0 < at < until:
     raise ConfigError("at", f"need 0 < --at < --until, got {at} and {until}")
@@ -188,12 +190,12 @@ def branch(run_dir: str, out: str, at: int, until: int, variants: list[tuple[str
   if until > int(recorded["rl.steps"]):
     raise ConfigError("until", f"--until={until} is past the run's {recorded['rl.steps']} steps")
   base = testbeds.testbed(testbed).get_config()
-  branches = [(AS_RUN, {})] + list(variants)
+  branches = [(AS_RUN, {})] + [(name, typed_variant(base, pairs)) for name, pairs in variants]
   for name, variant in branches:  # every branch's config, before anything trains
     validate(make_config(branch_overrides(recorded, at, variant), base))
   _claim_out(out, run_dir, at)
   replay = os.path.join(out, "replay")
-  _with_sft(run_dir, replay)
+  copy_sft_start(run_dir, replay)
   if not os.path.isdir(os.path.join(replay, "checkpoints", "rl", str(at))):
     train_until(replay, testbed, branch_overrides(recorded, at, {}), at, log)
   ours, _, _ = step_records(os.path.join(replay, "metrics.jsonl"))
@@ -208,7 +210,7 @@ def branch(run_dir: str, out: str, at: int, until: int, variants: list[tuple[str
     if not (_reached(os.path.join(workdir, "metrics.jsonl"), until)
             and _spec_overrides(workdir) == overrides):  # a renamed or changed variant: retrain
       shutil.rmtree(workdir, ignore_errors=True)
-      _with_sft(run_dir, workdir)
+      copy_sft_start(run_dir, workdir)
       shutil.copytree(os.path.join(replay, "checkpoints", "rl", str(at)),
                       os.path.join(workdir, "checkpoints", "rl", str(at)))
       train_until(workdir, testbed, overrides, until, log)
@@ -249,12 +251,6 @@ def _spec_overrides(workdir: str) -> dict | None:
     return json.load(fh)["overrides"]
 
 
-def _with_sft(run_dir: str, workdir: str) -> None:
-  target = os.path.join(workdir, "checkpoints", "sft")
-  if not os.path.isdir(target):
-    shutil.copytree(os.path.join(run_dir, "checkpoints", "sft"), target)
-
-
 def render(result: dict) -> str:
   """The branches as a markdown table."""
   def num(v, digits=3):
@@ -289,11 +285,8 @@ def main(argv: list[str] | None = None) -> int:
   try:
     if args.run_dir is None or args.at is None or args.until is None:
       raise ConfigError("run_dir", "RUN_DIR, --at and --until are required")
-    parsed = [parse_variant(v) for v in args.variant]
-    testbed, _ = run_settings(args.run_dir)
-    base = testbeds.testbed(testbed).get_config()
     branch(args.run_dir, args.out, args.at, args.until,
-           [(name, typed_variant(base, pairs)) for name, pairs in parsed])
+           [parse_variant(v) for v in args.variant])
   except ConfigError as err:
     print(f"error: {err}", file=sys.stderr)
     return 2

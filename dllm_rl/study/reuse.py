@@ -42,9 +42,9 @@ def reuse_runs(workdir: str, name: str, arm_names: list[str], seeds: int | range
   """Seed DIR with ``files``' runs of study ``name`` (``arm_names`` × ``seeds``: a range, or
   an int n for seeds 0..n-1) where DIR has none, and compare those DIR has. Returns
   ``{"written": n, "kept": n, "identical": [...], "differing": [...], "files": [...], "line":
-  summary_line}`` ("kept":
-  the file's own records, which an earlier reuse or a copy put there, told by the marker or
-  the run's wall time; runs named "seed S arm"); the first file that records a run is used."""
+  summary_line}`` ("kept": the file's own records, which an earlier reuse or a copy put there,
+  told by the marker or the run's wall time; runs named "seed S arm"); the first file that
+  records a run is used."""
   records, seeds = {}, seeds if isinstance(seeds, range) else range(seeds)
   for path in files:
     data = read_study_json(path)

@@ -248,7 +248,7 @@ def arm_stats(records: list[dict], evals: list[dict], num_val: int) -> dict:
   by more than 2 binomial standard errors on ``num_val`` prompts, and staying there), spikes."""
   start = next((e["val_accuracy"] for e in evals if e["step"] == 0), None)
   later = [e for e in evals if e["step"] > 0]
-  grads = [r.get("grad_norm_max", r.get("grad_norm")) for r in records]
+  grads = stats.step_grad_norms(records)
   margin = stats.binomial_margin(start, num_val) if start is not None else None
   collapsed_at = (stats.collapse_step([e["step"] for e in evals],
                                       [e["val_accuracy"] for e in evals], start, margin)
@@ -328,6 +328,13 @@ def check_finished_runs(name: str, arms: list[Arm], workdir: str, seeds: int, si
                        base, skip=("rl.beta_end",) if arm.calibrate_from is not None else ())
 
 
+def copy_sft_start(sft_dir: str, workdir: str) -> None:
+  """``sft_dir``'s SFT checkpoints into ``workdir`` (where it has none): the start RL resumes."""
+  target = os.path.join(workdir, "checkpoints", "sft")
+  if not os.path.isdir(target):
+    shutil.copytree(os.path.join(sft_dir, "checkpoints", "sft"), target)
+
+
 def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrides: dict,
             calibrated: dict, base: ml_collections.ConfigDict | None = None) -> dict:
   """One arm from the seed's SFT checkpoint; returns (and writes) its run record. A finished
@@ -345,9 +352,7 @@ def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrid
     result["stats"] = arm_stats(result["steps"], result["evals"],
                                 make_config(result["overrides"], base).task.val_size)
     return result
-  target = os.path.join(workdir, "checkpoints", "sft")
-  if not os.path.isdir(target):
-    shutil.copytree(os.path.join(sft_dir, "checkpoints", "sft"), target)
+  copy_sft_start(sft_dir, workdir)
   commit, machine = provenance.git_commit(), provenance.machine()  # the code that trains it
   t0 = time.time()
   config = make_config(run_overrides, base)

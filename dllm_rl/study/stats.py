@@ -62,6 +62,12 @@ def binomial_margin(p: float, n: int, z: float = 2.0) -> float:
   return z * math.sqrt(max(p * (1.0 - p), 0.0) / n)
 
 
+def step_grad_norms(records: Sequence[dict]) -> list[float | None]:
+  """Each per-step record's gradient norm: the largest over its inner steps
+  (``grad_norm_max``) where recorded, else ``grad_norm``; None where neither is."""
+  return [r.get("grad_norm_max", r.get("grad_norm")) for r in records]
+
+
 def signal_lost_step(steps: Sequence[int], grad_norms: Sequence[float],
                      min_fraction: float = 0.1) -> int | None:
   """The first step of the run's last stretch of zero gradient norms, when that stretch runs
@@ -86,7 +92,7 @@ def all_wrong_from(records: Sequence[dict], min_fraction: float = 0.1) -> int | 
   rollouts, ``grad_norm_max`` or ``grad_norm``) to the end had no correct rollout and gradient
   0 (:func:`signal_lost_step`): the absorbing state of a run whose rollouts all fail. None
   when the records do not end there or lack those metrics."""
-  grads = [r.get("grad_norm_max", r.get("grad_norm")) for r in records]
+  grads = step_grad_norms(records)
   if not records or any(g is None for g in grads):
     return None
   at = signal_lost_step([r["step"] for r in records], grads, min_fraction)

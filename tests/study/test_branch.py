@@ -71,7 +71,7 @@ def test_a_replayed_run_branches_and_its_recorded_settings_reproduce_it(tmp_path
   shutil.copy(os.path.join(run_dir, "run.json"), lone)
   with pytest.raises(ConfigError, match="not in a study DIR"):
     branch.branch(str(lone), out, 3, 6, [])
-  variant = [("cold", {"rl.temperature": 0.3})]  # rollouts at another temperature
+  variant = [("cold", [("rl.temperature", "0.3")])]  # rollouts at another temperature
   got = branch.branch(run_dir, out, 3, 6, variant, log=lambda *_: None)
   assert got["replay_differs"] is None  # the replay's steps 1-3 equal the run's
   with open(os.path.join(run_dir, "run.json")) as fh:
@@ -80,6 +80,7 @@ def test_a_replayed_run_branches_and_its_recorded_settings_reproduce_it(tmp_path
   assert as_run["name"] == "as_run" and as_run["overrides"] == {}
   for ours, theirs in zip(as_run["records"], run_steps, strict=True):  # resumed at step 3
     assert {k: ours.get(k) for k in theirs} == theirs
+  assert cold["overrides"] == {"rl.temperature": 0.3}  # typed against the testbed
   assert [r["step"] for r in cold["records"]] == [4, 5, 6]
   assert cold["records"][0]["entropy"] != run_steps[0]["entropy"]  # from step 4 on
   assert as_run["val_accuracy"] is not None  # evaluated at step 6
@@ -87,7 +88,7 @@ def test_a_replayed_run_branches_and_its_recorded_settings_reproduce_it(tmp_path
   assert "| cold | rl.temperature=0.3 |" in text and malformed_table_rows(text) == []
   again = branch.branch(run_dir, out, 3, 6, variant, log=lambda *_: None)
   assert again["branches"][1]["records"] == cold["records"]  # finished branches are reused
-  hotter = branch.branch(run_dir, out, 3, 6, [("cold", {"rl.temperature": 0.6})],
+  hotter = branch.branch(run_dir, out, 3, 6, [("cold", [("rl.temperature", "0.6")])],
                          log=lambda *_: None)  # the same name, other settings: retrained
   assert hotter["branches"][1]["records"][0]["entropy"] != cold["records"][0]["entropy"]
   with pytest.raises(ConfigError, match="holds the branches of .* at step 3"):
