@@ -9,6 +9,8 @@ Where DIR already holds the run (trained by this code), the two records are comp
 per-step records, evaluations, final figures and overrides mean the rerun reproduced the
 recorded run bit for bit, the check that makes reusing the others sound (XLA's CPU kernels
 round differently on different CPU types, so records reproduce on the CPU type that made them).
+Every value the record holds is compared; a metric the code added after the record was made
+(e.g. ``malformed_fraction``) is in the rerun only, so it is named, not counted as a difference.
 """
 
 from __future__ import annotations
@@ -20,7 +22,36 @@ from dllm_rl.errors import ConfigError
 from dllm_rl.study import report_files
 from dllm_rl.study.runner import arm_dir
 
-COMPARED = ("steps", "evals", "final", "overrides")  # what "bit for bit" compares
+METRICS = ("steps", "evals", "final")  # a rerun may add metrics to these; overrides match exactly
+
+
+def _metrics_match(recorded: dict, rerun: dict, added: set) -> bool:
+  """Whether ``rerun`` holds every key of ``recorded`` with the same value; the keys only
+  ``rerun`` has go into ``added``."""
+  added.update(set(rerun) - set(recorded))
+  return all(k in rerun and rerun[k] == v for k, v in recorded.items())
+
+
+def reproduces(recorded: dict, rerun: dict) -> tuple[bool, set[str]]:
+  """(whether ``rerun`` reproduces every value of the study record ``recorded``, bit for bit:
+  the same overrides, and per step, evaluation and final figure the recorded metrics' values;
+  the metric names only the rerun records). A record made before a metric existed thus still
+  matches the rerun that logs it."""
+  added: set[str] = set()
+  if rerun.get("overrides") != recorded.get("overrides"):
+    return False, added
+  for key in METRICS:
+    mine, theirs = recorded.get(key), rerun.get(key)
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+      same = _metrics_match(mine, theirs, added)
+    elif isinstance(mine, list) and isinstance(theirs, list) and len(mine) == len(theirs):
+      same = all(isinstance(a, dict) and isinstance(b, dict) and _metrics_match(a, b, added)
+                 for a, b in zip(mine, theirs))
+    else:
+      same = mine == theirs
+    if not same:
+      return False, added
+  return True, added
 
 
 def read_study_json(path: str) -> dict:
@@ -42,9 +73,10 @@ def reuse_runs(workdir: str, name: str, arm_names: list[str], seeds: int | range
   """Seed DIR with ``files``' runs of study ``name`` (``arm_names`` × ``seeds``: a range, or
   an int n for seeds 0..n-1) where DIR has none, and compare those DIR has. Returns
   ``{"written": n, "kept": n, "identical": [...], "differing": [...], "files": [...], "line":
-  summary_line}`` ("kept": the file's own records, which an earlier reuse or a copy put there,
-  told by the marker or the run's wall time; runs named "seed S arm"); the first file that
-  records a run is used."""
+  summary_line, "added": [...]}`` ("kept": the file's own records, which an earlier reuse or a
+  copy put there, told by the marker or the run's wall time; runs named "seed S arm"; "added":
+  the metrics the matching reruns log and their records predate, :func:`reproduces`); the
+  first file that records a run is used."""
   records, seeds = {}, seeds if isinstance(seeds, range) else range(seeds)
   for path in files:
     data = read_study_json(path)
@@ -54,6 +86,7 @@ def reuse_runs(workdir: str, name: str, arm_names: list[str], seeds: int | range
       if run["arm"] in arm_names and run["seed"] in seeds:
         records.setdefault((run["seed"], run["arm"]), (path, run))
   out = {"written": 0, "kept": 0, "identical": [], "differing": [], "files": list(files)}
+  added: set[str] = set()
   for (seed, arm), (path, run) in sorted(records.items()):
     target = os.path.join(arm_dir(workdir, name, seed, arm), "run.json")
     if os.path.exists(target):
@@ -62,7 +95,8 @@ def reuse_runs(workdir: str, name: str, arm_names: list[str], seeds: int | range
       if have.get("reused_from") or have.get("wall_seconds") == run.get("wall_seconds"):
         out["kept"] += 1  # the file's own record (an earlier reuse or a copy), not a rerun
         continue
-      same = all(have.get(k) == run.get(k) for k in COMPARED)
+      same, new = reproduces(run, have)
+      added |= new if same else set()
       out["identical" if same else "differing"].append(f"seed {seed} {arm}")
       continue
     os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -70,6 +104,7 @@ def reuse_runs(workdir: str, name: str, arm_names: list[str], seeds: int | range
       json.dump({**run, "reused_from": run.get("reused_from") or os.path.basename(path)}, fh)
     os.replace(target + ".tmp", target)  # a stopped study never leaves half a record
     out["written"] += 1
+  out["added"] = sorted(added)
   return {**out, "line": summary_line(name, out)}
 
 
@@ -81,6 +116,9 @@ def summary_line(name: str, counts: dict) -> str:
           f" {len(counts['identical'])} already in DIR matched their records bit for bit")
   if counts["identical"]:
     line += f" ({', '.join(counts['identical'])})"
+  if counts.get("added"):
+    line += (f", on every value recorded (the reruns also log {', '.join(counts['added'])},"
+             " which the records predate)")
   if counts["differing"]:
     line += (f"; {len(counts['differing'])} differ from their records"
              f" ({', '.join(counts['differing'])}): DIR's own runs are kept")

@@ -65,3 +65,28 @@ def test_a_bad_file_is_named(tmp_path):
   (tmp_path / "x.json").write_text(json.dumps({"runs": []}))
   with pytest.raises(ConfigError, match=r"x\.json is not a study JSON"):
     reuse.reuse_runs(str(tmp_path), "steprs", ["a"], 1, [str(tmp_path / "x.json")])
+
+
+def test_a_rerun_that_logs_a_newer_metric_still_matches(tmp_path):
+  """A record made before a metric existed (e.g. malformed_fraction) matches a rerun that logs
+  it when every recorded value is equal; a recorded value that changed, a recorded metric the
+  rerun lacks, another step count or other overrides do not."""
+  recorded = _run(0, "a", 0.25)
+  rerun = {**recorded, "wall_seconds": 1.0, "steps": [{"step": 1, "loss": 0.25,
+                                                       "malformed_fraction": 0.0}],
+           "final": {"test_accuracy": 0.5, "test_malformed_fraction": 0.125}}
+  assert reuse.reproduces(recorded, rerun) == (True, {"malformed_fraction",
+                                                      "test_malformed_fraction"})
+  changed = {**rerun, "steps": [{"step": 1, "loss": 0.5, "malformed_fraction": 0.0}]}
+  assert not reuse.reproduces(recorded, changed)[0]
+  assert not reuse.reproduces(recorded, {**rerun, "final": {"test_malformed_fraction": 0.1}})[0]
+  assert not reuse.reproduces(recorded, {**rerun, "steps": rerun["steps"] * 2})[0]
+  assert not reuse.reproduces(recorded, {**rerun, "overrides": {"seed": 0, "rl.lr": 1e-4}})[0]
+  committed = tmp_path / "steprs.json"
+  committed.write_text(json.dumps({"study": "steprs", "runs": [recorded]}))
+  _write(tmp_path / "dir", "steprs", rerun)
+  got = reuse.reuse_runs(str(tmp_path / "dir"), "steprs", ["a"], 1, [str(committed)])
+  assert got["identical"] == ["seed 0 a"] and got["differing"] == []
+  assert got["added"] == ["malformed_fraction", "test_malformed_fraction"]
+  assert ("the reruns also log malformed_fraction, test_malformed_fraction, which the records"
+          " predate") in got["line"]
