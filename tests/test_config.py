@@ -65,11 +65,41 @@ def test_base_and_tiny_cpu_configs_validate():
     ({"profile__steps": "2"}, "profile.steps"),
     ({"profile__steps": "a:b"}, "profile.steps"),
     ({"log__peak_tflops": -1.0}, "log.peak_tflops"),
+    # optimizer and model numbers (a nan lr once wrote NaN weights into every RL checkpoint)
+    ({"rl__lr": float("nan")}, "rl.lr"),
+    ({"rl__lr": -1e-4}, "rl.lr"),  # gradient ascent
+    ({"rl__lr": 0.0}, "rl.lr"),
+    ({"sft__lr": float("inf")}, "sft.lr"),
+    ({"rl__b2": 1.5}, "rl.b2"),
+    ({"sft__b1": -1.0}, "sft.b1"),
+    ({"rl__weight_decay": -1.0}, "rl.weight_decay"),
+    ({"rl__grad_clip": -1.0}, "rl.grad_clip"),
+    ({"rl__grad_clip": float("nan")}, "rl.grad_clip"),
+    ({"model__rope_theta": 0.0}, "model.rope_theta"),
+    ({"model__rms_norm_eps": -1.0}, "model.rms_norm_eps"),
+    ({"model__init_std": float("nan")}, "model.init_std"),
+    ({"rl__beta": float("nan")}, "rl.beta"),
+    ({"estimator__spg_beta": float("nan")}, "estimator.spg_beta"),
+    ({"rl__clip_C": float("inf")}, "rl.clip_C"),
+    ({"rl__kl_coef": float("inf")}, "rl.kl_coef"),
+    ({"sampler__temperature": float("inf")}, "sampler.temperature"),
+    ({"rl__temperature": 0.0}, "rl.temperature"),  # greedy groups: advantages 0, no learning
 ])
 def test_bad_values_name_their_key(updates, key):
   with pytest.raises(ConfigError) as err:
     validate(_cfg(**updates))
   assert err.value.key == key and str(err.value).startswith(f"config.{key}:")
+
+
+def test_a_non_finite_number_is_one_error_and_greedy_rollouts_need_random_remasking():
+  """nan fails every comparison, so it is reported once, as not finite; rl.temperature 0 is
+  allowed where the unmasking order is random (a group's completions can still differ)."""
+  with pytest.raises(ConfigError) as err:
+    validate(_cfg(rl__lr=float("nan")))
+  assert str(err.value) == "config.rl.lr: must be finite, got nan"
+  assert "learns nothing" in str(pytest.raises(ConfigError, validate, _cfg(rl__temperature=0.0)
+                                               ).value)
+  validate(_cfg(rl__temperature=0.0, sampler__remasking="random"))
 
 
 def test_per_token_sum_estimators_serve_espo_and_grpo_token():

@@ -68,6 +68,9 @@ def _walk(schema, config, prefix, errors):
       ok = isinstance(got, type(want))
     if not ok:
       errors.append(ConfigError(path, f"expected {type(want).__name__}, got {got!r}"))
+    elif isinstance(want, float) and not math.isfinite(got):  # nan passes every > / < check
+      errors.append(ConfigError(path, f"must be finite, got {got}"))
+      ok = False
     clean[key] = got if ok else want
   return clean
 
@@ -110,6 +113,8 @@ def _model(config, check: "_Checks") -> None:
   check(m.remat in REMAT_POLICIES, "model.remat",
          f"must be one of {sorted(REMAT_POLICIES)}, got {m.remat!r}")
   check(m.logits_chunk >= 0, "model.logits_chunk", f"must be >= 0, got {m.logits_chunk}")
+  for key in ("rope_theta", "rms_norm_eps", "init_std"):
+    check(m[key] > 0, f"model.{key}", f"must be positive, got {m[key]}")
   if m.n_heads > 0 and m.head_dim >= 0 and m.d_model > 0:
     for field, msg in transformer.moe_problems(m, m.head_dim or m.d_model // m.n_heads):
       check(False, f"model.{field}", msg)
@@ -168,7 +173,6 @@ def _sft(config, check: "_Checks") -> None:
   """``sft``: steps, learning rate and schedule, masking rate, logging."""
   f = config.sft
   check(f.steps >= 0, "sft.steps", "must be >= 0")
-  check(f.lr > 0, "sft.lr", "must be positive")
   check(f.schedule in LR_SCHEDULES, "sft.schedule",
          f"must be one of {LR_SCHEDULES}, got {f.schedule!r}")
   check(0 <= f.warmup_steps <= max(f.steps, 0), "sft.warmup_steps", "must be in [0, sft.steps]")
@@ -176,7 +180,18 @@ def _sft(config, check: "_Checks") -> None:
   check(f.log_every > 0, "sft.log_every", "must be positive")
   check(f.eval_every >= 0, "sft.eval_every", "must be >= 0")
   check(0 <= f.target_accuracy <= 1, "sft.target_accuracy", "must be in [0, 1]")
-  check(f.grad_clip >= 0, "sft.grad_clip", "must be >= 0")
+
+
+def _optimizer(config, check: "_Checks") -> None:
+  """The AdamW settings of ``sft`` and ``rl`` (dllm_rl.train.optim): lr, β1, β2, weight
+  decay, gradient clip. A zero or negative lr trains nothing or ascends the loss."""
+  for name in ("sft", "rl"):
+    o = config[name]
+    check(o.lr > 0, f"{name}.lr", f"must be positive, got {o.lr}")
+    for key in ("b1", "b2"):
+      check(0 <= o[key] < 1, f"{name}.{key}", f"Adam's decay rate must be in [0, 1), got {o[key]}")
+    check(o.weight_decay >= 0, f"{name}.weight_decay", f"must be >= 0, got {o.weight_decay}")
+    check(o.grad_clip >= 0, f"{name}.grad_clip", f"must be >= 0 (0 = off), got {o.grad_clip}")
 
 
 def _rl(config, check: "_Checks") -> None:
@@ -204,7 +219,10 @@ def _rl(config, check: "_Checks") -> None:
   check(0 <= r.warmup_steps <= r.steps * r.inner_steps, "rl.warmup_steps",
          f"must be in [0, rl.steps * rl.inner_steps] = [0, {r.steps * r.inner_steps}] (it"
          " counts optimizer updates; for a run this short set rl.warmup_steps=0)")
-  check(r.temperature >= 0, "rl.temperature", "must be >= 0")
+  check(r.temperature > 0 or config.sampler.remasking == "random", "rl.temperature",
+        f"must be positive, got {r.temperature}: at 0 the rollouts are greedy, so with"
+        f" sampler.remasking={config.sampler.remasking!r} every completion of a group is the"
+        " same, its group-relative advantages are 0 and RL learns nothing")
   check(math.isfinite(r.malformed_reward), "rl.malformed_reward", "must be finite")
   check(r.eval_every >= 0, "rl.eval_every", "must be >= 0")
   n_seq = r.batch_prompts * r.group_size
@@ -338,7 +356,8 @@ def _required(config, check: "_Checks", prefix: str = "") -> None:
                                      f"--config.{prefix}{key}=...")
 
 
-_SECTIONS = (_required, _names, _model, _lora, _data, _sampler, _sft, _rl, _estimator, _eval, _runtime)
+_SECTIONS = (_required, _names, _model, _lora, _data, _sampler, _sft, _optimizer, _rl, _estimator,
+             _eval, _runtime)
 
 
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
