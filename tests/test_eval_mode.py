@@ -158,3 +158,45 @@ def test_eval_writes_its_report_and_generations_and_never_the_summary(tmp_path):
   assert modes.run(config, w)["step_label"] == "sft5"
   assert {"eval_arithmetic_rl3.json", "eval_arithmetic_sft5.json",
           "eval_arithmetic_sft5.generations.jsonl"} <= set(os.listdir(w))
+
+
+def test_a_config_that_does_not_fit_the_checkpoint_names_the_keys_it_was_trained_with(tmp_path):
+  """Evaluating without the run's overrides (another size, another LoRA rank) is a ConfigError
+  naming each changed key with the value to pass, before anything compiles."""
+  w = str(tmp_path)
+  config, _ = scratch_run_checkpoints(w, {"sft": [2]})
+  config.mode = "eval"
+  config.model.mlp_hidden, config.lora.rank = config.model.mlp_hidden * 2, 4
+  trained = config.model.mlp_hidden // 2
+  with pytest.raises(ConfigError) as err:
+    modes.run(config, w)
+  assert err.value.key == "model.mlp_hidden"
+  text = str(err.value)
+  assert f"model.mlp_hidden={trained} (this config: {2 * trained})" in text
+  assert "lora.rank=0 (this config: 4)" in text
+  assert f"pass --config.model.mlp_hidden={trained} --config.lora.rank=0" in text
+  assert "a full-fine-tuned checkpoint cannot be its base" in text
+
+
+def test_a_damaged_newest_step_is_read_as_the_one_before(tmp_path, caplog):
+  """run_checkpoints.read_readable: the newest asked for falls back, with a warning; a step
+  asked for is not replaced; nothing readable names every folder."""
+  w = str(tmp_path)
+  _fake_run(w, {"sft": [5, 10]})
+  (tmp_path / "checkpoints" / "sft" / "10" / "meta" / "metadata").unlink()
+
+  def read(ref):
+    with Checkpointer(ref.directory, read_only=True) as ckpt:
+      return ckpt.meta(ref.step)
+
+  ref = run_checkpoints.find_checkpoint(w, "sft")
+  with caplog.at_level("WARNING"):
+    got, meta = run_checkpoints.read_readable(ref, read, fall_back=True)
+  assert (got.label, meta) == ("sft5", {"phase": "sft"})
+  assert f"{w}/checkpoints/sft/10: " in caplog.text and "read step 5 instead" in caplog.text
+  with pytest.raises(run_checkpoints.CheckpointError, match=r"sft/10: .*saved steps: \[5, 10\];"
+                                                            " choose another step"):
+    run_checkpoints.read_readable(ref, read, fall_back=False)
+  (tmp_path / "checkpoints" / "sft" / "5" / "meta" / "metadata").unlink()
+  with pytest.raises(run_checkpoints.CheckpointError, match=r"sft/10: .*sft/5: "):
+    run_checkpoints.read_readable(ref, read, fall_back=True)

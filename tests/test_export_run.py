@@ -145,3 +145,34 @@ def test_eval_of_the_export_reproduces_the_runs_evaluation(tmp_path):
   generations = open(export_eval["generations"]).read()
   assert generations == open(run_eval["generations"]).read()
   assert any(json.loads(line)["completion"] for line in generations.splitlines())
+
+
+def _truncate_arrays(step_dir):
+  """An interrupted copy: every array file of the step cut to half its size."""
+  for root, _, files in os.walk(os.path.join(step_dir, "state")):
+    for name in files:
+      path = os.path.join(root, name)
+      if "/d/" in path and os.path.getsize(path) > 64:
+        with open(path, "r+b") as fh:
+          fh.truncate(os.path.getsize(path) // 2)
+
+
+def test_a_damaged_newest_step_exports_the_one_before_and_a_chosen_one_is_named(tmp_path,
+                                                                              capsys):
+  """As training's restore does: the newest step asked for falls back (a warning names the
+  damaged folder); a damaged step asked for by --step is an error naming it, exit 2."""
+  w = str(tmp_path / "w")
+  _, policies = scratch_run_checkpoints(w, {"rl": [3, 5]})
+  _truncate_arrays(os.path.join(w, "checkpoints", "rl", "5"))
+  os.makedirs(os.path.join(w, "checkpoints", "rl", "6"))  # a step folder left empty
+  stats = export_run(w, str(tmp_path / "hf"))
+  assert stats["label"] == "rl3"
+  tok = CharTokenizer()
+  assert _logits_equal(dllm_rl.load_pretrained(str(tmp_path / "hf")), policies["rl3"],
+                       np.array([tok.encode("12+34=")])) == 0.0
+  assert convert_cli.main(["export", "--workdir", w, "--step", "5", "--out",
+                           str(tmp_path / "hf5")]) == 2
+  err = capsys.readouterr().err
+  assert f"no readable rl checkpoint: {w}/checkpoints/rl/5: " in err
+  assert "saved steps: [3, 5, 6]; choose another step)" in err and len(err) < 1000
+  assert not os.path.exists(tmp_path / "hf5")

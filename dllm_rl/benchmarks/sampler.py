@@ -268,7 +268,7 @@ def accuracy(args) -> dict:
   validate(config)
   ctx = build_context(config, args.accuracy_workdir)
   ref = resolve_target(config, args.accuracy_workdir)  # eval.phase / eval.checkpoint_step
-  graphdef, params = load_policy(ctx, ref)
+  ref, graphdef, params = load_policy(ctx, ref)
   out = {"weights": label(ref), "by_block_len": {}}
   for block_len in [ctx.sampler_cfg.block_len] + list(args.accuracy_block_lens):
     blocks = ctx.sampler_cfg.completion_len // block_len

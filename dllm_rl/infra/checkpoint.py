@@ -187,6 +187,13 @@ def _from_stored(value: Any, template: Any, kind: str, saved: dict[str, Any]) ->
   return value
 
 
+def failure_reason(err: BaseException, limit: int = 200) -> str:
+  """``err`` in one short line: its type and the start of its first line (a tensorstore error's
+  first line carries kilobytes of JSON spec)."""
+  text = str(err).splitlines()[0] if str(err) else ""
+  return f"{type(err).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
+
+
 class CheckpointError(FileNotFoundError):
   """No readable checkpoint (every step is damaged)."""
 
@@ -335,7 +342,7 @@ class Checkpointer:
       except LayoutMismatch:
         raise
       except Exception as e:  # orbax/tensorstore/json errors of a damaged step  # noqa: BLE001
-        failures.append((candidate, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+        failures.append((candidate, failure_reason(e)))
         self._damaged.add(candidate)
         continue
       if failures:

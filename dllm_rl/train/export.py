@@ -114,10 +114,15 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
   if ref is None:
     raise FileNotFoundError(f"no checkpoint to export under {os.path.join(workdir, 'checkpoints')}"
                             " (a training run writes checkpoints/sft or checkpoints/rl there)")
-  config = run_checkpoints.read_train_config(ref)
-  source = run_source(config)
   mesh = mesh if mesh is not None else make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
-  params, run_cfg = restore_run_params(ref, config, source.model_cfg, mesh)
+  # the newest step asked for: a damaged one falls back to the step before (a warning); the
+  # model (config) is the run's, whichever of its steps holds it
+  fall_back = step == LATEST
+  config = run_checkpoints.read_readable(ref, run_checkpoints.read_train_config,
+                                         fall_back=fall_back)[1]
+  source = run_source(config)
+  ref, (params, run_cfg) = run_checkpoints.read_readable(
+      ref, lambda r: restore_run_params(r, config, source.model_cfg, mesh), fall_back=fall_back)
   if run_cfg.lora_rank:
     if peft_dir is not None and is_primary():
       peft.export_peft(nnx.to_pure_dict(params), run_cfg, source.family, peft_dir, source.origin)

@@ -17,8 +17,10 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
+from dllm_rl.infra.checkpoint import LayoutMismatch
 from dllm_rl.models import lora, transformer
 from dllm_rl.train import context as setup
+from dllm_rl.train import layout_errors
 
 
 def saved_state(state):
@@ -38,9 +40,16 @@ def restored_state(template, saved):
                        ref_params=template.ref_params)
 
 
-def restore_checkpoint(ckpt, template):
-  """``ckpt.restore`` of a state shaped like ``template`` (a fresh state): (state, meta)."""
-  saved, meta = ckpt.restore(saved_state(template))
+def restore_checkpoint(ckpt, template, config=None):
+  """``ckpt.restore`` of a state shaped like ``template`` (a fresh state): (state, meta). With
+  the run's ``config``, a checkpoint it does not fit is a ConfigError naming the ``model`` /
+  ``lora`` keys the checkpoint was trained with otherwise (dllm_rl.train.layout_errors)."""
+  try:
+    saved, meta = ckpt.restore(saved_state(template))
+  except LayoutMismatch as err:
+    if config is None:
+      raise
+    raise layout_errors.layout_error(err, layout_errors.saved_config(ckpt), config) from err
   return restored_state(template, saved), meta
 
 

@@ -163,7 +163,7 @@ def load_sft_params(ctx: Context):
   optimizer = make_optimizer(ctx.config.sft, lora_only=ctx.model_cfg.lora_rank > 0)[0]
   template, _ = init_state_sharded(params, optimizer, jax.random.key(0), ctx.mesh)
   with open_checkpointer(ctx, SFT) as ckpt:
-    state, _ = restore_checkpoint(ckpt, template)
+    state, _ = restore_checkpoint(ckpt, template, ctx.config)
   return graphdef, state.params
 
 

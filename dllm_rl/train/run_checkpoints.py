@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 
 from typing import Any, Callable
 
@@ -19,7 +20,7 @@ import ml_collections
 from flax import nnx
 
 from dllm_rl import paths
-from dllm_rl.infra.checkpoint import Checkpointer
+from dllm_rl.infra.checkpoint import Checkpointer, CheckpointError, LayoutMismatch, failure_reason
 from dllm_rl.models import lora
 from dllm_rl.models.transformer import ModelConfig, abstract_params_sharded
 from dllm_rl.train.phases import checkpoint_dir
@@ -27,6 +28,7 @@ from dllm_rl.train.phases import checkpoint_dir
 PHASES = ("sft", "rl")  # training order: the newest last
 AUTO = "auto"  # the newest phase that has a checkpoint
 LATEST = -1  # the newest step of the phase
+_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +92,32 @@ def find_checkpoint(workdir: str, phase: str = AUTO, step: int = LATEST) -> Chec
     raise NoCheckpoint("step", f"no {phase} checkpoint at step {step} in"
                        f" {checkpoint_dir(workdir, phase)}; available steps{unit}: {steps}")
   return CheckpointRef(workdir, phase, step)
+
+
+def read_readable(ref: CheckpointRef, read: Callable[[CheckpointRef], Any], *,
+                  fall_back: bool) -> tuple[CheckpointRef, Any]:
+  """``(ref, read(ref))``, where a damaged step (any error of ``read`` but a LayoutMismatch,
+  which is the template's problem, not damage) is not the end: with ``fall_back`` (the newest
+  step was asked for) the phase's older steps are read in turn, as a training run's restore
+  does, with a warning naming the damaged ones. Nothing readable: CheckpointError naming each
+  step's folder and error, and the saved steps."""
+  steps = [s for s in available_steps(ref.workdir, ref.phase) if s <= ref.step]
+  failures = []
+  for step in reversed(steps if fall_back else [ref.step]):
+    candidate = dataclasses.replace(ref, step=step)
+    try:
+      out = read(candidate)
+    except LayoutMismatch:
+      raise
+    except Exception as err:  # noqa: BLE001 (orbax / tensorstore / JSON errors of a damaged step)
+      failures.append(f"{ref.directory}/{step}: {failure_reason(err)}")
+      continue
+    if failures:
+      _log.warning("Checkpoint %s is damaged; read step %d instead.", "; ".join(failures), step)
+    return candidate, out
+  hint = "" if fall_back else "; choose another step"
+  raise CheckpointError(f"no readable {ref.phase} checkpoint: {'; '.join(failures)} (saved"
+                        f" steps: {available_steps(ref.workdir, ref.phase)}{hint})")
 
 
 def read_train_config(ref: CheckpointRef) -> ml_collections.ConfigDict:

@@ -1,0 +1,73 @@
+"""A checkpoint whose layout the run's config does not fit, told as a config problem.
+
+Every checkpoint's meta holds the config it was trained with (``train.phases``). When a
+restore finds the saved leaves differ from the template the current config builds
+(:class:`~dllm_rl.infra.checkpoint.LayoutMismatch`: another size, another LoRA rank, a missing
+layer), the likely cause is a config that leaves out the training run's overrides. The
+:class:`~dllm_rl.errors.ConfigError` raised here names the ``model`` / ``lora`` keys that
+differ, with the values the checkpoint was trained with, so the user can pass them again.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import ml_collections
+
+from dllm_rl.errors import ConfigError
+from dllm_rl.infra.checkpoint import Checkpointer, LayoutMismatch
+
+SECTIONS = ("model", "lora")  # the config sections that shape the saved parameters
+
+
+def _plain(section) -> dict[str, Any]:
+  """A config section as JSON values (tuples as lists), {} when absent."""
+  if section is None:
+    return {}
+  as_dict = section.to_dict() if isinstance(section, ml_collections.ConfigDict) else section
+  return json.loads(json.dumps(as_dict))
+
+
+def config_changes(trained, config) -> list[tuple[str, Any, Any]]:
+  """``(key, value trained with, value now)`` for each ``model`` / ``lora`` key whose value in
+  ``config`` differs from the training config ``trained`` (keys the training config lacks, from
+  an older version, are skipped)."""
+  out = []
+  for section in SECTIONS:
+    was, now = _plain(trained.get(section)), _plain(config.get(section))
+    out += [(f"{section}.{k}", v, now[k]) for k, v in was.items() if k in now and now[k] != v]
+  return out
+
+
+def saved_config(ckpt: Checkpointer, step: int | None = None) -> ml_collections.ConfigDict | None:
+  """The training config in the meta of ``step`` (default: the newest), None when unreadable."""
+  try:
+    meta = ckpt.meta(ckpt.latest_step() if step is None else step)
+    return ml_collections.ConfigDict(json.loads(meta["config"]))
+  except Exception:  # noqa: BLE001 (a damaged or old meta: the layout message alone)
+    return None
+
+
+def layout_error(err: LayoutMismatch, trained, config) -> ConfigError:
+  """The ConfigError for restore error ``err``: the first changed key (``config_changes``), the
+  values the checkpoint was trained with and the overrides that restore them; without a
+  training config or a changed key, ``err``'s own message under the key ``model``."""
+  changes = config_changes(trained, config) if trained is not None else []
+  if not changes:
+    return ConfigError("model", f"this config's model does not fit the checkpoint: {err}")
+  said = ", ".join(f"{k}={was!r} (this config: {now!r})" for k, was, now in changes)
+  fix = " ".join(f"--config.{k}={_flag(was)}" for k, was, _ in changes)
+  note = ""
+  if any(k == "lora.rank" and was == 0 for k, was, _ in changes):
+    note = (" A LoRA phase continues the LoRA adapters of its workdir: a full-fine-tuned"
+            " checkpoint cannot be its base (README, \"LoRA\").")
+  return ConfigError(changes[0][0], f"the checkpoint was trained with {said}: pass {fix} (or the"
+                     f" --config file it was trained with).{note} ({err})")
+
+
+def _flag(value: Any) -> str:
+  """``value`` as a --config override's text."""
+  if isinstance(value, list):
+    return ",".join(str(v) for v in value)
+  return str(value)
