@@ -4,11 +4,12 @@ from __future__ import annotations
 
 
 class ConfigError(ValueError):
-  """A config problem; the message starts with the offending key."""
+  """A config problem; the message starts with the offending key (``config.<key>``), or with
+  the command-line flag (a ``key`` such as ``--workdir``)."""
 
   def __init__(self, key: str, message: str):
     self.key = key
-    super().__init__(f"config.{key}: {message}")
+    super().__init__(f"{key if key.startswith('--') else f'config.{key}'}: {message}")
 
 
 class ConfigErrors(ConfigError):

@@ -52,7 +52,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not _WORKDIR.value:
-    raise app.UsageError("--workdir is required")
+    cli.fail([ConfigError("--workdir", "required: the run's folder (checkpoints, metrics,"
+                                       " summary; a rerun resumes from it)")])
   config = load(_CONFIG.value, _overrides)
   from dllm_rl.infra.checkpoint import CheckpointError
   from dllm_rl.train import modes as run  # after flag parsing: keeps --help fast

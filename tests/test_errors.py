@@ -63,13 +63,24 @@ def _cases(tmp_path):
        [r"error: config\.rl\.lerning_rate: unknown key.*",
         r"error: config\.sampler\.threshold: must be in \[0, 1\)",
         r"error: config\.seed: must be in \[0, 2\*\*31\), got -1"]),
+      ("a nan learning rate", [f"--workdir={w}", "--config.rl.lr=nan"],
+       [r"error: config\.rl\.lr: must be finite, got nan"]),
+      ("a workdir that is a file", [f"--workdir={_file(tmp_path)}/run", *SMALL],
+       [rf"error: --workdir: {re.escape(str(tmp_path))}/a_file/run is not a folder: .*"]),
+      ("no workdir", [*SMALL], [r"error: --workdir: required: .*"]),
   ]
+
+
+def _file(tmp_path):
+  (tmp_path / "a_file").write_text("")
+  return tmp_path / "a_file"
 
 
 NAMES = ["data file smaller than train_size", "mode=rl with neither an SFT nor an HF checkpoint",
          "mode=eval with neither a checkpoint nor an HF model", "gs:// workdir without gcsfs",
          "gs:// data file without gcsfs", "llada_tpu.py without its three required values",
-         "a misspelt key another framework spells out", "several problems at once"]
+         "a misspelt key another framework spells out", "several problems at once",
+         "a nan learning rate", "a workdir that is a file", "no workdir"]
 
 
 def _run_main(argv, monkeypatch):

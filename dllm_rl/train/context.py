@@ -242,7 +242,10 @@ def build_context(config, workdir: str) -> Context:
   check_batch_sizes(config, mesh)
   from dllm_rl import paths
   paths.check_backend(workdir)  # gs:// without gcsfs: a named error, nothing created
-  paths.resolve(workdir).mkdir(parents=True, exist_ok=True)  # gs:// stays a URL
+  try:
+    paths.resolve(workdir).mkdir(parents=True, exist_ok=True)  # gs:// stays a URL
+  except (FileExistsError, NotADirectoryError) as err:  # a file, or a file on the way to it
+    raise ConfigError("--workdir", f"{workdir} is not a folder: {err}") from None
   task = tasks_lib.make_task(config.task.name, **config.task.options.to_dict())
   hf = checkpoint = None
   if config.model.hf_checkpoint:

@@ -26,6 +26,7 @@ of the next log line, with evaluation and checkpoint saves paused out.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from typing import Any
 
@@ -228,7 +229,7 @@ def _restore(phase: Phase, ckpt: Checkpointer) -> tuple[Any, dict, int]:
   state, meta = phase.init_state(), {"metric_lines": 0}
   resumed = ckpt.latest_step() is not None
   if resumed:
-    state, meta = restore_checkpoint(ckpt, state)
+    state, meta = restore_checkpoint(ckpt, state, phase.ctx.config)
   return state, meta, phase.start(state, meta, resumed)
 
 
@@ -247,6 +248,10 @@ def run_phase(phase: Phase) -> dict:
   ctx, config, name = phase.ctx, phase.ctx.config, phase.name
   ckpt = open_checkpointer(ctx, name)
   state, meta, step = _restore(phase, ckpt)
+  if step > phase.steps and is_primary():  # e.g. a rerun with a smaller {name}.steps
+    print(f"[{name}] warning: the newest checkpoint is at step {step}, past {name}.steps ="
+          f" {phase.steps}: nothing to train; the phase ends with the checkpoint's policy",
+          file=sys.stderr, flush=True)
   window = meta.get("metrics_window", [])  # steps since the last log, saved with the checkpoint
   guard = StepGuard.from_config(name, ckpt, config)
   timer = StepTimer.from_config(config, ctx.mesh)
