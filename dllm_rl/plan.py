@@ -36,6 +36,15 @@ def main(argv):
   config = cli.load(_CONFIG.value, _overrides, check=planner.validated)
   from dllm_rl.parallel.topology import cpu_device_count
   n = cpu_device_count(_TOPOLOGY.value)
+  problems = [ConfigError(f"--{flag}", f"must be positive, got {value}") for flag, value in
+              (("device_memory_gib", _MEMORY.value), ("peak_tflops", _TFLOPS.value))
+              if value is not None and not value > 0]
+  if n == 0:
+    problems.append(ConfigError("--topology", "cpu:N needs N >= 1 devices, got cpu:0"))
+  if _JSON.value:  # found before the compile, which takes minutes at 8B
+    problems += planner.json_path_problems(_JSON.value)
+  if problems:
+    cli.fail(problems)
   if n is not None:  # before JAX starts: N simulated devices
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + f" --xla_force_host_platform_device_count={n}").strip()

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from dllm_rl.planning.planner import json_path_problems
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BAD = ["--config.rl.lr=1e-3", "--config.rl.nosuch=1", "--config.seed=-1", "--config.rl.steps=many"]
 EXPECTED = ["error: config.rl.nosuch: unknown key",
@@ -51,3 +53,19 @@ def test_study_names_an_unknown_study_of_a_list(tmp_path):
                         text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert proc.returncode != 0 and "'stepr'" in proc.stderr, proc.stderr[-2000:]
   assert not os.path.exists(tmp_path / "w")
+
+
+def test_plan_flags_are_checked_before_the_compile(tmp_path):
+  """A --json path that cannot be written, a non-positive memory or cpu:0 are found before the
+  plan compiles (minutes at 8B), all at once, exit 2."""
+  (tmp_path / "a_file").write_text("")
+  proc = subprocess.run([sys.executable, "-m", "dllm_rl.plan", "--config=configs/tiny_cpu.py",
+                         "--topology=cpu:0", "--device_memory_gib=-5",
+                         f"--json={tmp_path}/a_file/plan.json"], cwd=ROOT, capture_output=True,
+                        text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert [l for l in proc.stderr.splitlines() if l.startswith("error:")] == [
+      "error: --device_memory_gib: must be positive, got -5.0",
+      "error: --topology: cpu:N needs N >= 1 devices, got cpu:0",
+      f"error: --json: {tmp_path}/a_file is not an existing folder"]
+  assert json_path_problems(str(tmp_path)) and not json_path_problems(f"{tmp_path}/plan.json")

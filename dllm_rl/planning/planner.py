@@ -32,6 +32,8 @@ import re
 import sys
 import time
 
+from dllm_rl.errors import ConfigError
+
 FIT_FRACTION = 0.9
 MFU_ASSUMED = 0.4
 
@@ -204,7 +206,7 @@ def validated(config):
   import ml_collections
 
   from dllm_rl import tasks
-  from dllm_rl.errors import ConfigError, raise_all
+  from dllm_rl.errors import raise_all
   from dllm_rl.train.validate import validate
   errors = []
   t = config.get("task")
@@ -223,6 +225,20 @@ def validated(config):
     errors += getattr(err, "errors", [err])
   raise_all(errors)
   return config
+
+
+def json_path_problems(json_path: str) -> list[ConfigError]:
+  """Why ``--json`` cannot be written (a folder, a missing parent, a parent that is a file),
+  checked before the plan compiles; [] when it can."""
+  from dllm_rl import paths
+  path = paths.resolve(json_path)
+  if str(json_path).startswith("gs://"):
+    return []  # a bucket's folders exist once written
+  if path.is_dir():
+    return [ConfigError("--json", f"{json_path} is a folder: name a file")]
+  if not path.parent.is_dir():
+    return [ConfigError("--json", f"{path.parent} is not an existing folder")]
+  return []
 
 
 def run_plan(config, topology: str, *, json_path: str | None = None,
