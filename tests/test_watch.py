@@ -195,6 +195,31 @@ def test_wandb_project_without_the_package_is_a_config_error(monkeypatch):
   validate(c)  # off: no package needed
 
 
+def test_wandb_that_cannot_start_its_run_is_a_config_error(monkeypatch, tmp_path):
+  """No API key (W&B online, not logged in): one error naming log.wandb_project and the three
+  ways out, not wandb's traceback; another error of the writer is not renamed."""
+  import wandb
+
+  from dllm_rl.config import ConfigError, base_config
+  from dllm_rl.train.modes import open_writers
+  c = base_config()
+  c.log.wandb_project = "p"
+
+  def no_key(**kw):
+    raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")
+
+  monkeypatch.setattr(wandb, "init", no_key)
+  with pytest.raises(ConfigError, match=r"^config\.log\.wandb_project: W&B could not start the"
+                                        r" run \(UsageError: No API key .*wandb login.*"
+                                        r"WANDB_API_KEY.*WANDB_MODE=offline"):
+    with open_writers(c, str(tmp_path), enabled=True):
+      pass
+  monkeypatch.setattr(wandb, "init", lambda **kw: 1 / 0)
+  with pytest.raises(ZeroDivisionError):
+    with open_writers(c, str(tmp_path), enabled=True):
+      pass
+
+
 # ------------------------------------------------------------------------- W&B offline
 
 

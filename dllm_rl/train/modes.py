@@ -13,6 +13,7 @@ import time
 
 from dllm_rl import paths
 from dllm_rl.config.choices import RUN_MODES
+from dllm_rl.errors import ConfigError
 from dllm_rl.registry import Registry
 
 RUNNERS: Registry = Registry("mode")
@@ -85,8 +86,15 @@ def open_writers(config, workdir: str, *, enabled: bool):
     return
   from dllm_rl.infra.writers import WandbWriter
   from dllm_rl.train.resilience import EXIT_PREEMPTED, Preempted
-  writer = WandbWriter.open(workdir, project=g.wandb_project, entity=g.wandb_entity,
-                            name=g.wandb_name, config=json.loads(config.to_json_best_effort()))
+  try:
+    writer = WandbWriter.open(workdir, project=g.wandb_project, entity=g.wandb_entity,
+                              name=g.wandb_name, config=json.loads(config.to_json_best_effort()))
+  except Exception as err:  # wandb.errors.*: no API key, no network, a bad entity  # noqa: BLE001
+    if type(err).__module__.split(".")[0] != "wandb":
+      raise
+    raise ConfigError("log.wandb_project", f"W&B could not start the run ({type(err).__name__}:"
+                      f" {err}): run `wandb login` or set WANDB_API_KEY, or WANDB_MODE=offline"
+                      " to write it under the workdir for a later `wandb sync`") from None
   try:
     yield (writer,)
   except Preempted:
