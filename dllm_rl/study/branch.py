@@ -11,6 +11,9 @@ unchanged (``as_run``), trains from that checkpoint to step UNTIL; a variant's o
 validated before anything trains. The lr schedule spans the recorded ``rl.steps`` in every
 branch, so a branch differs from the run only where its overrides do. Each process is
 stopped by SIGTERM once its metrics reach the step (the preemption path: it saves and exits).
+Every problem with the flags, RUN_DIR's files, OUT and the variants' names (each a folder of
+OUT: not ``as_run``, ``replay`` or one of OUT's files, and each once) is reported at once,
+before anything trains.
 
 Prints and writes ``OUT/branches.json`` (per branch: its overrides and per-step records) and
 ``OUT/branches.md``: per branch the rollouts' training accuracy (the share correct, comparable
@@ -42,6 +45,11 @@ from dllm_rl.study import stats
 from dllm_rl.study.runner import STEP_KEYS, copy_sft_start, make_config, step_records
 
 AS_RUN = "as_run"
+NAME = r"[\w.@+-]+"  # a variant's name: its folder in OUT
+RESERVED = {AS_RUN: "the recorded settings' branch", "replay": "the replay's folder",
+            "source.json": "its record of the run and step", "branches.json": "the branches'"
+            " record", "branches.md": "the branches' table", ".": "OUT itself",
+            "..": "OUT's parent"}  # names OUT uses besides the variants' folders
 WINDOW = 10  # steps: the window of the lowest mean rollout accuracy
 
 
@@ -49,11 +57,10 @@ def parse_variant(text: str) -> tuple[str, list[tuple[str, str]]]:
   """``NAME:KEY=VALUE[,KEY=VALUE...]`` → (NAME, [(KEY, VALUE text), ...]); NAME names the
   branch's folder (letters, digits, ``_.@+-``)."""
   name, sep, body = text.partition(":")
-  if not sep or not re.fullmatch(r"[\w.@+-]+", name) or not body:
+  if not sep or not re.fullmatch(NAME, name) or not body:
     raise ConfigError("variant", f"{text!r} is not NAME:KEY=VALUE[,KEY=VALUE...] (NAME of"
                       " letters, digits and _.@+-)")
-  if name == AS_RUN:
-    raise ConfigError("variant", f"{AS_RUN!r} is the recorded settings' branch: name it otherwise")
+  raise_all(name_errors([name]))
   pairs = []
   for item in body.split(","):
     key, eq, value = item.partition("=")
@@ -61,6 +68,25 @@ def parse_variant(text: str) -> tuple[str, list[tuple[str, str]]]:
       raise ConfigError("variant", f"{item!r} in {text!r} is not KEY=VALUE")
     pairs.append((key, value))
   return name, pairs
+
+
+def name_errors(names: list[str]) -> list[ConfigError]:
+  """A ConfigError for each name that is not folder-safe, is reserved (``RESERVED``: a folder
+  or file OUT holds besides the variants') or repeats another (case aside: one folder on a
+  case-insensitive file system; the second would wipe and retrain the first)."""
+  errors, seen = [], set()
+  for name in names:
+    folded = name.casefold()
+    if not re.fullmatch(NAME, name):
+      errors.append(ConfigError("variant", f"{name!r}: a NAME of letters, digits and _.@+-"))
+    elif folded in RESERVED:
+      errors.append(ConfigError("variant", f"{name!r} is taken in OUT ({RESERVED[folded]}):"
+                                " name it otherwise"))
+    elif folded in seen:
+      errors.append(ConfigError("variant", f"{name!r} names two variants (case aside): each"
+                                " trains in its own folder OUT/NAME"))
+    seen.add(folded)
+  return errors
 
 
 def typed_variant(base: ml_collections.ConfigDict, pairs: list[tuple[str, str]]) -> dict:
@@ -83,15 +109,84 @@ def study_dir_of(run_dir: str) -> str:
   raise ConfigError("run_dir", f"{run_dir} is not in a study DIR (no testbed.txt above it)")
 
 
-def run_settings(run_dir: str) -> tuple[str, dict]:
-  """(testbed, recorded overrides) of a finished study run."""
-  path = os.path.join(run_dir, "run.json")
+def check_inputs(run_dir: str, out: str, at: int, until: int,
+                 names: list[str]) -> tuple[str, dict]:
+  """(testbed, recorded overrides) of the finished study run ``run_dir``, once every problem
+  with the steps, ``run_dir``'s files (``run.json``, the SFT start, ``metrics.jsonl``, the
+  study DIR's ``testbed.txt``), ``out`` and the variants' names is raised at once (ConfigErrors
+  naming the flag and the file), before anything trains."""
+  errors = []
+  def bad(key, message):
+    errors.append(ConfigError(key, message))
+  if at < 1:
+    bad("at", f"--at={at}: the branch point must be a step >= 1")
+  if until < 1:
+    bad("until", f"--until={until}: must be a step >= 1")
+  elif until <= at:
+    bad("until", f"--until={until} must be past --at={at}")
+  errors += name_errors(names)
+  testbed, recorded, path = None, None, os.path.join(run_dir, "run.json")
+  if not os.path.isdir(run_dir):
+    bad("run_dir", f"{run_dir} is not a folder: not a study run (DIR/<study>/seed<S>/<arm>)")
+  elif not os.path.isfile(path):
+    bad("run_dir", f"{path} does not exist: not a finished study run")
+  else:
+    try:
+      with open(path) as fh:
+        record = json.load(fh)
+      recorded, steps = record["overrides"], [int(r["step"]) for r in record["steps"]]
+      total = int(recorded["rl.steps"])
+    except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
+      recorded = None
+      bad("run_dir", f"{path} is not a study run's record: "
+          + (f"no {err} in it" if isinstance(err, KeyError) else str(err)))
+    for name, what in ((os.path.join("checkpoints", "sft"), "SFT start, which each branch copies"),
+                       ("metrics.jsonl", "per-step records, which the replay is checked against")):
+      if not os.path.exists(os.path.join(run_dir, name)):
+        bad("run_dir", f"{os.path.join(run_dir, name)} does not exist: the run's {what}")
+  if recorded is not None:
+    if until > total:
+      bad("until", f"--until={until} is past the run's {total} steps (rl.steps in {path})")
+    if at > max(steps, default=0):
+      bad("at", f"--at={at} is past the run's last recorded step ({max(steps, default=0)},"
+          f" {path}): the replay is checked against its records")
+  if os.path.isdir(run_dir):
+    try:
+      txt = os.path.join(study_dir_of(run_dir), "testbed.txt")
+      with open(txt) as fh:
+        testbed = fh.read().strip()
+      if testbed not in testbeds.TESTBEDS:
+        bad("run_dir", f"{txt}: {testbeds.TESTBEDS.unknown_message(testbed)}")
+    except ConfigError as err:
+      errors.append(err)
+  errors += out_errors(out, run_dir, at)
+  raise_all(errors)
+  return testbed, recorded
+
+
+def out_errors(out: str, run_dir: str, at: int) -> list[ConfigError]:
+  """A ConfigError where ``out`` is not a folder, overlaps ``run_dir`` (a branch's folder
+  OUT/NAME is wiped before it trains) or holds the branches of another run or step
+  (``out/source.json``: their replay would be reused)."""
+  if not out or (os.path.exists(out) and not os.path.isdir(out)):
+    return [ConfigError("out", f"--out={out!r} is not a folder")]
+  path, claim = os.path.join(out, "source.json"), {"run_dir": os.path.abspath(run_dir), "at": at}
+  mine, theirs = os.path.realpath(out), os.path.realpath(run_dir)
+  if os.path.commonpath([mine, theirs]) in (mine, theirs):
+    return [ConfigError("out", f"--out={out} overlaps RUN_DIR {run_dir}: use a folder outside"
+                        " it (a branch wipes its folder OUT/NAME before it trains)")]
   if not os.path.exists(path):
-    raise ConfigError("run_dir", f"{path} does not exist: not a finished study run")
-  with open(path) as fh:
-    overrides = json.load(fh)["overrides"]
-  with open(os.path.join(study_dir_of(run_dir), "testbed.txt")) as fh:
-    return fh.read().strip(), overrides
+    return []
+  try:
+    with open(path) as fh:
+      held = json.load(fh)
+    if held != claim:
+      return [ConfigError("out", f"{out} holds the branches of {held['run_dir']} at step"
+                          f" {held['at']}: use another --out")]
+  except (ValueError, KeyError, TypeError) as err:
+    return [ConfigError("out", f"{path} is not a record of the run and step OUT branches"
+                        f" ({err}): use another --out")]
+  return []
 
 
 def branch_overrides(recorded: dict, at: int, variant: dict) -> dict:
@@ -184,11 +279,7 @@ def branch(run_dir: str, out: str, at: int, until: int,
   gives them, typed against the run's testbed) from there to ``until``; returns and writes
   the record."""
   from dllm_rl.train.validate import validate
-  if not 0 < at < until:
-    raise ConfigError("at", f"need 0 < --at < --until, got {at} and {until}")
-  testbed, recorded = run_settings(run_dir)
-  if until > int(recorded["rl.steps"]):
-    raise ConfigError("until", f"--until={until} is past the run's {recorded['rl.steps']} steps")
+  testbed, recorded = check_inputs(run_dir, out, at, until, [name for name, _ in variants])
   base = testbeds.testbed(testbed).get_config()
   branches = [(AS_RUN, {})] + [(name, typed_variant(base, pairs)) for name, pairs in variants]
   for name, variant in branches:  # every branch's config, before anything trains
@@ -229,18 +320,11 @@ def branch(run_dir: str, out: str, at: int, until: int,
 
 
 def _claim_out(out: str, run_dir: str, at: int) -> None:
-  """Record which run and step ``out`` branches (``out/source.json``); a ConfigError when it
-  already holds the branches of another run or step (their replay would be reused)."""
-  path, source = os.path.join(out, "source.json"), {"run_dir": os.path.abspath(run_dir), "at": at}
-  if os.path.exists(path):
-    with open(path) as fh:
-      held = json.load(fh)
-    if held != source:
-      raise ConfigError("out", f"{out} holds the branches of {held['run_dir']} at step"
-                        f" {held['at']}: use another --out")
+  """Record which run and step ``out`` branches (``out/source.json``; :func:`out_errors`
+  refuses another run's or step's)."""
   os.makedirs(out, exist_ok=True)
-  with open(path, "w") as fh:
-    json.dump(source, fh)
+  with open(os.path.join(out, "source.json"), "w") as fh:
+    json.dump({"run_dir": os.path.abspath(run_dir), "at": at}, fh)
 
 
 def _spec_overrides(workdir: str) -> dict | None:
@@ -285,8 +369,14 @@ def main(argv: list[str] | None = None) -> int:
   try:
     if args.run_dir is None or args.at is None or args.until is None:
       raise ConfigError("run_dir", "RUN_DIR, --at and --until are required")
-    branch(args.run_dir, args.out, args.at, args.until,
-           [parse_variant(v) for v in args.variant])
+    variants, errors = [], []
+    for text in args.variant:  # every malformed --variant at once
+      try:
+        variants.append(parse_variant(text))
+      except ConfigError as err:
+        errors.append(err)
+    raise_all(errors)
+    branch(args.run_dir, args.out, args.at, args.until, variants)
   except ConfigError as err:
     print(f"error: {err}", file=sys.stderr)
     return 2
