@@ -1,6 +1,7 @@
 """Config validation: every error names its key, and fails before compilation."""
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -297,3 +298,28 @@ def test_a_data_file_smaller_than_the_split_names_the_sizes(tmp_path, sizes, key
   with pytest.raises(ConfigError, match=rf"config\.{key}: .*has only 40.*lower it") as err:
     build_context(validate(c), str(tmp_path / "w"))
   assert err.value.key == key
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("  c.rl.lr = undefined_name\n", r", line 6: NameError: name 'undefined_name' is not defined"),
+    ("  c.rl.lr = 'abc'\n", r", line 6: TypeError: Could not override field 'lr'.*"),
+    ("  c.rl.lr = (\n", r", line 6: SyntaxError: .*"),
+    (None, r": IsADirectoryError: .* is a folder: name a config file .*"),
+    ("", r": AttributeError: .* defines no get_config\(\)"),
+])
+def test_a_broken_config_file_is_one_error_naming_its_line(tmp_path, capsys, body, expected):
+  """A config file that raises (or does not parse) is `error: --config=PATH, line N: ...`,
+  exit 2, no traceback; a folder or a file without get_config() is named as such."""
+  from dllm_rl.config import cli
+  path = tmp_path / "broken.py"
+  if body is None:
+    path.mkdir()
+  else:
+    head = "from dllm_rl.config import base_config\n\n\n" if body else "x = 1\n"
+    path.write_text(head + ("def get_config():\n  c = base_config()\n" + body + "  return c\n"
+                            if body else ""))
+  with pytest.raises(SystemExit) as stop:
+    cli.load(str(path), [], check=validate)
+  err = capsys.readouterr().err
+  assert stop.value.code == 2 and "Traceback" not in err
+  assert re.fullmatch(rf"error: --config={re.escape(str(path))}{expected}\n", err), err

@@ -9,7 +9,9 @@ each, and the process exits with status 2 before anything compiles.
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 from typing import Callable, NoReturn
 
 import ml_collections
@@ -75,7 +77,8 @@ def load(path: str | None, overrides: list[tuple[str, str]], *,
   try:
     config = load_config_file(path) if path else default()
   except Exception as e:  # noqa: BLE001 - a broken config file: report it, no traceback
-    print(f"error: --config={path}: {type(e).__name__}: {e}", file=sys.stderr)
+    print(f"error: --config={path}{config_line(e, path)}: {type(e).__name__}: {e}",
+          file=sys.stderr)
     sys.exit(EXIT_CONFIG)
   errors = apply_overrides(config, overrides)
   try:
@@ -85,6 +88,17 @@ def load(path: str | None, overrides: list[tuple[str, str]], *,
   if errors:
     fail(errors)
   return config
+
+
+def config_line(err: BaseException, path: str) -> str:
+  """``", line N"``: where in the config file ``path`` (``PATH:ARG`` too) ``err`` was raised
+  (the innermost frame in that file; a SyntaxError's own line); "" when not in it."""
+  target = os.path.realpath(path if os.path.exists(path) else path.rsplit(":", 1)[0])
+  if isinstance(err, SyntaxError) and err.filename and os.path.realpath(err.filename) == target:
+    return f", line {err.lineno}"
+  lines = [tb.lineno for tb in traceback.extract_tb(err.__traceback__)
+           if os.path.realpath(tb.filename) == target]
+  return f", line {lines[-1]}" if lines else ""
 
 
 def typed_overrides(base: ml_collections.ConfigDict,

@@ -262,10 +262,18 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
   if not os.path.exists(path) and ":" in path:
     path, arg = path.rsplit(":", 1)
     args = (arg,)
+  if os.path.isdir(path):
+    raise IsADirectoryError(f"{path} is a folder: name a config file (e.g. configs/tiny_cpu.py)")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path}: no such file")
   name = os.path.splitext(os.path.basename(path))[0]
   spec = importlib.util.spec_from_file_location(f"dllm_rl_config_{name}", path)
+  if spec is None or spec.loader is None:
+    raise ImportError(f"{path} is not a Python file (a config file is a .py with get_config())")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
+  if not callable(getattr(module, "get_config", None)):
+    raise AttributeError(f"{path} defines no get_config()")
   return module.get_config(*args)
 
 
