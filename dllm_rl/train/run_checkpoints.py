@@ -76,7 +76,8 @@ def find_checkpoint(workdir: str, phase: str = AUTO, step: int = LATEST) -> Chec
   if phase not in (AUTO, *PHASES):
     raise ValueError(f"phase must be one of {(AUTO, *PHASES)}, got {phase!r}")
   saved = {p: available_steps(workdir, p) for p in PHASES}
-  if phase == AUTO:
+  auto = phase == AUTO
+  if auto:
     phase = next((p for p in reversed(PHASES) if saved[p]), None)
     if phase is None:
       return None
@@ -89,8 +90,10 @@ def find_checkpoint(workdir: str, phase: str = AUTO, step: int = LATEST) -> Chec
     step = steps[-1]
   elif step not in steps:
     unit = " (rollout batches)" if phase == "rl" else ""
+    other = [p for p in PHASES if p != phase and step in saved[p]]
+    hint = (f" ({other[0]} has step {step}: choose that phase)" if auto and other else "")
     raise NoCheckpoint("step", f"no {phase} checkpoint at step {step} in"
-                       f" {checkpoint_dir(workdir, phase)}; available steps{unit}: {steps}")
+                       f" {checkpoint_dir(workdir, phase)}; available steps{unit}: {steps}{hint}")
   return CheckpointRef(workdir, phase, step)
 
 
