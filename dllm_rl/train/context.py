@@ -240,6 +240,10 @@ def build_context(config, workdir: str) -> Context:
   except ValueError as err:
     raise ConfigError("mesh", str(err)) from err
   check_batch_sizes(config, mesh)
+  if config.estimator.attention_impl == "pallas" and mesh.devices.flat[0].platform == "cpu":
+    raise ConfigError("estimator.attention_impl", "'pallas' compiles the kernel for a GPU or"
+                      " TPU, and this run's devices are CPUs: use 'auto' (the dense reference"
+                      " on CPU) or 'interpret' (the kernel, interpreted)")
   from dllm_rl import paths
   paths.check_backend(workdir)  # gs:// without gcsfs: a named error, nothing created
   try:
