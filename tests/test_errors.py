@@ -12,7 +12,7 @@ import sys
 import pytest
 from absl import flags
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, hf_fixture_with_tokenizer
 from tests.test_production_configs import _gsm8k
 
 SMALL = ["--config.task.train_size=64", "--config.task.val_size=8", "--config.task.test_size=8"]
@@ -30,6 +30,12 @@ def _cases(tmp_path):
       "  c.data.batch_size = c.rl.batch_prompts = c.eval.batch_size = 8\n  return c\n")
   gsm8k = [f"--config={gsm8k_file}"]
   w = str(tmp_path / "w")
+  latin1 = tmp_path / "latin1.jsonl"  # the 40 rows with "Café" in Latin-1 on line 11
+  rows = _gsm8k(tmp_path).read_bytes().splitlines(keepends=True)
+  latin1.write_bytes(b"".join(rows[:10] + [rows[10].replace(b"What", b"Caf\xe9")] + rows[11:]))
+  truncated = hf_fixture_with_tokenizer(tmp_path / "hf")  # an interrupted download
+  weights = truncated / "model.safetensors"
+  os.truncate(weights, os.path.getsize(weights) // 2)
   return [
       ("data file smaller than train_size", [f"--workdir={w}", *gsm8k,
                                              "--config.task.train_size=30",
@@ -43,6 +49,18 @@ def _cases(tmp_path):
       ("mode=eval with neither a checkpoint nor an HF model", [f"--workdir={w}",
                                                                "--config.mode=eval", *SMALL],
        [r"error: config\.model\.hf_checkpoint: eval mode needs a checkpoint or an HF model.*"]),
+      ("a data file that is not UTF-8", [f"--workdir={w}", *gsm8k,
+                                         f"--config.task.options.train_file={latin1}"],
+       [rf"error: config\.task\.options: task 'gsm8k': {re.escape(str(latin1))}:11: not UTF-8"
+        r" text \(byte 0xe9 at column 18\); save the file as UTF-8"]),
+      ("a data file that is a directory", [f"--workdir={w}", *gsm8k,
+                                           f"--config.task.options.train_file={tmp_path}"],
+       [rf"error: config\.task\.options: task 'gsm8k': data file '{re.escape(str(tmp_path))}'"
+        r" is a directory, not a file \(give the \.jsonl file in it\)"]),
+      ("a truncated model.safetensors", [f"--workdir={w}", *gsm8k, *SMALL, "--config.mode=eval",
+                                         f"--config.model.hf_checkpoint={truncated}"],
+       [rf"error: config\.model\.hf_checkpoint: {re.escape(str(truncated))}/model\.safetensors"
+        r" looks truncated or corrupt \(an interrupted download\?\): .*; fetch the file again"]),
       ("gs:// workdir without gcsfs", ["--workdir=gs://bucket/run", *SMALL],
        [rf"error: gs://bucket/run: {GCSFS_MISSING}.*"]),
       ("gs:// data file without gcsfs", [f"--workdir={w}", *gsm8k,
@@ -77,7 +95,9 @@ def _file(tmp_path):
 
 
 NAMES = ["data file smaller than train_size", "mode=rl with neither an SFT nor an HF checkpoint",
-         "mode=eval with neither a checkpoint nor an HF model", "gs:// workdir without gcsfs",
+         "mode=eval with neither a checkpoint nor an HF model", "a data file that is not UTF-8",
+         "a data file that is a directory", "a truncated model.safetensors",
+         "gs:// workdir without gcsfs",
          "gs:// data file without gcsfs", "llada_tpu.py without its three required values",
          "a misspelt key another framework spells out", "several problems at once",
          "a nan learning rate", "a workdir that is a file", "no workdir"]

@@ -55,9 +55,23 @@ def parse_source(text: str) -> tuple[str, Source]:
   return split, Source(match["id"], match["config"], match["split"] or split)
 
 
+def check_utf8(path: str) -> None:
+  """DataError naming ``path`` and the line of its first byte that is not UTF-8 (the text
+  files ``datasets`` reads as UTF-8: JSONL, JSON, CSV)."""
+  with open(path, "rb") as f:
+    for line_no, line in enumerate(f, start=1):
+      try:
+        line.decode("utf-8")
+      except UnicodeDecodeError as err:
+        column = len(line[:err.start].decode("utf-8")) + 1
+        raise DataError(f"{path}:{line_no}: not UTF-8 text (byte 0x{line[err.start]:02x} at "
+                        f"column {column}); save the file as UTF-8") from None
+
+
 def load_rows(source: Source, cache_dir: str | None = None) -> Iterable[Mapping[str, Any]]:
   """The rows of ``source`` (a ``datasets.Dataset``). DataError, saying how to work offline,
-  when the source cannot be read."""
+  when the source cannot be read; naming the file and line of a local text file that is not
+  UTF-8."""
   import datasets
 
   try:
@@ -73,6 +87,8 @@ def load_rows(source: Source, cache_dir: str | None = None) -> Iterable[Mapping[
       if ext not in _BUILDERS:
         raise DataError(f"{source.path}: expected one of {sorted(_BUILDERS)} or a "
                         "save_to_disk folder")
+      if ext != ".parquet":
+        check_utf8(source.path)
       return datasets.load_dataset(_BUILDERS[ext], data_files=source.path, split="train",
                                    cache_dir=cache_dir)
     return datasets.load_dataset(source.path, source.config, split=source.split,
@@ -129,7 +145,13 @@ def prepare(name: str, out: str, *, sources: Mapping[str, Source] | None = None,
   rec = recipe(name)
   splits = {**rec.splits, **(sources or {})}
   paths.check_backend(out)
-  paths.resolve(out).mkdir(parents=True, exist_ok=True)
+  dest = paths.resolve(out)
+  if dest.exists() and not dest.is_dir():
+    raise DataError(f"--out {out} is a file, not a folder; give a new or existing folder")
+  try:
+    dest.mkdir(parents=True, exist_ok=True)
+  except OSError as err:  # a parent that is a file, no permission
+    raise DataError(f"--out {out}: cannot create the folder ({err})") from None
   files, rows, dropped = {}, {}, {}
   for split, source in sorted(splits.items(), reverse=True):  # train, then test
     records, dropped[split] = convert_rows(load_rows(source, cache_dir), rec, split, limit)

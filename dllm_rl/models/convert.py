@@ -27,7 +27,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors import safe_open
 
 from dllm_rl.infra.checkpoint import Checkpointer
 from dllm_rl.models import hf
@@ -185,8 +184,7 @@ def compare_tensors(a_dir: str, b_dir: str) -> list[str]:
   problems = [f"only in {a_dir}: {n}" for n in sorted(set(a_files) - set(b_files))]
   problems += [f"only in {b_dir}: {n}" for n in sorted(set(b_files) - set(a_files))]
   for name in sorted(set(a_files) & set(b_files)):
-    with safe_open(a_files[name], framework="numpy") as fa, \
-         safe_open(b_files[name], framework="numpy") as fb:
+    with hf.open_safetensors(a_files[name]) as fa, hf.open_safetensors(b_files[name]) as fb:
       sa, sb = fa.get_slice(name), fb.get_slice(name)
       if (sa.get_dtype(), sa.get_shape()) != (sb.get_dtype(), sb.get_shape()):
         problems.append(f"{name}: {sa.get_dtype()}{sa.get_shape()} vs "
@@ -200,5 +198,5 @@ def source_dtype(hf_dir: str) -> str:
   """The dtype name of an HF folder's tensors (of its first tensor by name)."""
   files, _ = hf.tensor_index(hf_dir)
   name = sorted(files)[0]
-  with safe_open(files[name], framework="numpy") as f:
+  with hf.open_safetensors(files[name]) as f:
     return np.dtype(hf.ST_DTYPES[f.get_slice(name).get_dtype()]).name

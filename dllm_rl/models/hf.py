@@ -51,7 +51,7 @@ import jax
 import ml_dtypes
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from dllm_rl.models import hf_llada2
 from dllm_rl.models.hf_spec import (COPY, FLAT, IN, OUT, MISSING as _MISSING, Family, Part,
@@ -404,19 +404,46 @@ def read_hf_config(ckpt_dir: str) -> dict:
     return json.load(f)
 
 
+def open_safetensors(path: str):
+  """``safe_open(path)`` for numpy; a file whose header safetensors cannot read (cut short
+  by an interrupted download, or corrupt) is a ValueError naming it."""
+  try:
+    return safe_open(path, framework="numpy")
+  except SafetensorError as err:
+    raise ValueError(f"{path} looks truncated or corrupt (an interrupted download?): "
+                     f"{err}; fetch the file again") from err
+
+
 def tensor_index(ckpt_dir: str) -> tuple[dict[str, str], str]:
   """(tensor name → safetensors file, the file or index naming them)."""
   index = os.path.join(ckpt_dir, "model.safetensors.index.json")
   single = os.path.join(ckpt_dir, "model.safetensors")
   if os.path.isfile(index):
-    with open(index) as f:
-      weight_map = json.load(f)["weight_map"]
+    try:
+      with open(index) as f:
+        weight_map = json.load(f)["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+      raise ValueError(f"{index} looks truncated or corrupt: no readable \"weight_map\" "
+                       f"({type(err).__name__}: {err})") from err
     return {k: os.path.join(ckpt_dir, v) for k, v in weight_map.items()}, index
   if os.path.isfile(single):
-    with safe_open(single, framework="numpy") as f:
+    with open_safetensors(single) as f:
       return {k: single for k in f.keys()}, single
   raise FileNotFoundError(f"{ckpt_dir}: neither model.safetensors nor "
                           "model.safetensors.index.json found")
+
+
+def weight_files(ckpt_dir: str) -> tuple[dict[str, str], str]:
+  """:func:`tensor_index` once every safetensors file it names is found and its header read
+  (safetensors checks that the header's tensors cover the file exactly): a truncated
+  download or a missing shard fails here, naming the file, before any model is built."""
+  files, source = tensor_index(ckpt_dir)
+  for path in dict.fromkeys(files.values()):
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"{path} (listed in {source}) not found")
+    with open_safetensors(path):
+      pass
+  return files, source
 
 
 def _check_tensors(files: dict[str, str], source: str, family: str, plan: list[Tensor]) -> None:
@@ -435,7 +462,7 @@ def _check_tensors(files: dict[str, str], source: str, family: str, plan: list[T
   for path, entries in by_file.items():
     if not os.path.isfile(path):
       raise FileNotFoundError(f"{path} (listed in {source}) not found")
-    with safe_open(path, framework="numpy") as f:
+    with open_safetensors(path) as f:
       present = set(f.keys())
       for name, *_, want in entries:
         if name not in present:
@@ -466,7 +493,7 @@ def _load_params(plan: list[Tensor], files: dict[str, str], values: dict, shardi
     for part, shape, rows in zip(t.parts, t.part_shapes, t.rows):
       sources.setdefault(part.path, []).append((t.name, part, shape, rows))
   with contextlib.ExitStack() as stack:
-    handles = {f: stack.enter_context(safe_open(f, framework="numpy"))
+    handles = {f: stack.enter_context(open_safetensors(f))
                for f in dict.fromkeys(files[t.name] for t in plan)}
     last: list = [None, None]  # the last tensor read (q, k and v share one)
 
@@ -498,11 +525,11 @@ def load_checkpoint(ckpt_dir: str, *, mesh: jax.sharding.Mesh | None = None,
   hf_config = read_hf_config(ckpt_dir)
   family = detect_family(hf_config)
   cfg, ids = model_config_from_hf(hf_config, dtype=dtype, param_dtype=param_dtype)
+  files, source = weight_files(ckpt_dir)
   mesh = mesh if mesh is not None else make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
   graphdef, abstract = abstract_model(cfg)
   shapes, shardings = nnx.to_pure_dict(abstract), nnx.to_pure_dict(param_shardings(abstract, mesh))
   plan = tensor_table(family, cfg, shapes)
-  files, source = tensor_index(ckpt_dir)
   _check_tensors(files, source, family, plan)
   values = shapes  # the pure dict of shapes, filled in place with placed arrays
   _load_params(plan, files, values, shardings, np.dtype(cfg.param_dtype))

@@ -24,8 +24,10 @@ the files and its arguments; n = -1 means every record.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import re
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -38,6 +40,7 @@ from dllm_rl.tasks.sudoku import is_valid_solution
 
 ON_ERROR = ("raise", "skip")
 _MAX_SKIP_REASONS = 20
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")  # a byte that is not UTF-8, as surrogateescape reads it
 
 
 class _BadRecord(ValueError):
@@ -60,9 +63,10 @@ class JsonlTask(Task):
   """Base of the file-backed tasks.
 
   Options: ``train_file`` / ``test_file`` (paths; FileNotFoundError naming a
-  missing one); ``on_error``: "raise" (ValueError "file:line: what is wrong")
-  or "skip" (malformed lines are dropped and counted in ``skipped``, the first
-  few described in ``skip_reasons``); ``prompt_template``: a format string
+  missing one, IsADirectoryError a folder); ``on_error``: "raise" (ValueError
+  "file:line: what is wrong", a line that is not UTF-8 included) or "skip"
+  (malformed lines are dropped and counted in ``skipped``, the first few
+  described in ``skip_reasons``); ``prompt_template``: a format string
   over ``{question}`` and the task's own fields; ``prompt_preset``: a named
   template set instead (:data:`dllm_rl.tasks.prompts.PROMPT_PRESETS`, e.g.
   "d1"); ``answer_tag``: the reward reads only the last ``<answer>`` span (a
@@ -118,14 +122,26 @@ class JsonlTask(Task):
 
   def _load(self, path: str) -> list[Example]:
     paths.check_backend(path)  # gs:// without gcsfs: BackendMissing naming the package
-    if not paths.resolve(path).is_file():
+    file = paths.resolve(path)
+    if file.is_dir():
+      raise IsADirectoryError(f"task {self.name!r}: data file {path!r} is a directory, not a "
+                              "file (give the .jsonl file in it)")
+    if not file.is_file():
       raise FileNotFoundError(f"task {self.name!r}: data file {path!r} does not exist")
+    with file.open("rb") as f:
+      # bytes that are not UTF-8 become lone surrogates, so that a bad line is named (or
+      # skipped) like any other; newline=None splits lines as text mode does
+      text = io.StringIO(f.read().decode("utf-8", errors="surrogateescape"), newline=None)
     out, skipped = [], 0
-    with paths.resolve(path).open("r", encoding="utf-8") as f:
-      for line_no, line in enumerate(f, start=1):
+    with text:
+      for line_no, line in enumerate(text, start=1):
         if not line.strip():
           continue
         try:
+          bad = _NOT_UTF8.search(line)
+          if bad:
+            raise _BadRecord(f"not UTF-8 text (byte 0x{ord(bad.group()) - 0xdc00:02x} at "
+                             f"column {bad.start() + 1}); save the file as UTF-8")
           try:
             record = json.loads(line)
           except json.JSONDecodeError as err:

@@ -128,12 +128,19 @@ def load_hf_source(path: str, dtype: str, block_size: int = 0,
                    remat: str = "none") -> HFSource:
   """Architecture, token ids and tokenizer of a HF checkpoint dir, or of its
   ``python -m dllm_rl.convert import`` output (weights are read later, onto the mesh, by
-  :func:`init_params`)."""
+  :func:`init_params`; an HF folder's safetensors headers are read now, so a truncated or
+  missing file is a ConfigError before anything is built)."""
+  from dllm_rl.models import hf
   from dllm_rl.models.convert import is_imported
   from dllm_rl.tasks.hf_tokenizer import HFTokenizer
 
   model_cfg, ids, family = hf_model_config(path, dtype, param_dtype, scan_layers=scan_layers,
                                            remat=remat)
+  if not is_imported(path):
+    try:  # a truncated download or a missing shard, named now rather than after the build
+      hf.weight_files(path)
+    except (ValueError, FileNotFoundError) as err:
+      raise ConfigError("model.hf_checkpoint", str(err)) from err
   tokenizer_dir = os.path.join(path, "hf_extra") if is_imported(path) else path
   if family == "sdar" and ids.block_size != block_size:
     raise ConfigError("model.block_size", f"{path} is a block-diffusion (SDAR) checkpoint with"

@@ -155,6 +155,22 @@ def test_problems_are_one_error_line(tmp_path, capsys):
                                                "--source", f"train={bad}", "--source",
                                                f"test={bad}", "--cache-dir", str(tmp_path / "c"))
   assert error("weights", str(tmp_path / "none")).startswith("error: '")
+  good = _jsonl(tmp_path, "good", ROWS["gsm8k"])
+  (tmp_path / "a_file").write_text("")
+  assert error("prepare", "gsm8k", "--out", str(tmp_path / "a_file"), "--source",
+               f"train={good}") == (f"error: --out {tmp_path / 'a_file'} is a file, not a "
+                                    "folder; give a new or existing folder")
+  latin1 = tmp_path / "src" / "latin1.jsonl"  # "Café" in Latin-1 on line 2, at column 18
+  latin1.write_bytes(b'{"question": "q", "answer": "#### 1"}\n{"question": "Caf\xe9?", '
+                     b'"answer": "#### 2"}\n')
+  assert error("prepare", "gsm8k", "--out", str(tmp_path / "o"), "--source", f"train={latin1}",
+               "--source", f"test={good}") == (
+      f"error: {latin1}:2: not UTF-8 text (byte 0xe9 at column 18); save the file as UTF-8")
+  latin1 = latin1.with_suffix(".csv")
+  latin1.write_bytes(b"question,answer\nq,#### 1\nCaf\xe9,#### 2\n")
+  assert error("prepare", "gsm8k", "--out", str(tmp_path / "o"), "--source", f"train={good}",
+               "--source", f"test={latin1}") == (
+      f"error: {latin1}:3: not UTF-8 text (byte 0xe9 at column 4); save the file as UTF-8")
 
 
 def test_an_unreachable_source_says_how_to_work_offline(tmp_path):

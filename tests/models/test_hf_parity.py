@@ -161,6 +161,46 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
   assert "config.json" in capsys.readouterr().err
 
 
+def _truncate(path):
+  os.truncate(path, os.path.getsize(path) // 2)  # an interrupted download
+
+
+def test_a_truncated_safetensors_file_is_named_before_the_model_is_built(tmp_path, capsys,
+                                                                        monkeypatch):
+  single = _copy_fixture("llada", tmp_path / "single")
+  _truncate(single / "model.safetensors")
+  # a sharded copy: the fixture's tensors in two files and an index, the second file cut short
+  sharded = _copy_fixture("llada", tmp_path / "sharded")
+  tensors = _tensors(sharded / "model.safetensors")
+  os.remove(sharded / "model.safetensors")
+  names = sorted(tensors)
+  shards = {"model-00001-of-00002.safetensors": names[:10],
+            "model-00002-of-00002.safetensors": names[10:]}
+  for shard, keys in shards.items():
+    safetensors.numpy.save_file({k: tensors[k] for k in keys}, str(sharded / shard))
+  (sharded / "model.safetensors.index.json").write_text(json.dumps(
+      {"weight_map": {k: shard for shard, keys in shards.items() for k in keys}}))
+  assert hf.weight_files(str(sharded))[0].keys() == tensors.keys()
+  _truncate(sharded / "model-00002-of-00002.safetensors")
+
+  built = []
+  monkeypatch.setattr(hf, "abstract_model", lambda *a: built.append(a))  # not reached
+  for folder, bad in ((single, "model.safetensors"), (sharded, "model-00002-of-00002.safetensors")):
+    pattern = rf"{folder / bad} looks truncated or corrupt \(an interrupted download\?\)"
+    with pytest.raises(ValueError, match=pattern):
+      hf.weight_files(str(folder))
+    with pytest.raises(ValueError, match=pattern):
+      hf.load_checkpoint(str(folder))
+    assert convert_cli.main(["import", "--hf_dir", str(folder), "--out",
+                             str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {folder / bad} looks truncated") and "\n" not in err, err
+  assert not built and not (tmp_path / "o").exists()
+  (sharded / "model.safetensors.index.json").write_text('{"weight_map": {"a": ')
+  with pytest.raises(ValueError, match=r"index\.json looks truncated or corrupt"):
+    hf.weight_files(str(sharded))
+
+
 def _break(tmp_path, family, edit):
   out = _copy_fixture(family, tmp_path)
   tensors = _tensors(out / "model.safetensors")

@@ -2,6 +2,7 @@
 naming file:line, or skip and count), missing files, verify right and wrong."""
 
 import json
+import re
 
 import pytest
 
@@ -140,10 +141,30 @@ def test_malformed_lines(tmp_path, name, records, bad, what):
   assert len(task.generate("train", -1, 0)) == len(records)
 
 
+def test_a_line_that_is_not_utf8_is_named_or_skipped_like_a_malformed_line(tmp_path):
+  path = tmp_path / "latin1.jsonl"
+  lines = [json.dumps(r).encode() for r in GSM8K[:12]]
+  lines[10] = lines[10].replace(b"Tom", "Café Tom".encode("latin-1"))  # line 11
+  path.write_bytes(b"\n".join(lines) + b"\n")
+  what = rf"{path}:11: not UTF-8 text \(byte 0xe9 at column 18\)"
+  with pytest.raises(ValueError, match=rf"task 'gsm8k': {what}"):
+    make_task("gsm8k", train_file=str(path))
+  task = make_task("gsm8k", train_file=str(path), test_file=str(path), on_error="skip")
+  assert task.skipped == 1 and re.match(what, task.skip_reasons[0])
+  assert len(task.generate("train", -1, 0)) == 11
+  # "\r\n" and a lone "\r" still end lines, as text mode reads them
+  crlf = tmp_path / "crlf.jsonl"
+  crlf.write_bytes(b"\r\n".join(lines[:3]) + b"\r" + lines[3] + b"\r\n")
+  assert len(make_task("gsm8k", train_file=str(crlf), test_file=str(crlf))
+             .generate("train", -1, 0)) == 4
+
+
 def test_option_errors(tmp_path):
   path = _write(tmp_path / "g.jsonl", GSM8K[:2])
   with pytest.raises(FileNotFoundError, match="missing.jsonl"):
     make_task("gsm8k", train_file=path, test_file=str(tmp_path / "missing.jsonl"))
+  with pytest.raises(IsADirectoryError, match=rf"'{tmp_path}' is a directory, not a file"):
+    make_task("gsm8k", train_file=str(tmp_path))
   with pytest.raises(ValueError, match="train_file"):
     make_task("gsm8k")
   with pytest.raises(ValueError, match="on_error"):
