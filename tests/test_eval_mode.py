@@ -49,7 +49,7 @@ def test_the_checkpoint_is_chosen_by_phase_and_step(tmp_path):
     run_checkpoints.find_checkpoint(w, "rl", 3)
   assert err.value.what == "step"
   with pytest.raises(NoCheckpoint, match=r"no rl checkpoint at step 5 .*\[2, 4\] \(sft has step 5:"
-                                         " choose that phase\)"):
+                                         r" choose that phase\)"):
     run_checkpoints.find_checkpoint(w, "auto", 5)  # auto chose RL; SFT has the step
   empty = tmp_path / "empty"
   empty.mkdir()
