@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         dropped = sum(manifest["dropped"][split].values())
         print(f"{split}: {manifest['rows'][split]} rows -> {path}"
               + (f" ({dropped} dropped: see {prep.MANIFEST})" if dropped else ""))
-      print("train / evaluate with: " + " ".join(manifest["config"]))
+      flags = manifest["config"]
+      print("train / evaluate with: " + " ".join(flags) + ("" if flags[0].startswith("--config=")
+            else " and a --config file whose model and prompt width suit the task"))
   except (prep.DataError, weights.WeightsUnavailable, BackendMissing, ValueError) as err:
     print(f"error: {err}", file=sys.stderr)
     return EXIT_ERROR

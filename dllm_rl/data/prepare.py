@@ -132,9 +132,17 @@ def write_jsonl(path: str, records: Iterable[Mapping[str, Any]]) -> None:
       f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
+TASK_CONFIGS = {"gsm8k": "configs/llada_tpu.py", "math500": "configs/llada_math.py",
+                "countdown_jsonl": "configs/llada_countdown.py"}  # a config of each task
+
+
 def config_overrides(task: str, files: Mapping[str, str]) -> list[str]:
-  """The ``--config.`` flags that point a run at the written files."""
-  flags = [f"--config.task.name={task}"]
+  """The flags that point a run at the written files: ``--config=`` a config of the task where
+  the repo has one (the embedded default's arithmetic options, prompt width and model do not
+  fit another task; a test-only set has no such config: those name a train file), then
+  ``--config.`` overrides."""
+  flags = [f"--config={TASK_CONFIGS[task]}"] if task in TASK_CONFIGS and "train" in files else []
+  flags += [f"--config.task.name={task}"]
   flags += [f"--config.task.options.{split}_file={path}" for split, path in sorted(files.items())]
   return flags
 

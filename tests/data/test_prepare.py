@@ -7,6 +7,8 @@ import os
 
 import pytest
 
+from dllm_rl.config import load_config_file
+
 datasets = pytest.importorskip("datasets")
 
 from dllm_rl.data import cli, prepare as prep  # noqa: E402
@@ -102,6 +104,21 @@ def test_math500_is_test_only(tmp_path):
   assert manifest["config"] == ["--config.task.name=math500",
                                 f"--config.task.options.test_file={tmp_path / 'm' / 'test.jsonl'}"]
   assert not os.path.exists(tmp_path / "m" / "train.jsonl")
+
+
+def test_the_printed_flags_start_from_a_config_of_the_task(tmp_path):
+  """The embedded default's arithmetic options and 0.1M model do not fit GSM8K: the flags
+  `prepare` prints name the repo's config of the task when it writes a train file."""
+  files = {"train": "/d/train.jsonl", "test": "/d/test.jsonl"}
+  assert prep.config_overrides("gsm8k", files) == [
+      "--config=configs/llada_tpu.py", "--config.task.name=gsm8k",
+      "--config.task.options.test_file=/d/test.jsonl",
+      "--config.task.options.train_file=/d/train.jsonl"]
+  for task, path in prep.TASK_CONFIGS.items():
+    assert prep.config_overrides(task, files)[0] == f"--config={path}"
+    config = load_config_file(os.path.join(os.path.dirname(__file__), "..", "..", path))
+    assert config.task.name == task
+  assert prep.config_overrides("sudoku_jsonl", files)[0] == "--config.task.name=sudoku_jsonl"
 
 
 def test_countdown_keeps_three_numbers_and_reads_d1s_test_file(tmp_path):
