@@ -104,6 +104,9 @@ class JsonlTask(Task):
       self.answer_tag = found.answer_tag if answer_tag is None else bool(answer_tag)
     self.verify_timeout = float(self.default_verify_timeout if verify_timeout is None
                                 else verify_timeout)
+    if not 0 <= self.verify_timeout < float("inf"):  # nan too
+      raise ValueError(f"task {self.name!r}: verify_timeout must be >= 0 seconds (0 = verify"
+                       f" in-process), got {verify_timeout!r}")
     self.skipped = 0
     self.skip_reasons: list[str] = []
     paths = dict.fromkeys(p for p in (self.train_file, self.test_file) if p)
