@@ -5,11 +5,12 @@ from __future__ import annotations
 
 class ConfigError(ValueError):
   """A config problem; the message starts with the offending key (``config.<key>``), or with
-  the command-line flag (a ``key`` such as ``--workdir``)."""
+  the command-line flag or argument (a ``key`` such as ``--workdir`` or ``RUN_DIR``)."""
 
   def __init__(self, key: str, message: str):
     self.key = key
-    super().__init__(f"{key if key.startswith('--') else f'config.{key}'}: {message}")
+    flag = key.startswith("--") or key.isupper()
+    super().__init__(f"{key if flag else f'config.{key}'}: {message}")
 
 
 class ConfigErrors(ConfigError):
@@ -27,3 +28,10 @@ def raise_all(errors: list[ConfigError]) -> None:
     raise errors[0]
   if errors:
     raise ConfigErrors(errors)
+
+
+def short_reason(err: BaseException, limit: int = 200) -> str:
+  """``err`` in one short line: its type and the start of its first line (a tensorstore
+  error's first line carries kilobytes of JSON spec; a network stack's, a page)."""
+  text = str(err).splitlines()[0] if str(err) else ""
+  return f"{type(err).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"

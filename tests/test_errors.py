@@ -86,6 +86,12 @@ def _cases(tmp_path):
       ("a workdir that is a file", [f"--workdir={_file(tmp_path)}/run", *SMALL],
        [rf"error: --workdir: {re.escape(str(tmp_path))}/a_file/run is not a folder: .*"]),
       ("no workdir", [*SMALL], [r"error: --workdir: required: .*"]),
+      ("the staircase kernel compiled for CPU", [f"--workdir={w}",
+                                                 "--config=configs/tiny_block_cpu.py",
+                                                 "--config.estimator.attention_impl=pallas",
+                                                 *SMALL],
+       [r"error: config\.estimator\.attention_impl: impl='pallas' .*needs a GPU or TPU target;"
+        r" on CPU use 'auto' .*"]),
   ]
 
 
@@ -100,7 +106,8 @@ NAMES = ["data file smaller than train_size", "mode=rl with neither an SFT nor a
          "gs:// workdir without gcsfs",
          "gs:// data file without gcsfs", "llada_tpu.py without its three required values",
          "a misspelt key another framework spells out", "several problems at once",
-         "a nan learning rate", "a workdir that is a file", "no workdir"]
+         "a nan learning rate", "a workdir that is a file", "no workdir",
+         "the staircase kernel compiled for CPU"]
 
 
 def _run_main(argv, monkeypatch):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dllm_rl.config import ConfigError
-from dllm_rl.infra.checkpoint import Checkpointer
+from dllm_rl.infra.checkpoint import Checkpointer, CheckpointError
 from dllm_rl.models import transformer
 from dllm_rl.tasks.base import Example, VerifyResult
 from dllm_rl.tasks.hf_tokenizer import HFTokenizer
@@ -135,9 +135,10 @@ def test_char_tokenizer_hf_files_give_the_same_ids(tmp_path):
 def test_eval_writes_its_report_and_generations_and_never_the_summary(tmp_path):
   """A whole eval run (compiles the samplers) on two saved policies."""
   w = str(tmp_path)
-  config, params = scratch_run_checkpoints(w, {"sft": [5], "rl": [3]},
+  config, params = scratch_run_checkpoints(w, {"sft": [5], "rl": [3, 4]},
                                            {"task.test_size": 8, "eval.batch_size": 8})
   config.mode = "eval"
+  os.remove(os.path.join(w, "checkpoints", "rl", "4", "meta", "metadata"))  # damaged: rl3 is read
   (tmp_path / "summary.json").write_text('{"sft_accuracy": 0.5}')
   report = modes.run(config, w)
   assert (report["phase"], report["step"], report["step_label"]) == ("rl", 3, "rl3")
@@ -161,6 +162,11 @@ def test_eval_writes_its_report_and_generations_and_never_the_summary(tmp_path):
   assert modes.run(config, w)["step_label"] == "sft5"
   assert {"eval_arithmetic_rl3.json", "eval_arithmetic_sft5.json",
           "eval_arithmetic_sft5.generations.jsonl"} <= set(os.listdir(w))
+  assert not any("rl4" in name for name in os.listdir(w))
+  config.eval.checkpoint_step, config.eval.phase = 4, "rl"  # the damaged step by number
+  with pytest.raises(ConfigError, match=r"^config\.eval\.checkpoint_step: No readable checkpoint"
+                                        r" .*rl: step 4: .*Saved steps: \[3, 4\]; choose"):
+    modes.run(config, w)
 
 
 def test_a_config_that_does_not_fit_the_checkpoint_names_the_keys_it_was_trained_with(tmp_path):
@@ -183,23 +189,33 @@ def test_a_config_that_does_not_fit_the_checkpoint_names_the_keys_it_was_trained
 
 def test_a_damaged_newest_step_is_read_as_the_one_before(tmp_path, caplog):
   """run_checkpoints.read_readable: the newest asked for falls back, with a warning; a step
-  asked for is not replaced; nothing readable names every folder."""
+  asked for is not replaced; nothing readable names every step."""
   w = str(tmp_path)
   _fake_run(w, {"sft": [5, 10]})
   (tmp_path / "checkpoints" / "sft" / "10" / "meta" / "metadata").unlink()
-
-  def read(ref):
-    with Checkpointer(ref.directory, read_only=True) as ckpt:
-      return ckpt.meta(ref.step)
-
   ref = run_checkpoints.find_checkpoint(w, "sft")
   with caplog.at_level("WARNING"):
-    got, meta = run_checkpoints.read_readable(ref, read, fall_back=True)
+    got, meta = run_checkpoints.read_readable(ref, lambda ckpt, s: ckpt.meta(s), fall_back=True)
   assert (got.label, meta) == ("sft5", {"phase": "sft"})
-  assert f"{w}/checkpoints/sft/10: " in caplog.text and "read step 5 instead" in caplog.text
-  with pytest.raises(run_checkpoints.CheckpointError, match=r"sft/10: .*saved steps: \[5, 10\];"
-                                                            " choose another step"):
-    run_checkpoints.read_readable(ref, read, fall_back=False)
+  assert f"{w}/checkpoints/sft/10 is damaged" in caplog.text
+  assert "restored the previous step 5 instead" in caplog.text
+  with pytest.raises(CheckpointError, match=r"sft: step 10: .*Saved steps: \[5, 10\]; choose"
+                                            " another step"):
+    run_checkpoints.read_readable(ref, lambda ckpt, s: ckpt.meta(s), fall_back=False)
   (tmp_path / "checkpoints" / "sft" / "5" / "meta" / "metadata").unlink()
-  with pytest.raises(run_checkpoints.CheckpointError, match=r"sft/10: .*sft/5: "):
-    run_checkpoints.read_readable(ref, read, fall_back=True)
+  with pytest.raises(CheckpointError, match=r"step 10: .*; step 5: "):
+    run_checkpoints.read_readable(ref, lambda ckpt, s: ckpt.meta(s), fall_back=True)
+
+
+def test_a_config_change_outside_the_layout_is_not_named():
+  """Only the keys that shape the saved parameters are named (a dtype or remat change beside a
+  changed layer count is the user's choice, not the mismatch)."""
+  from dllm_rl.config import base_config
+  from dllm_rl.train import layout_errors
+  trained, now = base_config(), base_config()
+  now.model.dtype, now.model.remat, now.model.n_layers = "bfloat16", "full", 3
+  now.lora.targets = ("q", "v")
+  assert layout_errors.config_changes(trained, now) == [
+      ("model.n_layers", 2, 3), ("lora.targets", list(trained.lora.targets), ["q", "v"])]
+  err = layout_errors.layout_error(ValueError("x"), trained, now)
+  assert err.key == "model.n_layers" and "--config.lora.targets=q,k,v,o,gate,up,down" in str(err)

@@ -115,8 +115,8 @@ def test_a_fine_tuned_hf_model_exports_with_the_trained_logits(tmp_path, family)
   assert json.load(open(out / "dllm_rl_export.json"))["label"] == "sft2"
   ref = run_checkpoints.find_checkpoint(w)
   exported = dllm_rl.load_pretrained(str(out))
-  trained = run_checkpoints.restore_params(ref, exported.config,
-                                          make_mesh({"data": 1, "fsdp": 1, "tensor": 1}))
+  _, trained = run_checkpoints.restore_params(ref, exported.config,
+                                             make_mesh({"data": 1, "fsdp": 1, "tensor": 1}))
   kw = {"attention": "block_causal", "block_size": 4} if family == "sdar" else {}
   ids_BL = np.random.default_rng(0).integers(0, 120, (2, 12))
   assert _logits_equal(exported, trained, ids_BL, **kw) <= LOGIT_TOL
@@ -167,12 +167,14 @@ def test_a_damaged_newest_step_exports_the_one_before_and_a_chosen_one_is_named(
   os.makedirs(os.path.join(w, "checkpoints", "rl", "6"))  # a step folder left empty
   stats = export_run(w, str(tmp_path / "hf"))
   assert stats["label"] == "rl3"
+  record = json.load(open(tmp_path / "hf" / "dllm_rl_export.json"))
+  assert (record["label"], record["step"]) == ("rl3", 3)  # the step read, not the one asked
   tok = CharTokenizer()
   assert _logits_equal(dllm_rl.load_pretrained(str(tmp_path / "hf")), policies["rl3"],
                        np.array([tok.encode("12+34=")])) == 0.0
   assert convert_cli.main(["export", "--workdir", w, "--step", "5", "--out",
                            str(tmp_path / "hf5")]) == 2
   err = capsys.readouterr().err
-  assert f"no readable rl checkpoint: {w}/checkpoints/rl/5: " in err
-  assert "saved steps: [3, 5, 6]; choose another step)" in err and len(err) < 1000
+  assert f"No readable checkpoint in {w}/checkpoints/rl: step 5: " in err
+  assert "Saved steps: [3, 5, 6]; choose another step." in err and len(err) < 1000
   assert not os.path.exists(tmp_path / "hf5")

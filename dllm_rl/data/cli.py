@@ -63,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{split}: {manifest['rows'][split]} rows -> {path}"
               + (f" ({dropped} dropped: see {prep.MANIFEST})" if dropped else ""))
       flags = manifest["config"]
-      print("train / evaluate with: " + " ".join(flags) + ("" if flags[0].startswith("--config=")
-            else " and a --config file whose model and prompt width suit the task"))
+      print("train / evaluate with: " + " ".join(flags) + (
+          " (from a checkout's root; add what the config names as required, e.g."
+          " --config.model.hf_checkpoint)" if flags[0].startswith("--config=")
+          else " and a --config file whose model and prompt width suit the task"))
   except (prep.DataError, weights.WeightsUnavailable, BackendMissing, ValueError) as err:
     print(f"error: {err}", file=sys.stderr)
     return EXIT_ERROR

@@ -19,9 +19,10 @@ import re
 from typing import Any, Iterable, Mapping
 
 from dllm_rl import paths
+from dllm_rl.errors import short_reason
 from dllm_rl.data.recipes import RECIPES, Recipe, Skip, Source
 from dllm_rl.tasks import make_task
-from dllm_rl.tasks.jsonl import record_problem
+from dllm_rl.tasks.jsonl import not_utf8, record_problem
 
 MANIFEST = "dataset.json"
 _BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -60,12 +61,9 @@ def check_utf8(path: str) -> None:
   files ``datasets`` reads as UTF-8: JSONL, JSON, CSV)."""
   with open(path, "rb") as f:
     for line_no, line in enumerate(f, start=1):
-      try:
-        line.decode("utf-8")
-      except UnicodeDecodeError as err:
-        column = len(line[:err.start].decode("utf-8")) + 1
-        raise DataError(f"{path}:{line_no}: not UTF-8 text (byte 0x{line[err.start]:02x} at "
-                        f"column {column}); save the file as UTF-8") from None
+      problem = not_utf8(line)
+      if problem:
+        raise DataError(f"{path}:{line_no}: {problem}")
 
 
 def load_rows(source: Source, cache_dir: str | None = None) -> Iterable[Mapping[str, Any]]:
@@ -96,8 +94,7 @@ def load_rows(source: Source, cache_dir: str | None = None) -> Iterable[Mapping[
   except DataError:
     raise
   except Exception as err:  # network, hub and parsing errors all mean "cannot read it"
-    first = str(err).splitlines()[0][:300] if str(err) else ""
-    raise DataError(f"cannot read {source.describe()} ({type(err).__name__}: {first}); on a "
+    raise DataError(f"cannot read {source.describe()} ({short_reason(err, 300)}); on a "
                     "machine without network pass the split as a local file: --source "
                     "SPLIT=FILE (.jsonl/.json/.csv/.parquet or a save_to_disk folder)") from err
 

@@ -54,7 +54,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -62,6 +62,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from dllm_rl import paths
+from dllm_rl.errors import short_reason
 
 _LAYOUT_FORMAT = "dllm_rl.infra.checkpoint/1"
 
@@ -185,13 +186,6 @@ def _from_stored(value: Any, template: Any, kind: str, saved: dict[str, Any]) ->
     value = np.asarray(value, dtype=template.dtype)
     return value[()] if isinstance(template, np.generic) else value
   return value
-
-
-def failure_reason(err: BaseException, limit: int = 200) -> str:
-  """``err`` in one short line: its type and the start of its first line (a tensorstore error's
-  first line carries kilobytes of JSON spec)."""
-  text = str(err).splitlines()[0] if str(err) else ""
-  return f"{type(err).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
 
 
 class CheckpointError(FileNotFoundError):
@@ -335,25 +329,35 @@ class Checkpointer:
             f"No checkpoint for step {step} in {self.directory}; available steps: {steps}")
       return self._restore_step(abstract_state, step)
     _describe(abstract_state, "restore template")  # a bad template is not damage: raise here
+    return self.first_readable(lambda s: self._restore_step(abstract_state, s),
+                               list(reversed(steps)))[1]
+
+  def first_readable(self, read: Callable[[int], Any], steps: Sequence[int], *,
+                     hint: str = "Delete the damaged steps (or the folder) to start this"
+                                 " phase afresh.") -> tuple[int, Any]:
+    """``(step, read(step))`` for the first of ``steps`` that ``read`` (which reads this
+    directory's checkpoint of a step, its template built beforehand) reads: a step whose read
+    raises anything but LayoutMismatch (the template's problem, raised at once) is damaged,
+    and the next is tried, with a warning naming the damaged ones. None readable:
+    CheckpointError naming each step's error, then ``hint``."""
     failures = []
-    for candidate in reversed(steps):
+    for candidate in steps:
       try:
-        restored = self._restore_step(abstract_state, candidate)
+        out = read(candidate)
       except LayoutMismatch:
         raise
       except Exception as e:  # orbax/tensorstore/json errors of a damaged step  # noqa: BLE001
-        failures.append((candidate, failure_reason(e)))
+        failures.append((candidate, short_reason(e)))  # tensorstore: KBs of spec
         self._damaged.add(candidate)
         continue
       if failures:
         _log.warning("Checkpoint %s is damaged (%s); restored the previous step %d instead.",
                      ", ".join(f"{self.directory}/{s}" for s, _ in failures),
                      "; ".join(f"step {s}: {why}" for s, why in failures), candidate)
-      return restored
+      return candidate, out
     raise CheckpointError(
         f"No readable checkpoint in {self.directory}: "
-        + "; ".join(f"step {s}: {why}" for s, why in failures)
-        + ". Delete the damaged steps (or the folder) to start this phase afresh.")
+        + "; ".join(f"step {s}: {why}" for s, why in failures) + f". {hint}")
 
   def restore_part(self, abstract_part: Any, name: str,
                    step: int) -> tuple[Any, dict[str, Any]]:

@@ -26,6 +26,7 @@ import re
 from typing import Callable
 
 from dllm_rl import paths
+from dllm_rl.errors import short_reason
 
 HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?$")
 MARKER = ".dllm_rl_staged.json"
@@ -137,7 +138,7 @@ def from_hub(repo: str, revision: str | None = None, *, config_only: bool = Fals
                       allow_patterns=list(CONFIG_PATTERNS if config_only else WEIGHT_PATTERNS))
   except Exception as err:  # network stacks raise many types; every one means "not here"
     why = ("is not in the hub cache (HF_HUB_OFFLINE=1)" if local_only else
-           f"could not be downloaded ({type(err).__name__}: {str(err).splitlines()[0][:200]})")
+           f"could not be downloaded ({short_reason(err)})")
     revision_flag = f" --revision {revision}" if revision else ""
     raise WeightsUnavailable(
         f"{spec!r} is not a local folder, and as a Hugging Face hub id it {why}. Fetch it with "

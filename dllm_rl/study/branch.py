@@ -58,14 +58,14 @@ def parse_variant(text: str) -> tuple[str, list[tuple[str, str]]]:
   branch's folder (letters, digits, ``_.@+-``)."""
   name, sep, body = text.partition(":")
   if not sep or not re.fullmatch(NAME, name) or not body:
-    raise ConfigError("variant", f"{text!r} is not NAME:KEY=VALUE[,KEY=VALUE...] (NAME of"
+    raise ConfigError("--variant", f"{text!r} is not NAME:KEY=VALUE[,KEY=VALUE...] (NAME of"
                       " letters, digits and _.@+-)")
   raise_all(name_errors([name]))
   pairs = []
   for item in body.split(","):
     key, eq, value = item.partition("=")
     if not eq or not key:
-      raise ConfigError("variant", f"{item!r} in {text!r} is not KEY=VALUE")
+      raise ConfigError("--variant", f"{item!r} in {text!r} is not KEY=VALUE")
     pairs.append((key, value))
   return name, pairs
 
@@ -78,12 +78,12 @@ def name_errors(names: list[str]) -> list[ConfigError]:
   for name in names:
     folded = name.casefold()
     if not re.fullmatch(NAME, name):
-      errors.append(ConfigError("variant", f"{name!r}: a NAME of letters, digits and _.@+-"))
+      errors.append(ConfigError("--variant", f"{name!r}: a NAME of letters, digits and _.@+-"))
     elif folded in RESERVED:
-      errors.append(ConfigError("variant", f"{name!r} is taken in OUT ({RESERVED[folded]}):"
+      errors.append(ConfigError("--variant", f"{name!r} is taken in OUT ({RESERVED[folded]}):"
                                 " name it otherwise"))
     elif folded in seen:
-      errors.append(ConfigError("variant", f"{name!r} names two variants (case aside): each"
+      errors.append(ConfigError("--variant", f"{name!r} names two variants (case aside): each"
                                 " trains in its own folder OUT/NAME"))
     seen.add(folded)
   return errors
@@ -106,7 +106,7 @@ def study_dir_of(run_dir: str) -> str:
     path = os.path.dirname(path)
     if os.path.exists(os.path.join(path, "testbed.txt")):
       return path
-  raise ConfigError("run_dir", f"{run_dir} is not in a study DIR (no testbed.txt above it)")
+  raise ConfigError("RUN_DIR", f"{run_dir} is not in a study DIR (no testbed.txt above it)")
 
 
 def check_inputs(run_dir: str, out: str, at: int, until: int,
@@ -119,17 +119,17 @@ def check_inputs(run_dir: str, out: str, at: int, until: int,
   def bad(key, message):
     errors.append(ConfigError(key, message))
   if at < 1:
-    bad("at", f"--at={at}: the branch point must be a step >= 1")
+    bad("--at", f"the branch point must be a step >= 1, got {at}")
   if until < 1:
-    bad("until", f"--until={until}: must be a step >= 1")
+    bad("--until", f"must be a step >= 1, got {until}")
   elif until <= at:
-    bad("until", f"--until={until} must be past --at={at}")
+    bad("--until", f"{until} must be past --at={at}")
   errors += name_errors(names)
   testbed, recorded, path = None, None, os.path.join(run_dir, "run.json")
   if not os.path.isdir(run_dir):
-    bad("run_dir", f"{run_dir} is not a folder: not a study run (DIR/<study>/seed<S>/<arm>)")
+    bad("RUN_DIR", f"{run_dir} is not a folder: not a study run (DIR/<study>/seed<S>/<arm>)")
   elif not os.path.isfile(path):
-    bad("run_dir", f"{path} does not exist: not a finished study run")
+    bad("RUN_DIR", f"{path} does not exist: not a finished study run")
   else:
     try:
       with open(path) as fh:
@@ -138,17 +138,17 @@ def check_inputs(run_dir: str, out: str, at: int, until: int,
       total = int(recorded["rl.steps"])
     except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
       recorded = None
-      bad("run_dir", f"{path} is not a study run's record: "
+      bad("RUN_DIR", f"{path} is not a study run's record: "
           + (f"no {err} in it" if isinstance(err, KeyError) else str(err)))
     for name, what in ((os.path.join("checkpoints", "sft"), "SFT start, which each branch copies"),
                        ("metrics.jsonl", "per-step records, which the replay is checked against")):
       if not os.path.exists(os.path.join(run_dir, name)):
-        bad("run_dir", f"{os.path.join(run_dir, name)} does not exist: the run's {what}")
+        bad("RUN_DIR", f"{os.path.join(run_dir, name)} does not exist: the run's {what}")
   if recorded is not None:
     if until > total:
-      bad("until", f"--until={until} is past the run's {total} steps (rl.steps in {path})")
+      bad("--until", f"{until} is past the run's {total} steps (rl.steps in {path})")
     if at > max(steps, default=0):
-      bad("at", f"--at={at} is past the run's last recorded step ({max(steps, default=0)},"
+      bad("--at", f"{at} is past the run's last recorded step ({max(steps, default=0)},"
           f" {path}): the replay is checked against its records")
   if os.path.isdir(run_dir):
     try:
@@ -156,7 +156,7 @@ def check_inputs(run_dir: str, out: str, at: int, until: int,
       with open(txt) as fh:
         testbed = fh.read().strip()
       if testbed not in testbeds.TESTBEDS:
-        bad("run_dir", f"{txt}: {testbeds.TESTBEDS.unknown_message(testbed)}")
+        bad("RUN_DIR", f"{txt}: {testbeds.TESTBEDS.unknown_message(testbed)}")
     except ConfigError as err:
       errors.append(err)
   errors += out_errors(out, run_dir, at)
@@ -169,11 +169,11 @@ def out_errors(out: str, run_dir: str, at: int) -> list[ConfigError]:
   OUT/NAME is wiped before it trains) or holds the branches of another run or step
   (``out/source.json``: their replay would be reused)."""
   if not out or (os.path.exists(out) and not os.path.isdir(out)):
-    return [ConfigError("out", f"--out={out!r} is not a folder")]
+    return [ConfigError("--out", f"{out!r} is not a folder")]
   path, claim = os.path.join(out, "source.json"), {"run_dir": os.path.abspath(run_dir), "at": at}
   mine, theirs = os.path.realpath(out), os.path.realpath(run_dir)
   if os.path.commonpath([mine, theirs]) in (mine, theirs):
-    return [ConfigError("out", f"--out={out} overlaps RUN_DIR {run_dir}: use a folder outside"
+    return [ConfigError("--out", f"{out} overlaps RUN_DIR {run_dir}: use a folder outside"
                         " it (a branch wipes its folder OUT/NAME before it trains)")]
   if not os.path.exists(path):
     return []
@@ -181,10 +181,10 @@ def out_errors(out: str, run_dir: str, at: int) -> list[ConfigError]:
     with open(path) as fh:
       held = json.load(fh)
     if held != claim:
-      return [ConfigError("out", f"{out} holds the branches of {held['run_dir']} at step"
+      return [ConfigError("--out", f"{out} holds the branches of {held['run_dir']} at step"
                           f" {held['at']}: use another --out")]
   except (ValueError, KeyError, TypeError) as err:
-    return [ConfigError("out", f"{path} is not a record of the run and step OUT branches"
+    return [ConfigError("--out", f"{path} is not a record of the run and step OUT branches"
                         f" ({err}): use another --out")]
   return []
 
@@ -193,7 +193,7 @@ def branch_overrides(recorded: dict, at: int, variant: dict) -> dict:
   """The recorded overrides with a checkpoint every ``at`` steps, then the variant's; a
   ConfigError for a variant the checkpoint cannot start (one that adds state to it)."""
   if float(variant.get("rl.kl_coef", 0.0)) > 0 and not float(recorded.get("rl.kl_coef", 0.0)):
-    raise ConfigError("variant", "rl.kl_coef > 0 adds the reference weights to the RL state,"
+    raise ConfigError("--variant", "rl.kl_coef > 0 adds the reference weights to the RL state,"
                       " which the run's checkpoint does not hold: a branch cannot turn KL on")
   return {**recorded, "checkpoint.save_every": at, "checkpoint.keep": 1_000_000,
           "checkpoint.async_save": False, **variant}
@@ -368,17 +368,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
   try:
     if args.run_dir is None or args.at is None or args.until is None:
-      raise ConfigError("run_dir", "RUN_DIR, --at and --until are required")
+      raise ConfigError("RUN_DIR", "RUN_DIR, --at and --until are required")
     variants, errors = [], []
     for text in args.variant:  # every malformed --variant at once
       try:
         variants.append(parse_variant(text))
       except ConfigError as err:
         errors.append(err)
+    if errors:  # and the other inputs' problems with them
+      try:
+        check_inputs(args.run_dir, args.out, args.at, args.until, [n for n, _ in variants])
+      except ConfigError as err:
+        errors += getattr(err, "errors", None) or [err]
     raise_all(errors)
     branch(args.run_dir, args.out, args.at, args.until, variants)
   except ConfigError as err:
-    print(f"error: {err}", file=sys.stderr)
+    for one in getattr(err, "errors", None) or [err]:  # one line per problem
+      print(f"error: {one}", file=sys.stderr)
     return 2
   return 0
 

@@ -9,8 +9,10 @@ Where DIR already holds the run (trained by this code), the two records are comp
 per-step records, evaluations, final figures and overrides mean the rerun reproduced the
 recorded run bit for bit, the check that makes reusing the others sound (XLA's CPU kernels
 round differently on different CPU types, so records reproduce on the CPU type that made them).
-Every value the record holds is compared; a metric the code added after the record was made
-(e.g. ``malformed_fraction``) is in the rerun only, so it is named, not counted as a difference.
+The overrides must be equal; of the per-step records, evaluations and final figures, every
+top-level value the record holds is compared, and a metric the code added after the record was
+made (e.g. ``malformed_fraction``) is in the rerun only, so it is named, not counted as a
+difference.
 """
 
 from __future__ import annotations

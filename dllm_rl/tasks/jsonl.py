@@ -24,10 +24,8 @@ the files and its arguments; n = -1 means every record.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
-import re
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -40,7 +38,6 @@ from dllm_rl.tasks.sudoku import is_valid_solution
 
 ON_ERROR = ("raise", "skip")
 _MAX_SKIP_REASONS = 20
-_NOT_UTF8 = re.compile("[\udc80-\udcff]")  # a byte that is not UTF-8, as surrogateescape reads it
 
 
 class _BadRecord(ValueError):
@@ -105,8 +102,8 @@ class JsonlTask(Task):
     self.verify_timeout = float(self.default_verify_timeout if verify_timeout is None
                                 else verify_timeout)
     if not 0 <= self.verify_timeout < float("inf"):  # nan too
-      raise ValueError(f"task {self.name!r}: verify_timeout must be >= 0 seconds (0 = verify"
-                       f" in-process), got {verify_timeout!r}")
+      raise ValueError(f"task {self.name!r}: verify_timeout must be a finite number of seconds"
+                       f" >= 0 (0 = verify in-process), got {verify_timeout!r}")
     self.skipped = 0
     self.skip_reasons: list[str] = []
     paths = dict.fromkeys(p for p in (self.train_file, self.test_file) if p)
@@ -131,38 +128,34 @@ class JsonlTask(Task):
                               "file (give the .jsonl file in it)")
     if not file.is_file():
       raise FileNotFoundError(f"task {self.name!r}: data file {path!r} does not exist")
-    with file.open("rb") as f:
-      # bytes that are not UTF-8 become lone surrogates, so that a bad line is named (or
-      # skipped) like any other; newline=None splits lines as text mode does
-      text = io.StringIO(f.read().decode("utf-8", errors="surrogateescape"), newline=None)
+    with file.open("rb") as f:  # bytes: a line that is not UTF-8 is named (or skipped) like
+      raw = f.read()  # any other; splitlines splits at \n, \r\n and \r, as text mode does
     out, skipped = [], 0
-    with text:
-      for line_no, line in enumerate(text, start=1):
-        if not line.strip():
-          continue
+    for line_no, data in enumerate(raw.splitlines(), start=1):
+      if not data.strip():
+        continue
+      try:
+        problem = not_utf8(data)
+        if problem:
+          raise _BadRecord(problem)
         try:
-          bad = _NOT_UTF8.search(line)
-          if bad:
-            raise _BadRecord(f"not UTF-8 text (byte 0x{ord(bad.group()) - 0xdc00:02x} at "
-                             f"column {bad.start() + 1}); save the file as UTF-8")
-          try:
-            record = json.loads(line)
-          except json.JSONDecodeError as err:
-            raise _BadRecord(f"invalid JSON ({err.msg} at column {err.colno})") from err
-          if not isinstance(record, dict):
-            raise _BadRecord(f"expected a JSON object, got {type(record).__name__}")
-          fields, answer, meta = self._fields(record)
-          fields["question"] = self.default_question.format(**fields)
-        except _BadRecord as err:
-          where = f"{path}:{line_no}: {err}"
-          if self.on_error == "raise":
-            raise ValueError(f"task {self.name!r}: {where}") from None
-          skipped += 1
-          if len(self.skip_reasons) < _MAX_SKIP_REASONS:
-            self.skip_reasons.append(where)
-          continue
-        out.append(Example(prompt=self._prompt(fields), answer=answer,
-                           meta={**meta, "key": self._key(fields)}))
+          record = json.loads(data.decode("utf-8"))
+        except json.JSONDecodeError as err:
+          raise _BadRecord(f"invalid JSON ({err.msg} at column {err.colno})") from err
+        if not isinstance(record, dict):
+          raise _BadRecord(f"expected a JSON object, got {type(record).__name__}")
+        fields, answer, meta = self._fields(record)
+        fields["question"] = self.default_question.format(**fields)
+      except _BadRecord as err:
+        where = f"{path}:{line_no}: {err}"
+        if self.on_error == "raise":
+          raise ValueError(f"task {self.name!r}: {where}") from None
+        skipped += 1
+        if len(self.skip_reasons) < _MAX_SKIP_REASONS:
+          self.skip_reasons.append(where)
+        continue
+      out.append(Example(prompt=self._prompt(fields), answer=answer,
+                         meta={**meta, "key": self._key(fields)}))
     if skipped:
       logging.warning("task %r: skipped %d malformed line(s) of %s", self.name, skipped, path)
     self.skipped += skipped
@@ -239,6 +232,18 @@ class JsonlTask(Task):
     """Stops the verifier worker process, if any."""
     if self._timed is not None:
       self._timed.close()
+
+
+def not_utf8(line: bytes) -> str | None:
+  """Why ``line`` (one line of a text file, as bytes) is not UTF-8 text: its first bad byte
+  and column, and what to do; None when it is."""
+  try:
+    line.decode("utf-8")
+  except UnicodeDecodeError as err:
+    column = len(line[:err.start].decode("utf-8")) + 1
+    return (f"not UTF-8 text (byte 0x{line[err.start]:02x} at column {column}); save the file"
+            " as UTF-8")
+  return None
 
 
 def record_problem(task_name: str, record: Mapping[str, Any]) -> str | None:

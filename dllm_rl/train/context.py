@@ -247,10 +247,12 @@ def build_context(config, workdir: str) -> Context:
   except ValueError as err:
     raise ConfigError("mesh", str(err)) from err
   check_batch_sizes(config, mesh)
-  if config.estimator.attention_impl == "pallas" and mesh.devices.flat[0].platform == "cpu":
-    raise ConfigError("estimator.attention_impl", "'pallas' compiles the kernel for a GPU or"
-                      " TPU, and this run's devices are CPUs: use 'auto' (the dense reference"
-                      " on CPU) or 'interpret' (the kernel, interpreted)")
+  if config.model.block_size > 0 and config.mode != "eval":  # the block ELBO's kernel
+    from dllm_rl.kernels.staircase import default_block_sizes
+    try:  # the kernel's own rule for this process's backend (pallas needs a GPU or TPU)
+      default_block_sizes(config.estimator.attention_impl)
+    except ValueError as err:
+      raise ConfigError("estimator.attention_impl", str(err)) from None
   from dllm_rl import paths
   paths.check_backend(workdir)  # gs:// without gcsfs: a named error, nothing created
   try:

@@ -31,10 +31,10 @@ import time
 
 from dllm_rl import paths
 from dllm_rl.errors import ConfigError
-from dllm_rl.infra.checkpoint import Checkpointer, LayoutMismatch
+from dllm_rl.infra.checkpoint import CheckpointError
 from dllm_rl.models import lora, transformer
 from dllm_rl.parallel.distributed import is_primary
-from dllm_rl.train import evaluation, layout_errors, run_checkpoints
+from dllm_rl.train import evaluation, run_checkpoints
 from dllm_rl.train.context import Context, init_params
 from dllm_rl.train.run_checkpoints import CheckpointRef, NoCheckpoint
 
@@ -83,20 +83,21 @@ def load_policy(ctx: Context, ref: CheckpointRef | None):
   """(ref, graphdef, params): the checkpoint's parameters only, or the HF model's (``ref``
   None). A damaged newest step falls back to the one before when the newest was asked for
   (``eval.checkpoint_step`` -1; run_checkpoints.read_readable), so ``ref`` may be older than
-  asked. A checkpoint this config does not fit (other sizes, another ``lora.rank``): a
-  ConfigError naming the keys it was trained with (dllm_rl.train.layout_errors)."""
+  asked; a damaged step asked for by number is a ConfigError naming ``eval.checkpoint_step``.
+  A checkpoint this config does not fit (other sizes, another ``lora.rank``): a ConfigError
+  naming the keys it was trained with (dllm_rl.train.layout_errors)."""
   if ref is None:
     return (None, *init_params(ctx))
   graphdef, _ = transformer.abstract_model(ctx.model_cfg)
   base = lambda: lora.split_adapters(init_params(ctx)[1])[1]  # LoRA: the run's frozen base
-  read = lambda r: run_checkpoints.restore_params(r, ctx.model_cfg, ctx.mesh, base=base)
   latest = ctx.config.eval.checkpoint_step == run_checkpoints.LATEST
   try:
-    ref, params = run_checkpoints.read_readable(ref, read, fall_back=latest)
-  except LayoutMismatch as err:
-    with Checkpointer(ref.directory, read_only=True) as ckpt:
-      trained = layout_errors.saved_config(ckpt, ref.step)
-    raise layout_errors.layout_error(err, trained, ctx.config) from err
+    ref, params = run_checkpoints.restore_params(ref, ctx.model_cfg, ctx.mesh, base=base,
+                                                 fall_back=latest, config=ctx.config)
+  except CheckpointError as err:
+    if latest:
+      raise  # nothing readable: as training (exit 1)
+    raise ConfigError("eval.checkpoint_step", str(err)) from None
   return ref, graphdef, params
 
 

@@ -83,15 +83,19 @@ def run_source(config) -> ExportSource:
   return ExportSource(model_cfg, ids, family, hf_config, [], tokenizer.hf_files(), "scratch")
 
 
-def restore_run_params(ref: CheckpointRef, config, model_cfg: ModelConfig, mesh):
-  """(parameters of checkpoint ``ref``, the model config they fit): ``model_cfg`` itself
-  without LoRA; for a LoRA run, its adapters on the base rebuilt from the run's pointer and
-  ``model_cfg`` with the run's ``lora`` section."""
+def restore_run_params(ref: CheckpointRef, config, model_cfg: ModelConfig, mesh, *,
+                       fall_back: bool = False):
+  """(the step read, parameters of checkpoint ``ref``, the model config they fit):
+  ``model_cfg`` itself without LoRA; for a LoRA run, its adapters on the base rebuilt from the
+  run's pointer and ``model_cfg`` with the run's ``lora`` section. ``fall_back``: as
+  run_checkpoints.restore_params."""
   if "lora" not in config or not config.lora.rank:
-    return run_checkpoints.restore_params(ref, model_cfg, mesh), model_cfg
+    return (*run_checkpoints.restore_params(ref, model_cfg, mesh, fall_back=fall_back),
+            model_cfg)
   lora_cfg = lora.configure(model_cfg, config.lora)
   base = lambda: lora_checkpoint.base_params(config, lora_cfg, mesh)
-  return run_checkpoints.restore_params(ref, lora_cfg, mesh, base=base), lora_cfg
+  return (*run_checkpoints.restore_params(ref, lora_cfg, mesh, base=base, fall_back=fall_back),
+          lora_cfg)
 
 
 def provenance(ref: CheckpointRef, source: ExportSource, dtype: str) -> dict[str, Any]:
@@ -118,11 +122,10 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
   # the newest step asked for: a damaged one falls back to the step before (a warning); the
   # model (config) is the run's, whichever of its steps holds it
   fall_back = step == LATEST
-  config = run_checkpoints.read_readable(ref, run_checkpoints.read_train_config,
-                                         fall_back=fall_back)[1]
+  ref, config = run_checkpoints.read_train_config(ref, fall_back=fall_back)
   source = run_source(config)
-  ref, (params, run_cfg) = run_checkpoints.read_readable(
-      ref, lambda r: restore_run_params(r, config, source.model_cfg, mesh), fall_back=fall_back)
+  ref, params, run_cfg = restore_run_params(ref, config, source.model_cfg, mesh,
+                                            fall_back=fall_back)
   if run_cfg.lora_rank:
     if peft_dir is not None and is_primary():
       peft.export_peft(nnx.to_pure_dict(params), run_cfg, source.family, peft_dir, source.origin)

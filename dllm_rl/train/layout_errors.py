@@ -18,7 +18,14 @@ import ml_collections
 from dllm_rl.errors import ConfigError
 from dllm_rl.infra.checkpoint import Checkpointer, LayoutMismatch
 
-SECTIONS = ("model", "lora")  # the config sections that shape the saved parameters
+# The keys that shape the saved parameters (names, shapes): other keys (dtypes, remat, RoPE,
+# init, block size, the MoE router's top-k) change numbers or programs, not the layout.
+LAYOUT_KEYS = {
+    "model": ("hf_checkpoint", "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
+              "head_dim", "mlp_hidden", "tie_embeddings", "qk_norm", "qkv_bias", "n_experts",
+              "moe_hidden", "n_shared_experts", "first_dense_layers"),
+    "lora": ("rank", "targets"),
+}
 
 
 def _plain(section) -> dict[str, Any]:
@@ -30,23 +37,32 @@ def _plain(section) -> dict[str, Any]:
 
 
 def config_changes(trained, config) -> list[tuple[str, Any, Any]]:
-  """``(key, value trained with, value now)`` for each ``model`` / ``lora`` key whose value in
-  ``config`` differs from the training config ``trained`` (keys the training config lacks, from
-  an older version, are skipped)."""
+  """``(key, value trained with, value now)`` for each layout key (:data:`LAYOUT_KEYS`) whose
+  value in ``config`` differs from the training config ``trained`` (keys either lacks, from
+  another version, are skipped)."""
   out = []
-  for section in SECTIONS:
+  for section, keys in LAYOUT_KEYS.items():
     was, now = _plain(trained.get(section)), _plain(config.get(section))
-    out += [(f"{section}.{k}", v, now[k]) for k, v in was.items() if k in now and now[k] != v]
+    out += [(f"{section}.{k}", was[k], now[k]) for k in keys
+            if k in was and k in now and now[k] != was[k]]
   return out
 
 
-def saved_config(ckpt: Checkpointer, step: int | None = None) -> ml_collections.ConfigDict | None:
-  """The training config in the meta of ``step`` (default: the newest), None when unreadable."""
+def saved_config(directory: str, step: int | None = None) -> ml_collections.ConfigDict | None:
+  """The training config in the meta of checkpoint ``step`` of ``directory`` (default: the
+  newest), None when unreadable."""
   try:
-    meta = ckpt.meta(ckpt.latest_step() if step is None else step)
+    with Checkpointer(directory, read_only=True) as ckpt:
+      meta = ckpt.meta(ckpt.latest_step() if step is None else step)
     return ml_collections.ConfigDict(json.loads(meta["config"]))
   except Exception:  # noqa: BLE001 (a damaged or old meta: the layout message alone)
     return None
+
+
+def for_checkpoint(err: LayoutMismatch, directory: str, step: int | None,
+                   config) -> ConfigError:
+  """:func:`layout_error` of the checkpoint ``step`` (None: the newest) in ``directory``."""
+  return layout_error(err, saved_config(directory, step), config)
 
 
 def layout_error(err: LayoutMismatch, trained, config) -> ConfigError:

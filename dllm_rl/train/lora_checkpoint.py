@@ -49,7 +49,7 @@ def restore_checkpoint(ckpt, template, config=None):
   except LayoutMismatch as err:
     if config is None:
       raise
-    raise layout_errors.layout_error(err, layout_errors.saved_config(ckpt), config) from err
+    raise layout_errors.for_checkpoint(err, ckpt.directory, None, config) from err
   return restored_state(template, saved), meta
 
 

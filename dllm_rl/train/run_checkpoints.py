@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 
 from typing import Any, Callable
 
@@ -20,15 +19,15 @@ import ml_collections
 from flax import nnx
 
 from dllm_rl import paths
-from dllm_rl.infra.checkpoint import Checkpointer, CheckpointError, LayoutMismatch, failure_reason
+from dllm_rl.infra.checkpoint import Checkpointer, LayoutMismatch
 from dllm_rl.models import lora
 from dllm_rl.models.transformer import ModelConfig, abstract_params_sharded
+from dllm_rl.train import layout_errors
 from dllm_rl.train.phases import checkpoint_dir
 
 PHASES = ("sft", "rl")  # training order: the newest last
 AUTO = "auto"  # the newest phase that has a checkpoint
 LATEST = -1  # the newest step of the phase
-_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,52 +96,58 @@ def find_checkpoint(workdir: str, phase: str = AUTO, step: int = LATEST) -> Chec
   return CheckpointRef(workdir, phase, step)
 
 
-def read_readable(ref: CheckpointRef, read: Callable[[CheckpointRef], Any], *,
+def read_readable(ref: CheckpointRef, read: Callable[[Checkpointer, int], Any], *,
                   fall_back: bool) -> tuple[CheckpointRef, Any]:
-  """``(ref, read(ref))``, where a damaged step (any error of ``read`` but a LayoutMismatch,
-  which is the template's problem, not damage) is not the end: with ``fall_back`` (the newest
-  step was asked for) the phase's older steps are read in turn, as a training run's restore
-  does, with a warning naming the damaged ones. Nothing readable: CheckpointError naming each
-  step's folder and error, and the saved steps."""
-  steps = [s for s in available_steps(ref.workdir, ref.phase) if s <= ref.step]
-  failures = []
-  for step in reversed(steps if fall_back else [ref.step]):
-    candidate = dataclasses.replace(ref, step=step)
-    try:
-      out = read(candidate)
-    except LayoutMismatch:
-      raise
-    except Exception as err:  # noqa: BLE001 (orbax / tensorstore / JSON errors of a damaged step)
-      failures.append(f"{ref.directory}/{step}: {failure_reason(err)}")
-      continue
-    if failures:
-      _log.warning("Checkpoint %s is damaged; read step %d instead.", "; ".join(failures), step)
-    return candidate, out
-  hint = "" if fall_back else "; choose another step"
-  raise CheckpointError(f"no readable {ref.phase} checkpoint: {'; '.join(failures)} (saved"
-                        f" steps: {available_steps(ref.workdir, ref.phase)}{hint})")
-
-
-def read_train_config(ref: CheckpointRef) -> ml_collections.ConfigDict:
-  """The config the run was trained with, as saved in the checkpoint's meta."""
+  """``(ref, read(ckpt, ref.step))`` on the phase's checkpointer; a damaged step is not the
+  end where ``fall_back`` (the newest step was asked for): the older steps are read in turn,
+  with a warning naming the damaged ones, as a training run's restore does
+  (:meth:`Checkpointer.first_readable`; ``read`` reads, its template built beforehand, so only
+  the checkpoint's own errors count as damage). The returned ref is the step read. Nothing
+  readable: CheckpointError naming each step's error and the saved steps."""
+  steps = [ref.step]
+  if fall_back:
+    steps = [s for s in reversed(available_steps(ref.workdir, ref.phase)) if s <= ref.step]
   with Checkpointer(ref.directory, read_only=True) as ckpt:
-    meta = ckpt.meta(ref.step)
+    hint = f"Saved steps: {ckpt.all_steps()}{'' if fall_back else '; choose another step'}."
+    step, out = ckpt.first_readable(lambda s: read(ckpt, s), steps, hint=hint)
+  return dataclasses.replace(ref, step=step), out
+
+
+def train_config(meta: dict, where: str) -> ml_collections.ConfigDict:
+  """The config a run was trained with, from a checkpoint's meta (``where``: its folder)."""
   if "config" not in meta:
-    raise ValueError(f"{ref.directory}/{ref.step}: the checkpoint's meta holds no config")
+    raise ValueError(f"{where}: the checkpoint's meta holds no config")
   return ml_collections.ConfigDict(json.loads(meta["config"]))
 
 
+def read_train_config(ref: CheckpointRef, *, fall_back: bool = False
+                      ) -> tuple[CheckpointRef, ml_collections.ConfigDict]:
+  """(the step read, the config the run was trained with, as saved in its meta); with
+  ``fall_back``, a damaged newest step's is read from the step before (:func:`read_readable`)."""
+  return read_readable(ref, lambda ckpt, s: train_config(ckpt.meta(s), f"{ref.directory}/{s}"),
+                       fall_back=fall_back)
+
+
 def restore_params(ref: CheckpointRef, model_cfg: ModelConfig, mesh, *,
-                   base: Callable[[], Any] | None = None):
-  """The policy parameters of checkpoint ``ref`` only (no optimizer state is read),
-  placed on their shardings on ``mesh``, in ``model_cfg.param_dtype``. A LoRA model
-  (``model_cfg.lora_rank`` > 0): the checkpoint's adapters on the frozen base that
-  ``base()`` rebuilds from the run's pointer (``lora_checkpoint.base_params``)."""
-  _, target = abstract_params_sharded(model_cfg, mesh)
+                   base: Callable[[], Any] | None = None, fall_back: bool = False,
+                   config: ml_collections.ConfigDict | None = None):
+  """(the step read, the policy parameters of checkpoint ``ref`` only): no optimizer state is
+  read; placed on their shardings on ``mesh``, in ``model_cfg.param_dtype``. ``fall_back``:
+  a damaged newest step falls back to the step before (:func:`read_readable`). A LoRA model
+  (``model_cfg.lora_rank`` > 0): the checkpoint's adapters on the frozen base that ``base()``
+  rebuilds from the run's pointer (``lora_checkpoint.base_params``), after the read. With the
+  run's ``config``, a checkpoint it does not fit is a ConfigError naming the keys it was
+  trained with (dllm_rl.train.layout_errors)."""
+  _, target = abstract_params_sharded(model_cfg, mesh)  # the template: not part of the read
   if model_cfg.lora_rank:
     target = lora.split_adapters(target)[0]
-  with Checkpointer(ref.directory, read_only=True) as ckpt:
-    params, _ = ckpt.restore_part(target, "params", ref.step)
+  try:
+    ref, params = read_readable(ref, lambda ckpt, s: ckpt.restore_part(target, "params", s)[0],
+                                fall_back=fall_back)
+  except LayoutMismatch as err:
+    if config is None:
+      raise
+    raise layout_errors.for_checkpoint(err, ref.directory, ref.step, config) from err
   if model_cfg.lora_rank:
     params = nnx.merge_state(base(), params)
-  return params
+  return ref, params

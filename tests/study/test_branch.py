@@ -88,35 +88,35 @@ def no_training(monkeypatch):
 
 def test_a_variant_may_not_take_a_name_out_uses_or_another_variants():
   for name in ("replay", "source.json", "branches.json", "branches.md", ".", "..", "Replay"):
-    with pytest.raises(ConfigError, match=f"config.variant: '{re.escape(name)}' is taken in OUT"):
+    with pytest.raises(ConfigError, match=f"--variant: '{re.escape(name)}' is taken in OUT"):
       branch.parse_variant(f"{name}:rl.lr=1e-4")  # replay: wiped after the as_run branch
   got = [str(e) for e in branch.name_errors(["a", "b", "a", "B", "as_run", "a/b", "c"])]
-  assert got == ["config.variant: 'a' names two variants (case aside): each trains in its own"
+  assert got == ["--variant: 'a' names two variants (case aside): each trains in its own"
                  " folder OUT/NAME",
-                 "config.variant: 'B' names two variants (case aside): each trains in its own"
+                 "--variant: 'B' names two variants (case aside): each trains in its own"
                  " folder OUT/NAME",
-                 "config.variant: 'as_run' is taken in OUT (the recorded settings' branch): name"
+                 "--variant: 'as_run' is taken in OUT (the recorded settings' branch): name"
                  " it otherwise",
-                 "config.variant: 'a/b': a NAME of letters, digits and _.@+-"]
+                 "--variant: 'a/b': a NAME of letters, digits and _.@+-"]
 
 
 def test_bad_steps_and_names_are_all_named_before_anything_trains(tmp_path, no_training):
   run_dir, out = _arm(tmp_path), str(tmp_path / "out")
   assert branch.check_inputs(run_dir, out, 3, 6, ["a", "b"]) == ("sum_split", {"rl.steps": 6})
   assert _problems(run_dir, out, 0, 9, ["a", "a", "replay"]) == [
-      "config.at: --at=0: the branch point must be a step >= 1",
-      "config.variant: 'a' names two variants (case aside): each trains in its own folder"
+      "--at: the branch point must be a step >= 1, got 0",
+      "--variant: 'a' names two variants (case aside): each trains in its own folder"
       " OUT/NAME",
-      "config.variant: 'replay' is taken in OUT (the replay's folder): name it otherwise",
-      f"config.until: --until=9 is past the run's 6 steps (rl.steps in {run_dir}/run.json)"]
-  assert _problems(run_dir, out, 4, 4) == ["config.until: --until=4 must be past --at=4"]
-  assert _problems(run_dir, out, 5, 2) == ["config.until: --until=2 must be past --at=5"]
+      "--variant: 'replay' is taken in OUT (the replay's folder): name it otherwise",
+      f"--until: 9 is past the run's 6 steps (rl.steps in {run_dir}/run.json)"]
+  assert _problems(run_dir, out, 4, 4) == ["--until: 4 must be past --at=4"]
+  assert _problems(run_dir, out, 5, 2) == ["--until: 2 must be past --at=5"]
   assert _problems(run_dir, out, -3, -1) == [
-      "config.at: --at=-3: the branch point must be a step >= 1",
-      "config.until: --until=-1: must be a step >= 1"]
+      "--at: the branch point must be a step >= 1, got -3",
+      "--until: must be a step >= 1, got -1"]
   short = _arm(tmp_path / "short", recorded=3)  # rl.steps 6, records to step 3
   assert _problems(short, out, 4, 6) == [
-      f"config.at: --at=4 is past the run's last recorded step (3, {short}/run.json): the"
+      f"--at: 4 is past the run's last recorded step (3, {short}/run.json): the"
       " replay is checked against its records"]
   assert not os.path.exists(out)  # nothing was claimed or written
 
@@ -130,27 +130,27 @@ def test_a_run_dir_that_is_not_a_study_arm_is_named_before_anything_trains(tmp_p
   shutil.rmtree(os.path.join(run_dir, "checkpoints"))
   os.remove(os.path.join(run_dir, "metrics.jsonl"))
   got = _problems(run_dir, out, 3, 6)  # every missing or broken file at once
-  assert got[0].startswith(f"config.run_dir: {path} is not a study run's record: Expecting")
+  assert got[0].startswith(f"RUN_DIR: {path} is not a study run's record: Expecting")
   assert got[1:] == [
-      f"config.run_dir: {run_dir}/checkpoints/sft does not exist: the run's SFT start, which"
+      f"RUN_DIR: {run_dir}/checkpoints/sft does not exist: the run's SFT start, which"
       " each branch copies",
-      f"config.run_dir: {run_dir}/metrics.jsonl does not exist: the run's per-step records,"
+      f"RUN_DIR: {run_dir}/metrics.jsonl does not exist: the run's per-step records,"
       " which the replay is checked against"]
   with open(path, "w") as fh:
     json.dump({"steps": []}, fh)
   assert _problems(run_dir, out, 3, 6)[0] == (
-      f"config.run_dir: {path} is not a study run's record: no 'overrides' in it")
+      f"RUN_DIR: {path} is not a study run's record: no 'overrides' in it")
   missing = str(tmp_path / "nowhere")
   assert _problems(missing, out, 3, 6) == [
-      f"config.run_dir: {missing} is not a folder: not a study run (DIR/<study>/seed<S>/<arm>)"]
+      f"RUN_DIR: {missing} is not a folder: not a study run (DIR/<study>/seed<S>/<arm>)"]
   seed_dir = os.path.dirname(_arm(tmp_path / "b"))  # DIR/steprs/seed0: a folder, no run.json
   assert _problems(seed_dir, out, 3, 6) == [
-      f"config.run_dir: {seed_dir}/run.json does not exist: not a finished study run"]
+      f"RUN_DIR: {seed_dir}/run.json does not exist: not a finished study run"]
   odd = _arm(tmp_path / "c", testbed="sum_spilt")
   assert "testbed.txt: unknown testbed 'sum_spilt'" in _problems(odd, out, 3, 6)[0]
   os.remove(tmp_path / "c" / "study" / "testbed.txt")
   assert _problems(odd, out, 3, 6) == [
-      f"config.run_dir: {odd} is not in a study DIR (no testbed.txt above it)"]
+      f"RUN_DIR: {odd} is not in a study DIR (no testbed.txt above it)"]
 
 
 def test_an_out_that_overlaps_the_run_or_holds_other_branches_is_refused(tmp_path,
@@ -159,19 +159,19 @@ def test_an_out_that_overlaps_the_run_or_holds_other_branches_is_refused(tmp_pat
   study_dir = str(tmp_path / "study")
   for out in (run_dir, os.path.join(run_dir, "b"), study_dir):  # OUT/steprs: the whole study
     assert _problems(run_dir, out, 3, 6) == [
-        f"config.out: --out={out} overlaps RUN_DIR {run_dir}: use a folder outside it (a branch"
+        f"--out: {out} overlaps RUN_DIR {run_dir}: use a folder outside it (a branch"
         " wipes its folder OUT/NAME before it trains)"]
   (tmp_path / "file").write_text("")
   assert _problems(run_dir, str(tmp_path / "file"), 3, 6) == [
-      f"config.out: --out='{tmp_path}/file' is not a folder"]
+      f"--out: '{tmp_path}/file' is not a folder"]
   out = tmp_path / "out"
   out.mkdir()
   (out / "source.json").write_text("[")
   assert _problems(run_dir, str(out), 3, 6)[0].startswith(
-      f"config.out: {out}/source.json is not a record of the run and step OUT branches")
+      f"--out: {out}/source.json is not a record of the run and step OUT branches")
   (out / "source.json").write_text(json.dumps({"run_dir": "/elsewhere", "at": 3}))
   assert _problems(run_dir, str(out), 3, 6) == [
-      f"config.out: {out} holds the branches of /elsewhere at step 3: use another --out"]
+      f"--out: {out} holds the branches of /elsewhere at step 3: use another --out"]
 
 
 def test_the_cli_names_every_bad_input_and_exits_2(tmp_path, capsys, no_training):
@@ -180,17 +180,18 @@ def test_the_cli_names_every_bad_input_and_exits_2(tmp_path, capsys, no_training
   assert branch.main([run_dir, f"--out={out}", "--at=3", "--until=6", "--variant=replay:rl.lr=1",
                       "--variant=x", "--variant=ok:rl.lr=1e-4"]) == 2
   err = capsys.readouterr().err
-  assert err.startswith("error: config.variant: 'replay' is taken in OUT")
-  assert "config.variant: 'x' is not NAME:KEY=VALUE" in err
+  assert err.startswith("error: --variant: 'replay' is taken in OUT")
+  assert "\nerror: --variant: 'x' is not NAME:KEY=VALUE" in err
+  assert f"\nerror: RUN_DIR: {run_dir}/metrics.jsonl does not exist" in err  # with them
   assert branch.main([run_dir, f"--out={out}", "--at=7", "--until=6", "--variant=a:rl.lr=1e-4",
                       "--variant=a:rl.lr=2e-4"]) == 2
   err = capsys.readouterr().err.splitlines()
-  assert err == ["error: config.until: --until=6 must be past --at=7",
-                 "config.variant: 'a' names two variants (case aside): each trains in its own"
+  assert err == ["error: --until: 6 must be past --at=7",
+                 "error: --variant: 'a' names two variants (case aside): each trains in its own"
                  " folder OUT/NAME",
-                 f"config.run_dir: {run_dir}/metrics.jsonl does not exist: the run's per-step"
+                 f"error: RUN_DIR: {run_dir}/metrics.jsonl does not exist: the run's per-step"
                  " records, which the replay is checked against",
-                 f"config.at: --at=7 is past the run's last recorded step (6, {run_dir}/run.json):"
+                 f"error: --at: 7 is past the run's last recorded step (6, {run_dir}/run.json):"
                  " the replay is checked against its records"]
 
 

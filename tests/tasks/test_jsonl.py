@@ -91,7 +91,7 @@ def test_math500(tmp_path):
   assert inline.verify(inline.generate("test", 1, 0)[0], "\\boxed{nothing}").reward == 0.0
   assert inline._timed is None
   for bad in (-1, float("nan"), float("inf")):
-    with pytest.raises(ValueError, match=r"'math500': verify_timeout must be >= 0 seconds"):
+    with pytest.raises(ValueError, match=r"'math500': verify_timeout must be a finite number of seconds >= 0"):
       make_task("math500", test_file=task.test_file, verify_timeout=bad)
 
 
