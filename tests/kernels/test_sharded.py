@@ -78,7 +78,10 @@ def _tpu_abstract_mesh(shape=(1, 4, 2)):
   """The abstract mesh of a TPU slice (what a step traces under when compiled for TPU
   devices, e.g. by the planner in a CPU process)."""
   device = jax.sharding.AbstractDevice(device_kind="TPU v5", num_cores=1, platform="tpu")
-  return jax.sharding.AbstractMesh(shape, ("data", "fsdp", "tensor"), abstract_device=device)
+  # Auto axes, as dllm_rl.parallel.mesh builds them (jax 0.11's AbstractMesh defaults to
+  # Explicit, under which shard_map also checks its inputs' sharding types)
+  return jax.sharding.AbstractMesh(shape, ("data", "fsdp", "tensor"), abstract_device=device,
+                                   axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
 
 
 @pytest.mark.parametrize("impl", ["pallas", "auto"])
