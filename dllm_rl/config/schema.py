@@ -103,9 +103,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.sampler = s = ml_collections.ConfigDict()
   s.steps = 8             # denoising steps over the whole completion
   s.block_len = 8         # semi-autoregressive block length
-  s.temperature = 0.0     # 0 = greedy; > 0 = Gumbel-max sampling
+  # Not a decoding knob: validation and test decode greedily (0), pass@k samples at
+  # eval.temperature, RL rollouts at rl.temperature; any other value is a config error.
+  s.temperature = 0.0
   s.remasking = "low_confidence"  # a name in dllm_rl.sampling.remasking.REMASKING
-  s.threshold = 0.0       # > 0: commit every token above this confidence (dynamic)
+  s.threshold = 0.0       # > 0: commit every token above this confidence (dynamic; its scale
+                          # is the remasking policy's: probabilities for low_confidence)
   s.stop_at_eos = True    # fill after the first committed EOS, skip finished blocks
   # False (official LLaDA generate): propose and score over the whole vocabulary, mask token
   # included; True: the mask token's logit is -inf first (MDLM "SUBS", renormalised confidences).
@@ -127,7 +130,8 @@ def base_config() -> ml_collections.ConfigDict:
   f.grad_clip = 1.0       # global-norm clipping; 0 = off
   f.t_eps = 1e-3          # masking rate t ~ U(t_eps, 1]
   f.log_every = 20
-  f.eval_every = 200      # validation greedy accuracy every N steps; 0 = only at the end
+  f.eval_every = 200      # validation greedy accuracy every N steps; 0 = none (the test split
+                          # is scored at the end either way)
   f.target_accuracy = 0.0  # > 0: stop SFT once validation accuracy reaches it
 
   c.rl = r = ml_collections.ConfigDict()
@@ -160,7 +164,8 @@ def base_config() -> ml_collections.ConfigDict:
   r.b2 = 0.99
   r.grad_clip = 1.0
   r.log_every = 10
-  r.eval_every = 100      # validation greedy accuracy every N rollout batches; 0 = end only
+  r.eval_every = 100      # validation greedy accuracy every N rollout batches (and at the
+                          # start); 0 = at the start only (the test split is scored at the end)
   # Gradient accumulation: sequences per forward/backward pass, one estimator draw at a
   # time, after a no-grad pass that fixes the loss's weights (exactly the full-batch
   # gradient; dllm_rl/rl/micro.py). 0 = the whole batch and all draws in one pass.

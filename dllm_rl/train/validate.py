@@ -160,10 +160,17 @@ def _sampler(config, check: "_Checks") -> None:
     check(s.steps // num_blocks <= s.block_len, "sampler.steps",
            f"{s.steps // num_blocks} steps per block exceed sampler.block_len={s.block_len}"
            " (some steps would commit nothing)")
-  check(s.temperature >= 0, "sampler.temperature", "must be >= 0")
+  check(s.temperature == 0, "sampler.temperature", f"is not read, got {s.temperature}:"
+        " validation and test decode greedily, pass@k samples at eval.temperature and RL"
+        " rollouts at rl.temperature: set those")
   check(0 <= s.threshold < 1, "sampler.threshold", "must be in [0, 1)")
+  check(s.threshold == 0 or s.remasking != "entropy", "sampler.threshold",
+        f"{s.threshold} with sampler.remasking=entropy commits one token per step: the entropy"
+        " confidence (-H) is never above 0, so no token passes the threshold")
   check(s.cache in open_block.CACHES, "sampler.cache", open_block.CACHES.unknown_message(s.cache))
   check(s.cache_refresh >= 0, "sampler.cache_refresh", "must be >= 0 (0 = block starts only)")
+  check(s.cache_refresh == 0 or s.cache != "none", "sampler.cache_refresh",
+        f"{s.cache_refresh} refreshes a cache, and sampler.cache is 'none'")
   check(s.cache == "none" or not config.model.block_size, "sampler.cache",
          "a block-diffusion model (model.block_size > 0) decodes with its own KV cache:"
          " leave sampler.cache = 'none'")
@@ -180,6 +187,9 @@ def _sft(config, check: "_Checks") -> None:
   check(f.log_every > 0, "sft.log_every", "must be positive")
   check(f.eval_every >= 0, "sft.eval_every", "must be >= 0")
   check(0 <= f.target_accuracy <= 1, "sft.target_accuracy", "must be in [0, 1]")
+  check(f.target_accuracy == 0 or 0 < f.eval_every <= f.steps, "sft.target_accuracy",
+        f"{f.target_accuracy} is checked at each validation, and sft.eval_every={f.eval_every}"
+        f" runs none in sft.steps={f.steps}: set sft.eval_every in [1, sft.steps]")
 
 
 def _optimizer(config, check: "_Checks") -> None:
@@ -285,6 +295,10 @@ def _eval(config, check: "_Checks") -> None:
                                    for k in e.pass_k), "eval.pass_k",
          f"every k must be in [1, eval.num_samples={e.num_samples}], got {tuple(e.pass_k)}")
   check(e.temperature >= 0, "eval.temperature", "must be >= 0")
+  check(e.temperature > 0 or e.num_samples == 1 or config.sampler.remasking == "random",
+        "eval.temperature", f"0 with eval.num_samples={e.num_samples} draws identical samples"
+        " (greedy, and the unmasking order is not random): pass@k would equal pass@1 and the"
+        " diversity 1; set a temperature > 0 or eval.num_samples=1")
   check(e.phase in EVAL_PHASES, "eval.phase", unknown_message("eval phase", e.phase, EVAL_PHASES))
   check(e.checkpoint_step >= -1, "eval.checkpoint_step",
         f"must be a saved step or -1 (the newest), got {e.checkpoint_step}")
