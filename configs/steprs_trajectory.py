@@ -26,6 +26,7 @@ from dllm_rl.config import load_config_file, recipes
 def _full_scale():
   c = load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "llada_tpu.py"))
   c.unlock()
+  c.estimator.num_samples = 1  # the trajectory estimator's passes come from the states
   c.estimator.trajectory_shrink = 8
   c.estimator.prompt_mask_prob = 0.0
   c.rl.micro_batch = 64

@@ -48,6 +48,7 @@ from dllm_rl.config import load_config_file, recipes
 def _full_scale():
   c = load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "llada_tpu.py"))
   c.unlock()
+  c.estimator.num_samples = 1  # the trajectory estimator's passes come from the states
   c.data.prompt_len = 512
   c.data.completion_len = 512
   c.sampler.steps, c.sampler.block_len = 512, 32

@@ -9,11 +9,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import sys
 import time
 
 from dllm_rl import paths
 from dllm_rl.config.choices import RUN_MODES
 from dllm_rl.errors import ConfigError
+from dllm_rl.train.unread import unread_settings
 from dllm_rl.registry import Registry
 
 RUNNERS: Registry = Registry("mode")
@@ -106,6 +108,18 @@ def open_writers(config, workdir: str, *, enabled: bool):
   writer.close()
 
 
+def mesh_notes(mesh) -> list[str]:
+  """A line when the mesh leaves devices idle (a fully specified ``mesh`` smaller than the
+  device count uses the first devices: dllm_rl.parallel.mesh.make_mesh)."""
+  import jax
+  used, have = mesh.devices.size, jax.device_count()
+  if used >= have:
+    return []
+  shape = ", ".join(f"{name}={size}" for name, size in mesh.shape.items())
+  return [f"config.mesh ({shape}) uses {used} of the {have} devices; the others stay idle"
+          " (set an axis to -1 to fill them)"]
+
+
 def run(config, workdir: str) -> dict:
   """Run ``config.mode``; write ``workdir/config_<mode>.json`` (the resolved config,
   overrides applied; rewritten by each run of that mode, so an eval run never replaces the
@@ -128,6 +142,9 @@ def run(config, workdir: str) -> dict:
   from dllm_rl.parallel.distributed import is_primary
   with handle_signals():
     ctx = build_context(config, workdir)
+    if is_primary():  # settings that change nothing, said before anything compiles
+      for line in unread_settings(config) + mesh_notes(ctx.mesh):
+        print(f"warning: {line}", file=sys.stderr, flush=True)
     if is_primary():  # the resolved config of this run (file + overrides), for the record
       paths.resolve(workdir).joinpath(f"config_{config.mode}.json").write_text(config.to_json_best_effort(
           indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,85 @@
+"""Config values the run's own choices never read: set away from their defaults, they change
+nothing, so the run says so before anything compiles (one warning per key on stderr).
+
+An estimator reads only its own options (``coupled`` is the 1/t ELBO's, ``spg_beta`` SPG's
+block estimator's), a loss only its own (``clip_C`` is StableDRL's), an advantage only its
+own (``beta_end`` is StepRS's). A value the run ignores is not an error (a sweep may set a key
+for every arm, or a config file for several losses), but a user who set ``rl.beta_end=4`` with
+centered advantages must not believe StepRS ran. ``dllm_rl.train.validate`` rejects the
+settings that would mislead outright (e.g. ``sampler.temperature``, read by no sampler).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+import ml_collections
+
+from dllm_rl.config.schema import base_config
+
+_STEPRS = ("steprs", "steprs_rms_matched", "steprs_mass_matched")
+
+# (key, whether the run reads it, who does): a key is checked only where its value differs
+# from the schema's default.
+RULES: tuple[tuple[str, Callable[[ml_collections.ConfigDict], bool], str], ...] = (
+    ("estimator.num_samples", lambda c: c.estimator.name in ("elbo", "block_elbo", "spg_block"),
+     "the estimators elbo, block_elbo and spg_block draw K samples"),
+    ("estimator.coupled", lambda c: c.estimator.name == "elbo", "an option of estimator.name=elbo"),
+    ("estimator.stratified", lambda c: c.estimator.name == "elbo",
+     "an option of estimator.name=elbo"),
+    ("estimator.t_eps", lambda c: c.estimator.name in ("elbo", "block_elbo"),
+     "the estimators elbo and block_elbo draw t in [t_eps, 1]"),
+    ("estimator.reduction", lambda c: c.estimator.name in ("mean_field", "elbo", "trajectory"),
+     "block_elbo and spg_block are always length-normalised"),
+    ("estimator.prompt_mask_prob", lambda c: c.estimator.name != "trajectory",
+     "the trajectory estimator scores the rollout's own states"),
+    ("estimator.spg_beta", lambda c: c.estimator.name == "spg_block",
+     "an option of estimator.name=spg_block"),
+    ("estimator.spg_block_len", lambda c: c.estimator.name == "spg_block",
+     "an option of estimator.name=spg_block"),
+    ("estimator.spg_omega",
+     lambda c: c.estimator.name == "spg_block" and c.rl.loss in ("stabledrl", "spg"),
+     "the EUBO weight of rl.loss=stabledrl or spg with estimator.name=spg_block"),
+    ("estimator.antithetic",
+     lambda c: c.rl.loss not in ("wd1", "spg") and c.estimator.name != "trajectory",
+     "shared masks for ℓ̂_old and ℓ̂_θ: wd1 and spg use no ℓ̂_old, and the trajectory"
+     " estimator draws no masks"),
+    ("rl.beta", lambda c: c.rl.advantage == "risk_sensitive",
+     "the risk coefficient of rl.advantage=risk_sensitive (StepRS: rl.beta_start / beta_end)"),
+    ("rl.beta_start", lambda c: c.rl.advantage in _STEPRS, "the steprs advantages' schedule"),
+    ("rl.beta_end", lambda c: c.rl.advantage in _STEPRS, "the steprs advantages' schedule"),
+    ("rl.beta_schedule", lambda c: c.rl.advantage in _STEPRS, "the steprs advantages' schedule"),
+    ("rl.control_per_state",
+     lambda c: c.rl.advantage in ("steprs_rms_matched", "steprs_mass_matched"),
+     "an option of the steprs_*_matched controls"),
+    ("rl.clip", lambda c: c.rl.loss == "stabledrl", "an option of rl.loss=stabledrl"),
+    ("rl.clip_C", lambda c: c.rl.loss == "stabledrl" and c.rl.clip == "upper",
+     "the bound of rl.loss=stabledrl with rl.clip=upper"),
+    ("rl.self_normalize", lambda c: c.rl.loss == "stabledrl", "an option of rl.loss=stabledrl"),
+    ("rl.kl_estimator", lambda c: c.rl.kl_coef > 0, "read only with rl.kl_coef > 0"),
+    ("lora.alpha", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
+    ("lora.targets", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
+    ("lora.base_dtype", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
+)
+
+
+def _value(config: ml_collections.ConfigDict, key: str):
+  section, name = key.split(".")
+  return json.loads(json.dumps(config[section][name]))  # tuples as lists, as the schema's
+
+
+def unread_settings(config: ml_collections.ConfigDict) -> list[str]:
+  """One line per key of :data:`RULES` set away from its default that ``config``'s choices
+  do not read: ``config.KEY=VALUE is not read: WHO reads it``. The ``estimator`` and ``rl``
+  keys are judged in the modes that train with RL only (an SFT or eval run reads none)."""
+  defaults = base_config()
+  rl = config.mode in ("rl", "pipeline")
+  out = []
+  for key, reads, who in RULES:
+    if not rl and key.split(".")[0] in ("estimator", "rl"):
+      continue
+    value = _value(config, key)
+    if value != _value(defaults, key) and not reads(config):
+      out.append(f"config.{key}={value!r} is not read: {who}")
+  return out

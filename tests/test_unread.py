@@ -1,0 +1,73 @@
+"""Settings the run's own choices never read are said before anything compiles
+(dllm_rl.train.unread): the shipped configs and the embedded default set none."""
+
+import glob
+import os
+
+import pytest
+
+from dllm_rl.config import base_config, load_config_file
+from dllm_rl.config.defaults import get_config
+from dllm_rl.train.modes import mesh_notes
+from dllm_rl.train.unread import RULES, unread_settings
+from tests.helpers import ROOT
+
+
+def _with(mode="pipeline", **updates):
+  c = get_config()
+  c.unlock()
+  c.mode = mode
+  for key, value in updates.items():
+    section, name = key.split("__")
+    c[section][name] = value
+  return c
+
+
+@pytest.mark.parametrize("updates, key", [
+    ({"rl__beta_end": 4.0}, "rl.beta_end"),  # centered advantages: StepRS is not on
+    ({"rl__beta": 2.0, "rl__advantage": "steprs"}, "rl.beta"),
+    ({"rl__clip_C": 3.0, "rl__loss": "grpo"}, "rl.clip_C"),
+    ({"rl__clip_C": 3.0, "rl__clip": "none"}, "rl.clip_C"),
+    ({"rl__kl_estimator": "k2"}, "rl.kl_estimator"),  # kl_coef 0
+    ({"estimator__coupled": True, "estimator__num_samples": 2,
+      "estimator__name": "spg_block"}, "estimator.coupled"),
+    ({"estimator__num_samples": 4, "estimator__name": "mean_field"}, "estimator.num_samples"),
+    ({"estimator__spg_beta": 2.0}, "estimator.spg_beta"),  # the 1/t ELBO
+    ({"estimator__antithetic": True, "rl__loss": "wd1", "estimator__name": "mean_field",
+      "estimator__reduction": "sum"}, "estimator.antithetic"),
+    ({"lora__alpha": 32.0}, "lora.alpha"),  # rank 0
+])
+def test_a_setting_the_run_does_not_read_is_named(updates, key):
+  lines = unread_settings(_with(**updates))
+  assert [line.split("=")[0] for line in lines] == [f"config.{key}"], lines
+  assert " is not read: " in lines[0]
+
+
+def test_settings_the_run_reads_and_other_modes_are_quiet():
+  assert unread_settings(_with(rl__advantage="steprs", rl__beta_end=4.0)) == []
+  assert unread_settings(_with(rl__loss="grpo", rl__eps=0.3)) == []
+  # an SFT run reads no RL or estimator key: a config file written for RL stays quiet there
+  assert unread_settings(_with(mode="sft", rl__beta_end=4.0)) == []
+  assert unread_settings(_with(mode="sft", lora__alpha=32.0)) != []
+
+
+def test_every_rule_names_a_schema_key_and_the_shipped_configs_set_nothing_unread():
+  schema = base_config()
+  for key, _, _ in RULES:
+    section, name = key.split(".")
+    assert name in schema[section], key
+  assert unread_settings(get_config()) == []
+  for path in sorted(glob.glob(os.path.join(ROOT, "configs", "*.py"))):
+    for variant in ("", ":tiny"):
+      try:
+        config = load_config_file(path + variant)
+      except (ValueError, TypeError):  # a config file without the tiny variant
+        continue
+      assert unread_settings(config) == [], (path, variant)
+
+
+def test_a_mesh_that_leaves_devices_idle_is_named():
+  from dllm_rl.parallel.mesh import make_mesh
+  assert mesh_notes(make_mesh({"data": -1, "fsdp": 1, "tensor": 1})) == []
+  (line,) = mesh_notes(make_mesh({"data": 2, "fsdp": 1, "tensor": 1}))
+  assert line.startswith("config.mesh (data=2, fsdp=1, expert=1, tensor=1) uses 2 of the 8")
