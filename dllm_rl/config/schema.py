@@ -101,7 +101,8 @@ def base_config() -> ml_collections.ConfigDict:
   d.system_prompt = ""
 
   c.sampler = s = ml_collections.ConfigDict()
-  s.steps = 8             # denoising steps over the whole completion
+  s.steps = 8             # denoising steps over the whole completion (with threshold > 0
+                          # a block runs until it is complete, up to block_len steps)
   s.block_len = 8         # semi-autoregressive block length
   # Not a decoding knob: validation and test decode greedily (0), pass@k samples at
   # eval.temperature, RL rollouts at rl.temperature; any other value is a config error.
