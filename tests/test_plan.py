@@ -96,14 +96,16 @@ def test_pipeline_plan_on_cpu8(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_rl_plan_needs_only_config_json_and_a_misfit_exits_3(tmp_path, capsys):
-  """An HF folder with config.json only; against 1 MiB per device rl_step (fp32 params
-  and Adam moments of the 0.3M-parameter fixture alone exceed 0.9 MiB) does not fit."""
+  """An HF folder with config.json only; against 256 KiB per device rl_step (fp32 params
+  and Adam moments of the 0.3M-parameter fixture, 3.6 MB, are 0.45 MB per device over 8)
+  does not fit. (At 1 MiB it did not on jax 0.10 and did on jax 0.11, whose plan is
+  smaller.)"""
   config = _tiny_rl(_config("llada_tpu.py"), _hf_llada_dir(tmp_path))
   out = tmp_path / "plan.json"
-  assert plan.run_plan(config, "cpu:8", json_path=str(out), device_memory_gib=1 / 1024) == 3
+  assert plan.run_plan(config, "cpu:8", json_path=str(out), device_memory_gib=1 / 4096) == 3
   result = json.loads(out.read_text())
   assert set(result["programs"]) == {"rl_step", "rollout_sampler", "greedy_sampler"}  # no SFT
-  assert result["hbm_bytes_per_device"] == 1024 ** 2
+  assert result["hbm_bytes_per_device"] == 256 * 1024
   err = capsys.readouterr().err
   assert "rl_step does not fit" in err and "largest buffers" in err
   # llada_tpu has scan, remat and logits_chunk on: what is left is micro-batching (8 devices).
