@@ -91,9 +91,6 @@ def test_base_and_tiny_cpu_configs_validate():
     ({"sampler__cache_refresh": 2}, "sampler.cache_refresh"),  # with cache "none"
     ({"eval__temperature": 0.0, "eval__num_samples": 4, "eval__pass_k": (1, 4)},
      "eval.temperature"),  # identical samples
-    ({"sft__target_accuracy": 0.3, "sft__eval_every": 0}, "sft.target_accuracy"),
-    ({"sft__target_accuracy": 0.3, "sft__steps": 100, "sft__eval_every": 200},
-     "sft.target_accuracy"),
 ])
 def test_bad_values_name_their_key(updates, key):
   with pytest.raises(ConfigError) as err:

@@ -36,6 +36,8 @@ def _with(mode="pipeline", **updates):
     ({"estimator__antithetic": True, "rl__loss": "wd1", "estimator__name": "mean_field",
       "estimator__reduction": "sum"}, "estimator.antithetic"),
     ({"lora__alpha": 32.0}, "lora.alpha"),  # rank 0
+    ({"sft__eval_every": 0}, "sft.target_accuracy"),  # the default's 0.3, never checked
+    ({"sft__steps": 20}, "sft.target_accuracy"),  # eval_every 25: no validation in 20 steps
 ])
 def test_a_setting_the_run_does_not_read_is_named(updates, key):
   lines = unread_settings(_with(**updates))
@@ -49,6 +51,7 @@ def test_settings_the_run_reads_and_other_modes_are_quiet():
   # an SFT run reads no RL or estimator key: a config file written for RL stays quiet there
   assert unread_settings(_with(mode="sft", rl__beta_end=4.0)) == []
   assert unread_settings(_with(mode="sft", lora__alpha=32.0)) != []
+  assert unread_settings(_with(mode="rl", sft__eval_every=0)) == []  # RL reads no SFT key
 
 
 def test_every_rule_names_a_schema_key_and_the_shipped_configs_set_nothing_unread():

@@ -19,6 +19,8 @@ import ml_collections
 from dllm_rl.config.schema import base_config
 
 _STEPRS = ("steprs", "steprs_rms_matched", "steprs_mass_matched")
+_MODES = {"estimator": ("rl", "pipeline"), "rl": ("rl", "pipeline"),
+          "sft": ("sft", "pipeline")}  # the modes that read a section (others: every mode)
 
 # (key, whether the run reads it, who does): a key is checked only where its value differs
 # from the schema's default.
@@ -58,6 +60,9 @@ RULES: tuple[tuple[str, Callable[[ml_collections.ConfigDict], bool], str], ...] 
      "the bound of rl.loss=stabledrl with rl.clip=upper"),
     ("rl.self_normalize", lambda c: c.rl.loss == "stabledrl", "an option of rl.loss=stabledrl"),
     ("rl.kl_estimator", lambda c: c.rl.kl_coef > 0, "read only with rl.kl_coef > 0"),
+    ("sft.target_accuracy", lambda c: 0 < c.sft.eval_every <= c.sft.steps,
+     "checked at each SFT validation, and none runs within sft.steps (sft.eval_every is 0 or"
+     " above it): SFT runs all its steps"),
     ("lora.alpha", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
     ("lora.targets", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
     ("lora.base_dtype", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
@@ -72,12 +77,12 @@ def _value(config: ml_collections.ConfigDict, key: str):
 def unread_settings(config: ml_collections.ConfigDict) -> list[str]:
   """One line per key of :data:`RULES` set away from its default that ``config``'s choices
   do not read: ``config.KEY=VALUE is not read: WHO reads it``. The ``estimator`` and ``rl``
-  keys are judged in the modes that train with RL only (an SFT or eval run reads none)."""
+  keys are judged in the modes that train with RL only, the ``sft`` keys in those that train
+  SFT (a run of another mode reads none of them)."""
   defaults = base_config()
-  rl = config.mode in ("rl", "pipeline")
   out = []
   for key, reads, who in RULES:
-    if not rl and key.split(".")[0] in ("estimator", "rl"):
+    if config.mode not in _MODES.get(key.split(".")[0], (config.mode,)):
       continue
     value = _value(config, key)
     if value != _value(defaults, key) and not reads(config):
