@@ -88,3 +88,41 @@ def test_peft_folder_adds_up_to_the_merged_export(tmp_path):
     base = hf.to_hf(np.asarray(w[...], np.float32), kind)
     assert a.shape == (4, base.shape[1]) and b.shape == (base.shape[0], 4)
     np.testing.assert_allclose(merged[f"{module}.weight"] - base, 2.0 * b @ a, atol=1e-6)
+
+
+def test_a_kl_term_turned_on_or_off_since_the_checkpoint_restores(tmp_path, caplog):
+  """Full fine-tuning holds the reference policy only with rl.kl_coef > 0. Turned on at a
+  resume (or a study.branch variant), the reference is the template's, the run's starting
+  policy, with a warning; turned off, the saved one is dropped; another difference is still
+  the layout error."""
+  config = tiny_run_config("rl")
+  mesh = make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
+  model_cfg = setup.model_config(config, CharTokenizer().vocab_size)
+  _, params = transformer.init_params_sharded(model_cfg, jax.random.key(0), mesh)
+  start = jax.tree.map(lambda x: x + 7.0, params)  # the reference a fresh KL run would hold
+  optimizer = make_optimizer(config.rl)[0]
+  plain, _ = init_state_sharded(params, optimizer, jax.random.key(1), mesh)
+  with_ref, _ = init_state_sharded(params, optimizer, jax.random.key(1), mesh, ref_params=start)
+  leaves = lambda tree: [np.asarray(x) for x in jax.tree.leaves(tree)]
+  for name, saved, template, want in (("off_then_on", plain, with_ref, start),
+                                      ("on_then_off", with_ref, plain, None)):
+    with Checkpointer(str(tmp_path / name), async_save=False) as ckpt:
+      ckpt.save(3, saved, {"at": 3})
+      with caplog.at_level("WARNING"):
+        state, meta = restore_checkpoint(ckpt, template)
+    assert meta == {"at": 3}
+    for got, expected in zip(leaves(state.params), leaves(params)):
+      np.testing.assert_array_equal(got, expected)
+    if want is None:
+      assert state.ref_params is None
+    else:
+      for got, expected in zip(leaves(state.ref_params), leaves(start)):
+        np.testing.assert_array_equal(got, expected)
+  assert caplog.text.count("holds no reference policy") == 1
+  wider = setup.model_config(tiny_run_config("rl", {"model.mlp_hidden": 96}),
+                             CharTokenizer().vocab_size)
+  _, other = transformer.init_params_sharded(wider, jax.random.key(0), mesh)
+  other, _ = init_state_sharded(other, optimizer, jax.random.key(1), mesh, ref_params=other)
+  with Checkpointer(str(tmp_path / "off_then_on"), async_save=False) as ckpt:
+    with pytest.raises(LayoutMismatch, match="Shape mismatch"):
+      restore_checkpoint(ckpt, other)

@@ -190,11 +190,9 @@ def out_errors(out: str, run_dir: str, at: int) -> list[ConfigError]:
 
 
 def branch_overrides(recorded: dict, at: int, variant: dict) -> dict:
-  """The recorded overrides with a checkpoint every ``at`` steps, then the variant's; a
-  ConfigError for a variant the checkpoint cannot start (one that adds state to it)."""
-  if float(variant.get("rl.kl_coef", 0.0)) > 0 and not float(recorded.get("rl.kl_coef", 0.0)):
-    raise ConfigError("--variant", "rl.kl_coef > 0 adds the reference weights to the RL state,"
-                      " which the run's checkpoint does not hold: a branch cannot turn KL on")
+  """The recorded overrides with a checkpoint every ``at`` steps, then the variant's. A variant
+  that turns KL on starts from the checkpoint with the run's SFT start as its reference, as a
+  run with KL from step 0 has it (dllm_rl.train.lora_checkpoint.restore_checkpoint)."""
   return {**recorded, "checkpoint.save_every": at, "checkpoint.keep": 1_000_000,
           "checkpoint.async_save": False, **variant}
 

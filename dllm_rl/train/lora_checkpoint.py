@@ -14,6 +14,8 @@ the base of a LoRA RL phase (its layout does not match: a LayoutMismatch names t
 
 from __future__ import annotations
 
+import logging
+
 import jax
 from flax import nnx
 
@@ -21,6 +23,8 @@ from dllm_rl.infra.checkpoint import LayoutMismatch
 from dllm_rl.models import lora, transformer
 from dllm_rl.train import context as setup
 from dllm_rl.train import layout_errors
+
+_log = logging.getLogger(__name__)
 
 
 def saved_state(state):
@@ -43,14 +47,39 @@ def restored_state(template, saved):
 def restore_checkpoint(ckpt, template, config=None):
   """``ckpt.restore`` of a state shaped like ``template`` (a fresh state): (state, meta). With
   the run's ``config``, a checkpoint it does not fit is a ConfigError naming the ``model`` /
-  ``lora`` keys the checkpoint was trained with otherwise (dllm_rl.train.layout_errors)."""
+  ``lora`` keys the checkpoint was trained with otherwise (dllm_rl.train.layout_errors).
+
+  A KL term turned on or off since the checkpoint (``rl.kl_coef``): a full-fine-tuning
+  checkpoint holds the reference policy only when it was on. Turned on, the reference is the
+  template's, the run's starting policy, as a fresh run with KL has it (a warning says so);
+  turned off, the saved reference is dropped."""
   try:
-    saved, meta = ckpt.restore(saved_state(template))
+    try:
+      saved, meta = ckpt.restore(saved_state(template))
+    except LayoutMismatch as err:
+      saved, meta = _restore_toggling_kl(ckpt, template, err)
   except LayoutMismatch as err:
     if config is None:
       raise
     raise layout_errors.for_checkpoint(err, ckpt.directory, None, config) from err
   return restored_state(template, saved), meta
+
+
+def _restore_toggling_kl(ckpt, template, err: LayoutMismatch):
+  """(state, meta) of a checkpoint whose reference policy differs from ``template``'s only in
+  being there (:func:`restore_checkpoint`); ``err``, the first restore's error, when that is
+  not the difference."""
+  if lora.has_adapters(template.params) or not hasattr(template, "ref_params"):
+    raise err
+  kl_now = template.ref_params is not None
+  try:  # the checkpoint's layout: the reference held when KL was on, none when it was off
+    saved, meta = ckpt.restore(template.replace(ref_params=None if kl_now else template.params))
+  except LayoutMismatch:
+    raise err from None
+  if kl_now:
+    _log.warning("%s holds no reference policy (rl.kl_coef was 0): the KL term's reference is"
+                 " the run's starting policy, as in a fresh run", ckpt.directory)
+  return saved.replace(ref_params=template.ref_params), meta
 
 
 def base_pointer(config) -> dict:
