@@ -270,3 +270,22 @@ def test_a_template_mismatch_is_not_treated_as_damage(tmp_path):
   with Checkpointer(directory, keep=5, async_save=False) as ckpt:
     with pytest.raises(ValueError, match="mismatch with checkpoint .*/3 "):
       ckpt.restore(other)
+
+
+def test_a_damaged_step_silences_only_the_closed_loop_callbacks(monkeypatch):
+  """After a failed read, tensorstore callbacks hit orbax's closed asyncio loop: their
+  'Event loop is closed' errors are dropped; any other unraisable error still reaches the
+  previous hook (once installed, the filter is not stacked again)."""
+  import sys
+  import types
+
+  from dllm_rl.infra import checkpoint as ck
+  seen = []
+  monkeypatch.setattr(sys, "unraisablehook", seen.append)
+  ck._quiet_closed_loop_callbacks()
+  ck._quiet_closed_loop_callbacks()
+  event = lambda err: types.SimpleNamespace(exc_value=err, object=None)
+  sys.unraisablehook(event(RuntimeError("Event loop is closed")))
+  other = event(ValueError("real"))
+  sys.unraisablehook(other)
+  assert seen == [other]

@@ -54,6 +54,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -186,6 +187,24 @@ def _from_stored(value: Any, template: Any, kind: str, saved: dict[str, Any]) ->
     value = np.asarray(value, dtype=template.dtype)
     return value[()] if isinstance(template, np.generic) else value
   return value
+
+
+def _quiet_closed_loop_callbacks() -> None:
+  """Tensorstore reads still in flight when a damaged step's restore fails finish after orbax
+  has closed their asyncio loop; each callback's ``RuntimeError('Event loop is closed')``
+  reaches ``sys.unraisablehook``, a traceback per array with nothing to act on (the damage
+  itself is reported). Drop those; everything else goes to the previous hook."""
+  previous = sys.unraisablehook
+  if getattr(previous, "quiet_closed_loop", False):
+    return
+
+  def hook(unraisable):
+    err = unraisable.exc_value
+    if not (isinstance(err, RuntimeError) and str(err) == "Event loop is closed"):
+      previous(unraisable)
+
+  hook.quiet_closed_loop = True
+  sys.unraisablehook = hook
 
 
 class CheckpointError(FileNotFoundError):
@@ -348,6 +367,7 @@ class Checkpointer:
         raise
       except Exception as e:  # orbax/tensorstore/json errors of a damaged step  # noqa: BLE001
         failures.append((candidate, short_reason(e)))  # tensorstore: KBs of spec
+        _quiet_closed_loop_callbacks()
         self._damaged.add(candidate)
         continue
       if failures:
