@@ -13,7 +13,7 @@ import sys
 from absl import app, flags
 
 from dllm_rl.config import cli
-from dllm_rl.errors import ConfigError
+from dllm_rl.errors import ConfigError, raise_all
 from dllm_rl.planning import planner
 
 _CONFIG = flags.DEFINE_string("config", None, "ml_collections config file.")
@@ -33,7 +33,6 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if _CONFIG.value is None or not _TOPOLOGY.value:
     raise app.UsageError("--config and --topology are required")
-  config = cli.load(_CONFIG.value, _overrides, check=planner.validated)
   from dllm_rl.parallel.topology import cpu_device_count
   n = cpu_device_count(_TOPOLOGY.value)
   problems = [ConfigError(f"--{flag}", f"must be positive, got {value}") for flag, value in
@@ -43,8 +42,16 @@ def main(argv):
     problems.append(ConfigError("--topology", "cpu:N needs N >= 1 devices, got cpu:0"))
   if _JSON.value:  # found before the compile, which takes minutes at 8B
     problems += planner.json_path_problems(_JSON.value)
-  if problems:
-    cli.fail(problems)
+
+  def check(config):  # the config's problems and the flags', all at once (exit 2)
+    errors = list(problems)
+    try:
+      planner.validated(config)
+    except ConfigError as err:
+      errors = (getattr(err, "errors", None) or [err]) + errors
+    raise_all(errors)
+
+  config = cli.load(_CONFIG.value, _overrides, check=check)
   if n is not None:  # before JAX starts: N simulated devices
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + f" --xla_force_host_platform_device_count={n}").strip()

@@ -57,14 +57,16 @@ def test_study_names_an_unknown_study_of_a_list(tmp_path):
 
 def test_plan_flags_are_checked_before_the_compile(tmp_path):
   """A --json path that cannot be written, a non-positive memory or cpu:0 are found before the
-  plan compiles (minutes at 8B), all at once, exit 2."""
+  plan compiles (minutes at 8B), all at once with the config's problems, exit 2."""
   (tmp_path / "a_file").write_text("")
   proc = subprocess.run([sys.executable, "-m", "dllm_rl.plan", "--config=configs/tiny_cpu.py",
                          "--topology=cpu:0", "--device_memory_gib=-5",
-                         f"--json={tmp_path}/a_file/plan.json"], cwd=ROOT, capture_output=True,
-                        text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+                         f"--json={tmp_path}/a_file/plan.json", "--config.rl.steps=many"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
   assert [l for l in proc.stderr.splitlines() if l.startswith("error:")] == [
+      "error: config.rl.steps: expected int, got 'many'",  # the config's and the flags' at once
       "error: --device_memory_gib: must be positive, got -5.0",
       "error: --topology: cpu:N needs N >= 1 devices, got cpu:0",
       f"error: --json: {tmp_path}/a_file is not an existing folder"]
