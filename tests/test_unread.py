@@ -52,6 +52,9 @@ def test_settings_the_run_reads_and_other_modes_are_quiet():
   assert unread_settings(_with(mode="sft", rl__beta_end=4.0)) == []
   assert unread_settings(_with(mode="sft", lora__alpha=32.0)) != []
   assert unread_settings(_with(mode="rl", sft__eval_every=0)) == []  # RL reads no SFT key
+  assert unread_settings(_with(profile__steps="2:4")) == []
+  assert unread_settings(_with(mode="sft", profile__steps="2:4")) == [
+      "config.profile.steps='2:4' is not read: a trace of RL steps: an SFT or eval run writes none"]
 
 
 def test_every_rule_names_a_schema_key_and_the_shipped_configs_set_nothing_unread():

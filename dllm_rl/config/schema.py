@@ -229,7 +229,8 @@ def base_config() -> ml_collections.ConfigDict:
   # (W&B: a table): prompt, completion, reward, correct. RL: the first completion of the first
   # log.num_samples prompts of that step's rollout batch (no extra sampling); SFT: greedy
   # completions of the first log.num_samples validation prompts (those of the validation pass
-  # when one runs at that step, else one greedy batch). dllm_rl/infra/samples.py.
+  # when one runs at that step, else one greedy batch). dllm_rl/infra/samples.py. A phase of
+  # fewer steps writes none.
   g.samples_every = 100
   g.num_samples = 4
   # Weights & Biases (optional `pip install "dllm-rl[wandb]"`): "" = off. The metrics.jsonl

@@ -21,6 +21,7 @@ from dllm_rl.config.schema import base_config
 _STEPRS = ("steprs", "steprs_rms_matched", "steprs_mass_matched")
 _MODES = {"estimator": ("rl", "pipeline"), "rl": ("rl", "pipeline"),
           "sft": ("sft", "pipeline")}  # the modes that read a section (others: every mode)
+_UNREAD_IN = {"profile": ("sft", "eval")}  # modes that never read a section's keys
 
 # (key, whether the run reads it, who does): a key is checked only where its value differs
 # from the schema's default.
@@ -63,6 +64,7 @@ RULES: tuple[tuple[str, Callable[[ml_collections.ConfigDict], bool], str], ...] 
     ("sft.target_accuracy", lambda c: 0 < c.sft.eval_every <= c.sft.steps,
      "checked at each SFT validation, and none runs within sft.steps (sft.eval_every is 0 or"
      " above it): SFT runs all its steps"),
+    ("profile.steps", lambda c: True, "a trace of RL steps: an SFT or eval run writes none"),
     ("lora.alpha", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
     ("lora.targets", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
     ("lora.base_dtype", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
@@ -82,9 +84,11 @@ def unread_settings(config: ml_collections.ConfigDict) -> list[str]:
   defaults = base_config()
   out = []
   for key, reads, who in RULES:
-    if config.mode not in _MODES.get(key.split(".")[0], (config.mode,)):
+    section = key.split(".")[0]
+    if config.mode not in _MODES.get(section, (config.mode,)):
       continue
     value = _value(config, key)
-    if value != _value(defaults, key) and not reads(config):
+    if value != _value(defaults, key) and (
+        not reads(config) or config.mode in _UNREAD_IN.get(section, ())):
       out.append(f"config.{key}={value!r} is not read: {who}")
   return out

@@ -326,9 +326,13 @@ def _runtime(config, check: "_Checks") -> None:
   missing = config.log.wandb_project and writers.wandb_missing()
   check(not missing, "log.wandb_project", missing or "")
   try:
-    parse_steps(config.profile.steps)
+    window = parse_steps(config.profile.steps)
   except ValueError as err:
     check.error(ConfigError("profile.steps", str(err)))
+  else:
+    check(window is None or window[1] <= config.rl.steps, "profile.steps",
+          f"{config.profile.steps!r} ends past rl.steps={config.rl.steps}: no trace would be"
+          " written")
   # --- preemption and faults ---
   check(config.checkpoint.save_every_seconds >= 0, "checkpoint.save_every_seconds",
          "must be >= 0 (0 = step-based saving only)")
