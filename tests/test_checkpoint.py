@@ -284,8 +284,20 @@ def test_a_damaged_step_silences_only_the_closed_loop_callbacks(monkeypatch):
   monkeypatch.setattr(sys, "unraisablehook", seen.append)
   ck._quiet_closed_loop_callbacks()
   ck._quiet_closed_loop_callbacks()
-  event = lambda err: types.SimpleNamespace(exc_value=err, object=None)
-  sys.unraisablehook(event(RuntimeError("Event loop is closed")))
-  other = event(ValueError("real"))
+  def raised(fn):
+    try:
+      fn()
+    except Exception as err:  # noqa: BLE001
+      return types.SimpleNamespace(exc_value=err, exc_traceback=err.__traceback__, object=None)
+
+  def call_soon_threadsafe():  # asyncio's, on a closed loop
+    raise RuntimeError("Event loop is closed")
+
+  def elsewhere():
+    raise RuntimeError("Event loop is closed")
+
+  sys.unraisablehook(raised(call_soon_threadsafe))
+  other, real = raised(elsewhere), raised(lambda: 1 / 0)
   sys.unraisablehook(other)
-  assert seen == [other]
+  sys.unraisablehook(real)
+  assert seen == [other, real]

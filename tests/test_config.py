@@ -89,7 +89,7 @@ def test_base_and_tiny_cpu_configs_validate():
     ({"sampler__temperature": 0.7}, "sampler.temperature"),  # no sampler reads it
     ({"sampler__threshold": 0.5, "sampler__remasking": "entropy"}, "sampler.threshold"),
     ({"sampler__cache_refresh": 2}, "sampler.cache_refresh"),  # with cache "none"
-    ({"profile__steps": "2:5000"}, "profile.steps"),  # past rl.steps: no trace
+    ({"profile__steps": "700:800", "mode": "pipeline"}, "profile.steps"),  # after rl.steps
     ({"eval__temperature": 0.0, "eval__num_samples": 4, "eval__pass_k": (1, 4)},
      "eval.temperature"),  # identical samples
 ])

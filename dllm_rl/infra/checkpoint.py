@@ -51,10 +51,12 @@ damaged step is deleted only when the run saves that step again (a fresh copy re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -199,8 +201,10 @@ def _quiet_closed_loop_callbacks() -> None:
     return
 
   def hook(unraisable):
-    err = unraisable.exc_value
-    if not (isinstance(err, RuntimeError) and str(err) == "Event loop is closed"):
+    err, frames = unraisable.exc_value, traceback.extract_tb(unraisable.exc_traceback)
+    closed = (isinstance(err, RuntimeError) and str(err) == "Event loop is closed"
+              and any(f.name == "call_soon_threadsafe" for f in frames))
+    if not closed:  # only a callback scheduled onto a closed loop, the pattern above
       previous(unraisable)
 
   hook.quiet_closed_loop = True
@@ -327,12 +331,16 @@ class Checkpointer:
         force=True,  # The caller decides when to save (no CheckpointManager policy).
     )
 
-  def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+  def restore(self, abstract_state: Any, step: int | None = None, *,
+              leave_out: Sequence[str] = ()) -> tuple[Any, dict[str, Any]]:
     """Restores ``step`` (None = the newest readable one) into the structure of ``abstract_state``.
 
     ``abstract_state`` has the saved structure; its leaves may be concrete arrays or
     `jax.ShapeDtypeStruct` (with ``.sharding`` to place the restored arrays). Returns
     ``(state, meta)`` with ``state`` of the same pytree type as ``abstract_state``.
+    ``leave_out``: fields of a dataclass state (``.replace``) that the checkpoint holds but
+    that are not read; they come back as ``abstract_state`` has them (a partial read: orbax
+    serves it from a checkpointer that has not saved in this process, e.g. ``read_only``).
     Raises FileNotFoundError when the step is absent, `LayoutMismatch` (a ValueError) on a
     structure mismatch, `CheckpointError` when no step can be read. With ``step=None`` a
     damaged newest step falls back to the previous one, with a warning naming both.
@@ -342,14 +350,21 @@ class Checkpointer:
     steps = self.all_steps()
     if not steps:
       raise FileNotFoundError(f"No checkpoints in {self.directory} (available steps: [])")
+    read = lambda s: self._restore_step(abstract_state, s)
+    if leave_out:  # the other fields, matched by their paths
+      fields = {f.name: getattr(abstract_state, f.name) for f in dataclasses.fields(abstract_state)
+                if f.name not in leave_out}
+
+      def read(s):
+        parts, meta = self._restore_step(fields, s, partial=True)
+        return abstract_state.replace(**parts), meta
     if step is not None:
       if step not in steps:
         raise FileNotFoundError(
             f"No checkpoint for step {step} in {self.directory}; available steps: {steps}")
-      return self._restore_step(abstract_state, step)
+      return read(step)
     _describe(abstract_state, "restore template")  # a bad template is not damage: raise here
-    return self.first_readable(lambda s: self._restore_step(abstract_state, s),
-                               list(reversed(steps)))[1]
+    return self.first_readable(read, list(reversed(steps)))[1]
 
   def first_readable(self, read: Callable[[int], Any], steps: Sequence[int], *,
                      hint: str = "Delete the damaged steps (or the folder) to start this"

@@ -64,12 +64,11 @@ def curves(study: dict, out_png: str,
   arms = [a["name"] for a in study["arms"]]
   fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels)), squeeze=False)
   for ax, (key, source) in zip(axes[:, 0], panels):
-    log, positive = key in LOG_PANELS, False
-    for arm in arms:
-      steps, values = _series(study["runs"], arm, key, source)
-      positive |= bool(np.any(values > 0))
+    series = [(arm, *_series(study["runs"], arm, key, source)) for arm in arms]
+    # every value 0 (no run had a gradient): nothing to draw on a log axis, so a linear one
+    log = key in LOG_PANELS and any(bool(np.any(values > 0)) for _, _, values in series)
+    for arm, steps, values in series:
       _band(ax, steps, values, arm, log=log)
-    log = log and positive  # every value 0 (no run had a gradient): nothing to draw on a log axis
     ax.set_ylabel(f"{key} (geometric mean)" if log else key)
     if log:
       ax.set_yscale("log")

@@ -19,7 +19,7 @@ import logging
 import jax
 from flax import nnx
 
-from dllm_rl.infra.checkpoint import LayoutMismatch
+from dllm_rl.infra.checkpoint import Checkpointer, LayoutMismatch
 from dllm_rl.models import lora, transformer
 from dllm_rl.train import context as setup
 from dllm_rl.train import layout_errors
@@ -72,8 +72,12 @@ def _restore_toggling_kl(ckpt, template, err: LayoutMismatch):
   if lora.has_adapters(template.params) or not hasattr(template, "ref_params"):
     raise err
   kl_now = template.ref_params is not None
-  try:  # the checkpoint's layout: the reference held when KL was on, none when it was off
-    saved, meta = ckpt.restore(template.replace(ref_params=None if kl_now else template.params))
+  try:  # without the reference: none saved (KL was off), or one not to read (KL is off now)
+    if kl_now:
+      saved, meta = ckpt.restore(template.replace(ref_params=None))
+    else:  # a partial read, which orbax serves from a checkpointer that has not saved
+      with Checkpointer(ckpt.directory, read_only=True) as reader:
+        saved, meta = reader.restore(template, leave_out=("ref_params",))
   except LayoutMismatch:
     raise err from None
   if kl_now:

@@ -6,7 +6,8 @@ block estimator's), a loss only its own (``clip_C`` is StableDRL's), an advantag
 own (``beta_end`` is StepRS's). A value the run ignores is not an error (a sweep may set a key
 for every arm, or a config file for several losses), but a user who set ``rl.beta_end=4`` with
 centered advantages must not believe StepRS ran. ``dllm_rl.train.validate`` rejects the
-settings that would mislead outright (e.g. ``sampler.temperature``, read by no sampler).
+settings that would mislead outright (``sampler.temperature``, read by no sampler; settings
+that are read but degenerate, such as a threshold with entropy remasking).
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ RULES: tuple[tuple[str, Callable[[ml_collections.ConfigDict], bool], str], ...] 
      "the EUBO weight of rl.loss=stabledrl or spg with estimator.name=spg_block"),
     ("estimator.antithetic",
      lambda c: c.rl.loss not in ("wd1", "spg") and c.estimator.name != "trajectory",
-     "shared masks for ℓ̂_old and ℓ̂_θ: wd1 and spg use no ℓ̂_old, and the trajectory"
-     " estimator draws no masks"),
+     "shared masks for ℓ̂_old and ℓ̂_θ: the wd1 and spg losses use no ℓ̂_old (only the"
+     " logged ratio metrics follow it), and the trajectory estimator draws no masks"),
     ("rl.beta", lambda c: c.rl.advantage == "risk_sensitive",
      "the risk coefficient of rl.advantage=risk_sensitive (StepRS: rl.beta_start / beta_end)"),
     ("rl.beta_start", lambda c: c.rl.advantage in _STEPRS, "the steprs advantages' schedule"),

@@ -295,7 +295,7 @@ def _eval(config, check: "_Checks") -> None:
   check(e.temperature > 0 or e.num_samples == 1 or config.sampler.remasking == "random",
         "eval.temperature", f"0 with eval.num_samples={e.num_samples} draws identical samples"
         " (greedy, and the unmasking order is not random): pass@k would equal pass@1 and the"
-        " diversity 1; set a temperature > 0 or eval.num_samples=1")
+        " diversity 1; set a temperature > 0, or eval.num_samples=1 with eval.pass_k=1")
   check(e.phase in EVAL_PHASES, "eval.phase", unknown_message("eval phase", e.phase, EVAL_PHASES))
   check(e.checkpoint_step >= -1, "eval.checkpoint_step",
         f"must be a saved step or -1 (the newest), got {e.checkpoint_step}")
@@ -330,8 +330,9 @@ def _runtime(config, check: "_Checks") -> None:
   except ValueError as err:
     check.error(ConfigError("profile.steps", str(err)))
   else:
-    check(window is None or window[1] <= config.rl.steps, "profile.steps",
-          f"{config.profile.steps!r} ends past rl.steps={config.rl.steps}: no trace would be"
+    check(window is None or config.mode not in ("rl", "pipeline")
+          or window[0] <= config.rl.steps, "profile.steps",
+          f"{config.profile.steps!r} starts past rl.steps={config.rl.steps}: no trace would be"
           " written")
   # --- preemption and faults ---
   check(config.checkpoint.save_every_seconds >= 0, "checkpoint.save_every_seconds",
