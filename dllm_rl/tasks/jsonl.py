@@ -69,7 +69,9 @@ class JsonlTask(Task):
   "d1"); ``answer_tag``: the reward reads only the last ``<answer>`` span (a
   completion without one scores 0); None = the preset's choice (False without
   one); ``verify_timeout``: seconds per verification in a worker process
-  (``verifiers.TimedVerifier``), 0 = in process, None = the task's default.
+  (``verifiers.TimedVerifier``), 0 = in process, None = the task's default;
+  ``test_fraction``: without ``test_file``, the share of ``train_file`` held out
+  as the test split (default 0.1; with a ``test_file`` it is an error to give it).
 
   Subclasses implement ``_fields(record)`` → (template fields, SFT answer,
   verifier meta), raising ``_BadRecord``; ``_checker()`` and ``_args(example)``
@@ -81,10 +83,14 @@ class JsonlTask(Task):
   preload: tuple[str, ...] = ()  # modules the verifier worker imports up front
 
   def __init__(self, train_file: str = "", test_file: str = "", on_error: str = "raise",
-               prompt_template: str = "{question}", test_fraction: float = 0.1,
+               prompt_template: str = "{question}", test_fraction: float | None = None,
                verify_timeout: float | None = None, prompt_preset: str = "",
                answer_tag: bool | None = None):
-    super().__init__(test_fraction)
+    if test_fraction is not None and test_file:
+      raise ValueError(f"task {self.name!r}: test_fraction splits the test set off train_file"
+                       f" when there is no test_file; with test_file={str(test_file)!r} it is"
+                       " not read: leave it out")
+    super().__init__(0.1 if test_fraction is None else test_fraction)  # default: 10 %
     if not train_file and not test_file:
       raise ValueError(f"task {self.name!r} needs option train_file and/or test_file")
     if on_error not in ON_ERROR:
@@ -362,7 +368,7 @@ class SudokuJsonlTask(JsonlTask):
                       "inside <answer></answer>.")
 
   def __init__(self, train_file: str = "", test_file: str = "", on_error: str = "raise",
-               prompt_template: str = "{question}", test_fraction: float = 0.1,
+               prompt_template: str = "{question}", test_fraction: float | None = None,
                verify_timeout: float | None = None, prompt_preset: str = "",
                answer_tag: bool | None = None, reward: str = "solved"):
     if reward not in ("solved", "cell_accuracy"):

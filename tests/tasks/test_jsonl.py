@@ -90,6 +90,9 @@ def test_math500(tmp_path):
   inline = make_task("math500", test_file=task.test_file, verify_timeout=0)
   assert inline.verify(inline.generate("test", 1, 0)[0], "\\boxed{nothing}").reward == 0.0
   assert inline._timed is None
+  with pytest.raises(ValueError, match=r"test_fraction splits the test set off train_file .*"
+                                       r"not read"):
+    make_task("math500", train_file=task.test_file, test_file=task.test_file, test_fraction=0.2)
   for bad in (-1, float("nan"), float("inf")):
     with pytest.raises(ValueError, match=r"'math500': verify_timeout must be a finite number of seconds >= 0"):
       make_task("math500", test_file=task.test_file, verify_timeout=bad)
