@@ -77,3 +77,21 @@ def test_a_mesh_that_leaves_devices_idle_is_named():
   assert mesh_notes(make_mesh({"data": -1, "fsdp": 1, "tensor": 1})) == []
   (line,) = mesh_notes(make_mesh({"data": 2, "fsdp": 1, "tensor": 1}))
   assert line.startswith("config.mesh (data=2, fsdp=1, expert=1, tensor=1) uses 2 of the 8")
+
+
+def test_a_study_arm_is_quiet_about_its_testbeds_own_settings_not_about_its_overrides():
+  """chain's testbed sets estimator.spg_block_len for its spg_block arms: its elbo stress arm
+  does not read it, and says nothing of it (the study runner's quiet keys); an arm's or the
+  user's override that the run does not read is still named."""
+  from dllm_rl.config import testbeds
+  from dllm_rl.train.unread import set_keys
+  base = testbeds.testbed("chain").get_config()
+  base.unlock()
+  base.mode, base.estimator.name = "rl", "elbo"
+  assert "estimator.spg_block_len" in set_keys(base)
+  assert [line.split("=")[0] for line in unread_settings(base)] == [
+      "config.estimator.spg_block_len"]
+  assert unread_settings(base, quiet=set_keys(base)) == []
+  base.rl.beta_end = 4.0  # an override: not in the testbed's keys
+  assert [line.split("=")[0] for line in unread_settings(base, quiet={"estimator.spg_block_len"})
+          ] == ["config.rl.beta_end"]

@@ -120,7 +120,7 @@ def mesh_notes(mesh) -> list[str]:
           " (set an axis to -1 to fill them)"]
 
 
-def run(config, workdir: str) -> dict:
+def run(config, workdir: str, *, quiet_unread=()) -> dict:
   """Run ``config.mode``; write ``workdir/config_<mode>.json`` (the resolved config,
   overrides applied; rewritten by each run of that mode, so an eval run never replaces the
   training run's) and, for the training modes, ``workdir/summary.json``; return the summary.
@@ -129,7 +129,8 @@ def run(config, workdir: str) -> dict:
   gets the resolved config, every metrics record and sample of the phases, and the summary.
 
   SIGTERM / SIGINT during training save a checkpoint after the current step and raise
-  ``dllm_rl.train.resilience.Preempted`` (no summary is written); see that module."""
+  ``dllm_rl.train.resilience.Preempted`` (no summary is written); see that module.
+  ``quiet_unread``: keys whose "not read" warning (dllm_rl.train.unread) is not printed."""
   from dllm_rl.parallel.distributed import initialize
   from dllm_rl.train.context import build_context
   from dllm_rl.train.validate import validate
@@ -143,7 +144,7 @@ def run(config, workdir: str) -> dict:
   with handle_signals():
     ctx = build_context(config, workdir)
     if is_primary():  # settings that change nothing, said before anything compiles
-      for line in unread_settings(config) + mesh_notes(ctx.mesh):
+      for line in unread_settings(config, quiet_unread) + mesh_notes(ctx.mesh):
         print(f"warning: {line}", file=sys.stderr, flush=True)
     if is_primary():  # the resolved config of this run (file + overrides), for the record
       paths.resolve(workdir).joinpath(f"config_{config.mode}.json").write_text(config.to_json_best_effort(

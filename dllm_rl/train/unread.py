@@ -77,14 +77,23 @@ def _value(config: ml_collections.ConfigDict, key: str):
   return json.loads(json.dumps(config[section][name]))  # tuples as lists, as the schema's
 
 
-def unread_settings(config: ml_collections.ConfigDict) -> list[str]:
+def set_keys(config: ml_collections.ConfigDict) -> set[str]:
+  """The keys of :data:`RULES` that ``config`` sets away from the schema's defaults."""
+  defaults = base_config()
+  return {key for key, _, _ in RULES if _value(config, key) != _value(defaults, key)}
+
+
+def unread_settings(config: ml_collections.ConfigDict, quiet=()) -> list[str]:
   """One line per key of :data:`RULES` set away from its default that ``config``'s choices
   do not read: ``config.KEY=VALUE is not read: WHO reads it``. The ``estimator`` and ``rl``
   keys are judged in the modes that train with RL only, the ``sft`` keys in those that train
-  SFT (a run of another mode reads none of them)."""
+  SFT (a run of another mode reads none of them). ``quiet``: keys not to report (a study's
+  testbed sets some for the arms that read them)."""
   defaults = base_config()
   out = []
   for key, reads, who in RULES:
+    if key in quiet:
+      continue
     section = key.split(".")[0]
     if config.mode not in _MODES.get(section, (config.mode,)):
       continue
