@@ -141,11 +141,12 @@ class JsonlTask(Task):
       if not data.strip():
         continue
       try:
-        problem = not_utf8(data)
-        if problem:
-          raise _BadRecord(problem)
         try:
-          record = json.loads(data.decode("utf-8"))
+          text = data.decode("utf-8")
+        except UnicodeDecodeError:
+          raise _BadRecord(not_utf8(data)) from None
+        try:
+          record = json.loads(text)
         except json.JSONDecodeError as err:
           raise _BadRecord(f"invalid JSON ({err.msg} at column {err.colno})") from err
         if not isinstance(record, dict):

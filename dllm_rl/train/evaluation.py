@@ -234,14 +234,20 @@ def head(split: Split, n: int) -> Split:
 
 
 def rollout_records(task, tokenizer, split: Split, completions_BGL: np.ndarray,
-                    correct_BG: np.ndarray, index_B: np.ndarray) -> list:
+                    correct_BG: np.ndarray, index_B: np.ndarray,
+                    rewards_BG: np.ndarray | None = None) -> list:
   """:func:`generation_records` of the first completion of each prompt of a rollout batch
   (``split``: its examples and prompt arrays), ``index`` the example's row in the training
-  split, and ``group_accuracy``: the fraction of the prompt's group that was correct."""
+  split, and ``group_accuracy``: the fraction of the prompt's group that was correct.
+  ``rewards_BG``: the rewards RL trained on (``rl.malformed_reward`` where the verifier could
+  not parse), reported instead of the verifier's."""
   graded = verify_each(task, tokenizer, split.examples, completions_BGL[:, 0])
   records = generation_records(tokenizer, split, graded)
   for r, i, correct_G in zip(records, index_B, correct_BG):
     r.update(index=int(i), group_accuracy=float(np.mean(correct_G)))
+  if rewards_BG is not None:
+    for r, reward in zip(records, rewards_BG[:, 0]):
+      r["reward"] = float(reward)
   return records
 
 

@@ -143,10 +143,11 @@ def run(config, workdir: str, *, quiet_unread=()) -> dict:
   from dllm_rl.parallel.distributed import is_primary
   with handle_signals():
     ctx = build_context(config, workdir)
-    if is_primary():  # settings that change nothing, said before anything compiles
+    if is_primary():
+      # settings that change nothing, said before anything compiles
       for line in unread_settings(config, quiet_unread) + mesh_notes(ctx.mesh):
         print(f"warning: {line}", file=sys.stderr, flush=True)
-    if is_primary():  # the resolved config of this run (file + overrides), for the record
+      # the resolved config of this run (file + overrides), for the record
       paths.resolve(workdir).joinpath(f"config_{config.mode}.json").write_text(config.to_json_best_effort(
           indent=2, sort_keys=True) + "\n")
     with open_writers(config, workdir, enabled=is_primary()) as writers:

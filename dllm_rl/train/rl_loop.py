@@ -260,11 +260,8 @@ class RLPhase(Phase):
     n = ctx.config.log.num_samples
     split = evaluation.Split(examples[:n], {k: batch[k][:n]
                                             for k in ("prompt_BP", "prompt_valid_BP")})
-    records = evaluation.rollout_records(ctx.task, ctx.tokenizer, split, completions[:n],
-                                         correct[:n], batch["index"][:n])
-    for record, reward in zip(records, rewards[:n, 0]):  # the reward RL used
-      record["reward"] = float(reward)  # (rl.malformed_reward where the verifier could not parse)
-    return records
+    return evaluation.rollout_records(ctx.task, ctx.tokenizer, split, completions[:n],
+                                      correct[:n], batch["index"][:n], rewards[:n])
 
   def meta(self) -> dict:
     return {"data_position": self.batches.position, "base_accuracy": self.base_accuracy}

@@ -104,11 +104,10 @@ def read_readable(ref: CheckpointRef, read: Callable[[Checkpointer, int], Any], 
   (:meth:`Checkpointer.first_readable`; ``read`` reads, its template built beforehand, so only
   the checkpoint's own errors count as damage). The returned ref is the step read. Nothing
   readable: CheckpointError naming each step's error and the saved steps."""
-  steps = [ref.step]
-  if fall_back:
-    steps = [s for s in reversed(available_steps(ref.workdir, ref.phase)) if s <= ref.step]
   with Checkpointer(ref.directory, read_only=True) as ckpt:
-    hint = f"Saved steps: {ckpt.all_steps()}{'' if fall_back else '; choose another step'}."
+    saved = ckpt.all_steps()
+    steps = [s for s in reversed(saved) if s <= ref.step] if fall_back else [ref.step]
+    hint = f"Saved steps: {saved}{'' if fall_back else '; choose another step'}."
     step, out = ckpt.first_readable(lambda s: read(ckpt, s), steps, hint=hint)
   return dataclasses.replace(ref, step=step), out
 

@@ -22,7 +22,6 @@ from dllm_rl.config.schema import base_config
 _STEPRS = ("steprs", "steprs_rms_matched", "steprs_mass_matched")
 _MODES = {"estimator": ("rl", "pipeline"), "rl": ("rl", "pipeline"),
           "sft": ("sft", "pipeline")}  # the modes that read a section (others: every mode)
-_UNREAD_IN = {"profile": ("sft", "eval")}  # modes that never read a section's keys
 
 # (key, whether the run reads it, who does): a key is checked only where its value differs
 # from the schema's default.
@@ -65,7 +64,8 @@ RULES: tuple[tuple[str, Callable[[ml_collections.ConfigDict], bool], str], ...] 
     ("sft.target_accuracy", lambda c: 0 < c.sft.eval_every <= c.sft.steps,
      "checked at each SFT validation, and none runs within sft.steps (sft.eval_every is 0 or"
      " above it): SFT runs all its steps"),
-    ("profile.steps", lambda c: True, "a trace of RL steps: an SFT or eval run writes none"),
+    ("profile.steps", lambda c: c.mode in ("rl", "pipeline"),
+     "a trace of RL steps: an SFT or eval run writes none"),
     ("lora.alpha", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
     ("lora.targets", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
     ("lora.base_dtype", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
@@ -89,16 +89,7 @@ def unread_settings(config: ml_collections.ConfigDict, quiet=()) -> list[str]:
   keys are judged in the modes that train with RL only, the ``sft`` keys in those that train
   SFT (a run of another mode reads none of them). ``quiet``: keys not to report (a study's
   testbed sets some for the arms that read them)."""
-  defaults = base_config()
-  out = []
-  for key, reads, who in RULES:
-    if key in quiet:
-      continue
-    section = key.split(".")[0]
-    if config.mode not in _MODES.get(section, (config.mode,)):
-      continue
-    value = _value(config, key)
-    if value != _value(defaults, key) and (
-        not reads(config) or config.mode in _UNREAD_IN.get(section, ())):
-      out.append(f"config.{key}={value!r} is not read: {who}")
-  return out
+  judged = set_keys(config) - set(quiet)
+  return [f"config.{key}={_value(config, key)!r} is not read: {who}" for key, reads, who in RULES
+          if key in judged and config.mode in _MODES.get(key.split(".")[0], (config.mode,))
+          and not reads(config)]

@@ -230,7 +230,6 @@ def _rl(config, check: "_Checks") -> None:
         f"must be positive, got {r.temperature}: at 0 the rollouts are greedy, so with"
         f" sampler.remasking={config.sampler.remasking!r} every completion of a group is the"
         " same, its group-relative advantages are 0 and RL learns nothing")
-  check(math.isfinite(r.malformed_reward), "rl.malformed_reward", "must be finite")
   check(r.eval_every >= 0, "rl.eval_every", "must be >= 0")
   n_seq = r.batch_prompts * r.group_size
   check(r.micro_batch >= 0 and (r.micro_batch == 0 or n_seq % r.micro_batch == 0),
