@@ -29,6 +29,7 @@ STRESS_ESTIMATOR = {"estimator.name": "elbo", "estimator.num_samples": 1,
                     "estimator.prompt_mask_prob": 0.0, "estimator.antithetic": False}
 STRESS_LABEL = "stress test: heavier ratio noise than the paper"
 STEPRS_LOSS = "stabledrl"  # the StepRS arms and their centered baseline share the stable loss
+D1_KL_COEF = 0.04  # d1's diffu-GRPO KL coefficient β (the grpo_kl control; StableDRL uses none)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,8 +112,9 @@ def stability(config: ml_collections.ConfigDict) -> list[Arm]:
   """StableDRL's claim: GRPO with estimated ratios spikes and collapses; unconditional
   clipping + self-normalisation stays stable. GRPO and StableDRL on the official estimator
   over a 3-value lr grid, the two ablations at the default lr, two controls there (antithetic
-  masks; the ELBO instead of SPG's EUBO surrogate for negative advantages), and the
-  1-draw-ELBO stress test at the default and the aggressive lr."""
+  masks; the ELBO instead of SPG's EUBO surrogate for negative advantages), GRPO with d1's KL
+  term at the low and the default lr (a control: does the usual remedy already prevent GRPO's
+  collapse?), and the 1-draw-ELBO stress test at the default and the aggressive lr."""
   grid = lr_grid(config)
   lr = grid[1]
   main = [a for g in grid for a in _stability_pair(g, OFFICIAL_ESTIMATOR)]
@@ -131,9 +133,13 @@ def stability(config: ml_collections.ConfigDict) -> list[Arm]:
           "StableDRL with the ELBO as every sample's gradient term (SPG's EUBO surrogate for"
           " A < 0 off: ω = 0)", group="control"),
   ]
+  grpo_arms = [_stability_pair(g, OFFICIAL_ESTIMATOR)[0] for g in grid[:2]]
+  kl = [Arm(a.name.replace("grpo@", "grpo_kl@", 1), {**a.overrides, "rl.kl_coef": D1_KL_COEF},
+            f"GRPO with d1's KL term to the SFT start (β = {D1_KL_COEF:g}, k3)", group="control")
+        for a in grpo_arms]
   stress = [a for g in (lr, grid[-1])
             for a in _stability_pair(g, STRESS_ESTIMATOR, "_elbo1", "stress")]
-  return main + ablations + stress
+  return main + ablations + kl + stress
 
 
 @STUDIES.register("steprs")
