@@ -386,6 +386,41 @@ def ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
   return out
 
 
+KL_CONTROL = "grpo_kl"  # the control: GRPO with d1's KL term to the SFT start
+
+
+def kl_control_verdicts(study: dict) -> list[tuple[str, str, str]]:
+  """(comparison, "no claim", evidence) for each GRPO-with-KL control arm: against GRPO at the
+  same lr (does the KL term, the usual remedy, prevent GRPO's collapse?) and StableDRL against
+  it (is StableDRL's gain more than the KL term gives?): the paired test-accuracy
+  difference, the collapses and the grad-norm spikes per run."""
+  names = {a["name"] for a in study["arms"]}
+  out = []
+  for a in study["arms"]:
+    prefix, _, tag = a["name"].partition("@")
+    if prefix != KL_CONTROL:
+      continue
+    kl = a["name"]
+    beta = (a.get("overrides") or {}).get("rl.kl_coef")
+    term = f"the KL term (β = {beta:g})" if beta is not None else "the KL term"
+    grpo, full = f"grpo@{tag}", f"stabledrl@{tag}"
+    if grpo in names:
+      p = paired_difference(study, kl, grpo, _test)
+      out.append((f"{kl} vs {grpo} (control: GRPO with and without {term})", "no claim",
+                  f"test accuracy with − without {term} {_fmt_paired(p)}; collapsed:"
+                  f" {_collapsed(study, kl)} with it, {_collapsed(study, grpo)} without;"
+                  f" grad-norm spikes per run {_spikes(study, kl):.1f} and"
+                  f" {_spikes(study, grpo):.1f}"))
+    if full in names:
+      p = paired_difference(study, full, kl, _test)
+      out.append((f"{full} vs {kl} (control: StableDRL against GRPO with {term})", "no claim",
+                  f"test accuracy StableDRL − GRPO with {term} {_fmt_paired(p)}; collapsed:"
+                  f" StableDRL {_collapsed(study, full)}, GRPO with {term}"
+                  f" {_collapsed(study, kl)}; grad-norm spikes per run"
+                  f" {_spikes(study, full):.1f} and {_spikes(study, kl):.1f}"))
+  return out
+
+
 def _final_val(r):
   return (r.get("stats") or {}).get("final_val_accuracy")
 
@@ -548,7 +583,7 @@ CAVEATS = {
 
 
 def _stability_and_ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
-  return stability_verdicts(study) + ablation_verdicts(study)
+  return stability_verdicts(study) + ablation_verdicts(study) + kl_control_verdicts(study)
 
 
 # study → (table, verdicts)

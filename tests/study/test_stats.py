@@ -160,6 +160,29 @@ def test_ablation_verdicts_compare_stabledrl_with_each_single_component():
   assert "grad-norm spikes per run 0.0 and 4.0" in v[1][2]
 
 
+def test_kl_control_lines_pair_the_kl_arm_with_grpo_and_stabledrl_at_its_lr():
+  from dllm_rl.study.report import kl_control_verdicts
+  grpo = [0.10, 0.05, 0.00, 0.08, 0.02]
+  kl = [g + d for g, d in zip(grpo, [0.20, 0.30, 0.25, 0.00, 0.10])]
+  full = [k + 0.1 for k in kl]
+  study = _study({"grpo@a": grpo, "grpo_kl@a": kl, "stabledrl@a": full, "grpo_kl@b": kl},
+                 {"grpo@a": [1] * 5, "grpo_kl@a": [0, 0, 0, 1, 0]},
+                 {"grpo@a": 9, "grpo_kl@a": 1, "stabledrl@a": 0})
+  for arm in study["arms"]:
+    if arm["name"].startswith("grpo_kl"):
+      arm["overrides"] = {"rl.kl_coef": 0.04}
+  v = kl_control_verdicts(study)
+  # grpo_kl@b has neither grpo@b nor stabledrl@b: no line
+  assert [x[0] for x in v] == [
+      "grpo_kl@a vs grpo@a (control: GRPO with and without the KL term (β = 0.04))",
+      "stabledrl@a vs grpo_kl@a (control: StableDRL against GRPO with the KL term (β = 0.04))"]
+  assert all(x[1] == "no claim" for x in v)
+  assert "with − without the KL term (β = 0.04) 0.170" in v[0][2] and "4 up, 0 down, 1 tied" in v[0][2]
+  assert "collapsed: 1/5 with it, 5/5 without; grad-norm spikes per run 1.0 and 9.0" in v[0][2]
+  assert "StableDRL − GRPO with the KL term (β = 0.04) 0.100" in v[1][2]
+  assert "collapsed: StableDRL 0/5, GRPO with the KL term (β = 0.04) 1/5" in v[1][2]
+
+
 @pytest.mark.parametrize("collapsed, reason", [
     ([0] * 9 + [1], "clip_only@a collapsed in only 1/10 seeds (StableDRL in 0/10): without"
                     " self-normalisation the other component alone kept training stable in 9"
