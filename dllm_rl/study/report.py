@@ -386,6 +386,16 @@ def ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
   return out
 
 
+def _grad_extremes(study: dict, arms: tuple[str, str]) -> str:
+  """Per run of each of two arms (means over seeds): the largest pre-clip grad norm and the
+  steps with gradient 0."""
+  get = lambda key: [_iv(study, a, lambda r: r["stats"].get(key))["mean"] for a in arms]
+  top, zero = get("grad_norm_max"), get("zero_grad_steps")
+  fmt = lambda xs, spec: " and ".join("—" if x is None else format(x, spec) for x in xs)
+  return (f"largest pre-clip grad norm per run {fmt(top, '.3g')}; steps with gradient 0 per"
+          f" run {fmt(zero, '.1f')}")
+
+
 KL_CONTROL = "grpo_kl"  # the control: GRPO with d1's KL term to the SFT start
 
 
@@ -393,7 +403,10 @@ def kl_control_verdicts(study: dict) -> list[tuple[str, str, str]]:
   """(comparison, "no claim", evidence) for each GRPO-with-KL control arm: against GRPO at the
   same lr (does the KL term, the usual remedy, prevent GRPO's collapse?) and StableDRL against
   it (is StableDRL's gain more than the KL term gives?): the paired test-accuracy
-  difference, the collapses and the grad-norm spikes per run."""
+  difference, the collapses, and per run the largest pre-clip grad norm and the steps with
+  gradient 0. Not the spike count: a spike is relative to the run's median non-zero norm, and
+  the KL term's gradient is non-zero after a collapse, where GRPO's alone is 0, so the two
+  arms' medians are over different steps."""
   names = {a["name"] for a in study["arms"]}
   out = []
   for a in study["arms"]:
@@ -409,15 +422,13 @@ def kl_control_verdicts(study: dict) -> list[tuple[str, str, str]]:
       out.append((f"{kl} vs {grpo} (control: GRPO with and without {term})", "no claim",
                   f"test accuracy with − without {term} {_fmt_paired(p)}; collapsed:"
                   f" {_collapsed(study, kl)} with it, {_collapsed(study, grpo)} without;"
-                  f" grad-norm spikes per run {_spikes(study, kl):.1f} and"
-                  f" {_spikes(study, grpo):.1f}"))
+                  f" {_grad_extremes(study, (kl, grpo))}"))
     if full in names:
       p = paired_difference(study, full, kl, _test)
       out.append((f"{full} vs {kl} (control: StableDRL against GRPO with {term})", "no claim",
                   f"test accuracy StableDRL − GRPO with {term} {_fmt_paired(p)}; collapsed:"
                   f" StableDRL {_collapsed(study, full)}, GRPO with {term}"
-                  f" {_collapsed(study, kl)}; grad-norm spikes per run"
-                  f" {_spikes(study, full):.1f} and {_spikes(study, kl):.1f}"))
+                  f" {_collapsed(study, kl)}; {_grad_extremes(study, (full, kl))}"))
   return out
 
 

@@ -171,6 +171,9 @@ def test_kl_control_lines_pair_the_kl_arm_with_grpo_and_stabledrl_at_its_lr():
   for arm in study["arms"]:
     if arm["name"].startswith("grpo_kl"):
       arm["overrides"] = {"rl.kl_coef": 0.04}
+  top, zero = {"grpo@a": 300.0, "grpo_kl@a": 20.0, "stabledrl@a": 2.0}, {"grpo@a": 120}
+  for r in study["runs"]:
+    r["stats"].update(grad_norm_max=top.get(r["arm"], 1.0), zero_grad_steps=zero.get(r["arm"], 0))
   v = kl_control_verdicts(study)
   # grpo_kl@b has neither grpo@b nor stabledrl@b: no line
   assert [x[0] for x in v] == [
@@ -178,9 +181,11 @@ def test_kl_control_lines_pair_the_kl_arm_with_grpo_and_stabledrl_at_its_lr():
       "stabledrl@a vs grpo_kl@a (control: StableDRL against GRPO with the KL term (β = 0.04))"]
   assert all(x[1] == "no claim" for x in v)
   assert "with − without the KL term (β = 0.04) 0.170" in v[0][2] and "4 up, 0 down, 1 tied" in v[0][2]
-  assert "collapsed: 1/5 with it, 5/5 without; grad-norm spikes per run 1.0 and 9.0" in v[0][2]
+  assert "collapsed: 1/5 with it, 5/5 without; largest pre-clip grad norm per run 20 and 300;" in v[0][2]
+  assert "steps with gradient 0 per run 0.0 and 120.0" in v[0][2]
   assert "StableDRL − GRPO with the KL term (β = 0.04) 0.100" in v[1][2]
   assert "collapsed: StableDRL 0/5, GRPO with the KL term (β = 0.04) 1/5" in v[1][2]
+  assert "largest pre-clip grad norm per run 2 and 20; steps with gradient 0 per run 0.0 and 0.0" in v[1][2]
 
 
 @pytest.mark.parametrize("collapsed, reason", [
