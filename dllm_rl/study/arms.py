@@ -30,6 +30,7 @@ STRESS_ESTIMATOR = {"estimator.name": "elbo", "estimator.num_samples": 1,
 STRESS_LABEL = "stress test: heavier ratio noise than the paper"
 STEPRS_LOSS = "stabledrl"  # the StepRS arms and their centered baseline share the stable loss
 D1_KL_COEF = 0.04  # d1's diffu-GRPO KL coefficient β (the grpo_kl control; StableDRL uses none)
+LOW_LR_DIVISORS = (10, 30)  # the control: GRPO at the default lr ÷ 10 and ÷ 30, below the grid
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +115,8 @@ def stability(config: ml_collections.ConfigDict) -> list[Arm]:
   over a 3-value lr grid, the two ablations at the default lr, two controls there (antithetic
   masks; the ELBO instead of SPG's EUBO surrogate for negative advantages), GRPO with d1's KL
   term at the low and the default lr (a control: does the usual remedy already prevent GRPO's
-  collapse?), and the 1-draw-ELBO stress test at the default and the aggressive lr."""
+  collapse?), GRPO at the default lr ÷ 10 and ÷ 30 (a control: does GRPO learn below the
+  grid?), and the 1-draw-ELBO stress test at the default and the aggressive lr."""
   grid = lr_grid(config)
   lr = grid[1]
   main = [a for g in grid for a in _stability_pair(g, OFFICIAL_ESTIMATOR)]
@@ -137,9 +139,12 @@ def stability(config: ml_collections.ConfigDict) -> list[Arm]:
   kl = [Arm(a.name.replace("grpo@", "grpo_kl@", 1), {**a.overrides, "rl.kl_coef": D1_KL_COEF},
             f"GRPO with d1's KL term to the SFT start (β = {D1_KL_COEF:g}, k3)", group="control")
         for a in grpo_arms]
+  low = [Arm(f"grpo_low@{lr_tag(lr / k)}", a.overrides,
+             f"GRPO at the default lr ÷ {k} (below the grid)", group="control")
+         for k in LOW_LR_DIVISORS for a in _stability_pair(lr / k, OFFICIAL_ESTIMATOR)[:1]]
   stress = [a for g in (lr, grid[-1])
             for a in _stability_pair(g, STRESS_ESTIMATOR, "_elbo1", "stress")]
-  return main + ablations + kl + stress
+  return main + ablations + kl + low + stress
 
 
 @STUDIES.register("steprs")

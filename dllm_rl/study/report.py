@@ -432,6 +432,44 @@ def kl_control_verdicts(study: dict) -> list[tuple[str, str, str]]:
   return out
 
 
+LOW_LR_CONTROL = "grpo_low"  # the control: GRPO below the lr grid
+
+
+def _default_lr_tag(study: dict) -> str | None:
+  """The lr tag of the study's default lr: its ``rl.lr`` override, else its base config's."""
+  from dllm_rl.study.arms import lr_tag
+  lr = (study.get("overrides") or {}).get(
+      "rl.lr", ((study.get("base_config") or {}).get("rl") or {}).get("lr"))
+  return lr_tag(float(lr)) if lr is not None else None
+
+
+def low_lr_control_verdicts(study: dict) -> list[tuple[str, str, str]]:
+  """(comparison, "no claim", evidence) for each GRPO arm below the lr grid: its gain over the
+  seed's SFT start (does GRPO learn where its step is small?) and StableDRL at the default lr
+  against it (does StableDRL's claim hold against an lr-tuned GRPO?): paired test accuracy
+  and the collapses."""
+  names = {a["name"] for a in study["arms"]}
+  tag = _default_lr_tag(study)
+  full = f"stabledrl@{tag}"
+  start = _sft_start(study)
+  out = []
+  for a in study["arms"]:
+    if a["name"].partition("@")[0] != LOW_LR_CONTROL:
+      continue
+    low = a["name"]
+    gain = stats.paired(_by_seed(study, low, _test), _by_seed(study, low, start))
+    out.append((f"{low} vs the SFT start (control: GRPO below the lr grid)", "no claim",
+                f"test accuracy {low} − SFT {_fmt_paired(gain)}; collapsed:"
+                f" {_collapsed(study, low)}"))
+    if full in names:
+      p = paired_difference(study, full, low, _test)
+      out.append((f"{full} vs {low} (control: StableDRL at the default lr against GRPO below"
+                  " the grid)", "no claim",
+                  f"test accuracy StableDRL − {low} {_fmt_paired(p)}; collapsed: StableDRL"
+                  f" {_collapsed(study, full)}, {low} {_collapsed(study, low)}"))
+  return out
+
+
 def _final_val(r):
   return (r.get("stats") or {}).get("final_val_accuracy")
 
@@ -594,7 +632,8 @@ CAVEATS = {
 
 
 def _stability_and_ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
-  return stability_verdicts(study) + ablation_verdicts(study) + kl_control_verdicts(study)
+  return (stability_verdicts(study) + ablation_verdicts(study) + kl_control_verdicts(study)
+          + low_lr_control_verdicts(study))
 
 
 # study → (table, verdicts)

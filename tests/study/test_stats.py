@@ -188,6 +188,29 @@ def test_kl_control_lines_pair_the_kl_arm_with_grpo_and_stabledrl_at_its_lr():
   assert "largest pre-clip grad norm per run 2 and 20; steps with gradient 0 per run 0.0 and 0.0" in v[1][2]
 
 
+def test_low_lr_control_lines_compare_grpo_below_the_grid_with_its_start_and_stabledrl():
+  from dllm_rl.study.report import low_lr_control_verdicts
+  low = [0.45, 0.40, 0.50, 0.42, 0.44]
+  full = [x + 0.1 for x in low]
+  study = _study({"stabledrl@lr2e-4": full, "grpo_low@lr2e-5": low, "stabledrl@lr6e-4": low},
+                 {"grpo_low@lr2e-5": [0, 0, 0, 0, 1]})
+  study["base_config"] = {"rl": {"lr": 2e-4}}
+  study["sft"] = {str(s): {"sft_accuracy": x - 0.05} for s, x in enumerate(low)}
+  v = low_lr_control_verdicts(study)
+  assert [x[0] for x in v] == [
+      "grpo_low@lr2e-5 vs the SFT start (control: GRPO below the lr grid)",
+      "stabledrl@lr2e-4 vs grpo_low@lr2e-5 (control: StableDRL at the default lr against GRPO"
+      " below the grid)"]
+  assert all(x[1] == "no claim" for x in v)
+  assert "grpo_low@lr2e-5 − SFT 0.050" in v[0][2] and "collapsed: 1/5" in v[0][2]
+  assert "StableDRL − grpo_low@lr2e-5 0.100" in v[1][2] and "5 up, 0 down" in v[1][2]
+  assert "collapsed: StableDRL 0/5, grpo_low@lr2e-5 1/5" in v[1][2]
+  # the study's --config.rl.lr moves the default: StableDRL at that lr is the one compared
+  study["overrides"] = {"rl.lr": 6e-4}
+  assert low_lr_control_verdicts(study)[1][0].startswith("stabledrl@lr6e-4 vs grpo_low@lr2e-5")
+  assert "StableDRL − grpo_low@lr2e-5 0.000" in low_lr_control_verdicts(study)[1][2]
+
+
 @pytest.mark.parametrize("collapsed, reason", [
     ([0] * 9 + [1], "clip_only@a collapsed in only 1/10 seeds (StableDRL in 0/10): without"
                     " self-normalisation the other component alone kept training stable in 9"
