@@ -458,7 +458,7 @@ def low_lr_control_verdicts(study: dict) -> list[tuple[str, str, str]]:
       continue
     low = a["name"]
     gain = stats.paired(_by_seed(study, low, _test), _by_seed(study, low, start))
-    out.append((f"{low} vs the SFT start (control: GRPO below the lr grid)", "no claim",
+    out.append((f"{low} improves on the SFT start (control: GRPO below the lr grid)", "no claim",
                 f"test accuracy {low} − SFT {_fmt_paired(gain)}; collapsed:"
                 f" {_collapsed(study, low)}"))
     if full in names:

@@ -124,7 +124,11 @@ def test_a_different_run_is_not_covered(tmp_path):
 @pytest.mark.parametrize("comparison, arms", [
     ("stabledrl@lr2e-4 vs grpo@lr2e-4 (main)", ("stabledrl@lr2e-4", "grpo@lr2e-4")),
     ("steprs vs centered, pass@8", ("steprs", "centered")),
-    ("espo improves on the SFT start", ("espo",))])
+    ("espo improves on the SFT start", ("espo",)),
+    ("grpo_kl@lr2e-4 vs grpo@lr2e-4 (control: GRPO with and without the KL term (β = 0.04))",
+     ("grpo_kl@lr2e-4", "grpo@lr2e-4")),
+    ("grpo_low@lr2e-5 improves on the SFT start (control: GRPO below the lr grid)",
+     ("grpo_low@lr2e-5",))])
 def test_compared_arms_reads_each_comparison_form(comparison, arms):
   assert claims.compared_arms(comparison) == arms
 
@@ -170,3 +174,27 @@ def test_report_write_keeps_the_study_json_gzipped_and_the_claims_page_reads_it(
   (docs / "r_new" / "stability.json.gz").write_bytes(b"not gzip")
   with pytest.raises(ValueError, match="stability.json.gz: not a study JSON"):
     claims.find_reports(str(docs))
+
+
+def test_every_stability_comparison_names_arms_the_study_has():
+  """Each line the stability report can write (pairs, ablations, every control) over the
+  study's real arm list reads back as arms of that study: the claims page can count it."""
+  from dllm_rl.config.defaults import get_config
+  from dllm_rl.study import arms as arms_lib
+  from dllm_rl.study.report import REPORTS
+  arms = arms_lib.STUDIES.get("stability")(get_config())
+  runs = [{"arm": a.name, "seed": s, "summary": {"rl_accuracy": GRPO[s] + 0.01 * i},
+           "stats": {"collapsed": False, "grad_spikes": 0, "bypass_fraction_mean": 0.01,
+                     "abs_log_ratio": {"p99_first": 0.5}, "grad_norm_max": 1.0,
+                     "zero_grad_steps": 0}}
+          for i, a in enumerate(arms) for s in range(5)]
+  study = {"study": "stability", "seeds": 5, "runs": runs,
+           "arms": [{"name": a.name, "overrides": a.overrides, "group": a.group} for a in arms],
+           "base_config": get_config().to_dict(),
+           "sft": {str(s): {"sft_accuracy": GRPO[s]} for s in range(5)}}
+  names = {a.name for a in arms}
+  lines = REPORTS["stability"][1](study)
+  assert {c.partition(" (")[0].split(" ")[0] for c, _, _ in lines} >= {
+      "grpo_kl@lr2e-4", "grpo_low@lr2e-5", "stabledrl_no_eubo@lr2e-4"}  # every kind is there
+  for comparison, _, _ in lines:
+    assert set(claims.compared_arms(comparison)) <= names, comparison

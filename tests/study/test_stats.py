@@ -198,7 +198,7 @@ def test_low_lr_control_lines_compare_grpo_below_the_grid_with_its_start_and_sta
   study["sft"] = {str(s): {"sft_accuracy": x - 0.05} for s, x in enumerate(low)}
   v = low_lr_control_verdicts(study)
   assert [x[0] for x in v] == [
-      "grpo_low@lr2e-5 vs the SFT start (control: GRPO below the lr grid)",
+      "grpo_low@lr2e-5 improves on the SFT start (control: GRPO below the lr grid)",
       "stabledrl@lr2e-4 vs grpo_low@lr2e-5 (control: StableDRL at the default lr against GRPO"
       " below the grid)"]
   assert all(x[1] == "no claim" for x in v)
