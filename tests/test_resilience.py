@@ -157,6 +157,29 @@ def test_fault_spec_parsing_and_hooks(monkeypatch):
   assert np.isnan(faults.at("reward", 5, rewards)).all()
 
 
+def test_fault_benchmark_compares_records_and_summary_without_timings(tmp_path):
+  # Two runs of one trajectory differ in wall time, throughput, MFU and memory only: the
+  # benchmark must count them equal (else every resume reads as lost lines).
+  import json as _json
+
+  from dllm_rl.benchmarks import faults as bench
+  same = {"phase": "rl", "step": 2, "loss": 0.5, "skipped_steps": 0}
+  for name, seconds in (("a", 0.1), ("b", 0.3)):
+    run = tmp_path / name
+    run.mkdir()
+    timed = {"time": seconds, "step_seconds": seconds, "tokens_per_second": 1 / seconds,
+             "rollout_seconds": seconds, "update_seconds": seconds, "mfu": seconds,
+             "memory_gib": seconds, "peak_memory_gib": seconds}
+    (run / "metrics.jsonl").write_text(_json.dumps({**same, **timed}) + "\n")
+    (run / "summary.json").write_text(_json.dumps(
+        {"rl_accuracy": 0.25, "rl_step_seconds": seconds, "rl_plot": str(run / "p.png")}))
+  a, b = bench._records(str(tmp_path / "a")), bench._records(str(tmp_path / "b"))
+  assert a == b == [same]
+  assert bench._missing(a, b) == 0
+  assert (bench._untimed(str(tmp_path / "a" / "summary.json"))
+          == bench._untimed(str(tmp_path / "b" / "summary.json")) == {"rl_accuracy": 0.25})
+
+
 @pytest.mark.slow
 def test_two_processes_agree_on_the_save_and_stop_steps(tmp_path):
   import json as _json

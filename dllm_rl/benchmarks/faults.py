@@ -16,8 +16,8 @@ uninterrupted: the reference. Then, ``--runs`` times each, at a random point of 
 After a fault that stops the process the same command is rerun once (resume). Reported per
 fault kind, over its runs:
 
-* ``resumed = uninterrupted``: the final ``summary.json`` (timings aside) and every metric
-  record (time aside, phase by phase) equal the reference's;
+* ``resumed = uninterrupted``: the final ``summary.json`` and every metric record (phase by
+  phase) equal the reference's, timings aside (wall times, throughput, MFU, memory: ``TIMING``);
 * ``steps lost``: RL steps completed before the fault that the resumed run had to redo
   (completed − restored step);
 * ``lines lost at fault``: metric records of the completed steps that were not on disk when the
@@ -41,7 +41,13 @@ import sys
 import tempfile
 import time
 
-TIMING = ("seconds", "per_second", "plot")
+# Keys (of summary.json and of the metric records) that differ from run to run: wall times,
+# throughput, MFU, memory and the plot paths.
+TIMING = ("seconds", "per_second", "plot", "mfu", "memory_gib")
+
+
+def _timed(key: str) -> bool:
+  return key == "time" or any(t in key for t in TIMING)
 
 
 def _main_cmd(workdir: str, overrides: list[str]) -> list[str]:
@@ -64,7 +70,7 @@ def _records(workdir: str) -> list[dict]:
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     return []
-  return [{k: v for k, v in r.items() if k != "time"} for r in read_metrics(path)]
+  return [{k: v for k, v in r.items() if not _timed(k)} for r in read_metrics(path)]
 
 
 def _key(record: dict) -> str:
@@ -81,7 +87,7 @@ def _missing(want: list[dict], have: list[dict]) -> int:
 def _untimed(path: str) -> dict | None:
   if not os.path.exists(path):
     return None
-  return {k: v for k, v in json.load(open(path)).items() if not any(t in k for t in TIMING)}
+  return {k: v for k, v in json.load(open(path)).items() if not _timed(k)}
 
 
 def _reference(root: str, overrides: list[str]) -> dict:
