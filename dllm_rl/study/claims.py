@@ -171,6 +171,9 @@ def render(claims: list[Claim], out_dir: str, command: str, commit: str) -> str:
 
 
 def main(argv: list[str]) -> int:
+  if {"-h", "--help"} & set(argv[1:]):
+    print(__doc__.strip())
+    return 0
   args = [a for a in argv[1:] if not a.startswith("--out=")]
   outs = [a.split("=", 1)[1] for a in argv[1:] if a.startswith("--out=")]
   if len(args) > 1 or any(a.startswith("-") for a in args):

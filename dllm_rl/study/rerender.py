@@ -138,6 +138,9 @@ def find(paths: list[str]) -> list[str]:
 
 def main(argv: list[str]) -> int:
   args = argv[1:]
+  if {"-h", "--help"} & set(args):
+    print(__doc__.strip())
+    return 0
   if any(a.startswith("-") for a in args):
     print("usage: python -m dllm_rl.study.rerender [REPORT.md | DOCS ...] (default: docs)",
           file=sys.stderr)

@@ -144,6 +144,15 @@ def test_a_broken_json_or_an_empty_folder_exits_2_naming_it(tmp_path, capsys):
   assert not (tmp_path / "claims.md").exists()  # nothing written on an error
 
 
+def test_help_prints_what_the_command_does_and_writes_nothing(tmp_path, capsys, monkeypatch):
+  monkeypatch.chdir(tmp_path)  # the default DOCS would be ./docs
+  for flag in ("-h", "--help"):
+    assert claims.main(["claims", flag]) == 0
+    out = capsys.readouterr().out
+    assert "[DOCS] [--out=FILE]" in out and "verdict" in out
+  assert not os.listdir(tmp_path)
+
+
 def test_report_write_keeps_the_study_json_gzipped_and_the_claims_page_reads_it(tmp_path,
                                                                                monkeypatch):
   """report_files.write copies DIR/<study>.json beside the report as <study>.json.gz (the same

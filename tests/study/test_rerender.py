@@ -69,3 +69,12 @@ def test_the_command_line_exits_2_naming_what_is_not_a_report(tmp_path, capsys):
   (tmp_path / "r.md").write_text(HEADER)
   assert rerender.main(["rerender", str(tmp_path / "r.md")]) == 2
   assert "r.md: no study JSON in" in capsys.readouterr().err
+
+
+def test_help_prints_what_the_command_does_and_rewrites_nothing(tmp_path, capsys, monkeypatch):
+  monkeypatch.chdir(tmp_path)  # the default would be ./docs
+  for flag in ("-h", "--help"):
+    assert rerender.main(["rerender", flag]) == 0
+    out = capsys.readouterr().out
+    assert "[REPORT.md | DOCS ...]" in out and "stored JSON" in out
+  assert not os.listdir(tmp_path)
