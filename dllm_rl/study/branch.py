@@ -354,11 +354,15 @@ def render(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog="python -m dllm_rl.study.branch",
                               description=__doc__.split("\n\n")[1])
-  p.add_argument("run_dir", nargs="?")
-  p.add_argument("--out", required=True)
-  p.add_argument("--at", type=int)
-  p.add_argument("--until", type=int)
-  p.add_argument("--variant", action="append", default=[])
+  p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
+                 help="a study run: DIR/<study>/seed<S>/<arm>, with its run.json")
+  p.add_argument("--out", required=True, help="a new folder for the replay and the branches")
+  p.add_argument("--at", type=int, metavar="STEP", help="the RL step the branches start from")
+  p.add_argument("--until", type=int, metavar="STEP", help="the RL step every branch ends at")
+  p.add_argument("--variant", action="append", default=[],
+                 metavar="NAME:KEY=VALUE[,KEY=VALUE...]",
+                 help="a branch (repeatable): its folder name in OUT and its config overrides,"
+                      " e.g. half_lr:rl.lr=1e-4")
   p.add_argument("--train", help=argparse.SUPPRESS)  # the training subprocess's spec
   args = p.parse_args(argv)
   if args.train:

@@ -194,6 +194,16 @@ def test_the_cli_names_every_bad_input_and_exits_2(tmp_path, capsys, no_training
                  " the replay is checked against its records"]
 
 
+
+def test_help_says_what_each_flag_takes(capsys):
+  with pytest.raises(SystemExit) as exit_:
+    branch.main(["--help"])
+  assert exit_.value.code == 0
+  out = " ".join(capsys.readouterr().out.split())  # argparse wraps the lines
+  for text in ("RUN_DIR", "--at STEP", "--until STEP", "NAME:KEY=VALUE[,KEY=VALUE...]",
+               "half_lr:rl.lr=1e-4"):
+    assert text in out
+
 @pytest.mark.slow  # a tiny study, then three training subprocesses
 def test_a_replayed_run_branches_and_its_recorded_settings_reproduce_it(tmp_path):
   workdir = str(tmp_path / "study")
