@@ -180,6 +180,16 @@ def test_fault_benchmark_compares_records_and_summary_without_timings(tmp_path):
           == bench._untimed(str(tmp_path / "b" / "summary.json")) == {"rl_accuracy": 0.25})
 
 
+def test_fault_benchmark_help_names_its_command_and_the_config_overrides(capsys):
+  from dllm_rl.benchmarks import faults as bench
+  with pytest.raises(SystemExit) as exit_:
+    bench.main(["--help"])
+  assert exit_.value.code == 0
+  out = " ".join(capsys.readouterr().out.split())
+  assert out.startswith("usage: python -m dllm_rl.benchmarks.faults")
+  assert "--config.KEY=VALUE" in out and "--kinds 'sigterm rollout'" in out
+
+
 @pytest.mark.slow
 def test_two_processes_agree_on_the_save_and_stop_steps(tmp_path):
   import json as _json

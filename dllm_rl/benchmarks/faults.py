@@ -217,7 +217,11 @@ def _table(results: list[dict], ref: dict) -> str:
 def main(argv=None) -> None:
   argv = list(sys.argv[1:] if argv is None else argv)
   overrides = [a for a in argv if a.startswith("--config.")]
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = argparse.ArgumentParser(
+      prog="python -m dllm_rl.benchmarks.faults", description=__doc__.split("\n")[0],
+      epilog="Any --config.KEY=VALUE goes to every run (python -m dllm_rl.main's overrides),"
+             " e.g. tiny sizes; a fault kind with a space is one argument: --kinds"
+             " 'sigterm rollout' 'nan reward'.")
   parser.add_argument("--runs", type=int, default=1, help="runs of each fault kind")
   parser.add_argument("--seed", type=int, default=0, help="seeds the fault points")
   parser.add_argument("--workdir", default="", help="keep every run here (default: a temp dir)")
