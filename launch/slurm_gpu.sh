@@ -15,8 +15,10 @@
 #       the same, with the #SBATCH defaults above
 #
 # Examples:
-#   launch/slurm_gpu.sh --nodes 4 --partition gpu --config configs/llada_tpu.py \
-#       --workdir /shared/runs/llada-rl -- --config.rl.steps=500
+#   launch/slurm_gpu.sh --nodes 4 --partition gpu --config configs/llada_gpu.py \
+#       --workdir /shared/runs/llada-rl -- --config.rl.steps=500 \
+#       --config.model.hf_checkpoint=DIR --config.task.options.train_file=FILE \
+#       --config.task.options.test_file=FILE   (the config's three REQUIRED values)
 #   launch/slurm_gpu.sh --dry-run --config configs/tiny_cpu.py --workdir /tmp/run
 #
 # Inside the allocation the first node (of scontrol show hostnames $SLURM_JOB_NODELIST) hosts

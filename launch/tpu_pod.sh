@@ -6,7 +6,11 @@
 #
 # Examples:
 #   launch/tpu_pod.sh --name my-v4 --zone us-central2-b --accelerator-type v4-32 \
-#       --create --setup --workdir gs://my-bucket/llada-rl -- --config.rl.steps=500
+#       --create --setup --stage-weights GSAI-ML/LLaDA-8B-Instruct \
+#       --workdir gs://my-bucket/llada-rl -- --config.rl.steps=500 \
+#       --config.task.options.train_file=gs://my-bucket/gsm8k/train.jsonl \
+#       --config.task.options.test_file=gs://my-bucket/gsm8k/test.jsonl
+#     (configs/llada_tpu.py's three REQUIRED values: the weights and the two JSONL files)
 #   launch/tpu_pod.sh --dry-run --name my-v4 --zone us-central2-b --workdir gs://b/run
 #
 # Steps, each printed as "+ command" before it runs (with --dry-run only printed; gcloud is
