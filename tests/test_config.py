@@ -110,6 +110,16 @@ def test_a_non_finite_number_is_one_error_and_greedy_rollouts_need_random_remask
   validate(_cfg(rl__temperature=0.0, sampler__remasking="random"))
 
 
+def test_a_short_sft_run_names_its_warmup_bound_and_the_fix():
+  """`--config.sft.steps=4` under the default 50-step warm-up: both numbers and the way out
+  (the message once read only "must be in [0, sft.steps]")."""
+  with pytest.raises(ConfigError) as err:
+    validate(_cfg(sft__steps=4))
+  assert str(err.value) == ("config.sft.warmup_steps: must be in [0, sft.steps] = [0, 4], got 50"
+                            " (for a run this short set sft.warmup_steps=0)")
+  validate(_cfg(sft__steps=4, sft__warmup_steps=0))
+
+
 def test_per_token_sum_estimators_serve_espo_and_grpo_token():
   for loss in ("espo", "grpo_token"):
     for name in ("elbo", "mean_field"):

@@ -182,7 +182,9 @@ def _sft(config, check: "_Checks") -> None:
   check(f.steps >= 0, "sft.steps", "must be >= 0")
   check(f.schedule in LR_SCHEDULES, "sft.schedule",
          f"must be one of {LR_SCHEDULES}, got {f.schedule!r}")
-  check(0 <= f.warmup_steps <= max(f.steps, 0), "sft.warmup_steps", "must be in [0, sft.steps]")
+  check(0 <= f.warmup_steps <= max(f.steps, 0), "sft.warmup_steps",
+        f"must be in [0, sft.steps] = [0, {max(f.steps, 0)}], got {f.warmup_steps} (for a run"
+        " this short set sft.warmup_steps=0)")
   check(0 < f.t_eps < 1, "sft.t_eps", "must be in (0, 1)")
   check(f.log_every > 0, "sft.log_every", "must be positive")
   check(f.eval_every >= 0, "sft.eval_every", "must be >= 0")
