@@ -53,12 +53,25 @@ def test_a_run_from_scratch_exports_a_complete_llada_folder(tmp_path):
   assert _logits_equal(exported, other, ids_BL) > 1e-3
 
 
-def test_a_model_the_family_cannot_describe_is_refused_before_writing(tmp_path):
-  # Partial RoPE (the same parameter shapes): LLaDA's config.json has no key for it.
-  scratch_run_checkpoints(tmp_path / "w", {"sft": [2]}, {"model.rotary_dim": 8})
-  with pytest.raises(ValueError, match=r"trained from scratch is exported as llada.*"
-                                       r"rotary_dim: config.json 0 vs model 8"):
+@pytest.mark.parametrize("overrides, family, named", [
+    # Partial RoPE (the same parameter shapes): LLaDA's config.json has no key for it.
+    ({"model.rotary_dim": 8}, "llada",
+     "model.rotary_dim: config.json 0 vs model 8; a run trained with"
+     " --config.model.rotary_dim=0 exports"),
+    # A block model without qk-norm (configs/tiny_block_cpu.py): SDAR's config.json has no
+    # switch for it.
+    ({"model.block_size": 4, "sampler.block_len": 4}, "sdar",
+     "model.qk_norm: config.json True vs model False; a run trained with"
+     " --config.model.qk_norm=true exports"),
+])
+def test_a_model_the_family_cannot_describe_is_refused_before_writing(tmp_path, overrides,
+                                                                       family, named):
+  """The refusal names the config keys and the values that export (README "Export")."""
+  scratch_run_checkpoints(tmp_path / "w", {"sft": [2]}, overrides)
+  with pytest.raises(ValueError) as err:
     export_run(str(tmp_path / "w"), str(tmp_path / "hf"))
+  assert str(err.value) == (f"a model trained from scratch is exported as {family}, whose"
+                            f" config.json cannot describe this one: {named}")
   assert not os.path.exists(tmp_path / "hf")
 
 

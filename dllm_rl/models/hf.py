@@ -574,17 +574,26 @@ def _write_safetensors(path: str | None, entries: list, pure: dict, np_dtype) ->
       f.close()
 
 
-def check_config(hf_config: dict, cfg: ModelConfig, ids: TokenIds) -> None:
-  """ValueError listing each field where ``hf_config`` (a config.json) does not describe
-  ``cfg`` / ``ids`` (dtypes, init, scan / remat and LoRA adapter options aside)."""
+def config_differences(hf_config: dict, cfg: ModelConfig,
+                       ids: TokenIds) -> list[tuple[str, Any, Any]]:
+  """(field, config.json's value, the model's value) for each ModelConfig / TokenIds field
+  where ``hf_config`` (a config.json) does not describe ``cfg`` / ``ids`` (dtypes, init,
+  scan / remat and LoRA adapter options aside)."""
   got_cfg, got_ids = model_config_from_hf(hf_config)
   got_cfg = dataclasses.replace(got_cfg, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                                 init_std=cfg.init_std, scan_layers=cfg.scan_layers,
                                 remat=cfg.remat, lora_rank=cfg.lora_rank,  # adapters: not HF
                                 lora_alpha=cfg.lora_alpha, lora_targets=cfg.lora_targets)
-  diff = [f"{f.name}: config.json {getattr(a, f.name)!r} vs model {getattr(b, f.name)!r}"
+  return [(f.name, getattr(a, f.name), getattr(b, f.name))
           for a, b in ((got_cfg, cfg), (got_ids, ids)) for f in dataclasses.fields(a)
           if getattr(a, f.name) != getattr(b, f.name)]
+
+
+def check_config(hf_config: dict, cfg: ModelConfig, ids: TokenIds) -> None:
+  """ValueError listing each field where ``hf_config`` (a config.json) does not describe
+  ``cfg`` / ``ids`` (:func:`config_differences`)."""
+  diff = [f"{name}: config.json {want!r} vs model {got!r}"
+          for name, want, got in config_differences(hf_config, cfg, ids)]
   if diff:
     raise ValueError("hf_config does not describe this model: " + "; ".join(diff))
 

@@ -75,11 +75,16 @@ def run_source(config) -> ExportSource:
                     bos_id=None, block_size=m.block_size or None)
   family = scratch_family(model_cfg, m.block_size)
   hf_config = hf.FAMILIES[family].to_config(model_cfg, ids)
-  try:
-    hf.check_config(hf_config, model_cfg, ids)
-  except ValueError as err:
+  diffs = hf.config_differences(hf_config, model_cfg, ids)
+  if diffs:  # named as config keys, with the values config.json can hold
+    key = {name: f"model.{name}" if name in m else name for name, _, _ in diffs}
+    named = "; ".join(f"{key[name]}: config.json {want!r} vs model {got!r}"
+                      for name, want, got in diffs)
+    fix = " ".join(f"--config.{key[name]}={str(want).lower() if isinstance(want, bool) else want}"
+                   for name, want, _ in diffs if name in m)
     raise ValueError(f"a model trained from scratch is exported as {family}, whose config.json"
-                     f" cannot describe this one: {err}") from err
+                     f" cannot describe this one: {named}"
+                     + (f"; a run trained with {fix} exports" if fix else ""))
   return ExportSource(model_cfg, ids, family, hf_config, [], tokenizer.hf_files(), "scratch")
 
 
