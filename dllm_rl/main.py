@@ -9,7 +9,8 @@ value is parsed as the type of the key. The config is validated before anything 
 Exit status:
 
 * 0: the run finished (``summary.json`` written);
-* 2: a config problem or a missing input. Every problem is printed at once, one line each, as
+* 2: a usage error (a stray argument, an unknown flag), a config problem or a missing
+  input. Every config problem is printed at once, one line each, as
   ``error: config.<key>: <message>`` (unknown keys, wrong types, bad values; mode ``rl`` /
   ``eval`` with neither the checkpoint it starts from nor ``model.hf_checkpoint``; a data file
   smaller than the split), or ``error: <file>: <message>`` (a gs:// path without gcsfs, a
@@ -50,7 +51,7 @@ def load(path: str | None, overrides: list[tuple[str, str]]):
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}", exitcode=cli.EXIT_CONFIG)
   if not _WORKDIR.value:
     cli.fail([ConfigError("--workdir", "required: the run's folder (checkpoints, metrics,"
                                        " summary; a rerun resumes from it)")])

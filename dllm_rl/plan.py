@@ -30,9 +30,9 @@ _overrides: list[tuple[str, str]] = []
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}", exitcode=cli.EXIT_CONFIG)
   if _CONFIG.value is None or not _TOPOLOGY.value:
-    raise app.UsageError("--config and --topology are required")
+    raise app.UsageError("--config and --topology are required", exitcode=cli.EXIT_CONFIG)
   from dllm_rl.parallel.topology import cpu_device_count
   n = cpu_device_count(_TOPOLOGY.value)
   problems = [ConfigError(f"--{flag}", f"must be positive, got {value}") for flag, value in

@@ -55,6 +55,19 @@ def test_study_names_an_unknown_study_of_a_list(tmp_path):
   assert not os.path.exists(tmp_path / "w")
 
 
+@pytest.mark.parametrize("args", [
+    ["-m", "dllm_rl.plan", "--config=configs/tiny_cpu.py"],         # no --topology
+    ["-m", "dllm_rl.main", "--workdir=W", "extra"],                  # a stray argument
+    ["-m", "dllm_rl.study", "stability"],                            # no --workdir
+    ["-m", "dllm_rl.study", "stabilty", "--workdir=W"]])             # an unknown study
+def test_a_usage_error_exits_2_as_a_config_error_does(args, tmp_path):
+  proc = subprocess.run([sys.executable, *args], cwd=tmp_path, capture_output=True, text=True,
+                        timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT))
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
+  assert not os.path.exists(tmp_path / "W")
+
+
 def test_plan_flags_are_checked_before_the_compile(tmp_path):
   """A --json path that cannot be written, a non-positive memory or cpu:0 are found before the
   plan compiles (minutes at 8B), all at once with the config's problems, exit 2."""

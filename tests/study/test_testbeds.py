@@ -135,7 +135,7 @@ def test_the_command_line_names_the_testbeds_on_an_unknown_one(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "dllm_rl.study", "steprs",
                            f"--workdir={tmp_path / 'w'}", flag], cwd=root, capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.returncode == 2, proc.stderr[-2000:]
     assert "arithmetic, chain, chain_orders, countdown, gpu" in proc.stderr
     assert "Traceback" not in proc.stderr
   assert not os.path.exists(tmp_path / "w")
