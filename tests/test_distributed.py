@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from dllm_rl.config import ConfigError, base_config
+from dllm_rl.errors import ConfigErrors
 from dllm_rl.parallel import distributed
 from tests.multiprocess import harness
 
@@ -91,6 +92,18 @@ def test_explicit_errors_name_the_config_key(overrides, env, key):
   with pytest.raises(ConfigError, match=rf"^config\.distributed\.{key}: ") as err:
     plan(env, initialize="explicit", **overrides)
   assert err.value.key == f"distributed.{key}"
+
+
+def test_explicit_reports_every_missing_value_at_once():
+  with pytest.raises(ConfigErrors) as err:
+    plan({}, initialize="explicit")
+  assert [e.key for e in err.value.errors] == [
+      "distributed.coordinator_address", "distributed.num_processes", "distributed.process_id"]
+  with pytest.raises(ConfigErrors) as err:  # a malformed one beside a missing one
+    plan({"DLLM_NUM_PROCESSES": "two"}, initialize="explicit", coordinator_address="h")
+  assert [e.key for e in err.value.errors] == [
+      "distributed.coordinator_address", "distributed.num_processes", "distributed.process_id"]
+  assert "is not an integer" in str(err.value.errors[1])
 
 
 def test_missing_value_message_names_the_env_var():

@@ -39,7 +39,7 @@ from typing import Any, Callable, Mapping
 
 import jax
 
-from dllm_rl.errors import ConfigError
+from dllm_rl.errors import ConfigError, raise_all
 
 INITIALIZE_MODES = ("auto", "never", "explicit")
 ENV_COORDINATOR = "DLLM_COORDINATOR_ADDRESS"
@@ -114,39 +114,43 @@ def parse_device_ids(value: Any) -> list[int] | None:
 
 
 def _explicit_kwargs(cfg: Any, env: Mapping[str, str], mode: str) -> dict:
-  """Coordinator, process count and id from the config, falling back to DLLM_* env vars."""
+  """Coordinator, process count and id from the config, falling back to DLLM_* env vars; every
+  missing or malformed one reported at once (:func:`raise_all`)."""
+  errors: list[ConfigError] = []
   address = str(_get(cfg, "coordinator_address", "") or "").strip() or env.get(
       ENV_COORDINATOR, "").strip()
-  if not address:
-    raise ConfigError("distributed.coordinator_address",
-                      f"required with initialize={mode!r}: set it (host:port) or the env var "
-                      f"{ENV_COORDINATOR}")
   host, _, port = address.rpartition(":")
-  if not host or not port.isdigit():
-    raise ConfigError("distributed.coordinator_address",
-                      f"expected host:port, got {address!r}")
+  if not address:
+    errors.append(ConfigError("distributed.coordinator_address",
+                              f"required with initialize={mode!r}: set it (host:port) or the env"
+                              f" var {ENV_COORDINATOR}"))
+  elif not host or not port.isdigit():
+    errors.append(ConfigError("distributed.coordinator_address",
+                              f"expected host:port, got {address!r}"))
 
-  num = int(_get(cfg, "num_processes", 0))
-  if num == 0:
-    num = _env_int(env, ENV_NUM_PROCESSES, "distributed.num_processes")
-    if num is None:
-      raise ConfigError("distributed.num_processes",
-                        f"required with initialize={mode!r}: set it or the env var "
-                        f"{ENV_NUM_PROCESSES}")
-  if num < 1:
-    raise ConfigError("distributed.num_processes", f"must be >= 1 (0 = from env), got {num}")
+  def from_env(key: str, unset: int, var: str) -> int | None:
+    value = int(_get(cfg, key, unset))
+    if value != unset:
+      return value
+    try:
+      value = _env_int(env, var, f"distributed.{key}")
+    except ConfigError as e:
+      errors.append(e)
+      return None
+    if value is None:
+      errors.append(ConfigError(f"distributed.{key}", f"required with initialize={mode!r}: set"
+                                f" it or the env var {var}"))
+    return value
 
-  pid = int(_get(cfg, "process_id", -1))
-  if pid == -1:
-    pid = _env_int(env, ENV_PROCESS_ID, "distributed.process_id")
-    if pid is None:
-      raise ConfigError("distributed.process_id",
-                        f"required with initialize={mode!r}: set it or the env var "
-                        f"{ENV_PROCESS_ID}")
-  if not 0 <= pid < num:
-    raise ConfigError("distributed.process_id",
-                      f"must be in [0, num_processes={num}) (-1 = from env), got {pid}")
-
+  num = from_env("num_processes", 0, ENV_NUM_PROCESSES)
+  pid = from_env("process_id", -1, ENV_PROCESS_ID)
+  if num is not None and num < 1:
+    errors.append(ConfigError("distributed.num_processes",
+                              f"must be >= 1 (0 = from env), got {num}"))
+  elif num is not None and pid is not None and not 0 <= pid < num:
+    errors.append(ConfigError("distributed.process_id",
+                              f"must be in [0, num_processes={num}) (-1 = from env), got {pid}"))
+  raise_all(errors)
   return dict(coordinator_address=address, num_processes=num, process_id=pid,
               local_device_ids=parse_device_ids(_get(cfg, "local_device_ids", "")))
 
