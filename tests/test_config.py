@@ -300,10 +300,12 @@ def test_micro_batch_must_split_over_the_batch_devices():
 
 
 @pytest.mark.parametrize("sizes, key", [((30, 20, 8), "task.train_size"),
-                                        ((8, 4, 50), "task.test_size")])
+                                        ((8, 4, 50), "task.test_size"),
+                                        ((30, 20, 50), "task.train_size")])
 def test_a_data_file_smaller_than_the_split_names_the_sizes(tmp_path, sizes, key):
   """40 GSM8K lines cannot give train_size + val_size = 50 (or test_size = 50): a ConfigError
-  naming the key, the counts and the file, before anything compiles."""
+  naming the key, the counts and the file, before anything compiles; both splits too large:
+  both named at once."""
   from dllm_rl.train.context import build_context
   from tests.test_production_configs import _gsm8k
   path = str(_gsm8k(tmp_path))
@@ -315,6 +317,8 @@ def test_a_data_file_smaller_than_the_split_names_the_sizes(tmp_path, sizes, key
   with pytest.raises(ConfigError, match=rf"config\.{key}: .*has only 40.*lower it") as err:
     build_context(validate(c), str(tmp_path / "w"))
   assert err.value.key == key
+  keys = [e.key for e in getattr(err.value, "errors", [err.value])]
+  assert keys == (["task.train_size", "task.test_size"] if sizes == (30, 20, 50) else [key])
 
 
 @pytest.mark.parametrize("body, expected", [

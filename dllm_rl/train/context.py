@@ -14,6 +14,7 @@ from jax.sharding import Mesh
 
 from dllm_rl import tasks as tasks_lib
 from dllm_rl.config import ConfigError
+from dllm_rl.errors import raise_all
 from dllm_rl.models import lora, transformer
 from dllm_rl.models.transformer import init_params_sharded
 from dllm_rl.parallel.distributed import host_rows
@@ -270,13 +271,23 @@ def build_context(config, workdir: str) -> Context:
   else:
     tokenizer = tasks_lib.CharTokenizer()
   t = config.task
+  errors: list[ConfigError] = []  # both splits' sizes checked, then reported together
+
+  def generate(*args):
+    try:
+      return _generate(task, *args)
+    except ConfigError as err:
+      errors.append(err)
+      return []
+
   train = val = []  # eval reads the test split only (a test-only task such as MATH-500 works)
   if config.mode != "eval":
-    train = _generate(task, "train", t.train_size + t.val_size, config.seed, "task.train_size",
-                      f"task.train_size + task.val_size = {t.train_size} + {t.val_size}")
+    train = generate("train", t.train_size + t.val_size, config.seed, "task.train_size",
+                     f"task.train_size + task.val_size = {t.train_size} + {t.val_size}")
     train, val = train[:t.train_size], train[t.train_size:]
-  test = _generate(task, "test", t.test_size, config.seed + 1, "task.test_size",
-                   f"task.test_size = {t.test_size}")
+  test = generate("test", t.test_size, config.seed + 1, "task.test_size",
+                  f"task.test_size = {t.test_size}")
+  raise_all(errors)
   model_cfg = hf.model_cfg if hf else model_config(config, tokenizer.vocab_size)
   check_expert_axis(config, model_cfg)
   return Context(
