@@ -73,7 +73,8 @@ def base_config() -> ml_collections.ConfigDict:
   # projections, h = x·W + (alpha / rank)·(x·A)·B. rank 0 = off (full fine-tuning). On: only the
   # adapters train and hold optimizer state; the base is frozen and stored in base_dtype;
   # adapters are float32; checkpoints hold the adapters only (the base is rebuilt from
-  # model.hf_checkpoint / the SFT checkpoint / the seed).
+  # model.hf_checkpoint or, for a model from scratch, the seed; a full-fine-tuned SFT
+  # checkpoint cannot be the base: export it and point model.hf_checkpoint at it).
   c.lora = a = ml_collections.ConfigDict()
   a.rank = 0
   a.alpha = 16.0
