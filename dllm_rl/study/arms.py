@@ -115,7 +115,8 @@ def stability(config: ml_collections.ConfigDict) -> list[Arm]:
   over a 3-value lr grid, the two ablations at the default lr, two controls there (antithetic
   masks; the ELBO instead of SPG's EUBO surrogate for negative advantages), GRPO with d1's KL
   term at the low and the default lr (a control: does the usual remedy already prevent GRPO's
-  collapse?), GRPO at the default lr ÷ 10 and ÷ 30 (a control: does GRPO learn below the
+  collapse?), GRPO with antithetic masks at those lrs (a control: is the ratio's mask noise
+  what collapses GRPO?), GRPO at the default lr ÷ 10 and ÷ 30 (a control: does GRPO learn below the
   grid?), and the 1-draw-ELBO stress test at the default and the aggressive lr."""
   grid = lr_grid(config)
   lr = grid[1]
@@ -139,12 +140,16 @@ def stability(config: ml_collections.ConfigDict) -> list[Arm]:
   kl = [Arm(a.name.replace("grpo@", "grpo_kl@", 1), {**a.overrides, "rl.kl_coef": D1_KL_COEF},
             f"GRPO with d1's KL term to the SFT start (β = {D1_KL_COEF:g}, k3)", group="control")
         for a in grpo_arms]
+  shared = [Arm(a.name.replace("grpo@", "grpo_antithetic@", 1),
+                {**a.overrides, "estimator.antithetic": True},
+                "GRPO with antithetic masks (θ, θ_old share masks: ρ̂ = 1 at θ = θ_old)",
+                group="control") for a in grpo_arms]
   low = [Arm(f"grpo_low@{lr_tag(lr / k)}", a.overrides,
              f"GRPO at the default lr ÷ {k} (below the grid)", group="control")
          for k in LOW_LR_DIVISORS for a in _stability_pair(lr / k, OFFICIAL_ESTIMATOR)[:1]]
   stress = [a for g in (lr, grid[-1])
             for a in _stability_pair(g, STRESS_ESTIMATOR, "_elbo1", "stress")]
-  return main + ablations + kl + low + stress
+  return main + ablations + kl + shared + low + stress
 
 
 @STUDIES.register("steprs")

@@ -396,40 +396,52 @@ def _grad_extremes(study: dict, arms: tuple[str, str]) -> str:
           f" run {fmt(zero, '.1f')}")
 
 
-KL_CONTROL = "grpo_kl"  # the control: GRPO with d1's KL term to the SFT start
+def _kl_term(arm: dict) -> str:
+  beta = (arm.get("overrides") or {}).get("rl.kl_coef")
+  return f"the KL term (β = {beta:g})" if beta is not None else "the KL term"
 
 
-def kl_control_verdicts(study: dict) -> list[tuple[str, str, str]]:
-  """(comparison, "no claim", evidence) for each GRPO-with-KL control arm: against GRPO at the
-  same lr (does the KL term, the usual remedy, prevent GRPO's collapse?) and StableDRL against
-  it (is StableDRL's gain more than the KL term gives?): the paired test-accuracy
-  difference, the collapses, and per run the largest pre-clip grad norm and the steps with
-  gradient 0. Not the spike count: a spike is relative to the run's median non-zero norm, and
-  the KL term's gradient is non-zero after a collapse, where GRPO's alone is 0, so the two
-  arms' medians are over different steps."""
+# GRPO control arm prefix → what the arm adds to GRPO (from its study record)
+GRPO_CONTROLS = {"grpo_kl": _kl_term,  # d1's KL term to the SFT start
+                 "grpo_antithetic": lambda arm: "shared masks"}  # ρ̂ = 1 at θ = θ_old
+
+
+def grpo_control_verdicts(study: dict) -> list[tuple[str, str, str]]:
+  """(comparison, "no claim", evidence) for each GRPO control arm (:data:`GRPO_CONTROLS`: a KL
+  term, shared masks): against GRPO at the same lr (does the change prevent GRPO's collapse?)
+  and StableDRL against it (is StableDRL's gain more than the change gives?): the paired
+  test-accuracy difference, the collapses, per run the largest pre-clip grad norm and the
+  steps with gradient 0, and the bypass fraction. Not the spike count: a spike is relative to
+  the run's median non-zero norm, and a KL term's gradient is non-zero after a collapse, where
+  GRPO's alone is 0, so the two arms' medians are over different steps."""
   names = {a["name"] for a in study["arms"]}
   out = []
   for a in study["arms"]:
     prefix, _, tag = a["name"].partition("@")
-    if prefix != KL_CONTROL:
+    if prefix not in GRPO_CONTROLS:
       continue
-    kl = a["name"]
-    beta = (a.get("overrides") or {}).get("rl.kl_coef")
-    term = f"the KL term (β = {beta:g})" if beta is not None else "the KL term"
+    arm, change = a["name"], GRPO_CONTROLS[prefix](a)
     grpo, full = f"grpo@{tag}", f"stabledrl@{tag}"
     if grpo in names:
-      p = paired_difference(study, kl, grpo, _test)
-      out.append((f"{kl} vs {grpo} (control: GRPO with and without {term})", "no claim",
-                  f"test accuracy with − without {term} {_fmt_paired(p)}; collapsed:"
-                  f" {_collapsed(study, kl)} with it, {_collapsed(study, grpo)} without;"
-                  f" {_grad_extremes(study, (kl, grpo))}"))
+      p = paired_difference(study, arm, grpo, _test)
+      out.append((f"{arm} vs {grpo} (control: GRPO with and without {change})", "no claim",
+                  f"test accuracy with − without {change} {_fmt_paired(p)}; collapsed:"
+                  f" {_collapsed(study, arm)} with, {_collapsed(study, grpo)} without;"
+                  f" {_grad_extremes(study, (arm, grpo))}; {_bypass(study, (arm, grpo))}"))
     if full in names:
-      p = paired_difference(study, full, kl, _test)
-      out.append((f"{full} vs {kl} (control: StableDRL against GRPO with {term})", "no claim",
-                  f"test accuracy StableDRL − GRPO with {term} {_fmt_paired(p)}; collapsed:"
-                  f" StableDRL {_collapsed(study, full)}, GRPO with {term}"
-                  f" {_collapsed(study, kl)}; {_grad_extremes(study, (full, kl))}"))
+      p = paired_difference(study, full, arm, _test)
+      out.append((f"{full} vs {arm} (control: StableDRL against GRPO with {change})", "no claim",
+                  f"test accuracy StableDRL − GRPO with {change} {_fmt_paired(p)}; collapsed:"
+                  f" StableDRL {_collapsed(study, full)}, GRPO with {change}"
+                  f" {_collapsed(study, arm)}; {_grad_extremes(study, (full, arm))}"))
   return out
+
+
+def _bypass(study: dict, arms: tuple[str, str]) -> str:
+  """The two arms' bypass fractions (A < 0 and ρ̂ > 1 + ε; means over seeds)."""
+  got = [_iv(study, a, lambda r: r["stats"].get("bypass_fraction_mean"))["mean"] for a in arms]
+  return ("bypass fraction (A < 0, ρ̂ > 1 + ε) "
+          + " and ".join("—" if x is None else f"{x:.2%}" for x in got))
 
 
 LOW_LR_CONTROL = "grpo_low"  # the control: GRPO below the lr grid
@@ -632,7 +644,7 @@ CAVEATS = {
 
 
 def _stability_and_ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
-  return (stability_verdicts(study) + ablation_verdicts(study) + kl_control_verdicts(study)
+  return (stability_verdicts(study) + ablation_verdicts(study) + grpo_control_verdicts(study)
           + low_lr_control_verdicts(study))
 
 

@@ -160,8 +160,8 @@ def test_ablation_verdicts_compare_stabledrl_with_each_single_component():
   assert "grad-norm spikes per run 0.0 and 4.0" in v[1][2]
 
 
-def test_kl_control_lines_pair_the_kl_arm_with_grpo_and_stabledrl_at_its_lr():
-  from dllm_rl.study.report import kl_control_verdicts
+def test_grpo_control_lines_pair_each_control_with_grpo_and_stabledrl_at_its_lr():
+  from dllm_rl.study.report import grpo_control_verdicts
   grpo = [0.10, 0.05, 0.00, 0.08, 0.02]
   kl = [g + d for g, d in zip(grpo, [0.20, 0.30, 0.25, 0.00, 0.10])]
   full = [k + 0.1 for k in kl]
@@ -174,18 +174,30 @@ def test_kl_control_lines_pair_the_kl_arm_with_grpo_and_stabledrl_at_its_lr():
   top, zero = {"grpo@a": 300.0, "grpo_kl@a": 20.0, "stabledrl@a": 2.0}, {"grpo@a": 120}
   for r in study["runs"]:
     r["stats"].update(grad_norm_max=top.get(r["arm"], 1.0), zero_grad_steps=zero.get(r["arm"], 0))
-  v = kl_control_verdicts(study)
+  v = grpo_control_verdicts(study)
   # grpo_kl@b has neither grpo@b nor stabledrl@b: no line
   assert [x[0] for x in v] == [
       "grpo_kl@a vs grpo@a (control: GRPO with and without the KL term (β = 0.04))",
       "stabledrl@a vs grpo_kl@a (control: StableDRL against GRPO with the KL term (β = 0.04))"]
   assert all(x[1] == "no claim" for x in v)
   assert "with − without the KL term (β = 0.04) 0.170" in v[0][2] and "4 up, 0 down, 1 tied" in v[0][2]
-  assert "collapsed: 1/5 with it, 5/5 without; largest pre-clip grad norm per run 20 and 300;" in v[0][2]
+  assert "collapsed: 1/5 with, 5/5 without; largest pre-clip grad norm per run 20 and 300;" in v[0][2]
   assert "steps with gradient 0 per run 0.0 and 120.0" in v[0][2]
   assert "StableDRL − GRPO with the KL term (β = 0.04) 0.100" in v[1][2]
   assert "collapsed: StableDRL 0/5, GRPO with the KL term (β = 0.04) 1/5" in v[1][2]
   assert "largest pre-clip grad norm per run 2 and 20; steps with gradient 0 per run 0.0 and 0.0" in v[1][2]
+  assert "bypass fraction (A < 0, ρ̂ > 1 + ε) 1.00% and 1.00%" in v[0][2]
+  # shared masks: the same two lines, named by what the arm changes
+  study = _study({"grpo@a": grpo, "grpo_antithetic@a": kl, "stabledrl@a": full})
+  for r in study["runs"]:
+    r["stats"].update(grad_norm_max=1.0, zero_grad_steps=0,
+                      bypass_fraction_mean=0.0 if r["arm"] == "grpo_antithetic@a" else 0.1)
+  v = grpo_control_verdicts(study)
+  assert [x[0] for x in v] == [
+      "grpo_antithetic@a vs grpo@a (control: GRPO with and without shared masks)",
+      "stabledrl@a vs grpo_antithetic@a (control: StableDRL against GRPO with shared masks)"]
+  assert "with − without shared masks 0.170" in v[0][2]
+  assert "bypass fraction (A < 0, ρ̂ > 1 + ε) 0.00% and 10.00%" in v[0][2]
 
 
 def test_low_lr_control_lines_compare_grpo_below_the_grid_with_its_start_and_stabledrl():
