@@ -40,7 +40,8 @@ def _cases(tmp_path):
       ("data file smaller than train_size", [f"--workdir={w}", *gsm8k,
                                              "--config.task.train_size=30",
                                              "--config.task.val_size=20"],
-       [r"error: config\.task\.train_size: .*50.*has only 40.*"]),
+       [r"error: config\.task\.train_size: .*50.*has only 40.*",  # both splits, at once
+        r"error: config\.task\.test_size: .*256.*has only 40.*"]),
       ("mode=rl with neither an SFT nor an HF checkpoint", [f"--workdir={w}",
                                                             "--config.mode=rl", *SMALL],
        [r"error: config\.model\.hf_checkpoint: RL starts from an SFT checkpoint or an HF"
