@@ -448,10 +448,12 @@ LOW_LR_CONTROL = "grpo_low"  # the control: GRPO below the lr grid
 
 
 def _default_lr_tag(study: dict) -> str | None:
-  """The lr tag of the study's default lr: its ``rl.lr`` override, else its base config's."""
+  """The lr tag of the study's default lr: its base config's ``rl.lr``, the middle of the
+  grid the arms were built from (dllm_rl.study.arms.lr_grid; None when the study JSON has no
+  base config). Not a study-wide ``--config.rl.lr``: every stability arm sets its own
+  ``rl.lr``, which wins over the study's overrides (runner.arm_run_overrides)."""
   from dllm_rl.study.arms import lr_tag
-  lr = (study.get("overrides") or {}).get(
-      "rl.lr", ((study.get("base_config") or {}).get("rl") or {}).get("lr"))
+  lr = ((study.get("base_config") or {}).get("rl") or {}).get("lr")
   return lr_tag(float(lr)) if lr is not None else None
 
 

@@ -217,10 +217,29 @@ def test_low_lr_control_lines_compare_grpo_below_the_grid_with_its_start_and_sta
   assert "grpo_low@lr2e-5 − SFT 0.050" in v[0][2] and "collapsed: 1/5" in v[0][2]
   assert "StableDRL − grpo_low@lr2e-5 0.100" in v[1][2] and "5 up, 0 down" in v[1][2]
   assert "collapsed: StableDRL 0/5, grpo_low@lr2e-5 1/5" in v[1][2]
-  # the study's --config.rl.lr moves the default: StableDRL at that lr is the one compared
+  # a study-wide --config.rl.lr does not move the grid (every arm sets its own rl.lr, built
+  # from the base config): the default is still the base's lr, not the aggressive arm's 6e-4
   study["overrides"] = {"rl.lr": 6e-4}
-  assert low_lr_control_verdicts(study)[1][0].startswith("stabledrl@lr6e-4 vs grpo_low@lr2e-5")
-  assert "StableDRL − grpo_low@lr2e-5 0.000" in low_lr_control_verdicts(study)[1][2]
+  assert low_lr_control_verdicts(study)[1][0].startswith("stabledrl@lr2e-4 vs grpo_low@lr2e-5")
+  # another testbed's base lr (chain: 2e-5) names its own default arm
+  study = _study({"stabledrl@lr2e-5": full, "grpo_low@lr2e-6": low})
+  study["base_config"] = {"rl": {"lr": 2e-5}}
+  study["sft"] = {str(s): {"sft_accuracy": x} for s, x in enumerate(low)}
+  assert [x[0].split(" (")[0] for x in low_lr_control_verdicts(study)] == [
+      "grpo_low@lr2e-6 improves on the SFT start", "stabledrl@lr2e-5 vs grpo_low@lr2e-6"]
+  # without a base config (an older JSON) there is no default arm to compare: the gain only
+  del study["base_config"]
+  assert len(low_lr_control_verdicts(study)) == 1
+
+
+def test_the_stability_arms_ignore_a_study_wide_lr_so_the_report_reads_the_base_lr():
+  """What the report's default-lr tag relies on: the arms' own rl.lr wins over the study's."""
+  from dllm_rl.config.defaults import get_config
+  from dllm_rl.study import arms as arms_lib
+  from dllm_rl.study.runner import arm_run_overrides
+  base = get_config()
+  full = next(a for a in arms_lib.STUDIES.get("stability")(base) if a.name == "stabledrl@lr2e-4")
+  assert arm_run_overrides(0, arms_lib.QUICK, {"rl.lr": 6e-4}, full.overrides)["rl.lr"] == 2e-4
 
 
 @pytest.mark.parametrize("collapsed, reason", [
