@@ -3,7 +3,8 @@
 Every arm starts from the testbed's base config (``--testbed``: ``dllm_rl/config/testbeds.py``;
 the embedded default ``dllm_rl/config/defaults.py`` unless chosen) and the same SFT checkpoint
 per seed, and changes only the keys listed here; a study is a function of that base config
-(its learning rates are the base's ``rl.lr`` and ÷3 / ×3 of it).
+(its learning rates are the base's ``rl.lr``, ÷3 / ×3 of it, and ÷10 / ÷30 for the stability
+study's ``grpo_low`` control; an arm's ``rl.lr`` wins over a study-wide ``--config.rl.lr``).
 Stability and StepRS main arms use the official StableDRL estimator
 (:data:`OFFICIAL_ESTIMATOR`: SPG's block-random masking, K = 2 draws, prompt masking 0.15,
 independent masks for ℓ̂_old and each inner step); the ``stress`` arms use a 1-draw
@@ -112,12 +113,13 @@ def _stability_pair(lr: float, estimator: dict, suffix: str = "", group: str = "
 def stability(config: ml_collections.ConfigDict) -> list[Arm]:
   """StableDRL's claim: GRPO with estimated ratios spikes and collapses; unconditional
   clipping + self-normalisation stays stable. GRPO and StableDRL on the official estimator
-  over a 3-value lr grid, the two ablations at the default lr, two controls there (antithetic
-  masks; the ELBO instead of SPG's EUBO surrogate for negative advantages), GRPO with d1's KL
-  term at the low and the default lr (a control: does the usual remedy already prevent GRPO's
-  collapse?), GRPO with antithetic masks at those lrs (a control: is the ratio's mask noise
-  what collapses GRPO?), GRPO at the default lr ÷ 10 and ÷ 30 (a control: does GRPO learn below the
-  grid?), and the 1-draw-ELBO stress test at the default and the aggressive lr."""
+  over a 3-value lr grid, the two ablations at the default lr, two StableDRL controls there
+  (antithetic masks; the ELBO instead of SPG's EUBO surrogate for negative advantages), GRPO
+  with d1's KL term at the low and the default lr (a control: does the usual remedy already
+  prevent GRPO's collapse?), GRPO with antithetic masks at those lrs (a control: is the
+  ratio's mask noise what collapses GRPO?), GRPO at the default lr ÷ 10 and ÷ 30 (a control:
+  does GRPO learn below the grid?), and the 1-draw-ELBO stress test at the default and the
+  aggressive lr."""
   grid = lr_grid(config)
   lr = grid[1]
   main = [a for g in grid for a in _stability_pair(g, OFFICIAL_ESTIMATOR)]
