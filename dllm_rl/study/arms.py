@@ -21,6 +21,7 @@ import fnmatch
 import ml_collections
 
 from dllm_rl.config import recipes, testbeds
+from dllm_rl.errors import ConfigError
 from dllm_rl.registry import Registry
 
 STUDIES: Registry = Registry("study")  # name -> f(base config) -> list[Arm]
@@ -91,6 +92,18 @@ def unmatched(studies: list[str], patterns: list[str] | None,
   bad = [p for p in patterns or () if not any(fnmatch.fnmatchcase(n, p) for n in names)]
   return (f"--arms: {', '.join(map(repr, bad))} matches no arm of {', '.join(studies)};"
           f" arms: {', '.join(names)}") if bad else None
+
+
+def shadowed_overrides(study: str, arms: list[Arm], overrides: dict) -> list[ConfigError]:
+  """A ConfigError for each study-wide override that every one of ``arms`` sets itself: an
+  arm's own value wins (runner.arm_run_overrides), so the override would change no RL run
+  (``--config.rl.lr`` moves no arm of the lr grid, which follows the base config)."""
+  if not arms:
+    return []
+  return [ConfigError(key, f"every arm of {study} sets {key} itself (e.g. {arms[0].name}:"
+                      f" {arms[0].overrides[key]!r}), so this study-wide override would change"
+                      " no run; the arms' values follow the testbed's base config (--testbed)")
+          for key in overrides if all(key in a.overrides for a in arms)]
 
 
 def lr_tag(lr: float) -> str:

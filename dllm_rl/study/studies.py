@@ -13,6 +13,7 @@ import os
 import time
 
 from dllm_rl.config import testbeds
+from dllm_rl.errors import raise_all
 from dllm_rl.study import arms as arms_lib
 from dllm_rl.study import provenance, reuse
 
@@ -38,7 +39,9 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
   None: on GPU and TPU only). ``sft_seed``: the seed of the one SFT start of a testbed whose
   seeds share it (runner.run_study). ``reuse_from``: study JSONs whose runs seed DIR where it
   has none, and against which the runs DIR has are checked (dllm_rl.study.reuse).
-  ``first_seed``: the seeds are ``seeds`` of them from this one (runner.seed_range)."""
+  ``first_seed``: the seeds are ``seeds`` of them from this one (runner.seed_range). An
+  override that every chosen arm of a study sets itself (``rl.lr``: the lr grid follows the
+  base config) is a ConfigError before anything runs (arms.shadowed_overrides)."""
   base = testbeds.testbed(testbed).get_config()  # a ValueError listing the names when unknown
   provenance.git_commit()  # the code this process imported: read now, before any run
   import jax
@@ -53,6 +56,8 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
     full = arms_lib.size(testbed, quick=False)
     overrides = {**overrides, "rl.warmup_steps": round(
         base.rl.warmup_steps * size.rl_steps / full.rl_steps)}
+  raise_all([e for name in names for e in arms_lib.shadowed_overrides(
+      name, arms_lib.select(arms_lib.STUDIES.get(name)(base), arm_patterns), overrides)])
   seed_list = runner.seed_range(size.seeds, first_seed)  # a ConfigError when first_seed < 0
   runner.claim_workdir(workdir, testbed)  # DIR's testbed, then its finished runs: before any run
   runner.check_sft_starts(workdir, size.seeds, overrides, testbed, base, sft_seed, first_seed)

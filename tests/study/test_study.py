@@ -268,3 +268,21 @@ def test_a_warmup_longer_than_the_study_arms_fails_before_the_sft_start(tmp_path
     run_study("stability", arms_lib.STUDIES.get("stability")(get_config()), str(tmp_path), 1,
               arms_lib.Size(2, 1, 1), {"rl.warmup_steps": 50})
   assert not os.listdir(tmp_path)
+
+
+def test_a_study_wide_override_every_arm_sets_is_refused_before_anything_runs(tmp_path):
+  """--config.rl.lr moved no stability arm (each sets its own rl.lr from the base config), so
+  it changed no run, silently: a ConfigError naming the key, nothing written. A key only some
+  chosen arms set (estimator.antithetic is every stability arm's; rl.kl_coef only grpo_kl's)
+  is an ordinary override."""
+  from dllm_rl.errors import ConfigError
+  from dllm_rl.study import arms as arms_lib
+  workdir = tmp_path / "w"
+  with pytest.raises(ConfigError, match=r"config.rl.lr: every arm of stability sets rl.lr"):
+    study(["stability"], str(workdir), 1, True, {**TINY, "rl.lr": 6e-4}, str(tmp_path / "r.md"),
+          "test")
+  assert not workdir.exists()
+  arms = arms_lib.STUDIES.get("stability")(get_config())
+  assert [e.key for e in arms_lib.shadowed_overrides(
+      "stability", arms, {"rl.lr": 1e-3, "rl.kl_coef": 0.1, "model.d_model": 32})] == ["rl.lr"]
+  assert arms_lib.shadowed_overrides("stability", [], {"rl.lr": 1e-3}) == []  # none chosen
