@@ -6,24 +6,9 @@ from __future__ import annotations
 
 import collections
 
+from dllm_rl.study import figures as fig
 from dllm_rl.study import stats
-
-
-def _fmt(iv: dict, digits: int = 3) -> str:
-  if iv["mean"] is None:
-    return "n/a"
-  if iv["half_width"] is None:
-    return f"{iv['mean']:.{digits}f}"
-  return f"{iv['mean']:.{digits}f} ± {iv['half_width']:.{digits}f}"
-
-
-def _fmt_g(iv: dict) -> str:
-  """Like _fmt, in 3 significant digits (ratios span many orders of magnitude)."""
-  if iv["mean"] is None:
-    return "n/a"
-  if iv["half_width"] is None:
-    return f"{iv['mean']:.3g}"
-  return f"{iv['mean']:.3g} ± {iv['half_width']:.3g}"
+from dllm_rl.study.report_controls import grpo_control_verdicts, low_lr_control_verdicts
 
 
 def cell(text: str) -> str:
@@ -37,47 +22,10 @@ def seeds_label(study: dict) -> str:
   return f"{n} seed(s)" + (f" (seeds {first}–{first + n - 1})" if first else "")
 
 
-def _runs(study: dict, arm: str) -> list[dict]:
-  return sorted((r for r in study["runs"] if r["arm"] == arm), key=lambda r: r["seed"])
-
-
-def _iv(study, arm, get):
-  return stats.t_interval([get(r) for r in _runs(study, arm)])
-
-
-def _test(r):
-  return r["summary"].get("rl_accuracy")
-
-
-def _pass(k):
-  return lambda r: (r["summary"].get("rl_pass_at_k") or {}).get(str(k))
-
-
 # The smallest accuracy difference of interest (2 points): inside ±this is "no difference".
 MIN_EFFECT = 0.02
 # Centered GRPO "did not narrow" the policy: it keeps ≥ 90% of the start's distinct answers.
 NARROWING = 0.9
-
-
-def _by_seed(study: dict, arm: str, get) -> dict:
-  return {r["seed"]: get(r) for r in _runs(study, arm)}
-
-
-def paired_difference(study: dict, arm_a: str, arm_b: str, get) -> dict:
-  """:func:`stats.paired` of get(a) − get(b) over the seeds (arms of a seed share the SFT
-  checkpoint and rollout keys, so the seeds pair them)."""
-  return stats.paired(_by_seed(study, arm_a, get), _by_seed(study, arm_b, get))
-
-
-def _fmt_paired(p: dict, digits: int = 3) -> str:
-  if p["mean"] is None:
-    return "n/a"
-  return (f"{_fmt(p, digits)} (per seed {', '.join(f'{d:+.{digits}f}' for d in p['diffs'])};"
-          f" {p['wins']} up, {p['losses']} down, {p['ties']} tied)")
-
-
-def _ratio(r, key: str):
-  return (r["stats"].get("abs_log_ratio") or {}).get(key)
 
 
 def _group(a: dict) -> str:
@@ -92,16 +40,18 @@ def stability_table(study: dict) -> str:
           " ρ̂ > 1 + ε) |", "|" + " --- |" * 9]
   for a in study["arms"]:
     n = a["name"]
-    runs = _runs(study, n)
-    st = lambda key: _iv(study, n, lambda r: r["stats"][key])
-    q = lambda when: " / ".join(_fmt_g(_iv(study, n, lambda r: _ratio(r, f"{k}_{when}")))
-                                for k in ("p50", "p90", "p99", "max"))
+    runs = fig.runs(study, n)
+    st = lambda key: fig.interval(study, n, lambda r: r["stats"][key])
+    quantile = lambda name: fig.fmt_g(fig.interval(study, n,
+                                                   lambda r: fig.abs_log_ratio(r, name)))
+    q = lambda when: " / ".join(quantile(f"{k}_{when}") for k in ("p50", "p90", "p99", "max"))
     collapsed = sum(r["stats"]["collapsed"] for r in runs)
     rows.append(
-        f"| {n} | {_group(a)} | {_fmt(_iv(study, n, _test))} | {_fmt(st('start_val_accuracy'))}"
-        f" → {_fmt(st('final_val_accuracy'))} | {collapsed}/{len(runs)} |"
-        f" {_fmt(st('grad_spikes'), 1)} | {q('first')} | {q('all')} |"
-        f" {_fmt(st('bypass_fraction_mean'), 4)} |")
+        f"| {n} | {_group(a)} | {fig.fmt(fig.interval(study, n, fig.held_out_accuracy))} |"
+        f" {fig.fmt(st('start_val_accuracy'))}"
+        f" → {fig.fmt(st('final_val_accuracy'))} | {collapsed}/{len(runs)} |"
+        f" {fig.fmt(st('grad_spikes'), 1)} | {q('first')} | {q('all')} |"
+        f" {fig.fmt(st('bypass_fraction_mean'), 4)} |")
   return "\n".join(rows)
 
 
@@ -113,12 +63,6 @@ def _diversity(r):
   return r["summary"].get("rl_diversity")
 
 
-def _of_sft(study: dict, get):
-  """get_run(run) → get(the summary of the run's seed's SFT start)."""
-  sft = study.get("sft") or {}
-  return lambda r: get(sft.get(str(r["seed"])) or {})
-
-
 def _sft_pass(k):
   return lambda s: (s.get("sft_pass_at_k") or {}).get(str(k))
 
@@ -126,8 +70,8 @@ def _sft_pass(k):
 def _sft_of(study: dict, arm: str, get) -> dict:
   """Mean ± t-interval over the arm's seeds of get(their SFT start's summary) (one value
   when the testbed shares one start)."""
-  runs = _runs(study, arm)[:1] if study.get("shared_sft") else _runs(study, arm)
-  return stats.t_interval(list(map(_of_sft(study, get), runs)))
+  runs = fig.runs(study, arm)[:1] if study.get("shared_sft") else fig.runs(study, arm)
+  return stats.t_interval(list(map(fig.of_sft(study, get), runs)))
 
 
 def _late(key: str):
@@ -155,29 +99,26 @@ def steprs_table(study: dict) -> str:
   first = study["arms"][0]["name"] if study["arms"] else None
   start = _sft_of(study, first, lambda s: s.get("sft_accuracy")) if first else {"mean": None}
   if start["mean"] is not None:
-    sft = lambda get, digits=3: _fmt(_sft_of(study, first, get), digits)
-    rows.append(f"| SFT start | — | {_fmt(start)} | {sft(_sft_pass(1))} | {sft(_sft_pass(4))} |"
+    sft = lambda get, digits=3: fig.fmt(_sft_of(study, first, get), digits)
+    rows.append(f"| SFT start | — | {fig.fmt(start)} | {sft(_sft_pass(1))} |"
+                f" {sft(_sft_pass(4))} |"
                 f" {sft(_sft_pass(8))} | — | {sft(lambda s: s.get('sft_diversity'), 2)} |"
                 f" {sft(lambda s: s.get('sft_val_accuracy'))} | — | — | — | — |")
   for a in study["arms"]:
     n = a["name"]
-    st = lambda key: _iv(study, n, lambda r: r["stats"][key])
-    beta = _iv(study, n, lambda r: r["overrides"].get("rl.beta_end")) \
+    st = lambda key: fig.interval(study, n, lambda r: r["stats"][key])
+    beta = fig.interval(study, n, lambda r: r["overrides"].get("rl.beta_end")) \
         if "steprs" in n else {"mean": None, "half_width": None}
-    rows.append(f"| {n} | {_group(a)} | {_fmt(_iv(study, n, _test))} |"
-                f" {_fmt(_iv(study, n, _pass(1)))} | {_fmt(_iv(study, n, _pass(4)))} |"
-                f" {_fmt(_iv(study, n, _pass(8)))} | {_fmt(_iv(study, n, _distinct), 2)} |"
-                f" {_fmt(_iv(study, n, _diversity), 2)} |"
-                f" {_fmt(st('start_val_accuracy'))} → {_fmt(st('final_val_accuracy'))} |"
-                f" {_collapsed(study, n)} | {_fmt(_iv(study, n, _late('adv_abs_mean')))} |"
-                f" {_fmt(_iv(study, n, _late('entropy')))} |"
-                f" {_fmt(beta, 2) if beta['mean'] is not None else '—'} |")
+    mean = lambda get, digits=3: fig.fmt(fig.interval(study, n, get), digits)
+    rows.append(f"| {n} | {_group(a)} | {mean(fig.held_out_accuracy)} |"
+                f" {mean(fig.pass_at(1))} | {mean(fig.pass_at(4))} |"
+                f" {mean(fig.pass_at(8))} | {mean(_distinct, 2)} |"
+                f" {mean(_diversity, 2)} |"
+                f" {fig.fmt(st('start_val_accuracy'))} → {fig.fmt(st('final_val_accuracy'))} |"
+                f" {fig.collapsed(study, n)} | {mean(_late('adv_abs_mean'))} |"
+                f" {mean(_late('entropy'))} |"
+                f" {fig.fmt(beta, 2) if beta['mean'] is not None else '—'} |")
   return "\n".join(rows)
-
-
-def _collapses(study: dict, arm: str) -> tuple[int, int]:
-  runs = _runs(study, arm)
-  return sum(bool((r.get("stats") or {}).get("collapsed")) for r in runs), len(runs)
 
 
 def _stuck_note(study: dict, arms: tuple[str, ...]) -> str:
@@ -185,7 +126,7 @@ def _stuck_note(study: dict, arms: tuple[str, ...]) -> str:
   recorded it, how many of those rollouts the verifier could not parse."""
   parts, malformed = [], []
   for arm in arms:
-    stuck = [(r, at) for r in _runs(study, arm)
+    stuck = [(r, at) for r in fig.runs(study, arm)
              if (at := stats.all_wrong_from(r.get("steps") or [])) is not None]
     if stuck:
       at_steps = ", ".join(f"{r['seed']} (from step {at})" for r, at in stuck)
@@ -199,11 +140,6 @@ def _stuck_note(study: dict, arms: tuple[str, ...]) -> str:
     note += (f" ({100 * sum(malformed) / len(malformed):.0f}% of those rollouts malformed:"
              " the output format collapsed)")
   return note
-
-
-def _collapsed(study: dict, arm: str) -> str:
-  """"k/n": the seeds in which ``arm`` collapsed, of its seeds."""
-  return "/".join(map(str, _collapses(study, arm)))
 
 
 def _collapse_reason(other: str, collapses: tuple[int, int, int, int], if_stable: str,
@@ -220,11 +156,6 @@ def _collapse_reason(other: str, collapses: tuple[int, int, int, int], if_stable
   if oc <= max(1, on // 10) and oc <= sc + 1:
     return f"{other} collapsed in only {oc}/{on} seeds (StableDRL in {sc}/{sn}){if_rare}"
   return f"{other} collapsed in {oc}/{on} seeds, StableDRL in {sc}/{sn}"
-
-
-def _spikes(study: dict, arm: str) -> float:
-  """Mean grad-norm spikes per run of ``arm`` over its seeds (0 when it has none)."""
-  return _iv(study, arm, lambda r: r["stats"]["grad_spikes"])["mean"] or 0.0
 
 
 def weak_start(study: dict) -> str | None:
@@ -263,25 +194,25 @@ def _stability_reason(study: dict, stabledrl: str, grpo: str,
                       collapses: tuple[int, int, int, int]) -> str:
   """The likely reason a StableDRL-over-GRPO comparison did not reproduce, from its numbers;
   ``collapses``: (GRPO collapsed, GRPO seeds, StableDRL collapsed, StableDRL seeds)."""
-  bypass = _iv(study, grpo, lambda r: r["stats"]["bypass_fraction_mean"])["mean"] or 0.0
-  p99 = _iv(study, grpo, lambda r: _ratio(r, "p99_first"))["mean"]
+  bypass = fig.interval(study, grpo, lambda r: r["stats"]["bypass_fraction_mean"])["mean"] or 0.0
+  p99 = fig.interval(study, grpo, lambda r: fig.abs_log_ratio(r, "p99_first"))["mean"]
   why = _collapse_reason("GRPO", collapses,
                          ": there was no instability for StableDRL to remove at this lr",
                          ": there was little instability for StableDRL to remove at this lr")
   why += f"; GRPO's bypass (A < 0, ρ̂ > 1 + ε) hit {bypass:.2%} of sequences"
   if p99 is not None:
     why += f", p99 |log ρ̂| at θ = θ_old {p99:.3g} nats"
-  sc, s_spikes, g_spikes = collapses[2], _spikes(study, stabledrl), _spikes(study, grpo)
+  sc, s_spikes, g_spikes = collapses[2], fig.spikes(study, stabledrl), fig.spikes(study, grpo)
   if sc > 0 and s_spikes < g_spikes:
     why += (f"; StableDRL's {sc} collapse(s) came with {s_spikes:.1f} grad-norm spikes per run"
             f" against GRPO's {g_spikes:.1f}: a drift, not the ratio-driven instability"
             " StableDRL removes (the lr may be too high for this start)")
   control = f"{NO_EUBO}@{stabledrl.partition('@')[2]}"
   if sc > 0 and any(a["name"] == control for a in study["arms"]):
-    p = paired_difference(study, control, stabledrl, _test)
-    cc, cn = _collapses(study, control)
+    p = fig.paired_difference(study, control, stabledrl, fig.held_out_accuracy)
+    cc, cn = fig.collapses(study, control)
     why += (f"; the {control} control (the ELBO, not SPG's EUBO surrogate, as the gradient term"
-            f" of A < 0) collapsed in {cc}/{cn} seeds and ended {_fmt_paired(p)} above"
+            f" of A < 0) collapsed in {cc}/{cn} seeds and ended {fig.fmt_paired(p)} above"
             " StableDRL")
     if p["half_width"] is not None and p["mean"] - p["half_width"] > 0 and cc < sc:
       why += ": SPG's EUBO surrogate, which GRPO's loss does not use, drives these collapses"
@@ -301,11 +232,11 @@ def stability_verdicts(study: dict) -> list[tuple[str, str, str]]:
     grpo = name.replace("stabledrl", "grpo", 1)
     if not any(x["name"] == grpo for x in study["arms"]):
       continue
-    p = paired_difference(study, name, grpo, _test)
+    p = fig.paired_difference(study, name, grpo, fig.held_out_accuracy)
     verdict = stats.verdict(p, MIN_EFFECT, "StableDRL's accuracy")
-    collapses = (*_collapses(study, grpo), *_collapses(study, name))
+    collapses = (*fig.collapses(study, grpo), *fig.collapses(study, name))
     gc, gn, sc, sn = collapses
-    evidence = (f"test accuracy StableDRL − GRPO {_fmt_paired(p)}; collapsed: GRPO {gc}/{gn},"
+    evidence = (f"test accuracy StableDRL − GRPO {fig.fmt_paired(p)}; collapsed: GRPO {gc}/{gn},"
                 f" StableDRL {sc}/{sn}")
     if verdict != "reproduced":
       evidence += f". Likely reason: {_stability_reason(study, name, grpo, collapses)}"
@@ -329,8 +260,8 @@ def _ablation_reason(study: dict, ablation: str, full: str, dropped: str,
                          f": without {dropped} the other component alone kept training stable"
                          f" in {kept} of {collapses[1]} seeds at this lr and size")
   return _with_weak_start(study, why + (
-      f"; grad-norm spikes per run {ablation} {_spikes(study, ablation):.1f},"
-      f" StableDRL {_spikes(study, full):.1f}"))
+      f"; grad-norm spikes per run {ablation} {fig.spikes(study, ablation):.1f},"
+      f" StableDRL {fig.spikes(study, full):.1f}"))
 
 
 def ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
@@ -349,11 +280,11 @@ def ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
     if full not in names:
       continue
     if prefix in ABLATIONS:
-      p = paired_difference(study, full, a["name"], _test)
+      p = fig.paired_difference(study, full, a["name"], fig.held_out_accuracy)
       verdict = stats.verdict(p, MIN_EFFECT, "StableDRL's accuracy")
-      collapses = (*_collapses(study, a["name"]), *_collapses(study, full))
+      collapses = (*fig.collapses(study, a["name"]), *fig.collapses(study, full))
       ac, an, fc, fn = collapses
-      evidence = (f"test accuracy StableDRL − {a['name']} {_fmt_paired(p)}; collapsed:"
+      evidence = (f"test accuracy StableDRL − {a['name']} {fig.fmt_paired(p)}; collapsed:"
                   f" {a['name']} {ac}/{an}, StableDRL {fc}/{fn}")
       if verdict != "reproduced":
         evidence += (". Likely reason: "
@@ -361,126 +292,28 @@ def ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
       out.append((f"{full} vs {a['name']} (ablation: without {ABLATIONS[prefix]})", verdict,
                   evidence))
     elif prefix == ANTITHETIC:
-      p = paired_difference(study, a["name"], full, _test)
+      p = fig.paired_difference(study, a["name"], full, fig.held_out_accuracy)
       out.append((f"{a['name']} vs {full} (control)", "no claim",
-                  f"test accuracy shared − independent masks {_fmt_paired(p)}; collapsed:"
-                  f" {_collapsed(study, a['name'])} with shared masks,"
-                  f" {_collapsed(study, full)} with independent ones"))
+                  f"test accuracy shared − independent masks {fig.fmt_paired(p)}; collapsed:"
+                  f" {fig.collapsed(study, a['name'])} with shared masks,"
+                  f" {fig.collapsed(study, full)} with independent ones"))
     elif prefix == NO_EUBO:
-      p = paired_difference(study, a["name"], full, _test)
+      p = fig.paired_difference(study, a["name"], full, fig.held_out_accuracy)
       out.append((f"{a['name']} vs {full} (control)", "no claim",
-                  f"test accuracy ELBO − SPG surrogate (ω = 0.5) for A < 0 {_fmt_paired(p)};"
-                  f" collapsed: {_collapsed(study, a['name'])} with the"
-                  f" ELBO, {_collapsed(study, full)} with the surrogate;"
-                  f" grad-norm spikes per run {_spikes(study, a['name']):.1f} and"
-                  f" {_spikes(study, full):.1f}"))
+                  f"test accuracy ELBO − SPG surrogate (ω = 0.5) for A < 0 {fig.fmt_paired(p)};"
+                  f" collapsed: {fig.collapsed(study, a['name'])} with the"
+                  f" ELBO, {fig.collapsed(study, full)} with the surrogate;"
+                  f" grad-norm spikes per run {fig.spikes(study, a['name']):.1f} and"
+                  f" {fig.spikes(study, full):.1f}"))
       grpo = f"grpo@{tag}"
       if grpo in names:  # the same gradient term as GRPO's: what StableDRL's weights add
-        p = paired_difference(study, a["name"], grpo, _test)
+        p = fig.paired_difference(study, a["name"], grpo, fig.held_out_accuracy)
         out.append((f"{a['name']} vs {grpo} (control: StableDRL's weights on GRPO's gradient"
                     " term)", "no claim",
-                    f"test accuracy {a['name']} − GRPO {_fmt_paired(p)}; collapsed:"
-                    f" {_collapsed(study, a['name'])} and {_collapsed(study, grpo)};"
-                    f" grad-norm spikes per run {_spikes(study, a['name']):.1f} and"
-                    f" {_spikes(study, grpo):.1f}"))
-  return out
-
-
-def _grad_extremes(study: dict, arms: tuple[str, str]) -> str:
-  """Per run of each of two arms (means over seeds): the largest pre-clip grad norm and the
-  steps with gradient 0."""
-  get = lambda key: [_iv(study, a, lambda r: r["stats"].get(key))["mean"] for a in arms]
-  top, zero = get("grad_norm_max"), get("zero_grad_steps")
-  fmt = lambda xs, spec: " and ".join("—" if x is None else format(x, spec) for x in xs)
-  return (f"largest pre-clip grad norm per run {fmt(top, '.3g')}; steps with gradient 0 per"
-          f" run {fmt(zero, '.1f')}")
-
-
-def _kl_term(arm: dict) -> str:
-  beta = (arm.get("overrides") or {}).get("rl.kl_coef")
-  return f"the KL term (β = {beta:g})" if beta is not None else "the KL term"
-
-
-# GRPO control arm prefix → what the arm adds to GRPO (from its study record)
-GRPO_CONTROLS = {"grpo_kl": _kl_term,  # d1's KL term to the SFT start
-                 "grpo_antithetic": lambda arm: "shared masks"}  # ρ̂ = 1 at θ = θ_old
-
-
-def grpo_control_verdicts(study: dict) -> list[tuple[str, str, str]]:
-  """(comparison, "no claim", evidence) for each GRPO control arm (:data:`GRPO_CONTROLS`: a KL
-  term, shared masks): against GRPO at the same lr (does the change prevent GRPO's collapse?)
-  and StableDRL against it (is StableDRL's gain more than the change gives?): the paired
-  test-accuracy difference, the collapses, per run the largest pre-clip grad norm and the
-  steps with gradient 0, and the bypass fraction. Not the spike count: a spike is relative to
-  the run's median non-zero norm, and a KL term's gradient is non-zero after a collapse, where
-  GRPO's alone is 0, so the two arms' medians are over different steps."""
-  names = {a["name"] for a in study["arms"]}
-  out = []
-  for a in study["arms"]:
-    prefix, _, tag = a["name"].partition("@")
-    if prefix not in GRPO_CONTROLS:
-      continue
-    arm, change = a["name"], GRPO_CONTROLS[prefix](a)
-    grpo, full = f"grpo@{tag}", f"stabledrl@{tag}"
-    if grpo in names:
-      p = paired_difference(study, arm, grpo, _test)
-      out.append((f"{arm} vs {grpo} (control: GRPO with and without {change})", "no claim",
-                  f"test accuracy with − without {change} {_fmt_paired(p)}; collapsed:"
-                  f" {_collapsed(study, arm)} with, {_collapsed(study, grpo)} without;"
-                  f" {_grad_extremes(study, (arm, grpo))}; {_bypass(study, (arm, grpo))}"))
-    if full in names:
-      p = paired_difference(study, full, arm, _test)
-      out.append((f"{full} vs {arm} (control: StableDRL against GRPO with {change})", "no claim",
-                  f"test accuracy StableDRL − GRPO with {change} {_fmt_paired(p)}; collapsed:"
-                  f" StableDRL {_collapsed(study, full)}, GRPO with {change}"
-                  f" {_collapsed(study, arm)}; {_grad_extremes(study, (full, arm))}"))
-  return out
-
-
-def _bypass(study: dict, arms: tuple[str, str]) -> str:
-  """The two arms' bypass fractions (A < 0 and ρ̂ > 1 + ε; means over seeds)."""
-  got = [_iv(study, a, lambda r: r["stats"].get("bypass_fraction_mean"))["mean"] for a in arms]
-  return ("bypass fraction (A < 0, ρ̂ > 1 + ε) "
-          + " and ".join("—" if x is None else f"{x:.2%}" for x in got))
-
-
-LOW_LR_CONTROL = "grpo_low"  # the control: GRPO below the lr grid
-
-
-def _default_lr_tag(study: dict) -> str | None:
-  """The lr tag of the study's default lr: its base config's ``rl.lr``, the middle of the
-  grid the arms were built from (dllm_rl.study.arms.lr_grid; None when the study JSON has no
-  base config). Not a study-wide ``--config.rl.lr``: every stability arm sets its own
-  ``rl.lr``, which wins over the study's overrides (runner.arm_run_overrides)."""
-  from dllm_rl.study.arms import lr_tag
-  lr = ((study.get("base_config") or {}).get("rl") or {}).get("lr")
-  return lr_tag(float(lr)) if lr is not None else None
-
-
-def low_lr_control_verdicts(study: dict) -> list[tuple[str, str, str]]:
-  """(comparison, "no claim", evidence) for each GRPO arm below the lr grid: its gain over the
-  seed's SFT start (does GRPO learn where its step is small?) and StableDRL at the default lr
-  against it (does StableDRL's claim hold against an lr-tuned GRPO?): paired test accuracy
-  and the collapses."""
-  names = {a["name"] for a in study["arms"]}
-  tag = _default_lr_tag(study)
-  full = f"stabledrl@{tag}"
-  start = _sft_start(study)
-  out = []
-  for a in study["arms"]:
-    if a["name"].partition("@")[0] != LOW_LR_CONTROL:
-      continue
-    low = a["name"]
-    gain = stats.paired(_by_seed(study, low, _test), _by_seed(study, low, start))
-    out.append((f"{low} improves on the SFT start (control: GRPO below the lr grid)", "no claim",
-                f"test accuracy {low} − SFT {_fmt_paired(gain)}; collapsed:"
-                f" {_collapsed(study, low)}"))
-    if full in names:
-      p = paired_difference(study, full, low, _test)
-      out.append((f"{full} vs {low} (control: StableDRL at the default lr against GRPO below"
-                  " the grid)", "no claim",
-                  f"test accuracy StableDRL − {low} {_fmt_paired(p)}; collapsed: StableDRL"
-                  f" {_collapsed(study, full)}, {low} {_collapsed(study, low)}"))
+                    f"test accuracy {a['name']} − GRPO {fig.fmt_paired(p)}; collapsed:"
+                    f" {fig.collapsed(study, a['name'])} and {fig.collapsed(study, grpo)};"
+                    f" grad-norm spikes per run {fig.spikes(study, a['name']):.1f} and"
+                    f" {fig.spikes(study, grpo):.1f}"))
   return out
 
 
@@ -493,8 +326,8 @@ def _steprs_reason(study: dict, arm: str = "steprs", opposite: bool = False,
   """The likely reason ``arm`` did not beat ``base`` in :func:`steprs_verdicts`, from the
   study's numbers (the first that apply, joined). ``opposite``: the verdict found the arm
   decidedly lower, which no seed-to-seed spread explains."""
-  base8 = _iv(study, "centered", _pass(8))["mean"]
-  distinct = _iv(study, "centered", _distinct)["mean"]
+  base8 = fig.interval(study, "centered", fig.pass_at(8))["mean"]
+  distinct = fig.interval(study, "centered", _distinct)["mean"]
   reasons = []
   if base8 is not None and base8 > 0.95:
     reasons.append(f"centered GRPO's pass@8 is already {base8:.3f} (no headroom)")
@@ -510,10 +343,10 @@ def _steprs_reason(study: dict, arm: str = "steprs", opposite: bool = False,
                      " per prompt (its training answers do) and RL at this length did not"
                      " find others, so exploration has not yet had anything to reward")
     # else: distinct > pass@8, so some prompts get several correct answers: not the reason
-  kept = _iv(study, "centered", _diversity)["mean"]
+  kept = fig.interval(study, "centered", _diversity)["mean"]
   start = _sft_of(study, "centered", lambda s: s.get("sft_diversity"))["mean"]
   if kept is not None and start and kept >= NARROWING * start:
-    p1 = _iv(study, "centered", _pass(1))["mean"]
+    p1 = fig.interval(study, "centered", fig.pass_at(1))["mean"]
     p1_start = _sft_of(study, "centered", _sft_pass(1))
     moved = (f", and its pass@1 at T = 1 is {p1:.3f} against the start's"
              f" {p1_start['mean']:.3f}" if p1 is not None and p1_start["mean"] is not None
@@ -521,20 +354,20 @@ def _steprs_reason(study: dict, arm: str = "steprs", opposite: bool = False,
     reasons.append(f"centered GRPO kept {kept:.2f} distinct answers in 8 samples (the SFT start"
                    f" {start:.2f}){moved}: RL at this length did not narrow the sampling"
                    " policy, so there was no lost exploration for StepRS to recover")
-  narrower = paired_difference(study, arm, "centered", _diversity)
+  narrower = fig.paired_difference(study, arm, "centered", _diversity)
   if narrower["half_width"] is not None and narrower["mean"] + narrower["half_width"] < 0:
-    ours, theirs = (_iv(study, a, _diversity)["mean"] for a in (arm, "centered"))
+    ours, theirs = (fig.interval(study, a, _diversity)["mean"] for a in (arm, "centered"))
     reasons.append(f"{arm} narrowed the sampling policy more than centered GRPO ({ours:.2f}"
                    f" against {theirs:.2f} distinct answers in 8 samples; paired"
-                   f" {_fmt(narrower, 2)}): its weights did not keep the exploration they are"
+                   f" {fig.fmt(narrower, 2)}): its weights did not keep the exploration they are"
                    " meant to")
-  learned = paired_difference(study, arm, base, _final_val)
+  learned = fig.paired_difference(study, arm, base, _final_val)
   if learned["half_width"] is not None and learned["mean"] + learned["half_width"] < 0:
-    ours, theirs = (_iv(study, a, _final_val)["mean"] for a in (arm, base))
+    ours, theirs = (fig.interval(study, a, _final_val)["mean"] for a in (arm, base))
     reasons.append(f"{arm} learned less than {base}: its final greedy validation accuracy"
-                   f" is {ours:.3f} against {theirs:.3f} (paired {_fmt(learned)}): its"
+                   f" is {ours:.3f} against {theirs:.3f} (paired {fig.fmt(learned)}): its"
                    " weights cost accuracy, not only exploration")
-  fell = {a: _collapses(study, a) for a in (arm, base)}
+  fell = {a: fig.collapses(study, a) for a in (arm, base)}
   if any(k for k, _ in fell.values()):
     reasons.append(f"runs collapsed ({arm} {'/'.join(map(str, fell[arm]))} seeds, {base}"
                    f" {'/'.join(map(str, fell[base]))}: validation accuracy fell below the SFT"
@@ -564,10 +397,10 @@ def steprs_verdicts(study: dict) -> list[tuple[str, str, str]]:
   for arm, base, metric in STEPRS_COMPARISONS:
     if arm not in names or base not in names:
       continue
-    get = _distinct if metric == "distinct" else _pass(8)
-    p = paired_difference(study, arm, base, get)
+    get = _distinct if metric == "distinct" else fig.pass_at(8)
+    p = fig.paired_difference(study, arm, base, get)
     verdict = stats.verdict(p, MIN_EFFECT if metric != "distinct" else 0.1, f"{arm}'s {metric}")
-    evidence = f"{metric} {arm} − {base} {_fmt_paired(p)}"
+    evidence = f"{metric} {arm} − {base} {fig.fmt_paired(p)}"
     if verdict != "reproduced":
       lower = p["half_width"] is not None and p["mean"] + p["half_width"] < 0  # below 0
       evidence += f". Likely reason: {_steprs_reason(study, arm, lower, base)}"
@@ -575,36 +408,30 @@ def steprs_verdicts(study: dict) -> list[tuple[str, str, str]]:
   return out
 
 
-def _sft_start(study: dict):
-  """get(run) → the held-out test accuracy of the run's seed's SFT start."""
-  return _of_sft(study, lambda s: s.get("sft_accuracy"))
-
-
 def baselines_table(study: dict) -> str:
   rows = ["| arm | held-out test acc. (end) | gain over the SFT start (per seed) | pass@1 (T = 1)"
           " | pass@8 | val acc. start → final |", "|" + " --- |" * 6]
-  start = _sft_start(study)
   for a in study["arms"]:
     n = a["name"]
-    st = lambda key: _iv(study, n, lambda r: r["stats"][key])
-    gain = stats.paired(_by_seed(study, n, _test), _by_seed(study, n, start))
-    rows.append(f"| {n} | {_fmt(_iv(study, n, _test))} | {_fmt_paired(gain)} |"
-                f" {_fmt(_iv(study, n, _pass(1)))} | {_fmt(_iv(study, n, _pass(8)))} |"
-                f" {_fmt(st('start_val_accuracy'))} → {_fmt(st('final_val_accuracy'))} |")
+    mean = lambda get: fig.fmt(fig.interval(study, n, get))
+    st = lambda key: mean(lambda r: r["stats"][key])
+    rows.append(f"| {n} | {mean(fig.held_out_accuracy)} |"
+                f" {fig.fmt_paired(fig.gain_over_start(study, n))} |"
+                f" {mean(fig.pass_at(1))} | {mean(fig.pass_at(8))} |"
+                f" {st('start_val_accuracy')} → {st('final_val_accuracy')} |")
   return "\n".join(rows)
 
 
 def baselines_verdicts(study: dict) -> list[tuple[str, str, str]]:
   """(comparison, verdict, evidence): each algorithm ends above its seed's SFT start (held-out
   test accuracy, paired by seed)."""
-  start = _sft_start(study)
   out = []
   for a in study["arms"]:
     n = a["name"]
-    gain = stats.paired(_by_seed(study, n, _test), _by_seed(study, n, start))
+    gain = fig.gain_over_start(study, n)
     out.append((f"{n} improves on the SFT start",
                 stats.verdict(gain, MIN_EFFECT, f"{n}'s accuracy"),
-                f"test accuracy {n} − SFT {_fmt_paired(gain)}"))
+                f"test accuracy {n} − SFT {fig.fmt_paired(gain)}"))
   return out
 
 
@@ -645,13 +472,15 @@ CAVEATS = {
 }
 
 
-def _stability_and_ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
+def _stability_report_verdicts(study: dict) -> list[tuple[str, str, str]]:
+  """Every line of the stability report: the GRPO / StableDRL pairs, the ablations and their
+  controls, then the GRPO controls (:mod:`dllm_rl.study.report_controls`)."""
   return (stability_verdicts(study) + ablation_verdicts(study) + grpo_control_verdicts(study)
           + low_lr_control_verdicts(study))
 
 
 # study → (table, verdicts)
-REPORTS = {"stability": (stability_table, _stability_and_ablation_verdicts),
+REPORTS = {"stability": (stability_table, _stability_report_verdicts),
            "steprs": (steprs_table, steprs_verdicts),
            "baselines": (baselines_table, baselines_verdicts)}
 

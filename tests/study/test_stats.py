@@ -161,7 +161,7 @@ def test_ablation_verdicts_compare_stabledrl_with_each_single_component():
 
 
 def test_grpo_control_lines_pair_each_control_with_grpo_and_stabledrl_at_its_lr():
-  from dllm_rl.study.report import grpo_control_verdicts
+  from dllm_rl.study.report_controls import grpo_control_verdicts
   grpo = [0.10, 0.05, 0.00, 0.08, 0.02]
   kl = [g + d for g, d in zip(grpo, [0.20, 0.30, 0.25, 0.00, 0.10])]
   full = [k + 0.1 for k in kl]
@@ -201,7 +201,7 @@ def test_grpo_control_lines_pair_each_control_with_grpo_and_stabledrl_at_its_lr(
 
 
 def test_low_lr_control_lines_compare_grpo_below_the_grid_with_its_start_and_stabledrl():
-  from dllm_rl.study.report import low_lr_control_verdicts
+  from dllm_rl.study.report_controls import low_lr_control_verdicts
   low = [0.45, 0.40, 0.50, 0.42, 0.44]
   full = [x + 0.1 for x in low]
   study = _study({"stabledrl@lr2e-4": full, "grpo_low@lr2e-5": low, "stabledrl@lr6e-4": low},

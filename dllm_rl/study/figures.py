@@ -1,0 +1,95 @@
+"""Per-arm figures of a study record (the JSON a study writes): an arm's runs in seed order,
+t-intervals over its seeds, paired differences between two arms of the same seeds, its
+collapses and spikes, and how the report writes them. Shared by the report's tables and
+verdicts (:mod:`dllm_rl.study.report`) and its control lines
+(:mod:`dllm_rl.study.report_controls`)."""
+
+from __future__ import annotations
+
+from dllm_rl.study import stats
+
+
+def runs(study: dict, arm: str) -> list[dict]:
+  return sorted((r for r in study["runs"] if r["arm"] == arm), key=lambda r: r["seed"])
+
+
+def interval(study, arm, get):
+  return stats.t_interval([get(r) for r in runs(study, arm)])
+
+
+def held_out_accuracy(r):
+  """A run's held-out greedy test accuracy after its last RL step."""
+  return r["summary"].get("rl_accuracy")
+
+
+def pass_at(k):
+  return lambda r: (r["summary"].get("rl_pass_at_k") or {}).get(str(k))
+
+
+def abs_log_ratio(r, key: str):
+  return (r["stats"].get("abs_log_ratio") or {}).get(key)
+
+
+def by_seed(study: dict, arm: str, get) -> dict:
+  return {r["seed"]: get(r) for r in runs(study, arm)}
+
+
+def paired_difference(study: dict, arm_a: str, arm_b: str, get) -> dict:
+  """:func:`stats.paired` of get(a) − get(b) over the seeds (arms of a seed share the SFT
+  checkpoint and rollout keys, so the seeds pair them)."""
+  return stats.paired(by_seed(study, arm_a, get), by_seed(study, arm_b, get))
+
+
+def of_sft(study: dict, get):
+  """get_run(run) → get(the summary of the run's seed's SFT start)."""
+  sft = study.get("sft") or {}
+  return lambda r: get(sft.get(str(r["seed"])) or {})
+
+
+def sft_start(study: dict):
+  """get(run) → the held-out test accuracy of the run's seed's SFT start."""
+  return of_sft(study, lambda s: s.get("sft_accuracy"))
+
+
+def gain_over_start(study: dict, arm: str) -> dict:
+  """:func:`stats.paired` of the arm's held-out test accuracy − its seed's SFT start's."""
+  return stats.paired(by_seed(study, arm, held_out_accuracy), by_seed(study, arm, sft_start(study)))
+
+
+def collapses(study: dict, arm: str) -> tuple[int, int]:
+  of_arm = runs(study, arm)
+  return sum(bool((r.get("stats") or {}).get("collapsed")) for r in of_arm), len(of_arm)
+
+
+def collapsed(study: dict, arm: str) -> str:
+  """"k/n": the seeds in which ``arm`` collapsed, of its seeds."""
+  return "/".join(map(str, collapses(study, arm)))
+
+
+def spikes(study: dict, arm: str) -> float:
+  """Mean grad-norm spikes per run of ``arm`` over its seeds (0 when it has none)."""
+  return interval(study, arm, lambda r: r["stats"]["grad_spikes"])["mean"] or 0.0
+
+
+def fmt(iv: dict, digits: int = 3) -> str:
+  if iv["mean"] is None:
+    return "n/a"
+  if iv["half_width"] is None:
+    return f"{iv['mean']:.{digits}f}"
+  return f"{iv['mean']:.{digits}f} ± {iv['half_width']:.{digits}f}"
+
+
+def fmt_g(iv: dict) -> str:
+  """Like fmt, in 3 significant digits (ratios span many orders of magnitude)."""
+  if iv["mean"] is None:
+    return "n/a"
+  if iv["half_width"] is None:
+    return f"{iv['mean']:.3g}"
+  return f"{iv['mean']:.3g} ± {iv['half_width']:.3g}"
+
+
+def fmt_paired(p: dict, digits: int = 3) -> str:
+  if p["mean"] is None:
+    return "n/a"
+  return (f"{fmt(p, digits)} (per seed {', '.join(f'{d:+.{digits}f}' for d in p['diffs'])};"
+          f" {p['wins']} up, {p['losses']} down, {p['ties']} tied)")
