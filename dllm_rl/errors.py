@@ -22,6 +22,12 @@ class ConfigErrors(ConfigError):
     ValueError.__init__(self, "\n".join(str(e) for e in errors))
 
 
+def each(err: ConfigError) -> list[ConfigError]:
+  """The problems ``err`` stands for: a ConfigErrors' list, else ``err`` alone (the inverse of
+  :func:`raise_all`)."""
+  return getattr(err, "errors", None) or [err]
+
+
 def raise_all(errors: list[ConfigError]) -> None:
   """Raise the one error, or a ConfigErrors listing them all; nothing when empty."""
   if len(errors) == 1:

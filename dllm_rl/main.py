@@ -51,7 +51,7 @@ def load(path: str | None, overrides: list[tuple[str, str]]):
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}", exitcode=cli.EXIT_CONFIG)
+    raise cli.usage_error(f"unexpected arguments: {argv[1:]}")
   if not _WORKDIR.value:
     cli.fail([ConfigError("--workdir", "required: the run's folder (checkpoints, metrics,"
                                        " summary; a rerun resumes from it)")])

@@ -13,7 +13,7 @@ import sys
 from absl import app, flags
 
 from dllm_rl.config import cli
-from dllm_rl.errors import ConfigError, raise_all
+from dllm_rl.errors import ConfigError, each, raise_all
 from dllm_rl.planning import planner
 
 _CONFIG = flags.DEFINE_string("config", None, "ml_collections config file.")
@@ -30,9 +30,9 @@ _overrides: list[tuple[str, str]] = []
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}", exitcode=cli.EXIT_CONFIG)
+    raise cli.usage_error(f"unexpected arguments: {argv[1:]}")
   if _CONFIG.value is None or not _TOPOLOGY.value:
-    raise app.UsageError("--config and --topology are required", exitcode=cli.EXIT_CONFIG)
+    raise cli.usage_error("--config and --topology are required")
   from dllm_rl.parallel.topology import cpu_device_count
   n = cpu_device_count(_TOPOLOGY.value)
   problems = [ConfigError(f"--{flag}", f"must be positive, got {value}") for flag, value in
@@ -48,7 +48,7 @@ def main(argv):
     try:
       planner.validated(config)
     except ConfigError as err:
-      errors = (getattr(err, "errors", None) or [err]) + errors
+      errors = each(err) + errors
     raise_all(errors)
 
   config = cli.load(_CONFIG.value, _overrides, check=check)

@@ -15,20 +15,26 @@ import traceback
 from typing import Callable, NoReturn
 
 import ml_collections
-from absl import flags
+from absl import app, flags
 
 from dllm_rl.config.overrides import apply_overrides, value_at
 from dllm_rl.config.schema import load_config_file
-from dllm_rl.errors import ConfigError
+from dllm_rl.errors import ConfigError, each
 
 PREFIX = "--config."
 EXIT_CONFIG = 2
 
 
+def usage_error(message: str) -> app.UsageError:
+  """absl's UsageError (the usage text, then ``message``) exiting with status 2, as a config
+  error and an absl flag error (:func:`flags_parser`) do; status 1 is a failed run's."""
+  return app.UsageError(message, exitcode=EXIT_CONFIG)
+
+
 def fail(errors: list[ConfigError]) -> NoReturn:
   """Print every problem (``error: config.<key>: ...``) and exit with status 2."""
   for err in errors:
-    for one in getattr(err, "errors", None) or [err]:
+    for one in each(err):
       print(f"error: {one}", file=sys.stderr)
   sys.exit(EXIT_CONFIG)
 

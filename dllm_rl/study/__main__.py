@@ -75,25 +75,25 @@ _PREFETCH = flags.DEFINE_bool("prefetch", None, "Compile the arms' RL programs i
 
 def main(argv):
   if len(argv) != 2:
-    raise app.UsageError("usage: python -m dllm_rl.study NAME --workdir=DIR; NAME: "
-                         f"{', '.join(arms_lib.STUDIES.names())}, a comma-separated list of"
-                         " them, or all", exitcode=cli.EXIT_CONFIG)
+    raise cli.usage_error("usage: python -m dllm_rl.study NAME --workdir=DIR; NAME: "
+                        f"{', '.join(arms_lib.STUDIES.names())}, a comma-separated list of"
+                        " them, or all")
   name = argv[1]
   names = arms_lib.STUDIES.names() if name == "all" else name.split(",")
   for n in names:
     if n not in arms_lib.STUDIES:
-      raise app.UsageError(arms_lib.STUDIES.unknown_message(n), exitcode=cli.EXIT_CONFIG)
+      raise cli.usage_error(arms_lib.STUDIES.unknown_message(n))
   if not _WORKDIR.value:
-    raise app.UsageError("--workdir is required", exitcode=cli.EXIT_CONFIG)
+    raise cli.usage_error("--workdir is required")
   logging.set_verbosity(logging.WARNING)
   names = sorted(names, key=lambda n: n != "stability")  # stability first
   try:
     testbed = testbeds.resolve(_TESTBED.value, _SCALE.value)
   except ValueError as err:
-    raise app.UsageError(str(err), exitcode=cli.EXIT_CONFIG) from None
+    raise cli.usage_error(str(err)) from None
   bed = testbeds.testbed(testbed)
   if (problem := arms_lib.unmatched(names, _ARMS.value, bed.get_config())) is not None:
-    raise app.UsageError(problem, exitcode=cli.EXIT_CONFIG)
+    raise cli.usage_error(problem)
   command = "python -m dllm_rl.study " + " ".join(sys.argv[1:])
   results = _RESULTS.value or os.path.join(_WORKDIR.value, "results.md")
   from dllm_rl.train.resilience import EXIT_PREEMPTED, Preempted

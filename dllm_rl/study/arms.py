@@ -151,17 +151,16 @@ def stability(config: ml_collections.ConfigDict) -> list[Arm]:
           "StableDRL with the ELBO as every sample's gradient term (SPG's EUBO surrogate for"
           " A < 0 off: ω = 0)", group="control"),
   ]
-  grpo_arms = [_stability_pair(g, OFFICIAL_ESTIMATOR)[0] for g in grid[:2]]
-  kl = [Arm(a.name.replace("grpo@", "grpo_kl@", 1), {**a.overrides, "rl.kl_coef": D1_KL_COEF},
+  grpo = lambda g: _stability_pair(g, OFFICIAL_ESTIMATOR)[0].overrides  # GRPO's, at lr g
+  kl = [Arm(f"grpo_kl@{lr_tag(g)}", {**grpo(g), "rl.kl_coef": D1_KL_COEF},
             f"GRPO with d1's KL term to the SFT start (β = {D1_KL_COEF:g}, k3)", group="control")
-        for a in grpo_arms]
-  shared = [Arm(a.name.replace("grpo@", "grpo_antithetic@", 1),
-                {**a.overrides, "estimator.antithetic": True},
+        for g in grid[:2]]
+  shared = [Arm(f"grpo_antithetic@{lr_tag(g)}", {**grpo(g), "estimator.antithetic": True},
                 "GRPO with antithetic masks (θ, θ_old share masks: ρ̂ = 1 at θ = θ_old)",
-                group="control") for a in grpo_arms]
-  low = [Arm(f"grpo_low@{lr_tag(lr / k)}", a.overrides,
+                group="control") for g in grid[:2]]
+  low = [Arm(f"grpo_low@{lr_tag(lr / k)}", grpo(lr / k),
              f"GRPO at the default lr ÷ {k} (below the grid)", group="control")
-         for k in LOW_LR_DIVISORS for a in _stability_pair(lr / k, OFFICIAL_ESTIMATOR)[:1]]
+         for k in LOW_LR_DIVISORS]
   stress = [a for g in (lr, grid[-1])
             for a in _stability_pair(g, STRESS_ESTIMATOR, "_elbo1", "stress")]
   return main + ablations + kl + shared + low + stress

@@ -40,7 +40,7 @@ import ml_collections
 from dllm_rl.config import testbeds
 from dllm_rl.config.cli import override_values
 from dllm_rl.config.overrides import apply_overrides
-from dllm_rl.errors import ConfigError, raise_all
+from dllm_rl.errors import ConfigError, each, raise_all
 from dllm_rl.study import stats
 from dllm_rl.study.runner import STEP_KEYS, copy_sft_start, make_config, step_records
 
@@ -381,11 +381,11 @@ def main(argv: list[str] | None = None) -> int:
       try:
         check_inputs(args.run_dir, args.out, args.at, args.until, [n for n, _ in variants])
       except ConfigError as err:
-        errors += getattr(err, "errors", None) or [err]
+        errors += each(err)
     raise_all(errors)
     branch(args.run_dir, args.out, args.at, args.until, variants)
   except ConfigError as err:
-    for one in getattr(err, "errors", None) or [err]:  # one line per problem
+    for one in each(err):  # one line per problem
       print(f"error: {one}", file=sys.stderr)
     return 2
   return 0
