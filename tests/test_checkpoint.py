@@ -301,3 +301,19 @@ def test_a_damaged_step_silences_only_the_closed_loop_callbacks(monkeypatch):
   sys.unraisablehook(other)
   sys.unraisablehook(real)
   assert seen == [other, real]
+
+
+def test_the_closed_loop_filter_is_on_before_the_first_read(tmp_path, monkeypatch):
+  """A failed read's callbacks can reach the hook before its exception is caught, so the
+  filter goes on before any step is read, not after the first failure."""
+  import sys
+  monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: None)
+  filtered_at_read = []
+
+  def read(step):
+    filtered_at_read.append(getattr(sys.unraisablehook, "quiet_closed_loop", False))
+    return step
+
+  with Checkpointer(str(tmp_path / "ckpt"), keep=2, async_save=False) as ckpt:
+    assert ckpt.first_readable(read, [3]) == (3, 3)
+  assert filtered_at_read == [True]

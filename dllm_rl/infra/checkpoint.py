@@ -375,6 +375,8 @@ class Checkpointer:
     and the next is tried, with a warning naming the damaged ones. None readable:
     CheckpointError naming each step's error, then ``hint``."""
     failures = []
+    # before any read: a failed read's late callbacks can fire before its exception is caught
+    _quiet_closed_loop_callbacks()
     for candidate in steps:
       try:
         out = read(candidate)
@@ -382,7 +384,6 @@ class Checkpointer:
         raise
       except Exception as e:  # orbax/tensorstore/json errors of a damaged step  # noqa: BLE001
         failures.append((candidate, short_reason(e)))  # tensorstore: KBs of spec
-        _quiet_closed_loop_callbacks()
         self._damaged.add(candidate)
         continue
       if failures:
