@@ -18,8 +18,9 @@ def _means(study: dict, arms: tuple[str, str], key: str, spec: str) -> str:
 def _grad_extremes(study: dict, arms: tuple[str, str]) -> str:
   """Per run of each of two arms (means over seeds): the largest pre-clip grad norm and the
   steps with gradient 0."""
-  return (f"largest pre-clip grad norm per run {_means(study, arms, 'grad_norm_max', '.3g')};"
-          f" steps with gradient 0 per run {_means(study, arms, 'zero_grad_steps', '.1f')}")
+  return (f"a run's largest pre-clip grad norm (mean over seeds)"
+          f" {_means(study, arms, 'grad_norm_max', '.3g')}; its steps with gradient 0 (mean over"
+          f" seeds) {_means(study, arms, 'zero_grad_steps', '.1f')}")
 
 
 def _bypass(study: dict, arms: tuple[str, str]) -> str:

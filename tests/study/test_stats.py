@@ -181,11 +181,11 @@ def test_grpo_control_lines_pair_each_control_with_grpo_and_stabledrl_at_its_lr(
       "stabledrl@a vs grpo_kl@a (control: StableDRL against GRPO with the KL term (β = 0.04))"]
   assert all(x[1] == "no claim" for x in v)
   assert "with − without the KL term (β = 0.04) 0.170" in v[0][2] and "4 up, 0 down, 1 tied" in v[0][2]
-  assert "collapsed: 1/5 with, 5/5 without; largest pre-clip grad norm per run 20 and 300;" in v[0][2]
-  assert "steps with gradient 0 per run 0.0 and 120.0" in v[0][2]
+  assert "collapsed: 1/5 with, 5/5 without; a run's largest pre-clip grad norm (mean over seeds) 20 and 300;" in v[0][2]
+  assert "its steps with gradient 0 (mean over seeds) 0.0 and 120.0" in v[0][2]
   assert "StableDRL − GRPO with the KL term (β = 0.04) 0.100" in v[1][2]
   assert "collapsed: StableDRL 0/5, GRPO with the KL term (β = 0.04) 1/5" in v[1][2]
-  assert "largest pre-clip grad norm per run 2 and 20; steps with gradient 0 per run 0.0 and 0.0" in v[1][2]
+  assert "a run's largest pre-clip grad norm (mean over seeds) 2 and 20; its steps with gradient 0 (mean over seeds) 0.0 and 0.0" in v[1][2]
   assert "bypass fraction (A < 0, ρ̂ > 1 + ε) 1.00% and 1.00%" in v[0][2]
   # shared masks: the same two lines, named by what the arm changes
   study = _study({"grpo@a": grpo, "grpo_antithetic@a": kl, "stabledrl@a": full})
