@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
       sources = dict(prep.parse_source(text) for text in args.source)
       manifest = prep.prepare(args.name, args.out, sources=sources, limit=args.limit,
                               cache_dir=args.cache_dir)
-      for split, path in sorted(manifest["files"].items()):
+      for split, path in manifest["files"].items():  # train, then test (as prepared)
         dropped = sum(manifest["dropped"][split].values())
         print(f"{split}: {manifest['rows'][split]} rows -> {path}"
               + (f" ({dropped} dropped: see {prep.MANIFEST})" if dropped else ""))

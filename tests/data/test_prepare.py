@@ -74,6 +74,7 @@ def test_gsm8k_from_a_saved_dataset_is_read_by_the_task(tmp_path, capsys):
   assert _read(out / "train.jsonl") == ROWS["gsm8k"]
   printed = capsys.readouterr().out
   assert f"--config.task.options.train_file={out / 'train.jsonl'}" in printed
+  assert [x.split(":")[0] for x in printed.splitlines()[:2]] == ["train", "test"]  # as README
   manifest = json.loads((out / "dataset.json").read_text())
   assert manifest["rows"] == {"train": 5, "test": 2} and manifest["task"] == "gsm8k"
   task = make_task("gsm8k", train_file=str(out / "train.jsonl"),
