@@ -71,21 +71,19 @@ def spikes(study: dict, arm: str) -> float:
   return interval(study, arm, lambda r: r["stats"]["grad_spikes"])["mean"] or 0.0
 
 
-def fmt(iv: dict, digits: int = 3) -> str:
+def fmt(iv: dict, digits: int = 3, kind: str = "f") -> str:
+  """"mean ± half-width" (the mean alone with one seed; "n/a" without a value) in the format
+  ``.{digits}{kind}``."""
   if iv["mean"] is None:
     return "n/a"
   if iv["half_width"] is None:
-    return f"{iv['mean']:.{digits}f}"
-  return f"{iv['mean']:.{digits}f} ± {iv['half_width']:.{digits}f}"
+    return f"{iv['mean']:.{digits}{kind}}"
+  return f"{iv['mean']:.{digits}{kind}} ± {iv['half_width']:.{digits}{kind}}"
 
 
 def fmt_g(iv: dict) -> str:
   """Like fmt, in 3 significant digits (ratios span many orders of magnitude)."""
-  if iv["mean"] is None:
-    return "n/a"
-  if iv["half_width"] is None:
-    return f"{iv['mean']:.3g}"
-  return f"{iv['mean']:.3g} ± {iv['half_width']:.3g}"
+  return fmt(iv, 3, "g")
 
 
 def fmt_paired(p: dict, digits: int = 3) -> str:
