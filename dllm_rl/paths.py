@@ -53,3 +53,17 @@ def join(path: str | os.PathLike, *parts: str) -> str:
   """``path/part/...`` as a string, keeping a URL's ``scheme://``."""
   return os.fspath(epath.Path(os.fspath(path)).joinpath(*parts)) if is_url(path) else \
       os.path.join(os.fspath(path), *parts)
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+  """Write ``text`` to ``path`` whole: a local file through a temporary file and a rename (a
+  crash leaves the old file or the new one, never half of one); a URL's object is replaced
+  whole by its one write."""
+  text_path = os.fspath(path)
+  if is_url(text_path):
+    resolve(text_path).write_text(text, encoding="utf-8")
+    return
+  tmp = text_path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(tmp, text_path)

@@ -34,8 +34,12 @@ def _params(workdir, config):
   return state, meta
 
 
+def _timeless(summary):
+  return {k: v for k, v in summary.items() if k != "wall_seconds"}
+
+
 @pytest.mark.slow
-def test_sft_writes_outputs_and_rerun_resumes(tmp_path):
+def test_sft_writes_outputs_and_rerun_resumes(tmp_path, capsys):
   summary = run.run(_config(20), str(tmp_path))
   assert summary["sft_steps"] == 20
   assert_test_figures(summary, tmp_path, "sft")
@@ -46,10 +50,25 @@ def test_sft_writes_outputs_and_rerun_resumes(tmp_path):
   assert os.listdir(tmp_path / "tb")
   assert sorted(os.listdir(tmp_path / "checkpoints" / "sft")) == ["10", "20"]
 
-  again = run.run(_config(20), str(tmp_path))  # finished: resumes and trains nothing
-  assert again["sft_steps"] == 20 and again["sft_accuracy"] == summary["sft_accuracy"]
+  capsys.readouterr()
+  # finished: the recorded summary, nothing restored, trained, evaluated or logged again
+  again = run.run(_config(20), str(tmp_path))
+  assert _timeless(again) == _timeless(summary)
+  assert "[sft] finished at step 20: its summary and test evaluation are read from" in \
+      capsys.readouterr().out
   records2 = read_metrics(str(tmp_path / "metrics.jsonl"), phase="sft")
-  assert len([r for r in records2 if "loss" in r]) == 4
+  assert records2 == records
+  other_rl = _config(20)  # rl.* does not change the SFT phase: still read back
+  other_rl.rl.lr = 3e-3
+  assert _timeless(run.run(other_rl, str(tmp_path))) == _timeless(summary)
+  assert "[sft] finished at step 20" in capsys.readouterr().out
+  other_seed = _config(20)  # another seed: restored (nothing to train) and evaluated again
+  other_seed.seed = 1
+  resumed = run.run(other_seed, str(tmp_path))
+  assert "[sft] finished" not in capsys.readouterr().out
+  assert resumed["sft_steps"] == 20 and resumed["sft_step_seconds"] is None  # no step ran
+  assert len([r for r in read_metrics(str(tmp_path / "metrics.jsonl"), phase="sft")
+              if "loss" in r]) == 4
 
   evaluated = run.run(_with_mode("eval"), str(tmp_path))
   assert evaluated["test_accuracy"] == summary["sft_accuracy"] and evaluated["step"] == 20

@@ -112,14 +112,7 @@ class _LineFile:
   def replace(self, lines: Sequence[str]) -> None:
     """Rewrite the file as ``lines`` (atomically where the filesystem can)."""
     self.close()
-    text = "".join(line + "\n" for line in lines)
-    if paths.is_url(self.path):  # an object is replaced whole by one write
-      paths.resolve(self.path).write_text(text, encoding="utf-8")
-    else:
-      tmp = self.path + ".tmp"
-      with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-      os.replace(tmp, self.path)
+    paths.write_atomic(self.path, "".join(line + "\n" for line in lines))
 
   def flush(self) -> None:
     if self._file is not None:

@@ -15,7 +15,9 @@
   of the window, ``skipped_steps``, throughput; the progress bar's fields: ``Phase.postfix``),
   sample completions every ``log.samples_every`` steps (:meth:`Phase.samples` →
   ``samples.jsonl``), the final save, the test evaluation, the curves
-  (``workdir/<phase>_curves.png`` of ``Phase.panels``) and the one-line console summary.
+  (``workdir/<phase>_curves.png`` of ``Phase.panels``) and the one-line console summary;
+* the summary's record (``workdir/<phase>_summary.json``, :mod:`dllm_rl.train.phase_record`):
+  a rerun finds the phase finished and returns it without building, restoring or evaluating.
 
 Timing (:class:`_StepClock`). A phase whose step waits for the device anyway
 (``sync_every_step``: RL reads its rollouts) is timed per step, up to that wait. Otherwise
@@ -38,7 +40,7 @@ from dllm_rl.infra.checkpoint import Checkpointer
 from dllm_rl.infra.observability import MetricsLogger, phase_summary, postfix, progress
 from dllm_rl.infra.plots import Panel, plot_metrics
 from dllm_rl.parallel.distributed import is_primary
-from dllm_rl.train import evaluation
+from dllm_rl.train import evaluation, phase_record
 from dllm_rl.train.context import Context
 from dllm_rl.train.lora_checkpoint import base_pointer, restore_checkpoint, saved_state
 from dllm_rl.train.resilience import Preempted, StepGuard, window_to_meta
@@ -102,6 +104,9 @@ class Phase:
   eval_at_start = False  # evaluate the starting policy (a val_* line at step 0)
   profile = False  # trace the steps of ``profile.steps``
   stopped = False  # an early stop (ends the phase like its last step)
+  # top-level config keys that change neither the phase's policy nor its test evaluation: a
+  # finished phase's recorded summary is reused across them (dllm_rl.train.phase_record)
+  unrelated_keys: tuple[str, ...] = ("mode",)
 
   def __init__(self, ctx: Context):
     self.ctx = ctx
@@ -242,10 +247,29 @@ def curves_path(workdir: str, phase: str) -> str:
   return paths.join(workdir, f"{phase}_curves.png")
 
 
-def run_phase(phase: Phase) -> dict:
-  """Run ``phase`` to its last step (or early stop), resuming from its newest checkpoint;
-  raises Preempted after saving on a stop request. Returns the phase's summary."""
-  ctx, config, name = phase.ctx, phase.ctx.config, phase.name
+def _recorded(phase_cls: type[Phase], ctx: Context, ckpt: Checkpointer) -> dict | None:
+  """The finished phase's recorded summary (dllm_rl.train.phase_record) when it is still
+  this workdir's and this config's, said on the console; else None."""
+  name, step = phase_cls.name, ckpt.latest_step()
+  summary = phase_record.read(ctx.workdir, name, step, ctx.config, phase_cls.unrelated_keys)
+  if summary is not None and is_primary():
+    print(f"[{name}] finished at step {step}: its summary and test evaluation are read from"
+          f" {phase_record.record_path(ctx.workdir, name)} (delete it to evaluate again)",
+          flush=True)
+  return summary
+
+
+def run_phase(phase_cls: type[Phase], ctx: Context) -> dict:
+  """Run the phase to its last step (or early stop), resuming from its newest checkpoint;
+  raises Preempted after saving on a stop request. Returns the phase's summary, which is
+  also recorded; a finished phase's recorded summary is returned as it is, before the phase
+  is built (:func:`_recorded`)."""
+  config, name = ctx.config, phase_cls.name
+  with open_checkpointer(ctx, name) as probe:
+    recorded = _recorded(phase_cls, ctx, probe)
+  if recorded is not None:
+    return recorded
+  phase = phase_cls(ctx)
   ckpt = open_checkpointer(ctx, name)
   state, meta, step = _restore(phase, ckpt)
   if step > phase.steps and is_primary():  # e.g. a rerun with a smaller {name}.steps
@@ -328,5 +352,8 @@ def run_phase(phase: Phase) -> dict:
   run = PhaseRun(state=state, step=step, report=report, timer=timer,
                  wall_seconds=time.time() - phase.wall0)
   summary, console = phase.summary(run)
+  summary = {**summary, f"{name}_plot": plot}
+  if is_primary():
+    phase_record.write(ctx.workdir, name, step, config, phase_cls.unrelated_keys, summary)
   phase_summary(name, console, run.wall_seconds)
-  return {**summary, f"{name}_plot": plot}
+  return summary

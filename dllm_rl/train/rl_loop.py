@@ -293,4 +293,4 @@ class RLPhase(Phase):
 
 def run_rl(ctx: Context) -> dict:
   """RL from the SFT policy; resumes from ``workdir/checkpoints/rl`` when present."""
-  return run_phase(RLPhase(ctx))
+  return run_phase(RLPhase, ctx)

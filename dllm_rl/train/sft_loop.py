@@ -25,6 +25,7 @@ class SFTPhase(Phase):
   postfix = (("loss", "loss"), ("val_acc", "val_accuracy"), ("gnorm", "grad_norm"),
              ("tok/s", "tokens_per_second"))
   panels = ("loss", "val_accuracy", "grad_norm", "lr", "tokens_per_second")
+  unrelated_keys = ("mode", "rl")  # RL's settings come after the SFT phase
 
   def __init__(self, ctx: Context):
     super().__init__(ctx)
@@ -97,4 +98,4 @@ def run_sft(ctx: Context) -> dict:
 
   Returns a summary with validation/test greedy accuracy, pass@k, steps and timings.
   """
-  return run_phase(SFTPhase(ctx))
+  return run_phase(SFTPhase, ctx)

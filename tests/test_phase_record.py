@@ -1,0 +1,47 @@
+"""A finished phase's recorded summary (dllm_rl.train.phase_record): read back only for the
+step it evaluated and the config that made it (its unrelated keys aside); an unreadable
+record is said and read as none."""
+
+import json
+
+from dllm_rl.train import phase_record
+from tests.helpers import tiny_run_config
+
+SUMMARY = {"sft_accuracy": 0.25, "sft_steps": 20, "sft_plot": "/w/sft_curves.png"}
+UNRELATED = ("mode", "rl")
+
+
+def _write(tmp_path, config, step=20):
+  phase_record.write(str(tmp_path), "sft", step, config, UNRELATED, SUMMARY)
+
+
+def test_the_record_is_read_back_for_its_step_and_config(tmp_path):
+  config = tiny_run_config("sft")
+  _write(tmp_path, config)
+  assert (tmp_path / "sft_summary.json").exists() and not (tmp_path / "sft_summary.json.tmp").exists()
+  assert phase_record.read(str(tmp_path), "sft", 20, config, UNRELATED) == SUMMARY
+  assert phase_record.read(str(tmp_path), "sft", 30, config, UNRELATED) is None  # trained on
+  assert phase_record.read(str(tmp_path), "sft", None, config, UNRELATED) is None  # no checkpoint
+  assert phase_record.read(str(tmp_path), "rl", 20, config, UNRELATED) is None  # another phase
+
+
+def test_unrelated_keys_are_ignored_and_any_other_change_is_not(tmp_path):
+  config = tiny_run_config("sft")
+  _write(tmp_path, config)
+  later = tiny_run_config("pipeline", {"rl.lr": 3e-3, "rl.steps": 7})  # mode and rl.* only
+  assert phase_record.read(str(tmp_path), "sft", 20, later, UNRELATED) == SUMMARY
+  for key, value in (("seed", 1), ("sft.lr", 1e-2), ("sampler.steps", 3)):
+    other = tiny_run_config("sft", {key: value})
+    assert phase_record.read(str(tmp_path), "sft", 20, other, UNRELATED) is None, key
+  assert phase_record.read(str(tmp_path), "sft", 20, later, ("mode",)) is None  # rl.* count
+
+
+def test_an_unreadable_record_is_said_and_read_as_none(tmp_path, capsys):
+  config = tiny_run_config("sft")
+  (tmp_path / "sft_summary.json").write_text('{"step": 20, "config"')  # cut short
+  assert phase_record.read(str(tmp_path), "sft", 20, config, UNRELATED) is None
+  err = capsys.readouterr().err
+  assert "sft_summary.json: unreadable (JSONDecodeError" in err and "run again" in err
+  (tmp_path / "sft_summary.json").write_text(json.dumps({"step": 20}))  # no config, no summary
+  assert phase_record.read(str(tmp_path), "sft", 20, config, UNRELATED) is None
+  assert "unreadable (KeyError" in capsys.readouterr().err
