@@ -206,6 +206,27 @@ def trajectory_rl_step_grads(model_cfg, rollout, estimator_cfg, loss: str, advan
   return jax.device_get(state.opt_state), jax.device_get(metrics)
 
 
+def assert_rl_step_runs_and_micro_batches_agree(step, loss: str, advantage: str,
+                                               reduction: str) -> None:
+  """``step(loss, advantage, micro_batch, reduction)`` → (gradients, metrics) of one jitted
+  RL step at θ = θ_old (:func:`trajectory_rl_step_grads`): |log ρ̂| at the first inner step
+  is float rounding between the no-grad program of ℓ̂_old and the differentiated one of ℓ̂_θ,
+  the loss is finite and the gradients are not 0; for ``stabledrl``, 4 micro-batches give the
+  loss and gradients of one batch."""
+  import numpy as np
+  grads, metrics = step(loss, advantage, 0, reduction)
+  assert metrics["abs_log_ratio_max_first"] < 1e-4
+  leaves = jax.tree_util.tree_leaves(grads)
+  scale = max(float(np.abs(x).max()) for x in leaves)
+  assert np.isfinite(metrics["loss"]) and scale > 1e-4
+  if loss != "stabledrl":
+    return
+  micro_grads, micro_metrics = step(loss, advantage, 2, reduction)  # 4 micro-batches
+  np.testing.assert_allclose(micro_metrics["loss"], metrics["loss"], rtol=1e-5, atol=1e-7)
+  for a, b in zip(jax.tree_util.tree_leaves(micro_grads), leaves):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * scale)
+
+
 def random_rollout_batch(seed: int, b: int, g: int, p: int, l: int, vocab_size: int,
                          unmask_period: int):
   """A rollout batch of b prompts × g completions: tokens uniform in [3, vocab_size) (no
