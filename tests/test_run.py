@@ -3,6 +3,7 @@ pipeline (SFT → RL → eval) writes its summary and plot; eval mode."""
 
 import json
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -61,6 +62,10 @@ def test_sft_writes_outputs_and_rerun_resumes(tmp_path, capsys):
   other_rl = _config(20)  # rl.* does not change the SFT phase: still read back
   other_rl.rl.lr = 3e-3
   assert _timeless(run.run(other_rl, str(tmp_path))) == _timeless(summary)
+  assert "[sft] finished at step 20" in capsys.readouterr().out
+  moved = tmp_path.parent / f"{tmp_path.name}_moved"  # the workdir moved: its own plot path
+  shutil.copytree(tmp_path, moved)
+  assert run.run(_config(20), str(moved))["sft_plot"] == str(moved / "sft_curves.png")
   assert "[sft] finished at step 20" in capsys.readouterr().out
   other_seed = _config(20)  # another seed: restored (nothing to train) and evaluated again
   other_seed.seed = 1

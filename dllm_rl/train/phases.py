@@ -267,8 +267,8 @@ def run_phase(phase_cls: type[Phase], ctx: Context) -> dict:
   config, name = ctx.config, phase_cls.name
   with open_checkpointer(ctx, name) as probe:
     recorded = _recorded(phase_cls, ctx, probe)
-  if recorded is not None:
-    return recorded
+  if recorded is not None:  # the plot where this workdir has it now (it may have moved)
+    return {**recorded, f"{name}_plot": curves_path(ctx.workdir, name)}
   phase = phase_cls(ctx)
   ckpt = open_checkpointer(ctx, name)
   state, meta, step = _restore(phase, ckpt)
