@@ -45,3 +45,10 @@ def test_an_unreadable_record_is_said_and_read_as_none(tmp_path, capsys):
   (tmp_path / "sft_summary.json").write_text(json.dumps({"step": 20}))  # no config, no summary
   assert phase_record.read(str(tmp_path), "sft", 20, config, UNRELATED) is None
   assert "unreadable (KeyError" in capsys.readouterr().err
+
+
+def test_a_failed_write_is_said_and_the_run_goes_on(tmp_path, capsys):
+  missing = tmp_path / "gone"  # a workdir that cannot take the file
+  phase_record.write(str(missing), "sft", 20, tiny_run_config("sft"), UNRELATED, SUMMARY)
+  err = capsys.readouterr().err
+  assert "sft_summary.json: not written (FileNotFoundError" in err and "again" in err

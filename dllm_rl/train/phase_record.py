@@ -39,10 +39,16 @@ def fingerprint(config, unrelated_keys: Sequence[str]) -> dict[str, Any]:
 
 def write(workdir: str, phase: str, step: int, config, unrelated_keys: Sequence[str],
           summary: dict[str, Any]) -> None:
-  """Record the finished phase's ``summary`` (after its test evaluation), for ``step``."""
+  """Record the finished phase's ``summary`` (after its test evaluation), for ``step``. The
+  record only saves a rerun's work: a failed write is said on stderr, and the run goes on."""
   record = {"phase": phase, "step": int(step),
             "config": fingerprint(config, unrelated_keys), "summary": summary}
-  paths.write_atomic(record_path(workdir, phase), json.dumps(record, indent=2) + "\n")
+  path = record_path(workdir, phase)
+  try:
+    paths.write_atomic(path, json.dumps(record, indent=2) + "\n")
+  except OSError as err:
+    print(f"[{phase}] warning: {path}: not written ({type(err).__name__}: {err}); a rerun of"
+          " this workdir evaluates the finished phase again", file=sys.stderr, flush=True)
 
 
 def read(workdir: str, phase: str, newest_step: int | None, config,
