@@ -14,8 +14,11 @@ from dllm_rl.train import modes as run
 from dllm_rl.infra.observability import read_metrics
 from dllm_rl.train.context import build_context, init_params
 from dllm_rl.train.optim import make_optimizer
+from dllm_rl.infra.checkpoint import Checkpointer
+from dllm_rl.train.lora_checkpoint import restore_checkpoint
 from dllm_rl.train.phases import open_checkpointer
-from dllm_rl.parallel.shard import init_train_state
+from dllm_rl.train.rl_loop import load_sft_params
+from dllm_rl.parallel.shard import init_state_sharded, init_train_state
 from tests.helpers import assert_test_figures, tiny_run_config
 
 
@@ -122,6 +125,49 @@ def test_rl_mode_needs_an_sft_checkpoint(tmp_path):
   # The resolved config is in the workdir before the runner starts (here: before it failed).
   written = json.load(open(tmp_path / "config_rl.json"))
   assert written["mode"] == "rl" and written == json.loads(config.to_json_best_effort())
+
+
+def _whole_sft_state_params(workdir, config):
+  """The SFT checkpoint's params as a restore of the whole state reads them (optimizer state
+  included; with LoRA, the saved adapters merged onto the run's base)."""
+  ctx = build_context(config, workdir)
+  _, params = init_params(ctx)
+  lora_only = ctx.model_cfg.lora_rank > 0
+  template, _ = init_state_sharded(params, make_optimizer(config.sft, lora_only=lora_only)[0],
+                                   jax.random.key(0), ctx.mesh)
+  with open_checkpointer(ctx, "sft") as ckpt:
+    return restore_checkpoint(ckpt, template, config)[0].params
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_rl_starts_from_the_sft_params_alone(tmp_path, monkeypatch, lora_rank):
+  """RL's starting policy is the SFT checkpoint's params field, read by itself: the SFT
+  optimizer state (Adam's two moments, twice the params) is never read. With LoRA, the saved
+  adapters on the run's base."""
+  config = _config(10)
+  config.lora.rank = lora_rank
+  run.run(config, str(tmp_path))
+  want = _whole_sft_state_params(str(tmp_path), config)  # read before the spy
+  reads = []
+  restore, restore_part = Checkpointer.restore, Checkpointer.restore_part
+
+  def spy_restore(self, *args, **kwargs):
+    reads.append((os.path.basename(self.directory), "state"))
+    return restore(self, *args, **kwargs)
+
+  def spy_part(self, abstract_part, name, step):
+    reads.append((os.path.basename(self.directory), name))
+    return restore_part(self, abstract_part, name, step)
+
+  monkeypatch.setattr(Checkpointer, "restore", spy_restore)
+  monkeypatch.setattr(Checkpointer, "restore_part", spy_part)
+  config.mode = "rl"
+  _, params = load_sft_params(build_context(config, str(tmp_path)))
+  assert reads == [("sft", "params")]
+  got, expected = jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(want)
+  assert len(got) == len(expected)
+  for x, y in zip(got, expected):
+    np.testing.assert_array_equal(x, y)
 
 
 @pytest.mark.slow

@@ -11,11 +11,11 @@ import types
 import jax
 import numpy as np
 
-from dllm_rl import paths
 from dllm_rl.diffusion.estimators import EstimatorConfig
 from dllm_rl.errors import ConfigError
 from dllm_rl.infra import faults
 from dllm_rl.infra.plots import Panel
+from dllm_rl.models import lora, transformer
 from dllm_rl.parallel.shard import (
   abstract_state_sharded,
   init_state_sharded,
@@ -26,16 +26,14 @@ from dllm_rl.rl.advantages import AdvantageConfig, calibrated_beta
 from dllm_rl.rl.losses import LossConfig
 from dllm_rl.rl.step import RLStepConfig, RolloutBatch, StepHyper, make_rl_step
 from dllm_rl.tasks.data import BatchIterator, trim_to_bucket
-from dllm_rl.train import evaluation, flops
+from dllm_rl.train import evaluation, flops, run_checkpoints
 from dllm_rl.train.context import Context, init_params
-from dllm_rl.train.lora_checkpoint import restore_checkpoint
 from dllm_rl.train.optim import make_optimizer
 from dllm_rl.train.phases import (
   Phase,
   PhaseRun,
   StepCost,
   checkpoint_dir,
-  open_checkpointer,
   run_phase,
 )
 from dllm_rl.train.router_stats import router_metrics
@@ -148,23 +146,24 @@ def _step_flops(config, ctx: Context, rollout_cfg, out, prompt_len: int) -> floa
 
 
 def load_sft_params(ctx: Context):
-  """The RL starting policy: the latest SFT checkpoint in the workdir, else the
-  HF checkpoint of ``model.hf_checkpoint``; neither: a ConfigError naming that key (before
-  the model is built)."""
-  has_sft = paths.resolve(checkpoint_dir(ctx.workdir, SFT)).is_dir()
-  if not (has_sft or ctx.hf_checkpoint):
+  """The RL starting policy: the newest SFT checkpoint in the workdir (its parameters alone,
+  read straight onto their shardings: not the optimizer state, which RL starts afresh; a
+  damaged newest step falls back to the one before, as a restore does), else the HF
+  checkpoint of ``model.hf_checkpoint``; neither: a ConfigError naming that key (before the
+  model is built)."""
+  steps = run_checkpoints.available_steps(ctx.workdir, SFT)
+  if not (steps or ctx.hf_checkpoint):
     raise ConfigError(
         "model.hf_checkpoint", f"RL starts from an SFT checkpoint or an HF model: no SFT"
         f" checkpoint under {checkpoint_dir(ctx.workdir, SFT)} and no model.hf_checkpoint"
         " (set it, run mode 'sft' with this --workdir first, or use mode 'pipeline')")
-  graphdef, params = init_params(ctx)
-  if not has_sft:
-    return graphdef, params
-  optimizer = make_optimizer(ctx.config.sft, lora_only=ctx.model_cfg.lora_rank > 0)[0]
-  template, _ = init_state_sharded(params, optimizer, jax.random.key(0), ctx.mesh)
-  with open_checkpointer(ctx, SFT) as ckpt:
-    state, _ = restore_checkpoint(ckpt, template, ctx.config)
-  return graphdef, state.params
+  if not steps:
+    return init_params(ctx)
+  ref = run_checkpoints.CheckpointRef(ctx.workdir, SFT, steps[-1])
+  base = lambda: lora.split_adapters(init_params(ctx)[1])[1]  # LoRA: the run's frozen base
+  _, params = run_checkpoints.restore_params(ref, ctx.model_cfg, ctx.mesh, base=base,
+                                             fall_back=True, config=ctx.config)
+  return transformer.abstract_model(ctx.model_cfg)[0], params
 
 
 class RLPhase(Phase):
