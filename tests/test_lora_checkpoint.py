@@ -3,6 +3,7 @@ rebuilds the frozen base from the run's pointer; `export_run` writes merged HF w
 logits are the unmerged model's (≤ 1e-5) and a PEFT folder that adds up to them."""
 
 import json
+import logging
 import os
 
 import jax
@@ -11,6 +12,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import dllm_rl
+from dllm_rl.errors import ConfigError
 from dllm_rl.infra.checkpoint import Checkpointer, LayoutMismatch
 from dllm_rl.models import hf, lora, transformer
 from dllm_rl.parallel.mesh import make_mesh
@@ -18,7 +20,8 @@ from dllm_rl.parallel.shard import init_state_sharded
 from dllm_rl.tasks.tokenizer import CharTokenizer
 from dllm_rl.train import context as setup
 from dllm_rl.train.export import export_run
-from dllm_rl.train.lora_checkpoint import base_pointer, restore_checkpoint, saved_state
+from dllm_rl.train.lora_checkpoint import (base_pointer, check_base, restore_checkpoint,
+                                           saved_state)
 from dllm_rl.train.optim import make_optimizer
 from tests.helpers import LLADA_TINY_MODEL, tiny_run_config
 from tests.models.test_lora import _randomise_b
@@ -126,3 +129,24 @@ def test_a_kl_term_turned_on_or_off_since_the_checkpoint_restores(tmp_path, capl
   with Checkpointer(str(tmp_path / "off_then_on"), async_save=False) as ckpt:
     with pytest.raises(LayoutMismatch, match="Shape mismatch"):
       restore_checkpoint(ckpt, other)
+
+
+def test_adapters_are_checked_against_the_base_they_were_trained_on(caplog):
+  config = tiny_run_config("rl", {"lora.rank": 4})
+  seed0 = base_pointer(config)
+  assert seed0["lora_base"] == "init from seed 0"
+  check_base(seed0, config, "ckpt/3")  # the same base
+  check_base({}, config, "ckpt/3")  # no pointer saved: nothing to check
+  with pytest.raises(ConfigError, match=r"^config\.seed: ckpt/3: its LoRA adapters were trained"
+                                        r" on the base 'init from seed 1'"):
+    check_base({"lora_base": "init from seed 1"}, config, "ckpt/3")
+  with pytest.raises(ConfigError, match=r"^config\.model\.hf_checkpoint: .* '/hf/base'"):
+    check_base({"lora_base": "/hf/base"}, config, "ckpt/3")  # an HF base then, a seed's now
+  config.model.hf_checkpoint = "/hf/base"
+  with pytest.raises(ConfigError, match=r"^config\.model\.hf_checkpoint: .*'init from seed 0'"):
+    check_base(seed0, config, "ckpt/3")  # a seed's then, an HF base now
+  with caplog.at_level(logging.WARNING):
+    check_base({"lora_base": "/moved/base"}, config, "ckpt/3")  # two HF paths: said
+  assert "trained on the base '/moved/base'; this run's base is '/hf/base'" in caplog.text
+  config.lora.rank = 0
+  check_base({"lora_base": "init from seed 1"}, config, "ckpt/3")  # no LoRA: no adapters

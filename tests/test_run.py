@@ -168,6 +168,11 @@ def test_rl_starts_from_the_sft_params_alone(tmp_path, monkeypatch, lora_rank):
   assert len(got) == len(expected)
   for x, y in zip(got, expected):
     np.testing.assert_array_equal(x, y)
+  if lora_rank:  # adapters trained on seed 0's init do not fit seed 1's: said, not used
+    config.seed = 1
+    with pytest.raises(ConfigError, match=r"^config\.seed: .*sft/10: its LoRA adapters were"
+                                          r" trained on the base 'init from seed 0'"):
+      load_sft_params(build_context(config, str(tmp_path)))
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ import logging
 import jax
 from flax import nnx
 
+from dllm_rl.errors import ConfigError
 from dllm_rl.infra.checkpoint import Checkpointer, LayoutMismatch
 from dllm_rl.models import lora, transformer
 from dllm_rl.train import context as setup
@@ -47,7 +48,8 @@ def restored_state(template, saved):
 def restore_checkpoint(ckpt, template, config=None):
   """``ckpt.restore`` of a state shaped like ``template`` (a fresh state): (state, meta). With
   the run's ``config``, a checkpoint it does not fit is a ConfigError naming the ``model`` /
-  ``lora`` keys the checkpoint was trained with otherwise (dllm_rl.train.layout_errors).
+  ``lora`` keys the checkpoint was trained with otherwise (dllm_rl.train.layout_errors), and
+  so are LoRA adapters trained on another base (:func:`check_base`).
 
   A KL term turned on or off since the checkpoint (``rl.kl_coef``): a full-fine-tuning
   checkpoint holds the reference policy only when it was on. Turned on, the reference is the
@@ -62,6 +64,8 @@ def restore_checkpoint(ckpt, template, config=None):
     if config is None:
       raise
     raise layout_errors.for_checkpoint(err, ckpt.directory, None, config) from err
+  if config is not None:
+    check_base(meta, config, ckpt.directory)
   return restored_state(template, saved), meta
 
 
@@ -86,12 +90,39 @@ def _restore_toggling_kl(ckpt, template, err: LayoutMismatch):
   return saved.replace(ref_params=template.ref_params), meta
 
 
+_SEEDED = "init from seed "  # a base_pointer without an HF checkpoint: the seed's init
+
+
 def base_pointer(config) -> dict:
   """The meta entry naming a LoRA run's base ({} without LoRA)."""
   if not config.lora.rank:
     return {}
-  base = config.model.hf_checkpoint or f"init from seed {config.seed}"
+  base = config.model.hf_checkpoint or f"{_SEEDED}{config.seed}"
   return {"lora_base": base, "lora": config.lora.to_dict()}
+
+
+def check_base(meta, config, where: str) -> None:
+  """The adapters of a LoRA checkpoint (``meta``: its meta, ``where``: its folder and step)
+  belong on the base they were trained on, its :func:`base_pointer`; this run rebuilds its
+  own. A seed's init that is not the one trained on (another ``seed``, or an HF checkpoint
+  then or now but not both) is a ConfigError naming the key; two different HF paths are a
+  warning (a folder moved or copied holds the same weights). Nothing to check without LoRA
+  or without a pointer in ``meta``."""
+  saved = meta.get("lora_base")
+  if not config.lora.rank or saved is None:
+    return
+  ours = base_pointer(config)["lora_base"]
+  if saved == ours:
+    return
+  if saved.startswith(_SEEDED) or ours.startswith(_SEEDED):
+    key = "seed" if saved.startswith(_SEEDED) and ours.startswith(_SEEDED) else \
+        "model.hf_checkpoint"
+    raise ConfigError(key, f"{where}: its LoRA adapters were trained on the base {saved!r};"
+                      f" this run's base would be {ours!r}, which they do not fit (set {key}"
+                      " to the base they were trained on)")
+  _log.warning("%s: its LoRA adapters were trained on the base %r; this run's base is %r"
+               " (model.hf_checkpoint): right only if it holds the same weights", where,
+               saved, ours)
 
 
 def base_params(config, model_cfg, mesh) -> nnx.State:

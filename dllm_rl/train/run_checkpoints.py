@@ -23,6 +23,7 @@ from dllm_rl.infra.checkpoint import Checkpointer, LayoutMismatch
 from dllm_rl.models import lora
 from dllm_rl.models.transformer import ModelConfig, abstract_params_sharded
 from dllm_rl.train import layout_errors
+from dllm_rl.train.lora_checkpoint import check_base
 from dllm_rl.train.phases import checkpoint_dir
 
 PHASES = ("sft", "rl")  # training order: the newest last
@@ -136,17 +137,20 @@ def restore_params(ref: CheckpointRef, model_cfg: ModelConfig, mesh, *,
   (``model_cfg.lora_rank`` > 0): the checkpoint's adapters on the frozen base that ``base()``
   rebuilds from the run's pointer (``lora_checkpoint.base_params``), after the read. With the
   run's ``config``, a checkpoint it does not fit is a ConfigError naming the keys it was
-  trained with (dllm_rl.train.layout_errors)."""
+  trained with (dllm_rl.train.layout_errors), and so are adapters trained on another base
+  (``lora_checkpoint.check_base``)."""
   _, target = abstract_params_sharded(model_cfg, mesh)  # the template: not part of the read
   if model_cfg.lora_rank:
     target = lora.split_adapters(target)[0]
   try:
-    ref, params = read_readable(ref, lambda ckpt, s: ckpt.restore_part(target, "params", s)[0],
-                                fall_back=fall_back)
+    ref, (params, meta) = read_readable(
+        ref, lambda ckpt, s: ckpt.restore_part(target, "params", s), fall_back=fall_back)
   except LayoutMismatch as err:
     if config is None:
       raise
     raise layout_errors.for_checkpoint(err, ref.directory, ref.step, config) from err
+  if config is not None:
+    check_base(meta, config, f"{ref.directory}/{ref.step}")
   if model_cfg.lora_rank:
     params = nnx.merge_state(base(), params)
   return ref, params
