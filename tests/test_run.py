@@ -17,6 +17,7 @@ from dllm_rl.train.optim import make_optimizer
 from dllm_rl.infra.checkpoint import Checkpointer
 from dllm_rl.train.lora_checkpoint import restore_checkpoint
 from dllm_rl.train.phases import open_checkpointer
+from dllm_rl.train import rl_loop, sft_loop
 from dllm_rl.train.rl_loop import load_sft_params
 from dllm_rl.parallel.shard import init_state_sharded, init_train_state
 from tests.helpers import assert_test_figures, tiny_run_config
@@ -82,12 +83,22 @@ def test_sft_writes_outputs_and_rerun_resumes(tmp_path, capsys):
   assert evaluated["test_accuracy"] == summary["sft_accuracy"] and evaluated["step"] == 20
 
 
+def _no_starting_policy(monkeypatch):
+  """From here on, building a phase's starting policy (a fresh init or the HF weights; RL's:
+  the SFT checkpoint's params) fails the test."""
+  def built(*_):
+    raise AssertionError("a resume built the starting policy")
+  monkeypatch.setattr(sft_loop, "init_params", built)
+  monkeypatch.setattr(rl_loop, "init_params", built)
+  monkeypatch.setattr(rl_loop, "load_sft_params", built)
+
+
 def _with_mode(mode):
   return _config(20, mode)
 
 
 @pytest.mark.slow
-def test_pipeline_sft_rl_eval(tmp_path):
+def test_pipeline_sft_rl_eval(tmp_path, monkeypatch):
   config = _config(10, "pipeline")
   config.rl.malformed_reward = -1.0  # a malformed rollout scores -1, a wrong one 0
   config.log.samples_every = 2
@@ -115,6 +126,9 @@ def test_pipeline_sft_rl_eval(tmp_path):
   assert any(x["parsed"] is None for x in rl_samples)
   evaluated = run.run(_config(10, "eval"), str(tmp_path))  # the newest phase: rl
   assert evaluated["phase"] == "rl" and evaluated["test_accuracy"] == saved["rl_accuracy"]
+  _no_starting_policy(monkeypatch)  # RL resumed (2 more batches) from shapes alone
+  config.rl.steps = 6
+  assert run.run(config, str(tmp_path))["rl_steps"] == 6
 
 
 def test_rl_mode_needs_an_sft_checkpoint(tmp_path):
@@ -176,10 +190,11 @@ def test_rl_starts_from_the_sft_params_alone(tmp_path, monkeypatch, lora_rank):
 
 
 @pytest.mark.slow
-def test_resume_equals_uninterrupted_run(tmp_path):
+def test_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
   straight, split = tmp_path / "straight", tmp_path / "split"
   run.run(_config(20), str(straight))
   run.run(_config(10), str(split))
+  _no_starting_policy(monkeypatch)  # the resume reads the checkpoint into shapes alone
   run.run(_config(20), str(split))  # picks up at step 10 with the same data position and keys
   a, meta_a = _params(str(straight), _config(20))
   b, meta_b = _params(str(split), _config(20))

@@ -114,8 +114,14 @@ class Phase:
     self.val_graded: tuple[int, list] | None = None  # (step, graded) of the last validation
 
   def init_state(self):
-    """A fresh training state: the start, and the template of a restore."""
+    """A fresh training state: the start, and the template of a restore that needs values
+    (:meth:`abstract_state` None)."""
     raise NotImplementedError
+
+  def abstract_state(self):
+    """The restore template as shapes, dtypes and shardings (``jax.ShapeDtypeStruct``
+    leaves) when a resume needs no value of a fresh state; else None (the default)."""
+    return None
 
   def start(self, state, meta: dict, resumed: bool) -> int:
     """Prepare the steps from ``meta`` (a restored checkpoint's, when ``resumed``); returns
@@ -230,11 +236,15 @@ class _StepClock:
 
 
 def _restore(phase: Phase, ckpt: Checkpointer) -> tuple[Any, dict, int]:
-  """(state, meta, steps done): the newest checkpoint of the phase, else a fresh start."""
-  state, meta = phase.init_state(), {"metric_lines": 0}
+  """(state, meta, steps done): the newest checkpoint of the phase (read into
+  :meth:`Phase.abstract_state`, else into a fresh state), else a fresh start."""
   resumed = ckpt.latest_step() is not None
-  if resumed:
-    state, meta = restore_checkpoint(ckpt, state, phase.ctx.config)
+  if not resumed:
+    state, meta = phase.init_state(), {"metric_lines": 0}
+  else:
+    template = phase.abstract_state()
+    state, meta = restore_checkpoint(ckpt, phase.init_state() if template is None else template,
+                                     phase.ctx.config)
   return state, meta, phase.start(state, meta, resumed)
 
 

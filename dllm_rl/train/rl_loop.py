@@ -145,18 +145,25 @@ def _step_flops(config, ctx: Context, rollout_cfg, out, prompt_len: int) -> floa
           + flops.rl_step_flops(config, ctx.model_cfg, prompt_len=prompt_len))
 
 
-def load_sft_params(ctx: Context):
-  """The RL starting policy: the newest SFT checkpoint in the workdir (its parameters alone,
-  read straight onto their shardings: not the optimizer state, which RL starts afresh; a
-  damaged newest step falls back to the one before, as a restore does), else the HF
-  checkpoint of ``model.hf_checkpoint``; neither: a ConfigError naming that key (before the
-  model is built)."""
+def sft_steps(ctx: Context) -> list[int]:
+  """The SFT checkpoint steps RL can start from (no array read); none and no
+  ``model.hf_checkpoint``: a ConfigError naming that key."""
   steps = run_checkpoints.available_steps(ctx.workdir, SFT)
   if not (steps or ctx.hf_checkpoint):
     raise ConfigError(
         "model.hf_checkpoint", f"RL starts from an SFT checkpoint or an HF model: no SFT"
         f" checkpoint under {checkpoint_dir(ctx.workdir, SFT)} and no model.hf_checkpoint"
         " (set it, run mode 'sft' with this --workdir first, or use mode 'pipeline')")
+  return steps
+
+
+def load_sft_params(ctx: Context):
+  """The RL starting policy: the newest SFT checkpoint in the workdir (its parameters alone,
+  read straight onto their shardings: not the optimizer state, which RL starts afresh; a
+  damaged newest step falls back to the one before, as a restore does), else the HF
+  checkpoint of ``model.hf_checkpoint``; neither: a ConfigError naming that key (before the
+  model is built)."""
+  steps = sft_steps(ctx)
   if not steps:
     return init_params(ctx)
   ref = run_checkpoints.CheckpointRef(ctx.workdir, SFT, steps[-1])
@@ -187,7 +194,8 @@ class RLPhase(Phase):
     super().__init__(ctx)
     r = ctx.config.rl
     self.steps, self.log_every, self.eval_every = r.steps, r.log_every, r.eval_every
-    self.graphdef, self.params = load_sft_params(ctx)
+    sft_steps(ctx)  # a start to read, said before anything is read or built
+    self.graphdef = transformer.abstract_model(ctx.model_cfg)[0]
     self.optimizer, self.schedule = rl_optimizer(r, lora_only=ctx.model_cfg.lora_rank > 0)
     self.base_accuracy = None  # the starting policy's training accuracy: its first rollouts
     self.last_rollout = None  # (examples, batch, completions_BGL, correct_BG, rewards_BG): last step
@@ -196,7 +204,18 @@ class RLPhase(Phase):
     self.moe_layers = tuple(i for i in range(mc.n_layers) if mc.is_moe_layer(i))
 
   def init_state(self):
-    state, self.state_sharding = rl_state(self.ctx, self.params, self.optimizer)
+    state, self.state_sharding = rl_state(self.ctx, load_sft_params(self.ctx)[1],
+                                          self.optimizer)
+    return state
+
+  def abstract_state(self):
+    """Full fine-tuning without a KL term: the restore template from shapes alone (a resume
+    reads no starting policy). LoRA needs the base, a KL term its reference: None."""
+    ctx = self.ctx
+    if ctx.model_cfg.lora_rank or ctx.config.rl.kl_coef > 0:
+      return None
+    params = transformer.abstract_params_sharded(ctx.model_cfg, ctx.mesh)[1]
+    state, self.state_sharding = rl_state(ctx, params, self.optimizer, abstract=True)
     return state
 
   def start(self, state, meta: dict, resumed: bool) -> int:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import jax
 
-from dllm_rl.parallel.shard import init_state_sharded
+from dllm_rl.models import transformer
+from dllm_rl.parallel.shard import abstract_state_sharded, init_state_sharded
 from dllm_rl.tasks.data import BatchIterator
 from dllm_rl.train import flops
 from dllm_rl.train.context import Context, init_params, to_device
@@ -32,18 +33,31 @@ class SFTPhase(Phase):
     f = ctx.config.sft
     self.steps, self.log_every, self.eval_every = f.steps, f.log_every, f.eval_every
     self.target_accuracy = f.target_accuracy
-    self.graphdef, self.params = init_params(ctx)
+    self.graphdef = transformer.abstract_model(ctx.model_cfg)[0]
     self.optimizer, self.schedule = make_optimizer(f, lora_only=ctx.model_cfg.lora_rank > 0)
     self.val = {}  # the latest validation result (summary of a resumed run)
     d = ctx.config.data
     self.cost = StepCost(tokens=d.batch_size * (d.prompt_len + d.completion_len),
                          flops=flops.sft_step_flops(ctx.config, ctx.model_cfg))
 
+  def _rng(self) -> jax.Array:
+    return jax.random.fold_in(jax.random.key(self.ctx.config.seed), 1)
+
   def init_state(self):
     ctx = self.ctx
-    state, self.state_sharding = init_state_sharded(
-        self.params, self.optimizer, jax.random.fold_in(jax.random.key(ctx.config.seed), 1),
-        ctx.mesh)
+    state, self.state_sharding = init_state_sharded(init_params(ctx)[1], self.optimizer,
+                                                    self._rng(), ctx.mesh)
+    return state
+
+  def abstract_state(self):
+    """Full fine-tuning: the restore template from shapes alone (a resume neither loads the
+    HF weights nor initialises a model). LoRA needs the frozen base: None."""
+    ctx = self.ctx
+    if ctx.model_cfg.lora_rank:
+      return None
+    params = transformer.abstract_params_sharded(ctx.model_cfg, ctx.mesh)[1]
+    state, self.state_sharding = abstract_state_sharded(params, self.optimizer, self._rng(),
+                                                        ctx.mesh)
     return state
 
   def start(self, state, meta: dict, resumed: bool) -> int:
