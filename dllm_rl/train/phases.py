@@ -257,10 +257,20 @@ def curves_path(workdir: str, phase: str) -> str:
   return paths.join(workdir, f"{phase}_curves.png")
 
 
-def _recorded(phase_cls: type[Phase], ctx: Context, ckpt: Checkpointer) -> dict | None:
+def _newest_step(ctx: Context, phase: str) -> int | None:
+  """The phase's newest checkpoint step (None: none), read without creating its folder."""
+  directory = checkpoint_dir(ctx.workdir, phase)
+  if not paths.resolve(directory).is_dir():
+    return None
+  with Checkpointer(directory, read_only=True) as ckpt:
+    return ckpt.latest_step()
+
+
+def _recorded(phase_cls: type[Phase], ctx: Context) -> dict | None:
   """The finished phase's recorded summary (dllm_rl.train.phase_record) when it is still
   this workdir's and this config's, said on the console; else None."""
-  name, step = phase_cls.name, ckpt.latest_step()
+  name = phase_cls.name
+  step = _newest_step(ctx, name)
   summary = phase_record.read(ctx.workdir, name, step, ctx.config, phase_cls.unrelated_keys)
   if summary is not None and is_primary():
     print(f"[{name}] finished at step {step}: its summary and test evaluation are read from"
@@ -275,8 +285,7 @@ def run_phase(phase_cls: type[Phase], ctx: Context) -> dict:
   also recorded; a finished phase's recorded summary is returned as it is, before the phase
   is built (:func:`_recorded`)."""
   config, name = ctx.config, phase_cls.name
-  with open_checkpointer(ctx, name) as probe:
-    recorded = _recorded(phase_cls, ctx, probe)
+  recorded = _recorded(phase_cls, ctx)
   if recorded is not None:  # the plot where this workdir has it now (it may have moved)
     return {**recorded, f"{name}_plot": curves_path(ctx.workdir, name)}
   phase = phase_cls(ctx)
