@@ -268,7 +268,8 @@ def ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
   """(comparison, verdict, evidence) for StableDRL's two components: the claim "StableDRL
   (unconditional clipping + self-normalisation) ends with higher held-out accuracy than each
   single-component ablation at the same lr" on paired seeds; and two controls (no claim: the
-  paired difference, collapses and spikes): antithetic masks against independent ones, and
+  paired difference, collapses and spikes): antithetic masks against independent ones (and,
+  with GRPO on antithetic masks at the same lr, StableDRL against it on the same masks), and
   the ELBO against SPG's EUBO surrogate as the gradient term of negative advantages; with
   GRPO at the same lr, that ELBO arm against GRPO too (the same gradient term, StableDRL's
   clipped, self-normalised weights against GRPO's conditional clip)."""
@@ -297,6 +298,14 @@ def ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
                   f"test accuracy shared − independent masks {fig.fmt_paired(p)}; collapsed:"
                   f" {fig.collapsed(study, a['name'])} with shared masks,"
                   f" {fig.collapsed(study, full)} with independent ones"))
+      grpo_shared = f"grpo_antithetic@{tag}"  # the same masks under GRPO's conditional clip
+      if grpo_shared in names:
+        q = fig.paired_difference(study, a["name"], grpo_shared, fig.held_out_accuracy)
+        out.append((f"{a['name']} vs {grpo_shared} (control: StableDRL's weights against"
+                    " GRPO's clip, both on shared masks)", "no claim",
+                    f"test accuracy StableDRL − GRPO, both with shared masks"
+                    f" {fig.fmt_paired(q)}; collapsed: StableDRL"
+                    f" {fig.collapsed(study, a['name'])}, GRPO {fig.collapsed(study, grpo_shared)}"))
     elif prefix == NO_EUBO:
       p = fig.paired_difference(study, a["name"], full, fig.held_out_accuracy)
       out.append((f"{a['name']} vs {full} (control)", "no claim",

@@ -158,6 +158,16 @@ def test_ablation_verdicts_compare_stabledrl_with_each_single_component():
   assert v[1][1] == "no claim" and "stabledrl_no_eubo@a − GRPO 0.300" in v[1][2]
   assert "5 up, 0 down" in v[1][2] and "collapsed: 0/5 and 2/5" in v[1][2]
   assert "grad-norm spikes per run 0.0 and 4.0" in v[1][2]
+  # with GRPO on shared masks at that lr, StableDRL on shared masks against it: the weights
+  study = _study({"stabledrl@a": full, "stabledrl_antithetic@a": worse, "grpo_antithetic@a": full},
+                 {"stabledrl_antithetic@a": [0, 0, 0, 1, 1]}, {})
+  v = ablation_verdicts(study)
+  assert [x[0] for x in v] == [
+      "stabledrl_antithetic@a vs stabledrl@a (control)",
+      "stabledrl_antithetic@a vs grpo_antithetic@a (control: StableDRL's weights against GRPO's"
+      " clip, both on shared masks)"]
+  assert v[1][1] == "no claim" and "StableDRL − GRPO, both with shared masks -0.100" in v[1][2]
+  assert "0 up, 5 down" in v[1][2] and "collapsed: StableDRL 2/5, GRPO 0/5" in v[1][2]
 
 
 def test_grpo_control_lines_pair_each_control_with_grpo_and_stabledrl_at_its_lr():
