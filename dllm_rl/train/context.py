@@ -315,6 +315,12 @@ def init_params(ctx: Context):
   return init_params_sharded(ctx.model_cfg, key, ctx.mesh)
 
 
+def frozen_base(ctx: Context) -> nnx.State:
+  """A LoRA run's frozen base (its adapters left out), as :func:`init_params` builds it: the
+  base a LoRA checkpoint's adapters are put on (``run_checkpoints.restore_params``)."""
+  return lora.split_adapters(init_params(ctx)[1])[1]
+
+
 def to_device(ctx: Context, global_batch: dict, cls):
   """A global numpy batch (identical on every process) → the batch pytree,
   sharded over the batch axes; each process contributes only its own rows."""

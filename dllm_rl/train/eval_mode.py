@@ -32,10 +32,10 @@ import time
 from dllm_rl import paths
 from dllm_rl.errors import ConfigError
 from dllm_rl.infra.checkpoint import CheckpointError
-from dllm_rl.models import lora, transformer
+from dllm_rl.models import transformer
 from dllm_rl.parallel.distributed import is_primary
 from dllm_rl.train import evaluation, run_checkpoints
-from dllm_rl.train.context import Context, init_params
+from dllm_rl.train.context import Context, frozen_base, init_params
 from dllm_rl.train.run_checkpoints import CheckpointRef, NoCheckpoint
 
 BASE = "base"
@@ -89,10 +89,10 @@ def load_policy(ctx: Context, ref: CheckpointRef | None):
   if ref is None:
     return (None, *init_params(ctx))
   graphdef, _ = transformer.abstract_model(ctx.model_cfg)
-  base = lambda: lora.split_adapters(init_params(ctx)[1])[1]  # LoRA: the run's frozen base
   latest = ctx.config.eval.checkpoint_step == run_checkpoints.LATEST
   try:
-    ref, params = run_checkpoints.restore_params(ref, ctx.model_cfg, ctx.mesh, base=base,
+    ref, params = run_checkpoints.restore_params(ref, ctx.model_cfg, ctx.mesh,
+                                                 base=lambda: frozen_base(ctx),
                                                  fall_back=latest, config=ctx.config)
   except CheckpointError as err:
     if latest:

@@ -56,6 +56,16 @@ def checkpoint_dir(workdir: str, phase: str) -> str:
   return paths.join(workdir, "checkpoints", phase)
 
 
+def available_steps(workdir: str, phase: str) -> list[int]:
+  """The committed checkpoint steps of ``phase`` in ``workdir``, ascending ([] if none), read
+  without creating its folder."""
+  directory = checkpoint_dir(workdir, phase)
+  if not paths.resolve(directory).is_dir():
+    return []
+  with Checkpointer(directory, read_only=True) as ckpt:
+    return ckpt.all_steps()
+
+
 def open_checkpointer(ctx: Context, phase: str) -> Checkpointer:
   """The checkpointer of ``phase`` (``checkpoint.keep`` / ``async_save`` of the config)."""
   c = ctx.config.checkpoint
@@ -257,20 +267,11 @@ def curves_path(workdir: str, phase: str) -> str:
   return paths.join(workdir, f"{phase}_curves.png")
 
 
-def _newest_step(ctx: Context, phase: str) -> int | None:
-  """The phase's newest checkpoint step (None: none), read without creating its folder."""
-  directory = checkpoint_dir(ctx.workdir, phase)
-  if not paths.resolve(directory).is_dir():
-    return None
-  with Checkpointer(directory, read_only=True) as ckpt:
-    return ckpt.latest_step()
-
-
 def _recorded(phase_cls: type[Phase], ctx: Context) -> dict | None:
   """The finished phase's recorded summary (dllm_rl.train.phase_record) when it is still
   this workdir's and this config's, said on the console; else None."""
   name = phase_cls.name
-  step = _newest_step(ctx, name)
+  step = (available_steps(ctx.workdir, name) or [None])[-1]
   summary = phase_record.read(ctx.workdir, name, step, ctx.config, phase_cls.unrelated_keys)
   if summary is not None and is_primary():
     print(f"[{name}] finished at step {step}: its summary and test evaluation are read from"

@@ -15,7 +15,7 @@ from dllm_rl.diffusion.estimators import EstimatorConfig
 from dllm_rl.errors import ConfigError
 from dllm_rl.infra import faults
 from dllm_rl.infra.plots import Panel
-from dllm_rl.models import lora, transformer
+from dllm_rl.models import transformer
 from dllm_rl.parallel.shard import (
   abstract_state_sharded,
   init_state_sharded,
@@ -27,7 +27,7 @@ from dllm_rl.rl.losses import LossConfig
 from dllm_rl.rl.step import RLStepConfig, RolloutBatch, StepHyper, make_rl_step
 from dllm_rl.tasks.data import BatchIterator, trim_to_bucket
 from dllm_rl.train import evaluation, flops, run_checkpoints
-from dllm_rl.train.context import Context, init_params
+from dllm_rl.train.context import Context, frozen_base, init_params
 from dllm_rl.train.optim import make_optimizer
 from dllm_rl.train.phases import (
   Phase,
@@ -167,9 +167,9 @@ def load_sft_params(ctx: Context):
   if not steps:
     return init_params(ctx)
   ref = run_checkpoints.CheckpointRef(ctx.workdir, SFT, steps[-1])
-  base = lambda: lora.split_adapters(init_params(ctx)[1])[1]  # LoRA: the run's frozen base
-  _, params = run_checkpoints.restore_params(ref, ctx.model_cfg, ctx.mesh, base=base,
-                                             fall_back=True, config=ctx.config)
+  _, params = run_checkpoints.restore_params(ref, ctx.model_cfg, ctx.mesh,
+                                             base=lambda: frozen_base(ctx), fall_back=True,
+                                             config=ctx.config)
   return transformer.abstract_model(ctx.model_cfg)[0], params
 
 

@@ -18,13 +18,12 @@ from typing import Any, Callable
 import ml_collections
 from flax import nnx
 
-from dllm_rl import paths
 from dllm_rl.infra.checkpoint import Checkpointer, LayoutMismatch
 from dllm_rl.models import lora
 from dllm_rl.models.transformer import ModelConfig, abstract_params_sharded
 from dllm_rl.train import layout_errors
 from dllm_rl.train.lora_checkpoint import check_base
-from dllm_rl.train.phases import checkpoint_dir
+from dllm_rl.train.phases import available_steps, checkpoint_dir
 
 PHASES = ("sft", "rl")  # training order: the newest last
 AUTO = "auto"  # the newest phase that has a checkpoint
@@ -56,15 +55,6 @@ class NoCheckpoint(FileNotFoundError):
   def __init__(self, what: str, message: str):
     self.what = what
     super().__init__(message)
-
-
-def available_steps(workdir: str, phase: str) -> list[int]:
-  """The committed checkpoint steps of ``phase`` in ``workdir``, ascending ([] if none)."""
-  directory = checkpoint_dir(workdir, phase)
-  if not paths.resolve(directory).is_dir():
-    return []
-  with Checkpointer(directory, read_only=True) as ckpt:
-    return ckpt.all_steps()
 
 
 def find_checkpoint(workdir: str, phase: str = AUTO, step: int = LATEST) -> CheckpointRef | None:
