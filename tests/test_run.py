@@ -73,14 +73,30 @@ def test_sft_writes_outputs_and_rerun_resumes(tmp_path, capsys):
   assert "[sft] finished at step 20" in capsys.readouterr().out
   other_seed = _config(20)  # another seed: restored (nothing to train) and evaluated again
   other_seed.seed = 1
+  other_seed.sft.target_accuracy = 0.99  # never reached in 20 steps: said on stderr
   resumed = run.run(other_seed, str(tmp_path))
-  assert "[sft] finished" not in capsys.readouterr().out
+  out, err = capsys.readouterr()
+  assert "[sft] finished" not in out
+  assert sft_loop.below_target(resumed, 0.99) in err
+  assert "ended below sft.target_accuracy = 0.99" in err and "after 20 steps" in err
   assert resumed["sft_steps"] == 20 and resumed["sft_step_seconds"] is None  # no step ran
   assert len([r for r in read_metrics(str(tmp_path / "metrics.jsonl"), phase="sft")
               if "loss" in r]) == 4
 
   evaluated = run.run(_with_mode("eval"), str(tmp_path))
   assert evaluated["test_accuracy"] == summary["sft_accuracy"] and evaluated["step"] == 20
+
+
+def test_a_warm_up_below_its_target_is_said():
+  """The warning names the target, the last validation accuracy and the steps; none when
+  the target was reached, is not set (0), or no validation ran."""
+  short = {"sft_val_accuracy": 0.0, "sft_steps": 2000}
+  warning = sft_loop.below_target(short, 0.3)
+  assert "sft.target_accuracy = 0.3" in warning and "validation accuracy 0.000" in warning
+  assert "after 2000 steps" in warning and "sft.steps" in warning
+  assert sft_loop.below_target({"sft_val_accuracy": 0.3, "sft_steps": 450}, 0.3) is None
+  assert sft_loop.below_target(short, 0.0) is None
+  assert sft_loop.below_target({"sft_val_accuracy": None, "sft_steps": 20}, 0.3) is None
 
 
 def _no_starting_policy(monkeypatch):

@@ -3,9 +3,12 @@ The loop (checkpoints, metrics, evaluation, preemption) is dllm_rl.train.phases.
 
 from __future__ import annotations
 
+import sys
+
 import jax
 
 from dllm_rl.models import transformer
+from dllm_rl.parallel.distributed import is_primary
 from dllm_rl.parallel.shard import abstract_state_sharded, init_state_sharded
 from dllm_rl.tasks.data import BatchIterator
 from dllm_rl.train import flops
@@ -107,9 +110,28 @@ class SFTPhase(Phase):
     return summary, console
 
 
+def below_target(summary: dict, target: float) -> str | None:
+  """The warning for a warm-up that ended below ``sft.target_accuracy`` (> 0) at its last
+  validation, i.e. ran out of ``sft.steps`` before the early stop; None when it reached the
+  target, no target is set, or no validation ran (dllm_rl.train.unread says so)."""
+  val = summary.get("sft_val_accuracy")
+  if not 0 < target or val is None or val >= target:
+    return None
+  return (f"[sft] warning: the warm-up ended below sft.target_accuracy = {target:g}:"
+          f" validation accuracy {val:.3f} at its last evaluation, after"
+          f" {summary.get('sft_steps')} steps (sft.steps). RL from a start that rarely answers"
+          " correctly sees almost no reward; raise sft.steps or sft.lr, or try another seed.")
+
+
 def run_sft(ctx: Context) -> dict:
   """Train with the masked-diffusion SFT loss; resume from ``workdir`` when possible.
 
-  Returns a summary with validation/test greedy accuracy, pass@k, steps and timings.
+  Returns a summary with validation/test greedy accuracy, pass@k, steps and timings. A
+  warm-up that ended below its target is said on stderr (:func:`below_target`), also when
+  its summary is read back from a finished phase.
   """
-  return run_phase(SFTPhase, ctx)
+  summary = run_phase(SFTPhase, ctx)
+  warning = below_target(summary, ctx.config.sft.target_accuracy)
+  if warning and is_primary():
+    print(warning, file=sys.stderr, flush=True)
+  return summary
