@@ -26,7 +26,8 @@ i + 1; the model realigns it, so samplers and estimators read row i for token i)
 Hyper-parameters are the official StableDRL ones, as configs/llada_tpu.py (DESIGN.md):
 G = 16, 256 generated tokens in 128 steps, temperature 0.9, the SPG block-wise ELBO
 with K = 2 and prompt masking 0.15, μ = 2, AdamW lr 2e-6, betas (0.9, 0.99), weight
-decay 0.1, linear decay over 2000 steps, global-norm clip 0.2, no KL, centered
+decay 0.1, linear decay over 2000 updates (1000 rollout batches × μ), global-norm
+clip 0.2, no KL, centered
 advantages, C = 5, the official mask noise and SPG surrogate. Decoding follows Dream's
 ``diffusion_generate`` as DARE calls it: the whole completion is one block and the
 confidence is the negative entropy (``alg="entropy"``).

@@ -10,7 +10,8 @@ Hyper-parameters: the official StableDRL MATH run, JianyuanZhong/StableDRL @26ad
 ``configs/math_spg_snis.yaml``, which differs from its GSM8K config (configs/llada_tpu.py)
 only in the data: G = 8 × 2 = 16, 256 tokens in 128 steps with blocks of 32, temperature 0.9,
 SPG block ELBO with K = 2 and prompt masking 0.15, EUBO β 1.5, mix ω 0.5, SNIS clip C = 5,
-μ = 2, AdamW lr 2e-6 betas (0.9, 0.99) wd 0.1, linear decay over 2000 steps, clip 0.2, no KL.
+μ = 2, AdamW lr 2e-6 betas (0.9, 0.99) wd 0.1, linear decay over 2000 optimizer updates (1000
+rollout batches × μ), clip 0.2, no KL.
 Prompts: the d1 / SPG ``<reasoning>/<answer>`` preset (d1's MATH prompt: answer in
 ``\\boxed{}`` inside ``<answer>``), reward math-verify on the ``<answer>`` span. Data:
 ``dllm-rl-data prepare math`` (d1's split: ankner/math-500 train, 12,000 problems without the

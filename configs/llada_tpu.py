@@ -19,10 +19,12 @@ held-out greedy accuracy and pass@k in summary.json at the end.
 Hyper-parameters are the official StableDRL ones (DESIGN.md): G = 16, 256
 generated tokens in 128 steps with blocks of 32, temperature 0.9, the SPG
 block-wise ELBO with K = 2 and prompt masking 0.15, μ = 2, AdamW lr 2e-6,
-betas (0.9, 0.99), weight decay 0.1, linear decay over 2000 steps, global-norm
-clip 0.2, no KL, centered advantages, C = 5; the official mask noise (ℓ̂_old and
-every inner iteration's ℓ̂_θ on independent masks) and, in the gradient, the SPG
-surrogate (ELBO where A > 0, ½·EUBO + ½·ELBO elsewhere).
+betas (0.9, 0.99), weight decay 0.1, linear decay over 2000 optimizer updates
+(the official ``total_steps``, which counts updates: ``rl.steps`` = 1000 rollout
+batches × μ = 2), global-norm clip 0.2, no KL, centered advantages, C = 5; the
+official mask noise (ℓ̂_old and every inner iteration's ℓ̂_θ on independent masks)
+and, in the gradient, the SPG surrogate (ELBO where A > 0, ½·EUBO + ½·ELBO
+elsewhere).
 """
 
 from dllm_rl.config import base_config, locked
@@ -55,7 +57,9 @@ def get_config():
   c.sampler.block_len = 32
   c.sampler.temperature = 0.0
   c.sampler.remasking = "low_confidence"
-  c.rl.steps = 2000
+  # The official total_steps = 2000 counts optimizer updates (a rollout every num_iterations
+  # = 2 of them); rl.steps counts rollout batches, each followed by rl.inner_steps updates.
+  c.rl.steps = 1000
   c.rl.batch_prompts = 32
   c.rl.group_size = 16
   c.rl.inner_steps = 2

@@ -155,6 +155,13 @@ def test_other_frameworks_names_suggest_ours():
       "'learning_rate')?",
       "config.rl.num_generations: unknown key; did you mean rl.group_size (other frameworks' "
       "'num_generations')?"]
+  # an update count of TRL / SPG / StableDRL: rl.steps counts rollout batches, and says so
+  [total] = apply(base_config(), [("rl.total_steps", "2000")])
+  assert str(total).startswith("config.rl.total_steps: unknown key; did you mean rl.steps (it"
+                               " counts rollout batches, each followed by rl.inner_steps")
+  assert "rl.steps = theirs / rl.inner_steps" in str(total)
+  [sft] = apply(base_config(), [("sft.max_steps", "2000")])  # SFT steps are updates: no note
+  assert str(sft) == "config.sft.max_steps: unknown key; did you mean sft.steps?"
   c = base_config()
   c.rl.learning_rate = 1e-3
   with pytest.raises(ConfigError, match=r"config\.rl\.learning_rate: unknown key; did you mean "

@@ -139,8 +139,15 @@ def test_math_and_countdown_configs_are_stabledrls(name):
   task, _, lr = TASK_CONFIGS[name]
   c = _load_config(name)
   assert (c.task.name, c.task.options.prompt_preset, c.rl.lr) == (task, "d1", lr)
-  assert (c.rl.steps, c.rl.schedule, c.rl.warmup_steps, c.rl.b1, c.rl.b2, c.rl.weight_decay,
-          c.rl.grad_clip, c.rl.kl_coef) == (2000, "linear", 0, 0.9, 0.99, 0.1, 0.2, 0.0)
+  # total_steps: 2000 counts optimizer updates (a rollout every num_iterations = 2 of them):
+  # 1000 rollout batches, and the linear decay reaches 0 at update 2000
+  assert (c.rl.steps * c.rl.inner_steps, c.rl.schedule, c.rl.warmup_steps, c.rl.b1, c.rl.b2,
+          c.rl.weight_decay, c.rl.grad_clip, c.rl.kl_coef) == (
+              2000, "linear", 0, 0.9, 0.99, 0.1, 0.2, 0.0)
+  from dllm_rl.train.rl_loop import rl_optimizer
+  schedule = rl_optimizer(c.rl)[1]
+  assert float(schedule(1000)) == pytest.approx(1e-6 if lr == 2e-6 else 5e-7)
+  assert float(schedule(2000)) == 0.0
   assert (c.rl.group_size, c.rl.inner_steps, c.rl.temperature, c.rl.advantage) == (
       16, 2, 0.9, "centered")
   assert (c.data.completion_len, c.sampler.steps, c.sampler.block_len) == (256, 128, 32)

@@ -36,17 +36,33 @@ KEY_ALIASES = {
 }
 
 
+# Other frameworks' names for a count of optimizer updates. rl.steps counts rollout batches,
+# each followed by rl.inner_steps updates: TRL's max_steps and the SPG / StableDRL scripts'
+# total_steps are rl.steps × rl.inner_steps (their num_iterations), so a suggestion of
+# rl.steps for one of them says so.
+UPDATE_COUNTS = ("max_steps", "total_steps", "num_steps")
+_RL_STEPS_NOTE = (" (it counts rollout batches, each followed by rl.inner_steps optimizer"
+                  " updates; TRL's max_steps and the SPG / StableDRL scripts' total_steps"
+                  " count updates: rl.steps = theirs / rl.inner_steps)")
+
+
 def did_you_mean(key: str, choices, prefix: str = "") -> str:
   """"; did you mean PREFIX.k?" for the closest of ``choices`` (spelling), else for the key
-  that a known alias close to ``key`` stands for (``lerning_rate`` → ``lr``); "" if none."""
+  that a known alias close to ``key`` stands for (``lerning_rate`` → ``lr``); "" if none.
+  ``rl.steps`` suggested for an update count (:data:`UPDATE_COUNTS`) says what it counts."""
   choices = list(choices)
+  note = ""
+  if prefix == "rl." and difflib.get_close_matches(key, UPDATE_COUNTS, n=1, cutoff=0.75):
+    note = _RL_STEPS_NOTE
   close = difflib.get_close_matches(key, choices, n=1)
   if close:
-    return f"; did you mean {prefix}{close[0]}?"
+    return f"; did you mean {prefix}{close[0]}{note if close[0] == 'steps' else ''}?"
   aliases = {a: k for a, k in KEY_ALIASES.items() if k in choices}
   close = difflib.get_close_matches(key, list(aliases), n=1, cutoff=0.75)
   if close:
-    return f"; did you mean {prefix}{aliases[close[0]]} (other frameworks' {close[0]!r})?"
+    target = aliases[close[0]]
+    return (f"; did you mean {prefix}{target} (other frameworks' {close[0]!r})"
+            f"{note if target == 'steps' else ''}?")
   return ""
 
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
