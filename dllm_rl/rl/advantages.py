@@ -197,6 +197,12 @@ def progress_per_row(unmask_step_BGL: ArrayLike, action_BGL: ArrayLike) -> jax.A
   through are the distinct unmask steps of its action tokens (``action_BGL``),
   s_i is the rank of a token's step among them and S_i their number. Positions
   outside the action, or never committed (step −1), get 0.
+
+  A step whose commits all lie after the row's first EOS is therefore not one of
+  its states: the action ends at the first EOS, and nothing after it changes the
+  update (tests/rl/test_rl_step.py pins that for this mode too). Fixed-step mode
+  (:func:`progress_from_unmask_step`) counts every sampler step instead, so the
+  two differ for a row that fills its EOS tail in a step of its own.
   """
   s_BGL = jnp.asarray(unmask_step_BGL, jnp.int32)
   act_BGL = jnp.asarray(action_BGL, bool) & (s_BGL >= 0)  # −1: never committed, no state
