@@ -145,6 +145,14 @@ def test_pipeline_sft_rl_eval(tmp_path, monkeypatch):
   _no_starting_policy(monkeypatch)  # RL resumed (2 more batches) from shapes alone
   config.rl.steps = 6
   assert run.run(config, str(tmp_path))["rl_steps"] == 6
+  with Checkpointer(str(tmp_path / "checkpoints" / "rl"), read_only=True) as ckpt:
+    assert ckpt.meta(6)["sft_start"] == 10  # the SFT step RL started from, kept on resume
+  config.sft.steps = 20  # SFT trained further: RL's checkpoints no longer descend from it
+  with pytest.raises(ConfigError, match=r"^--workdir: .*checkpoints/rl \(step 6\) continues RL"
+                                        r" from SFT step 10, but RL would now start from SFT"
+                                        r" step 20"):
+    run.run(config, str(tmp_path))
+  assert sorted(os.listdir(tmp_path / "checkpoints" / "rl")) == ["4", "6"]  # untouched
 
 
 def test_rl_mode_needs_an_sft_checkpoint(tmp_path):
@@ -192,8 +200,8 @@ def test_rl_starts_from_the_sft_params_alone(tmp_path, monkeypatch, lora_rank):
   monkeypatch.setattr(Checkpointer, "restore", spy_restore)
   monkeypatch.setattr(Checkpointer, "restore_part", spy_part)
   config.mode = "rl"
-  _, params = load_sft_params(build_context(config, str(tmp_path)))
-  assert reads == [("sft", "params")]
+  _, params, start = load_sft_params(build_context(config, str(tmp_path)))
+  assert reads == [("sft", "params")] and start == 10
   got, expected = jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(want)
   assert len(got) == len(expected)
   for x, y in zip(got, expected):

@@ -165,12 +165,41 @@ def load_sft_params(ctx: Context):
   model is built)."""
   steps = sft_steps(ctx)
   if not steps:
-    return init_params(ctx)
+    return (*init_params(ctx), None)
   ref = run_checkpoints.CheckpointRef(ctx.workdir, SFT, steps[-1])
-  _, params = run_checkpoints.restore_params(ref, ctx.model_cfg, ctx.mesh,
-                                             base=lambda: frozen_base(ctx), fall_back=True,
-                                             config=ctx.config)
-  return transformer.abstract_model(ctx.model_cfg)[0], params
+  ref, params = run_checkpoints.restore_params(ref, ctx.model_cfg, ctx.mesh,
+                                               base=lambda: frozen_base(ctx), fall_back=True,
+                                               config=ctx.config)
+  return transformer.abstract_model(ctx.model_cfg)[0], params, ref.step
+
+
+def check_rl_start(ctx: Context, sft: list[int]) -> None:
+  """RL checkpoints to resume must continue from the newest SFT checkpoint ``sft[-1]``
+  (none: the HF model or a fresh init): RL's meta names the SFT step it started from
+  (``sft_start``). SFT trained further since (a rerun with a larger ``sft.steps``) would
+  resume a policy that does not descend from it and set its RL gain against the new SFT
+  figures: a ConfigError naming ``--workdir``, read from the meta alone (no array). RL
+  checkpoints from before the pointer was saved, or whose meta cannot be read, are not
+  checked."""
+  steps = run_checkpoints.available_steps(ctx.workdir, PHASE)
+  if not steps:
+    return
+  ref = run_checkpoints.CheckpointRef(ctx.workdir, PHASE, steps[-1])
+  try:  # the step a resume reads: a damaged newest one falls back
+    ref, meta = run_checkpoints.read_readable(ref, lambda ckpt, s: ckpt.meta(s), fall_back=True)
+  except Exception:  # noqa: BLE001 (nothing readable: the restore says so)
+    return
+  if "sft_start" not in meta:
+    return
+  started, newest = meta["sft_start"], (sft[-1] if sft else None)
+  if started != newest:
+    what = lambda s: "the HF model / a fresh init" if s is None else f"SFT step {s}"
+    directory = ref.directory
+    raise ConfigError(
+        "--workdir", f"{directory} (step {ref.step}) continues RL from {what(started)}, but"
+        f" RL would now start from {what(newest)} (SFT trained further or was replaced):"
+        " resuming would train on a policy that does not descend from it. Use a new"
+        f" --workdir, or delete {directory} to start RL afresh from {what(newest)}")
 
 
 class RLPhase(Phase):
@@ -194,7 +223,8 @@ class RLPhase(Phase):
     super().__init__(ctx)
     r = ctx.config.rl
     self.steps, self.log_every, self.eval_every = r.steps, r.log_every, r.eval_every
-    sft_steps(ctx)  # a start to read, said before anything is read or built
+    check_rl_start(ctx, sft_steps(ctx))  # a start to read, said before anything is read or built
+    self.sft_start = None  # the SFT step RL started from (None: the HF model / a fresh init)
     self.graphdef = transformer.abstract_model(ctx.model_cfg)[0]
     self.optimizer, self.schedule = rl_optimizer(r, lora_only=ctx.model_cfg.lora_rank > 0)
     self.base_accuracy = None  # the starting policy's training accuracy: its first rollouts
@@ -204,8 +234,8 @@ class RLPhase(Phase):
     self.moe_layers = tuple(i for i in range(mc.n_layers) if mc.is_moe_layer(i))
 
   def init_state(self):
-    state, self.state_sharding = rl_state(self.ctx, load_sft_params(self.ctx)[1],
-                                          self.optimizer)
+    _, params, self.sft_start = load_sft_params(self.ctx)
+    state, self.state_sharding = rl_state(self.ctx, params, self.optimizer)
     return state
 
   def abstract_state(self):
@@ -222,6 +252,8 @@ class RLPhase(Phase):
     ctx = self.ctx
     position = meta.get("data_position", 0)
     self.base_accuracy = meta.get("base_accuracy")
+    if resumed:  # the run's own start, not the template's (a resume with LoRA or KL reads it)
+      self.sft_start = meta.get("sft_start", self.sft_start)
     if resumed:
       print(f"[rl] resumed at rollout batch {position}", flush=True)
     self.batches = rollout_prompts(ctx, position)
@@ -282,7 +314,8 @@ class RLPhase(Phase):
                                       correct[:n], batch["index"][:n], rewards[:n])
 
   def meta(self) -> dict:
-    return {"data_position": self.batches.position, "base_accuracy": self.base_accuracy}
+    return {"data_position": self.batches.position, "base_accuracy": self.base_accuracy,
+            "sft_start": self.sft_start}
 
   def saved(self, step: int) -> None:
     faults.at("checkpoint", step)
