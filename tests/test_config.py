@@ -59,6 +59,8 @@ def test_base_and_tiny_cpu_configs_validate():
     ({"mesh__data": 0}, "mesh.data"),
     ({"rl__micro_batch": 3}, "rl.micro_batch"),  # does not divide 8 × 16 sequences
     ({"rl__micro_batch": -2}, "rl.micro_batch"),
+    ({"rl__batch_prompts": 128, "task__train_size": 64, "mode": "pipeline"},
+     "rl.batch_prompts"),  # more than the training prompts
     ({"rl__malformed_reward": float("nan")}, "rl.malformed_reward"),
     ({"model__logits_chunk": -1}, "model.logits_chunk"),
     ({"profile__steps": "3:2"}, "profile.steps"),

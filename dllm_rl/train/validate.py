@@ -233,6 +233,9 @@ def _rl(config, check: "_Checks") -> None:
         f" sampler.remasking={config.sampler.remasking!r} every completion of a group is the"
         " same, its group-relative advantages are 0 and RL learns nothing")
   check(r.eval_every >= 0, "rl.eval_every", "must be >= 0")
+  check(config.mode not in ("rl", "pipeline") or r.batch_prompts <= config.task.train_size,
+        "rl.batch_prompts", f"{r.batch_prompts} is larger than task.train_size ="
+        f" {config.task.train_size}: a rollout batch draws that many distinct training prompts")
   n_seq = r.batch_prompts * r.group_size
   check(r.micro_batch >= 0 and (r.micro_batch == 0 or n_seq % r.micro_batch == 0),
          "rl.micro_batch", f"must be 0 (off) or divide rl.batch_prompts × rl.group_size ="
