@@ -353,3 +353,43 @@ def test_a_broken_config_file_is_one_error_naming_its_line(tmp_path, capsys, bod
   err = capsys.readouterr().err
   assert stop.value.code == 2 and "Traceback" not in err
   assert re.fullmatch(rf"error: --config={re.escape(str(path))}{expected}\n", err), err
+
+
+def test_a_config_file_that_returns_nothing_or_a_part_is_said_or_completed(tmp_path):
+  """get_config() without its return is an error naming it; one that builds only some
+  sections gets the defaults of the others (validation checked it so; the run then failed
+  on the first missing section with a traceback)."""
+  none = tmp_path / "none_cfg.py"
+  none.write_text("from dllm_rl.config import base_config\n\n"
+                  "def get_config():\n  c = base_config()\n")
+  with pytest.raises(TypeError, match=r"get_config\(\) returned NoneType, not an"
+                                      r" ml_collections.ConfigDict \(a missing `return`\?"):
+    load_config_file(str(none))
+  part = tmp_path / "part_cfg.py"
+  part.write_text("import ml_collections\n\n"
+                  "def get_config():\n  return ml_collections.ConfigDict({'rl': {'lr': 1e-3}})\n")
+  c = load_config_file(str(part))
+  want = base_config()
+  assert c.rl.lr == 1e-3 and c.rl.steps == want.rl.steps
+  assert c.distributed.to_dict() == want.distributed.to_dict()
+  assert set(c.keys()) == set(want.keys())
+  validate(c)
+
+
+def test_another_task_on_the_command_line_drops_the_files_task_options(capsys):
+  """--config.task.name=countdown on the embedded default (arithmetic's num_digits, ...):
+  the file's options are dropped and said, options given beside it stay, and the config
+  validates; the same task name keeps them."""
+  from dllm_rl.config import apply_overrides as apply
+  from dllm_rl.config.defaults import get_config as default_config
+  c = default_config()
+  assert "num_digits" in c.task.options
+  assert apply(c, [("task.options.max_number", "20"), ("task.name", "countdown")]) == []
+  assert c.task.name == "countdown" and c.task.options.to_dict() == {"max_number": 20}
+  err = capsys.readouterr().err
+  assert "note: --config.task.name=countdown replaces the config's task 'arithmetic': its" \
+      " task.options ['num_digits'," in err
+  validate(c)
+  same = default_config()
+  assert apply(same, [("task.name", "arithmetic")]) == [] and "num_digits" in same.task.options
+  assert "note:" not in capsys.readouterr().err

@@ -282,7 +282,30 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
   spec.loader.exec_module(module)
   if not callable(getattr(module, "get_config", None)):
     raise AttributeError(f"{path} defines no get_config()")
-  return module.get_config(*args)
+  config = module.get_config(*args)
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise TypeError(f"get_config() returned {type(config).__name__}, not an"
+                    " ml_collections.ConfigDict (a missing `return`? start it from"
+                    " dllm_rl.config.base_config())")
+  return with_defaults(config)
+
+
+def with_defaults(config: ml_collections.ConfigDict,
+                  defaults: ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:
+  """``config`` with every key of ``defaults`` (:func:`base_config`) that it lacks added at
+  its default, section by section (``task.options`` is the task's own: left as it is). A
+  config file that builds only some sections runs with the defaults of the others, as
+  validation already checks it; without them the run failed on the first missing one."""
+  defaults = base_config() if defaults is None else defaults
+  with config.unlocked():
+    for key in defaults.keys():
+      want = defaults[key]
+      if key not in config:
+        config[key] = want
+      elif (isinstance(want, ml_collections.ConfigDict) and key != "options"
+            and isinstance(config[key], ml_collections.ConfigDict)):
+        with_defaults(config[key], want)
+  return config
 
 
 def locked(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
