@@ -85,6 +85,12 @@ def test_sft_writes_outputs_and_rerun_resumes(tmp_path, capsys):
 
   evaluated = run.run(_with_mode("eval"), str(tmp_path))
   assert evaluated["test_accuracy"] == summary["sft_accuracy"] and evaluated["step"] == 20
+  bf16 = _config(20)  # a resume would cast the float32 weights and moments: said, not done
+  bf16.model.param_dtype = "bfloat16"
+  with pytest.raises(ConfigError, match=r"^config\.model\.param_dtype: .*sft was trained with"
+                                        r" model\.param_dtype = float32 \(this config:"
+                                        r" bfloat16\).*--config\.model\.param_dtype=float32"):
+    run.run(bf16, str(tmp_path))
 
 
 def test_a_warm_up_below_its_target_is_said():

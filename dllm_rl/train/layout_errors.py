@@ -87,3 +87,22 @@ def _flag(value: Any) -> str:
   if isinstance(value, list):
     return ",".join(str(v) for v in value)
   return str(value)
+
+
+def check_param_dtype(meta: dict, config, where: str) -> None:
+  """A resume whose ``model.param_dtype`` differs from the one its checkpoint (``meta``, read
+  from ``where``) was trained with: a ConfigError naming it. The restore would cast the saved
+  parameters and Adam moments to the new dtype without a word (float32 master weights to
+  bfloat16 loses their low bits for good); not a layout change, so no LayoutMismatch says
+  it. A meta without a config (older checkpoints) is not checked."""
+  try:
+    trained = json.loads(meta["config"])["model"]["param_dtype"]
+  except (KeyError, TypeError, ValueError):
+    return
+  now = config.model.param_dtype
+  if trained != now:
+    raise ConfigError("model.param_dtype", f"{where} was trained with model.param_dtype ="
+                      f" {trained} (this config: {now}); a resume would cast its parameters"
+                      f" and optimizer state to {now}: pass --config.model.param_dtype={trained}"
+                      " (or start a new --workdir)")
+

@@ -49,7 +49,8 @@ def restore_checkpoint(ckpt, template, config=None):
   """``ckpt.restore`` of a state shaped like ``template`` (a fresh state): (state, meta). With
   the run's ``config``, a checkpoint it does not fit is a ConfigError naming the ``model`` /
   ``lora`` keys the checkpoint was trained with otherwise (dllm_rl.train.layout_errors), and
-  so are LoRA adapters trained on another base (:func:`check_base`).
+  so are LoRA adapters trained on another base (:func:`check_base`) and another
+  ``model.param_dtype`` (``layout_errors.check_param_dtype``).
 
   A KL term turned on or off since the checkpoint (``rl.kl_coef``): a full-fine-tuning
   checkpoint holds the reference policy only when it was on. Turned on, the reference is the
@@ -66,6 +67,7 @@ def restore_checkpoint(ckpt, template, config=None):
     raise layout_errors.for_checkpoint(err, ckpt.directory, None, config) from err
   if config is not None:
     check_base(meta, config, ckpt.directory)
+    layout_errors.check_param_dtype(meta, config, ckpt.directory)
   return restored_state(template, saved), meta
 
 
