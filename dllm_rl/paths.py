@@ -43,10 +43,19 @@ def is_url(path: str | os.PathLike) -> bool:
   return bool(_URL.match(os.fspath(path)))
 
 
-def resolve(path: str | os.PathLike) -> epath.Path:
-  """``path`` as an epath.Path: URLs untouched, local paths made absolute."""
+def expand(path: str | os.PathLike) -> str:
+  """``path`` with a leading ``~`` / ``~user`` expanded (local paths; a URL is untouched). A
+  shell leaves ``--workdir=~/run`` as it is: taken literally it names a folder called ``~`` in
+  the current directory."""
   text = os.fspath(path)
-  return epath.Path(text if is_url(text) else os.path.abspath(text))
+  return text if is_url(text) else os.path.expanduser(text)
+
+
+def resolve(path: str | os.PathLike) -> epath.Path:
+  """``path`` as an epath.Path: URLs untouched, local paths ``~``-expanded and made
+  absolute."""
+  text = os.fspath(path)
+  return epath.Path(text if is_url(text) else os.path.abspath(os.path.expanduser(text)))
 
 
 def join(path: str | os.PathLike, *parts: str) -> str:

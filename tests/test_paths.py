@@ -22,6 +22,28 @@ def test_resolve_keeps_urls_and_makes_local_paths_absolute(tmp_path, monkeypatch
   assert paths.is_url("s3://b/x") and not paths.is_url("/tmp/gs:/x")
 
 
+def test_a_workdir_or_file_under_tilde_is_the_home_folders(tmp_path, monkeypatch):
+  """``--workdir=~/run`` reaches the program unexpanded (the shell expands ``~`` only at the
+  start of a word): taken literally it made a folder named ``~`` in the current directory."""
+  from dllm_rl.train import modes
+  from tests.helpers import tiny_run_config
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  monkeypatch.chdir(tmp_path)
+  assert os.fspath(paths.resolve("~/run")) == str(tmp_path / "home" / "run")
+  assert paths.expand("~/data/x.jsonl") == str(tmp_path / "home" / "data" / "x.jsonl")
+  assert paths.expand("gs://bucket/~x") == "gs://bucket/~x"
+  seen = []
+
+  def built(config, workdir):
+    seen.append(workdir)
+    raise RuntimeError("stop")
+
+  monkeypatch.setattr("dllm_rl.train.context.build_context", built)
+  with pytest.raises(RuntimeError, match="stop"):
+    modes.run(tiny_run_config("sft", {}), "~/run")
+  assert seen == [str(tmp_path / "home" / "run")] and not (tmp_path / "~").exists()
+
+
 def test_metrics_follow_a_gs_workdir_and_resume_appends(fake_gcs):
   with MetricsLogger("gs://bucket/run", tensorboard=False) as logger:
     logger.log(1, {"loss": 0.5}, phase="sft")

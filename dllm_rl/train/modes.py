@@ -136,6 +136,7 @@ def run(config, workdir: str, *, quiet_unread=()) -> dict:
   from dllm_rl.train.validate import validate
 
   t0 = time.time()
+  workdir = paths.expand(workdir)  # --workdir=~/run: the shell does not expand it
   validate(config)
   initialize(config.distributed)  # before anything touches devices
   enable_compilation_cache(config.compilation_cache)
