@@ -378,18 +378,22 @@ def test_a_config_file_that_returns_nothing_or_a_part_is_said_or_completed(tmp_p
 
 def test_another_task_on_the_command_line_drops_the_files_task_options(capsys):
   """--config.task.name=countdown on the embedded default (arithmetic's num_digits, ...):
-  the file's options are dropped and said, options given beside it stay, and the config
-  validates; the same task name keeps them."""
+  the file's options are dropped and said (by the CLI, once the config is good), options
+  given beside it stay, and the config validates; the same task name keeps them."""
   from dllm_rl.config import apply_overrides as apply
+  from dllm_rl.config import cli
   from dllm_rl.config.defaults import get_config as default_config
-  c = default_config()
+  c, notes = default_config(), []
   assert "num_digits" in c.task.options
-  assert apply(c, [("task.options.max_number", "20"), ("task.name", "countdown")]) == []
+  assert apply(c, [("task.options.max_number", "20"), ("task.name", "countdown")], notes) == []
   assert c.task.name == "countdown" and c.task.options.to_dict() == {"max_number": 20}
-  err = capsys.readouterr().err
-  assert "note: --config.task.name=countdown replaces the config's task 'arithmetic': its" \
-      " task.options ['num_digits'," in err
+  assert len(notes) == 1 and notes[0].startswith(
+      "--config.task.name=countdown replaces the config's task 'arithmetic': its task.options"
+      " ['num_digits',")
   validate(c)
-  same = default_config()
-  assert apply(same, [("task.name", "arithmetic")]) == [] and "num_digits" in same.task.options
-  assert "note:" not in capsys.readouterr().err
+  same, notes = default_config(), []
+  assert apply(same, [("task.name", "arithmetic")], notes) == [] and notes == []
+  assert "num_digits" in same.task.options
+  capsys.readouterr()
+  cli.load(None, [("task.name", "countdown")], check=validate, default=default_config)
+  assert capsys.readouterr().err.startswith("note: --config.task.name=countdown replaces")

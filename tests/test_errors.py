@@ -87,6 +87,15 @@ def _cases(tmp_path):
       ("a workdir that is a file", [f"--workdir={_file(tmp_path)}/run", *SMALL],
        [rf"error: --workdir: {re.escape(str(tmp_path))}/a_file/run is not a folder: .*"]),
       ("no workdir", [*SMALL], [r"error: --workdir: required: .*"]),
+      ("a workdir that cannot be created", ["--workdir=/proc/dllm_rl_none/run", *SMALL],
+       [r"error: --workdir: /proc/dllm_rl_none/run: cannot create it \(.*\)"]),
+      ("a mesh that cannot fill the devices", [f"--workdir={w}", "--config.mesh.tensor=3",
+                                               *SMALL],
+       [r"error: config\.mesh: \{'data': -1, 'fsdp': 1, 'expert': 1, 'tensor': 3\} cannot"
+        r" fill 8 devices \(the other axes' product, 3, does not divide it\)"]),
+      ("more prompts per rollout batch than training prompts",
+       [f"--workdir={w}", "--config.mode=pipeline", "--config.rl.batch_prompts=128", *SMALL],
+       [r"error: config\.rl\.batch_prompts: 128 is larger than task\.train_size = 64: .*"]),
       ("the staircase kernel compiled for CPU", [f"--workdir={w}",
                                                  "--config=configs/tiny_block_cpu.py",
                                                  "--config.estimator.attention_impl=pallas",
@@ -108,6 +117,8 @@ NAMES = ["data file smaller than train_size", "mode=rl with neither an SFT nor a
          "gs:// data file without gcsfs", "llada_tpu.py without its three required values",
          "a misspelt key another framework spells out", "several problems at once",
          "a nan learning rate", "a workdir that is a file", "no workdir",
+         "a workdir that cannot be created", "a mesh that cannot fill the devices",
+         "more prompts per rollout batch than training prompts",
          "the staircase kernel compiled for CPU"]
 
 

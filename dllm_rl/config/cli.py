@@ -86,13 +86,16 @@ def load(path: str | None, overrides: list[tuple[str, str]], *,
     print(f"error: --config={path}{config_line(e, path)}: {type(e).__name__}: {e}",
           file=sys.stderr)
     sys.exit(EXIT_CONFIG)
-  errors = apply_overrides(config, overrides)
+  notes: list[str] = []
+  errors = apply_overrides(config, overrides, notes)
   try:
     check(config)
   except ConfigError as err:
     errors += getattr(err, "errors", [err])
   if errors:
     fail(errors)
+  for note in notes:
+    print(f"note: {note}", file=sys.stderr, flush=True)
   return config
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import sys
 
 import ml_collections
 
@@ -104,32 +103,38 @@ def _free_form(text: str):
 
 
 def _new_task_options(config: ml_collections.ConfigDict,
-                      overrides: list[tuple[str, str]]) -> None:
+                      overrides: list[tuple[str, str]]) -> list[str]:
   """A ``task.name`` override naming another task empties ``task.options`` first (before
   any override is applied, so ``task.options.*`` given on the same command line stay): they
   are the config file's task's constructor arguments, which the new task rejects, and no
-  flag can remove a key. The dropped options are said on stderr."""
+  flag can remove a key. Returns the note that says which were dropped ([] if none)."""
   names = [text for dotted, text in overrides if dotted == "task.name"]
   task = config.get("task")
   if not names or not isinstance(task, ml_collections.ConfigDict) or names[-1] == task.get(
       "name") or not isinstance(task.get("options"), ml_collections.ConfigDict):
-    return
+    return []
   dropped = sorted(task.options.keys())
   with task.unlocked():
     task.options = ml_collections.ConfigDict()
-  if dropped:
-    print(f"note: --config.task.name={names[-1]} replaces the config's task {task.name!r}:"
-          f" its task.options {dropped} are dropped (give the new task's with"
-          " --config.task.options.KEY=VALUE)", file=sys.stderr, flush=True)
+  if not dropped:
+    return []
+  return [f"--config.task.name={names[-1]} replaces the config's task {task.name!r}: its"
+          f" task.options {dropped} are dropped (give the new task's with"
+          " --config.task.options.KEY=VALUE)"]
 
 
 def apply_overrides(config: ml_collections.ConfigDict,
-                    overrides: list[tuple[str, str]]) -> list[ConfigError]:
+                    overrides: list[tuple[str, str]],
+                    notes: list[str] | None = None) -> list[ConfigError]:
   """Set ``(dotted key, text)`` pairs (from ``--config.KEY=TEXT``) on ``config``, each parsed
   as the type of the key's current value. Returns every problem (unknown key with a "did you
-  mean", wrong type) instead of stopping at the first; good overrides are applied."""
+  mean", wrong type) instead of stopping at the first; good overrides are applied. What the
+  overrides did beyond setting keys (another task's options dropped) is appended to
+  ``notes``, for the CLI to say when the config is good."""
   errors = []
-  _new_task_options(config, overrides)
+  dropped = _new_task_options(config, overrides)
+  if notes is not None:
+    notes += dropped
   for dotted, text in overrides:
     *parents, leaf = dotted.split(".")
     node, prefix = config, ""

@@ -16,16 +16,17 @@ def resolve_shape(sizes: Sequence[int], num_devices: int) -> tuple[int, ...]:
   """Replace at most one -1 by what fills ``num_devices``; the product must match."""
   sizes = [int(s) for s in sizes]
   if any(s == 0 or s < -1 for s in sizes):
-    raise ValueError(f"config.mesh: sizes must be positive or -1 (fill), got {sizes}")
+    raise ValueError(f"sizes must be positive or -1 (fill), got {dict(zip(AXES, sizes))}")
   if sizes.count(-1) > 1:
-    raise ValueError(f"config.mesh: at most one axis may be -1, got {sizes}")
+    raise ValueError(f"at most one axis may be -1, got {dict(zip(AXES, sizes))}")
   known = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if num_devices % known:
-      raise ValueError(f"config.mesh: {sizes} cannot fill {num_devices} devices")
+      raise ValueError(f"{dict(zip(AXES, sizes))} cannot fill {num_devices} devices (the"
+                       f" other axes' product, {known}, does not divide it)")
     sizes[sizes.index(-1)] = num_devices // known
   if math.prod(sizes) != num_devices:
-    raise ValueError(f"config.mesh: {dict(zip(AXES, sizes))} needs {math.prod(sizes)} devices,"
+    raise ValueError(f"{dict(zip(AXES, sizes))} needs {math.prod(sizes)} devices,"
                      f" {num_devices} are available")
   return tuple(sizes)
 

@@ -260,6 +260,8 @@ def build_context(config, workdir: str) -> Context:
     paths.resolve(workdir).mkdir(parents=True, exist_ok=True)  # gs:// stays a URL
   except (FileExistsError, NotADirectoryError) as err:  # a file, or a file on the way to it
     raise ConfigError("--workdir", f"{workdir} is not a folder: {err}") from None
+  except OSError as err:  # no such parent on a read-only or virtual file system, no rights
+    raise ConfigError("--workdir", f"{workdir}: cannot create it ({err})") from None
   task = tasks_lib.make_task(config.task.name, **config.task.options.to_dict())
   hf = checkpoint = None
   if config.model.hf_checkpoint:

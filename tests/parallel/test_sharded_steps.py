@@ -164,9 +164,9 @@ def test_checkpoint_restores_onto_another_mesh(tmp_path):
 def test_mesh_shapes():
   assert resolve_shape((-1, 2, 2), 8) == (2, 2, 2)
   assert resolve_shape((1, -1, 1), 8) == (1, 8, 1)
-  with pytest.raises(ValueError, match="config.mesh"):
-    resolve_shape((3, -1, 1), 8)
-  with pytest.raises(ValueError, match="config.mesh"):
-    resolve_shape((-1, -1, 1), 8)
+  with pytest.raises(ValueError, match=r"cannot fill 8 devices \(the other axes' product, 3,"):
+    resolve_shape((3, -1, 1, 1), 8)
+  with pytest.raises(ValueError, match="at most one axis may be -1"):
+    resolve_shape((-1, -1, 1, 1), 8)
   with pytest.raises(ValueError, match="needs 16 devices"):
     resolve_shape((4, 2, 2), 8)
