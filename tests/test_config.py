@@ -397,3 +397,14 @@ def test_another_task_on_the_command_line_drops_the_files_task_options(capsys):
   capsys.readouterr()
   cli.load(None, [("task.name", "countdown")], check=validate, default=default_config)
   assert capsys.readouterr().err.startswith("note: --config.task.name=countdown replaces")
+
+
+def test_a_task_option_of_the_wrong_type_names_the_type():
+  """The file's option is an int: 'three' is said as such, not as ml_collections' "Could not
+  override field ... (reference)"."""
+  from dllm_rl.config import apply_overrides as apply
+  from dllm_rl.config.defaults import get_config as default_config
+  [err] = apply(default_config(), [("task.options.num_digits", "three")])
+  assert str(err) == ("config.task.options.num_digits: expected int (the config's value is 3),"
+                      " got 'three'")
+

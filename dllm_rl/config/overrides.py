@@ -154,7 +154,11 @@ def apply_overrides(config: ml_collections.ConfigDict,
       value = (_free_form(text) if prefix == "task.options."
                else _parse_value(dotted, node[leaf], text))
       with node.unlocked():
-        node[leaf] = value
+        try:
+          node[leaf] = value
+        except TypeError:  # a task option of the file's type (ml_collections keeps it)
+          raise ConfigError(dotted, f"expected {type(node[leaf]).__name__} (the config's value"
+                                    f" is {node[leaf]!r}), got {text!r}") from None
     except KeyError as e:
       bad = e.args[0]
       parent = config
