@@ -51,3 +51,12 @@ def test_a_cache_set_through_jax_wins_over_the_default_only(tmp_path, fresh_cach
   jax.config.update("jax_compilation_cache_dir", None)  # none set through JAX: the default
   assert run.enable_compilation_cache(DEFAULT_COMPILATION_CACHE) == os.path.expanduser(
       DEFAULT_COMPILATION_CACHE)
+
+
+def test_a_cache_path_that_is_a_file_names_the_key(tmp_path, fresh_cache):
+  """JAX takes a file as its cache folder with a warning and compiles without the cache."""
+  from dllm_rl.errors import ConfigError
+  (tmp_path / "a_file").write_text("")
+  with pytest.raises(ConfigError, match=r"^config\.compilation_cache: .*a_file is a file, not a"
+                                        r" folder"):
+    run.enable_compilation_cache(str(tmp_path / "a_file"))

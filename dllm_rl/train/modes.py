@@ -72,6 +72,10 @@ def enable_compilation_cache(path: str) -> str | None:
   if path == DEFAULT_COMPILATION_CACHE and jax.config.jax_compilation_cache_dir:
     return jax.config.jax_compilation_cache_dir
   directory = os.fspath(paths.resolve(os.path.expanduser(path)))
+  if not paths.is_url(directory) and os.path.exists(directory) and not os.path.isdir(directory):
+    raise ConfigError("compilation_cache", f"{directory} is a file, not a folder (JAX would"
+                      " run without its cache, saying so only in a warning); name a folder, or"
+                      " '' to turn the cache off")
   jax.config.update("jax_compilation_cache_dir", directory)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)  # only slow compiles
   return directory
