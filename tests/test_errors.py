@@ -5,6 +5,7 @@ parsed from ``sys.argv`` as the console script does), before anything compiles."
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -33,6 +34,12 @@ def _cases(tmp_path):
   latin1 = tmp_path / "latin1.jsonl"  # the 40 rows with "Café" in Latin-1 on line 11
   rows = _gsm8k(tmp_path).read_bytes().splitlines(keepends=True)
   latin1.write_bytes(b"".join(rows[:10] + [rows[10].replace(b"What", b"Caf\xe9")] + rows[11:]))
+  (tmp_path / "long").mkdir()  # 60 rows, a question of 142 characters on line 58
+  lines = _gsm8k(tmp_path / "long", n=60).read_text().splitlines(keepends=True)
+  lines[57] = json.dumps({**json.loads(lines[57]), "question": "What is " + "1+" * 66 + "1?"}) + "\n"
+  long_prompt = tmp_path / "long" / "long_prompt.jsonl"
+  long_prompt.write_text("".join(lines))
+  hf_ok = hf_fixture_with_tokenizer(tmp_path / "hf_ok")  # its chat template: "Q: ...\nA: "
   truncated = hf_fixture_with_tokenizer(tmp_path / "hf")  # an interrupted download
   weights = truncated / "model.safetensors"
   os.truncate(weights, os.path.getsize(weights) // 2)
@@ -58,6 +65,19 @@ def _cases(tmp_path):
                                            f"--config.task.options.train_file={tmp_path}"],
        [rf"error: config\.task\.options: task 'gsm8k': data file '{re.escape(str(tmp_path))}'"
         r" is a directory, not a file \(give the \.jsonl file in it\)"]),
+      ("a prompt longer than data.prompt_len", [f"--workdir={w}", *gsm8k,
+                                                f"--config.task.options.train_file={long_prompt}",
+                                                f"--config.task.options.test_file={long_prompt}",
+                                                f"--config.model.hf_checkpoint={hf_ok}",
+                                                "--config.data.prompt_len=24",
+                                                "--config.data.completion_len=32",
+                                                "--config.task.train_size=52",
+                                                "--config.task.val_size=8",
+                                                "--config.task.test_size=8"],
+       [r"error: config\.data\.prompt_len: (train|validation) split of task 'gsm8k':"
+        rf" {re.escape(str(long_prompt))}:58: prompt has 148 tokens > data\.prompt_len=24"
+        r" \(prompt 'Q: What is 1\+1\+.*'\); 1 of the \d+ prompts does not fit, this one is"
+        r" the longest: data\.prompt_len=148 fits them all"]),
       ("a truncated model.safetensors", [f"--workdir={w}", *gsm8k, *SMALL, "--config.mode=eval",
                                          f"--config.model.hf_checkpoint={truncated}"],
        [rf"error: config\.model\.hf_checkpoint: {re.escape(str(truncated))}/model\.safetensors"
@@ -112,7 +132,8 @@ def _file(tmp_path):
 
 NAMES = ["data file smaller than train_size", "mode=rl with neither an SFT nor an HF checkpoint",
          "mode=eval with neither a checkpoint nor an HF model", "a data file that is not UTF-8",
-         "a data file that is a directory", "a truncated model.safetensors",
+         "a data file that is a directory", "a prompt longer than data.prompt_len",
+         "a truncated model.safetensors",
          "gs:// workdir without gcsfs",
          "gs:// data file without gcsfs", "llada_tpu.py without its three required values",
          "a misspelt key another framework spells out", "several problems at once",

@@ -28,10 +28,14 @@ class Example:
   prompt: text given to the model.
   answer: SFT target text, without EOS.
   meta: JSON-serialisable data the verifier needs (e.g. operands, target).
+  source: where it was read from, ``"file:line"`` (a task read from files), so an example
+    that does not fit a config limit is named where the user can find it; "" for a
+    generated instance (named by its index in the split instead).
   """
   prompt: str
   answer: str
   meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  source: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,36 +18,62 @@ from dllm_rl.tasks.base import Example
 from dllm_rl.tasks.tokenizer import CharTokenizer
 
 
+class TooLong(ValueError):
+  """A prompt or answer that does not fit its config limit; ``key`` is that limit's key
+  (``data.prompt_len`` / ``data.completion_len``), the key the user changes."""
+
+  def __init__(self, key: str, message: str):
+    self.key = key
+    super().__init__(message)
+
+
+def check_fit(what: str, lengths: Sequence[int], limit: int,
+              examples: Sequence[Example]) -> None:
+  """TooLong when a ``what`` ("prompt" or "answer": an answer takes one EOS more) of
+  ``examples`` has more tokens (``lengths``) than ``limit``. It names the longest that does
+  not fit, where it came from (its file and line, else its index), how many do not fit
+  and the value of the key that fits them all: one run of the check tells the user the
+  value to set, not only that the current one is too small."""
+  eos = int(what == "answer")  # an answer is followed by one EOS
+  key = "data.completion_len" if eos else "data.prompt_len"
+  over = [b for b, n in enumerate(lengths) if n + eos > limit]
+  if not over:
+    return
+  b = max(over, key=lambda i: lengths[i])  # the first of the longest
+  n, ex = lengths[b], examples[b]
+  raise TooLong(key, f"{ex.source or f'example {b}'}: {what} has {n} tokens"
+                f"{' + 1 EOS' if eos else ''} > {key}={limit} ({what}"
+                f" {getattr(ex, what)[:40]!r}); {len(over)} of the {len(lengths)} {what}s"
+                f" {'does' if len(over) == 1 else 'do'} not fit, this one is the longest: {key}={n + eos} fits them all")
+
+
 def encode_examples(examples: Sequence[Example], tokenizer: CharTokenizer,
                     prompt_len: int, completion_len: int, *,
                     truncate_answers: bool = False) -> dict[str, np.ndarray]:
   """Encodes examples into ``prompt_BP``, ``prompt_valid_BP``, ``completion_BL``,
   ``completion_valid_BL`` (int32 ids / bool masks; B = len(examples)).
 
-  Raises ValueError naming the example index, its length and the config key
-  (``data.prompt_len`` / ``data.completion_len``) when a prompt, or an answer
-  plus one EOS, does not fit. ``truncate_answers``: cut answers to fit instead
-  (runs that never train on them: RL and evaluation use only the prompts).
+  Raises :class:`TooLong` (:func:`check_fit`: the longest example's file and line or
+  index, its length and the config key ``data.prompt_len`` / ``data.completion_len``)
+  when a prompt, or an answer plus one EOS, does not fit. ``truncate_answers``: cut
+  answers to fit instead (runs that never train on them: RL and evaluation use only the
+  prompts).
   """
   if prompt_len < 1 or completion_len < 1:
     raise ValueError(f"prompt_len and completion_len must be >= 1, got "
                      f"{prompt_len}, {completion_len}")
   n = len(examples)
+  prompts = [tokenizer.encode(ex.prompt) for ex in examples]
+  check_fit("prompt", [len(p) for p in prompts], prompt_len, examples)
+  answers = [tokenizer.encode(ex.answer) for ex in examples]
+  if truncate_answers:
+    answers = [a[:completion_len - 1] for a in answers]
+  check_fit("answer", [len(a) for a in answers], completion_len, examples)
   prompt_BP = np.full((n, prompt_len), tokenizer.pad_id, np.int32)
   prompt_valid_BP = np.zeros((n, prompt_len), bool)
   completion_BL = np.full((n, completion_len), tokenizer.eos_id, np.int32)
   completion_valid_BL = np.ones((n, completion_len), bool)
-  for b, ex in enumerate(examples):
-    p = tokenizer.encode(ex.prompt)
-    if len(p) > prompt_len:
-      raise ValueError(f"example {b}: prompt has {len(p)} tokens > data.prompt_len="
-                       f"{prompt_len} (prompt {ex.prompt[:40]!r})")
-    a = tokenizer.encode(ex.answer)
-    if truncate_answers:
-      a = a[:completion_len - 1]
-    if len(a) + 1 > completion_len:
-      raise ValueError(f"example {b}: answer has {len(a)} tokens + 1 EOS > "
-                       f"data.completion_len={completion_len} (answer {ex.answer[:40]!r})")
+  for b, (p, a) in enumerate(zip(prompts, answers)):
     if p:
       prompt_BP[b, prompt_len - len(p):] = p
       prompt_valid_BP[b, prompt_len - len(p):] = True

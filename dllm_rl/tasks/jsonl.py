@@ -162,7 +162,7 @@ class JsonlTask(Task):
           self.skip_reasons.append(where)
         continue
       out.append(Example(prompt=self._prompt(fields), answer=answer,
-                         meta={**meta, "key": self._key(fields)}))
+                         meta={**meta, "key": self._key(fields)}, source=f"{path}:{line_no}"))
     if skipped:
       logging.warning("task %r: skipped %d malformed line(s) of %s", self.name, skipped, path)
     self.skipped += skipped

@@ -189,6 +189,8 @@ def _encode(examples, tokenizer, config, split: str) -> dict:
     return data_lib.encode_examples(
         examples, tokenizer, config.data.prompt_len, config.data.completion_len,
         truncate_answers=config.mode not in ("sft", "pipeline"))  # only SFT trains on answers
+  except data_lib.TooLong as err:  # named by the key to change, data.prompt_len / completion_len
+    raise ConfigError(err.key, f"{split} split of task {config.task.name!r}: {err}") from err
   except ValueError as err:
     raise ConfigError("data", f"{split} split of task {config.task.name!r}: {err}") from err
 

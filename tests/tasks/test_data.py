@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dllm_rl.tasks import CharTokenizer, Example, make_task
-from dllm_rl.tasks.data import BatchIterator, encode_examples
+from dllm_rl.tasks.data import BatchIterator, TooLong, encode_examples
 
 
 def test_encode_layout():
@@ -40,6 +40,24 @@ def test_encode_length_errors_name_index_and_key():
   encode_examples(exs, tok, prompt_len=8, completion_len=4)  # exact fit is fine
   with pytest.raises(ValueError, match="position 0"):
     encode_examples([Example("é", "1")], tok, prompt_len=8, completion_len=4)
+
+
+def test_a_prompt_too_long_is_named_by_its_file_line_and_the_longest_sets_the_key():
+  """Read from a file, the prompt that does not fit is named where the user finds it; the
+  longest of those that do not fit is named, with the value of the key that fits them all
+  (what a user sets after one run, whichever example the shuffle put first)."""
+  tok = CharTokenizer()
+  exs = [Example("1+1=", "2", source="d.jsonl:3"), Example("12+34=", "46", source="d.jsonl:9"),
+         Example("123+456=", "579", source="d.jsonl:58"), Example("1=", "1", source="d.jsonl:60")]
+  with pytest.raises(TooLong, match=r"^d\.jsonl:58: prompt has 8 tokens > data\.prompt_len=5"
+                     r" \(prompt '123\+456='\); 2 of the 4 prompts do not fit, this one is the"
+                     r" longest: data\.prompt_len=8 fits them all$") as err:
+    encode_examples(exs, tok, prompt_len=5, completion_len=8)
+  assert err.value.key == "data.prompt_len"
+  with pytest.raises(TooLong, match=r"^d\.jsonl:58: answer has 3 tokens \+ 1 EOS >"
+                     r" data\.completion_len=3 .*: data\.completion_len=4 fits them all$") as err:
+    encode_examples(exs, tok, prompt_len=8, completion_len=3)
+  assert err.value.key == "data.completion_len"
 
 
 def test_encode_real_task():

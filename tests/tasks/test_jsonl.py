@@ -58,6 +58,19 @@ def test_gsm8k_loading_and_determinism(tmp_path):
     assert task.verify(ex, bad).reward == 0.0, bad
 
 
+def test_each_example_names_the_file_and_line_it_was_read_from(tmp_path):
+  """``Example.source`` is "file:line" of the line that holds the record (blank lines
+  counted), in every split and after the shuffle: what a too-long prompt is named by."""
+  train = _write(tmp_path / "train.jsonl", GSM8K[:5], extra_lines=["", json.dumps(GSM8K[5])])
+  task = make_task("gsm8k", train_file=train, test_fraction=0.5)
+  lines = open(train).read().splitlines()
+  examples = task.generate("train", -1, 0) + task.generate("test", -1, 0)
+  assert len(examples) == 6
+  for ex in examples:
+    path, line = ex.source.rsplit(":", 1)
+    assert path == train and json.loads(lines[int(line) - 1])["question"] in ex.prompt
+
+
 def test_split_from_train_file(tmp_path):
   train = _write(tmp_path / "train.jsonl", GSM8K)
   task = make_task("gsm8k", train_file=train, test_fraction=0.3)
