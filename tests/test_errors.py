@@ -78,6 +78,14 @@ def _cases(tmp_path):
         rf" {re.escape(str(long_prompt))}:58: prompt has 148 tokens > data\.prompt_len=24"
         r" \(prompt 'Q: What is 1\+1\+.*'\); 1 of the \d+ prompts does not fit, this one is"
         r" the longest: data\.prompt_len=148 fits them all"]),
+      ("a JSONL task without model.hf_checkpoint", [f"--workdir={w}", *gsm8k,
+                                                    "--config.task.train_size=16",
+                                                    "--config.task.val_size=8",
+                                                    "--config.task.test_size=8"],
+       [r"error: config\.model\.hf_checkpoint: task 'gsm8k' needs a real tokenizer, the one of"
+        r" model\.hf_checkpoint \(set it to the model's folder, gs:// URL or hub id\): without"
+        r" it the run uses the built-in CharTokenizer, made for the generated tasks, which has"
+        rf" no '#' \(the answer of {re.escape(str(_gsm8k(tmp_path)))}:\d+\)"]),
       ("a truncated model.safetensors", [f"--workdir={w}", *gsm8k, *SMALL, "--config.mode=eval",
                                          f"--config.model.hf_checkpoint={truncated}"],
        [rf"error: config\.model\.hf_checkpoint: {re.escape(str(truncated))}/model\.safetensors"
@@ -133,7 +141,7 @@ def _file(tmp_path):
 NAMES = ["data file smaller than train_size", "mode=rl with neither an SFT nor an HF checkpoint",
          "mode=eval with neither a checkpoint nor an HF model", "a data file that is not UTF-8",
          "a data file that is a directory", "a prompt longer than data.prompt_len",
-         "a truncated model.safetensors",
+         "a JSONL task without model.hf_checkpoint", "a truncated model.safetensors",
          "gs:// workdir without gcsfs",
          "gs:// data file without gcsfs", "llada_tpu.py without its three required values",
          "a misspelt key another framework spells out", "several problems at once",
@@ -172,6 +180,22 @@ def test_each_bad_input_is_one_error_line_per_problem_and_exit_2(name, tmp_path,
   for line, pattern in zip(lines, expected):
     assert re.fullmatch(pattern, line), (name, line)
   assert not os.path.exists(tmp_path / "w" / "checkpoints"), name  # nothing trained
+
+
+def test_only_a_task_read_from_files_is_told_to_set_model_hf_checkpoint(tmp_path):
+  """The CharTokenizer serves the generated tasks: their text (and a character that is not in
+  it, such as one of data.system_prompt) keeps the tokenizer's own message; a JSONL task whose
+  text it cannot encode is told to set model.hf_checkpoint, naming the file and line; one whose
+  text it can encode (Countdown's) runs."""
+  from dllm_rl.tasks import CharTokenizer, Example, make_task
+  from dllm_rl.train.context import char_tokenizer_problem
+  tok = CharTokenizer()
+  foreign = [Example("1+1=", "2 ✓", source="f.jsonl:7")]
+  assert char_tokenizer_problem(make_task("arithmetic"), tok, foreign) is None
+  gsm8k = make_task("gsm8k", train_file=str(_gsm8k(tmp_path)))
+  assert re.search(r"needs a real tokenizer.* no '✓' \(the answer of f\.jsonl:7\)$",
+                   char_tokenizer_problem(gsm8k, tok, foreign))
+  assert char_tokenizer_problem(gsm8k, tok, [Example("1+1=", "2")]) is None
 
 
 @pytest.mark.parametrize("overrides, pattern", [

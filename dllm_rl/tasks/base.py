@@ -86,6 +86,11 @@ class Task(abc.ABC):
   # Whether a prompt has many correct answers (Countdown's expressions, chain's operand
   # orders): what the StepRS study's distinct-correct-answers measure can grow on.
   many_answers: bool = False
+  # Whether every prompt and answer is written in CharTokenizer's characters (the generated
+  # tasks, whose text this code writes); False for a task whose text comes from files
+  # written elsewhere (GSM8K's '####', MATH's LaTeX), which needs model.hf_checkpoint's
+  # tokenizer: a run without one is told so, not only which character failed.
+  char_text: bool = True
 
   def __init__(self, test_fraction: float = 0.1):
     if not 0.0 < test_fraction < 1.0:

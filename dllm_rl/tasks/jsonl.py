@@ -78,6 +78,7 @@ class JsonlTask(Task):
   name the module-level verifier and its arguments after the completion.
   """
 
+  char_text = False  # text written elsewhere: a real tokenizer (model.hf_checkpoint's)
   default_question = "{question}"
   default_verify_timeout = 0.0  # seconds; 0 = verify in-process
   preload: tuple[str, ...] = ()  # modules the verifier worker imports up front

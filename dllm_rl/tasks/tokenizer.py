@@ -57,6 +57,10 @@ class CharTokenizer:
     """The non-special characters, in id order (first id is 3)."""
     return self._chars
 
+  def unknown(self, text: str) -> str | None:
+    """The first character of ``text`` outside the vocabulary; None when it encodes."""
+    return next((ch for ch in text if ch not in self._to_id), None)
+
   def encode(self, text: str) -> list[int]:
     """Returns one id per character; ValueError on an unknown character."""
     ids = []

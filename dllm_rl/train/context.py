@@ -173,6 +173,27 @@ def model_config(config, vocab_size: int) -> transformer.ModelConfig:
   return transformer.ModelConfig.from_config(model)
 
 
+def char_tokenizer_problem(task: Task, tokenizer, examples) -> str | None:
+  """Why ``tokenizer``, the built-in CharTokenizer of a run without model.hf_checkpoint,
+  cannot encode ``examples`` of a task whose text comes from files (``task.char_text``
+  False): such a task needs the model's own tokenizer, which only model.hf_checkpoint
+  gives, and the message says so, naming the first character it lacks and where it is
+  (file:line) rather than quoting the text (an answer, maybe). None when every character
+  encodes (a Countdown file may), or for a built-in task, whose text is written in the
+  vocabulary (an unknown character there keeps the tokenizer's own message)."""
+  if task.char_text:
+    return None
+  for b, ex in enumerate(examples):
+    for what in ("prompt", "answer"):
+      char = tokenizer.unknown(getattr(ex, what))
+      if char is not None:
+        return (f"task {task.name!r} needs a real tokenizer, the one of model.hf_checkpoint"
+                " (set it to the model's folder, gs:// URL or hub id): without it the run"
+                " uses the built-in CharTokenizer, made for the generated tasks, which has"
+                f" no {char!r} (the {what} of {ex.source or f'example {b}'})")
+  return None
+
+
 def _encode(examples, tokenizer, config, split: str) -> dict:
   from jinja2.exceptions import TemplateError
 
@@ -292,6 +313,10 @@ def build_context(config, workdir: str) -> Context:
   test = generate("test", t.test_size, config.seed + 1, "task.test_size",
                   f"task.test_size = {t.test_size}")
   raise_all(errors)
+  if hf is None:  # the CharTokenizer: a task read from files needs model.hf_checkpoint's
+    problem = char_tokenizer_problem(task, tokenizer, [*train, *val, *test])
+    if problem:
+      raise ConfigError("model.hf_checkpoint", problem)
   model_cfg = hf.model_cfg if hf else model_config(config, tokenizer.vocab_size)
   check_expert_axis(config, model_cfg)
   return Context(
