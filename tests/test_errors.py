@@ -4,6 +4,7 @@ parsed from ``sys.argv`` as the console script does), before anything compiles."
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import os
@@ -34,6 +35,12 @@ def _cases(tmp_path):
   latin1 = tmp_path / "latin1.jsonl"  # the 40 rows with "Café" in Latin-1 on line 11
   rows = _gsm8k(tmp_path).read_bytes().splitlines(keepends=True)
   latin1.write_bytes(b"".join(rows[:10] + [rows[10].replace(b"What", b"Caf\xe9")] + rows[11:]))
+  gz = tmp_path / "train.jsonl.gz"  # the 40 rows, gzip-compressed
+  gz.write_bytes(gzip.compress(_gsm8k(tmp_path).read_bytes()))
+  parquet = tmp_path / "train.parquet"  # a Parquet file starts and ends with "PAR1"
+  parquet.write_bytes(b"PAR1\x15\x04\x15\x80\x01" + bytes(range(256)) + b"PAR1")
+  array = tmp_path / "array.json"  # the 40 rows as one JSON array, pretty-printed
+  array.write_text(json.dumps([json.loads(r) for r in rows], indent=2))
   (tmp_path / "long").mkdir()  # 60 rows, a question of 142 characters on line 58
   lines = _gsm8k(tmp_path / "long", n=60).read_text().splitlines(keepends=True)
   lines[57] = json.dumps({**json.loads(lines[57]), "question": "What is " + "1+" * 66 + "1?"}) + "\n"
@@ -61,6 +68,24 @@ def _cases(tmp_path):
                                          f"--config.task.options.train_file={latin1}"],
        [rf"error: config\.task\.options: task 'gsm8k': {re.escape(str(latin1))}:11: not UTF-8"
         r" text \(byte 0xe9 at column 18\); save the file as UTF-8"]),
+      ("a gzip-compressed data file", [f"--workdir={w}", *gsm8k,
+                                       f"--config.task.options.train_file={gz}"],
+       [rf"error: config\.task\.options: task 'gsm8k': {re.escape(str(gz))}: gzip-compressed,"
+        rf" not JSON Lines text: decompress it \(gunzip -k {re.escape(str(gz))}\) and give the"
+        r" decompressed file"]),
+      ("a Parquet data file", [f"--workdir={w}", *gsm8k,
+                               f"--config.task.options.train_file={parquet}"],
+       [rf"error: config\.task\.options: task 'gsm8k': {re.escape(str(parquet))}: a Parquet"
+        r" file, not JSON Lines text: convert it to JSON Lines with dllm-rl-data prepare gsm8k"
+        rf" --out DIR --source train={re.escape(str(parquet))} \(README, \"Data\"\), then give"
+        r" DIR/train\.jsonl"]),
+      ("a data file that is one JSON array", [f"--workdir={w}", *gsm8k,
+                                              f"--config.task.options.train_file={array}"],
+       [rf"error: config\.task\.options: task 'gsm8k': {re.escape(str(array))}:1: the file"
+        r" starts a JSON array \('\['\), not JSON Lines \(one JSON object per line\): write each"
+        rf" object on its own line \(jq -c '\.\[\]' {re.escape(str(array))}\) or convert it"
+        rf" with dllm-rl-data prepare gsm8k --out DIR --source train={re.escape(str(array))}"
+        r" \(README, \"Data\"\), then give DIR/train\.jsonl"]),
       ("a data file that is a directory", [f"--workdir={w}", *gsm8k,
                                            f"--config.task.options.train_file={tmp_path}"],
        [rf"error: config\.task\.options: task 'gsm8k': data file '{re.escape(str(tmp_path))}'"
@@ -140,6 +165,8 @@ def _file(tmp_path):
 
 NAMES = ["data file smaller than train_size", "mode=rl with neither an SFT nor an HF checkpoint",
          "mode=eval with neither a checkpoint nor an HF model", "a data file that is not UTF-8",
+         "a gzip-compressed data file", "a Parquet data file",
+         "a data file that is one JSON array",
          "a data file that is a directory", "a prompt longer than data.prompt_len",
          "a JSONL task without model.hf_checkpoint", "a truncated model.safetensors",
          "gs:// workdir without gcsfs",

@@ -24,6 +24,7 @@ the files and its arguments; n = -1 means every record.
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 from typing import Any, Callable, Mapping
@@ -38,6 +39,25 @@ from dllm_rl.tasks.sudoku import is_valid_solution
 
 ON_ERROR = ("raise", "skip")
 _MAX_SKIP_REASONS = 20
+_DECOMPRESS = "decompress it ({}) and give the decompressed file"
+_CONVERT = "convert it to JSON Lines with {convert}"
+_UTF16 = "UTF-16 text (it starts with a UTF-16 byte-order mark)"
+_ARROW = ("convert its data set with {convert_folder} (FOLDER: the save_to_disk folder that"
+          " holds it)")
+# The first bytes of files that are not JSON Lines text, what each is and what to do about
+# it (see not_jsonl). No JSON Lines file starts with them: a JSON line starts with "{" or
+# whitespace (after the UTF-8 byte-order mark that is read past).
+_NOT_TEXT = (
+    (b"\x1f\x8b", "gzip-compressed", _DECOMPRESS.format("gunzip -k {file}")),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed", _DECOMPRESS.format("zstd -d {file}")),
+    (b"\xfd7zXZ\x00", "xz-compressed", _DECOMPRESS.format("xz -dk {file}")),
+    (b"PK\x03\x04", "a zip archive", "extract the .jsonl file from it (unzip {file}) and give it"),
+    (b"PAR1", "a Parquet file", _CONVERT),
+    (b"ARROW1", "an Arrow file", _ARROW),
+    (b"\xff\xff\xff\xff", "an Arrow stream (a datasets cache or save_to_disk file)", _ARROW),
+    (b"\xff\xfe", _UTF16, "save it as UTF-8"),
+    (b"\xfe\xff", _UTF16, "save it as UTF-8"),
+)
 
 
 class _BadRecord(ValueError):
@@ -61,9 +81,12 @@ class JsonlTask(Task):
 
   Options: ``train_file`` / ``test_file`` (paths; FileNotFoundError naming a
   missing one, IsADirectoryError a folder); ``on_error``: "raise" (ValueError
-  "file:line: what is wrong", a line that is not UTF-8 included) or "skip"
-  (malformed lines are dropped and counted in ``skipped``, the first few
-  described in ``skip_reasons``); ``prompt_template``: a format string
+  "file:line: what is wrong", a line that is not UTF-8 included, and a first line
+  that opens a JSON array) or "skip" (malformed lines are dropped and counted in
+  ``skipped``, the first few described in ``skip_reasons``); a file that is not
+  JSON Lines text at all (compressed, an archive, Parquet, Arrow, UTF-16:
+  :func:`not_jsonl`) is a ValueError saying what it is and what to do, with
+  either; ``prompt_template``: a format string
   over ``{question}`` and the task's own fields; ``prompt_preset``: a named
   template set instead (:data:`dllm_rl.tasks.prompts.PROMPT_PRESETS`, e.g.
   "d1"); ``answer_tag``: the reward reads only the last ``<answer>`` span (a
@@ -79,6 +102,7 @@ class JsonlTask(Task):
   """
 
   char_text = False  # text written elsewhere: a real tokenizer (model.hf_checkpoint's)
+  recipe = ""  # the dllm-rl-data prepare data set that writes this task's files
   default_question = "{question}"
   default_verify_timeout = 0.0  # seconds; 0 = verify in-process
   preload: tuple[str, ...] = ()  # modules the verifier worker imports up front
@@ -137,8 +161,16 @@ class JsonlTask(Task):
       raise FileNotFoundError(f"task {self.name!r}: data file {path!r} does not exist")
     with file.open("rb") as f:  # bytes: a line that is not UTF-8 is named (or skipped) like
       raw = f.read()  # any other; splitlines splits at \n, \r\n and \r, as text mode does
+    split = "train" if path == self.train_file else "test"
+    convert = (f"dllm-rl-data prepare {self.recipe} --out DIR --source {split}={{}} (README,"
+               f" \"Data\"), then give DIR/{split}.jsonl")
+    problem = not_jsonl(raw, path, convert)
+    if problem:  # the whole file, whatever on_error says: no line of it is a record
+      raise ValueError(f"task {self.name!r}: {path}: {problem}")
+    lines = raw.removeprefix(codecs.BOM_UTF8).splitlines()  # a leading BOM: see not_jsonl
+    first = next((i for i, data in enumerate(lines, start=1) if data.strip()), 0)
     out, skipped = [], 0
-    for line_no, data in enumerate(raw.splitlines(), start=1):
+    for line_no, data in enumerate(lines, start=1):
       if not data.strip():
         continue
       try:
@@ -146,6 +178,13 @@ class JsonlTask(Task):
           text = data.decode("utf-8")
         except UnicodeDecodeError:
           raise _BadRecord(not_utf8(data)) from None
+        if line_no == first and text.lstrip().startswith("["):
+          raise _BadRecord("the file starts a JSON array ('['), not JSON Lines (one JSON object"
+                           f" per line): write each object on its own line (jq -c '.[]' {path})"
+                           f" or convert it with {convert.format(path)}")
+        if text.startswith("\ufeff"):
+          raise _BadRecord("starts with a UTF-8 byte-order mark (files joined together?):"
+                           " remove it")
         try:
           record = json.loads(text)
         except json.JSONDecodeError as err:
@@ -242,6 +281,28 @@ class JsonlTask(Task):
       self._timed.close()
 
 
+def not_jsonl(raw: bytes, path: str, convert: str) -> str | None:
+  """What the file ``path`` (its bytes ``raw``) is when its first bytes say it is not JSON
+  Lines text at all (gzip, zstd or xz compressed, a zip archive, Parquet, Arrow, UTF-16), and
+  what to do about it; None otherwise. ``convert``: the ``dllm-rl-data prepare`` command that
+  converts a data set file into this task's JSONL, ``{}`` where the file goes. Read line by
+  line, such a file is only "not UTF-8 text" at some column, which says neither what it is
+  nor what to do.
+
+  A UTF-8 byte-order mark is not among them: it is read past. It carries no content,
+  RFC 8259 (8.1) lets a JSON parser ignore it, and Windows tools write it (Notepad before
+  2019, PowerShell 5's ``Out-File -Encoding utf8``); refusing it would make the user save
+  again a file that holds the right records."""
+  for magic, what, todo in _NOT_TEXT:
+    if raw.startswith(magic):
+      folder = convert.format("FOLDER")
+      if magic == b"PAR1" and not path.endswith(".parquet"):  # prepare reads by extension
+        path += " (renamed to end in .parquet)"
+      return (f"{what}, not JSON Lines text: "
+              + todo.format(file=path, convert=convert.format(path), convert_folder=folder))
+  return None
+
+
 def not_utf8(line: bytes) -> str | None:
   """Why ``line`` (one line of a text file, as bytes) is not UTF-8 text: its first bad byte
   and column, and what to do; None when it is."""
@@ -274,6 +335,7 @@ class GSM8KTask(JsonlTask):
   """Grade-school math; reward 1 iff the final number equals the reference."""
 
   name = "gsm8k"
+  recipe = "gsm8k"
 
   @classmethod
   def _fields(cls, record):
@@ -298,6 +360,7 @@ class Math500Task(JsonlTask):
   """Competition math; reward 1 iff math-verify finds the answers equivalent."""
 
   name = "math500"
+  recipe = "math"
   default_verify_timeout = 5.0
   preload = ("math_verify",)
 
@@ -328,6 +391,7 @@ class CountdownJsonlTask(JsonlTask):
   """Countdown from a file; reward 1 iff each number is used once and the value hits."""
 
   name = "countdown_jsonl"
+  recipe = "countdown"
   many_answers = True
   default_question = ("Using the numbers {numbers}, create an equation that equals "
                       "{target}. Use + - * / and each number exactly once. Put the "
@@ -365,6 +429,7 @@ class SudokuJsonlTask(JsonlTask):
   """4×4 sudoku from a file; reward ``solved`` (0/1) or ``cell_accuracy``."""
 
   name = "sudoku_jsonl"
+  recipe = "sudoku"
   default_question = ("Solve this 4x4 sudoku. The cells are given row by row and 0 "
                       "marks a blank: {puzzle}. Put the 16 digits of the solution "
                       "inside <answer></answer>.")

@@ -1,12 +1,18 @@
 """JSONL-backed tasks: loading, deterministic generate, malformed lines (raise
 naming file:line, or skip and count), missing files, verify right and wrong."""
 
+import codecs
+import gzip
+import io
 import json
+import lzma
 import re
+import zipfile
 
 import pytest
 
 from dllm_rl.tasks import TASKS, make_task
+from dllm_rl.tasks.jsonl import ON_ERROR
 
 GSM8K = [{"question": f"Tom has {i} apples and buys {i + 2} more. How many now?",
           "answer": f"{i}+{i + 2}=<<{i}+{i + 2}={2 * i + 2}>>{2 * i + 2}\n#### {2 * i + 2:,}"}
@@ -176,6 +182,84 @@ def test_a_line_that_is_not_utf8_is_named_or_skipped_like_a_malformed_line(tmp_p
   crlf.write_bytes(b"\r\n".join(lines[:3]) + b"\r" + lines[3] + b"\r\n")
   assert len(make_task("gsm8k", train_file=str(crlf), test_file=str(crlf))
              .generate("train", -1, 0)) == 4
+
+
+def _rows(records=GSM8K[:3]):
+  return "".join(json.dumps(r) + "\n" for r in records).encode()
+
+
+def _zip(data):
+  buffer = io.BytesIO()
+  with zipfile.ZipFile(buffer, "w") as archive:
+    archive.writestr("data.jsonl", data)
+  return buffer.getvalue()
+
+
+PREPARE = r"dllm-rl-data prepare gsm8k --out DIR --source train="
+THEN = r" \(README, \"Data\"\), then give DIR/train\.jsonl"
+
+
+@pytest.mark.parametrize("name, make, what, todo", [
+    ("d.jsonl.gz", gzip.compress, "gzip-compressed",
+     r"decompress it \(gunzip -k PATH\) and give the decompressed file"),
+    ("d.jsonl.xz", lzma.compress, "xz-compressed",
+     r"decompress it \(xz -dk PATH\) and give the decompressed file"),
+    ("d.jsonl.zst", lambda b: b"\x28\xb5\x2f\xfd" + b, "zstd-compressed",  # a frame's magic
+     r"decompress it \(zstd -d PATH\) and give the decompressed file"),
+    ("d.zip", _zip, "a zip archive", r"extract the \.jsonl file from it \(unzip PATH\) and give it"),
+    # a Parquet file starts and ends with "PAR1" (the columns and footer between)
+    ("train.parquet", lambda b: b"PAR1\x15\x04" + b + b"PAR1", "a Parquet file",
+     rf"convert it to JSON Lines with {PREPARE}PATH{THEN}"),
+    ("train.jsonl", lambda b: b"PAR1\x15\x04" + b + b"PAR1", "a Parquet file",
+     rf"convert it to JSON Lines with {PREPARE}PATH \(renamed to end in \.parquet\){THEN}"),
+    ("data-00000-of-00001.arrow", lambda b: b"\xff\xff\xff\xff\x80\x00" + b,
+     r"an Arrow stream \(a datasets cache or save_to_disk file\)",
+     rf"convert its data set with {PREPARE}FOLDER{THEN} \(FOLDER: the save_to_disk folder"
+     r" that holds it\)"),
+    ("utf16.jsonl", lambda b: b.decode().encode("utf-16"),
+     r"UTF-16 text \(it starts with a UTF-16 byte-order mark\)", "save it as UTF-8"),
+], ids=["gzip", "xz", "zstd", "zip", "parquet", "parquet-misnamed", "arrow", "utf-16"])
+def test_a_file_that_is_not_json_lines_text_says_what_it_is_and_what_to_do(tmp_path, name,
+                                                                           make, what, todo):
+  """Read line by line, these were "not UTF-8 text (byte 0x8b at column 2)": the file as a
+  whole is named by its first bytes, with "skip" too (no line of it is a record)."""
+  path = tmp_path / name
+  path.write_bytes(make(_rows()))
+  todo = todo.replace("PATH", re.escape(str(path)))
+  for on_error in ON_ERROR:
+    with pytest.raises(ValueError, match=rf"^task 'gsm8k': {re.escape(str(path))}: {what}, not"
+                                         rf" JSON Lines text: {todo}$"):
+      make_task("gsm8k", train_file=str(path), on_error=on_error)
+
+
+def test_a_byte_order_mark_is_read_past_and_a_json_array_is_named(tmp_path):
+  """A UTF-8 byte-order mark at the start is read past (see not_jsonl); one inside (files
+  joined together) is named. A file holding one JSON array, pretty-printed or on one line, is
+  named as such, not as invalid JSON at column 2."""
+  bom = tmp_path / "bom.jsonl"
+  bom.write_bytes(codecs.BOM_UTF8 + _rows())
+  assert len(make_task("gsm8k", train_file=str(bom), test_file=str(bom))
+             .generate("train", -1, 0)) == 3
+  joined = tmp_path / "joined.jsonl"
+  joined.write_bytes((codecs.BOM_UTF8 + _rows()) * 2)
+  with pytest.raises(ValueError, match=rf"{re.escape(str(joined))}:4: starts with a UTF-8"
+                                       r" byte-order mark \(files joined together\?\): remove it"):
+    make_task("gsm8k", train_file=str(joined))
+  for indent in (2, None):
+    array = tmp_path / "array.json"
+    array.write_text(json.dumps(GSM8K[:3], indent=indent))
+    with pytest.raises(ValueError, match=rf"{re.escape(str(array))}:1: the file starts a JSON"
+                                         r" array \('\['\), not JSON Lines \(one JSON object per"
+                                         rf" line\): .*jq -c '\.\[\]' .*{PREPARE}"):
+      make_task("gsm8k", train_file=str(array))
+
+
+def test_each_jsonl_task_names_the_prepare_data_set_that_writes_its_files():
+  """The data set of ``dllm-rl-data prepare`` that a Parquet or JSON file is converted with."""
+  from dllm_rl.data.recipes import RECIPES
+  for name in ("gsm8k", "math500", "countdown_jsonl", "sudoku_jsonl"):
+    recipe = RECIPES[TASKS.get(name).recipe]
+    assert recipe.task == name and set(recipe.splits) == {"train", "test"}, name
 
 
 def test_option_errors(tmp_path):
