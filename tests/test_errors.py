@@ -50,6 +50,12 @@ def _cases(tmp_path):
   truncated = hf_fixture_with_tokenizer(tmp_path / "hf")  # an interrupted download
   weights = truncated / "model.safetensors"
   os.truncate(weights, os.path.getsize(weights) // 2)
+  narrow = _edited_config(tmp_path / "narrow", d_model=32)  # the weights' d_model is 64
+  deeper = _edited_config(tmp_path / "deeper", n_layers=3)  # ... and their layers 2
+  cut = hf_fixture_with_tokenizer(tmp_path / "cut")  # config.json cut short
+  os.truncate(cut / "config.json", 300)
+  hf_eval = [f"--workdir={w}", *gsm8k, *SMALL, "--config.mode=eval",
+             "--config.data.prompt_len=32"]  # the prompts fit: the old code went on to load
   return [
       ("data file smaller than train_size", [f"--workdir={w}", *gsm8k,
                                              "--config.task.train_size=30",
@@ -115,6 +121,20 @@ def _cases(tmp_path):
                                          f"--config.model.hf_checkpoint={truncated}"],
        [rf"error: config\.model\.hf_checkpoint: {re.escape(str(truncated))}/model\.safetensors"
         r" looks truncated or corrupt \(an interrupted download\?\): .*; fetch the file again"]),
+      ("config.json of a narrower model than its weights",
+       [*hf_eval, f"--config.model.hf_checkpoint={narrow}"],
+       [rf"error: config\.model\.hf_checkpoint: tensor 'model\.transformer\.wte\.weight' in"
+        rf" {re.escape(str(narrow))}/model\.safetensors has shape \(128, 64\), expected"
+        r" \(128, 32\) from config\.json \(config\.json and the weights come from different"
+        r" models\?\)"]),
+      ("config.json of a deeper model than its weights",
+       [*hf_eval, f"--config.model.hf_checkpoint={deeper}"],
+       [r"error: config\.model\.hf_checkpoint: tensor 'model\.transformer\.blocks\.2\..*'"
+        rf" is missing from {re.escape(str(deeper))}/model\.safetensors \(config\.json and the"
+        r" weights come from different models\?\)"]),
+      ("a truncated config.json", [*hf_eval, f"--config.model.hf_checkpoint={cut}"],
+       [rf"error: config\.model\.hf_checkpoint: {re.escape(str(cut))}/config\.json: not valid"
+        r" JSON \(.+\)"]),
       ("gs:// workdir without gcsfs", ["--workdir=gs://bucket/run", *SMALL],
        [rf"error: gs://bucket/run: {GCSFS_MISSING}.*"]),
       ("gs:// data file without gcsfs", [f"--workdir={w}", *gsm8k,
@@ -158,6 +178,14 @@ def _cases(tmp_path):
   ]
 
 
+def _edited_config(where, **changes):
+  """The llada_tiny fixture (with its tokenizer) whose config.json has ``changes``."""
+  folder = hf_fixture_with_tokenizer(where)
+  config = json.loads((folder / "config.json").read_text())
+  (folder / "config.json").write_text(json.dumps({**config, **changes}))
+  return folder
+
+
 def _file(tmp_path):
   (tmp_path / "a_file").write_text("")
   return tmp_path / "a_file"
@@ -169,6 +197,8 @@ NAMES = ["data file smaller than train_size", "mode=rl with neither an SFT nor a
          "a data file that is one JSON array",
          "a data file that is a directory", "a prompt longer than data.prompt_len",
          "a JSONL task without model.hf_checkpoint", "a truncated model.safetensors",
+         "config.json of a narrower model than its weights",
+         "config.json of a deeper model than its weights", "a truncated config.json",
          "gs:// workdir without gcsfs",
          "gs:// data file without gcsfs", "llada_tpu.py without its three required values",
          "a misspelt key another framework spells out", "several problems at once",

@@ -400,8 +400,14 @@ def read_hf_config(ckpt_dir: str) -> dict:
   path = os.path.join(ckpt_dir, "config.json")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} not found (an HF checkpoint folder needs config.json)")
-  with open(path) as f:
-    return json.load(f)
+  try:
+    with open(path, encoding="utf-8") as f:
+      config = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as err:  # cut short, or not text
+    raise ValueError(f"{path}: not valid JSON ({err})") from err
+  if not isinstance(config, dict):
+    raise ValueError(f"{path}: not a JSON object (got {type(config).__name__})")
+  return config
 
 
 def open_safetensors(path: str):
@@ -446,17 +452,21 @@ def weight_files(ckpt_dir: str) -> tuple[dict[str, str], str]:
   return files, source
 
 
+# said after a tensor that config.json does not describe (a missing, extra or resized one)
+MISMATCH_HINT = "(config.json and the weights come from different models?)"
+
+
 def _check_tensors(files: dict[str, str], source: str, family: str, plan: list[Tensor]) -> None:
   """Names, shapes and dtypes from the headers, before any tensor is read (``files``: from
   :func:`weight_files`, which found every file)."""
   wanted = {t.name for t in plan}
-  for name in wanted:
+  for name in sorted(wanted):
     if name not in files:
-      raise ValueError(f"tensor {name!r} is missing from {source}")
+      raise ValueError(f"tensor {name!r} is missing from {source} {MISMATCH_HINT}")
   extra = sorted(set(files) - wanted)
   if extra:
     raise ValueError(f"{source} has {len(extra)} unexpected tensor(s) that the {family} model "
-                     f"with this config.json does not use: {extra[:10]}")
+                     f"with this config.json does not use: {extra[:10]} {MISMATCH_HINT}")
   by_file: dict[str, list] = {}
   for entry in plan:
     by_file.setdefault(files[entry.name], []).append(entry)
@@ -470,10 +480,18 @@ def _check_tensors(files: dict[str, str], source: str, family: str, plan: list[T
         shape = tuple(sl.get_shape())
         if shape != want:
           raise ValueError(f"tensor {name!r} in {path} has shape {shape}, expected {want} "
-                           "from config.json")
+                           f"from config.json {MISMATCH_HINT}")
         if sl.get_dtype() not in ST_DTYPES:
           raise ValueError(f"tensor {name!r} in {path} has dtype {sl.get_dtype()}; "
                            f"supported: {sorted(ST_DTYPES)}")
+
+
+def check_tensors(files: dict[str, str], source: str, family: str, cfg: ModelConfig) -> None:
+  """Every tensor the ``family`` model of ``cfg`` (from config.json) needs, against the
+  safetensors headers (``files``, ``source``: from :func:`weight_files`): names, shapes and
+  dtypes, no tensor data read. A ValueError names the first tensor that differs."""
+  shapes = nnx.to_pure_dict(abstract_model(cfg)[1])
+  _check_tensors(files, source, family, tensor_table(family, cfg, shapes))
 
 
 def _place(view: np.ndarray, sharding, dtype) -> jax.Array:

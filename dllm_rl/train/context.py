@@ -103,7 +103,9 @@ def hf_model_config(path: str, dtype: str, param_dtype: str, *, scan_layers: boo
     family = hf.detect_family(hf_config)
     model_cfg, ids = hf.model_config_from_hf(hf_config, dtype=dtype, param_dtype=param_dtype)
   except (ValueError, KeyError, FileNotFoundError) as err:
-    raise ConfigError("model.hf_checkpoint", f"{path}: {err}") from err
+    text = str(err)  # a message naming a file of the folder (its config.json) names it once
+    raise ConfigError("model.hf_checkpoint",
+                      text if text.startswith(path) else f"{path}: {text}") from err
   model_cfg = dataclasses.replace(model_cfg, scan_layers=scan_layers, remat=remat)
   return HFArchitecture(model_cfg, ids, family)
 
@@ -111,15 +113,20 @@ def hf_model_config(path: str, dtype: str, param_dtype: str, *, scan_layers: boo
 def load_hf_params(path: str, model_cfg: transformer.ModelConfig, mesh):
   """(graphdef, params) of a HF checkpoint dir or of its ``convert import`` output,
   placed on their shardings and cast to ``model_cfg.param_dtype`` (fp32 master
-  weights from a bf16 file); the graphdef computes in ``model_cfg.dtype``."""
+  weights from a bf16 file); the graphdef computes in ``model_cfg.dtype``. Weights the
+  folder's config.json does not describe (a folder changed since the run checked it) are a
+  ConfigError on ``model.hf_checkpoint``."""
   from dllm_rl.models import convert, hf
 
   param_dtype = np.dtype(model_cfg.param_dtype).name
   if convert.is_imported(path):
     params = convert.load_imported(path, mesh=mesh, param_dtype=param_dtype).params
   else:
-    params = hf.load_checkpoint(path, mesh=mesh, dtype=np.dtype(model_cfg.dtype).name,
-                                param_dtype=param_dtype).params
+    try:
+      params = hf.load_checkpoint(path, mesh=mesh, dtype=np.dtype(model_cfg.dtype).name,
+                                  param_dtype=param_dtype).params
+    except ValueError as err:
+      raise ConfigError("model.hf_checkpoint", str(err)) from err
   graphdef, _ = transformer.abstract_model(model_cfg)  # this run's compute dtype
   return graphdef, params
 
@@ -130,7 +137,8 @@ def load_hf_source(path: str, dtype: str, block_size: int = 0,
   """Architecture, token ids and tokenizer of a HF checkpoint dir, or of its
   ``python -m dllm_rl.convert import`` output (weights are read later, onto the mesh, by
   :func:`init_params`; an HF folder's safetensors headers are read now, so a truncated or
-  missing file is a ConfigError before anything is built)."""
+  missing file, or a tensor whose name or shape config.json does not describe, is a
+  ConfigError before anything is built)."""
   from dllm_rl.models import hf
   from dllm_rl.models.convert import is_imported
   from dllm_rl.tasks.hf_tokenizer import HFTokenizer
@@ -138,8 +146,9 @@ def load_hf_source(path: str, dtype: str, block_size: int = 0,
   model_cfg, ids, family = hf_model_config(path, dtype, param_dtype, scan_layers=scan_layers,
                                            remat=remat)
   if not is_imported(path):
-    try:  # a truncated download or a missing shard, named now rather than after the build
-      hf.weight_files(path)
+    try:  # a truncated download, a missing shard, a tensor config.json does not describe
+      # (the headers' names and shapes only, no tensor data), named before the build
+      hf.check_tensors(*hf.weight_files(path), family, model_cfg)
     except (ValueError, FileNotFoundError) as err:
       raise ConfigError("model.hf_checkpoint", str(err)) from err
   tokenizer_dir = os.path.join(path, "hf_extra") if is_imported(path) else path
