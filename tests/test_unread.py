@@ -57,6 +57,29 @@ def test_settings_the_run_reads_and_other_modes_are_quiet():
       "config.profile.steps='2:4' is not read: a trace of RL steps: an SFT or eval run writes none"]
 
 
+# the model keys a run from model.hf_checkpoint still reads (the rest is config.json's)
+READ_WITH_HF = {"hf_checkpoint", "block_size", "prompt_block_causal", "dtype", "param_dtype",
+                "scan_layers", "remat", "logits_chunk"}
+
+
+def test_the_architecture_keys_are_not_read_with_an_hf_checkpoint():
+  sizes = dict(model__d_model=32, model__n_layers=3, model__vocab_size=256, model__n_experts=4)
+  read = dict(model__dtype="bfloat16", model__scan_layers=True, model__remat="full",
+              model__logits_chunk=32, model__prompt_block_causal=False)
+  assert unread_settings(_with(mode="rl", **sizes, **read)) == []  # from scratch: all read
+  lines = unread_settings(_with(mode="rl", model__hf_checkpoint="/ckpt/llada", **sizes, **read))
+  # the embedded default's rope_theta (10000, the schema's 500000) is not read either
+  assert [line.split(" is not read: ")[0] for line in lines] == [
+      "config.model.vocab_size=256", "config.model.d_model=32", "config.model.n_layers=3",
+      "config.model.rope_theta=10000.0", "config.model.n_experts=4"]
+  assert lines[0].endswith(" is not read: with model.hf_checkpoint the architecture comes from"
+                           " its config.json")
+  # every model key is either still read or named here
+  hf_rules = {key.split(".")[1] for key, _, _ in RULES if key.startswith("model.")}
+  assert not hf_rules & READ_WITH_HF
+  assert hf_rules | READ_WITH_HF == set(base_config().model)
+
+
 def test_every_rule_names_a_schema_key_and_the_shipped_configs_set_nothing_unread():
   schema = base_config()
   for key, _, _ in RULES:

@@ -28,7 +28,8 @@ def base_config() -> ml_collections.ConfigDict:
   # $DLLM_RL_CACHE/weights first) or a hub id such as "GSAI-ML/LLaDA-8B-Instruct" (fetched into
   # the Hugging Face cache; dllm_rl/infra/weights.py). When set, the
   # architecture, the weights, the token ids (mask, EOS, pad) and the tokenizer come from it
-  # and the size keys below are ignored.
+  # and the size keys below are ignored (set away from their defaults: a "not read" warning,
+  # dllm_rl/train/unread.py HF_ARCHITECTURE).
   m.hf_checkpoint = ""
   m.vocab_size = 0        # 0 = the task tokenizer's vocabulary size
   m.d_model = 64

@@ -3,7 +3,8 @@ nothing, so the run says so before anything compiles (one warning per key on std
 
 An estimator reads only its own options (``coupled`` is the 1/t ELBO's, ``spg_beta`` SPG's
 block estimator's), a loss only its own (``clip_C`` is StableDRL's), an advantage only its
-own (``beta_end`` is StepRS's). A value the run ignores is not an error (a sweep may set a key
+own (``beta_end`` is StepRS's); with ``model.hf_checkpoint`` the model's size keys are its
+config.json's (``model.d_model`` and the rest of :data:`HF_ARCHITECTURE`). A value the run ignores is not an error (a sweep may set a key
 for every arm, or a config file for several losses), but a user who set ``rl.beta_end=4`` with
 centered advantages must not believe StepRS ran. ``dllm_rl.train.validate`` rejects the
 settings that would mislead outright (``sampler.temperature``, read by no sampler; settings
@@ -20,6 +21,14 @@ import ml_collections
 from dllm_rl.config.schema import base_config
 
 _STEPRS = ("steprs", "steprs_rms_matched", "steprs_mass_matched")
+# The model keys an HF checkpoint's config.json replaces (dllm_rl.train.context.hf_model_config
+# keeps only the dtypes, scan_layers and remat of config.model; block_size is checked against
+# the checkpoint, prompt_block_causal and logits_chunk are read by the samplers and scorers).
+HF_ARCHITECTURE = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                   "mlp_hidden", "rope_theta", "rms_norm_eps", "tie_embeddings", "qk_norm",
+                   "qkv_bias", "logit_shift", "init_std", "n_experts", "experts_per_token",
+                   "moe_hidden", "n_shared_experts", "n_expert_groups", "topk_groups",
+                   "routed_scaling", "first_dense_layers", "rotary_dim")
 _MODES = {"estimator": ("rl", "pipeline"), "rl": ("rl", "pipeline"),
           "sft": ("sft", "pipeline")}  # the modes that read a section (others: every mode)
 
@@ -69,7 +78,9 @@ RULES: tuple[tuple[str, Callable[[ml_collections.ConfigDict], bool], str], ...] 
     ("lora.alpha", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
     ("lora.targets", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
     ("lora.base_dtype", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
-)
+) + tuple((f"model.{name}", lambda c: not c.model.hf_checkpoint,
+           "with model.hf_checkpoint the architecture comes from its config.json")
+          for name in HF_ARCHITECTURE)
 
 
 def _value(config: ml_collections.ConfigDict, key: str):
