@@ -10,7 +10,7 @@ from dllm_rl.config import base_config, load_config_file
 from dllm_rl.config.defaults import get_config
 from dllm_rl.train.modes import mesh_notes
 from dllm_rl.train.unread import RULES, unread_settings
-from tests.helpers import ROOT
+from tests.helpers import ROOT, hf_fixture_with_tokenizer, tiny_run_config
 
 
 def _with(mode="pipeline", **updates):
@@ -93,6 +93,33 @@ def test_every_rule_names_a_schema_key_and_the_shipped_configs_set_nothing_unrea
       except (ValueError, TypeError):  # a config file without the tiny variant
         continue
       assert unread_settings(config) == [], (path, variant)
+
+
+@pytest.mark.parametrize("fixture, limit", [
+    ("llada_tiny", ("max_sequence_length", 64)), ("sdar_tiny", ("max_position_embeddings", 64)),
+    ("dream_tiny", ("max_position_embeddings", 131072)),
+    ("llada2_moe_tiny", ("max_position_embeddings", 32768))])
+def test_the_checkpoints_maximum_sequence_length_is_read_from_its_config(fixture, limit):
+  from dllm_rl.models import hf
+  assert hf.max_length(hf.read_hf_config(os.path.join(ROOT, "tests", "fixtures", fixture))) == limit
+
+
+def test_sequences_longer_than_the_checkpoints_are_named_before_anything_compiles(tmp_path):
+  """llada_tiny's config.json: max_sequence_length 64; a warning, not an error (RoPE runs
+  past it), in the context the run prints its warnings from (train/modes.py)."""
+  from dllm_rl.train.context import build_context
+  source = hf_fixture_with_tokenizer(tmp_path)
+
+  def notes(completion_len):
+    config = tiny_run_config("eval", {"model.hf_checkpoint": str(source),
+                                      "data.prompt_len": 24, "data.completion_len": completion_len})
+    return build_context(config, str(tmp_path / "w")).notes
+
+  assert notes(40) == ()  # 64: within
+  assert notes(48) == (
+      "config.data.prompt_len + config.data.completion_len = 24 + 48 = 72 is longer than"
+      " model.hf_checkpoint's maximum sequence length 64 (max_sequence_length in its"
+      " config.json): RoPE runs past it, but the model was never trained there",)
 
 
 def test_a_mesh_that_leaves_devices_idle_is_named():

@@ -318,6 +318,15 @@ def model_config_from_hf(hf_config: dict, *, dtype: str = "float32",
   return cfg, ids
 
 
+def max_length(hf_config: dict) -> tuple[str, int] | None:
+  """(config.json key, value) of the longest sequence the checkpoint was made for: LLaDA's
+  ``max_sequence_length``, the Qwen-shaped families' ``max_position_embeddings``; None when
+  config.json has no such key."""
+  key = "max_sequence_length" if detect_family(hf_config) == "llada" else "max_position_embeddings"
+  value = hf_config.get(key)
+  return None if value is None else (key, int(value))
+
+
 # ----------------------------------------------------------------------------- layouts
 
 def hf_shape(fw_shape: tuple[int, ...], kind: str) -> tuple[int, ...]:

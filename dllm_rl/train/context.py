@@ -48,6 +48,7 @@ class Context:
   test: Split
   mesh: Mesh
   hf_checkpoint: str | None = None
+  notes: tuple[str, ...] = ()  # warnings to print before anything compiles (train/modes.py)
   writers: tuple = ()  # metric writers beside metrics.jsonl and TensorBoard (W&B; train/modes.py)
 
   @property
@@ -64,6 +65,7 @@ class HFSource:
   token_ids: Any
   family: str
   tokenizer: Any
+  max_length: tuple[str, int] | None = None  # config.json's longest sequence (hf.max_length)
 
 
 class HFArchitecture(NamedTuple):
@@ -140,7 +142,7 @@ def load_hf_source(path: str, dtype: str, block_size: int = 0,
   missing file, or a tensor whose name or shape config.json does not describe, is a
   ConfigError before anything is built)."""
   from dllm_rl.models import hf
-  from dllm_rl.models.convert import is_imported
+  from dllm_rl.models.convert import is_imported, source_hf_config
   from dllm_rl.tasks.hf_tokenizer import HFTokenizer
 
   model_cfg, ids, family = hf_model_config(path, dtype, param_dtype, scan_layers=scan_layers,
@@ -168,7 +170,20 @@ def load_hf_source(path: str, dtype: str, block_size: int = 0,
   if tokenizer.vocab_size > model_cfg.vocab_size:
     raise ConfigError("model.hf_checkpoint", f"{path}: tokenizer has {tokenizer.vocab_size} ids,"
                       f" the model's embedding only {model_cfg.vocab_size}")
-  return HFSource(model_cfg, ids, family, tokenizer)
+  return HFSource(model_cfg, ids, family, tokenizer, hf.max_length(source_hf_config(path)))
+
+
+def length_notes(config, max_length: tuple[str, int] | None) -> list[str]:
+  """A line when the run's sequences (``data.prompt_len + data.completion_len``) are longer
+  than ``max_length`` (:func:`dllm_rl.models.hf.max_length` of ``model.hf_checkpoint``): RoPE
+  runs past it, but no position there was trained."""
+  p, c = config.data.prompt_len, config.data.completion_len
+  if max_length is None or p + c <= max_length[1]:
+    return []
+  key, limit = max_length
+  return [f"config.data.prompt_len + config.data.completion_len = {p} + {c} = {p + c} is longer"
+          f" than model.hf_checkpoint's maximum sequence length {limit} ({key} in its"
+          " config.json): RoPE runs past it, but the model was never trained there"]
 
 
 def model_config(config, vocab_size: int) -> transformer.ModelConfig:
@@ -335,7 +350,7 @@ def build_context(config, workdir: str) -> Context:
       train=Split(train, _encode(train, tokenizer, config, "train")),
       val=Split(val, _encode(val, tokenizer, config, "validation")),
       test=Split(test, _encode(test, tokenizer, config, "test")), mesh=mesh,
-      hf_checkpoint=checkpoint)
+      hf_checkpoint=checkpoint, notes=tuple(length_notes(config, hf.max_length if hf else None)))
 
 
 def init_params(ctx: Context):

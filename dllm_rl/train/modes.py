@@ -150,7 +150,7 @@ def run(config, workdir: str, *, quiet_unread=()) -> dict:
     ctx = build_context(config, workdir)
     if is_primary():
       # settings that change nothing, said before anything compiles
-      for line in unread_settings(config, quiet_unread) + mesh_notes(ctx.mesh):
+      for line in unread_settings(config, quiet_unread) + list(ctx.notes) + mesh_notes(ctx.mesh):
         print(f"warning: {line}", file=sys.stderr, flush=True)
       # the resolved config of this run (file + overrides), for the record
       paths.resolve(workdir).joinpath(f"config_{config.mode}.json").write_text(config.to_json_best_effort(
