@@ -4,6 +4,7 @@ out of the framework.
     python -m dllm_rl.convert import    --hf_dir HF_DIR --out CKPT_DIR [--dtype float32]
     python -m dllm_rl.convert export    --workdir RUN_DIR [--phase auto|sft|rl] [--step N]
                                         --hf_dir OUT_DIR [--dtype bfloat16] [--max_shard_bytes 5e9]
+                                        [--hf_source HF_DIR]
     python -m dllm_rl.convert export    --ckpt CKPT_DIR --hf_dir OUT_DIR [--dtype bfloat16]
     python -m dllm_rl.convert roundtrip --hf_dir HF_DIR --tmp TMP_DIR
 
@@ -12,6 +13,9 @@ out of the framework.
   ``dllm_rl.load_pretrained`` and ``model.hf_checkpoint`` read (:mod:`dllm_rl.train.export`).
   ``--phase`` auto (default) = the newest phase with a checkpoint (rl, else sft); ``--step``
   -1 (default) = its newest step; RL steps are rollout batches. ``--out`` is ``--hf_dir``.
+  A run from ``model.hf_checkpoint`` copies that folder's config.json and tokenizer files
+  (and rebuilds a LoRA run's base from its weights): ``--hf_source`` names the folder to read
+  them from instead, when it has moved since the run.
 * ``export --ckpt``: a ``convert import`` folder back to an HF folder.
 * ``roundtrip``: import, export and check that every exported tensor equals the original
   byte for byte (exit 1 otherwise).
@@ -31,6 +35,7 @@ import sys
 import tempfile
 from typing import Any
 
+from dllm_rl.errors import ConfigError
 from dllm_rl.models import convert, hf
 from dllm_rl.train.export import export_run
 from dllm_rl.train.run_checkpoints import AUTO, LATEST, PHASES, NoCheckpoint
@@ -73,6 +78,11 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--max_shard_bytes", type=float, default=5e9)
   p.add_argument("--peft_dir", default=None,
                  help="--workdir of a LoRA run: also write its adapters as a PEFT folder here")
+  p.add_argument("--hf_source", default=None, metavar="DIR",
+                 help="--workdir of a run from model.hf_checkpoint: the folder to read that"
+                      " source's config.json and tokenizer files (a LoRA run's base weights"
+                      " too) from, when it has moved since the run (default: the path the run"
+                      " recorded)")
   p = sub.add_parser("roundtrip", help="import, export and compare tensors byte for byte")
   p.add_argument("--hf_dir", required=True)
   p.add_argument("--tmp", required=True)
@@ -80,16 +90,23 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _export(args) -> None:
+  try:  # a file there, or on the way there: named as the flag before anything is read
+    convert.check_new_hf_dir(args.hf_dir)
+  except (FileExistsError, NotADirectoryError) as err:
+    raise ConfigError("--hf_dir", str(err)) from None
   if args.ckpt is not None:
     if (args.phase, args.step) != (AUTO, LATEST):
       raise ValueError("--phase / --step choose a checkpoint of a --workdir run; --ckpt has one")
+    if args.hf_source is not None:
+      raise ConfigError("--hf_source", "only with --workdir (a run's source folder): a --ckpt"
+                        " folder holds its own config.json and tokenizer files")
     _report("export", convert.export_hf(args.ckpt, args.hf_dir, dtype=args.dtype,
                                         max_shard_bytes=args.max_shard_bytes))
     return
   try:
     stats = export_run(args.workdir, args.hf_dir, phase=args.phase, step=args.step,
                        dtype=args.dtype, max_shard_bytes=args.max_shard_bytes,
-                       peft_dir=args.peft_dir)
+                       peft_dir=args.peft_dir, hf_source=args.hf_source)
   except NoCheckpoint as err:
     raise NoCheckpoint(err.what, f"--{err.what}: {err}") from None
   _report(f"export {stats['label']}", stats)

@@ -8,7 +8,7 @@ class ConfigError(ValueError):
   the command-line flag or argument (a ``key`` such as ``--workdir`` or ``RUN_DIR``)."""
 
   def __init__(self, key: str, message: str):
-    self.key = key
+    self.key, self.message = key, message
     flag = key.startswith("--") or key.isupper()
     super().__init__(f"{key if flag else f'config.{key}'}: {message}")
 
@@ -19,7 +19,8 @@ class ConfigErrors(ConfigError):
   def __init__(self, errors: list[ConfigError]):
     self.errors = list(errors)
     self.key = errors[0].key
-    ValueError.__init__(self, "\n".join(str(e) for e in errors))
+    self.message = "\n".join(str(e) for e in errors)
+    ValueError.__init__(self, self.message)
 
 
 def each(err: ConfigError) -> list[ConfigError]:

@@ -91,9 +91,64 @@ def test_cli_bad_input_exits_2_naming_it(tmp_path, capsys):
   assert error("--workdir", w, "--phase", "sft", "--out", out).startswith(
       "error: --phase: no sft checkpoint")
   assert "--ckpt has one" in error("--ckpt", w, "--step", "3", "--out", out)
+  a_file = str(tmp_path / "a_file")
+  open(a_file, "w").close()
+  assert error("--workdir", w, "--out", a_file) == (
+      f"error: --hf_dir: {a_file} is a file, not a folder; name a new folder\n")
+  assert error("--workdir", w, "--out", f"{a_file}/hf") == (
+      f"error: --hf_dir: {a_file}/hf: {a_file} is a file, not a folder\n")
+  assert error("--workdir", w, "--out", out, "--hf_source", out) == (
+      "error: --hf_source: the run was trained from scratch (no model.hf_checkpoint): it has no"
+      " source folder to read; leave it out\n")
+  assert error("--ckpt", w, "--out", out, "--hf_source", out).startswith(
+      "error: --hf_source: only with --workdir")
   os.makedirs(out)
   open(os.path.join(out, "config.json"), "w").close()
   assert f"{out} already holds an HF checkpoint" in error("--workdir", w, "--out", out)
+  assert not os.path.exists(os.path.join(out, "model.safetensors"))
+
+
+def _hf_run_checkpoint(workdir, source, step: int = 2):
+  """An SFT checkpoint at ``step`` of a run from ``model.hf_checkpoint=source`` (the
+  llada_tiny fixture) holding the fixture's weights × 1.5, saved as the SFT loop does (meta
+  with the config); returns those parameters."""
+  from dllm_rl.infra.checkpoint import Checkpointer
+  config = tiny_run_config("sft", {"model.hf_checkpoint": str(source), "data.prompt_len": 24})
+  params = jax.tree.map(lambda x: np.asarray(x) * np.float32(1.5),
+                        hf.load_checkpoint(str(source)).params)
+  with Checkpointer(os.path.join(str(workdir), "checkpoints", "sft"), keep=10,
+                    async_save=False) as ckpt:
+    ckpt.save(step, {"params": params}, {"phase": "sft", "config": config.to_json()})
+  return params
+
+
+def test_a_run_whose_hf_source_moved_exports_with_hf_source(tmp_path, capsys):
+  """The run recorded model.hf_checkpoint=.../moveme; once it is moved, export says so and
+  how to name the new place; --hf_source reads config.json and the tokenizer files there."""
+  source = hf_fixture_with_tokenizer(tmp_path / "moveme")
+  w, out = str(tmp_path / "w"), tmp_path / "hf"
+  params = _hf_run_checkpoint(w, source)
+  moved = tmp_path / "moved"
+  os.rename(tmp_path / "moveme", moved)
+  assert convert_cli.main(["export", "--workdir", w, "--out", str(out)]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"error: config.model.hf_checkpoint: {str(source)!r} does not exist;"), err
+  assert err.endswith("Export reads the run's source model there (config.json, tokenizer"
+                      " files; a LoRA run's base weights): if it has moved, pass --hf_source"
+                      " with the folder it is in now\n"), err
+  assert not out.exists()
+  assert convert_cli.main(["export", "--workdir", w, "--out", str(out), "--hf_source",
+                           str(tmp_path / "nowhere")]) == 2
+  assert capsys.readouterr().err.startswith(
+      f"error: --hf_source: {str(tmp_path / 'nowhere')!r} does not exist;")
+  assert convert_cli.main(["export", "--workdir", w, "--out", str(out), "--hf_source",
+                           str(moved / "llada_tiny")]) == 0
+  for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+    assert filecmp.cmp(moved / "llada_tiny" / name, out / name, shallow=False), name
+  assert json.load(open(out / "dllm_rl_export.json"))["source"] == str(moved / "llada_tiny")
+  exported = dllm_rl.load_pretrained(str(out))
+  ids_BL = np.random.default_rng(0).integers(0, 120, (2, 12))
+  assert _logits_equal(exported, params, ids_BL) == 0.0
 
 
 def _finetune(tmp_path, family):

@@ -93,7 +93,15 @@ def copy_files(files: list[str], out_dir: str) -> None:
 
 
 def check_new_hf_dir(hf_dir: str) -> None:
-  """FileExistsError when ``hf_dir`` already holds an HF checkpoint (never overwritten)."""
+  """FileExistsError when ``hf_dir`` already holds an HF checkpoint (never overwritten) or is a
+  file; NotADirectoryError when a file stands on the way to it."""
+  if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
+    raise FileExistsError(f"{hf_dir} is a file, not a folder; name a new folder")
+  above = os.path.dirname(os.path.abspath(hf_dir))
+  while not os.path.exists(above):
+    above = os.path.dirname(above)
+  if not os.path.isdir(above):
+    raise NotADirectoryError(f"{hf_dir}: {above} is a file, not a folder")
   if os.path.isdir(hf_dir) and any(n.endswith(".safetensors") or n == "config.json"
                                    for n in os.listdir(hf_dir)):
     raise FileExistsError(f"{hf_dir} already holds an HF checkpoint; use a new folder")

@@ -5,7 +5,8 @@ The architecture and token ids come from the config saved in the checkpoint:
 
 * a run started from ``model.hf_checkpoint`` (HF folder or ``convert import`` output): that
   folder's config.json (``torch_dtype`` updated) and its tokenizer / modeling / generation
-  files are copied, so the export loads wherever the original did;
+  files are copied, so the export loads wherever the original did (``hf_source``,
+  ``convert export --hf_source``: read from that folder instead, where the source moved);
 * a run trained from scratch (built-in character tokenizer): a config.json of the family the
   model fits (block size 0: LLaDA; ``model.block_size`` > 0: SDAR; ``model.logit_shift``:
   Dream) and a ``tokenizer.json`` / ``tokenizer_config.json`` with the character tokenizer's
@@ -28,6 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from flax import nnx
 
+from dllm_rl.errors import ConfigError
 from dllm_rl.models import convert, hf, lora, peft
 from dllm_rl.models.transformer import ModelConfig, abstract_model
 from dllm_rl.parallel.distributed import is_primary
@@ -59,16 +61,34 @@ def scratch_family(model_cfg: ModelConfig, block_size: int) -> str:
   return "dream" if model_cfg.logit_shift else "llada"
 
 
-def run_source(config) -> ExportSource:
-  """The architecture, ids, config.json and side files of the run trained with ``config``."""
+def unreadable_source(err: ConfigError, hf_source: str | None) -> ConfigError:
+  """``err`` (the run's source folder cannot be read) as export says it: on ``--hf_source``
+  when that names the folder, else on ``model.hf_checkpoint`` with how to name another."""
+  if hf_source:
+    return ConfigError("--hf_source", err.message)
+  return ConfigError(err.key, f"{err.message}. Export reads the run's source model there"
+                     " (config.json, tokenizer files; a LoRA run's base weights): if it has"
+                     " moved, pass --hf_source with the folder it is in now")
+
+
+def run_source(config, hf_source: str | None = None) -> ExportSource:
+  """The architecture, ids, config.json and side files of the run trained with ``config``;
+  ``hf_source``: the folder to read a run's ``model.hf_checkpoint`` from instead."""
   m = config.model
   if m.hf_checkpoint:
     # the spec as the run stored it: a local folder, a gs:// folder or a hub id (staged /
     # fetched through the weights layer exactly as the run resolved it)
-    folder = checkpoint_folder(m.hf_checkpoint)
-    model_cfg, ids, family = hf_model_config(folder, m.dtype, m.param_dtype)
+    spec = hf_source or m.hf_checkpoint
+    try:
+      folder = checkpoint_folder(spec)
+      model_cfg, ids, family = hf_model_config(folder, m.dtype, m.param_dtype)
+    except ConfigError as err:
+      raise unreadable_source(err, hf_source) from err
     return ExportSource(model_cfg, ids, family, convert.source_hf_config(folder),
-                        convert.source_files(folder), {}, m.hf_checkpoint)
+                        convert.source_files(folder), {}, spec)
+  if hf_source:
+    raise ConfigError("--hf_source", "the run was trained from scratch (no"
+                      " model.hf_checkpoint): it has no source folder to read; leave it out")
   tokenizer = CharTokenizer()
   model_cfg = model_config(config, tokenizer.vocab_size)
   ids = hf.TokenIds(mask_id=tokenizer.mask_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
@@ -112,11 +132,14 @@ def provenance(ref: CheckpointRef, source: ExportSource, dtype: str) -> dict[str
 
 def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LATEST,
                dtype: str | None = None, max_shard_bytes: float = 5e9,
-               mesh=None, peft_dir: str | None = None) -> dict[str, Any]:
+               mesh=None, peft_dir: str | None = None,
+               hf_source: str | None = None) -> dict[str, Any]:
   """Checkpoint ``(phase, step)`` of the run in ``workdir`` (default: the newest phase's newest
-  step) → HF folder ``out_dir``; returns timing stats and the checkpoint's label. Raises
-  FileExistsError (``out_dir`` holds a checkpoint), FileNotFoundError / NoCheckpoint (no such
-  checkpoint, listing the saved ones), ValueError (a model the HF layout cannot describe)."""
+  step) → HF folder ``out_dir``; returns timing stats and the checkpoint's label. ``hf_source``:
+  the folder to read the run's ``model.hf_checkpoint`` from (config.json, tokenizer files, a
+  LoRA run's base) when it has moved. Raises FileExistsError (``out_dir`` holds a checkpoint),
+  FileNotFoundError / NoCheckpoint (no such checkpoint, listing the saved ones), ValueError (a
+  model the HF layout cannot describe; a ConfigError for a source that cannot be read)."""
   convert.check_new_hf_dir(out_dir)
   t0 = time.perf_counter()
   ref = run_checkpoints.find_checkpoint(workdir, phase, step)
@@ -128,7 +151,9 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
   # model (config) is the run's, whichever of its steps holds it
   fall_back = step == LATEST
   ref, config = run_checkpoints.read_train_config(ref, fall_back=fall_back)
-  source = run_source(config)
+  source = run_source(config, hf_source)
+  if hf_source:  # a LoRA run's base (lora_checkpoint.base_params) is read from there too
+    config.model.hf_checkpoint = hf_source
   ref, params, run_cfg = restore_run_params(ref, config, source.model_cfg, mesh,
                                             fall_back=fall_back)
   if run_cfg.lora_rank:
