@@ -68,10 +68,14 @@ def test_the_architecture_keys_are_not_read_with_an_hf_checkpoint():
               model__logits_chunk=32, model__prompt_block_causal=False)
   assert unread_settings(_with(mode="rl", **sizes, **read)) == []  # from scratch: all read
   lines = unread_settings(_with(mode="rl", model__hf_checkpoint="/ckpt/llada", **sizes, **read))
-  # the embedded default's rope_theta (10000, the schema's 500000) is not read either
+  # the embedded default's own rope_theta (10000, the schema's 500000) is not the user's: quiet
   assert [line.split(" is not read: ")[0] for line in lines] == [
       "config.model.vocab_size=256", "config.model.d_model=32", "config.model.n_layers=3",
-      "config.model.rope_theta=10000.0", "config.model.n_experts=4"]
+      "config.model.n_experts=4"]
+  theta = unread_settings(_with(mode="rl", model__hf_checkpoint="/ckpt/llada",
+                                model__rope_theta=1e6))
+  assert theta == ["config.model.rope_theta=1000000.0 is not read: with model.hf_checkpoint the"
+                   " architecture comes from its config.json"]
   assert lines[0].endswith(" is not read: with model.hf_checkpoint the architecture comes from"
                            " its config.json")
   # every model key is either still read or named here

@@ -89,9 +89,15 @@ def _value(config: ml_collections.ConfigDict, key: str):
 
 
 def set_keys(config: ml_collections.ConfigDict) -> set[str]:
-  """The keys of :data:`RULES` that ``config`` sets away from the schema's defaults."""
-  defaults = base_config()
-  return {key for key, _, _ in RULES if _value(config, key) != _value(defaults, key)}
+  """The keys of :data:`RULES` that ``config`` sets away from the schema's defaults; a model
+  size key (:data:`HF_ARCHITECTURE`) also away from the embedded default's (its 0.1M model's
+  ``rope_theta`` is not the user's setting, and with ``model.hf_checkpoint`` would be said
+  on every run of the embedded default)."""
+  from dllm_rl.config.defaults import get_config as embedded
+  defaults, tiny = base_config(), embedded()
+  hf_keys = {f"model.{name}" for name in HF_ARCHITECTURE}
+  return {key for key, _, _ in RULES if _value(config, key) != _value(defaults, key)
+          and not (key in hf_keys and _value(config, key) == _value(tiny, key))}
 
 
 def unread_settings(config: ml_collections.ConfigDict, quiet=()) -> list[str]:
