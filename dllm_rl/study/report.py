@@ -452,7 +452,8 @@ RATIO_NOTE = ("|log ρ̂| columns: quantiles of |log ρ̂| over the batch's sequ
 STEPRS_NOTE = ("mean |A| and entropy: each RL step's mean |advantage| over the batch's"
                " B·G·L completion positions, those after a completion's first EOS counting as 0"
                " (the advantage mass per position: the step's size at a given lr, and lower for"
-               " an arm whose completions are shorter) and the policy's mean predictive entropy (nats)"
+               " an arm whose completions are shorter) and the policy's mean predictive entropy"
+               " (nats)"
                " at the scored positions, averaged over the second half of the RL steps; mean ±"
                " t-interval over seeds.")
 

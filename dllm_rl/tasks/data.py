@@ -44,7 +44,8 @@ def check_fit(what: str, lengths: Sequence[int], limit: int,
   raise TooLong(key, f"{ex.source or f'example {b}'}: {what} has {n} tokens"
                 f"{' + 1 EOS' if eos else ''} > {key}={limit} ({what}"
                 f" {getattr(ex, what)[:40]!r}); {len(over)} of the {len(lengths)} {what}s"
-                f" {'does' if len(over) == 1 else 'do'} not fit, this one is the longest: {key}={n + eos} fits them all")
+                f" {'does' if len(over) == 1 else 'do'} not fit, this one is the longest:"
+                f" {key}={n + eos} fits them all")
 
 
 def encode_examples(examples: Sequence[Example], tokenizer: CharTokenizer,

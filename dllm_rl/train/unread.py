@@ -4,9 +4,10 @@ nothing, so the run says so before anything compiles (one warning per key on std
 An estimator reads only its own options (``coupled`` is the 1/t ELBO's, ``spg_beta`` SPG's
 block estimator's), a loss only its own (``clip_C`` is StableDRL's), an advantage only its
 own (``beta_end`` is StepRS's); with ``model.hf_checkpoint`` the model's size keys are its
-config.json's (``model.d_model`` and the rest of :data:`HF_ARCHITECTURE`). A value the run ignores is not an error (a sweep may set a key
-for every arm, or a config file for several losses), but a user who set ``rl.beta_end=4`` with
-centered advantages must not believe StepRS ran. ``dllm_rl.train.validate`` rejects the
+config.json's (``model.d_model`` and the rest of :data:`HF_ARCHITECTURE`). A value the run
+ignores is not an error (a sweep may set a key for every arm, or a config file for several
+losses), but a user who set ``rl.beta_end=4`` with centered advantages must not believe
+StepRS ran. ``dllm_rl.train.validate`` rejects the
 settings that would mislead outright (``sampler.temperature``, read by no sampler; settings
 that are read but degenerate, such as a threshold with entropy remasking).
 """
