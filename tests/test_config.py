@@ -408,3 +408,12 @@ def test_a_task_option_of_the_wrong_type_names_the_type():
   assert str(err) == ("config.task.options.num_digits: expected int (the config's value is 3),"
                       " got 'three'")
 
+
+
+def test_a_locked_config_files_task_options_stay_free_form(tmp_path):
+  """load_config_file completes a config and keeps locked()'s shape: locked, with free-form
+  task options (a test or a config built on another sets a new option)."""
+  c = load_config_file(os.path.join(ROOT, "configs", "llada_math.py"))
+  c.task.options.prompt_template = "{question}"
+  with pytest.raises((KeyError, AttributeError)):
+    c.rl.no_such_key = 1

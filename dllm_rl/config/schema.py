@@ -297,16 +297,20 @@ def with_defaults(config: ml_collections.ConfigDict,
   its default, section by section (``task.options`` is the task's own: left as it is). A
   config file that builds only some sections runs with the defaults of the others, as
   validation already checks it; without them the run failed on the first missing one."""
-  defaults = base_config() if defaults is None else defaults
-  with config.unlocked():
-    for key in defaults.keys():
-      want = defaults[key]
-      if key not in config:
-        config[key] = want
-      elif (isinstance(want, ml_collections.ConfigDict) and key != "options"
-            and isinstance(config[key], ml_collections.ConfigDict)):
-        with_defaults(config[key], want)
-  return config
+  was_locked = config.is_locked
+  config.unlock()  # (not ``unlocked()``: leaving it relocks task.options too)
+  _fill(config, base_config() if defaults is None else defaults)
+  return locked(config) if was_locked else config
+
+
+def _fill(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigDict) -> None:
+  for key in defaults.keys():
+    want = defaults[key]
+    if key not in config:
+      config[key] = want
+    elif (isinstance(want, ml_collections.ConfigDict) and key != "options"
+          and isinstance(config[key], ml_collections.ConfigDict)):
+      _fill(config[key], want)
 
 
 def locked(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
