@@ -120,7 +120,7 @@ def _with_mode(mode):
 
 
 @pytest.mark.slow
-def test_pipeline_sft_rl_eval(tmp_path, monkeypatch):
+def test_pipeline_sft_rl_eval(tmp_path, monkeypatch, capsys):
   config = _config(10, "pipeline")
   config.rl.malformed_reward = -1.0  # a malformed rollout scores -1, a wrong one 0
   config.log.samples_every = 2
@@ -150,7 +150,10 @@ def test_pipeline_sft_rl_eval(tmp_path, monkeypatch):
   assert evaluated["phase"] == "rl" and evaluated["test_accuracy"] == saved["rl_accuracy"]
   _no_starting_policy(monkeypatch)  # RL resumed (2 more batches) from shapes alone
   config.rl.steps = 6
+  capsys.readouterr()
   assert run.run(config, str(tmp_path))["rl_steps"] == 6
+  assert "[rl] note: resuming with settings changed since the checkpoint was saved: rl.steps:" \
+      " 4 → 6\n" in capsys.readouterr().err  # said once, and only what changed
   with Checkpointer(str(tmp_path / "checkpoints" / "rl"), read_only=True) as ckpt:
     assert ckpt.meta(6)["sft_start"] == 10  # the SFT step RL started from, kept on resume
   config.sft.steps = 20  # SFT trained further: RL's checkpoints no longer descend from it

@@ -106,3 +106,29 @@ def check_param_dtype(meta: dict, config, where: str) -> None:
                       f" and optimizer state to {now}: pass --config.model.param_dtype={trained}"
                       " (or start a new --workdir)")
 
+
+def _flat(tree, prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict) and value:
+      out.update(_flat(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def changed_settings(meta: dict, config, ignore=("mode",)) -> list[tuple[str, Any, Any]]:
+  """``(key, value saved, value now)`` for each config key that differs between the config
+  saved in a checkpoint's ``meta`` and the run's ``config`` (``ignore``d keys, and their
+  subkeys, aside; a key either side lacks, as from another version, counts with None). []
+  when the meta holds no config. A resume goes on with the new values, which may be meant
+  (more steps, another lr); said so that an unmeant one is seen."""
+  try:
+    saved = _flat(json.loads(meta["config"]))
+  except (KeyError, TypeError, ValueError):
+    return []
+  now = _flat(_plain(config))
+  skip = lambda key: any(key == k or key.startswith(k + ".") for k in ignore)
+  return [(k, saved.get(k), now.get(k)) for k in sorted(set(saved) | set(now))
+          if not skip(k) and saved.get(k) != now.get(k)]
+

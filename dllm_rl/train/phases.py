@@ -40,7 +40,7 @@ from dllm_rl.infra.checkpoint import Checkpointer
 from dllm_rl.infra.observability import MetricsLogger, phase_summary, postfix, progress
 from dllm_rl.infra.plots import Panel, plot_metrics
 from dllm_rl.parallel.distributed import is_primary
-from dllm_rl.train import evaluation, phase_record
+from dllm_rl.train import evaluation, layout_errors, phase_record
 from dllm_rl.train.context import Context
 from dllm_rl.train.lora_checkpoint import base_pointer, restore_checkpoint, saved_state
 from dllm_rl.train.resilience import Preempted, StepGuard, window_to_meta
@@ -255,7 +255,22 @@ def _restore(phase: Phase, ckpt: Checkpointer) -> tuple[Any, dict, int]:
     template = phase.abstract_state()
     state, meta = restore_checkpoint(ckpt, phase.init_state() if template is None else template,
                                      phase.ctx.config)
+    _say_changes(phase, meta)
   return state, meta, phase.start(state, meta, resumed)
+
+
+def _say_changes(phase: Phase, meta: dict, limit: int = 12) -> None:
+  """The settings a resume of ``phase`` changes since its checkpoint was saved (its
+  ``unrelated_keys`` aside), one stderr line (layout_errors.changed_settings; at most
+  ``limit`` named)."""
+  name = phase.name
+  changes = layout_errors.changed_settings(meta, phase.ctx.config, phase.unrelated_keys)
+  if not changes or not is_primary():
+    return
+  said = "; ".join(f"{k}: {was!r} → {now!r}" for k, was, now in changes[:limit])
+  more = f"; and {len(changes) - limit} more" if len(changes) > limit else ""
+  print(f"[{name}] note: resuming with settings changed since the checkpoint was saved:"
+        f" {said}{more}", file=sys.stderr, flush=True)
 
 
 def _log_val(logger: MetricsLogger, phase: Phase, step: int, val: dict) -> None:
