@@ -219,3 +219,22 @@ def test_a_config_change_outside_the_layout_is_not_named():
       ("model.n_layers", 2, 3), ("lora.targets", list(trained.lora.targets), ["q", "v"])]
   err = layout_errors.layout_error(ValueError("x"), trained, now)
   assert err.key == "model.n_layers" and "--config.lora.targets=q,k,v,o,gate,up,down" in str(err)
+
+
+def test_weights_trained_with_other_policy_settings_are_said(tmp_path):
+  """lora.alpha / targets, rope_theta or the task change the evaluated policy or its prompts
+  without changing a saved shape: the evaluation runs and says each such key (no compile
+  here: the note is read from the checkpoint's meta)."""
+  from dllm_rl.train.eval_mode import trained_otherwise
+  w = str(tmp_path)
+  config, _ = scratch_run_checkpoints(w, {"sft": [2]})
+  ref = run_checkpoints.find_checkpoint(w, "sft")
+  assert trained_otherwise(ref, config) == []
+  config.model.rope_theta = config.model.rope_theta * 2
+  config.task.name = "sum_split"
+  config.rl.lr = 1.0  # not a policy key: not named
+  [line] = trained_otherwise(ref, config)
+  assert line.startswith(f"{w}/checkpoints/sft/2 was trained with other settings than this"
+                         " evaluation's (model.rope_theta: ")
+  assert "task.name: 'arithmetic' → 'sum_split'" in line and "rl.lr" not in line
+  assert line.endswith("to evaluate it as trained") and "--config.model.rope_theta=" in line

@@ -27,6 +27,7 @@ Evaluating the same label again rewrites that label's two files.
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 from dllm_rl import paths
@@ -34,7 +35,7 @@ from dllm_rl.errors import ConfigError
 from dllm_rl.infra.checkpoint import CheckpointError
 from dllm_rl.models import transformer
 from dllm_rl.parallel.distributed import is_primary
-from dllm_rl.train import evaluation, run_checkpoints
+from dllm_rl.train import evaluation, layout_errors, run_checkpoints
 from dllm_rl.train.context import Context, frozen_base, init_params
 from dllm_rl.train.run_checkpoints import CheckpointRef, NoCheckpoint
 
@@ -101,6 +102,33 @@ def load_policy(ctx: Context, ref: CheckpointRef | None):
   return ref, graphdef, params
 
 
+# What makes the evaluated policy and its prompts: the model (architecture, dtypes, RoPE),
+# its LoRA adapters (alpha and targets change the function, not the saved shapes), the task
+# and how its prompts are written.
+POLICY_KEYS = ("model", "lora", "task.name", "task.options.prompt_preset",
+               "task.options.prompt_template", "data.system_prompt")
+
+
+def trained_otherwise(ref: CheckpointRef, config) -> list[str]:
+  """One line when the config the checkpoint ``ref`` was trained with differs from this
+  evaluation's in a :data:`POLICY_KEYS` key, naming each (a LoRA run evaluated at another
+  ``lora.alpha``, another task than it learned): the evaluation runs, on a policy or task
+  the training run did not have; keys whose shapes differ are errors already
+  (layout_errors). [] when they agree or the meta holds no config."""
+  try:
+    _, meta = run_checkpoints.read_readable(ref, lambda ckpt, s: ckpt.meta(s), fall_back=False)
+  except Exception:  # noqa: BLE001 (its parameters were just read; an unreadable meta: no note)
+    return []
+  changes = layout_errors.changed_settings(meta, config, only=POLICY_KEYS)
+  if not changes:
+    return []
+  said = "; ".join(f"{k}: {was!r} → {now!r}" for k, was, now in changes)
+  key, was, _ = changes[0]
+  return [f"{ref.directory}/{ref.step} was trained with other settings than this evaluation's"
+          f" ({said}): pass the training run's values (e.g. --config.{key}={was}) to evaluate"
+          " it as trained"]
+
+
 def _describe(ctx: Context, ref: CheckpointRef | None) -> str:
   if ref is None:
     return f"base model {ctx.hf_checkpoint}"
@@ -113,6 +141,9 @@ def run_eval(ctx: Context) -> dict:
   config = ctx.config
   ref = resolve_target(config, ctx.workdir)  # before any weight is read or compiled
   ref, graphdef, params = load_policy(ctx, ref)
+  if ref is not None and is_primary():
+    for line in trained_otherwise(ref, config):
+      print(f"[eval] warning: {line}", file=sys.stderr, flush=True)
   result = evaluation.evaluate_policy(graphdef, params, ctx.decoding, ctx.test, ctx.eval_options)
   report_path, generations_path = result_paths(ctx.workdir, config.task.name, ref)
   report = {

@@ -117,18 +117,21 @@ def _flat(tree, prefix: str = "") -> dict[str, Any]:
   return out
 
 
-def changed_settings(meta: dict, config, ignore=("mode",)) -> list[tuple[str, Any, Any]]:
+def changed_settings(meta: dict, config, ignore=("mode",),
+                     only=None) -> list[tuple[str, Any, Any]]:
   """``(key, value saved, value now)`` for each config key that differs between the config
   saved in a checkpoint's ``meta`` and the run's ``config`` (``ignore``d keys, and their
-  subkeys, aside; a key either side lacks, as from another version, counts with None). []
-  when the meta holds no config. A resume goes on with the new values, which may be meant
-  (more steps, another lr); said so that an unmeant one is seen."""
+  subkeys, aside; with ``only``, those keys and their subkeys alone; a key either side
+  lacks, as from another version, counts with None). [] when the meta holds no config. A
+  resume goes on with the new values, which may be meant (more steps, another lr); said so
+  that an unmeant one is seen."""
   try:
     saved = _flat(json.loads(meta["config"]))
   except (KeyError, TypeError, ValueError):
     return []
   now = _flat(_plain(config))
-  skip = lambda key: any(key == k or key.startswith(k + ".") for k in ignore)
+  under = lambda key, keys: any(key == k or key.startswith(k + ".") for k in keys)
   return [(k, saved.get(k), now.get(k)) for k in sorted(set(saved) | set(now))
-          if not skip(k) and saved.get(k) != now.get(k)]
+          if not under(k, ignore) and (only is None or under(k, only))
+          and saved.get(k) != now.get(k)]
 
