@@ -59,12 +59,28 @@ class Generator:
   run: Callable[..., jax.Array]  # (pretrained, prompt_BP, valid_BP, key, **kwargs) → ids
 
   def bind(self, family: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The official defaults updated with ``kwargs``; unknown names → TypeError."""
+    """The official defaults updated with ``kwargs``; unknown names → TypeError; a count
+    below 1 (:data:`COUNTS`) or a negative temperature → ValueError naming the keyword, before
+    anything compiles (a 0 divided deep in a port, or sampled from a flipped distribution)."""
     unknown = sorted(set(kwargs) - set(self.defaults))
     if unknown:
       raise TypeError(f"{family} generate ({self.official}) got unknown keyword(s) "
                       f"{', '.join(unknown)}; accepted: {', '.join(self.defaults)}")
-    return {**self.defaults, **kwargs}
+    bound = {**self.defaults, **kwargs}
+    for name in COUNTS:
+      value = bound.get(name)
+      if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                or value < 1):
+        raise ValueError(f"{family} generate: {name} must be a positive integer, got {value!r}")
+    if bound.get("temperature") is not None and not bound["temperature"] >= 0:
+      raise ValueError(f"{family} generate: temperature must be >= 0 (0: greedy), got"
+                       f" {bound['temperature']!r}")
+    return bound
+
+
+# The generators' keywords that count tokens or steps (each must be a positive integer).
+COUNTS = ("steps", "gen_length", "block_length", "denoising_steps", "max_new_tokens",
+          "max_length", "minimal_topk")
 
 
 def _fill_after_eos(x_BN, start: int, eos_id: int | None):
@@ -103,6 +119,10 @@ def _run_llada(pre, prompt_BP, valid_BP, key, *, steps, gen_length, block_length
   cfg = sampler.SamplerConfig(completion_len=int(gen_length), steps=int(steps),
                               block_len=int(block_length), temperature=float(temperature),
                               remasking=remasking, stop_at_eos=False)
+  if gen_length % block_length or steps % (gen_length // block_length):  # generate's asserts
+    raise ValueError(f"llada generate: gen_length={gen_length} must be a multiple of"
+                     f" block_length={block_length}, and steps={steps} a multiple of their"
+                     f" number of blocks ({gen_length / block_length:g}), as in LLaDA's generate")
   sampler.block_schedule(cfg)  # a named error for a bad shape, before compiling
   mask_id = pre.token_ids.mask_id if mask_id is None else int(mask_id)
   eos_id = pre.token_ids.eos_id if pre.token_ids.eos_id is not None else -1

@@ -76,9 +76,8 @@ class Pretrained:
         raise ValueError("attention='block_causal' needs block_size >= 1")
     elif block_size is not None:
       raise ValueError("block_size is only used with attention='block_causal'")
-    ids_BL = _as_ids(input_ids_BL, "input_ids_BL")
+    ids_BL = _as_ids(input_ids_BL, "input_ids_BL", self.config.vocab_size)
     valid_BL = _as_valid(attention_mask_BL, ids_BL.shape, "attention_mask_BL")
-    self._check_ids(ids_BL, "input_ids_BL")
     return _forward(self.graphdef, self.params, ids_BL, valid_BL,
                     block_size=int(block_size) if attention == "block_causal" else 0)
 
@@ -89,24 +88,25 @@ class Pretrained:
     ``key``: randomness for temperature > 0 (default ``jax.random.key(0)``)."""
     gen = GENERATORS[self.generator]
     bound = gen.bind(self.generator, kwargs)
-    prompt_BP = _as_ids(prompt_ids_BP, "prompt_ids_BP")
-    self._check_ids(prompt_BP, "prompt_ids_BP")
+    prompt_BP = _as_ids(prompt_ids_BP, "prompt_ids_BP", self.config.vocab_size)
     valid_BP = _as_valid(attention_mask_BP, prompt_BP.shape, "attention_mask_BP")
     key = jax.random.key(0) if key is None else key
     return gen.run(self, prompt_BP, valid_BP, key, **bound)
 
-  def _check_ids(self, ids, name: str) -> None:
-    lo, hi = int(jnp.min(ids)), int(jnp.max(ids))
-    if lo < 0 or hi >= self.config.vocab_size:
-      raise ValueError(f"{name}: token ids must lie in [0, {self.config.vocab_size}), "
-                       f"got [{lo}, {hi}]")
 
 
-def _as_ids(x, name: str) -> jax.Array:
+def _as_ids(x, name: str, vocab_size: int) -> jax.Array:
+  """int32 ids from an integer array [batch, length] (neither dimension 0), every id in
+  [0, vocab_size): checked before the cast, which would wrap an id of 2**31 or more."""
   arr = np.asarray(x)
   if arr.ndim != 2 or not np.issubdtype(arr.dtype, np.integer):
     raise ValueError(f"{name}: expected an integer array [batch, length], got "
                      f"{arr.dtype}{list(arr.shape)}")
+  if arr.size == 0:
+    raise ValueError(f"{name}: empty ({list(arr.shape)}): give at least one token per row")
+  lo, hi = int(arr.min()), int(arr.max())
+  if lo < 0 or hi >= vocab_size:
+    raise ValueError(f"{name}: token ids must lie in [0, {vocab_size}), got [{lo}, {hi}]")
   return jnp.asarray(arr, jnp.int32)
 
 

@@ -157,6 +157,20 @@ def test_bad_input_is_named(tmp_path, llada):
     llada.logits(np.array([[1, 2]]), attention="block_causal")
   with pytest.raises(ValueError, match="does not match"):
     llada.logits(np.array([[1, 2]]), attention_mask_BL=np.ones((1, 3)))
+  with pytest.raises(ValueError,
+                     match=r"token ids must lie in \[0, 128\), got \[1, 1099511627776\]"):
+    llada.logits(np.array([[1, 2**40]]))  # not wrapped to 0 by the int32 cast
+  with pytest.raises(ValueError, match=r"input_ids_BL: empty \(\[1, 0\]\)"):
+    llada.logits(np.zeros((1, 0), np.int64))
+  # generate's counts and temperature, named by their official keywords before compiling
+  with pytest.raises(ValueError, match="llada generate: steps must be a positive integer, got 0"):
+    llada.generate(np.array([[1, 2]]), steps=0)
+  with pytest.raises(ValueError, match="gen_length must be a positive integer, got 0"):
+    llada.generate(np.array([[1, 2]]), gen_length=0)
+  with pytest.raises(ValueError, match="temperature must be >= 0"):
+    llada.generate(np.array([[1, 2]]), temperature=-1.0)
+  with pytest.raises(ValueError, match=r"gen_length=8 must be a multiple of block_length=3"):
+    llada.generate(np.array([[1, 2]]), gen_length=8, block_length=3, steps=8)
 
 
 def test_a_mis_shaped_tensor_is_named_and_nothing_is_written(tmp_path):
