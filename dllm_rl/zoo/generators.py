@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 from typing import Any, Callable
 
 import jax
@@ -69,8 +70,8 @@ class Generator:
     bound = {**self.defaults, **kwargs}
     for name in COUNTS:
       value = bound.get(name)
-      if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                or value < 1):
+      if value is not None and (isinstance(value, bool)
+                                or not isinstance(value, numbers.Integral) or value < 1):
         raise ValueError(f"{family} generate: {name} must be a positive integer, got {value!r}")
     if bound.get("temperature") is not None and not bound["temperature"] >= 0:
       raise ValueError(f"{family} generate: temperature must be >= 0 (0: greedy), got"
