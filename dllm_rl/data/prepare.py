@@ -157,12 +157,16 @@ def prepare(name: str, out: str, *, sources: Mapping[str, Source] | None = None,
     dest.mkdir(parents=True, exist_ok=True)
   except OSError as err:  # a parent that is a file, no permission
     raise DataError(f"--out {out}: cannot create the folder ({err})") from None
-  files, rows, dropped = {}, {}, {}
+  files, rows, dropped, converted = {}, {}, {}, {}
+  # Every split is read and converted before any file is written: a source that fails (a bad
+  # row, no network) leaves the folder as it was, not a new train.jsonl beside an old test.jsonl.
   for split, source in sorted(splits.items(), reverse=True):  # train, then test
     records, dropped[split] = convert_rows(load_rows(source, cache_dir), rec, split, limit)
     if not records:
       raise DataError(f"{name} {split}: no usable row in {source.describe()} (dropped: "
                       f"{dropped[split] or 'none'})")
+    converted[split] = records
+  for split, records in converted.items():
     files[split] = paths.join(out, f"{split}.jsonl")
     write_jsonl(files[split], records)
     rows[split] = len(records)

@@ -81,6 +81,14 @@ def test_gsm8k_from_a_saved_dataset_is_read_by_the_task(tmp_path, capsys):
                    test_file=str(out / "test.jsonl"))
   ex = task.generate("test", -1, seed=0)[0]
   assert task.verify(ex, ex.answer).correct
+  # a rerun whose test source fails leaves the folder as it was (train.jsonl not replaced)
+  before = {f: (out / f).read_text() for f in ("train.jsonl", "test.jsonl", "dataset.json")}
+  other = _jsonl(tmp_path, "other", ROWS["gsm8k"][:3])
+  bad = tmp_path / "src" / "bad.jsonl"
+  bad.write_bytes(b'{"question": "x", "answer": "\xff"}\n')
+  assert cli.main(["prepare", "gsm8k", "--out", str(out), "--source", f"train={other}",
+                   "--source", f"test={bad}", "--cache-dir", str(tmp_path / "cache")]) != 0
+  assert {f: (out / f).read_text() for f in before} == before
 
 
 def test_math_keeps_answers_and_boxed_solutions_and_says_what_it_dropped(tmp_path):
