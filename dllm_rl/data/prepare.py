@@ -41,14 +41,29 @@ def recipe(name: str) -> Recipe:
   return RECIPES[name]
 
 
+_LOCAL_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".arrow", ".txt", ".gz", ".zip")
+
+
+def _looks_local(value: str) -> bool:
+  """A missing path that no hub id can be: a data file's extension, a leading ``/``, ``./``
+  or ``../``, or a parent folder that exists here (``data/train.jsonl`` beside ``data/``)."""
+  parent = os.path.dirname(value)
+  return (value.lower().endswith(_LOCAL_SUFFIXES) or value.startswith(("/", "./", "../"))
+          or (bool(parent) and os.path.isdir(parent)))
+
+
 def parse_source(text: str) -> tuple[str, Source]:
   """``SPLIT=PATH`` (a local file or folder) or ``SPLIT=ORG/NAME[:CONFIG][@SPLIT]`` (a hub
   data set; its split defaults to SPLIT) → (split, Source)."""
   split, sep, value = text.partition("=")
   if not sep or split not in ("train", "test") or not value:
     raise DataError(f"--source {text!r}: expected train=PATH or test=PATH")
+  value = os.path.expanduser(value)
   if os.path.exists(value):
     return split, Source(os.path.abspath(value), local=True)
+  if _looks_local(value):  # not a hub id: no network round trip before "no such file"
+    raise DataError(f"--source {text!r}: {value} does not exist (a local file: it ends in a"
+                    " file extension, or its folder exists)")
   match = _HUB_SOURCE.match(value)
   if match is None:
     raise DataError(f"--source {text!r}: {value!r} is neither a local file / folder nor a hub "

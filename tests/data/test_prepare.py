@@ -175,6 +175,8 @@ def test_problems_are_one_error_line(tmp_path, capsys):
   assert "expected train=PATH or test=PATH" in error("prepare", "gsm8k", "--out", str(tmp_path),
                                                      "--source", "dev=x")
   assert "neither a local file / folder nor a hub data set id" in error(
+      "prepare", "gsm8k", "--out", str(tmp_path), "--source", "train=no/such/file:x:y")
+  assert "no/such/file.jsonl does not exist (a local file" in error(
       "prepare", "gsm8k", "--out", str(tmp_path), "--source", "train=no/such/file.jsonl")
   bad = _jsonl(tmp_path, "bad", [{"question": "q", "answer": "no hashes"}])
   assert "gsm8k train: no usable row" in error("prepare", "gsm8k", "--out", str(tmp_path / "o"),
@@ -229,3 +231,15 @@ def test_weights_and_list_commands(tmp_path, fake_gcs, monkeypatch, capsys):
   assert cli.main(["list"]) == 0
   listed = capsys.readouterr().out.splitlines()
   assert len(listed) == 5 and listed[3].startswith("math500 (task math500): test: HuggingFaceH4")
+
+
+def test_a_missing_local_file_is_not_looked_up_on_the_hub(tmp_path, monkeypatch):
+  """data/train.jsonl that does not exist was tried as a hub id (40 s of retries offline,
+  then a network error): a data file's extension, a path prefix or an existing parent folder
+  make it "does not exist" at once; org/name stays a hub id."""
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "data").mkdir()
+  for missing in ("data/train.jsonl", "data/train", "./train", str(tmp_path / "x.parquet")):
+    with pytest.raises(prep.DataError, match=r"does not exist \(a local file"):
+      prep.parse_source(f"train={missing}")
+  assert prep.parse_source("train=org/name")[1].path == "org/name"
