@@ -170,6 +170,19 @@ def render(claims: list[Claim], out_dir: str, command: str, commit: str) -> str:
   return "\n".join(out) + "\n"
 
 
+def out_problem(out: str) -> str | None:
+  """Why ``--out`` cannot be written (a folder; a missing parent folder; a study report,
+  which it would replace: a report's ``.md`` sits beside its JSON folder), else None."""
+  if os.path.isdir(out):
+    return "is a folder: name the .md file to write"
+  parent = os.path.dirname(os.path.abspath(out))
+  if not os.path.isdir(parent):
+    return f"its folder {parent} does not exist"
+  if os.path.isdir(os.path.splitext(out)[0]) and os.path.basename(out) != DEFAULT_OUT:
+    return "is a study report (its JSON folder is beside it): name another file"
+  return None
+
+
 def main(argv: list[str]) -> int:
   if {"-h", "--help"} & set(argv[1:]):
     print(__doc__.strip())
@@ -181,9 +194,14 @@ def main(argv: list[str]) -> int:
     return 2
   docs = args[0] if args else DEFAULT_DOCS
   if not os.path.isdir(docs):
-    print(f"claims: {docs}: no such directory", file=sys.stderr)
+    what = "a file, not the folder of reports" if os.path.isfile(docs) else "no such directory"
+    print(f"claims: {docs}: {what}", file=sys.stderr)
     return 2
   out = outs[-1] if outs else os.path.join(docs, DEFAULT_OUT)
+  problem = out_problem(out)
+  if problem:
+    print(f"claims: --out={out}: {problem}", file=sys.stderr)
+    return 2
   try:
     reports = find_reports(docs)
     claims = mark_covered([c for md, studies in reports for st in studies

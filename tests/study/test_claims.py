@@ -142,6 +142,14 @@ def test_a_broken_json_or_an_empty_folder_exits_2_naming_it(tmp_path, capsys):
   assert claims.main(["claims", str(tmp_path)]) == 2
   assert os.path.join("r", "stability.json") in capsys.readouterr().err
   assert not (tmp_path / "claims.md").exists()  # nothing written on an error
+  # --out a folder, under a missing folder, or a report's own .md: said before anything
+  for out, said in ((tmp_path, "is a folder"), (tmp_path / "no" / "c.md", "does not exist"),
+                    (tmp_path / "r.md", "is a study report")):
+    assert claims.main(["claims", str(tmp_path), f"--out={out}"]) == 2
+    assert said in capsys.readouterr().err
+  assert (tmp_path / "r.md").read_text() == "# r\n"
+  assert claims.main(["claims", str(tmp_path / "r.md")]) == 2  # a file given as DOCS
+  assert "a file, not the folder of reports" in capsys.readouterr().err
 
 
 def test_help_prints_what_the_command_does_and_writes_nothing(tmp_path, capsys, monkeypatch):
