@@ -71,19 +71,25 @@ def read_study_json(path: str) -> dict:
 
 
 def reuse_runs(workdir: str, name: str, arm_names: list[str], seeds: int | range,
-               files: list[str]) -> dict:
+               files: list[str], testbed: str | None = None) -> dict:
   """Seed DIR with ``files``' runs of study ``name`` (``arm_names`` × ``seeds``: a range, or
   an int n for seeds 0..n-1) where DIR has none, and compare those DIR has. Returns
   ``{"written": n, "kept": n, "identical": [...], "differing": [...], "files": [...], "line":
   summary_line, "added": [...]}`` ("kept": the file's own records, which an earlier reuse or a
   copy put there, told by the marker or the run's wall time; runs named "seed S arm"; "added":
   the metrics the matching reruns log and their records predate, :func:`reproduces`); the
-  first file that records a run is used."""
+  first file that records a run is used. A file of study ``name`` recorded on another
+  ``testbed`` is a ConfigError naming it, before anything is written (its runs trained
+  another task from another SFT start; the report would set them beside this one's)."""
   records, seeds = {}, seeds if isinstance(seeds, range) else range(seeds)
   for path in files:
     data = read_study_json(path)
     if data["study"] != name:
       continue
+    if testbed is not None and data.get("testbed", testbed) != testbed:
+      raise ConfigError("--reuse_from", f"{path} records {name} runs on testbed"
+                        f" {data['testbed']!r}; this study runs on {testbed!r} (pass"
+                        f" --testbed={data['testbed']}, or leave the file out)")
     for run in data["runs"]:
       if run["arm"] in arm_names and run["seed"] in seeds:
         records.setdefault((run["seed"], run["arm"]), (path, run))

@@ -66,7 +66,7 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
     arms = arms_lib.select(arms_lib.STUDIES.get(name)(base), arm_patterns)
     if reuse_from:  # written before the check below, which then covers them too
       reused[name] = reuse.reuse_runs(workdir, name, [a.name for a in arms], seed_list,
-                                      reuse_from)
+                                      reuse_from, testbed)
       print(f"[study] reused {reused[name]['line']}", flush=True)
     runner.check_finished_runs(name, arms, workdir, size.seeds, size, overrides, base,
                                first_seed)

@@ -65,6 +65,14 @@ def test_a_bad_file_is_named(tmp_path):
   (tmp_path / "x.json").write_text(json.dumps({"runs": []}))
   with pytest.raises(ConfigError, match=r"x\.json is not a study JSON"):
     reuse.reuse_runs(str(tmp_path), "steprs", ["a"], 1, [str(tmp_path / "x.json")])
+  # another testbed's runs (another task, another SFT start): named, nothing written
+  (tmp_path / "s.json").write_text(json.dumps({"study": "steprs", "testbed": "sum_split",
+                                               "runs": [_run(0, "a", 0.1)]}))
+  with pytest.raises(ConfigError, match=r"^--reuse_from: .*s\.json records steprs runs on"
+                                        r" testbed 'sum_split'; this study runs on 'arithmetic'"):
+    reuse.reuse_runs(str(tmp_path / "w"), "steprs", ["a"], 1, [str(tmp_path / "s.json")],
+                     "arithmetic")
+  assert not (tmp_path / "w").exists()
 
 
 def test_a_rerun_that_logs_a_newer_metric_still_matches(tmp_path):
