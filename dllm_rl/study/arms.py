@@ -106,6 +106,20 @@ def shadowed_overrides(study: str, arms: list[Arm], overrides: dict) -> list[Con
           for key in overrides if all(key in a.overrides for a in arms)]
 
 
+# The RL settings the study sets from its own flags (runner.arm_run_overrides): a study-wide
+# --config override of one would change every run while the report states the flag's value.
+SIZED = {"rl.steps": "--rl_steps", "rl.eval_every": "--eval_every",
+         "checkpoint.save_every": "--rl_steps (a run saves at its end)",
+         "rl.log_every": "nothing: the study records every step"}
+
+
+def sized_overrides(overrides: dict) -> list[ConfigError]:
+  """A ConfigError for each study-wide override of a :data:`SIZED` key, naming the flag that
+  sets it."""
+  return [ConfigError(key, f"the study sets it for every run (its report states the size);"
+                      f" use {SIZED[key]}") for key in overrides if key in SIZED]
+
+
 def lr_tag(lr: float) -> str:
   return f"lr{lr:.0e}".replace("e-0", "e-")
 

@@ -56,8 +56,9 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
     full = arms_lib.size(testbed, quick=False)
     overrides = {**overrides, "rl.warmup_steps": round(
         base.rl.warmup_steps * size.rl_steps / full.rl_steps)}
-  raise_all([e for name in names for e in arms_lib.shadowed_overrides(
-      name, arms_lib.select(arms_lib.STUDIES.get(name)(base), arm_patterns), overrides)])
+  raise_all(arms_lib.sized_overrides(overrides) + [
+      e for name in names for e in arms_lib.shadowed_overrides(
+          name, arms_lib.select(arms_lib.STUDIES.get(name)(base), arm_patterns), overrides)])
   seed_list = runner.seed_range(size.seeds, first_seed)  # a ConfigError when first_seed < 0
   runner.claim_workdir(workdir, testbed)  # DIR's testbed, then its finished runs: before any run
   runner.check_sft_starts(workdir, size.seeds, overrides, testbed, base, sft_seed, first_seed)

@@ -286,3 +286,11 @@ def test_a_study_wide_override_every_arm_sets_is_refused_before_anything_runs(tm
   assert [e.key for e in arms_lib.shadowed_overrides(
       "stability", arms, {"rl.lr": 1e-3, "rl.kl_coef": 0.1, "model.d_model": 32})] == ["rl.lr"]
   assert arms_lib.shadowed_overrides("stability", [], {"rl.lr": 1e-3}) == []  # none chosen
+  # the study's own size: every run's length, said by the report from --rl_steps
+  with pytest.raises(ConfigError, match=r"config.rl.steps: the study sets it for every run .*"
+                                        r" use --rl_steps"):
+    study(["stability"], str(workdir), 1, True, {**TINY, "rl.steps": 3}, str(tmp_path / "r.md"),
+          "test")
+  assert not workdir.exists()
+  assert [e.key for e in arms_lib.sized_overrides(
+      {"rl.eval_every": 2, "rl.lr": 1e-3, "rl.log_every": 5})] == ["rl.eval_every", "rl.log_every"]
