@@ -321,11 +321,35 @@ def check_finished_runs(name: str, arms: list[Arm], workdir: str, seeds: int, si
   for seed in seed_range(seeds, first_seed):
     for arm in arms:
       path = os.path.join(_arm_dir(workdir, name, seed, arm), "run.json")
+      skip = ("rl.beta_end",) if arm.calibrate_from is not None else ()
+      wanted = arm_run_overrides(seed, size, overrides, arm.overrides)
       if os.path.exists(path):
         with open(path) as fh:
           recorded = json.load(fh)["overrides"]
-        check_reusable(path, recorded, arm_run_overrides(seed, size, overrides, arm.overrides),
-                       base, skip=("rl.beta_end",) if arm.calibrate_from is not None else ())
+        check_reusable(path, recorded, wanted, base, skip=skip)
+      else:
+        check_interrupted(os.path.dirname(path), make_config(wanted, base), skip)
+
+
+def check_interrupted(run_dir: str, wanted: ml_collections.ConfigDict, skip=()) -> None:
+  """An interrupted run (RL checkpoints, no run.json) resumes: a ConfigError (key
+  ``workdir``) when the config it started with (its ``config_rl.json``) differs from
+  ``wanted``, this study's, in any key but ``skip``: its finished record would state the new
+  settings for steps that ran with the old (another lr, another length's schedule)."""
+  from dllm_rl.errors import ConfigError
+  from dllm_rl.train.layout_errors import changed_settings
+  saved = os.path.join(run_dir, "config_rl.json")
+  if not (os.path.isdir(os.path.join(run_dir, "checkpoints", "rl")) and os.path.exists(saved)):
+    return
+  with open(saved) as fh:
+    text = fh.read()
+  changes = changed_settings({"config": text}, wanted, ignore=("mode", *skip))
+  if changes:
+    shown = "; ".join(f"{k}: started with {was!r}, this study sets {now!r}"
+                      for k, was, now in changes[:8])
+    raise ConfigError("workdir", f"{run_dir} holds an interrupted run with other settings"
+                      f" ({shown}): rerun with the settings it started with, or delete that"
+                      " folder to run it afresh")
 
 
 def copy_sft_start(sft_dir: str, workdir: str) -> None:

@@ -294,3 +294,24 @@ def test_a_study_wide_override_every_arm_sets_is_refused_before_anything_runs(tm
   assert not workdir.exists()
   assert [e.key for e in arms_lib.sized_overrides(
       {"rl.eval_every": 2, "rl.lr": 1e-3, "rl.log_every": 5})] == ["rl.eval_every", "rl.log_every"]
+
+
+def test_an_interrupted_run_with_other_settings_is_refused_before_anything_runs(tmp_path):
+  """An arm interrupted mid-RL (checkpoints, no run.json) resumes on a rerun; with another
+  --config override its record would state the new settings for steps that ran with the
+  old: refused, naming the key, before anything trains."""
+  from dllm_rl.errors import ConfigError
+  from dllm_rl.study import runner
+  arm = arms_lib.STUDIES.get("stability")(get_config())[0]
+  size = arms_lib.Size(rl_steps=4, eval_every=2, seeds=1)
+  run_dir = runner._arm_dir(str(tmp_path), "stability", 0, arm)
+  os.makedirs(os.path.join(run_dir, "checkpoints", "rl", "2"))
+  started = runner.make_config(runner.arm_run_overrides(0, size, TINY, arm.overrides))
+  with open(os.path.join(run_dir, "config_rl.json"), "w") as fh:
+    fh.write(started.to_json_best_effort(indent=2, sort_keys=True))
+  runner.check_finished_runs("stability", [arm], str(tmp_path), 1, size, TINY)  # same: resumes
+  with pytest.raises(ConfigError, match=r"^config\.workdir: .* holds an interrupted run with"
+                                        r" other settings \(rl\.kl_coef: started with 0\.0, this"
+                                        r" study sets 0\.1\)"):
+    runner.check_finished_runs("stability", [arm], str(tmp_path), 1, size,
+                               {**TINY, "rl.kl_coef": 0.1})
