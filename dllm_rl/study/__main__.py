@@ -33,6 +33,7 @@ from absl import app, flags, logging
 from dllm_rl.config import cli
 from dllm_rl.config import testbeds
 from dllm_rl.errors import ConfigError
+from dllm_rl.study import arguments
 from dllm_rl.study import arms as arms_lib
 from dllm_rl.study.studies import study
 
@@ -85,6 +86,10 @@ def main(argv):
       raise cli.usage_error(arms_lib.STUDIES.unknown_message(n))
   if not _WORKDIR.value:
     raise cli.usage_error("--workdir is required")
+  if problems := arguments.argument_problems(  # studies.study checks them too: said first here
+      seeds=_SEEDS.value, rl_steps=_STEPS.value, eval_every=_EVAL_EVERY.value,
+      first_seed=_FIRST_SEED.value, sft_seed=_SFT_SEED.value):
+    cli.fail(problems)
   logging.set_verbosity(logging.WARNING)
   names = sorted(names, key=lambda n: n != "stability")  # stability first
   try:

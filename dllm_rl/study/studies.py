@@ -15,7 +15,7 @@ import time
 from dllm_rl.config import testbeds
 from dllm_rl.errors import raise_all
 from dllm_rl.study import arms as arms_lib
-from dllm_rl.study import provenance, reuse
+from dllm_rl.study import arguments, provenance, reuse
 
 
 def _load() -> str:
@@ -41,7 +41,10 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
   has none, and against which the runs DIR has are checked (dllm_rl.study.reuse).
   ``first_seed``: the seeds are ``seeds`` of them from this one (runner.seed_range). An
   override that every chosen arm of a study sets itself (``rl.lr``: the lr grid follows the
-  base config) is a ConfigError before anything runs (arms.shadowed_overrides)."""
+  base config) is a ConfigError before anything runs (arms.shadowed_overrides), and so is a
+  count below 1 or a negative seed (arguments.argument_problems; None means the default)."""
+  raise_all(arguments.argument_problems(seeds=seeds, rl_steps=rl_steps, eval_every=eval_every,
+                                        first_seed=first_seed, sft_seed=sft_seed))
   base = testbeds.testbed(testbed).get_config()  # a ValueError listing the names when unknown
   provenance.git_commit()  # the code this process imported: read now, before any run
   import jax
@@ -49,9 +52,9 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
   from dllm_rl.study import plots, report_files, runner
 
   size = arms_lib.size(testbed, quick)
-  size = arms_lib.Size(rl_steps=rl_steps or size.rl_steps,
-                       eval_every=eval_every or size.eval_every,
-                       seeds=seeds or size.seeds)
+  size = arms_lib.Size(rl_steps=size.rl_steps if rl_steps is None else rl_steps,
+                       eval_every=size.eval_every if eval_every is None else eval_every,
+                       seeds=size.seeds if seeds is None else seeds)  # None: the default
   if quick and "rl.warmup_steps" not in overrides:  # the full arm's warm-up, shrunk in step
     full = arms_lib.size(testbed, quick=False)
     overrides = {**overrides, "rl.warmup_steps": round(

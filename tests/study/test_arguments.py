@@ -1,0 +1,54 @@
+"""The study command's own flags are checked before anything trains: each bad one is one
+``error: --flag: ...`` line and exit status 2, nothing written (dllm_rl/study/arguments.py)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dllm_rl.errors import ConfigError
+from dllm_rl.study.arguments import argument_problems
+from dllm_rl.study.studies import study
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _study_cli(*args: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-m", "dllm_rl.study", *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+
+
+def test_counts_below_one_and_negative_seeds_name_their_flags():
+  """0 is not "unset" (``--seeds=0`` ran the default 5 seeds, ``--rl_steps=0`` 200 steps) and
+  a negative count is no study: each names its flag, not a config key."""
+  assert argument_problems(seeds=1, rl_steps=1, eval_every=1) == []
+  assert argument_problems() == []  # None: the defaults
+  got = [str(e) for e in argument_problems(seeds=0, rl_steps=-3, eval_every=0, first_seed=-1,
+                                           sft_seed=-2)]
+  assert got == ["--seeds: must be at least 1, got 0", "--rl_steps: must be at least 1, got -3",
+                 "--eval_every: must be at least 1, got 0",
+                 "--first_seed: must be at least 0, got -1",
+                 "--sft_seed: must be at least 0, got -2"]
+
+
+@pytest.mark.parametrize("seeds,kwargs,flag", [
+    (0, {}, "--seeds"), (-1, {}, "--seeds"), (1, {"rl_steps": 0}, "--rl_steps"),
+    (1, {"eval_every": 0}, "--eval_every")])
+def test_the_library_call_refuses_them_before_anything_is_written(seeds, kwargs, flag, tmp_path):
+  with pytest.raises(ConfigError, match=f"^{flag}: must be at least 1"):
+    study(["stability"], str(tmp_path / "w"), seeds, True, {}, str(tmp_path / "r.md"), "test",
+          **kwargs)
+  assert not (tmp_path / "w").exists()
+
+
+def test_the_command_line_says_every_bad_count_in_one_line_each(tmp_path):
+  proc = _study_cli("stability", "--arms=grpo@*", "--seeds=0", "--rl_steps=-3",
+                    "--eval_every=0", "--first_seed=-1", f"--workdir={tmp_path / 'w'}")
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.splitlines() == [
+      "error: --seeds: must be at least 1, got 0", "error: --rl_steps: must be at least 1, got -3",
+      "error: --eval_every: must be at least 1, got 0",
+      "error: --first_seed: must be at least 0, got -1"]
+  assert not (tmp_path / "w").exists()
