@@ -87,7 +87,7 @@ def main(argv):
   if not _WORKDIR.value:
     raise cli.usage_error("--workdir is required")
   if problems := arguments.argument_problems(  # studies.study checks them too: said first here
-      seeds=_SEEDS.value, rl_steps=_STEPS.value, eval_every=_EVAL_EVERY.value,
+      results=_RESULTS.value, seeds=_SEEDS.value, rl_steps=_STEPS.value, eval_every=_EVAL_EVERY.value,
       first_seed=_FIRST_SEED.value, sft_seed=_SFT_SEED.value):
     cli.fail(problems)
   logging.set_verbosity(logging.WARNING)

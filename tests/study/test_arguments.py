@@ -52,3 +52,32 @@ def test_the_command_line_says_every_bad_count_in_one_line_each(tmp_path):
       "error: --eval_every: must be at least 1, got 0",
       "error: --first_seed: must be at least 0, got -1"]
   assert not (tmp_path / "w").exists()
+
+
+def test_a_results_path_that_cannot_be_written_is_refused_up_front(tmp_path):
+  """--results was first opened after the whole study trained: a folder, a path under a file
+  or a plots folder that is a file failed then with a raw OSError (and a folder got the JSON
+  and plots written into it)."""
+  from dllm_rl.study.arguments import results_problem
+  (tmp_path / "a_file").write_text("")
+  (tmp_path / "docs").mkdir()
+  (tmp_path / "docs" / "report").write_text("")  # where report.md's plots would go
+  assert results_problem(str(tmp_path / "new" / "deeper" / "results.md")) is None  # made later
+  assert results_problem(str(tmp_path / "docs" / "results.md")) is None
+  assert "is a folder; give the markdown file to write" in results_problem(str(tmp_path / "docs"))
+  assert "is a folder" in results_problem(str(tmp_path / "not_yet") + os.sep)
+  assert results_problem(str(tmp_path / "a_file" / "results.md")) == (
+      f"{tmp_path / 'a_file'} is a file, not a folder")
+  assert results_problem(str(tmp_path / "a_file" / "sub" / "r.md")) == (
+      f"{tmp_path / 'a_file'} is a file, so {tmp_path / 'a_file' / 'sub'} cannot be made under it")
+  assert "the folder of its plots and study JSON, is a file" in results_problem(
+      str(tmp_path / "docs" / "report.md"))
+  with pytest.raises(ConfigError, match=r"^--results: .* is a folder"):
+    study(["stability"], str(tmp_path / "w"), 1, True, {}, str(tmp_path / "docs"), "test")
+  assert not (tmp_path / "w").exists()
+  proc = _study_cli("stability", f"--workdir={tmp_path / 'w'}",
+                    f"--results={tmp_path / 'a_file' / 'results.md'}")
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.splitlines() == [
+      f"error: --results: {tmp_path / 'a_file'} is a file, not a folder"]
+  assert not (tmp_path / "w").exists()
