@@ -56,17 +56,29 @@ def results_problem(path: str) -> str | None:
   return None
 
 
-def argument_problems(*, results: str | None = None, seeds: int | None = None,
-                      rl_steps: int | None = None, eval_every: int | None = None, first_seed: int = 0,
+def is_under(path: str, folder: str) -> bool:
+  """Whether ``path`` lies inside ``folder`` (by their absolute paths)."""
+  return os.path.abspath(path).startswith(os.path.join(os.path.abspath(folder), ""))
+
+
+def argument_problems(*, workdir: str | None = None, results: str | None = None,
+                      seeds: int | None = None, rl_steps: int | None = None,
+                      eval_every: int | None = None, first_seed: int = 0,
                       sft_seed: int = 0) -> list[ConfigError]:
   """Every problem of the study's arguments, each a ConfigError naming its flag: counts below
   1 (``--seeds``, ``--rl_steps``, ``--eval_every``; None is the default), seeds below 0
-  (``--first_seed``, ``--sft_seed``) and a ``--results`` that cannot be written
-  (:func:`results_problem`; None: not checked)."""
+  (``--first_seed``, ``--sft_seed``), a ``--workdir`` that is a file or cannot be made
+  (:func:`folder_problem`, as ``dllm_rl.train.context`` checks the main CLI's) and a
+  ``--results`` that cannot be written (:func:`results_problem`; not checked again when it
+  lies in a ``--workdir`` already reported; a path given as None is not checked)."""
   errors = [e for e in (at_least("--seeds", seeds, 1), at_least("--rl_steps", rl_steps, 1),
                         at_least("--eval_every", eval_every, 1),
                         at_least("--first_seed", first_seed, 0),
                         at_least("--sft_seed", sft_seed, 0)) if e is not None]
+  if workdir is not None and (problem := folder_problem(workdir)) is not None:
+    errors.append(ConfigError("--workdir", problem))
+    if results is not None and is_under(results, workdir):  # the same problem, said once
+      return errors
   if results is not None and (problem := results_problem(results)) is not None:
     errors.append(ConfigError("--results", problem))
   return errors

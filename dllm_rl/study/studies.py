@@ -43,9 +43,9 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
   override that every chosen arm of a study sets itself (``rl.lr``: the lr grid follows the
   base config) is a ConfigError before anything runs (arms.shadowed_overrides), and so is a
   count below 1 or a negative seed (arguments.argument_problems; None means the default)."""
-  raise_all(arguments.argument_problems(results=results_md, seeds=seeds, rl_steps=rl_steps,
-                                        eval_every=eval_every, first_seed=first_seed,
-                                        sft_seed=sft_seed))
+  raise_all(arguments.argument_problems(workdir=workdir, results=results_md, seeds=seeds,
+                                        rl_steps=rl_steps, eval_every=eval_every,
+                                        first_seed=first_seed, sft_seed=sft_seed))
   base = testbeds.testbed(testbed).get_config()  # a ValueError listing the names when unknown
   provenance.git_commit()  # the code this process imported: read now, before any run
   import jax

@@ -81,3 +81,24 @@ def test_a_results_path_that_cannot_be_written_is_refused_up_front(tmp_path):
   assert proc.stderr.splitlines() == [
       f"error: --results: {tmp_path / 'a_file'} is a file, not a folder"]
   assert not (tmp_path / "w").exists()
+
+
+def test_a_workdir_that_is_a_file_is_refused_up_front(tmp_path):
+  """A study --workdir that is a file (or under one) was a raw FileExistsError; it is one
+  line naming the flag, as the main CLI's --workdir (dllm_rl.train.context). The default
+  --results inside it is not reported a second time."""
+  from dllm_rl.study.arguments import folder_problem
+  (tmp_path / "a_file").write_text("")
+  assert folder_problem(str(tmp_path)) is None
+  assert folder_problem(str(tmp_path / "new" / "w")) is None
+  assert folder_problem(str(tmp_path / "a_file")) == f"{tmp_path / 'a_file'} is a file, not a folder"
+  with pytest.raises(ConfigError, match=r"^--workdir: .*a_file is a file, not a folder$"):
+    study(["stability"], str(tmp_path / "a_file"), 1, True, {},
+          str(tmp_path / "a_file" / "results.md"), "test")
+  for workdir in (tmp_path / "a_file", tmp_path / "a_file" / "w"):
+    proc = _study_cli("stability", f"--workdir={workdir}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"error: --workdir: {tmp_path / 'a_file'} is a file"), (
+        proc.stderr)
+  assert (tmp_path / "a_file").read_text() == ""
