@@ -22,7 +22,7 @@ import os
 
 from dllm_rl.errors import ConfigError
 from dllm_rl.study import report_files
-from dllm_rl.study.runner import arm_dir
+from dllm_rl.study.runner import arm_dir, read_record
 
 METRICS = ("steps", "evals", "final")  # a rerun may add metrics to these; overrides match exactly
 
@@ -98,8 +98,7 @@ def reuse_runs(workdir: str, name: str, arm_names: list[str], seeds: int | range
   for (seed, arm), (path, run) in sorted(records.items()):
     target = os.path.join(arm_dir(workdir, name, seed, arm), "run.json")
     if os.path.exists(target):
-      with open(target) as fh:
-        have = json.load(fh)
+      have = read_record(target)  # a ConfigError naming a broken one
       if have.get("reused_from") or have.get("wall_seconds") == run.get("wall_seconds"):
         out["kept"] += 1  # the file's own record (an earlier reuse or a copy), not a rerun
         continue

@@ -92,6 +92,22 @@ def make_config(overrides: dict,
   return config
 
 
+def read_record(path: str) -> dict:
+  """The JSON record a finished run left at ``path`` (an arm's ``run.json``, an SFT start's
+  ``summary.json`` or ``config_sft.json``); a ConfigError naming the file when it cannot be
+  parsed. Not treated as absent: a record is written whole (``paths.write_atomic``), so a
+  broken one was damaged from outside, and rerunning over it would silently drop a finished
+  run (its folder still holds the run's metrics and checkpoints, which a rerun resumes from
+  rather than starting clean); deleting the folder is the user's call."""
+  from dllm_rl.errors import ConfigError
+  try:
+    with open(path, encoding="utf-8") as fh:
+      return json.load(fh)
+  except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    raise ConfigError("--workdir", f"{path} is not a readable record ({type(err).__name__}:"
+                      f" {err}); delete {os.path.dirname(path)} to rerun that run") from None
+
+
 def claim_workdir(workdir: str, testbed: str) -> None:
   """Record ``testbed`` as DIR's testbed (``DIR/testbed.txt``); a ConfigError when DIR already
   holds another one (its SFT starts and arms would be mixed into this study). A DIR with SFT
@@ -142,8 +158,7 @@ def check_sft_reusable(workdir: str, config: ml_collections.ConfigDict) -> None:
   path = os.path.join(workdir, "config_sft.json")
   if not os.path.exists(path):
     return
-  with open(path) as fh:
-    recorded = _flat(json.load(fh))
+  recorded = _flat(read_record(path))
   wanted = _flat(json.loads(config.to_json_best_effort()))
   differ = sorted(k for k in set(recorded) & set(wanted)
                   if k.split(".")[0] in SFT_START_KEYS and recorded[k] != wanted[k])
@@ -223,8 +238,7 @@ def train_sft(seed: int, workdir: str, overrides: dict,
   path = os.path.join(workdir, "summary.json")
   if os.path.exists(path):
     check_sft_reusable(workdir, config)
-    with open(path) as fh:
-      return json.load(fh)
+    return read_record(path)
   return _run(config, workdir)
 
 
@@ -324,8 +338,7 @@ def check_finished_runs(name: str, arms: list[Arm], workdir: str, seeds: int, si
       skip = ("rl.beta_end",) if arm.calibrate_from is not None else ()
       wanted = arm_run_overrides(seed, size, overrides, arm.overrides)
       if os.path.exists(path):
-        with open(path) as fh:
-          recorded = json.load(fh)["overrides"]
+        recorded = read_record(path)["overrides"]
         check_reusable(path, recorded, wanted, base, skip=skip)
       else:
         check_interrupted(os.path.dirname(path), make_config(wanted, base), skip)
@@ -370,8 +383,7 @@ def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrid
   run_overrides = arm_run_overrides(seed, size, overrides, arm_overrides)
   path = os.path.join(workdir, "run.json")
   if os.path.exists(path):  # finished: reuse it, with the summary statistics recomputed
-    with open(path) as fh:
-      result = json.load(fh)
+    result = read_record(path)
     check_reusable(path, result["overrides"], run_overrides, base)
     result["stats"] = arm_stats(result["steps"], result["evals"],
                                 make_config(result["overrides"], base).task.val_size)
@@ -392,8 +404,8 @@ def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrid
             "stats": arm_stats(records, evals, config.task.val_size),
             "evals": evals, "final": final,
             "steps": records}
-  with open(path, "w") as fh:
-    json.dump(result, fh)
+  from dllm_rl import paths
+  paths.write_atomic(path, json.dumps(result))  # a stopped study never leaves half a record
   return result
 
 

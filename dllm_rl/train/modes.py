@@ -153,8 +153,8 @@ def run(config, workdir: str, *, quiet_unread=()) -> dict:
       for line in unread_settings(config, quiet_unread) + list(ctx.notes) + mesh_notes(ctx.mesh):
         print(f"warning: {line}", file=sys.stderr, flush=True)
       # the resolved config of this run (file + overrides), for the record
-      paths.resolve(workdir).joinpath(f"config_{config.mode}.json").write_text(config.to_json_best_effort(
-          indent=2, sort_keys=True) + "\n")
+      paths.write_atomic(paths.join(workdir, f"config_{config.mode}.json"),
+                         config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
     with open_writers(config, workdir, enabled=is_primary()) as writers:
       summary = {"mode": config.mode,
                  **RUNNERS.get(config.mode)(dataclasses.replace(ctx, writers=writers))}
@@ -162,5 +162,6 @@ def run(config, workdir: str, *, quiet_unread=()) -> dict:
       for writer in writers:
         writer.summary(summary)
   if is_primary() and config.mode != "eval":
-    paths.resolve(workdir).joinpath("summary.json").write_text(json.dumps(summary, indent=2))
+    # whole or not at all: a study reuses a start whose summary.json exists
+    paths.write_atomic(paths.join(workdir, "summary.json"), json.dumps(summary, indent=2))
   return summary

@@ -102,3 +102,47 @@ def test_a_workdir_that_is_a_file_is_refused_up_front(tmp_path):
     assert proc.stderr.startswith(f"error: --workdir: {tmp_path / 'a_file'} is a file"), (
         proc.stderr)
   assert (tmp_path / "a_file").read_text() == ""
+
+
+def test_a_broken_run_record_is_an_error_naming_the_file(tmp_path):
+  """A truncated run.json or SFT summary.json made every rerun fail with a raw
+  JSONDecodeError that named no file; it is a ConfigError naming the file and the folder to
+  delete to rerun that run."""
+  import json
+
+  from dllm_rl.study import arms as arms_lib
+  from dllm_rl.study.runner import check_finished_runs, train_sft
+  arm = arms_lib.Arm("grpo", {"rl.loss": "grpo"}, "test")
+  run_dir = tmp_path / "stability" / "seed0" / "grpo"
+  run_dir.mkdir(parents=True)
+  (run_dir / "run.json").write_text('{"overrides": {"rl.lo')  # cut short
+  with pytest.raises(ConfigError, match=rf"^--workdir: {run_dir / 'run.json'} is not a readable"
+                     rf" record \(JSONDecodeError: .*\); delete {run_dir} to rerun that run$"):
+    check_finished_runs("stability", [arm], str(tmp_path), 1, arms_lib.Size(2, 1, 1), {})
+  sft = tmp_path / "sft" / "seed0"
+  sft.mkdir(parents=True)
+  (sft / "summary.json").write_text('{"mode": "sf')
+  with pytest.raises(ConfigError, match=rf"{sft / 'summary.json'} is not a readable record"):
+    train_sft(0, str(sft), {})
+  (sft / "summary.json").write_text(json.dumps({"mode": "sft"}))
+  assert train_sft(0, str(sft), {}) == {"mode": "sft"}
+
+
+def test_a_finished_arm_writes_its_run_record_whole(tmp_path, monkeypatch):
+  """run.json goes through paths.write_atomic (a temporary file, then a rename): a study
+  stopped while writing it leaves no half record."""
+  from dllm_rl import paths
+  from dllm_rl.study import arms as arms_lib
+  from dllm_rl.study import runner
+  written = []
+  real = paths.write_atomic
+  monkeypatch.setattr(paths, "write_atomic", lambda p, t: (written.append(p), real(p, t)))
+  monkeypatch.setattr(runner, "copy_sft_start", lambda *a: None)
+  monkeypatch.setattr(runner, "_run", lambda *a, **k: {"rl_accuracy": 0.5})
+  monkeypatch.setattr(runner, "step_records", lambda path: ([], [], {}))
+  arm = arms_lib.Arm("grpo", {"rl.loss": "grpo"}, "test")
+  (tmp_path / "arm").mkdir()  # made by the run (_run)
+  rec = runner.run_arm(arm, 0, str(tmp_path / "sft"), str(tmp_path / "arm"),
+                       arms_lib.Size(2, 1, 1), {}, {})
+  assert written == [str(tmp_path / "arm" / "run.json")]
+  assert runner.read_record(written[0])["summary"] == rec["summary"]
