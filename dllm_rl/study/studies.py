@@ -10,10 +10,11 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import sys
 import time
 
 from dllm_rl.config import testbeds
-from dllm_rl.errors import raise_all
+from dllm_rl.errors import ConfigError, raise_all
 from dllm_rl.study import arms as arms_lib
 from dllm_rl.study import arguments, provenance, reuse
 
@@ -23,6 +24,16 @@ def _load() -> str:
     return f"{os.getloadavg()[0]:.1f}"
   except OSError:
     return "n/a"
+
+
+def chosen_arms(names: list[str], base, patterns: list[str] | None,
+                ) -> tuple[dict[str, list[arms_lib.Arm]], list[str]]:
+  """({study: its arms that match ``patterns``} of the studies that have any, in ``names``'
+  order; the studies that have none). A study with no arm is skipped whole rather than run
+  empty: it would train its SFT starts for nothing, and its plots have no panel to draw
+  (matplotlib refuses a figure of 0 rows)."""
+  chosen = {name: arms_lib.select(arms_lib.STUDIES.get(name)(base), patterns) for name in names}
+  return {n: a for n, a in chosen.items() if a}, [n for n, a in chosen.items() if not a]
 
 
 def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
@@ -41,8 +52,10 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
   has none, and against which the runs DIR has are checked (dllm_rl.study.reuse).
   ``first_seed``: the seeds are ``seeds`` of them from this one (runner.seed_range). An
   override that every chosen arm of a study sets itself (``rl.lr``: the lr grid follows the
-  base config) is a ConfigError before anything runs (arms.shadowed_overrides), and so is a
-  count below 1 or a negative seed (arguments.argument_problems; None means the default)."""
+  base config) is a ConfigError before anything runs (arms.shadowed_overrides); a study
+  ``arm_patterns`` leaves no arm of is skipped with a note (:func:`chosen_arms`); a count
+  below 1, a negative seed or a path that cannot be written is a ConfigError naming its flag
+  (arguments.argument_problems; None means the default)."""
   raise_all(arguments.argument_problems(workdir=workdir, results=results_md, seeds=seeds,
                                         rl_steps=rl_steps, eval_every=eval_every,
                                         first_seed=first_seed, sft_seed=sft_seed))
@@ -60,15 +73,22 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
     full = arms_lib.size(testbed, quick=False)
     overrides = {**overrides, "rl.warmup_steps": round(
         base.rl.warmup_steps * size.rl_steps / full.rl_steps)}
+  chosen, empty = chosen_arms(names, base, arm_patterns)
+  if not chosen:
+    raise ConfigError("--arms", f"{', '.join(arm_patterns or ())} selects no arm of"
+                      f" {', '.join(names)}")
+  for name in empty:
+    print(f"note: --arms={','.join(arm_patterns or ())} selects no arm of {name}: that study is"
+          " skipped", file=sys.stderr, flush=True)
+  names = list(chosen)
   raise_all(arms_lib.sized_overrides(overrides) + [
-      e for name in names for e in arms_lib.shadowed_overrides(
-          name, arms_lib.select(arms_lib.STUDIES.get(name)(base), arm_patterns), overrides)])
+      e for name in names for e in arms_lib.shadowed_overrides(name, chosen[name], overrides)])
   seed_list = runner.seed_range(size.seeds, first_seed)  # a ConfigError when first_seed < 0
   runner.claim_workdir(workdir, testbed)  # DIR's testbed, then its finished runs: before any run
   runner.check_sft_starts(workdir, size.seeds, overrides, testbed, base, sft_seed, first_seed)
   reused = {}
   for name in names:
-    arms = arms_lib.select(arms_lib.STUDIES.get(name)(base), arm_patterns)
+    arms = chosen[name]
     if reuse_from:  # written before the check below, which then covers them too
       reused[name] = reuse.reuse_runs(workdir, name, [a.name for a in arms], seed_list,
                                       reuse_from, testbed)
@@ -81,7 +101,7 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
   done = []
   for name in names:
     with runner.compilation_cache(cache_dir):
-      arms = arms_lib.select(arms_lib.STUDIES.get(name)(base), arm_patterns)
+      arms = chosen[name]
       result = runner.run_study(name, arms, workdir, size.seeds, size, overrides,
                                 testbed=testbed, base=base, prefetch=prefetch,
                                 sft_seed=sft_seed, first_seed=first_seed)

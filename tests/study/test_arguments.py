@@ -146,3 +146,27 @@ def test_a_finished_arm_writes_its_run_record_whole(tmp_path, monkeypatch):
                        arms_lib.Size(2, 1, 1), {}, {})
   assert written == [str(tmp_path / "arm" / "run.json")]
   assert runner.read_record(written[0])["summary"] == rec["summary"]
+
+
+def test_a_study_the_arms_leave_empty_is_skipped_with_a_note(tmp_path, monkeypatch, capsys):
+  """``all --arms=centered`` left stability with no arm: it trained its SFT start, then its
+  plot failed (matplotlib: 0 rows). A study with no chosen arm is skipped up front, said."""
+  from dllm_rl.config.defaults import get_config
+  from dllm_rl.study import runner
+  from dllm_rl.study.studies import chosen_arms
+  chosen, empty = chosen_arms(["stability", "steprs"], get_config(), ["centered"])
+  assert list(chosen) == ["steprs"] and [a.name for a in chosen["steprs"]] == ["centered"]
+  assert empty == ["stability"]
+  ran = []
+
+  def fake_run_study(name, arms, *args, **kwargs):
+    ran.append((name, [a.name for a in arms]))
+    raise KeyboardInterrupt  # stop there: nothing trains in this test
+
+  monkeypatch.setattr(runner, "run_study", fake_run_study)
+  with pytest.raises(KeyboardInterrupt):
+    study(["stability", "steprs"], str(tmp_path / "w"), 1, True, {}, str(tmp_path / "r.md"),
+          "test", arm_patterns=["centered"])
+  assert ran == [("steprs", ["centered"])]
+  assert "note: --arms=centered selects no arm of stability: that study is skipped" in (
+      capsys.readouterr().err)
