@@ -260,13 +260,16 @@ def testbed(name: str) -> Testbed:
 
 def resolve(testbed: str | None, scale: str | None = None) -> str:
   """The testbed named by the study's ``--testbed`` or ``--scale`` (``gpu``; ``cpu`` = the
-  default testbed); a ``ValueError`` listing the names when unknown or when the two disagree."""
+  default testbed); a ConfigError (a ValueError) naming the flag, listing the names when
+  unknown, or when the two disagree: the command line prints it as one ``error:`` line."""
+  from dllm_rl.errors import ConfigError
   if scale not in (None, "cpu", "gpu"):
-    raise ValueError(f"--scale={scale}: cpu or gpu (or --testbed: {', '.join(TESTBEDS.names())})")
+    raise ConfigError("--scale", f"{scale!r} is not cpu or gpu (or --testbed:"
+                      f" {', '.join(TESTBEDS.names())})")
   from_scale = "gpu" if scale == "gpu" else None
   if testbed is not None and from_scale is not None and testbed != from_scale:
-    raise ValueError(f"--testbed={testbed} and --scale={scale} disagree")
+    raise ConfigError("--testbed", f"{testbed} and --scale={scale} disagree")
   name = testbed or from_scale or DEFAULT
   if name not in TESTBEDS:
-    raise ValueError(TESTBEDS.unknown_message(name))
+    raise ConfigError("--testbed", TESTBEDS.unknown_message(name))
   return name

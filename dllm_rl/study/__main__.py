@@ -92,13 +92,13 @@ def main(argv):
     cli.fail(problems)
   logging.set_verbosity(logging.WARNING)
   names = sorted(names, key=lambda n: n != "stability")  # stability first
-  try:
+  try:  # a wrong flag value: one error line naming it, no usage text
     testbed = testbeds.resolve(_TESTBED.value, _SCALE.value)
-  except ValueError as err:
-    raise cli.usage_error(str(err)) from None
+  except ConfigError as err:
+    cli.fail([err])
   bed = testbeds.testbed(testbed)
   if (problem := arms_lib.unmatched(names, _ARMS.value, bed.get_config())) is not None:
-    raise cli.usage_error(problem)
+    cli.fail([ConfigError("--arms", problem)])
   command = "python -m dllm_rl.study " + " ".join(sys.argv[1:])
   results = _RESULTS.value or os.path.join(_WORKDIR.value, "results.md")
   from dllm_rl.train.resilience import EXIT_PREEMPTED, Preempted

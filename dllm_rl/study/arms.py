@@ -85,12 +85,12 @@ def select(arms: list[Arm], patterns: list[str] | None) -> list[Arm]:
 
 def unmatched(studies: list[str], patterns: list[str] | None,
               base: ml_collections.ConfigDict | None = None) -> str | None:
-  """An error message when a pattern matches no arm of the named studies (over ``base``,
-  default the embedded default), else None."""
+  """The problem with ``--arms`` when a pattern matches no arm of the named studies (over
+  ``base``, default the embedded default), else None."""
   base = base if base is not None else testbeds.testbed(testbeds.DEFAULT).get_config()
   names = [a.name for s in studies for a in STUDIES.get(s)(base)]
   bad = [p for p in patterns or () if not any(fnmatch.fnmatchcase(n, p) for n in names)]
-  return (f"--arms: {', '.join(map(repr, bad))} matches no arm of {', '.join(studies)};"
+  return (f"{', '.join(map(repr, bad))} matches no arm of {', '.join(studies)};"
           f" arms: {', '.join(names)}") if bad else None
 
 

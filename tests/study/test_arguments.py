@@ -170,3 +170,15 @@ def test_a_study_the_arms_leave_empty_is_skipped_with_a_note(tmp_path, monkeypat
   assert ran == [("steprs", ["centered"])]
   assert "note: --arms=centered selects no arm of stability: that study is skipped" in (
       capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("flag,line", [
+    ("--testbed=nope", "error: --testbed: unknown testbed 'nope'; available: arithmetic,"),
+    ("--scale=tpu", "error: --scale: 'tpu' is not cpu or gpu"),
+    ("--arms=nope*", "error: --arms: 'nope*' matches no arm of stability; arms: grpo@")])
+def test_an_unknown_testbed_or_arm_pattern_is_one_error_line(flag, line, tmp_path):
+  """They printed ~68 lines of usage text, then the message without ``error:``."""
+  proc = _study_cli("stability", f"--workdir={tmp_path / 'w'}", flag)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith(line), proc.stderr
+  assert not (tmp_path / "w").exists()

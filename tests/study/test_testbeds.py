@@ -35,7 +35,7 @@ def test_unknown_testbed_is_an_error_listing_the_names(tmp_path):
   assert testbeds.resolve(None, "cpu") == "arithmetic"
   with pytest.raises(ValueError, match="disagree"):
     testbeds.resolve("countdown", "gpu")
-  with pytest.raises(ValueError, match="--scale=tpu"):
+  with pytest.raises(ValueError, match="^--scale: 'tpu' is not cpu or gpu"):
     testbeds.resolve(None, "tpu")
   with pytest.raises(ValueError, match="available: arithmetic"):
     study(["steprs"], str(tmp_path / "w"), 1, True, {}, str(tmp_path / "r.md"), "test",
