@@ -266,9 +266,10 @@ def resolve(testbed: str | None, scale: str | None = None) -> str:
   if scale not in (None, "cpu", "gpu"):
     raise ConfigError("--scale", f"{scale!r} is not cpu or gpu (or --testbed:"
                       f" {', '.join(TESTBEDS.names())})")
-  from_scale = "gpu" if scale == "gpu" else None
+  from_scale = {"gpu": "gpu", "cpu": DEFAULT}.get(scale)
   if testbed is not None and from_scale is not None and testbed != from_scale:
-    raise ConfigError("--testbed", f"{testbed} and --scale={scale} disagree")
+    raise ConfigError("--testbed", f"{testbed} and --scale={scale} (the {from_scale} testbed)"
+                      " disagree: give one of them")
   name = testbed or from_scale or DEFAULT
   if name not in TESTBEDS:
     raise ConfigError("--testbed", TESTBEDS.unknown_message(name))

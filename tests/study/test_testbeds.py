@@ -35,6 +35,9 @@ def test_unknown_testbed_is_an_error_listing_the_names(tmp_path):
   assert testbeds.resolve(None, "cpu") == "arithmetic"
   with pytest.raises(ValueError, match="disagree"):
     testbeds.resolve("countdown", "gpu")
+  with pytest.raises(ValueError, match=r"gpu and --scale=cpu \(the arithmetic testbed\) disagree"):
+    testbeds.resolve("gpu", "cpu")  # was the gpu testbed, the cpu scale said nothing
+  assert testbeds.resolve("arithmetic", "cpu") == "arithmetic"
   with pytest.raises(ValueError, match="^--scale: 'tpu' is not cpu or gpu"):
     testbeds.resolve(None, "tpu")
   with pytest.raises(ValueError, match="available: arithmetic"):
