@@ -150,7 +150,7 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 
 
 def check_sft_reusable(workdir: str, config: ml_collections.ConfigDict) -> None:
-  """A ConfigError (key ``workdir``) when the finished SFT start in ``workdir`` was trained
+  """A ConfigError (key ``--workdir``) when the finished SFT start in ``workdir`` was trained
   with other settings of :data:`SFT_START_KEYS` than ``config`` (its ``config_sft.json``
   against this study's; keys only one side has, from another code version, are not
   compared): the study would otherwise build its arms on a start it did not ask for."""
@@ -165,7 +165,7 @@ def check_sft_reusable(workdir: str, config: ml_collections.ConfigDict) -> None:
   if differ:
     shown = "; ".join(f"{k}: trained with {recorded[k]!r}, this study sets {wanted[k]!r}"
                       for k in differ[:6]) + ("; ..." if len(differ) > 6 else "")
-    raise ConfigError("workdir", f"{workdir} holds an SFT start trained with other settings"
+    raise ConfigError("--workdir", f"{workdir} holds an SFT start trained with other settings"
                       f" ({shown}): use a fresh --workdir, or the --config overrides it"
                       " was trained with")
 
@@ -307,7 +307,7 @@ def arm_run_overrides(seed: int, size: Size, overrides: dict, arm_overrides: dic
 
 def check_reusable(path: str, recorded: dict, wanted: dict,
                    base: ml_collections.ConfigDict | None = None, skip: tuple = ()) -> None:
-  """A ConfigError (key ``workdir``) when the finished run at ``path`` ran with other
+  """A ConfigError (key ``--workdir``) when the finished run at ``path`` ran with other
   settings than this study's (``recorded`` against ``wanted`` overrides; a key one side does
   not set has the ``base`` config's value): reusing it would mix, e.g., a ``--quick`` run or
   another ``--config`` override into the study. ``skip``: keys not compared."""
@@ -321,7 +321,7 @@ def check_reusable(path: str, recorded: dict, wanted: dict,
   if differ:
     shown = "; ".join(f"{k}: ran with {at(recorded, k)!r}, this study sets {at(wanted, k)!r}"
                       for k in differ)
-    raise ConfigError("workdir", f"{path} is a finished run with other settings ({shown}):"
+    raise ConfigError("--workdir", f"{path} is a finished run with other settings ({shown}):"
                       " use a fresh --workdir, or the size and --config overrides it ran with")
 
 
@@ -346,7 +346,7 @@ def check_finished_runs(name: str, arms: list[Arm], workdir: str, seeds: int, si
 
 def check_interrupted(run_dir: str, wanted: ml_collections.ConfigDict, skip=()) -> None:
   """An interrupted run (RL checkpoints, no run.json) resumes: a ConfigError (key
-  ``workdir``) when the config it started with (its ``config_rl.json``) differs from
+  ``--workdir``) when the config it started with (its ``config_rl.json``) differs from
   ``wanted``, this study's, in any key but ``skip``: its finished record would state the new
   settings for steps that ran with the old (another lr, another length's schedule)."""
   from dllm_rl.errors import ConfigError
@@ -360,7 +360,7 @@ def check_interrupted(run_dir: str, wanted: ml_collections.ConfigDict, skip=()) 
   if changes:
     shown = "; ".join(f"{k}: started with {was!r}, this study sets {now!r}"
                       for k, was, now in changes[:8])
-    raise ConfigError("workdir", f"{run_dir} holds an interrupted run with other settings"
+    raise ConfigError("--workdir", f"{run_dir} holds an interrupted run with other settings"
                       f" ({shown}): rerun with the settings it started with, or delete that"
                       " folder to run it afresh")
 

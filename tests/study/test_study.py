@@ -310,7 +310,7 @@ def test_an_interrupted_run_with_other_settings_is_refused_before_anything_runs(
   with open(os.path.join(run_dir, "config_rl.json"), "w") as fh:
     fh.write(started.to_json_best_effort(indent=2, sort_keys=True))
   runner.check_finished_runs("stability", [arm], str(tmp_path), 1, size, TINY)  # same: resumes
-  with pytest.raises(ConfigError, match=r"^config\.workdir: .* holds an interrupted run with"
+  with pytest.raises(ConfigError, match=r"^--workdir: .* holds an interrupted run with"
                                         r" other settings \(rl\.kl_coef: started with 0\.0, this"
                                         r" study sets 0\.1\)"):
     runner.check_finished_runs("stability", [arm], str(tmp_path), 1, size,
