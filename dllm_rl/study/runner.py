@@ -195,7 +195,9 @@ def seed_range(seeds: int, first_seed: int = 0) -> range:
 def check_sft_starts(workdir: str, seeds: int, overrides: dict, testbed: str,
                      base: ml_collections.ConfigDict | None = None, sft_seed: int = 0,
                      first_seed: int = 0) -> None:
-  """:func:`check_sft_reusable` on every finished SFT start the study in DIR would reuse;
+  """:func:`check_sft_reusable` on every SFT start the study in DIR would reuse, finished or
+  interrupted (its checkpoints: a rerun resumes it, and its record would state the new
+  settings for steps trained with the old);
   ``studies.study`` calls it before anything trains. ``base``: the testbed's config unless
   given; ``sft_seed``: the seed of a shared start (:func:`check_sft_seed`); the seeds:
   :func:`seed_range`."""
@@ -213,7 +215,8 @@ def check_sft_starts(workdir: str, seeds: int, overrides: dict, testbed: str,
                         f" arms start from; the start of seed {sft_seed} needs its own --workdir")
   for seed in ([sft_seed] if shared else seed_range(seeds, first_seed)):
     folder = sft_start_dir(workdir, seed, shared, sft_seed)
-    if os.path.exists(os.path.join(folder, "summary.json")):
+    interrupted = os.path.isdir(os.path.join(folder, "checkpoints", "sft"))  # resumes
+    if interrupted or os.path.exists(os.path.join(folder, "summary.json")):
       check_sft_reusable(folder, sft_config(seed, overrides, base))
 
 

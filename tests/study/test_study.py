@@ -315,3 +315,18 @@ def test_an_interrupted_run_with_other_settings_is_refused_before_anything_runs(
                                         r" study sets 0\.1\)"):
     runner.check_finished_runs("stability", [arm], str(tmp_path), 1, size,
                                {**TINY, "rl.kl_coef": 0.1})
+
+
+def test_an_interrupted_sft_start_with_other_settings_is_refused(tmp_path):
+  """An SFT start interrupted mid-warm-up (checkpoints, no summary.json) resumes on a rerun:
+  with another sft.* override it is refused like a finished one."""
+  from dllm_rl.errors import ConfigError
+  from dllm_rl.study import runner
+  folder = runner.sft_start_dir(str(tmp_path), 0, False)
+  os.makedirs(os.path.join(folder, "checkpoints", "sft", "2"))
+  with open(os.path.join(folder, "config_sft.json"), "w") as fh:
+    fh.write(runner.sft_config(0, TINY).to_json_best_effort())
+  runner.check_sft_starts(str(tmp_path), 1, TINY, "arithmetic")  # the same settings: resumes
+  with pytest.raises(ConfigError, match=r"^--workdir: .*seed0 holds an SFT start trained with"
+                                        r" other settings \(sft\.lr: trained with"):
+    runner.check_sft_starts(str(tmp_path), 1, {**TINY, "sft.lr": 5e-2}, "arithmetic")
