@@ -139,16 +139,6 @@ def _run(config, workdir: str, quiet_unread=()) -> dict:
 SFT_START_KEYS = ("seed", "model", "task", "data", "sft", "sampler", "eval", "lora", "train")
 
 
-def _flat(tree: dict, prefix: str = "") -> dict:
-  out = {}
-  for k, v in tree.items():
-    if isinstance(v, dict):
-      out.update(_flat(v, f"{prefix}{k}."))
-    else:
-      out[prefix + k] = v
-  return out
-
-
 def check_sft_reusable(workdir: str, config: ml_collections.ConfigDict) -> None:
   """A ConfigError (key ``--workdir``) when the finished SFT start in ``workdir`` was trained
   with other settings of :data:`SFT_START_KEYS` than ``config`` (its ``config_sft.json``
@@ -158,8 +148,9 @@ def check_sft_reusable(workdir: str, config: ml_collections.ConfigDict) -> None:
   path = os.path.join(workdir, "config_sft.json")
   if not os.path.exists(path):
     return
-  recorded = _flat(read_record(path))
-  wanted = _flat(json.loads(config.to_json_best_effort()))
+  from dllm_rl.train.layout_errors import flat
+  recorded = flat(read_record(path))
+  wanted = flat(json.loads(config.to_json_best_effort()))
   differ = sorted(k for k in set(recorded) & set(wanted)
                   if k.split(".")[0] in SFT_START_KEYS and recorded[k] != wanted[k])
   if differ:

@@ -107,11 +107,12 @@ def check_param_dtype(meta: dict, config, where: str) -> None:
                       " (or start a new --workdir)")
 
 
-def _flat(tree, prefix: str = "") -> dict[str, Any]:
+def flat(tree, prefix: str = "") -> dict[str, Any]:
+  """``{"a.b": value}`` of a nested dict (a config as JSON); an empty section is a value."""
   out = {}
   for key, value in tree.items():
     if isinstance(value, dict) and value:
-      out.update(_flat(value, f"{prefix}{key}."))
+      out.update(flat(value, f"{prefix}{key}."))
     else:
       out[f"{prefix}{key}"] = value
   return out
@@ -126,10 +127,10 @@ def changed_settings(meta: dict, config, ignore=("mode",),
   resume goes on with the new values, which may be meant (more steps, another lr); said so
   that an unmeant one is seen."""
   try:
-    saved = _flat(json.loads(meta["config"]))
+    saved = flat(json.loads(meta["config"]))
   except (KeyError, TypeError, ValueError):
     return []
-  now = _flat(_plain(config))
+  now = flat(_plain(config))
   under = lambda key, keys: any(key == k or key.startswith(k + ".") for k in keys)
   return [(k, saved.get(k), now.get(k)) for k in sorted(set(saved) | set(now))
           if not under(k, ignore) and (only is None or under(k, only))
