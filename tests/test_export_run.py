@@ -193,7 +193,7 @@ def test_a_fine_tuned_hf_model_exports_with_the_trained_logits(tmp_path, family)
 
 
 @pytest.mark.slow
-def test_eval_of_the_export_reproduces_the_runs_evaluation(tmp_path):
+def test_eval_of_the_export_reproduces_the_runs_evaluation(tmp_path, capsys):
   """A run's checkpoint evaluated in its workdir, then exported in float32 and evaluated as
   a base model (mode=eval, model.hf_checkpoint=<export>, a workdir without checkpoints: the
   pre-RL-baseline path): the same generations, accuracy, pass@k and diversity. (A policy
@@ -206,8 +206,15 @@ def test_eval_of_the_export_reproduces_the_runs_evaluation(tmp_path):
   assert run_eval["step_label"] == "rl3"
   assert convert_cli.main(["export", "--workdir", w, "--out", str(tmp_path / "hf")]) == 0
   config.model.hf_checkpoint = str(tmp_path / "hf")
+  capsys.readouterr()
   export_eval = modes.run(config, str(tmp_path / "baseline"))
   assert export_eval["step_label"] == "base" and export_eval["weights"] == str(tmp_path / "hf")
+  # An empty workdir is said, in case a trained run's was meant; eval.phase=base is not.
+  assert (f"[eval] note: no checkpoint under {tmp_path / 'baseline' / 'checkpoints'}:"
+          f" evaluating the base model {tmp_path / 'hf'}") in capsys.readouterr().err
+  config.eval.phase = "base"
+  assert modes.run(config, str(tmp_path / "baseline"))["step_label"] == "base"
+  assert "note: no checkpoint" not in capsys.readouterr().err
   for key in ("test_accuracy", "test_reward", "pass_at_k", "sample_accuracy", "diversity"):
     assert export_eval[key] == run_eval[key], key
   generations = open(export_eval["generations"]).read()

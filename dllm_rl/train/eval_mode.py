@@ -4,7 +4,8 @@ Which weights (``config.eval.phase``, ``config.eval.checkpoint_step``; checked b
 weight is read or anything compiles):
 
 * ``auto`` (default): the newest phase with a checkpoint in ``--workdir`` (RL, else SFT); with
-  no checkpoint at all, the weights of ``model.hf_checkpoint`` (the pre-RL baseline);
+  no checkpoint at all, the weights of ``model.hf_checkpoint`` (the pre-RL baseline), with a
+  note on stderr naming the empty ``checkpoints`` folder (a mistyped ``--workdir``);
 * ``sft`` | ``rl``: that phase's checkpoints;
 * ``base``: the weights of ``model.hf_checkpoint``, whatever the workdir holds.
 
@@ -140,6 +141,11 @@ def run_eval(ctx: Context) -> dict:
   t0 = time.time()
   config = ctx.config
   ref = resolve_target(config, ctx.workdir)  # before any weight is read or compiled
+  if ref is None and config.eval.phase != BASE and is_primary():
+    print(f"[eval] note: no checkpoint under {paths.join(ctx.workdir, 'checkpoints')}:"
+          f" evaluating the base model {ctx.hf_checkpoint} (--config.eval.phase=base says so"
+          " without this note; check --workdir if a trained run was meant)",
+          file=sys.stderr, flush=True)
   ref, graphdef, params = load_policy(ctx, ref)
   if ref is not None and is_primary():
     for line in trained_otherwise(ref, config):
