@@ -93,8 +93,14 @@ def rerender(md_path: str, commit: str) -> dict:
     raise ValueError(f"{md_path}: no study JSON in {folder}/")
   meta_path = os.path.join(folder, report_files.META_FILE)
   if os.path.exists(meta_path):
-    with open(meta_path) as fh:
-      meta = json.load(fh)
+    try:
+      with open(meta_path, encoding="utf-8") as fh:
+        meta = json.load(fh)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise ValueError(f"{meta_path}: not a readable meta.json ({e}); delete it to take the"
+                       f" header from {md_path}") from None
+    if not isinstance(meta, dict):
+      raise ValueError(f"{meta_path}: a JSON object expected, got {type(meta).__name__}")
   else:
     meta = header_meta(old, md_path)
   meta.setdefault("first_commit", meta.get("commit", "n/a"))

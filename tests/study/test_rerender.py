@@ -78,3 +78,17 @@ def test_help_prints_what_the_command_does_and_rewrites_nothing(tmp_path, capsys
     out = capsys.readouterr().out
     assert "[REPORT.md | DOCS ...]" in out and "stored JSON" in out
   assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("text, problem", [
+    ('{"commit": "abc"', "not a readable meta.json"),
+    ('["abc"]', "a JSON object expected, got list")])
+def test_a_broken_meta_json_is_named_and_nothing_is_rewritten(tmp_path, capsys, text, problem):
+  os.makedirs(tmp_path / "r")
+  with gzip.open(tmp_path / "r" / "steprs.json.gz", "wt") as fh:
+    json.dump({"study": "steprs"}, fh)
+  (tmp_path / "r" / "meta.json").write_text(text)
+  (tmp_path / "r.md").write_text(HEADER + "## `steprs`\n")
+  assert rerender.main(["rerender", str(tmp_path / "r.md")]) == 2
+  assert f"rerender: {tmp_path / 'r' / 'meta.json'}: {problem}" in capsys.readouterr().err
+  assert (tmp_path / "r.md").read_text() == HEADER + "## `steprs`\n"
