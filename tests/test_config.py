@@ -355,6 +355,28 @@ def test_a_broken_config_file_is_one_error_naming_its_line(tmp_path, capsys, bod
   assert re.fullmatch(rf"error: --config={re.escape(str(path))}{expected}\n", err), err
 
 
+def test_a_config_path_outside_the_checkout_says_where_the_file_is(tmp_path, monkeypatch, capsys):
+  """``--config=configs/wd1.py:tiny`` run from another folder: the error names the folder it
+  was read from and the checkout's file; an install without the checkout (a wheel) is told
+  that configs/ comes with the checkout."""
+  from dllm_rl.config import cli, schema
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(SystemExit) as stop:
+    cli.load("configs/wd1.py:tiny", [], check=validate)
+  checkout = os.path.dirname(os.path.dirname(os.path.abspath(schema.__file__)))
+  checkout = os.path.dirname(checkout)
+  assert stop.value.code == 2
+  assert capsys.readouterr().err == (
+      f"error: --config=configs/wd1.py:tiny: FileNotFoundError: configs/wd1.py: no such file"
+      f" (relative paths are read from the current folder, {tmp_path}); this install's"
+      f" checkout has it: --config={os.path.join(checkout, 'configs', 'wd1.py')}:tiny\n")
+  wheel = schema.missing_config("configs/wd1.py", cwd="/x", checkout=str(tmp_path))
+  assert wheel.endswith("; the configs/ files come with the source checkout (README: Set-up),"
+                        " not with an installed wheel; without --config the embedded default"
+                        " runs")
+  assert schema.missing_config("/abs/c.py") == "/abs/c.py: no such file"
+
+
 def test_a_config_file_that_returns_nothing_or_a_part_is_said_or_completed(tmp_path):
   """get_config() without its return is an error naming it; one that builds only some
   sections gets the defaults of the others (validation checked it so; the run then failed

@@ -274,7 +274,7 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
   if os.path.isdir(path):
     raise IsADirectoryError(f"{path} is a folder: name a config file (e.g. configs/tiny_cpu.py)")
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"{path}: no such file")
+    raise FileNotFoundError(missing_config(path, args))
   name = os.path.splitext(os.path.basename(path))[0]
   spec = importlib.util.spec_from_file_location(f"dllm_rl_config_{name}", path)
   if spec is None or spec.loader is None:
@@ -289,6 +289,30 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
                     " ml_collections.ConfigDict (a missing `return`? start it from"
                     " dllm_rl.config.base_config())")
   return with_defaults(config)
+
+
+def missing_config(path: str, args: tuple = (), *, cwd: str | None = None,
+                   checkout: str | None = None) -> str:
+  """Why ``--config=PATH`` names no file, and where it is when this package's source
+  checkout (``checkout``: the folder above ``dllm_rl/``) has it: a relative path is read
+  from the current folder (``cwd``), so ``configs/llada_tpu.py`` given outside the
+  checkout is not found; an install without the checkout (a wheel) has no ``configs/``."""
+  import os
+  cwd = os.getcwd() if cwd is None else cwd
+  if checkout is None:
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  msg = f"{path}: no such file"
+  if os.path.isabs(path):
+    return msg
+  msg += f" (relative paths are read from the current folder, {cwd})"
+  there = os.path.join(checkout, path)
+  if os.path.isfile(there):
+    suffix = "".join(":" + a for a in args)
+    return msg + f"; this install's checkout has it: --config={there}{suffix}"
+  if not os.path.isdir(os.path.join(checkout, "configs")):
+    msg += ("; the configs/ files come with the source checkout (README: Set-up), not with"
+            " an installed wheel; without --config the embedded default runs")
+  return msg
 
 
 def with_defaults(config: ml_collections.ConfigDict,
