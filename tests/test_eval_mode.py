@@ -221,6 +221,22 @@ def test_a_config_change_outside_the_layout_is_not_named():
   assert err.key == "model.n_layers" and "--config.lora.targets=q,k,v,o,gate,up,down" in str(err)
 
 
+def test_a_key_added_since_the_checkpoint_counts_only_away_from_its_default():
+  """A checkpoint saved before a key existed (its config lacks ``sampler.kind``): the key at
+  its default is no change (the saved run ran as the default does); set otherwise it is."""
+  import json
+  from dllm_rl.config import base_config
+  from dllm_rl.train import layout_errors
+  old = json.loads(base_config().to_json())
+  del old["sampler"]["kind"], old["sampler"]["top_p"]
+  meta = {"config": json.dumps(old)}
+  now = base_config()
+  assert layout_errors.changed_settings(meta, now) == []
+  now.sampler.kind, now.rl.lr = "dream", 3e-4
+  assert layout_errors.changed_settings(meta, now) == [
+      ("rl.lr", old["rl"]["lr"], 3e-4), ("sampler.kind", None, "dream")]
+
+
 def test_weights_trained_with_other_policy_settings_are_said(tmp_path):
   """lora.alpha / targets, rope_theta or the task change the evaluated policy or its prompts
   without changing a saved shape: the evaluation runs and says each such key (no compile

@@ -15,6 +15,7 @@ from typing import Any
 
 import ml_collections
 
+from dllm_rl.config.schema import base_config
 from dllm_rl.errors import ConfigError
 from dllm_rl.infra.checkpoint import Checkpointer, LayoutMismatch
 
@@ -123,16 +124,19 @@ def changed_settings(meta: dict, config, ignore=("mode",),
   """``(key, value saved, value now)`` for each config key that differs between the config
   saved in a checkpoint's ``meta`` and the run's ``config`` (``ignore``d keys, and their
   subkeys, aside; with ``only``, those keys and their subkeys alone; a key either side
-  lacks, as from another version, counts with None). [] when the meta holds no config. A
-  resume goes on with the new values, which may be meant (more steps, another lr); said so
-  that an unmeant one is seen."""
+  lacks, as from another version, counts with None, except a key added since that the run
+  leaves at its default, :func:`dllm_rl.config.base_config`'s: the saved run ran as that
+  default does). [] when the meta holds no config. A resume goes on with the new values,
+  which may be meant (more steps, another lr); said so that an unmeant one is seen."""
   try:
     saved = flat(json.loads(meta["config"]))
   except (KeyError, TypeError, ValueError):
     return []
   now = flat(_plain(config))
+  defaults = flat(_plain(base_config()))
   under = lambda key, keys: any(key == k or key.startswith(k + ".") for k in keys)
+  added_at_default = lambda k: k not in saved and k in defaults and now.get(k) == defaults[k]
   return [(k, saved.get(k), now.get(k)) for k in sorted(set(saved) | set(now))
           if not under(k, ignore) and (only is None or under(k, only))
-          and saved.get(k) != now.get(k)]
+          and saved.get(k) != now.get(k) and not added_at_default(k)]
 
