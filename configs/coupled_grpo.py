@@ -36,13 +36,13 @@ and ``src/open_r1/coupled_grpo.py`` (``DiffuGRPOTrainer``):
   processes × ``per_device_train_batch_size`` 5 × ``gradient_accumulation_steps`` 2 / G);
 * AdamW lr 1e-6, cosine decay after a warm-up of ``warmup_ratio`` 1e-4 (0 updates here),
   betas (0.9, 0.99), weight decay 0.1, global-norm clip 0.2; full fine-tuning;
-* generation (Dream's ``diffusion_generate``): 256 tokens in 256 steps, one block,
-  temperature 1.0, ``alg="entropy"``; prompts up to 200 tokens.
+* generation (Dream's ``diffusion_generate``, ``sampler.kind = "dream"``): 256 tokens in 256
+  steps, one block, temperature 1.0, top-p 0.95, ``alg="entropy"``; prompts up to 200 tokens.
 
 Not reproduced: the task (code, AceCode-hard with an execution reward weighted 2.0 plus a
 format reward 0.5; GSM8K stands in); the per-token k3 KL with β = 0.01 to a reference
 re-synced every 64 steps (this framework's KL is sequence-level, to the starting policy:
-off); top-p 0.95 in the rollouts; the cosine's floor of 0.1 × lr (it decays to 0 here);
+off); the cosine's floor of 0.1 × lr (it decays to 0 here);
 one masking rate t per device batch (here one per sequence: the same law per sequence);
 random masks on the positions after the first EOS (here the action ends there, DESIGN.md);
 the token mean is over the whole batch, not per device micro-batch.
@@ -60,6 +60,7 @@ def _full_scale():
   c.data.prompt_len = 200
   c.data.completion_len = 256
   c.sampler.steps, c.sampler.block_len = 256, 256
+  c.sampler.top_p = 0.95       # DiffuCoder's rollouts (Dream's sampler: dream_tpu.py)
   c.rl.steps = 934             # one epoch of GSM8K's 7473 training prompts, 8 per batch
   c.rl.batch_prompts = 8
   c.rl.group_size = 10

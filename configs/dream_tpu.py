@@ -28,9 +28,12 @@ G = 16, 256 generated tokens in 128 steps, temperature 0.9, the SPG block-wise E
 with K = 2 and prompt masking 0.15, μ = 2, AdamW lr 2e-6, betas (0.9, 0.99), weight
 decay 0.1, linear decay over 2000 updates (1000 rollout batches × μ), global-norm
 clip 0.2, no KL, centered
-advantages, C = 5, the official mask noise and SPG surrogate. Decoding follows Dream's
-``diffusion_generate`` as DARE calls it: the whole completion is one block and the
-confidence is the negative entropy (``alg="entropy"``).
+advantages, C = 5, the official mask noise and SPG surrogate. Decoding (rollouts, greedy
+eval, pass@k) is Dream's own ``diffusion_generate`` (``sampler.kind = "dream"``,
+dllm_rl/sampling/dream_rollout.py): the whole completion is one block, ``alg="entropy"``, its
+schedule int(masks × (1 − s/t)) over linspace(1, eps = 1e-3, steps + 1), confidences from the
+tempered probabilities; the rollouts reproduce the official greedy runs token for token
+(tests/sampling/test_dream_rollout.py).
 """
 
 import os
@@ -50,6 +53,7 @@ def get_config():
   c = _llada_config()
   c.unlock()
   c.model.hf_checkpoint = "REQUIRED: path to Dream-v0-Instruct-7B (HF format)"
-  c.sampler.block_len = 256  # one block: Dream's diffusion_generate is not semi-autoregressive
-  c.sampler.remasking = "entropy"
+  c.sampler.kind = "dream"  # Dream's own sampler (one block: it is not semi-autoregressive)
+  c.sampler.block_len = 256
+  c.sampler.remasking = "entropy"  # diffusion_generate's alg
   return locked(c)

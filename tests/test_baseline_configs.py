@@ -43,7 +43,8 @@ OFFICIAL = {
         "estimator.t_eps": 0.2, "estimator.full_mask_term": True, "estimator.reduction": "sum",
         "estimator.antithetic": True, "estimator.prompt_mask_prob": 0.0,
         "data.completion_len": 256, "sampler.steps": 256, "sampler.block_len": 256,
-        "sampler.remasking": "entropy", "data.prompt_len": 200},
+        "sampler.remasking": "entropy", "sampler.kind": "dream", "sampler.top_p": 0.95,
+        "data.prompt_len": 200},
 }
 
 

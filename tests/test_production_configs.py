@@ -58,6 +58,8 @@ def _tiny(config, hf_dir, data):
     # CPU has no compiled kernel: the dense reference (tests/test_plan.py compiles the
     # config's Mosaic kernel for a TPU slice).
     c.estimator.attention_impl = "auto"
+  elif c.sampler.kind == "dream":  # Dream's sampler: the whole completion in one block
+    c.sampler.steps, c.sampler.block_len = 4, c.data.completion_len
   else:
     c.sampler.steps, c.sampler.block_len = 4, 8
   c.rl.steps, c.rl.batch_prompts, c.rl.group_size, c.rl.eval_every = 1, 8, 2, 0

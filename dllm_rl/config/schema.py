@@ -103,6 +103,11 @@ def base_config() -> ml_collections.ConfigDict:
   d.system_prompt = ""
 
   c.sampler = s = ml_collections.ConfigDict()
+  # masked = the LLaDA-style sampler below (block_len, remasking, threshold, cache) | dream =
+  # Dream's own diffusion_generate (one block; remasking = its alg: entropy, maskgit_plus,
+  # topk_margin, origin; eps, top_p, top_k; dllm_rl/sampling/dream_rollout.py). A block model
+  # (model.block_size > 0) always uses the block sampler.
+  s.kind = "masked"
   s.steps = 8             # denoising steps over the whole completion (with threshold > 0
                           # a block runs until it is complete, up to block_len steps)
   s.block_len = 8         # semi-autoregressive block length
@@ -121,6 +126,9 @@ def base_config() -> ml_collections.ConfigDict:
   s.cache = "none"
   s.cache_refresh = 0     # prefix/dual: also refresh the cache every N steps inside a block
                           # (0 = only at block starts, as Fast-dLLM)
+  s.eps = 1e-3            # kind=dream: the schedule's end, linspace(1, eps, steps + 1)
+  s.top_p = 1.0           # kind=dream: nucleus filtering of the proposals (1.0 = off)
+  s.top_k = 0             # kind=dream: top-k filtering of the proposals (0 = off)
 
   c.sft = f = ml_collections.ConfigDict()
   f.steps = 1000

@@ -12,7 +12,7 @@ import numpy as np
 
 from dllm_rl.parallel.constraints import jit_sharded
 from dllm_rl.parallel.shard import replicated
-from dllm_rl.sampling import block_sampler
+from dllm_rl.sampling import block_sampler, dream_rollout
 from dllm_rl.sampling import sampler as sampler_lib
 from dllm_rl.tasks.data import trim_to_bucket
 
@@ -21,15 +21,18 @@ def make_sample_fn(graphdef, cfg: sampler_lib.SamplerConfig, *, mask_id: int, eo
                    mesh=None, group_size: int = 0):
   """Jitted ``fn(params, prompt_BP, prompt_valid_BP, key) -> SampleOutput``
   (``group_size`` > 0: G completions per prompt). A ``BlockSamplerConfig`` selects
-  the block-diffusion sampler (KV cache). With a ``mesh`` the outputs are
+  the block-diffusion sampler (KV cache), a ``DreamRolloutConfig`` Dream's own. With a ``mesh`` the outputs are
   replicated, so every host can decode and verify them."""
-  block = isinstance(cfg, block_sampler.BlockSamplerConfig)  # block-diffusion model
+  if isinstance(cfg, block_sampler.BlockSamplerConfig):  # block-diffusion model
+    one, groups = block_sampler.sample_blocks, block_sampler.sample_block_groups
+  elif isinstance(cfg, dream_rollout.DreamRolloutConfig):  # sampler.kind = "dream"
+    one, groups = dream_rollout.sample, dream_rollout.sample_groups
+  else:
+    one, groups = sampler_lib.sample, sampler_lib.sample_groups
   if group_size:
-    groups = block_sampler.sample_block_groups if block else sampler_lib.sample_groups
     fn = functools.partial(groups, graphdef, group_size=group_size, cfg=cfg, mask_id=mask_id,
                            eos_id=eos_id)
   else:
-    one = block_sampler.sample_blocks if block else sampler_lib.sample
     fn = functools.partial(one, graphdef, cfg=cfg, mask_id=mask_id, eos_id=eos_id)
   return jit_sharded(fn, mesh, out_shardings=None if mesh is None else replicated(mesh))
 

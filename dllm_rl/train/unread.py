@@ -76,6 +76,8 @@ RULES: tuple[tuple[str, Callable[[ml_collections.ConfigDict], bool], str], ...] 
      " above it): SFT runs all its steps"),
     ("profile.steps", lambda c: c.mode in ("rl", "pipeline"),
      "a trace of RL steps: an SFT or eval run writes none"),
+    ("sampler.eps", lambda c: c.sampler.kind == "dream" and not c.model.block_size,
+     "the schedule of Dream's sampler (sampler.kind=dream)"),
     ("lora.alpha", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
     ("lora.targets", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
     ("lora.base_dtype", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),

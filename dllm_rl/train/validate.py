@@ -27,7 +27,8 @@ from dllm_rl.parallel.distributed import INITIALIZE_MODES
 from dllm_rl.paths import BackendMissing
 from dllm_rl.registry import unknown_message
 from dllm_rl.rl import advantages, losses
-from dllm_rl.sampling import open_block, remasking
+from dllm_rl.sampling import configs as sampler_configs
+from dllm_rl.sampling import dream_rollout, open_block, remasking
 from dllm_rl.train.context import expert_axis_problem
 from dllm_rl.train.throughput import parse_steps
 from dllm_rl.types import DTYPES
@@ -89,8 +90,9 @@ def _names(config, check: "_Checks") -> None:
             f"{config.mode} trains on it; give a train file, or use mode=eval")
   except (TypeError, ValueError, OSError, BackendMissing) as err:
     check.error(ConfigError("task.options", str(err)))
-  check(config.sampler.remasking in remasking.REMASKING, "sampler.remasking",
-         remasking.REMASKING.unknown_message(config.sampler.remasking))
+  if config.sampler.kind != "dream":  # Dream's algs: _dream_sampler
+    check(config.sampler.remasking in remasking.REMASKING, "sampler.remasking",
+           remasking.REMASKING.unknown_message(config.sampler.remasking))
 
 
 def _model(config, check: "_Checks") -> None:
@@ -147,6 +149,11 @@ def _data(config, check: "_Checks") -> None:
   check(config.task.val_size > 0, "task.val_size", "must be positive")
 
 
+# Unmasking orders drawn at random (LLaDA's random remasking, Dream's origin): samples differ
+# at temperature 0.
+_RANDOM_ORDER = ("random", "origin")
+
+
 def _sampler(config, check: "_Checks") -> None:
   """``sampler``: blocks, steps, temperature, threshold, cache."""
   s, d = config.sampler, config.data
@@ -174,6 +181,42 @@ def _sampler(config, check: "_Checks") -> None:
   check(s.cache == "none" or not config.model.block_size, "sampler.cache",
          "a block-diffusion model (model.block_size > 0) decodes with its own KV cache:"
          " leave sampler.cache = 'none'")
+  check(s.kind in sampler_configs.KINDS, "sampler.kind",
+        unknown_message("sampler kind", s.kind, sampler_configs.KINDS))
+  if s.kind == "dream":
+    _dream_sampler(config, check)
+  else:
+    for key, off in (("top_p", 1.0), ("top_k", 0)):
+      check(s[key] == off, f"sampler.{key}", f"{s[key]}: only Dream's sampler filters its"
+            " proposals (sampler.kind=dream); the masked sampler draws from the whole"
+            f" distribution: leave it at {off}")
+
+
+def _dream_sampler(config, check: "_Checks") -> None:
+  """``sampler.kind = "dream"`` (dllm_rl.sampling.dream_rollout): one block, Dream's algs,
+  none of the masked sampler's threshold / cache / exclude_mask."""
+  s, d = config.sampler, config.data
+  check(not config.model.block_size, "sampler.kind", "'dream' decodes a model without blocks;"
+        " a block model (model.block_size > 0) decodes with the block sampler: leave"
+        " sampler.kind = 'masked'")
+  check(s.block_len == d.completion_len, "sampler.block_len",
+        f"{s.block_len}: Dream's sampler decodes the whole completion as one block (sampler."
+        f"kind=dream): set it to data.completion_len = {d.completion_len}")
+  algs = dream_rollout.DREAM_ALGS
+  name = dream_rollout.DREAM_NAME_OF.get(s.remasking)
+  check(s.remasking in algs, "sampler.remasking",
+        f"{s.remasking!r} is not one of Dream's algs {algs} (sampler.kind=dream)"
+        + (f"; Dream's name for it is {name!r}" if name and name != s.remasking else ""))
+  check(s.threshold == 0, "sampler.threshold", f"{s.threshold}: a masked-sampler setting;"
+        " Dream's confidence_threshold decodes one prompt at a time, officially, so"
+        " sampler.kind=dream does not offer it: leave it at 0")
+  check(s.cache == "none", "sampler.cache", f"{s.cache!r}: the masked sampler's caches;"
+        " Dream's sampler runs its full forwards (sampler.kind=dream): leave it 'none'")
+  check(not s.exclude_mask, "sampler.exclude_mask", "Dream's sampler proposes over the whole"
+        " vocabulary, as officially (sampler.kind=dream): leave it False")
+  check(0 < s.eps < 1, "sampler.eps", f"must be in (0, 1), got {s.eps}")
+  check(0 < s.top_p <= 1, "sampler.top_p", f"must be in (0, 1] (1 = off), got {s.top_p}")
+  check(s.top_k >= 0, "sampler.top_k", f"must be >= 0 (0 = off), got {s.top_k}")
 
 
 def _sft(config, check: "_Checks") -> None:
@@ -228,7 +271,7 @@ def _rl(config, check: "_Checks") -> None:
   check(0 <= r.warmup_steps <= r.steps * r.inner_steps, "rl.warmup_steps",
          f"must be in [0, rl.steps * rl.inner_steps] = [0, {r.steps * r.inner_steps}] (it"
          " counts optimizer updates; for a run this short set rl.warmup_steps=0)")
-  check(r.temperature > 0 or config.sampler.remasking == "random", "rl.temperature",
+  check(r.temperature > 0 or config.sampler.remasking in _RANDOM_ORDER, "rl.temperature",
         f"must be positive, got {r.temperature}: at 0 the rollouts are greedy, so with"
         f" sampler.remasking={config.sampler.remasking!r} every completion of a group is the"
         " same, its group-relative advantages are 0 and RL learns nothing")
@@ -296,7 +339,7 @@ def _eval(config, check: "_Checks") -> None:
                                    for k in e.pass_k), "eval.pass_k",
          f"every k must be in [1, eval.num_samples={e.num_samples}], got {tuple(e.pass_k)}")
   check(e.temperature >= 0, "eval.temperature", "must be >= 0")
-  check(e.temperature > 0 or e.num_samples == 1 or config.sampler.remasking == "random",
+  check(e.temperature > 0 or e.num_samples == 1 or config.sampler.remasking in _RANDOM_ORDER,
         "eval.temperature", f"0 with eval.num_samples={e.num_samples} draws identical samples"
         " (greedy, and the unmasking order is not random): pass@k would equal pass@1 and the"
         " diversity 1; set a temperature > 0, or eval.num_samples=1 with eval.pass_k=1")

@@ -364,18 +364,20 @@ def _hf_dir(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("advantage", ["centered", "steprs"])
-def test_rl_from_the_fixture_through_model_hf_checkpoint(tmp_path, advantage):
+@pytest.mark.parametrize("advantage, kind", [("centered", "masked"), ("steprs", "dream")])
+def test_rl_from_the_fixture_through_model_hf_checkpoint(tmp_path, advantage, kind):
   """``model.hf_checkpoint`` = the Dream fixture (with a tokenizer): the architecture, ids
   and weights come from it; one RL step with the default StableDRL loss (centered GRPO
-  advantages, or StepRS's state-dependent risk-sensitive ones), then test eval."""
+  advantages, or StepRS's state-dependent risk-sensitive ones, whose states are the steps
+  Dream's own sampler committed each token at: ``sampler.kind=dream``), then test eval."""
   from dllm_rl.train import modes as run
   from dllm_rl.train.context import build_context
   from tests.helpers import tiny_run_config
   config = tiny_run_config("rl", {
       "model.hf_checkpoint": str(_hf_dir(tmp_path)), "data.prompt_len": 24,
       "rl.steps": 1, "rl.eval_every": 0, "rl.log_every": 1, "task.test_size": 8,
-      "task.val_size": 8, "rl.advantage": advantage})
+      "task.val_size": 8, "rl.advantage": advantage, "sampler.kind": kind,
+      "sampler.remasking": "entropy" if kind == "dream" else "low_confidence"})
   ctx = build_context(config, str(tmp_path / "ctx"))
   assert ctx.model_cfg.qkv_bias and ctx.model_cfg.logit_shift and ctx.model_cfg.vocab_size == 160
   assert (ctx.tokenizer.mask_id, ctx.tokenizer.eos_id) == (156, 150)
