@@ -21,7 +21,8 @@ port does not support raises ``ValueError`` naming the keyword.
 * ``dream`` — Dream ``diffusion_generate`` (max_length, max_new_tokens, steps, eps, alg,
   alg_temp, temperature, top_p, top_k, mask_token_id; plus DARE / Fast-dLLM's block
   variant: block_length, dual_cache, threshold) → :func:`dllm_rl.sampling.dream.dream_generate`;
-  returns [B, P + max_new_tokens]; token-exact with the fixture's runs
+  returns [B, P + max_new_tokens]; as there, max_length counts the prompt, and with neither
+  length given 20 tokens are generated (capped at max_position_embeddings); token-exact with the fixture's runs
   (tests/sampling/test_dream_sampler.py). ``block_length=None`` is the plain sampler.
 * ``llada2.0`` — inclusionAI LLaDA2.0 ``LLaDA2MoeModelLM.generate`` (temperature,
   block_length, steps, gen_length, top_p, top_k, eos_early_stop, minimal_topk,
@@ -201,7 +202,10 @@ def _run_dream(pre, prompt_BP, valid_BP, key, *, max_length, max_new_tokens, ste
                alg_temp, temperature, top_p, top_k, mask_token_id, block_length, dual_cache,
                threshold):
   p = prompt_BP.shape[1]
-  if max_new_tokens is None:  # DreamGenerationConfig: max_length counts the prompt
+  if max_new_tokens is None:  # _prepare_generated_length: max_length counts the prompt ...
+    if max_length is None:  # ... unless left at its default 20: then 20 new tokens, capped
+      cap = pre.hf_config.get("max_position_embeddings")
+      max_length = p + _DREAM_MAX_LENGTH if cap is None else min(p + _DREAM_MAX_LENGTH, int(cap))
     max_new_tokens = int(max_length) - p
     if max_new_tokens <= 0:
       raise ValueError(f"dream generate: max_length={max_length} leaves no room after the "
@@ -215,6 +219,8 @@ def _run_dream(pre, prompt_BP, valid_BP, key, *, max_length, max_new_tokens, ste
       key=key).sequences_BN
 
 
+_DREAM_MAX_LENGTH = 20  # DreamGenerationConfig().max_length
+
 _LLADA2_KWARGS = dict(temperature=0.0, block_length=32, steps=32, gen_length=2048, top_p=None,
                       top_k=None, eos_early_stop=False, minimal_topk=1, threshold=0.95)
 
@@ -227,7 +233,7 @@ GENERATORS: dict[str, Generator] = {
         top_k=0, top_p=1.0, remasking_strategy="low_confidence_dynamic",
         confidence_threshold=0.85, stopping_criteria_idx=None), _run_sdar),
     "dream": Generator("DreamModel.diffusion_generate (Dream-org Dream-v0)", dict(
-        max_length=20, max_new_tokens=None, steps=512, eps=1e-3, alg="origin", alg_temp=None,
+        max_length=None, max_new_tokens=None, steps=512, eps=1e-3, alg="origin", alg_temp=None,
         temperature=0.0, top_p=None, top_k=None, mask_token_id=None, block_length=None,
         dual_cache=False, threshold=0.9), _run_dream),
     "llada2.0": Generator("LLaDA2MoeModelLM.generate (inclusionAI LLaDA2.0)", dict(

@@ -224,3 +224,18 @@ def test_dream_diffusion_generate_is_the_official_call(dream):
   np.testing.assert_array_equal(np.asarray(out), data["c_entropy_output"])
   with pytest.raises(TypeError, match="accepted: max_length, max_new_tokens, steps"):
     dream.generate(data["c_prompt"], gen_length=8)
+
+
+def test_dream_length_keywords_follow_diffusion_generate(dream):
+  """Dream's ``_prepare_generated_length``: without max_length / max_new_tokens, the default
+  max_length (20) counts *new* tokens (20 + prompt, capped at max_position_embeddings); an
+  explicit max_length counts the prompt, and one that leaves no room is refused."""
+  import dataclasses
+  prompt = np.random.default_rng(0).integers(0, 150, (1, 24))
+  assert dream.generate(prompt[:, :8], steps=1).shape == (1, 8 + 20)
+  assert dream.generate(prompt, steps=1).shape == (1, 24 + 20)  # a prompt longer than 20
+  assert dream.generate(prompt[:, :8], max_length=20, steps=1).shape == (1, 20)
+  capped = dataclasses.replace(dream, hf_config={**dream.hf_config, "max_position_embeddings": 30})
+  assert capped.generate(prompt, steps=1).shape == (1, 30)
+  with pytest.raises(ValueError, match=r"max_length=20 leaves no room after the 24-token prompt"):
+    dream.generate(prompt, max_length=20, steps=1)
