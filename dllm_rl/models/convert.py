@@ -57,6 +57,9 @@ def import_hf(hf_dir: str, out_dir: str, *, dtype: str = "float32", mesh=None) -
   """HF folder → imported checkpoint in ``out_dir``; returns timing stats."""
   if os.path.exists(os.path.join(out_dir, "model.json")):
     raise FileExistsError(f"{out_dir} already holds an imported checkpoint; use a new folder")
+  if _holds_hf(out_dir):  # one folder, one checkpoint: which would load is not obvious
+    raise FileExistsError(f"{out_dir} holds an HF checkpoint (config.json / safetensors); "
+                          "import into a new folder")
   hf_config = hf.read_hf_config(hf_dir)
   t0 = time.perf_counter()
   cfg, ids, _, params, family = hf.load_checkpoint(hf_dir, mesh=mesh, dtype=dtype)  # LoadedModel
@@ -102,9 +105,16 @@ def check_new_hf_dir(hf_dir: str) -> None:
     above = os.path.dirname(above)
   if not os.path.isdir(above):
     raise NotADirectoryError(f"{hf_dir}: {above} is a file, not a folder")
-  if os.path.isdir(hf_dir) and any(n.endswith(".safetensors") or n == "config.json"
-                                   for n in os.listdir(hf_dir)):
+  if _holds_hf(hf_dir):
     raise FileExistsError(f"{hf_dir} already holds an HF checkpoint; use a new folder")
+  if os.path.isfile(os.path.join(hf_dir, "model.json")):
+    raise FileExistsError(f"{hf_dir} holds a `convert import` checkpoint (model.json), which"
+                          " would load instead of the export; use a new folder")
+
+
+def _holds_hf(folder: str) -> bool:
+  return os.path.isdir(folder) and any(n.endswith(".safetensors") or n == "config.json"
+                                       for n in os.listdir(folder))
 
 
 class ImportedModel(NamedTuple):
@@ -119,8 +129,15 @@ class ImportedModel(NamedTuple):
 
 
 def is_imported(path: str) -> bool:
-  """A folder written by ``python -m dllm_rl.convert import`` (Orbax params + model.json)."""
-  return os.path.isfile(os.path.join(path, "model.json"))
+  """A folder written by ``python -m dllm_rl.convert import`` (Orbax params + model.json).
+  ValueError for a folder that also holds an HF config.json: either could be meant."""
+  meta = os.path.join(path, "model.json")
+  if not os.path.isfile(meta):
+    return False
+  if os.path.isfile(os.path.join(path, "config.json")):
+    raise ValueError(f"{path} holds two checkpoints: a `convert import` one ({meta}) and an HF"
+                     f" one ({os.path.join(path, 'config.json')}); move one to its own folder")
+  return True
 
 
 def read_meta(ckpt_dir: str) -> dict[str, Any]:

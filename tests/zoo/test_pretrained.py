@@ -239,3 +239,19 @@ def test_dream_length_keywords_follow_diffusion_generate(dream):
   assert capped.generate(prompt, steps=1).shape == (1, 30)
   with pytest.raises(ValueError, match=r"max_length=20 leaves no room after the 24-token prompt"):
     dream.generate(prompt, max_length=20, steps=1)
+
+
+def test_a_folder_never_holds_an_import_and_an_hf_checkpoint(tmp_path):
+  """model.json (`convert import`) beside config.json: loading either silently would be a
+  guess, so it is refused naming both files, and neither command writes such a folder."""
+  imported, hf_dir = str(tmp_path / "imported"), tmp_path / "hf"
+  convert.import_hf(SDAR, imported)
+  with pytest.raises(FileExistsError, match="holds a `convert import` checkpoint"):
+    convert.export_hf(imported, imported)  # the export would not be what loads
+  shutil.copytree(LLADA, hf_dir)
+  with pytest.raises(FileExistsError, match="holds an HF checkpoint"):
+    convert.import_hf(str(hf_dir), str(hf_dir))
+  for name in ("config.json", "model.safetensors"):  # an LLaDA beside the SDAR import
+    shutil.copy(os.path.join(LLADA, name), os.path.join(imported, name))
+  with pytest.raises(ValueError, match=r"two checkpoints: .*model\.json\) and .*config\.json\)"):
+    dllm_rl.load_pretrained(imported)
