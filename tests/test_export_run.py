@@ -253,3 +253,23 @@ def test_a_damaged_newest_step_exports_the_one_before_and_a_chosen_one_is_named(
   assert f"No readable checkpoint in {w}/checkpoints/rl: step 5: " in err
   assert "Saved steps: [3, 5, 6]; choose another step." in err and len(err) < 1000
   assert not os.path.exists(tmp_path / "hf5")
+
+
+def test_a_dream_shaped_run_from_scratch_exports_the_generation_config_dream_loads(tmp_path):
+  """DreamModel.from_pretrained always reads generation_config.json (OSError without it,
+  tests/fixtures/dream_tiny/README.md), so a Dream export writes one with its ids."""
+  from dllm_rl.infra.checkpoint import Checkpointer
+  from dllm_rl.models import transformer
+  from dllm_rl.train.context import model_config
+  from tests.helpers import LLADA_TINY_MODEL
+  config = tiny_run_config("rl", {**LLADA_TINY_MODEL, "model.qkv_bias": True,
+                                  "model.logit_shift": True})
+  tok = CharTokenizer()
+  _, params = transformer.init_model(model_config(config, tok.vocab_size), jax.random.key(0))
+  with Checkpointer(str(tmp_path / "w" / "checkpoints" / "rl"), keep=1, async_save=False) as c:
+    c.save(1, {"params": params}, {"phase": "rl", "config": config.to_json()})
+  assert export_run(str(tmp_path / "w"), str(tmp_path / "hf"))["family"] == "dream"
+  generation = json.load(open(tmp_path / "hf" / "generation_config.json"))
+  assert generation == {"bos_token_id": None, "eos_token_id": tok.eos_id,
+                        "pad_token_id": tok.pad_id, "mask_token_id": tok.mask_id}
+  assert dllm_rl.load_pretrained(str(tmp_path / "hf")).token_ids.mask_id == tok.mask_id

@@ -10,9 +10,10 @@ The architecture and token ids come from the config saved in the checkpoint:
 * a run trained from scratch (built-in character tokenizer): a config.json of the family the
   model fits (block size 0: LLaDA; ``model.block_size`` > 0: SDAR; ``model.logit_shift``:
   Dream) and a ``tokenizer.json`` / ``tokenizer_config.json`` with the character tokenizer's
-  exact ids (:meth:`dllm_rl.tasks.tokenizer.CharTokenizer.hf_files`). A model the family's
-  config.json cannot describe (e.g. qk-norm in a bidirectional model, an explicit head_dim) is
-  refused with the fields that differ.
+  exact ids (:meth:`dllm_rl.tasks.tokenizer.CharTokenizer.hf_files`), and for Dream a
+  ``generation_config.json`` with those ids (``DreamModel.from_pretrained`` needs one). A model
+  the family's config.json cannot describe (e.g. qk-norm in a bidirectional model, an explicit
+  head_dim) is refused with the fields that differ.
 
 Only the parameters are read (no optimizer state), placed on one device by default and
 written by process 0 (``hf.export_checkpoint``). ``dllm_rl_export.json`` records the run,
@@ -105,7 +106,12 @@ def run_source(config, hf_source: str | None = None) -> ExportSource:
     raise ValueError(f"a model trained from scratch is exported as {family}, whose config.json"
                      f" cannot describe this one: {named}"
                      + (f"; a run trained with {fix} exports" if fix else ""))
-  return ExportSource(model_cfg, ids, family, hf_config, [], tokenizer.hf_files(), "scratch")
+  texts = tokenizer.hf_files()
+  if family == "dream":  # DreamModel.from_pretrained reads it (an OSError when it is missing)
+    texts["generation_config.json"] = json.dumps(
+        {"bos_token_id": ids.bos_id, "eos_token_id": ids.eos_id, "pad_token_id": ids.pad_id,
+         "mask_token_id": ids.mask_id}, indent=2) + "\n"
+  return ExportSource(model_cfg, ids, family, hf_config, [], texts, "scratch")
 
 
 def restore_run_params(ref: CheckpointRef, config, model_cfg: ModelConfig, mesh, *,
