@@ -236,8 +236,16 @@ def tensor_index(ckpt_dir: str) -> tuple[dict[str, str], str]:
   if os.path.isfile(single):
     with open_safetensors(single) as f:
       return {k: single for k in f.keys()}, single
+  names = os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else []
+  others = sorted(n for n in names if n.endswith(_OTHER_WEIGHTS))
+  found = (f"; it has {', '.join(others[:4])}{', ...' if len(others) > 4 else ''} (only"
+           " safetensors weights, one file or shards with their index, are read)" if others else "")
   raise FileNotFoundError(f"{ckpt_dir}: neither model.safetensors nor "
-                          "model.safetensors.index.json found")
+                          f"model.safetensors.index.json found{found}")
+
+
+# weight files :func:`tensor_index` does not read (named when it finds no safetensors to read)
+_OTHER_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
 
 
 def weight_files(ckpt_dir: str) -> tuple[dict[str, str], str]:

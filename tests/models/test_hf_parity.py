@@ -224,6 +224,13 @@ def test_errors_name_the_problem(tmp_path):
   with pytest.raises(ValueError, match=r"unexpected tensor.*extra\.bias"):
     hf.load_checkpoint(bad)
 
+  out = _copy_fixture("llada", tmp_path / "e")  # the weights it has, but cannot read, named
+  os.rename(out / "model.safetensors", out / "model-00001-of-00002.safetensors")
+  (out / "pytorch_model.bin").write_bytes(b"")
+  with pytest.raises(FileNotFoundError, match=r"index.json found; it has model-00001-of-00002"
+                                              r"\.safetensors, pytorch_model\.bin \(only"):
+    hf.load_checkpoint(str(out))
+
   out = _copy_fixture("llada", tmp_path / "d")
   c = hf.read_hf_config(str(out))
   (out / "config.json").write_text(json.dumps({**c, "architectures": ["GPT2LMHeadModel"],
