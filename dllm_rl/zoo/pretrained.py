@@ -88,6 +88,11 @@ class Pretrained:
     ``key``: randomness for temperature > 0 (default ``jax.random.key(0)``)."""
     gen = GENERATORS[self.generator]
     bound = gen.bind(self.generator, kwargs)
+    for name in ("mask_id", "mask_token_id", "eos_id"):  # out of range: NaN embedding rows
+      value = bound.get(name)
+      if value is not None and not 0 <= int(value) < self.config.vocab_size:
+        raise ValueError(f"{self.generator} generate: {name}={value} is outside the vocabulary"
+                         f" [0, {self.config.vocab_size}) of this checkpoint")
     prompt_BP = _as_ids(prompt_ids_BP, "prompt_ids_BP", self.config.vocab_size)
     valid_BP = _as_valid(attention_mask_BP, prompt_BP.shape, "attention_mask_BP")
     key = jax.random.key(0) if key is None else key

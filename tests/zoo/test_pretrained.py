@@ -171,6 +171,10 @@ def test_bad_input_is_named(tmp_path, llada):
     llada.generate(np.array([[1, 2]]), temperature=-1.0)
   with pytest.raises(ValueError, match=r"gen_length=8 must be a multiple of block_length=3"):
     llada.generate(np.array([[1, 2]]), gen_length=8, block_length=3, steps=8)
+  # a special id outside the vocabulary (another model's) would embed as NaN rows
+  with pytest.raises(ValueError, match=r"llada generate: mask_id=126336 is outside the"
+                                       r" vocabulary \[0, 128\)"):
+    llada.generate(np.array([[1, 2]]), mask_id=126336)
 
 
 def test_a_mis_shaped_tensor_is_named_and_nothing_is_written(tmp_path):
