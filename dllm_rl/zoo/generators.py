@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 
 from dllm_rl.sampling import aligned_block, dream, sampler
+from dllm_rl.sampling.remasking import REMASKING
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +119,9 @@ def _run_llada(pre, prompt_BP, valid_BP, key, *, steps, gen_length, block_length
   if cfg_scale != 0:
     raise ValueError(f"llada generate: cfg_scale={cfg_scale} (classifier-free guidance) is not "
                      "supported by this port; use cfg_scale=0")
+  if remasking not in REMASKING:  # the official two, and this framework's other policies
+    raise ValueError(f"llada generate: remasking={remasking!r}; supported: "
+                     f"{', '.join(REMASKING.names())}")
   cfg = sampler.SamplerConfig(completion_len=int(gen_length), steps=int(steps),
                               block_len=int(block_length), temperature=float(temperature),
                               remasking=remasking, stop_at_eos=False)

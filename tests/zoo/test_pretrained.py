@@ -79,6 +79,8 @@ def test_unknown_keyword_names_the_accepted_ones(llada, sdar):
     sdar.generate(np.zeros((1, 4), np.int32), steps=8)
   with pytest.raises(ValueError, match="cfg_scale"):
     llada.generate(np.zeros((1, 4), np.int32), cfg_scale=1.0)
+  with pytest.raises(ValueError, match=r"remasking='lowest'; supported: .*low_confidence.*random"):
+    llada.generate(np.zeros((1, 4), np.int32), remasking="lowest")
 
 
 def _sdar_reference(model, prompt_1P, *, gen_length, block_length, denoising_steps, threshold):
