@@ -38,6 +38,9 @@ def _with(mode="pipeline", **updates):
     ({"lora__alpha": 32.0}, "lora.alpha"),  # rank 0
     ({"sft__eval_every": 0}, "sft.target_accuracy"),  # the default's 0.3, never checked
     ({"sft__steps": 20}, "sft.target_accuracy"),  # eval_every 25: no validation in 20 steps
+    ({"sampler__eps": 0.01}, "sampler.eps"),  # the masked sampler's schedule has none
+    ({"sampler__kind": "dream", "sampler__remasking": "entropy",
+      "sampler__stop_at_eos": False}, "sampler.stop_at_eos"),  # Dream runs all its steps
 ])
 def test_a_setting_the_run_does_not_read_is_named(updates, key):
   lines = unread_settings(_with(**updates))
@@ -53,6 +56,7 @@ def test_settings_the_run_reads_and_other_modes_are_quiet():
   assert unread_settings(_with(mode="sft", lora__alpha=32.0)) != []
   assert unread_settings(_with(mode="rl", sft__eval_every=0)) == []  # RL reads no SFT key
   assert unread_settings(_with(profile__steps="2:4")) == []
+  assert unread_settings(_with(sampler__kind="dream", sampler__eps=0.01)) == []
   assert unread_settings(_with(mode="sft", profile__steps="2:4")) == [
       "config.profile.steps='2:4' is not read: a trace of RL steps: an SFT or eval run writes none"]
 

@@ -17,8 +17,8 @@ the prompt holds no mask id) and returns what the RL step reads: the completion 
 first EOS on, as every sampler here), ``unmask_step_BL`` (the step that first put a token
 there, from the per-step history; -1 where the mask id was proposed at the last step and the
 position stayed masked, as the masked sampler records it) and, with ``record_trajectory``,
-the tokens after every step. One block, ``steps`` full forwards; the official sampler does not
-stop at EOS, so neither does this one (``stop_at_eos`` only fills after it).
+the tokens after every step. One block, ``steps`` full forwards: the official sampler does not
+stop at EOS, so neither does this one (``sampler.stop_at_eos`` is not read).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class DreamRolloutConfig(SamplerConfig):
     s = config.sampler
     return cls(completion_len=config.data.completion_len, steps=s.steps,
                block_len=config.data.completion_len, temperature=float(s.temperature),
-               remasking=s.remasking, stop_at_eos=s.stop_at_eos, eps=float(s.eps),
+               remasking=s.remasking, eps=float(s.eps),
                top_p=float(s.top_p), top_k=int(s.top_k))
 
   def dream(self, mask_id: int) -> DreamSamplerConfig:

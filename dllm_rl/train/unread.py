@@ -78,6 +78,9 @@ RULES: tuple[tuple[str, Callable[[ml_collections.ConfigDict], bool], str], ...] 
      "a trace of RL steps: an SFT or eval run writes none"),
     ("sampler.eps", lambda c: c.sampler.kind == "dream" and not c.model.block_size,
      "the schedule of Dream's sampler (sampler.kind=dream)"),
+    ("sampler.stop_at_eos", lambda c: c.sampler.kind != "dream" or c.model.block_size,
+     "the masked and block samplers' early stop: Dream's sampler (sampler.kind=dream) runs"
+     " all its steps, as officially"),
     ("lora.alpha", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
     ("lora.targets", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
     ("lora.base_dtype", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
