@@ -127,8 +127,9 @@ def base_config() -> ml_collections.ConfigDict:
   s.cache_refresh = 0     # prefix/dual: also refresh the cache every N steps inside a block
                           # (0 = only at block starts, as Fast-dLLM)
   s.eps = 1e-3            # kind=dream: the schedule's end, linspace(1, eps, steps + 1)
-  s.top_p = 1.0           # kind=dream: nucleus filtering of the proposals (1.0 = off)
-  s.top_k = 0             # kind=dream: top-k filtering of the proposals (0 = off)
+  s.top_p = 1.0           # kind=dream: nucleus filtering of sampled proposals (1.0 = off;
+                          # greedy decoding, at temperature 0, is not filtered)
+  s.top_k = 0             # kind=dream: top-k filtering of sampled proposals (0 = off)
 
   c.sft = f = ml_collections.ConfigDict()
   f.steps = 1000

@@ -44,7 +44,9 @@ DREAM_NAME_OF = {"low_confidence": "maskgit_plus", "margin": "topk_margin",
 class DreamRolloutConfig(SamplerConfig):
   """:class:`SamplerConfig` (``completion_len``, ``steps``, ``temperature``, ``remasking`` =
   Dream's ``alg``, ``record_trajectory``) plus Dream's ``eps``, ``top_p`` (1.0 = off) and
-  ``top_k`` (0 = off). ``block_len`` is ``completion_len`` (one block)."""
+  ``top_k`` (0 = off). ``block_len`` is ``completion_len`` (one block). The filters apply
+  when sampling (temperature > 0), as DiffuCoder calls ``diffusion_generate`` (``top_p=0.95
+  if temperature > 0 else 1.0``): a greedy decode reads the unfiltered probabilities."""
 
   eps: float = 1e-3
   top_p: float = 1.0
@@ -60,11 +62,12 @@ class DreamRolloutConfig(SamplerConfig):
 
   def dream(self, mask_id: int) -> DreamSamplerConfig:
     """The official sampler's settings (``output_history``: the unmask steps come from it)."""
+    sampling = self.temperature > 0
     return DreamSamplerConfig(
         max_new_tokens=self.completion_len, mask_id=mask_id, steps=self.steps, eps=self.eps,
         alg=self.remasking, temperature=self.temperature,
-        top_p=self.top_p if self.top_p < 1.0 else None, top_k=self.top_k or None,
-        output_history=True)
+        top_p=self.top_p if sampling and self.top_p < 1.0 else None,
+        top_k=(self.top_k or None) if sampling else None, output_history=True)
 
 
 def unmask_steps(history_SBL, mask_id: int):

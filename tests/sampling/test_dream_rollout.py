@@ -2,6 +2,7 @@
 pass@k), through the code path the RL loop calls (``evaluation.make_sample_fn``), against the
 official ``diffusion_generate`` runs recorded in tests/fixtures/dream_tiny/sampler_parity.npz."""
 
+import dataclasses
 import json
 import os
 
@@ -83,7 +84,8 @@ def test_groups_sample_at_temperature_with_top_p_and_each_group_is_its_own_draw(
   cfg = DreamRolloutConfig(completion_len=16, steps=8, block_len=16, temperature=1.0,
                            remasking="entropy", top_p=0.9)
   assert cfg.dream(MASK).top_p == 0.9 and cfg.dream(MASK).top_k is None
-  assert DreamRolloutConfig(completion_len=16, steps=8, block_len=16).dream(MASK).top_p is None
+  greedy = dataclasses.replace(cfg, temperature=0.0, top_k=5).dream(MASK)
+  assert greedy.top_p is None and greedy.top_k is None  # DiffuCoder: top_p 1.0 at T = 0
   key = jax.random.key(3)
   groups = evaluation.make_sample_fn(graphdef, cfg, mask_id=MASK, eos_id=EOS, group_size=3)
   out = jax.tree.map(np.asarray, groups(params, prompt_BP, valid_BP, key))
