@@ -45,6 +45,8 @@ re-synced every 64 steps (this framework's KL is sequence-level, to the starting
 off); the cosine's floor of 0.1 × lr (it decays to 0 here);
 one masking rate t per device batch (here one per sequence: the same law per sequence);
 random masks on the positions after the first EOS (here the action ends there, DESIGN.md);
+the EOS itself: DiffuCoder ends the action at the first ``<|im_end|>``, here at the
+checkpoint's ``eos_token_id`` (``<|endoftext|>``), so the ``<|im_end|>`` before it is scored;
 the token mean is over the whole batch, not per device micro-batch.
 """
 
