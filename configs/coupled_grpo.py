@@ -34,16 +34,15 @@ and ``src/open_r1/coupled_grpo.py`` (``DiffuGRPOTrainer``):
   (``estimator.antithetic``); advantages leave-one-out, unscaled; ε = 0.5;
 * μ = ``num_iterations`` = 2; G = ``num_generations`` = 10; 8 prompts per update (8
   processes × ``per_device_train_batch_size`` 5 × ``gradient_accumulation_steps`` 2 / G);
-* AdamW lr 1e-6, cosine decay after a warm-up of ``warmup_ratio`` 1e-4 (0 updates here),
-  betas (0.9, 0.99), weight decay 0.1, global-norm clip 0.2; full fine-tuning;
+* AdamW lr 1e-6, cosine decay to 0.1 × lr (``cosine_with_min_lr``, ``min_lr_rate`` 0.1:
+  ``rl.min_lr_ratio``) after a warm-up of ``warmup_ratio`` 1e-4 (0 updates here), betas (0.9, 0.99), weight decay 0.1, global-norm clip 0.2; full fine-tuning;
 * generation (Dream's ``diffusion_generate``, ``sampler.kind = "dream"``): 256 tokens in 256
   steps, one block, temperature 1.0, top-p 0.95, ``alg="entropy"``; prompts up to 200 tokens.
 
 Not reproduced: the task (code, AceCode-hard with an execution reward weighted 2.0 plus a
 format reward 0.5; GSM8K stands in); the per-token k3 KL with β = 0.01 to a reference
 re-synced every 64 steps (this framework's KL is sequence-level, to the starting policy:
-off); the cosine's floor of 0.1 × lr (it decays to 0 here);
-one masking rate t per device batch (here one per sequence: the same law per sequence);
+off); one masking rate t per device batch (here one per sequence: the same law per sequence);
 random masks on the positions after the first EOS (here the action ends there, DESIGN.md);
 the EOS itself: DiffuCoder ends the action at the first ``<|im_end|>``, here at the
 checkpoint's ``eos_token_id`` (``<|endoftext|>``), so the ``<|im_end|>`` before it is scored;
@@ -70,6 +69,7 @@ def _full_scale():
   c.rl.temperature = 1.0
   c.rl.lr = 1e-6
   c.rl.schedule = "cosine"
+  c.rl.min_lr_ratio = 0.1      # lr_scheduler_kwargs.min_lr_rate
   c.rl.warmup_steps = 0        # warmup_ratio 1e-4 of 934 × 2 updates
   c.rl.b1, c.rl.b2 = 0.9, 0.99
   c.rl.weight_decay = 0.1

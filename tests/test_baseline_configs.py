@@ -38,6 +38,7 @@ OFFICIAL = {
     "coupled_grpo": {  # apple/ml-diffucoder recipes/config_coupled_code.yaml
         "rl.loss": "grpo_token", "rl.advantage": "leave_one_out", "rl.inner_steps": 2,
         "rl.group_size": 10, "rl.batch_prompts": 8, "rl.lr": 1e-6, "rl.schedule": "cosine",
+        "rl.min_lr_ratio": 0.1,
         "rl.weight_decay": 0.1, "rl.grad_clip": 0.2, "rl.eps": 0.5, "rl.temperature": 1.0,
         "estimator.name": "elbo", "estimator.coupled": True, "estimator.num_samples": 2,
         "estimator.t_eps": 0.2, "estimator.full_mask_term": True, "estimator.reduction": "sum",

@@ -135,6 +135,7 @@ def base_config() -> ml_collections.ConfigDict:
   f.steps = 1000
   f.lr = 1e-3
   f.schedule = "cosine"   # constant | cosine | linear (decay after warm-up)
+  f.min_lr_ratio = 0.0    # cosine / linear decay to this fraction of lr (HF min_lr_rate)
   f.warmup_steps = 50
   f.weight_decay = 0.0
   f.b1 = 0.9
@@ -170,6 +171,7 @@ def base_config() -> ml_collections.ConfigDict:
   r.kl_estimator = "k3"   # k1 | k2 | k3
   r.lr = 1e-4
   r.schedule = "constant"
+  r.min_lr_ratio = 0.0    # cosine / linear decay to this fraction of rl.lr (HF min_lr_rate)
   r.warmup_steps = 0
   r.weight_decay = 0.0
   r.b1 = 0.9

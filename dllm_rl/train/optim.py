@@ -20,14 +20,16 @@ from dllm_rl.models import lora
 from dllm_rl.models.layers import FrozenParam
 
 
-def learning_rate_schedule(lr, steps: int, warmup_steps: int, kind: str) -> optax.Schedule:
-  """Linear warm-up to ``lr`` then constant / cosine / linear decay to 0 at ``steps``
-  (``lr``: a float or a traced float32 scalar)."""
+def learning_rate_schedule(lr, steps: int, warmup_steps: int, kind: str,
+                           min_ratio: float = 0.0) -> optax.Schedule:
+  """Linear warm-up to ``lr`` then constant / cosine / linear decay to ``min_ratio · lr`` at
+  ``steps`` (``lr``: a float or a traced float32 scalar). The cosine with a floor is HF's
+  ``cosine_with_min_lr`` (``min_lr_rate`` = ``min_ratio``): min + (lr − min)·½(1 + cos πu)."""
   decay_steps = max(steps - warmup_steps, 1)
   decays = {
       "constant": lambda: optax.constant_schedule(lr),
-      "cosine": lambda: optax.cosine_decay_schedule(lr, decay_steps),
-      "linear": lambda: optax.linear_schedule(lr, 0.0, decay_steps),
+      "cosine": lambda: optax.cosine_decay_schedule(lr, decay_steps, alpha=min_ratio),
+      "linear": lambda: optax.linear_schedule(lr, lr * min_ratio, decay_steps),
   }
   assert tuple(decays) == LR_SCHEDULES, "config.choices.LR_SCHEDULES and the decays differ"
   if kind not in decays:
@@ -135,7 +137,8 @@ def adapters_only(inner: optax.GradientTransformation) -> optax.GradientTransfor
 
 def make_optimizer(opt_cfg, *, lora_only: bool = False
                    ) -> tuple[optax.GradientTransformationExtraArgs, PeakSchedule]:
-  """From a section with lr, steps, warmup_steps, schedule, b1, b2, weight_decay, grad_clip.
+  """From a section with lr, steps, warmup_steps, schedule, min_lr_ratio, b1, b2,
+  weight_decay, grad_clip.
 
   The result is wrapped in `skip_nonfinite`, so its state is a `SkipNonFiniteState`;
   frozen parameters (`keep_frozen`) never move. ``lora_only``: only the LoRA adapters are
@@ -143,7 +146,8 @@ def make_optimizer(opt_cfg, *, lora_only: bool = False
   ``x`` (a traced scalar; :class:`PeakSchedule`). The AdamW chain is ``optax.adamw``'s
   (Adam, decoupled weight decay, −lr(t)), with the same state."""
   schedule = PeakSchedule(opt_cfg.lr, lambda lr: learning_rate_schedule(
-      lr, opt_cfg.steps, opt_cfg.warmup_steps, opt_cfg.schedule))
+      lr, opt_cfg.steps, opt_cfg.warmup_steps, opt_cfg.schedule,
+      getattr(opt_cfg, "min_lr_ratio", 0.0)))
   adamw = optax.chain(optax.scale_by_adam(b1=opt_cfg.b1, b2=opt_cfg.b2),
                       optax.add_decayed_weights(opt_cfg.weight_decay),
                       scale_by_peak_schedule(schedule))

@@ -46,7 +46,8 @@ def rl_optimizer(r, *, lora_only: bool = False):
   """AdamW for RL; the schedule runs over steps × inner_steps optimizer updates
   (``lora_only``: the LoRA adapters alone, ``optim.adapters_only``)."""
   section = types.SimpleNamespace(lr=r.lr, steps=r.steps * r.inner_steps,
-                                  warmup_steps=r.warmup_steps, schedule=r.schedule, b1=r.b1,
+                                  warmup_steps=r.warmup_steps, schedule=r.schedule,
+                                  min_lr_ratio=r.min_lr_ratio, b1=r.b1,
                                   b2=r.b2, weight_decay=r.weight_decay, grad_clip=r.grad_clip)
   return make_optimizer(section, lora_only=lora_only)
 

@@ -225,6 +225,7 @@ def _sft(config, check: "_Checks") -> None:
   check(f.steps >= 0, "sft.steps", "must be >= 0")
   check(f.schedule in LR_SCHEDULES, "sft.schedule",
          f"must be one of {LR_SCHEDULES}, got {f.schedule!r}")
+  check(0 <= f.min_lr_ratio <= 1, "sft.min_lr_ratio", f"must be in [0, 1], got {f.min_lr_ratio}")
   check(0 <= f.warmup_steps <= max(f.steps, 0), "sft.warmup_steps",
         f"must be in [0, sft.steps] = [0, {max(f.steps, 0)}], got {f.warmup_steps} (for a run"
         " this short set sft.warmup_steps=0)")
@@ -268,6 +269,7 @@ def _rl(config, check: "_Checks") -> None:
          f"must be one of {losses.KL_ESTIMATORS}")
   check(r.kl_coef >= 0, "rl.kl_coef", "must be >= 0")
   check(r.schedule in LR_SCHEDULES, "rl.schedule", f"must be one of {LR_SCHEDULES}")
+  check(0 <= r.min_lr_ratio <= 1, "rl.min_lr_ratio", f"must be in [0, 1], got {r.min_lr_ratio}")
   check(0 <= r.warmup_steps <= r.steps * r.inner_steps, "rl.warmup_steps",
          f"must be in [0, rl.steps * rl.inner_steps] = [0, {r.steps * r.inner_steps}] (it"
          " counts optimizer updates; for a run this short set rl.warmup_steps=0)")

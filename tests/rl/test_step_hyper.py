@@ -54,6 +54,26 @@ def test_peak_lr_argument_matches_optax_adamw(kind):
   assert float(schedule(4, 3 * cfg.lr)) == pytest.approx(3 * float(schedule(4)), rel=1e-6)
 
 
+def test_a_decay_floor_is_hfs_cosine_with_min_lr():
+  """``min_lr_ratio`` r: cosine lr(u) = r·lr + (1 − r)·lr·½(1 + cos πu) after the warm-up
+  (transformers' ``cosine_with_min_lr``, ``min_lr_rate`` r, DiffuCoder's 0.1); linear to r·lr;
+  the end value r·lr, the peak lr. Through ``make_optimizer`` too (a section without the key:
+  no floor)."""
+  lr, steps, warm, r = 1e-6, 40, 4, 0.1
+  cos = learning_rate_schedule(lr, steps, warm, "cosine", r)
+  for t in (4, 10, 22, 39, 40):
+    u = (t - warm) / (steps - warm)
+    assert float(cos(t)) == pytest.approx(r * lr + (1 - r) * lr * 0.5 * (1 + np.cos(np.pi * u)),
+                                          rel=1e-5)
+  lin = learning_rate_schedule(lr, steps, warm, "linear", r)
+  assert float(lin(warm)) == pytest.approx(lr) and float(lin(steps)) == pytest.approx(r * lr)
+  assert float(lin(22)) == pytest.approx(lr - (1 - r) * lr / 2, rel=1e-5)
+  _, schedule = make_optimizer(types.SimpleNamespace(**{**vars(_opt_cfg("cosine", lr, warm)),
+                                                       "steps": steps, "min_lr_ratio": r}))
+  assert float(schedule(steps)) == pytest.approx(r * lr)
+  assert float(make_optimizer(_opt_cfg("cosine", lr, warm))[1](30)) == pytest.approx(0.0)
+
+
 def _setup(advantage, inner=2):
   graphdef, params = T.init_model(tiny_model(), jax.random.key(0))
   tx, schedule = make_optimizer(_opt_cfg("constant", lr=1e-2, warmup=0))
