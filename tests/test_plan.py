@@ -112,6 +112,24 @@ def test_rl_plan_needs_only_config_json_and_a_misfit_exits_3(tmp_path, capsys):
   assert "--config.rl.micro_batch=8" in err and "scan_layers" not in err
 
 
+def test_llada_8b_arch_fixture_is_llada_8b_instruct():
+  """tests/fixtures/arch/llada_8b_instruct, the folder of the README's LLaDA-8B plan commands
+  (config.json only): it loads through the planner's code to LLaDA-8B-Instruct's sizes, token
+  ids and 8.02 B parameters."""
+  import jax
+  import numpy as np
+  from dllm_rl.models import transformer
+  c = _config("llada_tpu.py")
+  c.model.hf_checkpoint = os.path.join(ROOT, "tests", "fixtures", "arch", "llada_8b_instruct")
+  cfg, mask_id, eos_id = model_and_tokens(c)
+  assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.mlp_hidden,
+          cfg.vocab_size) == (4096, 32, 32, 32, 12288, 126464)
+  assert (mask_id, eos_id) == (126336, 126081)
+  _, abstract = transformer.abstract_model(cfg)
+  count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract))
+  assert count == pytest.approx(8.0156e9, rel=1e-4)
+
+
 def test_bad_topology_and_config_are_named(tmp_path):
   with pytest.raises(ValueError, match="only 8 CPU devices"):
     plan.run_plan(_config(), "cpu:64")
