@@ -439,3 +439,14 @@ def test_a_locked_config_files_task_options_stay_free_form(tmp_path):
   c.task.options.prompt_template = "{question}"
   with pytest.raises((KeyError, AttributeError)):
     c.rl.no_such_key = 1
+
+
+def test_per_token_losses_name_every_estimator_that_gives_per_token_sums():
+  """grpo_token / espo need per-token sums: the error names mean_field, elbo and trajectory
+  (each with reduction=sum), and trajectory with sum validates."""
+  c = default_config()
+  c.rl.loss, c.estimator.name = "grpo_token", "spg_block"
+  with pytest.raises(ConfigError, match=r"rl\.loss: grpo_token .*mean_field .*elbo .*trajectory"):
+    validate(c)
+  c.estimator.name, c.estimator.reduction = "trajectory", "sum"
+  validate(c)

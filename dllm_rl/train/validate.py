@@ -299,11 +299,11 @@ def _estimator(config, check: "_Checks") -> None:
          f"must be one of {estimators.REDUCTIONS}")
   per_token_sum = x.name in estimators.REDUCIBLE and x.reduction == "sum"
   check(r.loss != "grpo_token" or per_token_sum, "rl.loss",
-         "grpo_token (d1 per-token ratios) needs estimator.name=mean_field (d1) or elbo"
-         " (DiffuCoder) with estimator.reduction=sum")
+         "grpo_token (d1 per-token ratios) needs per-token sums: estimator.name=mean_field"
+         " (d1), elbo (DiffuCoder) or trajectory (TraceRL) with estimator.reduction=sum")
   check(r.loss != "espo" or per_token_sum, "rl.loss",
          "espo divides the sequence ELBO by the generated length itself (its per-token"
-         " ratio normalisation): needs estimator.name=elbo (or mean_field) with"
+         " ratio normalisation): needs estimator.name=elbo (or mean_field, trajectory) with"
          " estimator.reduction=sum")
   check(not x.full_mask_term or x.name == "elbo", "estimator.full_mask_term",
          f"is an option of estimator.name=elbo, not {x.name!r}")
