@@ -1,10 +1,11 @@
-"""Coupled-GRPO (DiffuCoder) on a Dream-family 7B model, GSM8K: the official recipe over the
-existing ``estimator.coupled``.
+"""Coupled-GRPO (DiffuCoder) on a Dream-family 7B model, on code: the official recipe over the
+existing ``estimator.coupled``, with DiffuCoder's execution and format rewards.
 
+    dllm-rl-data prepare acecode --out /data/acecode --source train=acecode_hard.jsonl
     python -m dllm_rl.main --config=configs/coupled_grpo.py --workdir=gs://BUCKET/coupled \\
         --config.model.hf_checkpoint=/path/to/DiffuCoder-7B-Instruct \\
-        --config.task.options.train_file=/path/to/gsm8k/train.jsonl \\
-        --config.task.options.test_file=/path/to/gsm8k/test.jsonl
+        --config.task.options.train_file=/data/acecode/train.jsonl \\
+        --config.task.options.test_file=/data/acecode/test.jsonl
 
     python -m dllm_rl.main --config=configs/coupled_grpo.py:tiny --workdir=/tmp/coupled  # CPU
 
@@ -14,6 +15,21 @@ configs/dream_tpu.py (Dream's architecture, decoding, mesh and memory settings;
 DiffuCoder-7B-Instruct is a Dream-architecture checkpoint — its loading is not tested
 here). What you should see: as dream_tpu.py; ``ratio_max_first`` is 1 (θ_old is scored
 on θ's masks) and ``clip_fraction`` counts the tokens d1's token-level clip stops.
+
+The task is ``code`` (dllm_rl/tasks/code.py): AceCode-style problems with test cases, the
+reward 2.0 × the pass rate of the test cases run against the completion's ```` ```python ````
+block (5 s each, only when the format score is 1) + 0.5 × the format score (1 for prose and
+one block that parses, 0.5 when it does not parse, 0 otherwise), as DiffuCoder's ``code`` and
+``code_format`` rewards with ``reward_weights`` [2.0, 0.5]; system prompt "You are a helpful
+assistant.". The completion's code runs on this machine, under limits but not in a sandbox
+(dllm_rl/tasks/code_exec.py): train on untrusted data in a container. DiffuCoder trains on
+the hard subset of TIGER-Lab/AceCode-89K that its ``recipes/process_data.py`` writes
+(``acecode_hard.jsonl``, given above as the train source); ``dllm-rl-data prepare acecode``
+without ``--source`` takes all of AceCode-89K. The test split defaults to HumanEval (164
+problems; its prompts can run past ``data.prompt_len`` = 200 tokens, which is an error naming
+the line: raise ``data.prompt_len`` for it, or use ``prepare mbpp``). ``task.train_size`` =
+8000 problems and ``rl.steps`` = 1000 are one epoch of 8,000 at 8 prompts a batch (DiffuCoder:
+``num_train_epochs`` 1): set both for your file (rl.steps = train_size / 8).
 
 The algorithm is d1's token-level GRPO loss (``rl.loss=grpo_token``: per-token ratios
 exp(ℓ̂_θ,i − ℓ̂_old,i), clipped at ε, Σ over tokens / Σ lengths) on DiffuCoder's per-token
@@ -39,8 +55,7 @@ and ``src/open_r1/coupled_grpo.py`` (``DiffuGRPOTrainer``):
 * generation (Dream's ``diffusion_generate``, ``sampler.kind = "dream"``): 256 tokens in 256
   steps, one block, temperature 1.0, top-p 0.95, ``alg="entropy"``; prompts up to 200 tokens.
 
-Not reproduced: the task (code, AceCode-hard with an execution reward weighted 2.0 plus a
-format reward 0.5; GSM8K stands in); the per-token k3 KL with β = 0.01 to a reference
+Not reproduced: the per-token k3 KL with β = 0.01 to a reference
 re-synced every 64 steps (this framework's KL is sequence-level, to the starting policy:
 off); one masking rate t per device batch (here one per sequence: the same law per sequence);
 random masks on the positions after the first EOS (here the action ends there, DESIGN.md);
@@ -62,7 +77,13 @@ def _full_scale():
   c.data.completion_len = 256
   c.sampler.steps, c.sampler.block_len = 256, 256
   c.sampler.top_p = 0.95       # DiffuCoder's rollouts (Dream's sampler: dream_tpu.py)
-  c.rl.steps = 934             # one epoch of GSM8K's 7473 training prompts, 8 per batch
+  c.task.name = "code"
+  c.task.options = {"train_file": "REQUIRED: code train.jsonl (dllm-rl-data prepare acecode)",
+                    "test_file": "REQUIRED: code test.jsonl (prepare acecode / humaneval / mbpp)",
+                    "exec_weight": 2.0, "format_weight": 0.5}
+  c.task.train_size, c.task.val_size, c.task.test_size = 8000, 64, 164
+  c.data.system_prompt = "You are a helpful assistant."
+  c.rl.steps = 1000            # one epoch of task.train_size = 8000 problems, 8 per batch
   c.rl.batch_prompts = 8
   c.rl.group_size = 10
   c.rl.inner_steps = 2

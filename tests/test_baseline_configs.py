@@ -38,15 +38,27 @@ OFFICIAL = {
     "coupled_grpo": {  # apple/ml-diffucoder recipes/config_coupled_code.yaml
         "rl.loss": "grpo_token", "rl.advantage": "leave_one_out", "rl.inner_steps": 2,
         "rl.group_size": 10, "rl.batch_prompts": 8, "rl.lr": 1e-6, "rl.schedule": "cosine",
-        "rl.min_lr_ratio": 0.1,
         "rl.weight_decay": 0.1, "rl.grad_clip": 0.2, "rl.eps": 0.5, "rl.temperature": 1.0,
         "estimator.name": "elbo", "estimator.coupled": True, "estimator.num_samples": 2,
         "estimator.t_eps": 0.2, "estimator.full_mask_term": True, "estimator.reduction": "sum",
         "estimator.antithetic": True, "estimator.prompt_mask_prob": 0.0,
         "data.completion_len": 256, "sampler.steps": 256, "sampler.block_len": 256,
         "sampler.remasking": "entropy", "sampler.kind": "dream", "sampler.top_p": 0.95,
-        "data.prompt_len": 200},
+        "data.prompt_len": 200, "rl.min_lr_ratio": 0.1, "task.name": "code",
+        "task.options.exec_weight": 2.0, "task.options.format_weight": 0.5,
+        "data.system_prompt": "You are a helpful assistant."},
 }
+
+
+def _data(tmp_path, name, n=40):
+  """A JSONL file of the config's task: GSM8K-style, or code problems for coupled_grpo."""
+  if name != "coupled_grpo":
+    return prod._gsm8k(tmp_path, n)
+  path = tmp_path / "code.jsonl"
+  path.write_text("".join(json.dumps({"question": f"f{i}(x) = x+{i}",
+                                      "test_cases": [f"assert f{i}(1) == {1 + i}"]}) + "\n"
+                          for i in range(n)))
+  return path
 
 
 def _load(name, variant=""):
@@ -70,7 +82,7 @@ def test_full_scale_config_has_the_official_values_and_validates_given_its_paths
   with pytest.raises(ConfigError, match="model.hf_checkpoint"):
     validate(config)
   config.model.hf_checkpoint = str(tmp_path)
-  data = str(prod._gsm8k(tmp_path, n=config.task.train_size + config.task.val_size))
+  data = str(_data(tmp_path, name, n=config.task.train_size + config.task.val_size))
   config.task.options.train_file = config.task.options.test_file = data
   validate(config)
 
@@ -106,7 +118,9 @@ def test_an_unknown_variant_says_which_exist():
 def test_full_scale_config_runs_one_rl_step_at_tiny_size(tmp_path, name):
   from dllm_rl.train import modes as run
   # (prod._tiny shrinks lengths and sizes; ESPO's kl_coef stays β / 256)
-  config = prod._tiny(_load(name), prod._hf_dir(tmp_path, FIXTURE[name]), prod._gsm8k(tmp_path))
+  config = prod._tiny(_load(name), prod._hf_dir(tmp_path, FIXTURE[name]), _data(tmp_path, name))
+  if name == "coupled_grpo":  # the code task's system prompt: 50 of the tiny tokenizer's tokens
+    config.data.prompt_len = 64
   summary = run.run(config, str(tmp_path / "work"))
   assert summary["rl_steps"] == 1
   records = [json.loads(line) for line in open(tmp_path / "work" / "metrics.jsonl")]

@@ -145,7 +145,8 @@ def write_jsonl(path: str, records: Iterable[Mapping[str, Any]]) -> None:
 
 
 TASK_CONFIGS = {"gsm8k": "configs/llada_tpu.py", "math500": "configs/llada_math.py",
-                "countdown_jsonl": "configs/llada_countdown.py"}  # a config of each task
+                "countdown_jsonl": "configs/llada_countdown.py",
+                "code": "configs/coupled_grpo.py"}  # a config of each task
 
 
 def config_overrides(task: str, files: Mapping[str, str]) -> list[str]:

@@ -2,7 +2,8 @@
 source row becomes one line of the trainer's JSONL files (``dllm_rl.tasks.jsonl``).
 
 Sources (the ones d1 trains and evaluates on: dllm-reasoning/d1 @837888f,
-``diffu-grpo/data_utils.py`` for training, ``eval/*.py`` for testing; SPG uses the same):
+``diffu-grpo/data_utils.py`` for training, ``eval/*.py`` for testing; SPG uses the same; the
+code sets: DiffuCoder's AceCode, and HumanEval / MBPP to evaluate on):
 
 | name | task | train | test |
 | --- | --- | --- | --- |
@@ -11,6 +12,9 @@ Sources (the ones d1 trains and evaluates on: dllm-reasoning/d1 @837888f,
 | math500 | math500 | none (evaluation only) | HuggingFaceH4/MATH-500 test, 500 |
 | countdown | countdown_jsonl | Jiayi-Pan/Countdown-Tasks-3to4 train, 3-number instances | d1 ``dataset/countdown_cd3_test.jsonl``, 256 |
 | sudoku | sudoku_jsonl | d1 ``dataset/4x4_sudoku_unique_puzzles.csv`` | d1 ``dataset/4x4_test_sudoku.csv``, 500 |
+| acecode | code | TIGER-Lab/AceCode-89K train (DiffuCoder's source; its hard subset: ``--source``) | openai/openai_humaneval test, 164 |
+| humaneval | code | none (evaluation only) | openai/openai_humaneval test, 164 |
+| mbpp | code | none (evaluation only) | google-research-datasets/mbpp (sanitized) test, 257 |
 
 StableDRL (configs/math_spg_snis.yaml) trains MATH on qwedsacf/competition_math (all 12,500
 problems, MATH-500's included): ``--source train=qwedsacf/competition_math``.
@@ -137,7 +141,58 @@ def sudoku_record(row: Mapping[str, Any]) -> dict:
   return {"puzzle": _grid(puzzle), "solution": _grid(solution)}
 
 
+def _strings(value: Any) -> list[str] | None:
+  if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) and v.strip()
+                                                        for v in value):
+    return list(value)
+  return None
+
+
+# MBPP's prompt (Austin et al. 2021, "Program Synthesis with Large Language Models", 2.1).
+_MBPP_QUESTION = ("You are an expert Python programmer, and here is your task: {text} Your code"
+                  " should pass these tests:\n\n{tests}")
+_HUMANEVAL_QUESTION = ("Complete the following Python function; write the whole function in"
+                       " one ```python block.\n```python\n{prompt}```")
+
+
+def code_record(row: Mapping[str, Any]) -> dict:
+  """``{"question", "test_cases", "solution"?}`` (the ``code`` task) from AceCode-89K
+  (``question``, ``test_cases``), HumanEval (``prompt``, ``test``, ``entry_point``,
+  ``canonical_solution``: one case, the test body then ``check(entry_point)``) or MBPP
+  (``text`` / ``prompt``, ``test_list``, ``test_setup_code`` / ``test_imports``, ``code``:
+  one case per assert, the set-up before each; the question is the MBPP paper's prompt)."""
+  if "test_cases" in row:  # AceCode-89K
+    question, cases = _text(row, "question"), _strings(row.get("test_cases"))
+    if question is None or cases is None:
+      raise Skip("no 'question' or no non-empty 'test_cases'")
+    return {"question": question, "test_cases": cases}
+  if "entry_point" in row:  # HumanEval
+    prompt, test, entry = _text(row, "prompt"), _text(row, "test"), _text(row, "entry_point")
+    if prompt is None or test is None or entry is None:
+      raise Skip("no 'prompt', 'test' or 'entry_point'")
+    record = {"question": _HUMANEVAL_QUESTION.format(prompt=prompt),
+              "test_cases": [f"{test}\ncheck({entry.strip()})"]}
+    if _text(row, "canonical_solution"):
+      record["solution"] = prompt + row["canonical_solution"]
+    return record
+  if "test_list" in row:  # MBPP (full or sanitized)
+    text, asserts = _text(row, "text", "prompt"), _strings(row.get("test_list"))
+    if text is None or asserts is None:
+      raise Skip("no 'text' / 'prompt' or no non-empty 'test_list'")
+    imports = row.get("test_imports") or []
+    setup = "\n".join([*(imports if isinstance(imports, list) else [str(imports)]),
+                       str(row.get("test_setup_code") or "")]).strip()
+    record = {"question": _MBPP_QUESTION.format(text=text.strip(), tests="\n".join(asserts)),
+              "test_cases": [f"{setup}\n{a}" if setup else a for a in asserts]}
+    if _text(row, "code"):
+      record["solution"] = row["code"]
+    return record
+  raise Skip(f"not an AceCode, HumanEval or MBPP row (fields: {sorted(row)})")
+
+
 _MATH500 = Source("HuggingFaceH4/MATH-500", split="test")
+_HUMANEVAL = Source("openai/openai_humaneval", split="test")
+_MBPP = Source("google-research-datasets/mbpp", "sanitized", "test")
 
 RECIPES: dict[str, Recipe] = {
     "gsm8k": Recipe("gsm8k", {"train": Source("openai/gsm8k", "main", "train"),
@@ -155,4 +210,11 @@ RECIPES: dict[str, Recipe] = {
     "sudoku": Recipe("sudoku_jsonl", {
         "train": Source("csv", data_files=D1 + "4x4_sudoku_unique_puzzles.csv"),
         "test": Source("csv", data_files=D1 + "4x4_test_sudoku.csv")}, sudoku_record),
+    "acecode": Recipe("code", {"train": Source("TIGER-Lab/AceCode-89K", split="train"),
+                               "test": _HUMANEVAL}, code_record,
+                      note="DiffuCoder trains on its hard subset (recipes/process_data.py):"
+                           " --source train=acecode_hard.jsonl"),
+    "humaneval": Recipe("code", {"test": _HUMANEVAL}, code_record,
+                        note="test split only: mode=eval"),
+    "mbpp": Recipe("code", {"test": _MBPP}, code_record, note="test split only: mode=eval"),
 }

@@ -4,7 +4,7 @@ Importing this package registers every built-in task in ``TASKS``.
 """
 
 from dllm_rl.tasks import (  # noqa: F401  (registration)
-    arithmetic, chain, countdown, jsonl, sudoku, sum_split)
+    arithmetic, chain, code, countdown, jsonl, sudoku, sum_split)
 from dllm_rl.tasks.base import TASKS, Example, Task, VerifyResult, check_options, make_task
 from dllm_rl.tasks.tokenizer import CharTokenizer
 

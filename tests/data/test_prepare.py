@@ -27,6 +27,18 @@ ROWS = {  # a few rows shaped like each official source's (names and types of it
                   {"target": 26, "nums": [10, 2, 6, 1]}],
     "countdown_test": [{"input": "30,100,93", "output": "23"}],
     # d1's CSV: a CSV reader takes "0034..." for the integer 34...
+    "acecode": [{"id": "a0", "source": "oss", "question": "Write add(a, b).",
+                 "test_cases": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"],
+                 "inferences": []},
+                {"id": "a1", "question": "No tests.", "test_cases": []}],
+    "humaneval": [{"task_id": "HumanEval/0", "prompt": "def add(a, b):\n    \"\"\"Sum.\"\"\"\n",
+                   "canonical_solution": "    return a + b\n",
+                   "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n",
+                   "entry_point": "add"}],
+    "mbpp": [{"source_file": "x", "task_id": 2, "prompt": "Write a function to add two numbers.",
+              "code": "import math\ndef add(a, b):\n    return math.fsum([a, b])",
+              "test_imports": ["import math"],
+              "test_list": ["assert add(1, 2) == 3", "assert math.isclose(add(0.5, 0.5), 1)"]}],
     "sudoku": "Puzzle,Solution\n0034341221404301,1234341221434321\n"
               "1200340021000000,1243341221344321\n1200340021000000,1111111111111111\n",
 }
@@ -51,7 +63,8 @@ def _read(path):
 
 
 def test_every_recipe_names_the_official_sources():
-  assert set(RECIPES) == {"gsm8k", "math", "math500", "countdown", "sudoku"}
+  assert set(RECIPES) == {"gsm8k", "math", "math500", "countdown", "sudoku", "acecode",
+                          "humaneval", "mbpp"}
   src = {name: {s: r.splits[s].describe() for s in r.splits} for name, r in RECIPES.items()}
   assert src["gsm8k"] == {"train": "openai/gsm8k (main) split train",
                           "test": "openai/gsm8k (main) split test"}
@@ -62,8 +75,12 @@ def test_every_recipe_names_the_official_sources():
   assert src["countdown"]["test"].endswith("/dataset/countdown_cd3_test.jsonl")
   assert src["sudoku"]["train"].endswith("/dataset/4x4_sudoku_unique_puzzles.csv")
   assert src["sudoku"]["test"].endswith("/dataset/4x4_test_sudoku.csv")
+  assert src["acecode"]["train"] == "TIGER-Lab/AceCode-89K split train"
+  assert src["acecode"]["test"] == src["humaneval"]["test"] == (
+      "openai/openai_humaneval split test")
+  assert src["mbpp"] == {"test": "google-research-datasets/mbpp (sanitized) split test"}
   assert {r.task for r in RECIPES.values()} == {"gsm8k", "math500", "countdown_jsonl",
-                                                "sudoku_jsonl"}
+                                                "sudoku_jsonl", "code"}
 
 
 def test_gsm8k_from_a_saved_dataset_is_read_by_the_task(tmp_path, capsys):
@@ -171,7 +188,7 @@ def test_problems_are_one_error_line(tmp_path, capsys):
     return lines[0]
 
   assert error("prepare", "gsm9k", "--out", str(tmp_path)) == (
-      "error: unknown data set 'gsm9k'; available: countdown, gsm8k, math, math500, sudoku")
+      "error: unknown data set 'gsm9k'; available: acecode, countdown, gsm8k, humaneval, math, math500, mbpp, sudoku")
   assert "expected train=PATH or test=PATH" in error("prepare", "gsm8k", "--out", str(tmp_path),
                                                      "--source", "dev=x")
   assert "neither a local file / folder nor a hub data set id" in error(
@@ -230,7 +247,7 @@ def test_weights_and_list_commands(tmp_path, fake_gcs, monkeypatch, capsys):
   assert sorted(os.listdir(folder)) == [".dllm_rl_staged.json", "config.json"]
   assert cli.main(["list"]) == 0
   listed = capsys.readouterr().out.splitlines()
-  assert len(listed) == 5 and listed[3].startswith("math500 (task math500): test: HuggingFaceH4")
+  assert len(listed) == 8 and listed[5].startswith("math500 (task math500): test: HuggingFaceH4")
 
 
 def test_a_missing_local_file_is_not_looked_up_on_the_hub(tmp_path, monkeypatch):
@@ -243,3 +260,34 @@ def test_a_missing_local_file_is_not_looked_up_on_the_hub(tmp_path, monkeypatch)
     with pytest.raises(prep.DataError, match=r"does not exist \(a local file"):
       prep.parse_source(f"train={missing}")
   assert prep.parse_source("train=org/name")[1].path == "org/name"
+
+
+def test_code_sets_become_problems_whose_references_pass_their_own_tests(tmp_path):
+  """AceCode rows (question + asserts), HumanEval (the test body, then check(entry_point))
+  and MBPP (its paper's prompt; the imports before each assert) → the code task's records;
+  the HumanEval and MBPP references pass their cases when run."""
+  manifest = prep.prepare("acecode", str(tmp_path / "ace"), sources={
+      "train": prep.parse_source("train=" + _jsonl(tmp_path, "ace", ROWS["acecode"]))[1],
+      "test": prep.parse_source("test=" + _jsonl(tmp_path, "he", ROWS["humaneval"]))[1]},
+      cache_dir=str(tmp_path / "cache"))
+  assert _read(tmp_path / "ace" / "train.jsonl") == [
+      {"question": "Write add(a, b).", "test_cases": ["assert add(1, 2) == 3",
+                                                    "assert add(0, 0) == 0"]}]
+  assert manifest["dropped"]["train"] == {"no 'question' or no non-empty 'test_cases'": 1}
+  he = _read(tmp_path / "ace" / "test.jsonl")[0]
+  assert he["test_cases"] == [ROWS["humaneval"][0]["test"] + "\ncheck(add)"]
+  assert "```python\ndef add(a, b):" in he["question"]
+  assert manifest["config"][0] == "--config=configs/coupled_grpo.py"
+  prep.prepare("mbpp", str(tmp_path / "mbpp"), sources={
+      "test": prep.parse_source("test=" + _jsonl(tmp_path, "mb", ROWS["mbpp"]))[1]},
+      cache_dir=str(tmp_path / "cache"))
+  mb = _read(tmp_path / "mbpp" / "test.jsonl")[0]
+  assert mb["question"].startswith("You are an expert Python programmer, and here is your"
+                                    " task: Write a function to add two numbers. Your code")
+  assert mb["test_cases"] == ["import math\nassert add(1, 2) == 3",
+                              "import math\nassert math.isclose(add(0.5, 0.5), 1)"]
+  for folder in ("ace", "mbpp"):
+    task = make_task("code", test_file=str(tmp_path / folder / "test.jsonl"))
+    ex = task.generate("test", -1, seed=0)[0]
+    result = task.verify(ex, ex.answer)
+    assert result.correct and result.reward == 2.5, result

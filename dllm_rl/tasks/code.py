@@ -1,0 +1,101 @@
+"""``code``: Python problems with test cases, rewarded as DiffuCoder rewards them.
+
+One JSON object per line: ``{"question": str, "test_cases": [str, ...]}`` (AceCode-89K's
+fields; each case an ``assert`` line or a test body that exits non-zero on failure) and
+optionally ``"solution"`` (reference code: the SFT target, written as the fenced block the
+format reward asks for). ``dllm-rl-data prepare acecode | humaneval | mbpp`` writes such files.
+
+Reward (apple/ml-diffucoder ``recipes/config_coupled_code.yaml``: ``reward_funcs`` code and
+code_format, ``reward_weights`` 2.0 and 0.5):
+
+    reward = exec_weight · pass_rate + format_weight · format_score
+
+with :func:`dllm_rl.tasks.code_exec.format_score` (1 / 0.5 / 0) and the test cases' pass rate,
+run only when the format score is 1 (0 otherwise, as ``code_reward`` skips the rest). A
+completion is ``correct`` when it passes every case (DiffuCoder's ``binary_code_reward``:
+pass rate > 0.99); ``parsed`` is its code, None (malformed) without a ```` ```python ````
+block. Special-token markers the decoded completion ends with (``<|im_end|>``) are removed
+first: the official decode skips special tokens.
+
+Running the completion's code is what this task does: see :mod:`dllm_rl.tasks.code_exec` for
+the limits it runs under, and run it in a container when the data or the model is untrusted.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from dllm_rl.tasks import code_exec
+from dllm_rl.tasks.base import TASKS, VerifyResult, malformed
+from dllm_rl.tasks.jsonl import JsonlTask, _BadRecord, _field
+
+MAX_CASES = 1000
+
+
+def fenced(code: str) -> str:
+  """``code`` as the one fenced block the format reward asks for (the SFT target)."""
+  return f"```python\n{code.strip()}\n```\n"
+
+
+def code_result(completion: str, cases: list[str], exec_weight: float, format_weight: float,
+                timeout_s: float) -> VerifyResult:
+  """The task's score of one completion (module docstring)."""
+  text = code_exec.strip_end_markers(completion)
+  code = code_exec.extract_code(text)
+  if code is None:
+    return malformed("no ```python block")
+  form = code_exec.format_score(text)
+  rate = code_exec.pass_rate(code, cases, timeout_s=timeout_s) if form == 1.0 else 0.0
+  info: dict[str, Any] = {"format": form, "pass_rate": rate, "cases": len(cases)}
+  if form < 1.0:
+    info["reason"] = ("the block does not parse" if form else
+                      "not the format: prose, one ```python block, nothing after it")
+  return VerifyResult(reward=exec_weight * rate + format_weight * form,
+                      correct=form == 1.0 and rate > 0.99, parsed=code, info=info)
+
+
+@TASKS.register("code")
+class CodeTask(JsonlTask):
+  """Python problems with test cases (module docstring). Options beyond
+  :class:`~dllm_rl.tasks.jsonl.JsonlTask`'s: ``exec_weight`` (2.0), ``format_weight`` (0.5),
+  ``case_timeout`` (seconds per test case, 5.0 as DiffuCoder's)."""
+
+  name = "code"
+  recipe = "acecode"
+
+  def __init__(self, train_file: str = "", test_file: str = "", on_error: str = "raise",
+               prompt_template: str = "{question}", test_fraction: float | None = None,
+               verify_timeout: float | None = None, prompt_preset: str = "",
+               answer_tag: bool | None = None, exec_weight: float = 2.0,
+               format_weight: float = 0.5, case_timeout: float = code_exec.CASE_TIMEOUT_S):
+    for key, value in (("exec_weight", exec_weight), ("format_weight", format_weight)):
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"task 'code': {key} must be a number >= 0, got {value!r}")
+    if isinstance(case_timeout, bool) or not isinstance(case_timeout, (int, float)) or not (
+        0 < case_timeout < 3600):
+      raise ValueError(f"task 'code': case_timeout must be seconds in (0, 3600), got"
+                       f" {case_timeout!r}")
+    self.exec_weight, self.format_weight = float(exec_weight), float(format_weight)
+    self.case_timeout = float(case_timeout)
+    super().__init__(train_file, test_file, on_error, prompt_template, test_fraction,
+                     verify_timeout, prompt_preset, answer_tag)
+
+  @classmethod
+  def _fields(cls, record: Mapping[str, Any]):
+    question = _field(record, "question", str)
+    cases = _field(record, "test_cases", list)
+    if not cases or len(cases) > MAX_CASES:
+      raise _BadRecord(f"field 'test_cases' must hold 1 to {MAX_CASES} cases, got {len(cases)}")
+    if not all(isinstance(c, str) and c.strip() for c in cases):
+      raise _BadRecord("field 'test_cases' must hold non-empty strings (assert lines or test"
+                       " bodies)")
+    solution = _field(record, "solution", str) if "solution" in record else ""
+    return {"question": question.strip()}, fenced(solution) if solution else "", {
+        "test_cases": list(cases)}
+
+  def _checker(self):
+    return code_result
+
+  def _args(self, example):
+    return (example.meta["test_cases"], self.exec_weight, self.format_weight,
+            self.case_timeout)

@@ -1,0 +1,122 @@
+"""The ``code`` task: DiffuCoder's format score and execution reward (apple/ml-diffucoder
+``src/open_r1/rewards.py``), the limits the completion's code runs under, and the JSONL
+records ``dllm-rl-data prepare acecode | humaneval | mbpp`` writes."""
+
+import json
+import os
+
+import pytest
+
+from dllm_rl.tasks import code_exec, make_task
+from dllm_rl.tasks.code import code_result, fenced
+
+ADD = "def add(a, b):\n    return a + b\n"
+CASES = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 5"]
+
+
+@pytest.mark.parametrize("text, score", [
+    (f"Here it is:\n```python\n{ADD}```\n", 1.0),
+    (f"```python\n{ADD}```\n", 1.0),  # no prose
+    ("```python\ndef add(a, b:\n```\n", 0.5),  # the format, a syntax error
+    (f"```python\n{ADD}```", 0.0),  # DiffuCoder's pattern ends with a newline
+    (f"```python\n{ADD}```\nThat adds.", 0.0),  # text after the block
+    (f"```\nx\n```\n```python\n{ADD}```\n", 0.0),  # a fence before the block
+    (f"```python\n{ADD}```\n```python\nx = 1\n```\n", 0.0),  # two blocks
+    (f"```py\n{ADD}```\n", 0.0),
+    ("no code", 0.0),
+])
+def test_format_score_is_diffucoders(text, score):
+  assert code_exec.format_score(text) == score
+
+
+def test_trailing_special_token_markers_are_not_part_of_the_text():
+  text = f"```python\n{ADD}```\n<|im_end|>"
+  assert code_exec.format_score(text) == 0.0
+  assert code_exec.format_score(code_exec.strip_end_markers(text)) == 1.0
+  assert code_exec.strip_end_markers("a <|im_end|> b") == "a <|im_end|> b"  # only at the end
+
+
+def test_each_case_runs_in_its_own_process_and_passes_iff_it_exits_0():
+  assert code_exec.pass_rate(ADD, CASES) == pytest.approx(2 / 3)
+  assert code_exec.pass_rate(ADD, []) == 0.0
+  assert code_exec.pass_rate("import sys\nsys.exit(0)", ["assert False"]) == 1.0  # as official
+  state = "import builtins\nbuiltins.N = getattr(builtins, 'N', 0) + 1\n"
+  assert code_exec.pass_rate(state, ["assert N == 1"] * 3) == 1.0  # nothing carries over
+
+
+def test_the_code_runs_under_limits_in_an_empty_folder_without_the_parents_environment(
+    tmp_path, monkeypatch):
+  assert not code_exec.run_case("while True:\n    pass", "", timeout_s=0.5)  # wall clock
+  assert not code_exec.run_case("x = bytearray(1 << 31)", "")  # address space (1 GiB)
+  assert not code_exec.run_case("open('f', 'wb').write(b'0' * (32 << 20))", "")  # 16 MiB files
+  monkeypatch.setenv("DLLM_RL_SECRET", "x")
+  assert code_exec.run_case("import os", "assert 'DLLM_RL_SECRET' not in os.environ")
+  probe = tmp_path / "cwd.txt"
+  assert code_exec.run_case(f"import os\nopen({str(probe)!r}, 'w').write(os.getcwd())",
+                            "assert os.listdir('.') == []")
+  assert not os.path.exists(probe.read_text())  # its folder is removed afterwards
+  # a grandchild that outlives the timeout is killed with it (its own session)
+  marker = tmp_path / "late.txt"
+  spawn = ("import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; "
+           f"time.sleep(1.5); open({str(marker)!r}, \"w\").write(\"x\")'])\n"
+           "import time\ntime.sleep(30)")
+  assert not code_exec.run_case(spawn, "", timeout_s=0.5)
+  import time
+  time.sleep(2.0)
+  assert not marker.exists()
+
+
+def test_the_reward_is_two_times_the_pass_rate_plus_half_the_format():
+  good = code_result(f"Sure.\n```python\n{ADD}```\n<|im_end|>", CASES, 2.0, 0.5, 5.0)
+  assert good.reward == pytest.approx(2.0 * 2 / 3 + 0.5) and not good.correct
+  assert good.parsed == ADD and good.info["pass_rate"] == pytest.approx(2 / 3)
+  solved = code_result(f"```python\n{ADD}```\n", CASES[:2], 2.0, 0.5, 5.0)
+  assert solved.reward == 2.5 and solved.correct
+  broken = code_result("```python\ndef add(a, b:\n```\n", CASES, 2.0, 0.5, 5.0)
+  assert (broken.reward, broken.correct) == (0.25, False)  # not run: 0.5 × format only
+  assert broken.info["reason"] == "the block does not parse"
+  late = code_result(f"```python\n{ADD}```\nDone.", CASES[:2], 2.0, 0.5, 5.0)
+  assert late.reward == 0.0 and late.parsed == ADD  # the format fails: not run
+  assert code_result("no block", CASES, 2.0, 0.5, 5.0).parsed is None  # malformed
+
+
+def _write(path, records):
+  path.write_text("".join(json.dumps(r) + "\n" for r in records))
+  return str(path)
+
+
+def test_the_task_reads_problems_and_scores_its_own_reference(tmp_path):
+  records = [{"question": f"Write add{i}(a, b).", "test_cases": [f"assert add{i}(1, 2) == 3"],
+              "solution": f"def add{i}(a, b):\n    return a + b"} for i in range(4)]
+  task = make_task("code", train_file=_write(tmp_path / "train.jsonl", records),
+                   test_file=_write(tmp_path / "test.jsonl", records[:2]),
+                   exec_weight=1.0, format_weight=0.0)
+  ex = task.generate("test", -1, seed=0)[0]
+  assert ex.answer == fenced(records[int(ex.prompt[9])]["solution"])
+  assert ex.answer.startswith("```python\ndef add") and ex.answer.endswith("```\n")
+  result = task.verify(ex, ex.answer)
+  assert result.correct and result.reward == 1.0  # the weights are options
+  assert not task.verify(ex, "```python\ndef add0(a, b):\n    return 0\n```\n").correct
+
+
+@pytest.mark.parametrize("record, problem", [
+    ({"question": "q"}, "missing field 'test_cases'"),
+    ({"question": "q", "test_cases": []}, "1 to 1000 cases"),
+    ({"question": "q", "test_cases": ["assert 1", ""]}, "non-empty strings"),
+    ({"question": "q", "test_cases": "assert 1"}, "must be list"),
+])
+def test_bad_records_are_named_by_line(tmp_path, record, problem):
+  path = _write(tmp_path / "t.jsonl", [{"question": "ok", "test_cases": ["assert 1"]}, record])
+  with pytest.raises(ValueError, match=f"t.jsonl:2: .*{problem}"):
+    make_task("code", test_file=path)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"exec_weight": -1.0}, "exec_weight must be a number >= 0"),
+    ({"format_weight": "x"}, "format_weight must be a number >= 0"),
+    ({"case_timeout": 0}, r"case_timeout must be seconds in \(0, 3600\)"),
+])
+def test_bad_options_are_named(tmp_path, options, message):
+  path = _write(tmp_path / "t.jsonl", [{"question": "ok", "test_cases": ["assert 1"]}])
+  with pytest.raises(ValueError, match=message):
+    make_task("code", test_file=path, **options)
