@@ -51,13 +51,18 @@ and ``src/open_r1/coupled_grpo.py`` (``DiffuGRPOTrainer``):
 * μ = ``num_iterations`` = 2; G = ``num_generations`` = 10; 8 prompts per update (8
   processes × ``per_device_train_batch_size`` 5 × ``gradient_accumulation_steps`` 2 / G);
 * AdamW lr 1e-6, cosine decay to 0.1 × lr (``cosine_with_min_lr``, ``min_lr_rate`` 0.1:
-  ``rl.min_lr_ratio``) after a warm-up of ``warmup_ratio`` 1e-4 (0 updates here), betas (0.9, 0.99), weight decay 0.1, global-norm clip 0.2; full fine-tuning;
+  ``rl.min_lr_ratio``) after a warm-up of ``warmup_ratio`` 1e-4 (0 updates here), betas
+  (0.9, 0.99), weight decay 0.1, global-norm clip 0.2; full fine-tuning;
 * generation (Dream's ``diffusion_generate``, ``sampler.kind = "dream"``): 256 tokens in 256
   steps, one block, temperature 1.0, top-p 0.95, ``alg="entropy"``; prompts up to 200 tokens.
 
-Not reproduced: the per-token k3 KL with β = 0.01 to a reference
-re-synced every 64 steps (this framework's KL is sequence-level, to the starting policy:
-off); one masking rate t per device batch (here one per sequence: the same law per sequence);
+The KL: per-token k3 with β = 0.01 against a reference that starts as the initial policy and
+moves toward the current one every 64 optimizer updates, π_ref ← 0.6·π_θ + 0.4·π_ref
+(``sync_ref_model``, ``ref_model_sync_steps`` 64, TRL's default ``ref_model_mixup_alpha``
+0.6): ``rl.kl_level = "token"``, ``rl.ref_sync_every``, ``rl.ref_sync_alpha``.
+
+Not reproduced: one masking rate t per device batch (here one per sequence: the same law per
+sequence);
 random masks on the positions after the first EOS (here the action ends there, DESIGN.md);
 the EOS itself: DiffuCoder ends the action at the first ``<|im_end|>``, here at the
 checkpoint's ``eos_token_id`` (``<|endoftext|>``), so the ``<|im_end|>`` before it is scored;

@@ -55,12 +55,15 @@ def coupled_grpo(config: ml_collections.ConfigDict) -> dict:
   """DiffuCoder's coupled-GRPO (apple/ml-diffucoder ``DiffuGRPOTrainer``): d1's token-level
   clipped loss at ε = 0.5 on per-token log-probs ½[log p(all masked) + w·log p(pair)] from
   one complementary pair with t ~ U(0.2, 0.8), prompt clean, θ / θ_old on the same masks,
-  leave-one-out advantages. Its per-token k3 KL (β = 0.01, to a reference re-synced every
-  64 steps) has no counterpart here (the KL is sequence-level, to the starting policy):
-  off."""
+  leave-one-out advantages; its per-token k3 KL with β = 0.01 (``per_token_kl`` on the
+  reference's per-token log-probs, same masks), the reference moved toward the policy every
+  64 updates with TRL's α = 0.6 (``sync_ref_model``, ``ref_model_sync_steps`` 64,
+  ``ref_model_mixup_alpha`` at TRL's default)."""
   del config
   return {"rl.loss": "grpo_token", "rl.advantage": "leave_one_out", "rl.eps": 0.5,
-          "rl.kl_coef": 0.0, "estimator.name": "elbo", "estimator.coupled": True,
+          "rl.kl_coef": 0.01, "rl.kl_estimator": "k3", "rl.kl_level": "token",
+          "rl.ref_sync_every": 64, "rl.ref_sync_alpha": 0.6,
+          "estimator.name": "elbo", "estimator.coupled": True,
           "estimator.num_samples": 2, "estimator.t_eps": 0.2, "estimator.full_mask_term": True,
           "estimator.reduction": "sum", "estimator.antithetic": True,
           "estimator.prompt_mask_prob": 0.0}

@@ -169,6 +169,13 @@ def base_config() -> ml_collections.ConfigDict:
   r.control_per_state = False  # steprs_*_matched: one scale per denoising state (else per batch)
   r.kl_coef = 0.0         # KL to the starting policy; 0 = off
   r.kl_estimator = "k3"   # k1 | k2 | k3
+  r.kl_level = "sequence"  # sequence: the estimator on ℓ̂ per sequence | token: per action
+                           # token, mean over the batch's tokens (TRL / DiffuCoder; needs
+                           # per-token sums: estimator.reduction=sum)
+  r.ref_sync_every = 0    # > 0: every N optimizer updates the reference moves toward the
+                          # policy, π_ref ← α·π_θ + (1 − α)·π_ref (TRL sync_ref_model); 0 = the
+                          # starting policy throughout
+  r.ref_sync_alpha = 0.6  # α of that update (TRL's ref_model_mixup_alpha)
   r.lr = 1e-4
   r.schedule = "constant"
   r.min_lr_ratio = 0.0    # cosine / linear decay to this fraction of rl.lr (HF min_lr_rate)

@@ -33,6 +33,7 @@ from dllm_rl.rl.wd1_loss import wd1_loss, wd1_weights  # noqa: F401  (public her
 LOSSES: Registry = Registry("policy loss")
 CLIP_MODES = ("upper", "symmetric", "none")
 KL_ESTIMATORS = ("k1", "k2", "k3")  # kl_penalty kinds (Schulman)
+KL_LEVELS = ("sequence", "token")  # rl.kl_level: kl_penalty | kl_penalty_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +210,20 @@ def kl_penalty(logp_BG, logp_ref_BG, kind: str = "k3"):
   if kind == "k3":
     return (_exp_safe(d) - d - 1.0).mean()
   raise ValueError(f"unknown KL estimator {kind!r}; choose from {KL_ESTIMATORS}")
+
+
+def kl_penalty_tokens(token_BGL, token_ref_BGL, mask_BGL, kind: str = "k3"):
+  """Token-level KL(π_θ ‖ π_ref): Schulman's estimator per action token, d = ℓ̂_ref,i −
+  ℓ̂_θ,i (per-token log-probabilities on the same masks), summed over the batch's action
+  tokens and divided by their number, TRL / DiffuCoder's ``per_token_kl`` with the loss's
+  ``(x · mask).sum() / mask.sum()``. k3's e^d continues linearly above d = 20."""
+  d = (token_ref_BGL - token_BGL).astype(jnp.float32)
+  per_token = {"k1": lambda: -d, "k2": lambda: 0.5 * d * d,
+               "k3": lambda: _exp_safe(d) - d - 1.0}
+  if kind not in per_token:
+    raise ValueError(f"unknown KL estimator {kind!r}; choose from {KL_ESTIMATORS}")
+  mask = mask_BGL.astype(jnp.float32)
+  return (per_token[kind]() * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
 # ---------------------------------------------------------------- registered forms

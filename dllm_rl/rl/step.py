@@ -45,7 +45,8 @@ from dllm_rl.parallel.constraints import jit_sharded
 from dllm_rl.parallel.shard import replicated
 from dllm_rl.rl import advantages as adv_lib
 from dllm_rl.rl import micro
-from dllm_rl.rl.losses import LOSSES, LossConfig, kl_penalty, ratio_metrics
+from dllm_rl.rl.losses import (LOSSES, LossConfig, kl_penalty, kl_penalty_tokens,
+                               ratio_metrics)
 from dllm_rl.types import SequenceBatch, TrainState
 
 
@@ -95,6 +96,9 @@ class RLStepConfig:
   dynamic_states: bool = False  # threshold sampler: StepRS progress per row (u = s_i/(S_i − 1))
   kl_coef: float = 0.0
   kl_estimator: str = "k3"
+  kl_level: str = "sequence"  # sequence: on ℓ̂ per sequence | token: per action token
+  ref_sync_every: int = 0     # optimizer updates between reference syncs (0 = fixed reference)
+  ref_sync_alpha: float = 0.6  # a sync: π_ref ← α·π_θ + (1 − α)·π_ref (TR-DPO, TRL)
   mask_id: int = 2
   eos_id: int = 1
   micro_batch: int = 0   # sequences per forward/backward (dllm_rl.rl.micro); 0 = one pass
@@ -127,6 +131,21 @@ def flatten_groups(batch: RolloutBatch, eos_id: int) -> SequenceBatch:
 def completion_lengths(completion_BGL, eos_id: int):
   """Tokens up to and including the first EOS (L when there is none)."""
   return action_mask(completion_BGL, eos_id).sum(-1).astype(jnp.float32)
+
+
+def sync_reference(ref_params, params, updates, every: int, alpha: float):
+  """The reference after optimizer update number ``updates`` (1-based): α·θ + (1 − α)·ref
+  when ``updates`` is a multiple of ``every`` (TRL's ``SyncRefModelCallback``: TR-DPO's
+  soft update at ``global_step % ref_model_sync_steps == 0``), else unchanged; each leaf
+  keeps its dtype. The batch's reference log-probabilities were taken before its updates,
+  so a sync reaches the next rollout batch, as in TRL (they are computed at generation)."""
+  due = (updates % every) == 0
+
+  def mix(r, p):
+    mixed = alpha * p.astype(jnp.float32) + (1.0 - alpha) * r.astype(jnp.float32)
+    return jnp.where(due, mixed.astype(r.dtype), r)
+
+  return jax.tree.map(mix, ref_params, params)
 
 
 def _group(tree, b: int, g: int):
@@ -189,8 +208,8 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
       old_once = estimate(params_old, k_old)
       old_at = lambda m: old_once
     ref = None
-    if cfg.kl_coef > 0:
-      ref = jax.lax.map(lambda k: estimate(state.ref_params, k).seq_B, keys_M)
+    if cfg.kl_coef > 0:  # on θ's masks of each inner step, before this batch's updates
+      ref = jax.lax.map(lambda k: estimate(state.ref_params, k), keys_M)
 
     def objective(lik, lik_old, m):
       """(loss, metrics) of the [B, G]-grouped estimate ``lik`` at inner step m."""
@@ -200,7 +219,10 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
       aux["entropy"] = lik.entropy_B.mean()
       aux["policy_loss"] = loss
       if ref is not None:
-        kl = kl_penalty(lik.seq_B, ref[m], cfg.kl_estimator)
+        ref_m = jax.tree.map(lambda a: a[m], ref)
+        kl = (kl_penalty_tokens(lik.token_BL, ref_m.token_BL, mask_BGL, cfg.kl_estimator)
+              if cfg.kl_level == "token" else
+              kl_penalty(lik.seq_B, ref_m.seq_B, cfg.kl_estimator))
         loss = loss + cfg.kl_coef * kl
         aux["kl"] = kl
       return loss, aux
@@ -219,15 +241,19 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
       return (loss, aux), grads
 
     def inner(carry, m):
-      params, opt_state, step = carry
+      params, opt_state, step, ref_params = carry
       (loss, aux), grads = loss_and_grads(params, keys_M[m], old_at(m), m)
       updates, opt_state = optimizer.update(grads, opt_state, params, **opt_args)
       params = optax.apply_updates(params, updates)
       aux = dict(aux, loss=loss, grad_norm=optax.tree.norm(grads), lr=schedule(step, **opt_args))
-      return (params, opt_state, step + 1), aux
+      if cfg.ref_sync_every and ref_params is not None:
+        ref_params = sync_reference(ref_params, params, step + 1, cfg.ref_sync_every,
+                                    cfg.ref_sync_alpha)
+      return (params, opt_state, step + 1, ref_params), aux
 
-    (params, opt_state, step), inner_M = jax.lax.scan(
-        inner, (state.params, state.opt_state, state.step), jnp.arange(cfg.inner_steps))
+    (params, opt_state, step, ref_params), inner_M = jax.lax.scan(
+        inner, (state.params, state.opt_state, state.step, state.ref_params),
+        jnp.arange(cfg.inner_steps))
     metrics = {k: v.mean() for k, v in inner_M.items()}
     metrics["ratio_max"] = inner_M["ratio_max"].max()
     metrics["grad_norm_max"] = inner_M["grad_norm"].max()
@@ -241,7 +267,8 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
         reward_std_within_group=rewards_BG.std(-1).mean(),
         adv_abs_mean=jnp.abs(adv_BGL).mean(),  # over B·G·L positions, 0 after EOS (the mass)
         completion_length=lengths_BG.mean())
-    new_state = state.replace(step=step, params=params, opt_state=opt_state)
+    new_state = state.replace(step=step, params=params, opt_state=opt_state,
+                              ref_params=ref_params)
     return new_state, metrics
 
   out = None if mesh is None else (state_sharding, replicated(mesh))

@@ -70,7 +70,9 @@ def step_config(config, sampler_cfg, mask_id: int, eos_id: int) -> RLStepConfig:
                                     num_states=sampler_cfg.max_steps),
       inner_steps=r.inner_steps, num_states=sampler_cfg.max_steps,
       dynamic_states=sampler_cfg.threshold > 0, kl_coef=r.kl_coef,
-      kl_estimator=r.kl_estimator, mask_id=mask_id, eos_id=eos_id, micro_batch=r.micro_batch)
+      kl_estimator=r.kl_estimator, kl_level=r.kl_level, ref_sync_every=r.ref_sync_every,
+      ref_sync_alpha=r.ref_sync_alpha, mask_id=mask_id, eos_id=eos_id,
+      micro_batch=r.micro_batch)
 
 
 def rl_rng(ctx: Context) -> jax.Array:

@@ -71,6 +71,11 @@ RULES: tuple[tuple[str, Callable[[ml_collections.ConfigDict], bool], str], ...] 
      "the bound of rl.loss=stabledrl with rl.clip=upper"),
     ("rl.self_normalize", lambda c: c.rl.loss == "stabledrl", "an option of rl.loss=stabledrl"),
     ("rl.kl_estimator", lambda c: c.rl.kl_coef > 0, "read only with rl.kl_coef > 0"),
+    ("rl.kl_level", lambda c: c.rl.kl_coef > 0, "read only with rl.kl_coef > 0"),
+    ("rl.ref_sync_every", lambda c: c.rl.kl_coef > 0,
+     "the reference of the KL term: read only with rl.kl_coef > 0"),
+    ("rl.ref_sync_alpha", lambda c: c.rl.kl_coef > 0 and c.rl.ref_sync_every > 0,
+     "read only with rl.kl_coef > 0 and rl.ref_sync_every > 0"),
     ("sft.target_accuracy", lambda c: 0 < c.sft.eval_every <= c.sft.steps,
      "checked at each SFT validation, and none runs within sft.steps (sft.eval_every is 0 or"
      " above it): SFT runs all its steps"),

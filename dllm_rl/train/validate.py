@@ -268,6 +268,16 @@ def _rl(config, check: "_Checks") -> None:
   check(r.kl_estimator in losses.KL_ESTIMATORS, "rl.kl_estimator",
          f"must be one of {losses.KL_ESTIMATORS}")
   check(r.kl_coef >= 0, "rl.kl_coef", "must be >= 0")
+  check(r.kl_level in losses.KL_LEVELS, "rl.kl_level",
+        unknown_message("KL level", r.kl_level, losses.KL_LEVELS))
+  check(r.ref_sync_every >= 0, "rl.ref_sync_every", f"must be >= 0 (0 = a fixed reference),"
+        f" got {r.ref_sync_every}")
+  check(0 < r.ref_sync_alpha <= 1, "rl.ref_sync_alpha", f"must be in (0, 1], got"
+        f" {r.ref_sync_alpha}")
+  check(not (r.ref_sync_every and config.lora.rank), "rl.ref_sync_every", "a synced reference"
+        " with LoRA (lora.rank > 0): a LoRA run's checkpoints keep the adapters only, and its"
+        " reference is rebuilt from the base on resume, so a synced one would be lost; leave"
+        " rl.ref_sync_every at 0 (as TRL refuses sync_ref_model with PEFT)")
   check(r.schedule in LR_SCHEDULES, "rl.schedule", f"must be one of {LR_SCHEDULES}")
   check(0 <= r.min_lr_ratio <= 1, "rl.min_lr_ratio", f"must be in [0, 1], got {r.min_lr_ratio}")
   check(0 <= r.warmup_steps <= r.steps * r.inner_steps, "rl.warmup_steps",
@@ -305,6 +315,9 @@ def _estimator(config, check: "_Checks") -> None:
          "espo divides the sequence ELBO by the generated length itself (its per-token"
          " ratio normalisation): needs estimator.name=elbo (or mean_field, trajectory) with"
          " estimator.reduction=sum")
+  check(r.kl_level != "token" or r.kl_coef == 0 or per_token_sum, "rl.kl_level",
+        "token: a KL per action token needs per-token log-probabilities: estimator.name="
+        "mean_field, elbo or trajectory with estimator.reduction=sum")
   check(not x.full_mask_term or x.name == "elbo", "estimator.full_mask_term",
          f"is an option of estimator.name=elbo, not {x.name!r}")
   check(x.spg_block_len > 0, "estimator.spg_block_len", "must be positive")

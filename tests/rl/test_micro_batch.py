@@ -29,7 +29,11 @@ CASES = {  # loss, advantage, estimator, estimator options, kl
     "stabledrl-block": ("stabledrl", "steprs", "block_elbo",
                         dict(num_samples=2, block_size=4, attention_impl="reference",
                              prompt_mask_prob=0.2), 0.0),
+    "coupled_grpo-token-kl": ("grpo_token", "leave_one_out", "elbo",  # DiffuCoder's
+                              dict(num_samples=2, antithetic=True, coupled=True,
+                                   full_mask_term=True, reduction="sum"), 0.01),
 }
+KL_LEVEL = {"coupled_grpo-token-kl": "token"}  # the others: sequence
 
 
 def _batch():
@@ -57,7 +61,7 @@ def _run(case, micro_batch, logits_chunk=0):
   est_cfg = EstimatorConfig(**opts, logits_chunk=logits_chunk)
   cfg = rl_step_config(loss, advantage, name, est_cfg, inner_steps=2, num_states=4,
                        advantage_cfg=AdvantageConfig(num_states=4), kl_coef=kl,
-                       micro_batch=micro_batch)
+                       kl_level=KL_LEVEL.get(case, "sequence"), micro_batch=micro_batch)
   graphdef, params = T.init_model(CFG, jax.random.key(0))
   opt = _capture_grads()
   state = init_train_state(params, opt, jax.random.key(1))

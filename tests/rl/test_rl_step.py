@@ -10,6 +10,7 @@ import pytest
 
 from dllm_rl.diffusion.estimators import EstimatorConfig
 from dllm_rl.models import transformer as T
+from dllm_rl.rl import losses
 from dllm_rl.rl.losses import LOSSES
 from dllm_rl.diffusion.spg_block import spg_block_masks
 from dllm_rl.rl.step import completion_lengths, flatten_groups, make_rl_step
@@ -176,6 +177,50 @@ def test_kl_penalty_is_zero_at_the_reference_and_reported():
   step_fn, state = _step("stabledrl", kl_coef=0.1, inner=1)
   _, metrics = step_fn(state, _batch(), jax.random.key(3))
   assert abs(float(metrics["kl"])) < 1e-6
+
+
+def _kl_step(every, alpha=0.6, inner=2):
+  """grpo_token on coupled per-token ELBO sums with DiffuCoder's token-level k3 KL."""
+  est = ("elbo", EstimatorConfig(num_samples=1, reduction="sum", antithetic=True))
+  cfg = rl_step_config("grpo_token", "leave_one_out", *est, inner_steps=inner, num_states=4,
+                       kl_coef=0.01, kl_level="token", ref_sync_every=every,
+                       ref_sync_alpha=alpha)
+  graphdef, params = T.init_model(CFG, jax.random.key(0))
+  opt = optax.adam(1e-2)
+  state = init_train_state(params, opt, jax.random.key(1))
+  state = state.replace(ref_params=jax.tree.map(jnp.copy, params))
+  return make_rl_step(graphdef, opt, lambda s: 1e-2, cfg), state
+
+
+@pytest.mark.parametrize("every, synced", [(2, True), (4, False), (0, False)])
+def test_the_reference_moves_toward_the_policy_every_n_updates(every, synced):
+  """ref ← α·θ + (1 − α)·ref after update n when n is a multiple of ``ref_sync_every`` (TRL's
+  SyncRefModelCallback); two updates: a sync at 2, none at 4 or with 0."""
+  step_fn, state = _kl_step(every)
+  ref0 = jax.tree.map(np.asarray, state.ref_params)
+  state, metrics = step_fn(state, _eos_batch()[0], jax.random.key(3))
+  assert int(state.step) == 2 and float(metrics["kl"]) > 0  # θ left the reference at m = 1
+  params = jax.tree.map(np.asarray, state.params)
+  for r0, p, r in zip(jax.tree_util.tree_leaves(ref0), jax.tree_util.tree_leaves(params),
+                      jax.tree_util.tree_leaves(state.ref_params)):
+    want = 0.6 * p + 0.4 * r0 if synced else r0
+    np.testing.assert_allclose(np.asarray(r), want, rtol=1e-6, atol=1e-7)
+
+
+def test_token_level_kl_is_the_mean_over_action_tokens_of_each_tokens_estimate():
+  """DiffuCoder / TRL: per_token_kl = e^d − d − 1, d = ref − θ per token, summed over the
+  completion mask and divided by its size; k1 / k2 likewise; not the sequence estimator."""
+  tok = jnp.array([[[-1.0, -2.0, -3.0]]])
+  ref = jnp.array([[[-1.5, -1.0, 9.0]]])
+  mask = jnp.array([[[True, True, False]]])
+  d = np.array([-0.5, 1.0])
+  assert float(losses.kl_penalty_tokens(tok, ref, mask, "k3")) == pytest.approx(
+      np.mean(np.exp(d) - d - 1), rel=1e-6)
+  assert float(losses.kl_penalty_tokens(tok, ref, mask, "k1")) == pytest.approx(-d.mean())
+  assert float(losses.kl_penalty_tokens(tok, ref, mask, "k2")) == pytest.approx(
+      np.mean(d * d / 2))
+  seq = float(losses.kl_penalty(tok.sum(-1), ref.sum(-1), "k3"))
+  assert seq != pytest.approx(float(losses.kl_penalty_tokens(tok, ref, mask, "k3")))
 
 
 def test_steprs_advantage_runs_in_the_step():
