@@ -34,8 +34,9 @@ optimizer steps of 2048 rows (``batch_size_lm`` 2 × 8 GPUs × ``gradient_accumu
 128, ≈ 8 steps per rollout batch, each row's loss the mean over its state's tokens); here
 one full-batch update per rollout batch (μ = 1, the same rollout used once; the ratio is
 exactly 1 then, so the clip does not bind) with d1's token normalisation (Σ over tokens /
-Σ lengths). Its per-token k3 penalty to θ_old (β = 0.01) and its filter that drops groups
-with accuracy > 0.8 or < 0.2 are not reproduced. The estimator at 8B is the expensive one:
+Σ lengths). Its per-token k3 penalty to θ_old (β = 0.01) is left out: at μ = 1 the only
+update has θ = θ_old, where k3 and its gradient are 0. Its filter that drops groups with
+accuracy > 0.8 or < 0.2 is not reproduced. The estimator at 8B is the expensive one:
 64 state passes per estimate against spg_block's 2, so the rl_step is micro-batched
 (``rl.micro_batch``: one draw of 64 sequences per backward); see README "Planning".
 """
