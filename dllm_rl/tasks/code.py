@@ -45,7 +45,9 @@ def code_result(completion: str, cases: list[str], exec_weight: float, format_we
   if code is None:
     return malformed("no ```python block")
   form = code_exec.format_score(text)
-  rate = code_exec.pass_rate(code, cases, timeout_s=timeout_s) if form == 1.0 else 0.0
+  # One case at a time: the trainer verifies the completions in parallel (parallel_verify).
+  rate = (code_exec.pass_rate(code, cases, timeout_s=timeout_s, workers=1) if form == 1.0
+          else 0.0)
   info: dict[str, Any] = {"format": form, "pass_rate": rate, "cases": len(cases)}
   if form < 1.0:
     info["reason"] = ("the block does not parse" if form else
@@ -62,6 +64,7 @@ class CodeTask(JsonlTask):
 
   name = "code"
   recipe = "acecode"
+  parallel_verify = True  # its verifier waits on child processes: completions run at once
 
   def __init__(self, train_file: str = "", test_file: str = "", on_error: str = "raise",
                prompt_template: str = "{question}", test_fraction: float | None = None,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
+import os
 import time
 from typing import Any, NamedTuple, Sequence
 
@@ -61,10 +63,24 @@ def generate(sample_fn, params, prompt_BP: np.ndarray, prompt_valid_BP: np.ndarr
   return np.concatenate(outs, axis=0)
 
 
+MAX_VERIFY_THREADS = 32
+
+
+def verify_all(task, pairs: Sequence[tuple[Any, str]]) -> list:
+  """``task.verify(example, text)`` of each pair, in order: one after another, or for a task
+  whose verifier waits on child processes (``parallel_verify``: the code task runs each
+  completion's test cases) on up to min(CPUs, 32) threads at once."""
+  if not getattr(task, "parallel_verify", False) or len(pairs) < 2:
+    return [task.verify(ex, text) for ex, text in pairs]
+  workers = min(os.cpu_count() or 1, MAX_VERIFY_THREADS, len(pairs))
+  with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+    return list(pool.map(lambda pair: task.verify(*pair), pairs))
+
+
 def verify_each(task, tokenizer, examples: Sequence[Any], completions_NL: np.ndarray) -> list:
   """(decoded text, ``task.verify`` result) of each completion."""
   texts = [tokenizer.decode(c) for c in completions_NL]
-  return [(text, task.verify(ex, text)) for ex, text in zip(examples, texts)]
+  return list(zip(texts, verify_all(task, list(zip(examples, texts)))))
 
 
 def mean_scores(graded: Sequence[tuple[str, Any]]) -> dict:
@@ -131,12 +147,14 @@ def verify_groups(task, tokenizer, examples: Sequence[Any], completions_BGL: np.
   rewards = np.zeros((b, g), np.float32)
   correct = np.zeros((b, g), bool)
   malformed = np.zeros((b, g), bool)
+  texts = [[tokenizer.decode(completions_BGL[i, j]) for j in range(g)] for i in range(b)]
+  results = iter(verify_all(task, [(ex, text) for ex, row in zip(examples, texts)
+                                   for text in row]))
   parsed = []
-  for i, ex in enumerate(examples):
+  for i in range(len(examples)):
     row = []
     for j in range(g):
-      text = tokenizer.decode(completions_BGL[i, j])
-      result = task.verify(ex, text)
+      text, result = texts[i][j], next(results)
       rewards[i, j], correct[i, j] = result.reward, result.correct
       malformed[i, j] = result.parsed is None
       row.append(result.parsed if result.parsed is not None else text)

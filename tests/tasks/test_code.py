@@ -120,3 +120,34 @@ def test_bad_options_are_named(tmp_path, options, message):
   path = _write(tmp_path / "t.jsonl", [{"question": "ok", "test_cases": ["assert 1"]}])
   with pytest.raises(ValueError, match=message):
     make_task("code", test_file=path, **options)
+
+
+def test_the_trainer_verifies_code_completions_at_once_with_the_same_results(tmp_path):
+  """``verify_groups`` runs a ``parallel_verify`` task's completions on threads: each
+  completion's result is the one verifying it alone gives, in its place, and (with 2+ CPUs)
+  two runs overlap in time."""
+  import numpy as np
+  from dllm_rl.train import evaluation
+  log = tmp_path / "spans"
+  log.mkdir()
+  case = ("import os, time\nt0 = time.time()\ntime.sleep(0.5)\n"
+          f"open(os.path.join({str(log)!r}, str(os.getpid())), 'w').write(f'{{t0}} {{time.time()}}')"
+          "\nassert f() == {i}")
+  records = [{"question": f"q{i}", "test_cases": [case.replace("{i}", str(i))]} for i in range(2)]
+  task = make_task("code", test_file=_write(tmp_path / "t.jsonl", records))
+  examples = sorted(task.generate("test", -1, seed=0), key=lambda e: e.prompt)
+
+  class Texts:  # "decodes" a completion row [i, j] to a program whose f() returns i·j
+    def decode(self, ids):
+      return f"```python\ndef f():\n    return {int(ids[0]) * int(ids[1])}\n```\n"
+
+  completions = np.array([[[i, j] for j in range(2)] for i in range(2)])
+  graded = evaluation.verify_groups(task, Texts(), examples, completions)
+  spans = sorted(tuple(map(float, p.read_text().split())) for p in log.iterdir())
+  want = [[task.verify(ex, Texts().decode([i, j])).reward for j in range(2)]
+          for i, ex in enumerate(examples)]
+  np.testing.assert_allclose(graded.rewards_BG, want)
+  assert graded.correct_BG.tolist() == [[True, True], [False, True]]  # f() == i·j == i
+  assert len(spans) == 4
+  if (os.cpu_count() or 1) >= 2:
+    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:]))  # two runs at once
