@@ -4,6 +4,9 @@ records ``dllm-rl-data prepare acecode | humaneval | mbpp`` writes."""
 
 import json
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -57,13 +60,24 @@ def test_the_code_runs_under_limits_in_an_empty_folder_without_the_parents_envir
   assert not os.path.exists(probe.read_text())  # its folder is removed afterwards
   # a grandchild that outlives the timeout is killed with it (its own session)
   marker = tmp_path / "late.txt"
-  spawn = ("import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; "
-           f"time.sleep(1.5); open({str(marker)!r}, \"w\").write(\"x\")'])\n"
-           "import time\ntime.sleep(30)")
-  assert not code_exec.run_case(spawn, "", timeout_s=0.5)
-  import time
+  assert not code_exec.run_case(_spawner(marker, "import time\ntime.sleep(30)"), "",
+                                timeout_s=0.5)
   time.sleep(2.0)
   assert not marker.exists()
+
+
+def _spawner(marker, then: str = "") -> str:
+  """A program that starts a child writing ``marker`` after 1 s, then runs ``then``."""
+  child = f"import time; time.sleep(1.0); open({str(marker)!r}, 'w').write('x')"
+  return f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {child!r}])\n{then}"
+
+
+def test_the_spawner_writes_its_marker_when_nothing_kills_its_child(tmp_path):
+  """The control of the tests above and below: run as a plain program, the child lives."""
+  marker = tmp_path / "late.txt"
+  subprocess.run([sys.executable, "-c", _spawner(marker)], check=True)
+  time.sleep(2.0)
+  assert marker.read_text() == "x"
 
 
 def test_the_reward_is_two_times_the_pass_rate_plus_half_the_format():
