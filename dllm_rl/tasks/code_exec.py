@@ -82,8 +82,8 @@ exec(compile(_src, "<string>", "exec"), {"__name__": "__main__", "__builtins__":
 def run_case(code: str, case: str, *, timeout_s: float = CASE_TIMEOUT_S,
              memory_mb: int = MAX_MEMORY_MB) -> bool:
   """Whether ``python -c "{code}\n{case}"`` exits 0 within ``timeout_s`` (wall clock), run
-  isolated (``-I``) under the module's limits, in its own session (a timeout kills what it
-  started too)."""
+  isolated (``-I``) under the module's limits, in its own session: what it started in that
+  session is killed with it when it ends or times out (not left running)."""
   with tempfile.TemporaryDirectory(prefix="dllm_rl_code_") as cwd:
     env = {"PATH": os.defpath, "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8",
            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
@@ -95,12 +95,13 @@ def run_case(code: str, case: str, *, timeout_s: float = CASE_TIMEOUT_S,
     try:
       return proc.wait(timeout=timeout_s) == 0
     except subprocess.TimeoutExpired:
+      return False
+    finally:  # its session's other processes, whether it exited or timed out
       try:
         os.killpg(proc.pid, 9)
       except ProcessLookupError:
         pass
       proc.wait()
-      return False
 
 
 def pass_rate(code: str, cases: Sequence[str], *, timeout_s: float = CASE_TIMEOUT_S,

@@ -165,3 +165,12 @@ def test_the_trainer_verifies_code_completions_at_once_with_the_same_results(tmp
   assert len(spans) == 4
   if (os.cpu_count() or 1) >= 2:
     assert any(b[0] < a[1] for a, b in zip(spans, spans[1:]))  # two runs at once
+
+
+def test_what_the_code_started_is_killed_when_it_exits_too(tmp_path):
+  """A program that exits at once (0, a pass) leaving a child behind: the child is killed
+  with it, not left running (and writing into its removed folder) beside the trainer."""
+  marker = tmp_path / "late.txt"
+  assert code_exec.run_case(_spawner(marker), "")
+  time.sleep(2.0)
+  assert not marker.exists()
