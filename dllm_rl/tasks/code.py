@@ -11,7 +11,8 @@ code_format, ``reward_weights`` 2.0 and 0.5):
     reward = exec_weight · pass_rate + format_weight · format_score
 
 with :func:`dllm_rl.tasks.code_exec.format_score` (1 / 0.5 / 0) and the test cases' pass rate,
-run only when the format score is 1 (0 otherwise, as ``code_reward`` skips the rest). A
+run only when the format score is 1 (0 otherwise, as ``code_reward`` skips the rest; 0 too
+when a case runs out of time, as the official script dies then). A
 completion is ``correct`` when it passes every case (DiffuCoder's ``binary_code_reward``:
 pass rate > 0.99); ``parsed`` is its code, None (malformed) without a ```` ```python ````
 block. Special-token markers the decoded completion ends with (``<|im_end|>``) are removed

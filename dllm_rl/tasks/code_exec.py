@@ -6,7 +6,9 @@ a format score and the pass rate of test cases run against the completion's code
   block parses as Python, 0.5 when it does not, 0.0 for any other shape.
 * :func:`pass_rate` (``code_reward``'s evaluation script): each test case (an ``assert`` line,
   or a test body) runs as ``python -c "{code}\\n{case}"`` in its own process with a 5 s limit;
-  a case passes iff that process exits 0. Only a completion whose format score is 1.0 is run.
+  a case passes iff that process exits 0, and a case that runs out of time makes the rate 0
+  (the official script does not catch ``TimeoutExpired``: it dies before printing its rate,
+  which the provider scores None or 0.0). Only a completion whose format score is 1.0 is run.
 
 The code is the model's: it runs in a child process with a wall-clock limit, CPU-time,
 address-space, file-size and core-dump limits, an empty working directory that is removed
@@ -79,11 +81,22 @@ exec(compile(_src, "<string>", "exec"), {"__name__": "__main__", "__builtins__":
 """
 
 
+PASS, FAIL, TIMEOUT = "pass", "fail", "timeout"  # case_outcome
+
+
 def run_case(code: str, case: str, *, timeout_s: float = CASE_TIMEOUT_S,
              memory_mb: int = MAX_MEMORY_MB) -> bool:
-  """Whether ``python -c "{code}\n{case}"`` exits 0 within ``timeout_s`` (wall clock), run
-  isolated (``-I``) under the module's limits, in its own session: what it started in that
-  session is killed with it when it ends or times out (not left running)."""
+  """Whether ``python -c "{code}\n{case}"`` exits 0 within ``timeout_s`` (:func:`case_outcome`
+  is PASS)."""
+  return case_outcome(code, case, timeout_s=timeout_s, memory_mb=memory_mb) == PASS
+
+
+def case_outcome(code: str, case: str, *, timeout_s: float = CASE_TIMEOUT_S,
+                 memory_mb: int = MAX_MEMORY_MB) -> str:
+  """PASS when ``python -c "{code}\n{case}"`` exits 0 within ``timeout_s`` (wall clock),
+  TIMEOUT when it runs out of time, FAIL otherwise; run isolated (``-I``) under the module's
+  limits, in its own session: what it started in that session is killed with it when it
+  ends or times out (not left running)."""
   with tempfile.TemporaryDirectory(prefix="dllm_rl_code_") as cwd:
     env = {"PATH": os.defpath, "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8",
            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
@@ -93,9 +106,9 @@ def run_case(code: str, case: str, *, timeout_s: float = CASE_TIMEOUT_S,
         cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-      return proc.wait(timeout=timeout_s) == 0
+      return PASS if proc.wait(timeout=timeout_s) == 0 else FAIL
     except subprocess.TimeoutExpired:
-      return False
+      return TIMEOUT
     finally:  # its session's other processes, whether it exited or timed out
       try:
         os.killpg(proc.pid, 9)
@@ -106,11 +119,22 @@ def run_case(code: str, case: str, *, timeout_s: float = CASE_TIMEOUT_S,
 
 def pass_rate(code: str, cases: Sequence[str], *, timeout_s: float = CASE_TIMEOUT_S,
               workers: int | None = None) -> float:
-  """The fraction of ``cases`` that pass (:func:`run_case`), run ``workers`` at a time
-  (default: the CPU count); 0.0 for no cases."""
+  """The fraction of ``cases`` that pass (:func:`case_outcome`), run ``workers`` at a time
+  (default: the CPU count); 0.0 for no cases, and 0.0 when a case times out (module
+  docstring; one at a time, the cases after it are not run, as officially)."""
   if not cases:
     return 0.0
   workers = workers or os.cpu_count() or 1
-  with concurrent.futures.ThreadPoolExecutor(max_workers=min(workers, len(cases))) as pool:
-    passed = list(pool.map(lambda case: run_case(code, case, timeout_s=timeout_s), cases))
-  return sum(passed) / len(cases)
+  run = lambda case: case_outcome(code, case, timeout_s=timeout_s)
+  if workers == 1:
+    outcomes = []
+    for case in cases:
+      outcomes.append(run(case))
+      if outcomes[-1] == TIMEOUT:
+        return 0.0
+  else:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(workers, len(cases))) as pool:
+      outcomes = list(pool.map(run, cases))
+    if TIMEOUT in outcomes:
+      return 0.0
+  return outcomes.count(PASS) / len(cases)

@@ -174,3 +174,17 @@ def test_what_the_code_started_is_killed_when_it_exits_too(tmp_path):
   assert code_exec.run_case(_spawner(marker), "")
   time.sleep(2.0)
   assert not marker.exists()
+
+
+def test_a_case_that_times_out_zeroes_the_pass_rate_as_officially():
+  """DiffuCoder's evaluation script runs the cases with ``subprocess.run(timeout=5)`` and does
+  not catch ``TimeoutExpired``: the script dies before printing ``__PASS_RATE__``, and the
+  provider scores it None (router) or 0.0, so the code reward is 0 whatever the other cases
+  did."""
+  slow = "def add(a, b):\n    while a == 2:\n        pass\n    return a + b\n"
+  cases = CASES[:2] + ["assert add(2, 2) == 4"]
+  assert code_exec.pass_rate(slow, cases[:2], timeout_s=0.5, workers=1) == 1.0
+  for workers in (1, 3):
+    assert code_exec.pass_rate(slow, cases, timeout_s=0.5, workers=workers) == 0.0
+  result = code_result(f"```python\n{slow}```\n", cases, 2.0, 0.5, 0.5)
+  assert result.reward == 0.5 and result.info["pass_rate"] == 0.0
