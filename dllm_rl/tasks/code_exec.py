@@ -68,14 +68,18 @@ def format_score(text: str) -> float:
 
 
 # The child's first statements: its limits (set in the child itself, not by a preexec_fn, which
-# is unsafe beside the trainer's threads), then the source, run as ``python -c`` runs it.
+# is unsafe beside the trainer's threads), then the source, run as ``python -c`` runs it. The
+# source comes from a file beside the working folder, not from argv: Linux caps one argument at
+# 128 KiB (a larger test case was an OSError out of the verifier).
 _PRELUDE = """import resource as _r, sys as _s
 _cpu, _mem, _fsize = (int(x) for x in _s.argv[1:4])
 _r.setrlimit(_r.RLIMIT_CPU, (_cpu, _cpu))
 _r.setrlimit(_r.RLIMIT_AS, (_mem, _mem))
 _r.setrlimit(_r.RLIMIT_FSIZE, (_fsize, _fsize))
 _r.setrlimit(_r.RLIMIT_CORE, (0, 0))
-_src = _s.argv[4]
+with open(_s.argv[4], encoding="utf-8", errors="surrogatepass") as _f:
+    _src = _f.read()
+del _f
 _s.argv = ["-c"]
 exec(compile(_src, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
 """
@@ -97,12 +101,16 @@ def case_outcome(code: str, case: str, *, timeout_s: float = CASE_TIMEOUT_S,
   TIMEOUT when it runs out of time, FAIL otherwise; run isolated (``-I``) under the module's
   limits, in its own session: what it started in that session is killed with it when it
   ends or times out (not left running)."""
-  with tempfile.TemporaryDirectory(prefix="dllm_rl_code_") as cwd:
+  with tempfile.TemporaryDirectory(prefix="dllm_rl_code_") as root:
+    cwd, source = os.path.join(root, "cwd"), os.path.join(root, "source.py")
+    os.mkdir(cwd)
+    with open(source, "w", encoding="utf-8", errors="surrogatepass") as f:
+      f.write(f"{code}\n{case}")
     env = {"PATH": os.defpath, "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8",
            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     limits = (int(timeout_s) + 1, memory_mb << 20, MAX_FILE_MB << 20)
     proc = subprocess.Popen(
-        [sys.executable, "-I", "-c", _PRELUDE, *map(str, limits), f"{code}\n{case}"],
+        [sys.executable, "-I", "-c", _PRELUDE, *map(str, limits), source],
         cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, start_new_session=True)
     try:

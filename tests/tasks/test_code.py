@@ -188,3 +188,11 @@ def test_a_case_that_times_out_zeroes_the_pass_rate_as_officially():
     assert code_exec.pass_rate(slow, cases, timeout_s=0.5, workers=workers) == 0.0
   result = code_result(f"```python\n{slow}```\n", cases, 2.0, 0.5, 0.5)
   assert result.reward == 0.5 and result.info["pass_rate"] == 0.0
+
+
+def test_a_program_longer_than_one_command_line_argument_runs():
+  """Linux caps one argv string at 128 KiB (MAX_ARG_STRLEN): a test case with a large literal
+  (a record the task accepts) was an OSError out of the verifier, ending the run."""
+  big = "assert len(DATA) == 200000\n"
+  assert code_exec.run_case(f"DATA = {'y' * 200_000!r}", big)
+  assert not code_exec.run_case(f"DATA = {'y' * 200_000!r}", "assert False")
