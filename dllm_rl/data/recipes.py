@@ -25,6 +25,7 @@ reason (counted in the manifest); every kept record then passes the task's own l
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 from typing import Any, Callable, Mapping
 
@@ -155,10 +156,25 @@ _HUMANEVAL_QUESTION = ("Complete the following Python function; write the whole 
                        " one ```python block.\n```python\n{prompt}```")
 
 
+def prompt_context(prompt: str, entry: str) -> str:
+  """What a HumanEval prompt defines beside the function to write (its imports and helper
+  functions, such as HumanEval/38's ``encode_cyclic``), as source: the official harness runs
+  prompt + completion, so the test may call them; an instruct completion holds the function
+  alone. "" when the prompt does not parse."""
+  try:
+    tree = ast.parse(prompt)
+  except SyntaxError:
+    return ""
+  keep = [node for node in tree.body
+          if not (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == entry)]
+  return "\n".join(ast.get_source_segment(prompt, node) for node in keep)
+
+
 def code_record(row: Mapping[str, Any]) -> dict:
   """``{"question", "test_cases", "solution"?}`` (the ``code`` task) from AceCode-89K
   (``question``, ``test_cases``), HumanEval (``prompt``, ``test``, ``entry_point``,
-  ``canonical_solution``: one case, the test body then ``check(entry_point)``) or MBPP
+  ``canonical_solution``: one case, the prompt's imports and helpers
+  (:func:`prompt_context`), the test body, then ``check(entry_point)``) or MBPP
   (``text`` / ``prompt``, ``test_list``, ``test_setup_code`` / ``test_imports``, ``code``:
   one case per assert, the set-up before each; the question is the MBPP paper's prompt)."""
   if "test_cases" in row:  # AceCode-89K
@@ -170,8 +186,9 @@ def code_record(row: Mapping[str, Any]) -> dict:
     prompt, test, entry = _text(row, "prompt"), _text(row, "test"), _text(row, "entry_point")
     if prompt is None or test is None or entry is None:
       raise Skip("no 'prompt', 'test' or 'entry_point'")
+    context = prompt_context(prompt, entry.strip())
     record = {"question": _HUMANEVAL_QUESTION.format(prompt=prompt),
-              "test_cases": [f"{test}\ncheck({entry.strip()})"]}
+              "test_cases": [f"{context}\n\n{test}\ncheck({entry.strip()})".lstrip()]}
     if _text(row, "canonical_solution"):
       record["solution"] = prompt + row["canonical_solution"]
     return record

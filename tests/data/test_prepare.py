@@ -291,3 +291,20 @@ def test_code_sets_become_problems_whose_references_pass_their_own_tests(tmp_pat
     ex = task.generate("test", -1, seed=0)[0]
     result = task.verify(ex, ex.answer)
     assert result.correct and result.reward == 2.5, result
+
+
+def test_a_humaneval_case_carries_the_prompts_imports_and_helpers():
+  """HumanEval/38-style: the prompt defines a helper the test calls; the official harness runs
+  prompt + completion, an instruct completion holds the asked function alone, so the case
+  brings the prompt's imports and helpers (not the asked function's stub)."""
+  from dllm_rl.data.recipes import code_record
+  from dllm_rl.tasks.code import code_result
+  prompt = ("import math\n\n\ndef helper(x):\n    return x * 2\n\n\n"
+            "def f(x):\n    \"\"\"helper(x) plus one.\"\"\"\n")
+  row = {"prompt": prompt, "entry_point": "f", "canonical_solution": "    return helper(x) + 1\n",
+         "test": "def check(candidate):\n    assert candidate(1) == 3\n    assert helper(2) == 4\n"}
+  case, = code_record(row)["test_cases"]
+  assert case.startswith("import math\ndef helper(x):\n    return x * 2\n\n")
+  assert "def f(" not in case and case.endswith("check(f)")
+  alone = "```python\ndef f(x):\n    return helper(x) + 1\n```\n"  # the function, no helper
+  assert code_result(alone, [case], 2.0, 0.5, 5.0).correct
