@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import ast
 import concurrent.futures
+import logging
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Sequence
 
 CASE_TIMEOUT_S = 5.0  # DiffuCoder's exec_timeout
@@ -95,6 +97,26 @@ def run_case(code: str, case: str, *, timeout_s: float = CASE_TIMEOUT_S,
   return case_outcome(code, case, timeout_s=timeout_s, memory_mb=memory_mb) == PASS
 
 
+SPAWN_TRIES = 3
+
+
+def _spawn(argv, cwd: str, env: dict) -> subprocess.Popen | None:
+  """The case's process, or None when the system would not start one after
+  :data:`SPAWN_TRIES` tries (no process slots or memory left, as when another completion's
+  program fork-bombs): that case fails, with a warning, rather than the whole run."""
+  for attempt in range(SPAWN_TRIES):
+    try:
+      return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    except OSError as err:
+      if attempt == SPAWN_TRIES - 1:
+        logging.warning("code task: could not start a test case (%s): counted as failed", err)
+        return None
+      time.sleep(0.2 * (attempt + 1))
+  return None
+
+
 def case_outcome(code: str, case: str, *, timeout_s: float = CASE_TIMEOUT_S,
                  memory_mb: int = MAX_MEMORY_MB) -> str:
   """PASS when ``python -c "{code}\n{case}"`` exits 0 within ``timeout_s`` (wall clock),
@@ -109,10 +131,9 @@ def case_outcome(code: str, case: str, *, timeout_s: float = CASE_TIMEOUT_S,
     env = {"PATH": os.defpath, "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8",
            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     limits = (int(timeout_s) + 1, memory_mb << 20, MAX_FILE_MB << 20)
-    proc = subprocess.Popen(
-        [sys.executable, "-I", "-c", _PRELUDE, *map(str, limits), source],
-        cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = _spawn([sys.executable, "-I", "-c", _PRELUDE, *map(str, limits), source], cwd, env)
+    if proc is None:
+      return FAIL
     try:
       return PASS if proc.wait(timeout=timeout_s) == 0 else FAIL
     except subprocess.TimeoutExpired:

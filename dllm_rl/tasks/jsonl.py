@@ -27,6 +27,7 @@ from __future__ import annotations
 import codecs
 import json
 import logging
+import threading
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -140,6 +141,7 @@ class JsonlTask(Task):
     paths = dict.fromkeys(p for p in (self.train_file, self.test_file) if p)
     self._records = {path: self._load(path) for path in paths}  # each file read once
     self._timed: verifiers.TimedVerifier | None = None
+    self._timed_lock = threading.Lock()
 
   # --- loading --------------------------------------------------------------
 
@@ -270,9 +272,10 @@ class JsonlTask(Task):
     fn, args = self._checker(), self._args(example)
     if self.verify_timeout <= 0:
       return fn(completion, *args)
-    if self._timed is None:
-      self._timed = verifiers.TimedVerifier(fn, self.verify_timeout,
-                                            preload=self.preload)
+    with self._timed_lock:  # one worker, also when verify runs on threads (parallel_verify)
+      if self._timed is None:
+        self._timed = verifiers.TimedVerifier(fn, self.verify_timeout,
+                                              preload=self.preload)
     return self._timed(completion, *args)
 
   def close(self) -> None:

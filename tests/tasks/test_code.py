@@ -196,3 +196,47 @@ def test_a_program_longer_than_one_command_line_argument_runs():
   big = "assert len(DATA) == 200000\n"
   assert code_exec.run_case(f"DATA = {'y' * 200_000!r}", big)
   assert not code_exec.run_case(f"DATA = {'y' * 200_000!r}", "assert False")
+
+
+def test_a_case_the_system_cannot_start_fails_with_a_warning_not_the_run(monkeypatch, caplog):
+  """No process slots left (another completion's fork bomb): the case fails after a few
+  tries and the verifier goes on."""
+  calls = []
+
+  def refuse(*args, **kwargs):
+    calls.append(1)
+    raise BlockingIOError(11, "Resource temporarily unavailable")
+
+  monkeypatch.setattr(code_exec.subprocess, "Popen", refuse)
+  monkeypatch.setattr(code_exec.time, "sleep", lambda s: None)
+  assert code_exec.case_outcome(ADD, CASES[0]) == code_exec.FAIL
+  assert len(calls) == code_exec.SPAWN_TRIES
+  assert "could not start a test case" in caplog.text
+
+
+def test_threads_verifying_at_once_share_one_timed_worker(tmp_path):
+  """verify_timeout > 0 (a worker process) with parallel verification: one worker, made
+  once, whichever thread asks first."""
+  import concurrent.futures
+  path = _write(tmp_path / "t.jsonl", [{"question": "q", "test_cases": ["assert f() == 1"]}])
+  task = make_task("code", test_file=path, verify_timeout=30.0)
+  ex = task.generate("test", -1, seed=0)[0]
+  made = []
+  from dllm_rl.tasks import verifiers
+  original = verifiers.TimedVerifier.__init__
+
+  def counting(self, *args, **kwargs):  # slow: the threads all ask while it is made
+    import time
+    made.append(1)
+    time.sleep(0.3)
+    original(self, *args, **kwargs)
+
+  verifiers.TimedVerifier.__init__ = counting
+  try:
+    text = "```python\ndef f():\n    return 1\n```\n"
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+      results = list(pool.map(lambda _: task.verify(ex, text), range(4)))
+  finally:
+    verifiers.TimedVerifier.__init__ = original
+    task.close()
+  assert len(made) == 1 and all(r.correct for r in results)
