@@ -51,7 +51,8 @@ and ``src/open_r1/coupled_grpo.py`` (``DiffuGRPOTrainer``):
 * μ = ``num_iterations`` = 2; G = ``num_generations`` = 10; 8 prompts per update (8
   processes × ``per_device_train_batch_size`` 5 × ``gradient_accumulation_steps`` 2 / G);
 * AdamW lr 1e-6, cosine decay to 0.1 × lr (``cosine_with_min_lr``, ``min_lr_rate`` 0.1:
-  ``rl.min_lr_ratio``) after a warm-up of ``warmup_ratio`` 1e-4 (0 updates here), betas
+  ``rl.min_lr_ratio``) after a warm-up of ``warmup_ratio`` 1e-4 (HF's ceil makes it 1 update, at
+  lr 0), betas
   (0.9, 0.99), weight decay 0.1, global-norm clip 0.2; full fine-tuning;
 * generation (Dream's ``diffusion_generate``, ``sampler.kind = "dream"``): 256 tokens in 256
   steps, one block, temperature 1.0, top-p 0.95, ``alg="entropy"``; prompts up to 200 tokens.
@@ -96,7 +97,7 @@ def _full_scale():
   c.rl.lr = 1e-6
   c.rl.schedule = "cosine"
   c.rl.min_lr_ratio = 0.1      # lr_scheduler_kwargs.min_lr_rate
-  c.rl.warmup_steps = 0        # warmup_ratio 1e-4 of 934 × 2 updates
+  c.rl.warmup_steps = 1        # warmup_ratio 1e-4: HF rounds ceil(1e-4 × updates) up to 1
   c.rl.b1, c.rl.b2 = 0.9, 0.99
   c.rl.weight_decay = 0.1
   c.rl.grad_clip = 0.2

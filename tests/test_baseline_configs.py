@@ -39,6 +39,7 @@ OFFICIAL = {
         "rl.loss": "grpo_token", "rl.advantage": "leave_one_out", "rl.inner_steps": 2,
         "rl.group_size": 10, "rl.batch_prompts": 8, "rl.lr": 1e-6, "rl.schedule": "cosine",
         "rl.weight_decay": 0.1, "rl.grad_clip": 0.2, "rl.eps": 0.5, "rl.temperature": 1.0,
+        "rl.warmup_steps": 1,  # warmup_ratio 1e-4, rounded up by HF's ceil
         "rl.kl_coef": 0.01, "rl.kl_estimator": "k3", "rl.kl_level": "token",
         "rl.ref_sync_every": 64, "rl.ref_sync_alpha": 0.6,
         "estimator.name": "elbo", "estimator.coupled": True, "estimator.num_samples": 2,

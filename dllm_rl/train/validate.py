@@ -164,9 +164,9 @@ def _sampler(config, check: "_Checks") -> None:
     num_blocks = max(d.completion_len // s.block_len, 1)
     check(s.steps > 0 and s.steps % num_blocks == 0, "sampler.steps",
            f"{s.steps} must be a positive multiple of the number of blocks ({num_blocks})")
-    check(s.steps // num_blocks <= s.block_len, "sampler.steps",
+    check(s.steps // num_blocks <= s.block_len or s.kind == "dream", "sampler.steps",
            f"{s.steps // num_blocks} steps per block exceed sampler.block_len={s.block_len}"
-           " (some steps would commit nothing)")
+           " (some steps would commit nothing)")  # Dream's own sampler allows it
   check(s.temperature == 0, "sampler.temperature", f"is not read, got {s.temperature}:"
         " validation and test decode greedily, pass@k samples at eval.temperature and RL"
         " rollouts at rl.temperature: set those")

@@ -133,6 +133,14 @@ def test_settings_dreams_sampler_does_not_have_are_errors(overrides, key, messag
   assert any(__import__("re").search(message, str(e)) for e in found), [str(e) for e in found]
 
 
+def test_more_steps_than_tokens_is_dreams_to_allow():
+  """The official sampler runs steps that commit nothing (k = 0); the masked sampler's
+  check does not apply to it."""
+  assert sampler_config(validate(_config(**{"sampler.steps": 16}))).steps == 16
+  with pytest.raises(ConfigError, match="steps per block exceed"):
+    validate(_config(**{"sampler.kind": "masked", "sampler.steps": 16}))
+
+
 def test_origin_draws_a_random_order_so_greedy_groups_are_allowed():
   validate(_config(**{"sampler.remasking": "origin", "rl.temperature": 0.0}))
   with pytest.raises(ConfigError, match="rl.temperature"):
