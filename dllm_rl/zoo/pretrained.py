@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import warnings
 from typing import Any
 
 import jax
@@ -78,6 +79,7 @@ class Pretrained:
       raise ValueError("block_size is only used with attention='block_causal'")
     ids_BL = _as_ids(input_ids_BL, "input_ids_BL", self.config.vocab_size)
     valid_BL = _as_valid(attention_mask_BL, ids_BL.shape, "attention_mask_BL")
+    self._warn_past_max_length(ids_BL.shape[1], "input_ids_BL")
     return _forward(self.graphdef, self.params, ids_BL, valid_BL,
                     block_size=int(block_size) if attention == "block_causal" else 0)
 
@@ -96,7 +98,18 @@ class Pretrained:
     prompt_BP = _as_ids(prompt_ids_BP, "prompt_ids_BP", self.config.vocab_size)
     valid_BP = _as_valid(attention_mask_BP, prompt_BP.shape, "attention_mask_BP")
     key = jax.random.key(0) if key is None else key
-    return gen.run(self, prompt_BP, valid_BP, key, **bound)
+    out = gen.run(self, prompt_BP, valid_BP, key, **bound)
+    self._warn_past_max_length(out.shape[1], "the generated sequences")
+    return out
+
+  def _warn_past_max_length(self, length: int, what: str) -> None:
+    """A warning when ``length`` tokens run past the longest sequence the checkpoint was
+    made for (:func:`dllm_rl.models.hf.max_length`): RoPE runs on, untrained."""
+    limit = hf.max_length(self.hf_config)
+    if limit is not None and length > limit[1]:
+      warnings.warn(f"{what}: {length} tokens, longer than the checkpoint's maximum sequence"
+                    f" length {limit[1]} ({limit[0]} in its config.json): RoPE runs past it,"
+                    " but the model was never trained there", stacklevel=3)
 
 
 

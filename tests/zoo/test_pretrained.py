@@ -261,3 +261,17 @@ def test_a_folder_never_holds_an_import_and_an_hf_checkpoint(tmp_path):
     shutil.copy(os.path.join(LLADA, name), os.path.join(imported, name))
   with pytest.raises(ValueError, match=r"two checkpoints: .*model\.json\) and .*config\.json\)"):
     dllm_rl.load_pretrained(imported)
+
+
+def test_sequences_past_the_checkpoints_maximum_length_are_warned_about(llada):
+  """llada_tiny's config.json: max_sequence_length 64. Logits of 65 tokens, or a generation
+  whose sequences reach 72, get a warning naming the key; 64 tokens none."""
+  import warnings
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    llada.logits(np.zeros((1, 64), np.int64))
+  with pytest.warns(UserWarning, match=r"input_ids_BL: 65 tokens, longer than the checkpoint's"
+                                       r" maximum sequence length 64 \(max_sequence_length"):
+    llada.logits(np.zeros((1, 65), np.int64))
+  with pytest.warns(UserWarning, match=r"the generated sequences: 72 tokens"):
+    llada.generate(np.zeros((1, 8), np.int64), steps=8, gen_length=64, block_length=64)
