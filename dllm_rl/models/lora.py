@@ -94,6 +94,22 @@ def without_lora(model_cfg):
   return dataclasses.replace(model_cfg, lora_rank=0, lora_targets=())
 
 
+def rank_bounds(params) -> dict[str, int]:
+  """Projection name ("q_proj", ...) → min(input size, output size) of its base weight, for
+  each adapted projection in ``params`` (abstract shapes will do): the rank above which
+  (α/r)·A·B cannot grow (A [*I, r], B [r, *O])."""
+  sizes: dict[str, dict[str, int]] = {}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+    at = next((i for i, k in enumerate(keys) if k.endswith(SUFFIX)), None)
+    if at is None or at + 1 >= len(keys) or keys[at + 1] not in ("a", "b"):
+      continue
+    shape = leaf.shape
+    size = math.prod(shape[:-1]) if keys[at + 1] == "a" else math.prod(shape[1:])
+    sizes.setdefault(keys[at][:-len(SUFFIX)], {})[keys[at + 1]] = size
+  return {name: min(d.values()) for name, d in sizes.items()}
+
+
 def has_adapters(params: nnx.State) -> bool:
   return any(is_adapter(v) for v in jax.tree.leaves(params, is_leaf=is_adapter))
 

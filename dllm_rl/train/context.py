@@ -186,6 +186,23 @@ def length_notes(config, max_length: tuple[str, int] | None) -> list[str]:
           " config.json): RoPE runs past it, but the model was never trained there"]
 
 
+def lora_notes(model_cfg: transformer.ModelConfig) -> list[str]:
+  """A line when ``lora.rank`` exceeds min(inputs, outputs) of an adapted projection
+  (:func:`dllm_rl.models.lora.rank_bounds`): its update A·B cannot reach that rank, so the
+  surplus only costs memory and lowers α/r."""
+  if not model_cfg.lora_rank:
+    return []
+  bounds = lora.rank_bounds(transformer.abstract_model(model_cfg)[1])
+  over = {name: b for name, b in sorted(bounds.items()) if model_cfg.lora_rank > b}
+  if not over:
+    return []
+  said = ", ".join(f"{name} ({b})" for name, b in over.items())
+  return [f"config.lora.rank={model_cfg.lora_rank} is above the rank the adapters of {said}"
+          f" can use, min(inputs, outputs) of the weight: their update (α/r)·A·B cannot pass"
+          f" it, so the surplus costs memory and lowers α/r; lora.rank={min(over.values())}"
+          " or less uses all of it"]
+
+
 def model_config(config, vocab_size: int) -> transformer.ModelConfig:
   """``config.model`` with the vocabulary resolved against the tokenizer."""
   model = config.model.to_dict()
@@ -343,14 +360,16 @@ def build_context(config, workdir: str) -> Context:
       raise ConfigError("model.hf_checkpoint", problem)
   model_cfg = hf.model_cfg if hf else model_config(config, tokenizer.vocab_size)
   check_expert_axis(config, model_cfg)
+  model_cfg = lora.configure(model_cfg, config.lora)
+  notes = length_notes(config, hf.max_length if hf else None) + lora_notes(model_cfg)
   return Context(
       config=config, workdir=workdir, task=task, tokenizer=tokenizer,
-      model_cfg=lora.configure(model_cfg, config.lora),
+      model_cfg=model_cfg,
       sampler_cfg=sampler_config(config), eval_options=EvalOptions.from_config(config),
       train=Split(train, _encode(train, tokenizer, config, "train")),
       val=Split(val, _encode(val, tokenizer, config, "validation")),
       test=Split(test, _encode(test, tokenizer, config, "test")), mesh=mesh,
-      hf_checkpoint=checkpoint, notes=tuple(length_notes(config, hf.max_length if hf else None)))
+      hf_checkpoint=checkpoint, notes=tuple(notes))
 
 
 def init_params(ctx: Context):

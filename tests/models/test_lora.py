@@ -171,3 +171,19 @@ def test_base_gets_no_gradient():
   adapters, base = lora.split_adapters(jax.jit(jax.grad(loss))(params))
   assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(base))
   assert all(np.any(np.asarray(x)) for x in jax.tree.leaves(adapters))
+
+
+def test_a_rank_above_a_projections_dimensions_is_said():
+  """The embedded default's projections are 64 wide at their narrowest: rank 100 is named with
+  the projections it exceeds and the rank that uses all of them; rank 64 says nothing."""
+  from dllm_rl.config.defaults import get_config
+  from dllm_rl.models import lora as lora_lib
+  from dllm_rl.train.context import lora_notes, model_config
+  c = get_config()
+  c.lora.rank, c.lora.targets = 100, ("q", "down")
+  line, = lora_notes(lora_lib.configure(model_config(c, 20), c.lora))
+  assert line.startswith("config.lora.rank=100 is above the rank the adapters of down_proj (64),"
+                         " q_proj (64) can use")
+  assert line.endswith("lora.rank=64 or less uses all of it")
+  c.lora.rank = 64
+  assert lora_notes(lora_lib.configure(model_config(c, 20), c.lora)) == []
