@@ -16,6 +16,13 @@ DiffuCoder-7B-Instruct is a Dream-architecture checkpoint — its loading is not
 here). What you should see: as dream_tpu.py; ``ratio_max_first`` is 1 (θ_old is scored
 on θ's masks) and ``clip_fraction`` counts the tokens d1's token-level clip stops.
 
+Slice: 8 prompts a batch, as DiffuCoder's 8 GPUs, is data-parallel over 8 chips (v5p-16, or 8
+GPUs); a larger slice needs ``rl.batch_prompts`` a multiple of its chips (on v5p-64, 8 is an
+error naming it). The plan on v5p-16 (``python -m dllm_rl.plan --config=configs/coupled_grpo.py
+--topology=v5p-16`` with the Dream-7B config.json) peaks per chip at 35.9 GiB for rl_step
+(37.7 % of 95 GiB: the policy, the synced reference, Adam's moments), 25.1 GiB for the
+rollout sampler and 11.1 GiB for the greedy one.
+
 The task is ``code`` (dllm_rl/tasks/code.py): AceCode-style problems with test cases, the
 reward 2.0 × the pass rate of the test cases run against the completion's ```` ```python ````
 block (5 s each, only when the format score is 1) + 0.5 × the format score (1 for prose and
