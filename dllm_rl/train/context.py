@@ -186,6 +186,17 @@ def length_notes(config, max_length: tuple[str, int] | None) -> list[str]:
           " config.json): RoPE runs past it, but the model was never trained there"]
 
 
+def sampler_notes(config, model_cfg: transformer.ModelConfig) -> list[str]:
+  """A line when a Dream model (its logit shift) decodes with the masked sampler: LLaDA's
+  schedule and untempered confidences, not Dream's own ``diffusion_generate``."""
+  if not model_cfg.logit_shift or config.model.block_size or config.sampler.kind == "dream":
+    return []
+  return ["a Dream model (its logit shift) with config.sampler.kind='masked' decodes"
+          " with LLaDA's rules (an even schedule, untempered confidences);"
+          " --config.sampler.kind=dream --config.sampler.block_len=<data.completion_len> is"
+          " Dream's own diffusion_generate (configs/dream_tpu.py)"]
+
+
 def lora_notes(model_cfg: transformer.ModelConfig) -> list[str]:
   """A line when ``lora.rank`` exceeds min(inputs, outputs) of an adapted projection
   (:func:`dllm_rl.models.lora.rank_bounds`): its update A·B cannot reach that rank, so the
@@ -361,7 +372,8 @@ def build_context(config, workdir: str) -> Context:
   model_cfg = hf.model_cfg if hf else model_config(config, tokenizer.vocab_size)
   check_expert_axis(config, model_cfg)
   model_cfg = lora.configure(model_cfg, config.lora)
-  notes = length_notes(config, hf.max_length if hf else None) + lora_notes(model_cfg)
+  notes = (length_notes(config, hf.max_length if hf else None) + lora_notes(model_cfg)
+           + sampler_notes(config, model_cfg))
   return Context(
       config=config, workdir=workdir, task=task, tokenizer=tokenizer,
       model_cfg=model_cfg,

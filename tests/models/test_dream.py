@@ -365,7 +365,7 @@ def _hf_dir(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("advantage, kind", [("centered", "masked"), ("steprs", "dream")])
-def test_rl_from_the_fixture_through_model_hf_checkpoint(tmp_path, advantage, kind):
+def test_rl_from_the_fixture_through_model_hf_checkpoint(tmp_path, capsys, advantage, kind):
   """``model.hf_checkpoint`` = the Dream fixture (with a tokenizer): the architecture, ids
   and weights come from it; one RL step with the default StableDRL loss (centered GRPO
   advantages, or StepRS's state-dependent risk-sensitive ones, whose states are the steps
@@ -381,8 +381,11 @@ def test_rl_from_the_fixture_through_model_hf_checkpoint(tmp_path, advantage, ki
   ctx = build_context(config, str(tmp_path / "ctx"))
   assert ctx.model_cfg.qkv_bias and ctx.model_cfg.logit_shift and ctx.model_cfg.vocab_size == 160
   assert (ctx.tokenizer.mask_id, ctx.tokenizer.eos_id) == (156, 150)
+  capsys.readouterr()
   summary = run.run(config, str(tmp_path / "work"))
   assert summary["rl_steps"] == 1
+  said = "a Dream model (its logit shift) with config.sampler.kind='masked' decodes with LLaDA's"
+  assert (said in capsys.readouterr().err) == (kind == "masked")
   records = [json.loads(line) for line in open(tmp_path / "work" / "metrics.jsonl")]
   step = [r for r in records if r.get("phase") == "rl" and "reward_mean" in r]
   assert step and all(np.isfinite(float(step[0][k])) for k in ("loss", "grad_norm"))
