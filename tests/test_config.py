@@ -122,6 +122,17 @@ def test_a_short_sft_run_names_its_warmup_bound_and_the_fix():
   validate(_cfg(sft__steps=4, sft__warmup_steps=0))
 
 
+def test_the_sft_batch_bounds_the_train_split_only_in_modes_that_train_sft():
+  """data.batch_size is the SFT batch: an RL run (or eval) on 12 problems is not refused for
+  it (once: "task.train_size: 12 is smaller than data.batch_size=64" in mode=rl)."""
+  for mode in ("rl", "eval"):
+    validate(_cfg(mode=mode, task__train_size=12, rl__batch_prompts=2))
+  for mode in ("sft", "pipeline"):
+    with pytest.raises(ConfigError, match="data.batch_size = 64, the SFT batch") as err:
+      validate(_cfg(mode=mode, task__train_size=12, rl__batch_prompts=2))
+    assert err.value.key == "task.train_size"
+
+
 def test_per_token_sum_estimators_serve_espo_and_grpo_token():
   for loss in ("espo", "grpo_token"):
     for name in ("elbo", "mean_field"):

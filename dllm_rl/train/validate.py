@@ -14,7 +14,7 @@ import math
 import ml_collections
 
 from dllm_rl import tasks
-from dllm_rl.config.choices import EVAL_PHASES, LR_SCHEDULES, RUN_MODES
+from dllm_rl.config.choices import EVAL_PHASES, LR_SCHEDULES, RUN_MODES, SFT_MODES
 from dllm_rl.config.schema import base_config
 from dllm_rl.diffusion import estimators
 from dllm_rl.config.overrides import did_you_mean
@@ -143,8 +143,10 @@ def _data(config, check: "_Checks") -> None:
   check(all(isinstance(w, int) and 0 < w <= d.prompt_len for w in buckets)
          and list(buckets) == sorted(set(buckets)), "data.prompt_buckets",
          f"must be increasing positive ints <= data.prompt_len={d.prompt_len}, got {buckets}")
-  check(config.task.train_size >= d.batch_size, "task.train_size",
-         f"{config.task.train_size} is smaller than data.batch_size={d.batch_size}")
+  # data.batch_size is the SFT batch: rl and eval never read it (rl.batch_prompts: _rl)
+  check(config.mode not in SFT_MODES or config.task.train_size >= d.batch_size,
+        "task.train_size", f"{config.task.train_size} is smaller than data.batch_size ="
+        f" {d.batch_size}, the SFT batch (mode={config.mode})")
   check(config.task.test_size > 0, "task.test_size", "must be positive")
   check(config.task.val_size > 0, "task.val_size", "must be positive")
 
