@@ -46,6 +46,11 @@ def _cases(tmp_path):
   lines[57] = json.dumps({**json.loads(lines[57]), "question": "What is " + "1+" * 66 + "1?"}) + "\n"
   long_prompt = tmp_path / "long" / "long_prompt.jsonl"
   long_prompt.write_text("".join(lines))
+  (tmp_path / "longer").mkdir()  # 8 rows, a question of 182 characters on line 3
+  rows8 = _gsm8k(tmp_path / "longer", n=8).read_text().splitlines(keepends=True)
+  rows8[2] = json.dumps({**json.loads(rows8[2]), "question": "What is " + "1+" * 86 + "1?"}) + "\n"
+  longer_test = tmp_path / "longer" / "test.jsonl"
+  longer_test.write_text("".join(rows8))
   hf_ok = hf_fixture_with_tokenizer(tmp_path / "hf_ok")  # its chat template: "Q: ...\nA: "
   truncated = hf_fixture_with_tokenizer(tmp_path / "hf")  # an interrupted download
   weights = truncated / "model.safetensors"
@@ -109,6 +114,16 @@ def _cases(tmp_path):
         rf" {re.escape(str(long_prompt))}:58: prompt has 148 tokens > data\.prompt_len=24"
         r" \(prompt 'Q: What is 1\+1\+.*'\); 1 of the \d+ prompts does not fit, this one is"
         r" the longest: data\.prompt_len=148 fits them all"]),
+      ("prompts longer than data.prompt_len in two splits",  # each split's fit at once
+       [f"--workdir={w}", *gsm8k, f"--config.task.options.train_file={long_prompt}",
+        f"--config.task.options.test_file={longer_test}", f"--config.model.hf_checkpoint={hf_ok}",
+        "--config.data.prompt_len=24", "--config.data.completion_len=32",
+        "--config.task.train_size=52", "--config.task.val_size=8", "--config.task.test_size=8"],
+       [r"error: config\.data\.prompt_len: (train|validation) split of task 'gsm8k': .*:58:"
+        r" prompt has 148 tokens > .*: data\.prompt_len=148 fits them all",
+        rf"error: config\.data\.prompt_len: test split of task 'gsm8k':"
+        rf" {re.escape(str(longer_test))}:3: prompt has 188 tokens > .*: data\.prompt_len=188"
+        r" fits them all"]),
       ("a JSONL task without model.hf_checkpoint", [f"--workdir={w}", *gsm8k,
                                                     "--config.task.train_size=16",
                                                     "--config.task.val_size=8",
@@ -196,6 +211,7 @@ NAMES = ["data file smaller than train_size", "mode=rl with neither an SFT nor a
          "a gzip-compressed data file", "a Parquet data file",
          "a data file that is one JSON array",
          "a data file that is a directory", "a prompt longer than data.prompt_len",
+         "prompts longer than data.prompt_len in two splits",
          "a JSONL task without model.hf_checkpoint", "a truncated model.safetensors",
          "config.json of a narrower model than its weights",
          "config.json of a deeper model than its weights", "a truncated config.json",

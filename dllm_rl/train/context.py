@@ -374,13 +374,19 @@ def build_context(config, workdir: str) -> Context:
   model_cfg = lora.configure(model_cfg, config.lora)
   notes = (length_notes(config, hf.max_length if hf else None) + lora_notes(model_cfg)
            + sampler_notes(config, model_cfg))
+  splits = {}
+  for name, examples in (("train", train), ("validation", val), ("test", test)):
+    try:  # every split's, at once: each names the value that fits it (a too-short
+      # data.prompt_len once named the train split's fit, then failed on the test split)
+      splits[name] = Split(examples, _encode(examples, tokenizer, config, name))
+    except ConfigError as err:
+      errors.append(err)
+  raise_all(errors)
   return Context(
       config=config, workdir=workdir, task=task, tokenizer=tokenizer,
       model_cfg=model_cfg,
       sampler_cfg=sampler_config(config), eval_options=EvalOptions.from_config(config),
-      train=Split(train, _encode(train, tokenizer, config, "train")),
-      val=Split(val, _encode(val, tokenizer, config, "validation")),
-      test=Split(test, _encode(test, tokenizer, config, "test")), mesh=mesh,
+      train=splits["train"], val=splits["validation"], test=splits["test"], mesh=mesh,
       hf_checkpoint=checkpoint, notes=tuple(notes))
 
 
