@@ -83,6 +83,18 @@ class CodeTask(JsonlTask):
     self.case_timeout = float(case_timeout)
     super().__init__(train_file, test_file, on_error, prompt_template, test_fraction,
                      verify_timeout, prompt_preset, answer_tag)
+    if self.verify_timeout > 0:  # a deadline on the whole verification: it must let every
+      # case run its own limit, or a completion that passes scores 0 ("timeout")
+      ex = max((ex for exs in self._records.values() for ex in exs),
+               key=lambda ex: len(ex.meta["test_cases"]), default=None)
+      need = 0 if ex is None else len(ex.meta["test_cases"]) * self.case_timeout + 1
+      if self.verify_timeout < need:
+        raise ValueError(
+            f"task 'code': verify_timeout={self.verify_timeout:g} s is shorter than the cases"
+            f" of {ex.source} may run ({len(ex.meta['test_cases'])} × case_timeout"
+            f" {self.case_timeout:g} s, one at a time): a completion that passes them would"
+            f" score 0; each case has its own limit (case_timeout), so leave verify_timeout"
+            f" at 0, or set it >= {need:g}")
 
   @classmethod
   def _fields(cls, record: Mapping[str, Any]):

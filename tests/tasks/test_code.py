@@ -136,6 +136,18 @@ def test_bad_options_are_named(tmp_path, options, message):
     make_task("code", test_file=path, **options)
 
 
+def test_a_verify_timeout_shorter_than_the_cases_may_run_is_named(tmp_path):
+  """verify_timeout bounds the whole verification: at 3 s, a completion passing two cases of
+  2 s each (each within case_timeout) scored 0 ("timeout"), with no word said."""
+  slow = "import time; time.sleep(2); assert f(1) == 1"
+  path = _write(tmp_path / "t.jsonl", [{"question": "q", "test_cases": ["assert 1"]},
+                                      {"question": "q", "test_cases": [slow, slow]}])
+  with pytest.raises(ValueError, match=r"verify_timeout=3 s is shorter than the cases of"
+                     r" .*t\.jsonl:2 may run \(2 × case_timeout 5 s.* set it >= 11$"):
+    make_task("code", test_file=path, verify_timeout=3.0)
+  make_task("code", test_file=path, verify_timeout=11.0).close()
+
+
 def test_the_trainer_verifies_code_completions_at_once_with_the_same_results(tmp_path):
   """``verify_groups`` runs a ``parallel_verify`` task's completions on threads: each
   completion's result is the one verifying it alone gives, in its place, and (with 2+ CPUs)
