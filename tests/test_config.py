@@ -432,6 +432,17 @@ def test_another_task_on_the_command_line_drops_the_files_task_options(capsys):
   assert capsys.readouterr().err.startswith("note: --config.task.name=countdown replaces")
 
 
+def test_the_dropped_options_said_are_not_those_given_beside_the_new_task():
+  """configs/dream_tpu.py (gsm8k) with --config.task.name=code and both files given: the
+  note named train_file and test_file as dropped, as if the ones given were lost."""
+  from dllm_rl.config import apply_overrides as apply
+  c, notes = load_config_file(os.path.join(ROOT, "configs", "dream_tpu.py")), []
+  assert apply(c, [("task.name", "code"), ("task.options.train_file", "a.jsonl"),
+                   ("task.options.test_file", "b.jsonl")], notes) == []
+  assert c.task.options.to_dict() == {"train_file": "a.jsonl", "test_file": "b.jsonl"}
+  assert len(notes) == 1 and "task.options ['prompt_template'] are dropped" in notes[0]
+
+
 def test_a_task_option_of_the_wrong_type_names_the_type():
   """The file's option is an int: 'three' is said as such, not as ml_collections' "Could not
   override field ... (reference)"."""

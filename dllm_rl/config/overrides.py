@@ -113,7 +113,8 @@ def _new_task_options(config: ml_collections.ConfigDict,
   if not names or not isinstance(task, ml_collections.ConfigDict) or names[-1] == task.get(
       "name") or not isinstance(task.get("options"), ml_collections.ConfigDict):
     return []
-  dropped = sorted(task.options.keys())
+  given = {dotted.removeprefix("task.options.") for dotted, _ in overrides}
+  dropped = sorted(set(task.options.keys()) - given)  # not those given again beside it
   with task.unlocked():
     task.options = ml_collections.ConfigDict()
   if not dropped:
