@@ -173,7 +173,7 @@ def _sampler(config, check: "_Checks") -> None:
         " validation and test decode greedily, pass@k samples at eval.temperature and RL"
         " rollouts at rl.temperature: set those")
   check(0 <= s.threshold < 1, "sampler.threshold", "must be in [0, 1)")
-  check(s.threshold == 0 or s.remasking != "entropy", "sampler.threshold",
+  check(s.threshold == 0 or s.remasking != "entropy" or s.kind == "dream", "sampler.threshold",
         f"{s.threshold} with sampler.remasking=entropy commits one token per step: the entropy"
         " confidence (-H) is never above 0, so no token passes the threshold")
   check(s.cache in open_block.CACHES, "sampler.cache", open_block.CACHES.unknown_message(s.cache))

@@ -128,6 +128,7 @@ def test_the_config_builds_dreams_sampler_with_its_settings():
 def test_settings_dreams_sampler_does_not_have_are_errors(overrides, key, message):
   with pytest.raises(ConfigError) as err:
     validate(_config(**overrides))
+  assert len(getattr(err.value, "errors", [err.value])) == 1  # said once, by its own rule
   found = [e for e in getattr(err.value, "errors", [err.value]) if e.key == key]
   assert found, [str(e) for e in getattr(err.value, "errors", [err.value])]
   assert any(__import__("re").search(message, str(e)) for e in found), [str(e) for e in found]
