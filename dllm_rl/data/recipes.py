@@ -207,6 +207,21 @@ def code_record(row: Mapping[str, Any]) -> dict:
   raise Skip(f"not an AceCode, HumanEval or MBPP row (fields: {sorted(row)})")
 
 
+def _only(kind: str, field: str):
+  """:func:`code_record` for rows of one source (``field`` marks them): a row of another
+  layout (a HumanEval file given to ``prepare mbpp``) is skipped, named, not converted."""
+  def convert(row: Mapping[str, Any]) -> dict:
+    if field not in row:
+      raise Skip(f"not a {kind} row: no '{field}' (fields: {sorted(row)})")
+    return code_record(row)
+  convert.__doc__ = f"{kind} rows only: :func:`code_record`."
+  return convert
+
+
+humaneval_record = _only("HumanEval", "entry_point")
+mbpp_record = _only("MBPP", "test_list")
+
+
 _MATH500 = Source("HuggingFaceH4/MATH-500", split="test")
 _HUMANEVAL = Source("openai/openai_humaneval", split="test")
 _MBPP = Source("google-research-datasets/mbpp", "sanitized", "test")
@@ -231,7 +246,7 @@ RECIPES: dict[str, Recipe] = {
                                "test": _HUMANEVAL}, code_record,
                       note="DiffuCoder trains on its hard subset (recipes/process_data.py):"
                            " --source train=acecode_hard.jsonl"),
-    "humaneval": Recipe("code", {"test": _HUMANEVAL}, code_record,
+    "humaneval": Recipe("code", {"test": _HUMANEVAL}, humaneval_record,
                         note="test split only: mode=eval"),
-    "mbpp": Recipe("code", {"test": _MBPP}, code_record, note="test split only: mode=eval"),
+    "mbpp": Recipe("code", {"test": _MBPP}, mbpp_record, note="test split only: mode=eval"),
 }

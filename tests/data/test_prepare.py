@@ -308,3 +308,15 @@ def test_a_humaneval_case_carries_the_prompts_imports_and_helpers():
   assert "def f(" not in case and case.endswith("check(f)")
   alone = "```python\ndef f(x):\n    return helper(x) + 1\n```\n"  # the function, no helper
   assert code_result(alone, [case], 2.0, 0.5, 5.0).correct
+
+
+def test_a_file_of_another_code_layout_is_not_converted(tmp_path):
+  """`prepare mbpp` given a HumanEval file (and `prepare humaneval` an MBPP one): every row is
+  dropped, named by the field it lacks, and the data set is an error, not a converted file."""
+  for name, rows, field in (("mbpp", ROWS["humaneval"], "test_list"),
+                            ("humaneval", ROWS["mbpp"], "entry_point")):
+    source = prep.parse_source("test=" + _jsonl(tmp_path, f"wrong_{name}", rows))[1]
+    with pytest.raises(prep.DataError, match=f"not a .* row: no '{field}'"):
+      prep.prepare(name, str(tmp_path / name), sources={"test": source},
+                   cache_dir=str(tmp_path / "cache"))
+    assert not os.path.exists(tmp_path / name / "test.jsonl")
