@@ -170,56 +170,69 @@ def prompt_context(prompt: str, entry: str) -> str:
   return "\n".join(ast.get_source_segment(prompt, node) for node in keep)
 
 
+def _layout(row: Mapping[str, Any], kind: str, field: str) -> None:
+  """Skip ``row`` unless it has ``field``, the mark of ``kind``'s layout (a HumanEval file
+  given to ``prepare mbpp`` is skipped, named, not converted)."""
+  if field not in row:
+    raise Skip(f"not a {kind} row: no '{field}' (fields: {sorted(row)})")
+
+
+def acecode_record(row: Mapping[str, Any]) -> dict:
+  """AceCode-89K (``question``, ``test_cases``): the ``code`` task's record as it is."""
+  _layout(row, "AceCode", "test_cases")
+  question, cases = _text(row, "question"), _strings(row.get("test_cases"))
+  if question is None or cases is None:
+    raise Skip("no 'question' or no non-empty 'test_cases'")
+  return {"question": question, "test_cases": cases}
+
+
+def humaneval_record(row: Mapping[str, Any]) -> dict:
+  """HumanEval (``prompt``, ``test``, ``entry_point``, ``canonical_solution``): one case, the
+  prompt's imports and helpers (:func:`prompt_context`), the test body, then
+  ``check(entry_point)``."""
+  _layout(row, "HumanEval", "entry_point")
+  prompt, test, entry = _text(row, "prompt"), _text(row, "test"), _text(row, "entry_point")
+  if prompt is None or test is None or entry is None:
+    raise Skip("no 'prompt', 'test' or 'entry_point'")
+  context = prompt_context(prompt, entry.strip())
+  record = {"question": _HUMANEVAL_QUESTION.format(prompt=prompt),
+            "test_cases": [f"{context}\n\n{test}\ncheck({entry.strip()})".lstrip()]}
+  if _text(row, "canonical_solution"):
+    record["solution"] = prompt + row["canonical_solution"]
+  return record
+
+
+def mbpp_record(row: Mapping[str, Any]) -> dict:
+  """MBPP, full or sanitized (``text`` / ``prompt``, ``test_list``, ``test_setup_code`` /
+  ``test_imports``, ``code``): one case per assert, the set-up before each; the question is
+  the MBPP paper's prompt."""
+  _layout(row, "MBPP", "test_list")
+  text, asserts = _text(row, "text", "prompt"), _strings(row.get("test_list"))
+  if text is None or asserts is None:
+    raise Skip("no 'text' / 'prompt' or no non-empty 'test_list'")
+  imports = row.get("test_imports") or []
+  setup = "\n".join([*(imports if isinstance(imports, list) else [str(imports)]),
+                     str(row.get("test_setup_code") or "")]).strip()
+  record = {"question": _MBPP_QUESTION.format(text=text.strip(), tests="\n".join(asserts)),
+            "test_cases": [f"{setup}\n{a}" if setup else a for a in asserts]}
+  if _text(row, "code"):
+    record["solution"] = row["code"]
+  return record
+
+
+# Each code layout by the field that marks it, in the order they are tried.
+_CODE_LAYOUTS = (("test_cases", acecode_record), ("entry_point", humaneval_record),
+                 ("test_list", mbpp_record))
+
+
 def code_record(row: Mapping[str, Any]) -> dict:
-  """``{"question", "test_cases", "solution"?}`` (the ``code`` task) from AceCode-89K
-  (``question``, ``test_cases``), HumanEval (``prompt``, ``test``, ``entry_point``,
-  ``canonical_solution``: one case, the prompt's imports and helpers
-  (:func:`prompt_context`), the test body, then ``check(entry_point)``) or MBPP
-  (``text`` / ``prompt``, ``test_list``, ``test_setup_code`` / ``test_imports``, ``code``:
-  one case per assert, the set-up before each; the question is the MBPP paper's prompt)."""
-  if "test_cases" in row:  # AceCode-89K
-    question, cases = _text(row, "question"), _strings(row.get("test_cases"))
-    if question is None or cases is None:
-      raise Skip("no 'question' or no non-empty 'test_cases'")
-    return {"question": question, "test_cases": cases}
-  if "entry_point" in row:  # HumanEval
-    prompt, test, entry = _text(row, "prompt"), _text(row, "test"), _text(row, "entry_point")
-    if prompt is None or test is None or entry is None:
-      raise Skip("no 'prompt', 'test' or 'entry_point'")
-    context = prompt_context(prompt, entry.strip())
-    record = {"question": _HUMANEVAL_QUESTION.format(prompt=prompt),
-              "test_cases": [f"{context}\n\n{test}\ncheck({entry.strip()})".lstrip()]}
-    if _text(row, "canonical_solution"):
-      record["solution"] = prompt + row["canonical_solution"]
-    return record
-  if "test_list" in row:  # MBPP (full or sanitized)
-    text, asserts = _text(row, "text", "prompt"), _strings(row.get("test_list"))
-    if text is None or asserts is None:
-      raise Skip("no 'text' / 'prompt' or no non-empty 'test_list'")
-    imports = row.get("test_imports") or []
-    setup = "\n".join([*(imports if isinstance(imports, list) else [str(imports)]),
-                       str(row.get("test_setup_code") or "")]).strip()
-    record = {"question": _MBPP_QUESTION.format(text=text.strip(), tests="\n".join(asserts)),
-              "test_cases": [f"{setup}\n{a}" if setup else a for a in asserts]}
-    if _text(row, "code"):
-      record["solution"] = row["code"]
-    return record
+  """``{"question", "test_cases", "solution"?}`` (the ``code`` task) from a row of any of
+  the code layouts (:func:`acecode_record`, :func:`humaneval_record`, :func:`mbpp_record`),
+  told apart by their fields."""
+  for field, convert in _CODE_LAYOUTS:
+    if field in row:
+      return convert(row)
   raise Skip(f"not an AceCode, HumanEval or MBPP row (fields: {sorted(row)})")
-
-
-def _only(kind: str, field: str):
-  """:func:`code_record` for rows of one source (``field`` marks them): a row of another
-  layout (a HumanEval file given to ``prepare mbpp``) is skipped, named, not converted."""
-  def convert(row: Mapping[str, Any]) -> dict:
-    if field not in row:
-      raise Skip(f"not a {kind} row: no '{field}' (fields: {sorted(row)})")
-    return code_record(row)
-  convert.__doc__ = f"{kind} rows only: :func:`code_record`."
-  return convert
-
-
-humaneval_record = _only("HumanEval", "entry_point")
-mbpp_record = _only("MBPP", "test_list")
 
 
 _MATH500 = Source("HuggingFaceH4/MATH-500", split="test")
