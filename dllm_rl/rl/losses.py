@@ -196,34 +196,32 @@ def _exp_safe(d):
   return jnp.where(d <= c, jnp.exp(jnp.minimum(d, c)), math.exp(c) * (1.0 + d - c))
 
 
-def kl_penalty(logp_BG, logp_ref_BG, kind: str = "k3"):
-  """Sequence-level KL(π_θ ‖ π_ref) estimators on ℓ̂ (Schulman's k1/k2/k3), mean.
-
-  k3 = e^d − d − 1 with d = ℓ̂_ref − ℓ̂_θ; e^d continues linearly above d = 20
-  (:func:`_exp_safe`) so that it stays finite, with a finite gradient.
-  """
-  d = (logp_ref_BG - logp_BG).astype(jnp.float32)
+def kl_terms(logp, logp_ref, kind: str = "k3"):
+  """Schulman's KL(π_θ ‖ π_ref) estimator k1 / k2 / k3, elementwise, d = ``logp_ref`` −
+  ``logp`` in float32: −d, d²/2, e^d − d − 1 (e^d continued linearly above d = 20 by
+  :func:`_exp_safe`, so it stays finite, with a finite gradient)."""
+  d = (logp_ref - logp).astype(jnp.float32)
   if kind == "k1":
-    return (-d).mean()
+    return -d
   if kind == "k2":
-    return (0.5 * d * d).mean()
+    return 0.5 * d * d
   if kind == "k3":
-    return (_exp_safe(d) - d - 1.0).mean()
+    return _exp_safe(d) - d - 1.0
   raise ValueError(f"unknown KL estimator {kind!r}; choose from {KL_ESTIMATORS}")
 
 
+def kl_penalty(logp_BG, logp_ref_BG, kind: str = "k3"):
+  """Sequence-level KL(π_θ ‖ π_ref): :func:`kl_terms` on ℓ̂ per sequence, the batch mean."""
+  return kl_terms(logp_BG, logp_ref_BG, kind).mean()
+
+
 def kl_penalty_tokens(token_BGL, token_ref_BGL, mask_BGL, kind: str = "k3"):
-  """Token-level KL(π_θ ‖ π_ref): Schulman's estimator per action token, d = ℓ̂_ref,i −
-  ℓ̂_θ,i (per-token log-probabilities on the same masks), summed over the batch's action
-  tokens and divided by their number, TRL / DiffuCoder's ``per_token_kl`` with the loss's
-  ``(x · mask).sum() / mask.sum()``. k3's e^d continues linearly above d = 20."""
-  d = (token_ref_BGL - token_BGL).astype(jnp.float32)
-  per_token = {"k1": lambda: -d, "k2": lambda: 0.5 * d * d,
-               "k3": lambda: _exp_safe(d) - d - 1.0}
-  if kind not in per_token:
-    raise ValueError(f"unknown KL estimator {kind!r}; choose from {KL_ESTIMATORS}")
+  """Token-level KL(π_θ ‖ π_ref): :func:`kl_terms` per action token (per-token
+  log-probabilities on the same masks), summed over the batch's action tokens and divided by
+  their number, TRL / DiffuCoder's ``per_token_kl`` with the loss's
+  ``(x · mask).sum() / mask.sum()``."""
   mask = mask_BGL.astype(jnp.float32)
-  return (per_token[kind]() * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+  return (kl_terms(token_BGL, token_ref_BGL, kind) * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
 # ---------------------------------------------------------------- registered forms
