@@ -207,9 +207,11 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
     else:  # ℓ̂_old once, on masks of its own
       old_once = estimate(params_old, k_old)
       old_at = lambda m: old_once
+    # What the KL term reads of an estimate: per-token log-probabilities or ℓ̂ per sequence.
+    kl_of = (lambda lik: lik.token_BL) if cfg.kl_level == "token" else (lambda lik: lik.seq_B)
     ref = None
     if cfg.kl_coef > 0:  # on θ's masks of each inner step, before this batch's updates
-      ref = jax.lax.map(lambda k: estimate(state.ref_params, k), keys_M)
+      ref = jax.lax.map(lambda k: kl_of(estimate(state.ref_params, k)), keys_M)
 
     def objective(lik, lik_old, m):
       """(loss, metrics) of the [B, G]-grouped estimate ``lik`` at inner step m."""
@@ -219,10 +221,8 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
       aux["entropy"] = lik.entropy_B.mean()
       aux["policy_loss"] = loss
       if ref is not None:
-        ref_m = jax.tree.map(lambda a: a[m], ref)
-        kl = (kl_penalty_tokens(lik.token_BL, ref_m.token_BL, mask_BGL, cfg.kl_estimator)
-              if cfg.kl_level == "token" else
-              kl_penalty(lik.seq_B, ref_m.seq_B, cfg.kl_estimator))
+        kl = (kl_penalty_tokens(kl_of(lik), ref[m], mask_BGL, cfg.kl_estimator)
+              if cfg.kl_level == "token" else kl_penalty(kl_of(lik), ref[m], cfg.kl_estimator))
         loss = loss + cfg.kl_coef * kl
         aux["kl"] = kl
       return loss, aux
