@@ -123,10 +123,9 @@ def trained_otherwise(ref: CheckpointRef, config) -> list[str]:
   changes = layout_errors.changed_settings(meta, config, only=POLICY_KEYS)
   if not changes:
     return []
-  said = "; ".join(f"{k}: {was!r} → {now!r}" for k, was, now in changes)
   key, was, _ = changes[0]
   return [f"{ref.directory}/{ref.step} was trained with other settings than this evaluation's"
-          f" ({said}): pass the training run's values (e.g. --config.{key}={was}) to evaluate"
+          f" ({layout_errors.said_changes(changes)}): pass the training run's values (e.g. --config.{key}={was}) to evaluate"
           " it as trained"]
 
 

@@ -140,3 +140,10 @@ def changed_settings(meta: dict, config, ignore=("mode",),
           if not under(k, ignore) and (only is None or under(k, only))
           and saved.get(k) != now.get(k) and not added_at_default(k)]
 
+
+def said_changes(changes: list[tuple[str, Any, Any]], limit: int | None = None) -> str:
+  """``"k: was → now; ..."`` of :func:`changed_settings`'s result (at most ``limit``, then
+  how many more)."""
+  shown = changes if limit is None else changes[:limit]
+  said = "; ".join(f"{k}: {was!r} → {now!r}" for k, was, now in shown)
+  return said + (f"; and {len(changes) - limit} more" if len(changes) > len(shown) else "")

@@ -267,10 +267,8 @@ def _say_changes(phase: Phase, meta: dict, limit: int = 12) -> None:
   changes = layout_errors.changed_settings(meta, phase.ctx.config, phase.unrelated_keys)
   if not changes or not is_primary():
     return
-  said = "; ".join(f"{k}: {was!r} → {now!r}" for k, was, now in changes[:limit])
-  more = f"; and {len(changes) - limit} more" if len(changes) > limit else ""
   print(f"[{name}] note: resuming with settings changed since the checkpoint was saved:"
-        f" {said}{more}", file=sys.stderr, flush=True)
+        f" {layout_errors.said_changes(changes, limit)}", file=sys.stderr, flush=True)
 
 
 def _log_val(logger: MetricsLogger, phase: Phase, step: int, val: dict) -> None:
