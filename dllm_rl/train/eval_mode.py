@@ -125,8 +125,8 @@ def trained_otherwise(ref: CheckpointRef, config) -> list[str]:
     return []
   key, was, _ = changes[0]
   return [f"{ref.directory}/{ref.step} was trained with other settings than this evaluation's"
-          f" ({layout_errors.said_changes(changes)}): pass the training run's values (e.g. --config.{key}={was}) to evaluate"
-          " it as trained"]
+          f" ({layout_errors.said_changes(changes)}): pass the training run's values"
+          f" (e.g. --config.{key}={was}) to evaluate it as trained"]
 
 
 def _describe(ctx: Context, ref: CheckpointRef | None) -> str:

@@ -23,8 +23,8 @@ def make_sample_fn(graphdef, cfg: sampler_lib.SamplerConfig, *, mask_id: int, eo
                    mesh=None, group_size: int = 0):
   """Jitted ``fn(params, prompt_BP, prompt_valid_BP, key) -> SampleOutput``
   (``group_size`` > 0: G completions per prompt). A ``BlockSamplerConfig`` selects
-  the block-diffusion sampler (KV cache), a ``DreamRolloutConfig`` Dream's own. With a ``mesh`` the outputs are
-  replicated, so every host can decode and verify them."""
+  the block-diffusion sampler (KV cache), a ``DreamRolloutConfig`` Dream's own. With a
+  ``mesh`` the outputs are replicated, so every host can decode and verify them."""
   if isinstance(cfg, block_sampler.BlockSamplerConfig):  # block-diffusion model
     one, groups = block_sampler.sample_blocks, block_sampler.sample_block_groups
   elif isinstance(cfg, dream_rollout.DreamRolloutConfig):  # sampler.kind = "dream"

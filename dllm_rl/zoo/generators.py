@@ -22,8 +22,9 @@ port does not support raises ``ValueError`` naming the keyword.
   alg_temp, temperature, top_p, top_k, mask_token_id; plus DARE / Fast-dLLM's block
   variant: block_length, dual_cache, threshold) → :func:`dllm_rl.sampling.dream.dream_generate`;
   returns [B, P + max_new_tokens]; as there, max_length counts the prompt, and with neither
-  length given 20 tokens are generated (capped at max_position_embeddings); token-exact with the fixture's runs
-  (tests/sampling/test_dream_sampler.py). ``block_length=None`` is the plain sampler.
+  length given 20 tokens are generated (capped at max_position_embeddings); token-exact with
+  the fixture's runs (tests/sampling/test_dream_sampler.py). ``block_length=None`` is the
+  plain sampler.
 * ``llada2.0`` — inclusionAI LLaDA2.0 ``LLaDA2MoeModelLM.generate`` (temperature,
   block_length, steps, gen_length, top_p, top_k, eos_early_stop, minimal_topk,
   threshold, eos_id, mask_id) → the same aligned block generator; returns

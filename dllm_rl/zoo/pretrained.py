@@ -112,7 +112,6 @@ class Pretrained:
                     " but the model was never trained there", stacklevel=3)
 
 
-
 def _as_ids(x, name: str, vocab_size: int) -> jax.Array:
   """int32 ids from an integer array [batch, length] (neither dimension 0), every id in
   [0, vocab_size): checked before the cast, which would wrap an id of 2**31 or more."""
