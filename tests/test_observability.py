@@ -95,6 +95,9 @@ def test_phase_summary_format(capsys):
                                "accuracy": 0.3519, "note": "ok"}, 83.24)
   assert line == "[sft] done in 83.2s | step 600 | loss 0.4123 | accuracy 0.3519 | note ok"
   assert capsys.readouterr().out.strip() == line
+  # a figure not measured (a resumed run's one step compiles: no step time) is left out, not 0
+  line = phase_summary("rl", {"steps": 4, "test_accuracy": 0.5, "step_ms": None}, 3.0)
+  assert line == "[rl] done in 3.0s | steps 4 | test_accuracy 0.5"
 
 
 def test_progress_bar():

@@ -345,9 +345,11 @@ def postfix(record: Mapping[str, Any], fields: Sequence[tuple[str, str]]) -> dic
 
 
 def phase_summary(phase: str, metrics: Mapping[str, Any], wall_seconds: float) -> str:
-  """One line like "[sft] done in 83.2s | step 600 | loss 0.412 | accuracy 0.352"; printed."""
+  """One line like "[sft] done in 83.2s | step 600 | loss 0.412 | accuracy 0.352"; printed.
+  A None value (not measured, e.g. the step time of a run resumed with one step left: its
+  only step compiles) is left out."""
   parts = [f"[{phase}] done in {wall_seconds:.1f}s"]
-  parts += [f"{name} {_fmt(value)}" for name, value in metrics.items()]
+  parts += [f"{name} {_fmt(value)}" for name, value in metrics.items() if value is not None]
   line = " | ".join(parts)
   print(line, flush=True)
   return line

@@ -341,7 +341,8 @@ class RLPhase(Phase):
         "calibrated_beta": calibrated_beta(base) if base is not None and 0 < base < 1 else None,
     }
     console = {"steps": run.step, "test_accuracy": test["accuracy"],
-               "step_ms": 1e3 * (summary["rl_step_seconds"] or 0.0)}
+               "step_ms": None if summary["rl_step_seconds"] is None
+               else 1e3 * summary["rl_step_seconds"]}
     return summary, console
 
 

@@ -106,7 +106,8 @@ class SFTPhase(Phase):
         "sft_wall_seconds": run.wall_seconds,
     }
     console = {"step": run.step, "test_accuracy": report["accuracy"],
-               "step_ms": 1e3 * (summary["sft_step_seconds"] or 0.0)}
+               "step_ms": None if summary["sft_step_seconds"] is None
+               else 1e3 * summary["sft_step_seconds"]}
     return summary, console
 
 
