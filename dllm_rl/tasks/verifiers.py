@@ -346,9 +346,46 @@ def _worker_main() -> None:
     return  # the parent went away
 
 
+def _child_pids(pid: int) -> list[int]:
+  """The processes whose parent is ``pid`` (Linux /proc; [] where there is none)."""
+  children = []
+  try:
+    entries = os.listdir("/proc")
+  except OSError:
+    return []
+  for entry in entries:
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f"/proc/{entry}/stat", "rb") as fh:
+        stat = fh.read()
+    except OSError:  # gone since the listing
+      continue
+    fields = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
+    if len(fields) > 1 and int(fields[1]) == pid:
+      children.append(int(entry))
+  return children
+
+
 def _terminate(proc: subprocess.Popen, sock: socket.socket) -> None:
+  """Kill the worker and what it started: the worker is stopped first (it can start no more),
+  then each child is killed with its process group when it leads one (the code task runs each
+  test case in a session of its own: killing only the worker would orphan them, and a case
+  that sleeps, using no CPU, would outlive its CPU limit), then the worker."""
   sock.close()
   if proc.poll() is None:
+    try:
+      os.kill(proc.pid, signal.SIGSTOP)
+    except ProcessLookupError:
+      pass
+    for child in _child_pids(proc.pid):
+      try:
+        if os.getpgid(child) == child:
+          os.killpg(child, signal.SIGKILL)
+        else:
+          os.kill(child, signal.SIGKILL)
+      except (ProcessLookupError, PermissionError):
+        pass
     proc.kill()
     proc.wait()
 
@@ -391,7 +428,7 @@ class TimedVerifier:
   ``fn`` must be picklable by reference (a module-level function, or a
   ``functools.partial`` of one). A call that takes longer than ``seconds``
   returns ``timeout_result`` (reward 0, reason "timeout") and the worker is
-  killed and restarted; a worker that dies or exhausts memory (address space
+  killed, with the processes it started, and restarted; a worker that dies or exhausts memory (address space
   capped at ``max_memory_mb``, 0 = no cap) or recursion gives reward 0 with the
   reason; any other exception in ``fn`` is re-raised here as VerifierError.
   ``preload`` modules are imported before the first deadline starts, and

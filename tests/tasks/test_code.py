@@ -252,3 +252,38 @@ def test_threads_verifying_at_once_share_one_timed_worker(tmp_path):
     verifiers.TimedVerifier.__init__ = original
     task.close()
   assert len(made) == 1 and all(r.correct for r in results)
+
+
+def _alive(pid: int) -> bool:
+  """Running (a zombie left for a PID 1 that does not reap is not)."""
+  try:
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+      stat = fh.read()
+  except OSError:
+    return False
+  return stat[stat.rfind(b")") + 2:].split()[0] != b"Z"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds processes in /proc")
+def test_a_timed_worker_killed_on_its_deadline_kills_the_cases_it_started(tmp_path):
+  """task.options.verify_timeout: the worker killed at its deadline takes its running test
+  cases (each in a session of its own) and what they started with it; a sleeping case uses
+  no CPU, so its CPU limit would never end it."""
+  import functools
+
+  from dllm_rl.tasks import verifiers
+  pids = tmp_path / "pids"
+  case = ("import os, subprocess, sys, time\n"
+          "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+          f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{p.pid}}')\n"
+          "time.sleep(60)")
+  with verifiers.TimedVerifier(functools.partial(code_exec.case_outcome, timeout_s=60.0),
+                               3.0) as timed:
+    timed.start()._worker.wait_ready(60.0)
+    assert timed("", case).info["reason"] == "timeout"
+  found = [int(p) for p in pids.read_text().split()]
+  assert len(found) == 2
+  deadline = time.monotonic() + 5.0
+  while any(map(_alive, found)) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert not any(map(_alive, found))
