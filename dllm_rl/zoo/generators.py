@@ -24,7 +24,8 @@ port does not support raises ``ValueError`` naming the keyword.
   returns [B, P + max_new_tokens]; as there, max_length counts the prompt, and with neither
   length given 20 tokens are generated (capped at max_position_embeddings); token-exact with
   the fixture's runs (tests/sampling/test_dream_sampler.py). ``block_length=None`` is the
-  plain sampler.
+  plain sampler. Omitted temperature / top_p / top_k are 1.0 / 1.0 / 50, as the official call
+  takes them from config.json under transformers 4.46 (:data:`_DREAM_SAMPLING`), not greedy.
 * ``llada2.0`` — inclusionAI LLaDA2.0 ``LLaDA2MoeModelLM.generate`` (temperature,
   block_length, steps, gen_length, top_p, top_k, eos_early_stop, minimal_topk,
   threshold, eos_id, mask_id) → the same aligned block generator; returns
@@ -226,6 +227,14 @@ def _run_dream(pre, prompt_BP, valid_BP, key, *, max_length, max_new_tokens, ste
 
 _DREAM_MAX_LENGTH = 20  # DreamGenerationConfig().max_length
 
+# What an omitted temperature / top_p / top_k is in a diffusion_generate call: its config is
+# DreamGenerationConfig.from_model_config(model.config), and under the transformers Dream pins
+# (4.46) config.json's PretrainedConfig still carries the legacy generation attributes at
+# their global defaults (temperature 1.0, top_k 50, top_p 1.0), which override the class's own
+# (0.0, None, None). So a call without them samples at T = 1 from the top 50 (top_p 1.0 is a
+# no-op); the folder's generation_config.json is not read. Pass temperature=0.0 for greedy.
+_DREAM_SAMPLING = dict(temperature=1.0, top_p=1.0, top_k=50)
+
 _LLADA2_KWARGS = dict(temperature=0.0, block_length=32, steps=32, gen_length=2048, top_p=None,
                       top_k=None, eos_early_stop=False, minimal_topk=1, threshold=0.95)
 
@@ -239,8 +248,8 @@ GENERATORS: dict[str, Generator] = {
         confidence_threshold=0.85, stopping_criteria_idx=None), _run_sdar),
     "dream": Generator("DreamModel.diffusion_generate (Dream-org Dream-v0)", dict(
         max_length=None, max_new_tokens=None, steps=512, eps=1e-3, alg="origin", alg_temp=None,
-        temperature=0.0, top_p=None, top_k=None, mask_token_id=None, block_length=None,
-        dual_cache=False, threshold=0.9), _run_dream),
+        **_DREAM_SAMPLING, mask_token_id=None, block_length=None, dual_cache=False,
+        threshold=0.9), _run_dream),
     "llada2.0": Generator("LLaDA2MoeModelLM.generate (inclusionAI LLaDA2.0)", dict(
         _LLADA2_KWARGS, eos_id=None, mask_id=None), _run_llada2),
     "llada2.1": Generator("LLaDA2MoeModelLM.generate (inclusionAI LLaDA2.1)", dict(

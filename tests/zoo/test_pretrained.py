@@ -247,6 +247,19 @@ def test_dream_length_keywords_follow_diffusion_generate(dream):
     dream.generate(prompt, max_length=20, steps=1)
 
 
+def test_dream_sampling_keywords_left_out_are_the_ones_from_config_json(dream):
+  """diffusion_generate's config is DreamGenerationConfig.from_model_config(model.config);
+  under transformers 4.46 config.json carries PretrainedConfig's legacy generation defaults
+  (temperature 1.0, top_k 50, top_p 1.0), so a call without them samples, from the top 50."""
+  from dllm_rl.zoo.generators import GENERATORS
+  bound = GENERATORS["dream"].bind("dream", {})
+  assert (bound["temperature"], bound["top_p"], bound["top_k"]) == (1.0, 1.0, 50)
+  prompt = np.random.default_rng(0).integers(0, 150, (2, 8))
+  runs = [np.asarray(dream.generate(prompt, max_new_tokens=8, steps=4, key=jax.random.key(k)))
+          for k in (0, 1)]
+  assert (runs[0] != runs[1]).any()  # sampled: another key, other tokens
+
+
 def test_a_folder_never_holds_an_import_and_an_hf_checkpoint(tmp_path):
   """model.json (`convert import`) beside config.json: loading either silently would be a
   guess, so it is refused naming both files, and neither command writes such a folder."""
