@@ -32,7 +32,7 @@ advantages, C = 5, the official mask noise and SPG surrogate. Decoding (rollouts
 eval, pass@k) is Dream's own ``diffusion_generate`` (``sampler.kind = "dream"``,
 dllm_rl/sampling/dream_rollout.py): the whole completion is one block, ``alg="entropy"``, its
 schedule int(masks × (1 − s/t)) over linspace(1, eps = 1e-3, steps + 1), confidences from the
-tempered probabilities; the rollouts reproduce the official greedy runs token for token
+tempered probabilities, top-k 50 (what the official calls leave it at); the rollouts reproduce the official greedy runs token for token
 (tests/sampling/test_dream_rollout.py).
 """
 
@@ -56,4 +56,8 @@ def get_config():
   c.sampler.kind = "dream"  # Dream's own sampler (one block: it is not semi-autoregressive)
   c.sampler.block_len = 256
   c.sampler.remasking = "entropy"  # diffusion_generate's alg
+  # DARE's and DiffuCoder's diffusion_generate calls pass no top_k, so it is config.json's 50
+  # (transformers 4.x keeps PretrainedConfig's legacy generation defaults, and Dream builds
+  # its generation config from config.json: dllm_rl/zoo/generators.py, _DREAM_SAMPLING).
+  c.sampler.top_k = 50
   return locked(c)

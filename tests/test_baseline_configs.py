@@ -47,6 +47,7 @@ OFFICIAL = {
         "estimator.antithetic": True, "estimator.prompt_mask_prob": 0.0,
         "data.completion_len": 256, "sampler.steps": 256, "sampler.block_len": 256,
         "sampler.remasking": "entropy", "sampler.kind": "dream", "sampler.top_p": 0.95,
+        "sampler.top_k": 50,  # what diffusion_generate leaves it at (zoo/generators.py)
         "data.prompt_len": 200, "rl.min_lr_ratio": 0.1, "task.name": "code",
         "task.options.exec_weight": 2.0, "task.options.format_weight": 0.5,
         "data.system_prompt": "You are a helpful assistant."},

@@ -129,7 +129,8 @@ def base_config() -> ml_collections.ConfigDict:
   s.eps = 1e-3            # kind=dream: the schedule's end, linspace(1, eps, steps + 1)
   s.top_p = 1.0           # kind=dream: nucleus filtering of sampled proposals (1.0 = off;
                           # greedy decoding, at temperature 0, is not filtered)
-  s.top_k = 0             # kind=dream: top-k filtering of sampled proposals (0 = off)
+  s.top_k = 0             # kind=dream: top-k filtering (0 = off), at every temperature: at 0
+                          # it changes the confidences only (configs/dream_tpu.py: 50)
 
   c.sft = f = ml_collections.ConfigDict()
   f.steps = 1000

@@ -10,7 +10,7 @@ fixture parity) differs in three ways that change which tokens a rollout commits
   tokens in 128 steps commit 1, 2, ..., 2, 3, not 2 every step);
 * the confidences (``entropy``, ``maskgit_plus``, ``topk_margin``) are read from the
   *tempered*, top-p / top-k filtered probabilities, from which the proposal is also drawn;
-* ``top_p`` / ``top_k`` (DiffuCoder's rollouts use top-p 0.95).
+* ``top_p`` / ``top_k`` (DiffuCoder's rollouts use top-p 0.95 and, left unset, top-k 50).
 
 This module runs that sampler (:func:`dllm_rl.sampling.dream.sample`, completion rows only:
 the prompt holds no mask id) and returns what the RL step reads: the completion (EOS from the
@@ -44,9 +44,13 @@ DREAM_NAME_OF = {"low_confidence": "maskgit_plus", "margin": "topk_margin",
 class DreamRolloutConfig(SamplerConfig):
   """:class:`SamplerConfig` (``completion_len``, ``steps``, ``temperature``, ``remasking`` =
   Dream's ``alg``, ``record_trajectory``) plus Dream's ``eps``, ``top_p`` (1.0 = off) and
-  ``top_k`` (0 = off). ``block_len`` is ``completion_len`` (one block). The filters apply
+  ``top_k`` (0 = off). ``block_len`` is ``completion_len`` (one block). ``top_p`` applies
   when sampling (temperature > 0), as DiffuCoder calls ``diffusion_generate`` (``top_p=0.95
-  if temperature > 0 else 1.0``): a greedy decode reads the unfiltered probabilities."""
+  if temperature > 0 else 1.0``); ``top_k`` at every temperature, as the official sampler
+  applies the top_k it is given, and DiffuCoder's and DARE's calls leave theirs at the 50 that
+  config.json carries under transformers 4.x (``dllm_rl.zoo.generators._DREAM_SAMPLING``): at
+  temperature 0 it leaves the argmax alone but renormalises the probabilities the
+  confidences (``entropy``, ``maskgit_plus``, ``topk_margin``) are read from."""
 
   eps: float = 1e-3
   top_p: float = 1.0
@@ -67,7 +71,7 @@ class DreamRolloutConfig(SamplerConfig):
         max_new_tokens=self.completion_len, mask_id=mask_id, steps=self.steps, eps=self.eps,
         alg=self.remasking, temperature=self.temperature,
         top_p=self.top_p if sampling and self.top_p < 1.0 else None,
-        top_k=(self.top_k or None) if sampling else None, output_history=True)
+        top_k=self.top_k or None, output_history=True)
 
 
 def unmask_steps(history_SBL, mask_id: int):

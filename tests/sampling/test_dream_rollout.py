@@ -85,7 +85,8 @@ def test_groups_sample_at_temperature_with_top_p_and_each_group_is_its_own_draw(
                            remasking="entropy", top_p=0.9)
   assert cfg.dream(MASK).top_p == 0.9 and cfg.dream(MASK).top_k is None
   greedy = dataclasses.replace(cfg, temperature=0.0, top_k=5).dream(MASK)
-  assert greedy.top_p is None and greedy.top_k is None  # DiffuCoder: top_p 1.0 at T = 0
+  assert greedy.top_p is None  # DiffuCoder: top_p 1.0 at T = 0
+  assert greedy.top_k == 5  # a top_k stays (it reshapes the confidences), as officially
   key = jax.random.key(3)
   groups = evaluation.make_sample_fn(graphdef, cfg, mask_id=MASK, eos_id=EOS, group_size=3)
   out = jax.tree.map(np.asarray, groups(params, prompt_BP, valid_BP, key))
