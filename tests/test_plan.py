@@ -130,6 +130,21 @@ def test_llada_8b_arch_fixture_is_llada_8b_instruct():
   assert count == pytest.approx(8.0156e9, rel=1e-4)
 
 
+def test_plan_checks_model_block_size_against_the_checkpoint():
+  """The plan reads config.json only, yet refuses a model.block_size the run would refuse:
+  another block size than an SDAR checkpoint's own, or none (a plan of a run that cannot
+  start)."""
+  sdar = os.path.join(ROOT, "tests", "fixtures", "sdar_tiny")
+  for block_size in (8, 0):
+    c = _config("sdar_tpu.py", hf_checkpoint=sdar, block_size=block_size)
+    with pytest.raises(ConfigError, match="model.block_size.*block_size=4"):
+      model_and_tokens(c)
+  cfg, _, _ = model_and_tokens(_config("sdar_tpu.py", hf_checkpoint=sdar, block_size=4))
+  assert cfg.qk_norm
+  with pytest.raises(ConfigError, match="model.block_size.*bidirectional LLaDA"):
+    model_and_tokens(_config("llada_tpu.py", hf_checkpoint=FIXTURE, block_size=4))
+
+
 def test_bad_topology_and_config_are_named(tmp_path):
   with pytest.raises(ValueError, match="only 8 CPU devices"):
     plan.run_plan(_config(), "cpu:64")

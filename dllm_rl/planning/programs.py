@@ -41,8 +41,9 @@ def model_and_tokens(config):
   if config.model.hf_checkpoint:
     m = config.model
     folder = setup.checkpoint_folder(m.hf_checkpoint, config_only=True)
-    model_cfg, ids, _ = setup.hf_model_config(folder, m.dtype, m.param_dtype,
-                                              scan_layers=m.scan_layers, remat=m.remat)
+    model_cfg, ids, family = setup.hf_model_config(folder, m.dtype, m.param_dtype,
+                                                   scan_layers=m.scan_layers, remat=m.remat)
+    setup.check_block_size(folder, family, ids, m.block_size)  # as the run checks it
     return model_cfg, ids.mask_id, ids.eos_id if ids.eos_id is not None else ids.pad_id
   from dllm_rl.tasks import CharTokenizer
   tok = CharTokenizer()

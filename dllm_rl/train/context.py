@@ -133,6 +133,19 @@ def load_hf_params(path: str, model_cfg: transformer.ModelConfig, mesh):
   return graphdef, params
 
 
+def check_block_size(path: str, family: str, ids, block_size: int) -> None:
+  """``model.block_size`` against the checkpoint at ``path`` (``family``, its token ``ids``):
+  an SDAR checkpoint's own block size, 0 for a bidirectional LLaDA or Dream one; a
+  ConfigError naming the key otherwise (the run, the evaluation and the plan check alike)."""
+  if family == "sdar" and ids.block_size != block_size:
+    raise ConfigError("model.block_size", f"{path} is a block-diffusion (SDAR) checkpoint with"
+                      f" block_size={ids.block_size}; set model.block_size={ids.block_size}"
+                      f" (got {block_size})")
+  if family in ("llada", "dream") and block_size:
+    raise ConfigError("model.block_size", f"{path} is a bidirectional"
+                      f" {'LLaDA' if family == 'llada' else 'Dream'} checkpoint: use 0")
+
+
 def load_hf_source(path: str, dtype: str, block_size: int = 0,
                    param_dtype: str = "float32", *, scan_layers: bool = False,
                    remat: str = "none") -> HFSource:
@@ -154,13 +167,7 @@ def load_hf_source(path: str, dtype: str, block_size: int = 0,
     except (ValueError, FileNotFoundError) as err:
       raise ConfigError("model.hf_checkpoint", str(err)) from err
   tokenizer_dir = os.path.join(path, "hf_extra") if is_imported(path) else path
-  if family == "sdar" and ids.block_size != block_size:
-    raise ConfigError("model.block_size", f"{path} is a block-diffusion (SDAR) checkpoint with"
-                      f" block_size={ids.block_size}; set model.block_size={ids.block_size}"
-                      f" (got {block_size})")
-  if family in ("llada", "dream") and block_size:
-    raise ConfigError("model.block_size", f"{path} is a bidirectional"
-                      f" {'LLaDA' if family == 'llada' else 'Dream'} checkpoint: use 0")
+  check_block_size(path, family, ids, block_size)
   pad_id = ids.pad_id if ids.pad_id is not None else ids.eos_id
   try:
     tokenizer = HFTokenizer.from_dir(tokenizer_dir, mask_id=ids.mask_id, eos_id=ids.eos_id,
