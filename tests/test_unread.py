@@ -41,6 +41,8 @@ def _with(mode="pipeline", **updates):
     ({"sampler__eps": 0.01}, "sampler.eps"),  # the masked sampler's schedule has none
     ({"sampler__kind": "dream", "sampler__remasking": "entropy",
       "sampler__stop_at_eos": False}, "sampler.stop_at_eos"),  # Dream runs all its steps
+    ({"model__prompt_block_causal": False}, "model.prompt_block_causal"),  # no blocks
+    ({"estimator__attention_impl": "reference"}, "estimator.attention_impl"),  # no staircase
 ])
 def test_a_setting_the_run_does_not_read_is_named(updates, key):
   lines = unread_settings(_with(**updates))
@@ -69,7 +71,7 @@ READ_WITH_HF = {"hf_checkpoint", "block_size", "prompt_block_causal", "dtype", "
 def test_the_architecture_keys_are_not_read_with_an_hf_checkpoint():
   sizes = dict(model__d_model=32, model__n_layers=3, model__vocab_size=256, model__n_experts=4)
   read = dict(model__dtype="bfloat16", model__scan_layers=True, model__remat="full",
-              model__logits_chunk=32, model__prompt_block_causal=False)
+              model__logits_chunk=32, model__block_size=4, model__prompt_block_causal=False)
   assert unread_settings(_with(mode="rl", **sizes, **read)) == []  # from scratch: all read
   lines = unread_settings(_with(mode="rl", model__hf_checkpoint="/ckpt/llada", **sizes, **read))
   # the embedded default's own rope_theta (10000, the schema's 500000) is not the user's: quiet
@@ -83,7 +85,8 @@ def test_the_architecture_keys_are_not_read_with_an_hf_checkpoint():
   assert lines[0].endswith(" is not read: with model.hf_checkpoint the architecture comes from"
                            " its config.json")
   # every model key is either still read or named here
-  hf_rules = {key.split(".")[1] for key, _, _ in RULES if key.startswith("model.")}
+  hf_rules = {key.split(".")[1] for key, _, who in RULES
+              if key.startswith("model.") and "model.hf_checkpoint" in who}
   assert not hf_rules & READ_WITH_HF
   assert hf_rules | READ_WITH_HF == set(base_config().model)
 

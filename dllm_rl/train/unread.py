@@ -24,7 +24,8 @@ from dllm_rl.config.schema import base_config
 _STEPRS = ("steprs", "steprs_rms_matched", "steprs_mass_matched")
 # The model keys an HF checkpoint's config.json replaces (dllm_rl.train.context.hf_model_config
 # keeps only the dtypes, scan_layers and remat of config.model; block_size is checked against
-# the checkpoint, prompt_block_causal and logits_chunk are read by the samplers and scorers).
+# the checkpoint, prompt_block_causal (block models) and logits_chunk are read by the samplers
+# and scorers).
 HF_ARCHITECTURE = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
                    "mlp_hidden", "rope_theta", "rms_norm_eps", "tie_embeddings", "qk_norm",
                    "qkv_bias", "logit_shift", "init_std", "n_experts", "experts_per_token",
@@ -90,6 +91,10 @@ RULES: tuple[tuple[str, Callable[[ml_collections.ConfigDict], bool], str], ...] 
     ("sampler.stop_at_eos", lambda c: c.sampler.kind != "dream" or c.model.block_size,
      "the masked and block samplers' early stop: Dream's sampler (sampler.kind=dream) runs"
      " all its steps, as officially"),
+    ("model.prompt_block_causal", lambda c: c.model.block_size > 0,
+     "how a block-diffusion model's prompt attends (model.block_size > 0)"),
+    ("estimator.attention_impl", lambda c: c.model.block_size > 0,
+     "the staircase attention of a block-diffusion model (model.block_size > 0)"),
     ("lora.alpha", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
     ("lora.targets", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
     ("lora.base_dtype", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
