@@ -222,6 +222,24 @@ def test_rl_starts_from_the_sft_params_alone(tmp_path, monkeypatch, lora_rank):
       load_sft_params(build_context(config, str(tmp_path)))
 
 
+def test_rl_from_an_sft_checkpoint_trained_with_another_attention_says_so():
+  """SFT as a bidirectional model, then RL as a block-diffusion one on the same workdir
+  (load_sft_params prints these lines): the same weights under another mask, said with the
+  keys and the SFT run's values; other changes (the RL keys, the mode) are not."""
+  sft = _config(2)
+  meta = {"config": json.dumps(sft.to_dict())}
+  rl = _config(2, mode="rl")
+  rl.rl.lr = 1e-3
+  assert rl_loop.attention_changes(meta, rl, "W/sft/2") == []
+  rl.model.block_size = rl.sampler.block_len = 4
+  rl.model.prompt_block_causal = False
+  assert rl_loop.attention_changes(meta, rl, "W/sft/2") == [
+      "RL starts from W/sft/2, trained with another attention (model.block_size: 0 → 4;"
+      " model.prompt_block_causal: True → False): pass the SFT run's values (e.g."
+      " --config.model.block_size=0) to train the policy it learned"]
+  assert rl_loop.attention_changes({}, rl, "W/sft/2") == []  # no config in the meta
+
+
 @pytest.mark.slow
 def test_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
   straight, split = tmp_path / "straight", tmp_path / "split"

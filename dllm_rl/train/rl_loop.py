@@ -5,6 +5,7 @@ dllm_rl.train.phases. No math here: advantages, ratios and losses live in dllm_r
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 import types
 
@@ -26,7 +27,7 @@ from dllm_rl.rl.advantages import AdvantageConfig, calibrated_beta
 from dllm_rl.rl.losses import LossConfig
 from dllm_rl.rl.step import RLStepConfig, RolloutBatch, StepHyper, make_rl_step
 from dllm_rl.tasks.data import BatchIterator, trim_to_bucket
-from dllm_rl.train import evaluation, flops, run_checkpoints
+from dllm_rl.train import evaluation, flops, layout_errors, run_checkpoints
 from dllm_rl.train.context import Context, frozen_base, init_params
 from dllm_rl.train.optim import make_optimizer
 from dllm_rl.train.phases import (
@@ -173,7 +174,31 @@ def load_sft_params(ctx: Context):
   ref, params = run_checkpoints.restore_params(ref, ctx.model_cfg, ctx.mesh,
                                                base=lambda: frozen_base(ctx), fall_back=True,
                                                config=ctx.config)
+  try:  # its parameters were just read; an unreadable meta: no warning
+    _, meta = run_checkpoints.read_readable(ref, lambda ckpt, s: ckpt.meta(s), fall_back=False)
+  except Exception:  # noqa: BLE001
+    meta = {}
+  for line in attention_changes(meta, ctx.config, f"{ref.directory}/{ref.step}"):
+    print(f"[rl] warning: {line}", file=sys.stderr, flush=True)
   return transformer.abstract_model(ctx.model_cfg)[0], params, ref.step
+
+
+# How the model attends: the same weights under another mask are another policy (an SFT
+# model trained bidirectionally, then RL as a block-diffusion model).
+ATTENTION_KEYS = ("model.block_size", "model.prompt_block_causal")
+
+
+def attention_changes(meta: dict, config, where: str) -> list[str]:
+  """One line when the SFT checkpoint ``where`` (its ``meta``) was trained with other
+  :data:`ATTENTION_KEYS` than ``config``'s RL: RL starts from weights trained under another
+  attention mask. [] when they agree or the meta holds no config."""
+  changes = layout_errors.changed_settings(meta, config, only=ATTENTION_KEYS)
+  if not changes:
+    return []
+  key, was, _ = changes[0]
+  return [f"RL starts from {where}, trained with another attention"
+          f" ({layout_errors.said_changes(changes)}): pass the SFT run's values"
+          f" (e.g. --config.{key}={was}) to train the policy it learned"]
 
 
 def check_rl_start(ctx: Context, sft: list[int]) -> None:
