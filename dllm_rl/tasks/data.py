@@ -28,12 +28,13 @@ class TooLong(ValueError):
 
 
 def check_fit(what: str, lengths: Sequence[int], limit: int,
-              examples: Sequence[Example]) -> None:
+              examples: Sequence[Example], multiple: int = 1) -> None:
   """TooLong when a ``what`` ("prompt" or "answer": an answer takes one EOS more) of
   ``examples`` has more tokens (``lengths``) than ``limit``. It names the longest that does
   not fit, where it came from (its file and line, else its index), how many do not fit
   and the value of the key that fits them all: one run of the check tells the user the
-  value to set, not only that the current one is too small."""
+  value to set, not only that the current one is too small. ``multiple`` (answers: the
+  sampler's block length, which must divide ``data.completion_len``) rounds that value up."""
   eos = int(what == "answer")  # an answer is followed by one EOS
   key = "data.completion_len" if eos else "data.prompt_len"
   over = [b for b, n in enumerate(lengths) if n + eos > limit]
@@ -41,16 +42,19 @@ def check_fit(what: str, lengths: Sequence[int], limit: int,
     return
   b = max(over, key=lambda i: lengths[i])  # the first of the longest
   n, ex = lengths[b], examples[b]
+  fits = -(-(n + eos) // multiple) * multiple
   raise TooLong(key, f"{ex.source or f'example {b}'}: {what} has {n} tokens"
                 f"{' + 1 EOS' if eos else ''} > {key}={limit} ({what}"
                 f" {getattr(ex, what)[:40]!r}); {len(over)} of the {len(lengths)} {what}s"
                 f" {'does' if len(over) == 1 else 'do'} not fit, this one is the longest:"
-                f" {key}={n + eos} fits them all")
+                f" {key}={fits} fits them all"
+                + (f" (a multiple of sampler.block_len={multiple})" if multiple > 1 else ""))
 
 
 def encode_examples(examples: Sequence[Example], tokenizer: CharTokenizer,
                     prompt_len: int, completion_len: int, *,
-                    truncate_answers: bool = False) -> dict[str, np.ndarray]:
+                    truncate_answers: bool = False,
+                    completion_multiple: int = 1) -> dict[str, np.ndarray]:
   """Encodes examples into ``prompt_BP``, ``prompt_valid_BP``, ``completion_BL``,
   ``completion_valid_BL`` (int32 ids / bool masks; B = len(examples)).
 
@@ -58,7 +62,8 @@ def encode_examples(examples: Sequence[Example], tokenizer: CharTokenizer,
   index, its length and the config key ``data.prompt_len`` / ``data.completion_len``)
   when a prompt, or an answer plus one EOS, does not fit. ``truncate_answers``: cut
   answers to fit instead (runs that never train on them: RL and evaluation use only the
-  prompts).
+  prompts). ``completion_multiple``: what a fitting ``completion_len`` must be a multiple of
+  (the sampler's block length), for the value the error suggests.
   """
   if prompt_len < 1 or completion_len < 1:
     raise ValueError(f"prompt_len and completion_len must be >= 1, got "
@@ -69,7 +74,8 @@ def encode_examples(examples: Sequence[Example], tokenizer: CharTokenizer,
   answers = [tokenizer.encode(ex.answer) for ex in examples]
   if truncate_answers:
     answers = [a[:completion_len - 1] for a in answers]
-  check_fit("answer", [len(a) for a in answers], completion_len, examples)
+  check_fit("answer", [len(a) for a in answers], completion_len, examples,
+            multiple=completion_multiple)
   prompt_BP = np.full((n, prompt_len), tokenizer.pad_id, np.int32)
   prompt_valid_BP = np.zeros((n, prompt_len), bool)
   completion_BL = np.full((n, completion_len), tokenizer.eos_id, np.int32)

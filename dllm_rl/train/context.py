@@ -268,7 +268,9 @@ def _encode(examples, tokenizer, config, split: str) -> dict:
   try:
     return data_lib.encode_examples(
         examples, tokenizer, config.data.prompt_len, config.data.completion_len,
-        truncate_answers=config.mode not in ("sft", "pipeline"))  # only SFT trains on answers
+        truncate_answers=config.mode not in ("sft", "pipeline"),  # only SFT trains on answers
+        # data.completion_len is a multiple of the block length (Dream's one block: its length)
+        completion_multiple=1 if config.sampler.kind == "dream" else config.sampler.block_len)
   except data_lib.TooLong as err:  # named by the key to change, data.prompt_len / completion_len
     raise ConfigError(err.key, f"{split} split of task {config.task.name!r}: {err}") from err
   except ValueError as err:

@@ -58,6 +58,10 @@ def test_a_prompt_too_long_is_named_by_its_file_line_and_the_longest_sets_the_ke
                      r" data\.completion_len=3 .*: data\.completion_len=4 fits them all$") as err:
     encode_examples(exs, tok, prompt_len=8, completion_len=3)
   assert err.value.key == "data.completion_len"
+  # the value that fits is one validation accepts: a multiple of the sampler's block length
+  with pytest.raises(TooLong, match=r": data\.completion_len=8 fits them all \(a multiple of"
+                     r" sampler\.block_len=8\)$"):
+    encode_examples(exs, tok, prompt_len=8, completion_len=3, completion_multiple=8)
 
 
 def test_encode_real_task():
