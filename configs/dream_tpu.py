@@ -48,8 +48,8 @@ def _llada_config():
 def get_config():
   """configs/llada_tpu.py (the same official StableDRL recipe) with Dream's checkpoint and
   decoding. The plan (python -m dllm_rl.plan --topology=v5p-64, the command in the docstring;
-  7.62 B parameters) peaks per chip at 17.3 GiB for rl_step (18.2 % of 95 GiB), 9.0 GiB for
-  the rollout sampler (9.4 %) and 2.9 GiB for the greedy sampler (3.0 %): no micro-batching."""
+  7.62 B parameters) peaks per chip at 17.3 GiB for rl_step (18.2 % of 95 GiB), 11.3 GiB for
+  the rollout sampler (11.9 %) and 3.2 GiB for the greedy sampler (3.3 %): no micro-batching."""
   c = _llada_config()
   c.unlock()
   c.model.hf_checkpoint = "REQUIRED: path to Dream-v0-Instruct-7B (HF format)"
