@@ -271,6 +271,19 @@ def test_apply_overrides_parses_types_and_collects_errors():
   assert "expected int, got 'x'" in str(errors[1])
 
 
+def test_a_tuple_of_names_takes_bare_comma_separated_words():
+  """``--config.lora.targets=q,v`` (as the checkpoint-layout error's fix writes it) and the
+  literal forms give the same tuple; an int tuple still refuses words."""
+  for text in ("q,v", "(q, v)", "('q', 'v')", "['q','v']"):
+    c = default_config()
+    assert apply_overrides(c, [("lora.targets", text)]) == []
+    assert tuple(c.lora.targets) == ("q", "v")
+  c = default_config()
+  assert apply_overrides(c, [("lora.targets", "q")]) == [] and tuple(c.lora.targets) == ("q",)
+  errors = apply_overrides(default_config(), [("eval.pass_k", "a,b")])
+  assert [e.key for e in errors] == ["eval.pass_k"]
+
+
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
 @given(key=st.sampled_from([k for k, _ in base_config().items(preserve_field_references=False)
                             if not isinstance(base_config()[k], ml_collections.ConfigDict)]

@@ -70,7 +70,6 @@ _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 def _parse_value(path: str, default, text: str):
   """``text`` as the type of ``default``; raises ConfigError naming ``path``."""
-  import ast
   if isinstance(default, ml_collections.ConfigDict):
     raise ConfigError(path, "is a section: set one of its keys, e.g. "
                       f"--config.{path}.{next(iter(default.keys()), 'KEY')}=...")
@@ -84,13 +83,27 @@ def _parse_value(path: str, default, text: str):
     if isinstance(default, float):
       return float(text)
     if isinstance(default, tuple):
-      value = ast.literal_eval(text if text.strip().startswith(("(", "[")) else f"({text},)")
-      if not isinstance(value, (tuple, list)):
-        raise ValueError
-      return tuple(value)
+      return _parse_tuple(default, text)
   except (ValueError, SyntaxError):
     raise ConfigError(path, f"expected {type(default).__name__}, got {text!r}") from None
   return text
+
+
+def _parse_tuple(default: tuple, text: str) -> tuple:
+  """``text`` as a tuple: a Python literal ("1,2", "(1, 2)", "('q', 'v')"), or, for a tuple of
+  strings (``lora.targets``), bare comma-separated words ("q,v", as the errors' fixes
+  write it). Raises ValueError / SyntaxError otherwise."""
+  import ast
+  words = bool(default) and all(isinstance(x, str) for x in default)
+  try:
+    value = ast.literal_eval(text if text.strip().startswith(("(", "[")) else f"({text},)")
+  except (ValueError, SyntaxError):
+    if not words:
+      raise
+    value = [w.strip() for w in text.strip().strip("()[]").split(",") if w.strip()]
+  if not isinstance(value, (tuple, list)):
+    raise ValueError
+  return tuple(value)
 
 
 def _free_form(text: str):
