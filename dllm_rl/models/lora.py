@@ -89,6 +89,23 @@ def configure(model_cfg, lora_cfg):
                              param_dtype=DTYPES[lora_cfg.base_dtype])
 
 
+_MLP_TARGETS = ("gate", "up", "down")
+
+
+def targets_problem(model_cfg) -> str | None:
+  """Why ``model_cfg``'s ``lora_targets`` adapt no projection of the model (None when some
+  are adapted, or LoRA is off): MLP targets alone on a model whose every MLP is routed
+  experts (not adapted) with no shared expert; such a run would train nothing."""
+  if not model_cfg.lora_rank or not set(model_cfg.lora_targets) <= set(_MLP_TARGETS):
+    return None
+  dense = [i for i in range(model_cfg.n_layers) if not model_cfg.is_moe_layer(i)]
+  if dense or model_cfg.n_shared_experts:
+    return None
+  return (f"{tuple(model_cfg.lora_targets)} adapt no projection of this model: every layer's"
+          " MLP is routed experts, which LoRA does not adapt (no shared expert, no dense"
+          " layer), so the run would train nothing; add attention targets (q, k, v, o)")
+
+
 def without_lora(model_cfg):
   """The same model without adapters (the export / merged layout)."""
   return dataclasses.replace(model_cfg, lora_rank=0, lora_targets=())

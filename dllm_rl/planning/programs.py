@@ -80,6 +80,7 @@ def build_programs(config, devices) -> tuple[list[Program], object, transformer.
   model_cfg, mask_id, eos_id = model_and_tokens(config)
   setup.check_expert_axis(config, model_cfg)
   model_cfg = lora.configure(model_cfg, config.lora)  # adapters + the frozen base's dtype
+  setup.check_lora_targets(model_cfg)
   graphdef, abstract = transformer.abstract_model(model_cfg)
   from dllm_rl.parallel.shard import param_shardings
   params = _abstract(abstract, param_shardings(abstract, mesh))

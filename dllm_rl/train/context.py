@@ -298,6 +298,14 @@ def check_expert_axis(config, model_cfg) -> None:
     raise ConfigError("mesh.expert", problem)
 
 
+def check_lora_targets(model_cfg) -> None:
+  """``lora.targets`` that adapt nothing in the resolved model (``lora.configure`` applied):
+  a ConfigError (:func:`dllm_rl.models.lora.targets_problem`)."""
+  problem = lora.targets_problem(model_cfg)
+  if problem:
+    raise ConfigError("lora.targets", problem)
+
+
 def _ep(mesh) -> str:
   return " × expert" if dict(mesh.shape).get("expert", 1) > 1 else ""
 
@@ -381,6 +389,7 @@ def build_context(config, workdir: str) -> Context:
   model_cfg = hf.model_cfg if hf else model_config(config, tokenizer.vocab_size)
   check_expert_axis(config, model_cfg)
   model_cfg = lora.configure(model_cfg, config.lora)
+  check_lora_targets(model_cfg)
   notes = (length_notes(config, hf.max_length if hf else None) + lora_notes(model_cfg)
            + sampler_notes(config, model_cfg))
   splits = {}

@@ -187,3 +187,23 @@ def test_a_rank_above_a_projections_dimensions_is_said():
   assert line.endswith("lora.rank=64 or less uses all of it")
   c.lora.rank = 64
   assert lora_notes(lora_lib.configure(model_config(c, 20), c.lora)) == []
+
+
+def test_targets_that_adapt_nothing_are_a_config_error_naming_lora_targets():
+  """MLP targets alone on a MoE model whose every layer routes (no dense layer, no shared
+  expert) would give no adapter, and the run would train nothing: refused before anything is
+  built; a shared expert, a dense layer or an attention target gives adapters."""
+  from dllm_rl.train.context import check_lora_targets
+  moe = dataclasses.replace(BASE, n_experts=4, experts_per_token=2, moe_hidden=8,
+                            first_dense_layers=0, n_shared_experts=0)
+  mlp_only = dict_ns(targets=("gate", "up", "down"))
+  cfg = lora.configure(moe, mlp_only)
+  assert not lora.has_adapters(transformer.abstract_model(cfg)[1])
+  with pytest.raises(ConfigError) as err:
+    check_lora_targets(cfg)
+  assert err.value.key == "lora.targets" and "train nothing" in str(err.value)
+  for ok in (lora.configure(dataclasses.replace(moe, n_shared_experts=1), mlp_only),
+             lora.configure(dataclasses.replace(moe, first_dense_layers=1), mlp_only),
+             lora.configure(moe, dict_ns(targets=("q", "gate"))), BASE):
+    check_lora_targets(ok)
+    assert ok is BASE or lora.has_adapters(transformer.abstract_model(ok)[1])
