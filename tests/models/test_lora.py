@@ -207,3 +207,36 @@ def test_targets_that_adapt_nothing_are_a_config_error_naming_lora_targets():
              lora.configure(moe, dict_ns(targets=("q", "gate"))), BASE):
     check_lora_targets(ok)
     assert ok is BASE or lora.has_adapters(transformer.abstract_model(ok)[1])
+
+
+def test_peft_of_llada2_holds_the_fused_qkv_update(tmp_path):
+  """LLaDA2's fused query_key_value gets one PEFT LoRA of rank n·r (n adapted parts of q | k |
+  v; here q and v) whose (alpha_pattern / rank_pattern)·B·A equals the merged q, k, v rows
+  minus the base; the unfused dense o_proj keeps rank r. (The PEFT folder held no q/k/v.)"""
+  import json
+  from safetensors.numpy import load_file
+  from dllm_rl.models import hf, peft
+  from tests.helpers import tiny_model
+  cfg = lora.configure(tiny_model(n_layers=2, n_experts=4, experts_per_token=2, moe_hidden=8,
+                                  n_shared_experts=1, first_dense_layers=1, qk_norm=True,
+                                  n_kv_heads=1), dict_ns(targets=("q", "v", "o")))
+  params = _randomise_b(transformer.init_model(cfg, jax.random.key(0))[1], jax.random.key(1))
+  pure = jax.tree.map(np.asarray, nnx.to_pure_dict(params))
+  peft.export_peft(pure, cfg, "llada2", str(tmp_path), "base")
+  tensors = load_file(str(tmp_path / peft.WEIGHTS_FILE))
+  config = json.load(open(tmp_path / peft.CONFIG_FILE))
+  merged = lora.merge_pure(pure, cfg.lora_alpha / cfg.lora_rank)
+  for i in range(2):
+    attn, base = merged["blocks"][i]["attn"], pure["blocks"][i]["attn"]
+    for module, names, kind in (("query_key_value", ("q_proj", "k_proj", "v_proj"), hf.IN),
+                                ("dense", ("o_proj",), hf.OUT)):
+      m = f"model.layers.{i}.attention.{module}"
+      want = np.concatenate([hf.to_hf(np.asarray(attn[n], np.float32), kind)
+                             - hf.to_hf(np.asarray(base[n], np.float32), kind) for n in names])
+      a = tensors[f"base_model.model.{m}.lora_A.weight"]
+      b = tensors[f"base_model.model.{m}.lora_B.weight"]
+      r = config["rank_pattern"].get(m, config["r"])
+      scale = config["alpha_pattern"].get(m, config["lora_alpha"]) / r
+      assert a.shape[0] == b.shape[1] == r == (8 if module == "query_key_value" else 4)
+      assert m in config["target_modules"] and np.abs(want).max() > 0
+      np.testing.assert_allclose(scale * b @ a, want, atol=1e-6)
