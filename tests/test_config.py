@@ -324,12 +324,31 @@ def test_cli_overrides_on_embedded_default_list_all_errors(tmp_path):
 def test_micro_batch_must_split_over_the_batch_devices():
   from dllm_rl.parallel.mesh import make_mesh
   from dllm_rl.train.context import check_batch_sizes
-  config = _cfg(rl__micro_batch=4, data__batch_size=64, eval__batch_size=128)
+  config = _cfg(mode="rl", rl__micro_batch=4, data__batch_size=64, eval__batch_size=128)
   mesh = make_mesh({"data": 8, "fsdp": 1, "tensor": 1})
   with pytest.raises(ConfigError) as err:
     check_batch_sizes(config, mesh)
   assert err.value.key == "rl.micro_batch" and "data × fsdp = 8" in str(err.value)
-  check_batch_sizes(_cfg(rl__micro_batch=16), mesh)  # a multiple of 8 is fine
+  check_batch_sizes(_cfg(mode="rl", rl__micro_batch=16), mesh)  # a multiple of 8 is fine
+
+
+def test_batch_sizes_a_mode_never_reads_are_not_checked_against_the_mesh():
+  """mode=rl never reads the SFT batch (data.batch_size), mode=sft the RL ones: a value
+  that does not split over the mesh is no error there; the mode's own batches still are."""
+  from dllm_rl.parallel.mesh import make_mesh
+  from dllm_rl.train.context import check_batch_sizes
+  mesh = make_mesh({"data": 8, "fsdp": 1, "tensor": 1})
+  check_batch_sizes(_cfg(mode="rl", data__batch_size=12, rl__batch_prompts=16,
+                         eval__batch_size=8), mesh)
+  check_batch_sizes(_cfg(mode="sft", rl__batch_prompts=12, rl__micro_batch=4,
+                         data__batch_size=16, eval__batch_size=8), mesh)
+  for mode, key in (("pipeline", "data.batch_size"), ("rl", "rl.batch_prompts"),
+                    ("eval", "eval.batch_size")):
+    config = _cfg(mode=mode, data__batch_size=16, rl__batch_prompts=16, eval__batch_size=16)
+    config[key.split(".")[0]][key.split(".")[1]] = 12
+    with pytest.raises(ConfigError) as err:
+      check_batch_sizes(config, mesh)
+    assert err.value.key == key
 
 
 @pytest.mark.parametrize("sizes, key", [((30, 20, 8), "task.train_size"),

@@ -14,6 +14,7 @@ from jax.sharding import Mesh
 
 from dllm_rl import tasks as tasks_lib
 from dllm_rl.config import ConfigError
+from dllm_rl.config.choices import RL_MODES, SFT_MODES
 from dllm_rl.errors import raise_all
 from dllm_rl.models import lora, transformer
 from dllm_rl.models.transformer import init_params_sharded
@@ -311,15 +312,18 @@ def _ep(mesh) -> str:
 
 
 def check_batch_sizes(config, mesh) -> None:
-  """Every global batch must split evenly over the batch axes (data × fsdp × expert)."""
+  """Every global batch of ``config.mode`` must split evenly over the batch axes (data ×
+  fsdp × expert): the SFT batch (``data.batch_size``) in SFT modes, the RL ones in RL modes
+  (a key the mode never reads is not checked), ``eval.batch_size`` always."""
   div = batch_size_divisor(mesh)
-  for key in ("data.batch_size", "rl.batch_prompts", "eval.batch_size"):
+  sft, rl = config.mode in SFT_MODES, config.mode in RL_MODES
+  for key in ("data.batch_size",) * sft + ("rl.batch_prompts",) * rl + ("eval.batch_size",):
     section, name = key.split(".")
     value = config[section][name]
     if value % div:
       raise ConfigError(key, f"{value} is not a multiple of mesh data × fsdp{_ep(mesh)} = {div}"
                         f" (mesh {dict(mesh.shape)})")
-  if config.rl.micro_batch % div:
+  if rl and config.rl.micro_batch % div:
     raise ConfigError("rl.micro_batch", f"{config.rl.micro_batch} sequences per micro-batch do"
                       f" not split over mesh data × fsdp{_ep(mesh)} = {div} (mesh {dict(mesh.shape)})")
 
