@@ -21,7 +21,7 @@ GPUs); a larger slice needs ``rl.batch_prompts`` a multiple of its chips (on v5p
 error naming it). The plan on v5p-16 (``python -m dllm_rl.plan --config=configs/coupled_grpo.py
 --topology=v5p-16`` with the Dream-7B config.json) peaks per chip at 35.9 GiB for rl_step
 (37.7 % of 95 GiB: the policy, the synced reference, Adam's moments), 25.1 GiB for the
-rollout sampler and 11.1 GiB for the greedy one.
+rollout sampler and 12.3 GiB for the greedy one.
 
 The task is ``code`` (dllm_rl/tasks/code.py): AceCode-style problems with test cases, the
 reward 2.0 × the pass rate of the test cases run against the completion's ```` ```python ````
