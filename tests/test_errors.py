@@ -291,3 +291,30 @@ def test_plan_overrides_with_a_typo_are_one_error_line_and_exit_2(overrides, pat
   err = capsys.readouterr().err.splitlines()
   assert stop.value.code == 2 and len(err) == 1, err
   assert re.fullmatch("error: " + pattern, err[0]), err[0]
+
+
+def test_a_workdir_without_write_rights_is_named_before_anything_runs(tmp_path, monkeypatch,
+                                                                      capsys):
+  """An existing --workdir in which no file can be created (another user's folder, a
+  read-only mount; simulated, since root may write anywhere) is one ``error: --workdir:``
+  line and exit status 2, not a PermissionError traceback at the run's first write."""
+  import builtins
+  import errno
+  w = tmp_path / "w"
+  w.mkdir()
+
+  def refuse(real):
+    def opener(path, *args, **kwargs):
+      if isinstance(path, (str, os.PathLike)) and os.fspath(path).startswith(str(w)):
+        raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
+      return real(path, *args, **kwargs)
+    return opener
+
+  monkeypatch.setattr(builtins, "open", refuse(builtins.open))
+  monkeypatch.setattr(os, "open", refuse(os.open))
+  code = _run_main([f"--workdir={w}", *SMALL], monkeypatch)
+  err = capsys.readouterr().err
+  assert code == 2 and "Traceback" not in err, err
+  assert re.search(rf"^error: --workdir: {re.escape(str(w))}: cannot write in it \(.*Permission"
+                   " denied", err, re.M), err
+  assert os.listdir(w) == []

@@ -336,6 +336,22 @@ def _generate(task, split: str, n: int, seed: int, key: str, asked: str):
     raise ConfigError(key, f"{err} ({asked}): lower it or give a larger file") from err
 
 
+def check_writable(workdir: str) -> None:
+  """A ConfigError naming ``--workdir`` when a file cannot be created in the local folder
+  ``workdir`` (no rights, a read-only mount): before anything is read or compiled, not as a
+  traceback at the first write. A URL is not probed."""
+  from dllm_rl import paths
+  if paths.is_url(workdir):
+    return
+  import tempfile
+  try:
+    fd, probe = tempfile.mkstemp(prefix=".write_probe", dir=paths.resolve(workdir))
+    os.close(fd)
+    os.remove(probe)
+  except OSError as err:
+    raise ConfigError("--workdir", f"{workdir}: cannot write in it ({err})") from None
+
+
 def build_context(config, workdir: str) -> Context:
   """Generate the task data (host side), build the mesh and resolve static
   configs; no compilation."""
@@ -358,6 +374,7 @@ def build_context(config, workdir: str) -> Context:
     raise ConfigError("--workdir", f"{workdir} is not a folder: {err}") from None
   except OSError as err:  # no such parent on a read-only or virtual file system, no rights
     raise ConfigError("--workdir", f"{workdir}: cannot create it ({err})") from None
+  check_writable(workdir)
   task = tasks_lib.make_task(config.task.name, **config.task.options.to_dict())
   hf = checkpoint = None
   if config.model.hf_checkpoint:
