@@ -177,6 +177,10 @@ def _cases(tmp_path):
       ("no workdir", [*SMALL], [r"error: --workdir: required: .*"]),
       ("a workdir that cannot be created", ["--workdir=/proc/dllm_rl_none/run", *SMALL],
        [r"error: --workdir: /proc/dllm_rl_none/run: cannot create it \(.*\)"]),
+      ("a pipeline with no SFT steps and nothing RL could start from",
+       [f"--workdir={w}", "--config.sft.steps=0", "--config.sft.warmup_steps=0", *SMALL],
+       [rf"error: config\.sft\.steps: 0 in mode=pipeline trains no SFT checkpoint, .* no SFT"
+        rf" checkpoint under {re.escape(w)}/checkpoints/sft and no model\.hf_checkpoint .*"]),
       ("a mesh that cannot fill the devices", [f"--workdir={w}", "--config.mesh.tensor=3",
                                                *SMALL],
        [r"error: config\.mesh: \{'data': -1, 'fsdp': 1, 'expert': 1, 'tensor': 3\} cannot"
@@ -219,7 +223,9 @@ NAMES = ["data file smaller than train_size", "mode=rl with neither an SFT nor a
          "gs:// data file without gcsfs", "llada_tpu.py without its three required values",
          "a misspelt key another framework spells out", "several problems at once",
          "a nan learning rate", "a workdir that is a file", "no workdir",
-         "a workdir that cannot be created", "a mesh that cannot fill the devices",
+         "a workdir that cannot be created",
+         "a pipeline with no SFT steps and nothing RL could start from",
+         "a mesh that cannot fill the devices",
          "more prompts per rollout batch than training prompts",
          "the staircase kernel compiled for CPU"]
 

@@ -42,9 +42,11 @@ def _rl(ctx) -> dict:
 @RUNNERS.register("pipeline")
 def _pipeline(ctx) -> dict:
   """SFT warm-up → RL → held-out evaluation (each phase plots its curves)."""
-  from dllm_rl.train.rl_loop import run_rl
+  from dllm_rl.train.rl_loop import run_rl, sft_steps
   from dllm_rl.train.sft_loop import run_sft
 
+  if ctx.config.sft.steps == 0:  # RL's start must exist already: said before SFT evaluates
+    sft_steps(ctx)
   sft = run_sft(ctx)
   rl = run_rl(ctx)
   return {**sft, **rl, "pass_at_k": rl["rl_pass_at_k"],

@@ -151,8 +151,15 @@ def _step_flops(config, ctx: Context, rollout_cfg, out, prompt_len: int) -> floa
 
 def sft_steps(ctx: Context) -> list[int]:
   """The SFT checkpoint steps RL can start from (no array read); none and no
-  ``model.hf_checkpoint``: a ConfigError naming that key."""
+  ``model.hf_checkpoint``: a ConfigError naming that key (``sft.steps`` in a pipeline, whose
+  SFT phase trained none: it calls this before its SFT phase when ``sft.steps`` is 0)."""
   steps = run_checkpoints.available_steps(ctx.workdir, SFT)
+  if not (steps or ctx.hf_checkpoint) and ctx.config.mode == "pipeline":  # sft.steps = 0
+    raise ConfigError(
+        "sft.steps", f"{ctx.config.sft.steps} in mode=pipeline trains no SFT checkpoint, and"
+        f" RL starts from one or from an HF model: there is no SFT checkpoint under"
+        f" {checkpoint_dir(ctx.workdir, SFT)} and no model.hf_checkpoint (set sft.steps > 0,"
+        " or model.hf_checkpoint to start RL from its weights)")
   if not (steps or ctx.hf_checkpoint):
     raise ConfigError(
         "model.hf_checkpoint", f"RL starts from an SFT checkpoint or an HF model: no SFT"
