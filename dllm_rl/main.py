@@ -16,7 +16,8 @@ Exit status:
   smaller than the split), or ``error: <file>: <message>`` (a gs:// path without gcsfs, a
   missing file), with no traceback;
 * 75 (``EX_TEMPFAIL``): stopped by SIGTERM/SIGINT after saving a checkpoint at the step in
-  progress; rerun the same command to resume (``dllm_rl.train.resilience``). A second signal
+  progress (``mode=eval``, which saves nothing: at once); rerun the same command to resume
+  (``dllm_rl.train.resilience``). A second signal
   exits at once with 128 + the signal number (143 for SIGTERM, 130 for SIGINT);
 * 1: the run failed: e.g. ``train.max_consecutive_nonfinite`` non-finite updates in a row,
   or no readable checkpoint (``error: ...`` names the step / the checkpoint).

@@ -139,6 +139,30 @@ def test_first_signal_requests_a_stop_second_exits_at_once():
   assert "received SIGTERM" in proc.stderr
 
 
+def test_a_signal_during_mode_eval_stops_it_at_once(tmp_path, monkeypatch):
+  """mode=eval has no step to finish and nothing to save: the first SIGTERM stops it (as
+  Preempted: status 75 in dllm_rl.main), instead of being noted and ignored until the whole
+  evaluation has run; the handlers are restored after."""
+  from dllm_rl.train import eval_mode, modes
+  from tests.helpers import tiny_run_config
+
+  def evaluation(ctx):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)  # a long evaluation
+    return {}
+
+  monkeypatch.setattr(eval_mode, "run_eval", evaluation)
+  start = time.monotonic()
+  with pytest.raises(resilience.Preempted, match=r"SIGTERM during mode=eval, which saves"
+                                                 r" nothing: stopped; rerun"):
+    modes.run(tiny_run_config("eval"), str(tmp_path))
+  assert time.monotonic() - start < 5
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+  with resilience.handle_signals():  # a training run's handlers still only request a stop
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert resilience.stop_requested()
+
+
 def test_agree_any_single_process_is_identity():
   np.testing.assert_array_equal(resilience.agree_any(np.array([True, False])), [True, False])
 

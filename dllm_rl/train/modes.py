@@ -135,7 +135,8 @@ def run(config, workdir: str, *, quiet_unread=()) -> dict:
   gets the resolved config, every metrics record and sample of the phases, and the summary.
 
   SIGTERM / SIGINT during training save a checkpoint after the current step and raise
-  ``dllm_rl.train.resilience.Preempted`` (no summary is written); see that module.
+  ``dllm_rl.train.resilience.Preempted`` (no summary is written); during ``eval`` the first
+  signal raises it at once (nothing to save); see that module.
   ``quiet_unread``: keys whose "not read" warning (dllm_rl.train.unread) is not printed."""
   from dllm_rl.parallel.distributed import initialize
   from dllm_rl.train.context import build_context
@@ -148,7 +149,7 @@ def run(config, workdir: str, *, quiet_unread=()) -> dict:
   enable_compilation_cache(config.compilation_cache)
   from dllm_rl.train.resilience import handle_signals
   from dllm_rl.parallel.distributed import is_primary
-  with handle_signals():
+  with handle_signals(saves=config.mode != "eval"):
     ctx = build_context(config, workdir)
     if is_primary():
       # settings that change nothing, said before anything compiles

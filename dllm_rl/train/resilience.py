@@ -40,6 +40,7 @@ EXIT_PREEMPTED = 75  # sysexits.h EX_TEMPFAIL: temporary failure, rerun to resum
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _received: list[int] = []  # signal numbers received while handle_signals is active
 _depth = [0]  # nesting of handle_signals (a study's arms run inside the study's)
+_saves = [True]  # whether the run acts on a stop request after a step (False: mode=eval)
 
 
 class Preempted(Exception):
@@ -61,14 +62,20 @@ def _handler(signum, frame):
   if _received:  # second signal: exit now, no cleanup
     os._exit(128 + signum)
   _received.append(signum)
-  print(f"[preemption] received {signal.Signals(signum).name}: finishing the current step, "
+  name = signal.Signals(signum).name
+  if not _saves[0]:  # no step, nothing to save: stop now (main thread, between bytecodes)
+    raise Preempted("eval", 0, f"received {name} during mode=eval, which saves nothing:"
+                    " stopped; rerun the same command to evaluate again")
+  print(f"[preemption] received {name}: finishing the current step, "
         "then saving a checkpoint and exiting (send it again to exit at once)",
         file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
-def handle_signals():
+def handle_signals(saves: bool = True):
   """Install the SIGTERM/SIGINT stop-request handlers for the duration (main thread only).
+  ``saves`` False (``mode=eval``: no step to finish, no checkpoint to write): the first
+  signal raises :class:`Preempted` at once, which ``dllm_rl.main`` turns into status 75.
 
   Nested uses keep the outermost's handlers and its received signals: a run inside a loop of
   runs (the study's arms) that ends without acting on a stop request (it came during the
@@ -85,6 +92,7 @@ def handle_signals():
     return
   previous = {s: signal.getsignal(s) for s in _SIGNALS}
   _received.clear()
+  _saves[0] = saves
   for s in _SIGNALS:
     signal.signal(s, _handler)
   _depth[0] = 1
@@ -92,6 +100,7 @@ def handle_signals():
     yield
   finally:
     _depth[0] = 0
+    _saves[0] = True
     for s, h in previous.items():
       signal.signal(s, h)
     _received.clear()
