@@ -20,7 +20,8 @@ Exit status:
   (``dllm_rl.train.resilience``). A second signal
   exits at once with 128 + the signal number (143 for SIGTERM, 130 for SIGINT);
 * 1: the run failed: e.g. ``train.max_consecutive_nonfinite`` non-finite updates in a row,
-  or no readable checkpoint (``error: ...`` names the step / the checkpoint).
+  no readable checkpoint, a checkpoint that could not be written (``error: ...`` names the
+  step / the checkpoint).
 
 Re-running with the same ``--workdir`` resumes from the latest checkpoint.
 """

@@ -317,3 +317,35 @@ def test_the_closed_loop_filter_is_on_before_the_first_read(tmp_path, monkeypatc
   with Checkpointer(str(tmp_path / "ckpt"), keep=2, async_save=False) as ckpt:
     assert ckpt.first_readable(read, [3]) == (3, 3)
   assert filtered_at_read == [True]
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_a_failed_write_is_named_and_the_earlier_steps_stand(tmp_path, monkeypatch, async_save):
+  """A write that fails (a full disk, a folder that became read-only mid-run; simulated by the
+  final rename failing) is a CheckpointWriteError naming the step and the folder, raised by
+  save or by the wait for the asynchronous write, not orbax's raw traceback; the steps
+  committed before it still restore."""
+  import errno
+
+  from dllm_rl.infra.checkpoint import CheckpointWriteError
+  good = {"w": jnp.ones(3)}
+  directory = str(tmp_path / "ckpt")
+  with Checkpointer(directory, keep=3, async_save=async_save) as ckpt:
+    ckpt.save(1, good, {"at": 1})
+    ckpt.wait()
+
+    def full(*args, **kwargs):
+      raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "rename", full)
+    with pytest.raises(CheckpointWriteError, match=rf"^saving checkpoint step 2 in"
+                                                   rf" {directory} failed \(OSError: .*No space"
+                                                   r" left on device\); the steps committed"):
+      ckpt.save(2, {"w": jnp.full(3, 2.0)}, {"at": 2})
+      ckpt.wait()
+    monkeypatch.undo()
+  with Checkpointer(directory, keep=3) as ckpt:
+    assert ckpt.all_steps() == [1]
+    restored, meta = ckpt.restore(good)
+  assert meta == {"at": 1}
+  np.testing.assert_array_equal(restored["w"], np.ones(3))

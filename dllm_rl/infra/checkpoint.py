@@ -51,6 +51,7 @@ damaged step is deleted only when the run saves that step again (a fresh copy re
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -215,6 +216,16 @@ class CheckpointError(FileNotFoundError):
   """No readable checkpoint (every step is damaged)."""
 
 
+class CheckpointWriteError(CheckpointError):
+  """A checkpoint could not be written (a full disk, a folder that became read-only); the
+  steps committed before it stand."""
+
+
+# What a failed write raises: OSError (no space, no rights), tensorstore's ValueError,
+# orbax's RuntimeError.
+_WRITE_ERRORS = (OSError, ValueError, RuntimeError)
+
+
 class LayoutMismatch(ValueError):
   """The restore template does not match the checkpoint (not damage: no fall-back)."""
 
@@ -288,6 +299,13 @@ class Checkpointer:
     self.read_only = read_only
     self._manager = ocp.CheckpointManager(self.directory, options=options)
     self._damaged: set[int] = set()  # steps this process found unreadable
+    self._writing: int | None = None  # the step of the newest save (its write may be pending)
+
+  def _write_failed(self, err: Exception) -> CheckpointWriteError:
+    return CheckpointWriteError(
+        f"saving checkpoint step {self._writing} in {self.directory} failed"
+        f" ({short_reason(err)}); the steps committed before it stand: free space or fix the"
+        " folder's rights, then rerun the same command to resume from the newest")
 
   def all_steps(self) -> list[int]:
     """Committed checkpoint steps, ascending."""
@@ -321,15 +339,19 @@ class Checkpointer:
       raise TypeError(f"save(step={step}): meta is not JSON-serialisable: {e}") from e
     arrays = _nest(entries, [_to_storable(x, e["kind"]) for x, e in zip(leaves, entries)])
     layout = {"format": _LAYOUT_FORMAT, "leaves": entries}
-    return self._manager.save(
-        step,
-        args=ocp.args.Composite(
-            state=ocp.args.StandardSave(arrays),
-            meta=ocp.args.JsonSave(meta),
-            layout=ocp.args.JsonSave(layout),
-        ),
-        force=True,  # The caller decides when to save (no CheckpointManager policy).
-    )
+    self._writing = step
+    try:
+      return self._manager.save(
+          step,
+          args=ocp.args.Composite(
+              state=ocp.args.StandardSave(arrays),
+              meta=ocp.args.JsonSave(meta),
+              layout=ocp.args.JsonSave(layout),
+          ),
+          force=True,  # The caller decides when to save (no CheckpointManager policy).
+      )
+    except _WRITE_ERRORS as err:
+      raise self._write_failed(err) from err
 
   def restore(self, abstract_state: Any, step: int | None = None, *,
               leave_out: Sequence[str] = ()) -> tuple[Any, dict[str, Any]]:
@@ -442,11 +464,21 @@ class Checkpointer:
     return jax.tree_util.tree_unflatten(treedef, values), dict(out["meta"])
 
   def wait(self) -> None:
-    """Blocks until pending async saves are committed (re-raises their errors)."""
-    self._manager.wait_until_finished()
+    """Blocks until pending async saves are committed; a failed write raises
+    :class:`CheckpointWriteError` naming the step and the folder."""
+    try:
+      self._manager.wait_until_finished()
+    except _WRITE_ERRORS as err:
+      raise self._write_failed(err) from err
 
   def close(self) -> None:
-    """Waits for pending saves and releases orbax resources."""
+    """Waits for pending saves (as :meth:`wait`) and releases orbax resources."""
+    try:
+      self.wait()
+    except CheckpointWriteError:
+      with contextlib.suppress(*_WRITE_ERRORS):  # the same failure again
+        self._manager.close()
+      raise
     self._manager.close()
 
   def __enter__(self) -> Checkpointer:
