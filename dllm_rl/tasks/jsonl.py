@@ -184,6 +184,10 @@ class JsonlTask(Task):
           raise _BadRecord("the file starts a JSON array ('['), not JSON Lines (one JSON object"
                            f" per line): write each object on its own line (jq -c '.[]' {path})"
                            f" or convert it with {convert.format(path)}")
+        if (line_no == first and path.lower().endswith(".csv")
+                and not text.lstrip().startswith("{")):  # d1's Sudoku files are CSV
+          raise _BadRecord("a CSV file, not JSON Lines (one JSON object per line): convert it"
+                           f" with {convert.format(path)}")
         if text.startswith("\ufeff"):
           raise _BadRecord("starts with a UTF-8 byte-order mark (files joined together?):"
                            " remove it")

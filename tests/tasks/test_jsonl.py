@@ -254,6 +254,23 @@ def test_a_byte_order_mark_is_read_past_and_a_json_array_is_named(tmp_path):
       make_task("gsm8k", train_file=str(array))
 
 
+def test_a_csv_file_is_named_with_the_command_that_converts_it(tmp_path):
+  """A .csv file (d1's Sudoku files are CSV) given as a task file is named as CSV with the
+  `dllm-rl-data prepare` command that reads it, not as invalid JSON at column 1; a .csv file
+  that does hold JSON Lines is read."""
+  csv = tmp_path / "4x4_test_sudoku.csv"
+  csv.write_text("Puzzle,Solution\n" + "".join(f"{r['puzzle']},{r['solution']}\n"
+                                                for r in SUDOKU))
+  with pytest.raises(ValueError, match=rf"{re.escape(str(csv))}:1: a CSV file, not JSON Lines"
+                                       r" \(one JSON object per line\): convert it with"
+                                       r" dllm-rl-data prepare sudoku --out DIR --source"
+                                       rf" test={re.escape(str(csv))} "):
+    make_task("sudoku_jsonl", test_file=str(csv))
+  named_csv = tmp_path / "rows.csv"
+  _write(named_csv, SUDOKU)
+  assert len(make_task("sudoku_jsonl", test_file=str(named_csv)).generate("test", -1, 0)) == 2
+
+
 def test_each_jsonl_task_names_the_prepare_data_set_that_writes_its_files():
   """The data set of ``dllm-rl-data prepare`` that a Parquet or JSON file is converted with."""
   from dllm_rl.data.recipes import RECIPES
