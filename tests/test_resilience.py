@@ -163,6 +163,28 @@ def test_a_signal_during_mode_eval_stops_it_at_once(tmp_path, monkeypatch):
     assert resilience.stop_requested()
 
 
+def test_a_signal_during_the_sft_test_evaluation_stops_a_pipeline_before_rl(tmp_path,
+                                                                          monkeypatch):
+  """A pipeline whose SFT phase finished (its test evaluation ran on after the signal) stops
+  there, as Preempted, instead of starting RL (its evaluation, compiles and a step) first."""
+  from dllm_rl.train import modes, rl_loop, sft_loop
+  from tests.helpers import tiny_run_config
+
+  def sft(ctx):
+    os.kill(os.getpid(), signal.SIGTERM)  # during the test evaluation
+    return {"sft_steps": 20, "sft_accuracy": 0.5}
+
+  def rl(ctx):
+    raise AssertionError("RL started after a stop request")
+
+  monkeypatch.setattr(sft_loop, "run_sft", sft)
+  monkeypatch.setattr(rl_loop, "run_rl", rl)
+  with pytest.raises(resilience.Preempted, match=r"after the SFT phase .*rerun the same"
+                                                 r" command to start RL"):
+    modes.run(tiny_run_config("pipeline"), str(tmp_path))
+  assert not (tmp_path / "summary.json").exists()
+
+
 def test_agree_any_single_process_is_identity():
   np.testing.assert_array_equal(resilience.agree_any(np.array([True, False])), [True, False])
 

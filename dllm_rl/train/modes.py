@@ -41,13 +41,19 @@ def _rl(ctx) -> dict:
 
 @RUNNERS.register("pipeline")
 def _pipeline(ctx) -> dict:
-  """SFT warm-up → RL → held-out evaluation (each phase plots its curves)."""
+  """SFT warm-up → RL → held-out evaluation (each phase plots its curves). A stop request
+  that came during SFT's test evaluation stops the run before RL starts."""
+  from dllm_rl.train.resilience import Preempted, stop_agreed
   from dllm_rl.train.rl_loop import run_rl, sft_steps
   from dllm_rl.train.sft_loop import run_sft
 
   if ctx.config.sft.steps == 0:  # RL's start must exist already: said before SFT evaluates
     sft_steps(ctx)
   sft = run_sft(ctx)
+  if stop_agreed():  # a signal during SFT's test evaluation: stop before RL starts
+    raise Preempted("sft", sft["sft_steps"], "stopped on request after the SFT phase (its"
+                    " checkpoint and test evaluation are saved); rerun the same command to"
+                    " start RL")
   rl = run_rl(ctx)
   return {**sft, **rl, "pass_at_k": rl["rl_pass_at_k"],
           "rl_gain": rl["rl_accuracy"] - sft["sft_accuracy"], "plot": rl["rl_plot"]}

@@ -111,6 +111,12 @@ def stop_requested() -> bool:
   return bool(_received)
 
 
+def stop_agreed() -> bool:
+  """Whether any process received a stop signal (every process calls it at the same point,
+  e.g. between two phases; with one process no collective runs)."""
+  return bool(agree_any(np.array([stop_requested()]))[0])
+
+
 def _preemption_notice(step: int) -> bool:
   from jax.experimental import multihost_utils
   try:
