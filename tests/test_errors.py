@@ -324,3 +324,29 @@ def test_a_workdir_without_write_rights_is_named_before_anything_runs(tmp_path, 
   assert re.search(rf"^error: --workdir: {re.escape(str(w))}: cannot write in it \(.*Permission"
                    " denied", err, re.M), err
   assert os.listdir(w) == []
+
+
+def test_a_workdir_in_use_by_another_training_run_is_named_and_left_alone(tmp_path,
+                                                                          monkeypatch, capsys):
+  """The same training command given twice on one folder (or a requeue while the first still
+  runs): the second is one ``error: --workdir:`` line naming the holder, exit status 2, and
+  writes nothing there; the first run's lock is released at its end, so a rerun works."""
+  import fcntl
+  w = tmp_path / "w"
+  w.mkdir()
+  argv = [f"--workdir={w}", *SMALL, "--config.mode=sft", "--config.sft.steps=1",
+          "--config.sft.warmup_steps=0"]
+  with open(w / ".dllm_rl.lock", "w") as held:  # the first run, in another process
+    held.write("pid 4242 on node7, since 2026-01-01 00:00:00\n")
+    held.flush()
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    code = _run_main(argv, monkeypatch)
+  err = capsys.readouterr().err
+  assert code == 2 and "Traceback" not in err, err
+  assert re.search(rf"^error: --workdir: {re.escape(str(w))} is in use by another training run"
+                   r" \(pid 4242 on node7, since 2026-01-01 00:00:00\): ", err, re.M), err
+  assert sorted(os.listdir(w)) == [".dllm_rl.lock"]
+  from dllm_rl.train.modes import workdir_lock
+  for _ in range(2):  # the lock ends with its run: the next run in this process takes it
+    with workdir_lock(str(w), enabled=True):
+      assert "pid" in (w / ".dllm_rl.lock").read_text()

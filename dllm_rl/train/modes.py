@@ -120,6 +120,45 @@ def open_writers(config, workdir: str, *, enabled: bool):
   writer.close()
 
 
+LOCK_FILE = ".dllm_rl.lock"
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: str, *, enabled: bool):
+  """Hold an exclusive lock on ``workdir/.dllm_rl.lock`` for the duration (a training run,
+  primary process): a second training run started on the same local folder (the command
+  given twice, a scheduler's requeue while the first still runs) is a ConfigError naming
+  ``--workdir`` and the holder, instead of the two deleting each other's checkpoint writes and
+  superseding each other's metrics. A URL workdir, or a file system without ``flock``, is not
+  locked. The lock goes with the process (the file stays)."""
+  if not enabled or paths.is_url(workdir):
+    yield
+    return
+  import fcntl
+  import os
+  import socket
+  fd = os.open(os.path.join(workdir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      locked = True
+    except BlockingIOError:
+      holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "holder unknown"
+      raise ConfigError("--workdir", f"{workdir} is in use by another training run ({holder}):"
+                        " two runs in one folder overwrite each other's checkpoints and"
+                        " metrics; wait for it to end or stop it, or use another --workdir"
+                        ) from None
+    except OSError:  # no flock on this file system (some network mounts): not locked
+      locked = False
+    if locked:
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since"
+                    f" {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+    yield
+  finally:
+    os.close(fd)  # releases the lock
+
+
 def mesh_notes(mesh) -> list[str]:
   """A line when the mesh leaves devices idle (a fully specified ``mesh`` smaller than the
   device count uses the first devices: dllm_rl.parallel.mesh.make_mesh)."""
@@ -155,22 +194,25 @@ def run(config, workdir: str, *, quiet_unread=()) -> dict:
   enable_compilation_cache(config.compilation_cache)
   from dllm_rl.train.resilience import handle_signals
   from dllm_rl.parallel.distributed import is_primary
-  with handle_signals(saves=config.mode != "eval"):
+  training = config.mode != "eval"  # eval writes only its own files, beside a training run
+  with handle_signals(saves=training):
     ctx = build_context(config, workdir)
-    if is_primary():
-      # settings that change nothing, said before anything compiles
-      for line in unread_settings(config, quiet_unread) + list(ctx.notes) + mesh_notes(ctx.mesh):
-        print(f"warning: {line}", file=sys.stderr, flush=True)
-      # the resolved config of this run (file + overrides), for the record
-      paths.write_atomic(paths.join(workdir, f"config_{config.mode}.json"),
-                         config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
-    with open_writers(config, workdir, enabled=is_primary()) as writers:
-      summary = {"mode": config.mode,
-                 **RUNNERS.get(config.mode)(dataclasses.replace(ctx, writers=writers))}
-      summary["wall_seconds"] = time.time() - t0
-      for writer in writers:
-        writer.summary(summary)
-  if is_primary() and config.mode != "eval":
-    # whole or not at all: a study reuses a start whose summary.json exists
-    paths.write_atomic(paths.join(workdir, "summary.json"), json.dumps(summary, indent=2))
+    with workdir_lock(workdir, enabled=training and is_primary()):
+      if is_primary():
+        # settings that change nothing, said before anything compiles
+        for line in (unread_settings(config, quiet_unread) + list(ctx.notes)
+                     + mesh_notes(ctx.mesh)):
+          print(f"warning: {line}", file=sys.stderr, flush=True)
+        # the resolved config of this run (file + overrides), for the record
+        paths.write_atomic(paths.join(workdir, f"config_{config.mode}.json"),
+                           config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
+      with open_writers(config, workdir, enabled=is_primary()) as writers:
+        summary = {"mode": config.mode,
+                   **RUNNERS.get(config.mode)(dataclasses.replace(ctx, writers=writers))}
+        summary["wall_seconds"] = time.time() - t0
+        for writer in writers:
+          writer.summary(summary)
+      if is_primary() and training:
+        # whole or not at all: a study reuses a start whose summary.json exists
+        paths.write_atomic(paths.join(workdir, "summary.json"), json.dumps(summary, indent=2))
   return summary
