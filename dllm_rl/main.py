@@ -6,7 +6,7 @@
 ``--config.KEY=VALUE`` overrides any key of the config file or of the embedded default; the
 value is parsed as the type of the key. The config is validated before anything is compiled.
 
-Exit status:
+Exit status (``-h`` / ``--help`` / ``--helpfull``: the usage, 0):
 
 * 0: the run finished (``summary.json`` written);
 * 2: a usage error (a stray argument, an unknown flag), a config problem or a missing

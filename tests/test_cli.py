@@ -68,6 +68,18 @@ def test_a_usage_error_exits_2_as_a_config_error_does(args, tmp_path):
   assert not os.path.exists(tmp_path / "W")
 
 
+@pytest.mark.parametrize("flag", ["-h", "--help", "--helpfull"])
+def test_help_prints_the_usage_and_exits_0(flag, capsys):
+  """``-h`` / ``--help`` / ``--helpfull`` on the absl entry points (main, plan, study share
+  this parser) print the usage on stdout and exit 0, as the argparse ones (convert, data) do;
+  absl alone exits 1 (a failed run's status) and calls -h an unknown flag (status 2)."""
+  from dllm_rl.config import cli
+  with pytest.raises(SystemExit) as stop:
+    cli.flags_parser([])(["dllm-rl", "--config.rl.lr=1e-3", flag])
+  assert stop.value.code == 0
+  assert capsys.readouterr().out  # the usage (the __main__ module's docstring and flags)
+
+
 def test_plan_flags_are_checked_before_the_compile(tmp_path):
   """A --json path that cannot be written, a non-positive memory or cpu:0 are found before the
   plan compiles (minutes at 8B), all at once with the config's problems, exit 2."""

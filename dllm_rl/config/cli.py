@@ -23,6 +23,7 @@ from dllm_rl.errors import ConfigError, each
 
 PREFIX = "--config."
 EXIT_CONFIG = 2
+HELP = ("-h", "-help", "--help", "--helpshort", "--helpfull", "-?")  # usage, status 0
 
 
 def usage_error(message: str) -> app.UsageError:
@@ -60,6 +61,9 @@ def flags_parser(sink: list, aliases: tuple[str, ...] = ()) -> Callable[[list[st
   and parses the remaining flags with absl (an absl flag error also exits with status 2)."""
 
   def parse(argv: list[str]) -> list[str]:
+    asked = [a for a in argv[1:] if a in HELP]
+    if asked:  # absl's own --help exits with status 1 (a failed run's) and knows no -h
+      app.usage(shorthelp=asked[0] != "--helpfull", writeto_stdout=True, exitcode=0)
     rest, overrides = split_overrides(argv, aliases)
     sink.extend(overrides)
     try:
