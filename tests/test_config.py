@@ -112,6 +112,14 @@ def test_a_non_finite_number_is_one_error_and_greedy_rollouts_need_random_remask
   validate(_cfg(rl__temperature=0.0, sampler__remasking="random"))
 
 
+def test_a_negative_eval_temperature_is_one_error_naming_its_value():
+  """-1 is below 0, not "0 with eval.num_samples=8 draws identical samples" as well."""
+  with pytest.raises(ConfigError) as err:
+    validate(_cfg(eval__temperature=-1.0))
+  assert [str(e) for e in getattr(err.value, "errors", [err.value])] == [
+      "config.eval.temperature: must be >= 0, got -1.0"]
+
+
 def test_a_short_sft_run_names_its_warmup_bound_and_the_fix():
   """`--config.sft.steps=4` under the default 50-step warm-up: both numbers and the way out
   (the message once read only "must be in [0, sft.steps]")."""

@@ -355,8 +355,8 @@ def _eval(config, check: "_Checks") -> None:
   check(len(e.pass_k) > 0 and all(isinstance(k, int) and 0 < k <= e.num_samples
                                    for k in e.pass_k), "eval.pass_k",
          f"every k must be in [1, eval.num_samples={e.num_samples}], got {tuple(e.pass_k)}")
-  check(e.temperature >= 0, "eval.temperature", "must be >= 0")
-  check(e.temperature > 0 or e.num_samples == 1 or config.sampler.remasking in _RANDOM_ORDER,
+  check(e.temperature >= 0, "eval.temperature", f"must be >= 0, got {e.temperature}")
+  check(e.temperature != 0 or e.num_samples == 1 or config.sampler.remasking in _RANDOM_ORDER,
         "eval.temperature", f"0 with eval.num_samples={e.num_samples} draws identical samples"
         " (greedy, and the unmasking order is not random): pass@k would equal pass@1 and the"
         " diversity 1; set a temperature > 0, or eval.num_samples=1 with eval.pass_k=1")
