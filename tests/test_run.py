@@ -164,6 +164,36 @@ def test_pipeline_sft_rl_eval(tmp_path, monkeypatch, capsys):
   assert sorted(os.listdir(tmp_path / "checkpoints" / "rl")) == ["4", "6"]  # untouched
 
 
+def test_rl_that_fell_back_past_a_damaged_sft_step_resumes_while_it_stays_damaged(tmp_path):
+  """RL started from SFT step 10 because step 20 was damaged (its meta says so): its resume is
+  not refused as "SFT trained further" while step 20 is still unreadable (a fresh start would
+  read step 10 too); once step 20 reads again, or SFT saved a step the start did not pass
+  over, it is."""
+  import glob
+
+  from tests.helpers import scratch_run_checkpoints
+  config, policies = scratch_run_checkpoints(tmp_path, {"sft": [10, 20]})
+  with Checkpointer(str(tmp_path / "checkpoints" / "rl"), async_save=False) as ckpt:
+    ckpt.save(2, {"params": policies["sft10"]}, {"sft_start": 10, "sft_skipped": [20]})
+  ctx = build_context(config, str(tmp_path))
+  state_files = glob.glob(str(tmp_path / "checkpoints" / "sft" / "20" / "state" / "**" / "d"
+                              / "*"), recursive=True)
+  kept = {f: open(f, "rb").read() for f in state_files}
+  for f in state_files:
+    os.truncate(f, os.path.getsize(f) // 2)
+  rl_loop.check_rl_start(ctx, [10, 20])  # no error: step 20 is still damaged
+  for f, data in kept.items():
+    open(f, "wb").write(data)
+  with pytest.raises(ConfigError, match=r"continues RL from SFT step 10, but RL would now"
+                                        r" start from SFT step 20"):
+    rl_loop.check_rl_start(ctx, [10, 20])
+  for f in state_files:  # SFT trained past the start's steps (30): refused without a read
+    os.truncate(f, os.path.getsize(f) // 2)
+  with pytest.raises(ConfigError, match=r"continues RL from SFT step 10, but RL would now"
+                                        r" start from SFT step 30"):
+    rl_loop.check_rl_start(ctx, [10, 20, 30])
+
+
 def test_rl_mode_needs_an_sft_checkpoint(tmp_path):
   config = _config(10, "rl")
   with pytest.raises(ConfigError, match=r"^config\.model\.hf_checkpoint: RL starts from an SFT"

@@ -16,7 +16,7 @@ from dllm_rl.diffusion.estimators import EstimatorConfig
 from dllm_rl.errors import ConfigError
 from dllm_rl.infra import faults
 from dllm_rl.infra.plots import Panel
-from dllm_rl.models import transformer
+from dllm_rl.models import lora, transformer
 from dllm_rl.parallel.shard import (
   abstract_state_sharded,
   init_state_sharded,
@@ -208,14 +208,33 @@ def attention_changes(meta: dict, config, where: str) -> list[str]:
           f" (e.g. --config.{key}={was}) to train the policy it learned"]
 
 
+def fresh_sft_start(ctx: Context, sft: list[int]) -> int | None:
+  """The SFT step a fresh RL start would read now (:func:`load_sft_params`): the newest of
+  ``sft`` whose parameters can be read, the damaged ones passed with a warning; None when
+  none can. Reads the parameters, so only asked when a resume's start differs from
+  ``sft[-1]``."""
+  _, target = transformer.abstract_params_sharded(ctx.model_cfg, ctx.mesh)
+  if ctx.model_cfg.lora_rank:
+    target = lora.split_adapters(target)[0]
+  ref = run_checkpoints.CheckpointRef(ctx.workdir, SFT, sft[-1])
+  try:
+    ref, _ = run_checkpoints.read_readable(
+        ref, lambda ckpt, s: ckpt.restore_part(target, "params", s), fall_back=True)
+  except Exception:  # noqa: BLE001 (nothing readable, another layout: not this start)
+    return None
+  return ref.step
+
+
 def check_rl_start(ctx: Context, sft: list[int]) -> None:
   """RL checkpoints to resume must continue from the newest SFT checkpoint ``sft[-1]``
   (none: the HF model or a fresh init): RL's meta names the SFT step it started from
   (``sft_start``). SFT trained further since (a rerun with a larger ``sft.steps``) would
   resume a policy that does not descend from it and set its RL gain against the new SFT
-  figures: a ConfigError naming ``--workdir``, read from the meta alone (no array). RL
-  checkpoints from before the pointer was saved, or whose meta cannot be read, are not
-  checked."""
+  figures: a ConfigError naming ``--workdir``, read from the meta alone (no array). An RL
+  run that started from an older step because the newer ones were damaged (``sft_skipped``
+  in its meta) resumes while they still are (:func:`fresh_sft_start` reads them to tell, only
+  then). RL checkpoints from before the pointer was saved, or whose meta cannot be read, are
+  not checked."""
   steps = run_checkpoints.available_steps(ctx.workdir, PHASE)
   if not steps:
     return
@@ -227,6 +246,10 @@ def check_rl_start(ctx: Context, sft: list[int]) -> None:
   if "sft_start" not in meta:
     return
   started, newest = meta["sft_start"], (sft[-1] if sft else None)
+  newer = [s for s in sft if started is not None and s > started]
+  if (started in sft and newer and set(newer) <= set(meta.get("sft_skipped", ()))
+          and fresh_sft_start(ctx, sft) == started):
+    return  # RL fell back past damaged SFT steps that are still damaged: a start reads it too
   if started != newest:
     what = lambda s: "the HF model / a fresh init" if s is None else f"SFT step {s}"
     directory = ref.directory
@@ -260,6 +283,7 @@ class RLPhase(Phase):
     self.steps, self.log_every, self.eval_every = r.steps, r.log_every, r.eval_every
     check_rl_start(ctx, sft_steps(ctx))  # a start to read, said before anything is read or built
     self.sft_start = None  # the SFT step RL started from (None: the HF model / a fresh init)
+    self.sft_skipped: list[int] = []  # newer SFT steps passed over as damaged at the start
     self.graphdef = transformer.abstract_model(ctx.model_cfg)[0]
     self.optimizer, self.schedule = rl_optimizer(r, lora_only=ctx.model_cfg.lora_rank > 0)
     self.base_accuracy = None  # the starting policy's training accuracy: its first rollouts
@@ -270,6 +294,8 @@ class RLPhase(Phase):
 
   def init_state(self):
     _, params, self.sft_start = load_sft_params(self.ctx)
+    self.sft_skipped = [s for s in run_checkpoints.available_steps(self.ctx.workdir, SFT)
+                        if self.sft_start is not None and s > self.sft_start]
     state, self.state_sharding = rl_state(self.ctx, params, self.optimizer)
     return state
 
@@ -289,6 +315,7 @@ class RLPhase(Phase):
     self.base_accuracy = meta.get("base_accuracy")
     if resumed:  # the run's own start, not the template's (a resume with LoRA or KL reads it)
       self.sft_start = meta.get("sft_start", self.sft_start)
+      self.sft_skipped = meta.get("sft_skipped", self.sft_skipped)
     if resumed:
       print(f"[rl] resumed at rollout batch {position}", flush=True)
     self.batches = rollout_prompts(ctx, position)
@@ -350,7 +377,7 @@ class RLPhase(Phase):
 
   def meta(self) -> dict:
     return {"data_position": self.batches.position, "base_accuracy": self.base_accuracy,
-            "sft_start": self.sft_start}
+            "sft_start": self.sft_start, "sft_skipped": self.sft_skipped}
 
   def saved(self, step: int) -> None:
     faults.at("checkpoint", step)
