@@ -3,6 +3,7 @@
 
 import glob
 import os
+import re
 
 import pytest
 
@@ -131,6 +132,36 @@ def test_sequences_longer_than_the_checkpoints_are_named_before_anything_compile
       "config.data.prompt_len + config.data.completion_len = 24 + 48 = 72 is longer than"
       " model.hf_checkpoint's maximum sequence length 64 (max_sequence_length in its"
       " config.json): RoPE runs past it, but the model was never trained there",)
+
+
+def test_test_prompts_that_are_also_training_prompts_are_named(tmp_path):
+  """A test_file that repeats the train_file (or shares problems with it): a warning naming
+  how many test prompts were trained on and the first one's file:line, before anything
+  compiles; none for disjoint files."""
+  import json
+
+  from dllm_rl.train.context import build_context
+  from tests.test_production_configs import _gsm8k
+  source = hf_fixture_with_tokenizer(tmp_path)
+  train = _gsm8k(tmp_path)
+  other = tmp_path / "other.jsonl"
+  other.write_text("".join(json.dumps({"question": f"How much is {i} times 3?",
+                                       "answer": f"#### {3 * i}"}) + "\n" for i in range(8)))
+
+  def notes(test_file):
+    config = tiny_run_config("sft", {
+        "model.hf_checkpoint": str(source), "task.name": "gsm8k", "task.options": {},
+        "task.train_size": 30, "task.val_size": 2, "task.test_size": 8,
+        "data.prompt_len": 32, "data.completion_len": 24, "sampler.block_len": 24,
+        "sampler.steps": 24, "data.batch_size": 8, "rl.batch_prompts": 8})
+    config.task.options.train_file, config.task.options.test_file = str(train), str(test_file)
+    return build_context(config, str(tmp_path / "w")).notes
+
+  assert notes(other) == ()
+  (same,) = notes(train)
+  assert re.fullmatch(rf"\d of the 8 test prompts are also training prompts \(the first:"
+                      rf" {re.escape(str(train))}:\d+\): the test accuracy is not held out;"
+                      r" check task.options.train_file and test_file", same), same
 
 
 def test_a_mesh_that_leaves_devices_idle_is_named():

@@ -205,6 +205,20 @@ def sampler_notes(config, model_cfg: transformer.ModelConfig) -> list[str]:
           " Dream's own diffusion_generate (configs/dream_tpu.py)"]
 
 
+def overlap_notes(task: Task, train: list, test: list) -> list[str]:
+  """A line when test prompts are also training prompts (by the task's canonical string; a
+  ``test_file`` that repeats ``train_file``, or data sets that share problems): the reported
+  accuracy would not be held out. The generated tasks split by that string: never."""
+  seen = {task.canonical(ex) for ex in train}
+  shared = [ex for ex in test if task.canonical(ex) in seen]
+  if not shared:
+    return []
+  where = shared[0].source or repr(shared[0].prompt[:60])
+  return [f"{len(shared)} of the {len(test)} test prompts are also training prompts (the"
+          f" first: {where}): the test accuracy is not held out; check"
+          " task.options.train_file and test_file"]
+
+
 def lora_notes(model_cfg: transformer.ModelConfig) -> list[str]:
   """A line when ``lora.rank`` exceeds min(inputs, outputs) of an adapted projection
   (:func:`dllm_rl.models.lora.rank_bounds`): its update A·B cannot reach that rank, so the
@@ -412,7 +426,7 @@ def build_context(config, workdir: str) -> Context:
   model_cfg = lora.configure(model_cfg, config.lora)
   check_lora_targets(model_cfg)
   notes = (length_notes(config, hf.max_length if hf else None) + lora_notes(model_cfg)
-           + sampler_notes(config, model_cfg))
+           + sampler_notes(config, model_cfg) + overlap_notes(task, [*train, *val], test))
   splits = {}
   for name, examples in (("train", train), ("validation", val), ("test", test)):
     try:  # every split's, at once: each names the value that fits it (a too-short
