@@ -120,13 +120,10 @@ def trained_otherwise(ref: CheckpointRef, config) -> list[str]:
     _, meta = run_checkpoints.read_readable(ref, lambda ckpt, s: ckpt.meta(s), fall_back=False)
   except Exception:  # noqa: BLE001 (its parameters were just read; an unreadable meta: no note)
     return []
-  changes = layout_errors.changed_settings(meta, config, only=POLICY_KEYS)
-  if not changes:
-    return []
-  key, was, _ = changes[0]
-  return [f"{ref.directory}/{ref.step} was trained with other settings than this evaluation's"
-          f" ({layout_errors.said_changes(changes)}): pass the training run's values"
-          f" (e.g. --config.{key}={was}) to evaluate it as trained"]
+  return layout_errors.trained_with_other(
+      meta, config, POLICY_KEYS,
+      f"{ref.directory}/{ref.step} was trained with other settings than this evaluation's",
+      "training run's", "evaluate it as trained")
 
 
 def _describe(ctx: Context, ref: CheckpointRef | None) -> str:

@@ -147,3 +147,16 @@ def said_changes(changes: list[tuple[str, Any, Any]], limit: int | None = None) 
   shown = changes if limit is None else changes[:limit]
   said = "; ".join(f"{k}: {was!r} → {now!r}" for k, was, now in shown)
   return said + (f"; and {len(changes) - limit} more" if len(changes) > len(shown) else "")
+
+
+def trained_with_other(meta: dict, config, keys, what: str, whose: str,
+                       purpose: str) -> list[str]:
+  """One line when the checkpoint's ``meta`` was saved with other values of ``keys`` than
+  ``config``'s: "``what`` (k: was → now; ...): pass the ``whose`` values (e.g.
+  --config.k=was) to ``purpose``"; [] when they agree or the meta holds no config."""
+  changes = changed_settings(meta, config, only=keys)
+  if not changes:
+    return []
+  key, was, _ = changes[0]
+  return [f"{what} ({said_changes(changes)}): pass the {whose} values"
+          f" (e.g. --config.{key}={was}) to {purpose}"]

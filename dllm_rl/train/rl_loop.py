@@ -199,13 +199,9 @@ def attention_changes(meta: dict, config, where: str) -> list[str]:
   """One line when the SFT checkpoint ``where`` (its ``meta``) was trained with other
   :data:`ATTENTION_KEYS` than ``config``'s RL: RL starts from weights trained under another
   attention mask. [] when they agree or the meta holds no config."""
-  changes = layout_errors.changed_settings(meta, config, only=ATTENTION_KEYS)
-  if not changes:
-    return []
-  key, was, _ = changes[0]
-  return [f"RL starts from {where}, trained with another attention"
-          f" ({layout_errors.said_changes(changes)}): pass the SFT run's values"
-          f" (e.g. --config.{key}={was}) to train the policy it learned"]
+  return layout_errors.trained_with_other(
+      meta, config, ATTENTION_KEYS, f"RL starts from {where}, trained with another attention",
+      "SFT run's", "train the policy it learned")
 
 
 def fresh_sft_start(ctx: Context, sft: list[int]) -> int | None:
