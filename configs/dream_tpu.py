@@ -32,8 +32,8 @@ advantages, C = 5, the official mask noise and SPG surrogate. Decoding (rollouts
 eval, pass@k) is Dream's own ``diffusion_generate`` (``sampler.kind = "dream"``,
 dllm_rl/sampling/dream_rollout.py): the whole completion is one block, ``alg="entropy"``, its
 schedule int(masks × (1 − s/t)) over linspace(1, eps = 1e-3, steps + 1), confidences from the
-tempered probabilities, top-k 50 (what the official calls leave it at); the rollouts reproduce the official greedy runs token for token
-(tests/sampling/test_dream_rollout.py).
+tempered probabilities, top-k 50 (what the official calls leave it at); the rollouts
+reproduce the official greedy runs token for token (tests/sampling/test_dream_rollout.py).
 """
 
 import os

@@ -428,9 +428,9 @@ class TimedVerifier:
   ``fn`` must be picklable by reference (a module-level function, or a
   ``functools.partial`` of one). A call that takes longer than ``seconds``
   returns ``timeout_result`` (reward 0, reason "timeout") and the worker is
-  killed, with the processes it started, and restarted; a worker that dies or exhausts memory (address space
-  capped at ``max_memory_mb``, 0 = no cap) or recursion gives reward 0 with the
-  reason; any other exception in ``fn`` is re-raised here as VerifierError.
+  killed, with the processes it started, and restarted; a worker that dies or exhausts
+  memory (address space capped at ``max_memory_mb``, 0 = no cap) or recursion gives reward 0
+  with the reason; any other exception in ``fn`` is re-raised here as VerifierError.
   ``preload`` modules are imported before the first deadline starts, and
   worker start-up never counts against a deadline. Thread-safe (calls are
   serialised). ``timeouts`` and ``restarts`` count events.
