@@ -205,6 +205,18 @@ def sampler_notes(config, model_cfg: transformer.ModelConfig) -> list[str]:
           " Dream's own diffusion_generate (configs/dream_tpu.py)"]
 
 
+def family_notes(config, family: str | None) -> list[str]:
+  """A line when an LLaDA2 checkpoint runs bidirectionally (``model.block_size`` 0): its
+  official ``generate`` decodes it block-causally, in blocks of ``block_length`` (32), and
+  config.json holds no block size to check against (:func:`check_block_size`)."""
+  if family != "llada2" or config.model.block_size:
+    return []
+  return ["an LLaDA2 checkpoint with model.block_size=0 attends bidirectionally, while its"
+          " official generate decodes it block-causally in blocks of 32:"
+          " --config.model.block_size=32 --config.model.prompt_block_causal=true is that"
+          " (configs/llada2_tpu.py)"]
+
+
 def overlap_notes(task: Task, train: list, test: list) -> list[str]:
   """A line when test prompts are also training prompts (by the task's canonical string; a
   ``test_file`` that repeats ``train_file``, or data sets that share problems): the reported
@@ -426,7 +438,8 @@ def build_context(config, workdir: str) -> Context:
   model_cfg = lora.configure(model_cfg, config.lora)
   check_lora_targets(model_cfg)
   notes = (length_notes(config, hf.max_length if hf else None) + lora_notes(model_cfg)
-           + sampler_notes(config, model_cfg) + overlap_notes(task, [*train, *val], test))
+           + sampler_notes(config, model_cfg) + family_notes(config, hf.family if hf else None)
+           + overlap_notes(task, [*train, *val], test))
   splits = {}
   for name, examples in (("train", train), ("validation", val), ("test", test)):
     try:  # every split's, at once: each names the value that fits it (a too-short

@@ -459,3 +459,18 @@ def test_router_metrics_count_each_layers_expert_load():
                                rtol=1e-6)
     np.testing.assert_allclose(float(got[f"router_imbalance_l{layer}"]),
                                counts.max() / counts.mean(), rtol=1e-6)
+
+
+def test_an_llada2_checkpoint_run_bidirectionally_is_said():
+  """config.json holds no block size to check model.block_size against: block_size 0 on an
+  LLaDA2 checkpoint (its official generate decodes blocks of 32, block-causally) is a note
+  naming the setting that matches it; a block model, or another family, says nothing."""
+  from dllm_rl.config.schema import base_config
+  from dllm_rl.train.context import family_notes
+  config = base_config()
+  assert config.model.block_size == 0
+  (line,) = family_notes(config, "llada2")
+  assert "attends bidirectionally" in line and "--config.model.block_size=32" in line
+  assert family_notes(config, "llada") == [] and family_notes(config, None) == []
+  config.model.block_size = 32
+  assert family_notes(config, "llada2") == []
