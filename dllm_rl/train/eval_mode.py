@@ -116,12 +116,8 @@ def trained_otherwise(ref: CheckpointRef, config) -> list[str]:
   ``lora.alpha``, another task than it learned): the evaluation runs, on a policy or task
   the training run did not have; keys whose shapes differ are errors already
   (layout_errors). [] when they agree or the meta holds no config."""
-  try:
-    _, meta = run_checkpoints.read_readable(ref, lambda ckpt, s: ckpt.meta(s), fall_back=False)
-  except Exception:  # noqa: BLE001 (its parameters were just read; an unreadable meta: no note)
-    return []
   return layout_errors.trained_with_other(
-      meta, config, POLICY_KEYS,
+      run_checkpoints.meta_for_notes(ref), config, POLICY_KEYS,
       f"{ref.directory}/{ref.step} was trained with other settings than this evaluation's",
       "training run's", "evaluate it as trained")
 

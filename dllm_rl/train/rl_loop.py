@@ -181,10 +181,7 @@ def load_sft_params(ctx: Context):
   ref, params = run_checkpoints.restore_params(ref, ctx.model_cfg, ctx.mesh,
                                                base=lambda: frozen_base(ctx), fall_back=True,
                                                config=ctx.config)
-  try:  # its parameters were just read; an unreadable meta: no warning
-    _, meta = run_checkpoints.read_readable(ref, lambda ckpt, s: ckpt.meta(s), fall_back=False)
-  except Exception:  # noqa: BLE001
-    meta = {}
+  meta = run_checkpoints.meta_for_notes(ref)
   for line in attention_changes(meta, ctx.config, f"{ref.directory}/{ref.step}"):
     print(f"[rl] warning: {line}", file=sys.stderr, flush=True)
   return transformer.abstract_model(ctx.model_cfg)[0], params, ref.step

@@ -103,6 +103,15 @@ def read_readable(ref: CheckpointRef, read: Callable[[Checkpointer, int], Any], 
   return dataclasses.replace(ref, step=step), out
 
 
+def meta_for_notes(ref: CheckpointRef) -> dict:
+  """The meta of checkpoint ``ref`` (its step only), for a note or a warning: {} when it cannot
+  be read (its parameters were read already; an unreadable meta only silences the note)."""
+  try:
+    return read_readable(ref, lambda ckpt, s: ckpt.meta(s), fall_back=False)[1]
+  except Exception:  # noqa: BLE001
+    return {}
+
+
 def train_config(meta: dict, where: str) -> ml_collections.ConfigDict:
   """The config a run was trained with, from a checkpoint's meta (``where``: its folder)."""
   if "config" not in meta:
