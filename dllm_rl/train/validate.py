@@ -130,6 +130,8 @@ def _lora(config, check: "_Checks") -> None:
   unknown = [t for t in a.targets if t not in lora.TARGETS]
   check(not unknown, "lora.targets", f"unknown {unknown}; choose from {tuple(lora.TARGETS)}")
   check(a.rank == 0 or len(a.targets) > 0, "lora.targets", "empty: name at least one projection")
+  repeated = sorted({t for t in a.targets if list(a.targets).count(t) > 1})
+  check(not repeated, "lora.targets", f"{repeated} named more than once")
   check(a.base_dtype in DTYPES, "lora.base_dtype",
         f"must be one of {tuple(DTYPES)}, got {a.base_dtype!r}")
 

@@ -128,6 +128,7 @@ def test_adapters_shard_like_their_base():
 
 @pytest.mark.parametrize("key,value,name", [("rank", -1, "lora.rank"),
                                             ("targets", ("q", "qkv"), "lora.targets"),
+                                            ("targets", ("q", "v", "q"), "named more than"),
                                             ("alpha", 0.0, "lora.alpha")])
 def test_validation_names_the_key(key, value, name):
   config = base_config()
