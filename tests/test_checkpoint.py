@@ -254,6 +254,20 @@ def test_damaged_newest_step_falls_back_with_a_warning(tmp_path, caplog, damage)
     assert ckpt.restore(template)[1] == {"at": 33}
 
 
+def test_a_fall_back_read_twice_in_a_run_is_said_once(tmp_path, caplog):
+  """A run reads a damaged step's meta and then its state (two checkpointers, as a resume
+  does): the fall-back is one warning, not one per read."""
+  directory, template = _three_steps(tmp_path)
+  _drop_meta(os.path.join(directory, "3"))
+  with caplog.at_level(_logging.WARNING, logger="dllm_rl.infra.checkpoint"):
+    with Checkpointer(directory, read_only=True) as ckpt:
+      assert ckpt.first_readable(ckpt.meta, [3, 2, 1]) == (2, {"at": 2})
+    with Checkpointer(directory, read_only=True) as ckpt:
+      assert ckpt.restore(template)[1] == {"at": 2}
+  said = [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
+  assert len(said) == 1 and f"{directory}/3 is damaged" in said[0]
+
+
 def test_nothing_readable_is_a_clear_error(tmp_path):
   directory, template = _three_steps(tmp_path)
   for step in (1, 2, 3):

@@ -71,6 +71,9 @@ from dllm_rl.errors import short_reason
 _LAYOUT_FORMAT = "dllm_rl.infra.checkpoint/1"
 
 _log = logging.getLogger(__name__)
+# (folder, damaged steps, step read) fall-backs already warned of: a run reads a step's meta
+# and its state separately, and says each fall-back once
+_WARNED_FALL_BACKS: set[tuple[str, tuple[int, ...], int]] = set()
 
 
 def _part(entry: Any) -> str:
@@ -408,7 +411,9 @@ class Checkpointer:
         failures.append((candidate, short_reason(e)))  # tensorstore: KBs of spec
         self._damaged.add(candidate)
         continue
-      if failures:
+      said = (self.directory, tuple(s for s, _ in failures), candidate)
+      if failures and said not in _WARNED_FALL_BACKS:
+        _WARNED_FALL_BACKS.add(said)
         _log.warning("Checkpoint %s is damaged (%s); restored the previous step %d instead.",
                      ", ".join(f"{self.directory}/{s}" for s, _ in failures),
                      "; ".join(f"step {s}: {why}" for s, why in failures), candidate)
