@@ -105,6 +105,18 @@ def test_a_warm_up_below_its_target_is_said():
   assert sft_loop.below_target({"sft_val_accuracy": None, "sft_steps": 20}, 0.3) is None
 
 
+def test_rl_gain_is_against_the_sft_step_rl_started_from(capsys):
+  """A pipeline's gain subtracts the test accuracy of the SFT step RL started from; when SFT's
+  summary evaluated another one (its newest, damaged since: RL fell back), it is not computed
+  and that is said."""
+  sft = {"sft_steps": 20, "sft_accuracy": 0.25}
+  assert run._rl_gain(sft, {"rl_sft_start": 20, "rl_accuracy": 0.5}) == 0.25
+  assert run._rl_gain(sft, {"rl_sft_start": None, "rl_accuracy": 0.5}) == 0.25  # no SFT start
+  assert run._rl_gain(sft, {"rl_sft_start": 10, "rl_accuracy": 0.5}) is None
+  assert "RL started from SFT step 10, the SFT test accuracy is that of step 20" \
+      in capsys.readouterr().err
+
+
 def _no_starting_policy(monkeypatch):
   """From here on, building a phase's starting policy (a fresh init or the HF weights; RL's:
   the SFT checkpoint's params) fails the test."""
@@ -132,7 +144,7 @@ def test_pipeline_sft_rl_eval(tmp_path, monkeypatch, capsys):
   assert_test_figures(saved, tmp_path, "sft")
   assert_test_figures(saved, tmp_path, "rl")
   assert saved["rl_gain"] == pytest.approx(saved["rl_accuracy"] - saved["sft_accuracy"])
-  assert saved["rl_steps"] == 4 and saved["sft_steps"] == 10
+  assert saved["rl_steps"] == 4 and saved["sft_steps"] == 10 == saved["rl_sft_start"]
   assert os.path.getsize(summary["plot"]) > 0
   rl_records = read_metrics(str(tmp_path / "metrics.jsonl"), phase="rl")
   assert [r["step"] for r in rl_records if "reward_mean" in r] == [2, 4]

@@ -55,8 +55,20 @@ def _pipeline(ctx) -> dict:
                     " checkpoint and test evaluation are saved); rerun the same command to"
                     " start RL")
   rl = run_rl(ctx)
-  return {**sft, **rl, "pass_at_k": rl["rl_pass_at_k"],
-          "rl_gain": rl["rl_accuracy"] - sft["sft_accuracy"], "plot": rl["rl_plot"]}
+  return {**sft, **rl, "pass_at_k": rl["rl_pass_at_k"], "rl_gain": _rl_gain(sft, rl),
+          "plot": rl["rl_plot"]}
+
+
+def _rl_gain(sft: dict, rl: dict) -> float | None:
+  """RL's test accuracy minus that of the SFT step it started from; None, said on stderr, when
+  SFT's summary evaluated another step (its newest, damaged since it was recorded: RL fell
+  back to an older one)."""
+  start = rl.get("rl_sft_start")
+  if start is not None and start != sft["sft_steps"]:
+    print(f"[pipeline] warning: rl_gain not computed: RL started from SFT step {start}, the SFT"
+          f" test accuracy is that of step {sft['sft_steps']}", file=sys.stderr, flush=True)
+    return None
+  return rl["rl_accuracy"] - sft["sft_accuracy"]
 
 
 if set(RUNNERS) != set(RUN_MODES):  # one list of modes: validation's and the runners'

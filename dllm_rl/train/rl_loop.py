@@ -379,6 +379,7 @@ class RLPhase(Phase):
     test, base = run.report, self.base_accuracy
     summary = {
         "rl_steps": run.step,
+        "rl_sft_start": self.sft_start,  # the SFT step RL started from (None: no SFT start)
         "rl_accuracy": test["accuracy"],
         "rl_step_seconds": run.timer.run_step_seconds(),
         "rollout_tokens_per_second": run.timer.run_rollout_tokens_per_second(),
