@@ -60,8 +60,9 @@ def main(argv):
     code = planner.run_plan(config, _TOPOLOGY.value, json_path=_JSON.value,
                             device_memory_gib=_MEMORY.value, peak_tflops=_TFLOPS.value,
                             programs=_PROGRAMS.value)
-  except (ConfigError, ValueError) as err:
-    print(f"error: {err}", file=sys.stderr)
+  except (ConfigError, ValueError) as err:  # each problem on its own line
+    for one in each(err) if isinstance(err, ConfigError) else [err]:
+      print(f"error: {one}", file=sys.stderr)
     code = 2
   sys.exit(code)
 

@@ -338,6 +338,11 @@ def test_micro_batch_must_split_over_the_batch_devices():
     check_batch_sizes(config, mesh)
   assert err.value.key == "rl.micro_batch" and "data × fsdp = 8" in str(err.value)
   check_batch_sizes(_cfg(mode="rl", rl__micro_batch=16), mesh)  # a multiple of 8 is fine
+  config.rl.batch_prompts = config.eval.batch_size = 12  # every misfit at once, in key order
+  with pytest.raises(ConfigErrors) as err:
+    check_batch_sizes(config, mesh)
+  assert [e.key for e in err.value.errors] == ["rl.batch_prompts", "eval.batch_size",
+                                               "rl.micro_batch"]
 
 
 def test_batch_sizes_a_mode_never_reads_are_not_checked_against_the_mesh():

@@ -343,15 +343,18 @@ def check_batch_sizes(config, mesh) -> None:
   (a key the mode never reads is not checked), ``eval.batch_size`` always."""
   div = batch_size_divisor(mesh)
   sft, rl = config.mode in SFT_MODES, config.mode in RL_MODES
+  errors = []
   for key in ("data.batch_size",) * sft + ("rl.batch_prompts",) * rl + ("eval.batch_size",):
     section, name = key.split(".")
     value = config[section][name]
     if value % div:
-      raise ConfigError(key, f"{value} is not a multiple of mesh data × fsdp{_ep(mesh)} = {div}"
-                        f" (mesh {dict(mesh.shape)})")
+      errors.append(ConfigError(key, f"{value} is not a multiple of mesh data × fsdp{_ep(mesh)}"
+                                f" = {div} (mesh {dict(mesh.shape)})"))
   if rl and config.rl.micro_batch % div:
-    raise ConfigError("rl.micro_batch", f"{config.rl.micro_batch} sequences per micro-batch do"
-                      f" not split over mesh data × fsdp{_ep(mesh)} = {div} (mesh {dict(mesh.shape)})")
+    errors.append(ConfigError(
+        "rl.micro_batch", f"{config.rl.micro_batch} sequences per micro-batch do not split over"
+        f" mesh data × fsdp{_ep(mesh)} = {div} (mesh {dict(mesh.shape)})"))
+  raise_all(errors)  # all at once: one rerun fixes them
 
 
 def _generate(task, split: str, n: int, seed: int, key: str, asked: str):
