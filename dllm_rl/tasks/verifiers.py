@@ -49,6 +49,8 @@ _THOUSANDS_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?:/\d+)?")
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE_RE = re.compile(r"(?<!\\)[{}]")
 _FRAC_RE = re.compile(r"\\[dt]?frac\s*\{\s*(-?[\d.,]+)\s*\}\s*\{\s*(-?[\d.,]+)\s*\}")
+# LaTeX thousands separators between digit groups ("1{,}000", "1\\,000"): read as commas.
+_LATEX_THOUSANDS_RE = re.compile(r"(?<=\d)(?:\{,\}|\\,)(?=\d{3}(?!\d))")
 _LATEX_NOISE_RE = re.compile(r"\\text\s*\{[^{}]*\}|\\mathrm\s*\{[^{}]*\}|\\[$%,;!]|\{,\}|\\left|\\right")
 _SUDOKU_SEPARATORS_RE = re.compile(r"[\s|,]")
 
@@ -132,6 +134,7 @@ def _gsm8k_value(text: str) -> Fraction | None:
   """The last ``#### x``, else the last balanced ``\\boxed{x}``, else the last number."""
   if len(text) > MAX_COMPLETION_CHARS:
     return None
+  text = _LATEX_THOUSANDS_RE.sub(",", text)
   marker = text.rfind("####")
   if marker >= 0:
     line = text[marker + 4:].split("\n", 1)[0]
@@ -153,8 +156,9 @@ def gsm8k_answer(text: str) -> str | None:
 
   In order: the first number after the last ``####``; the first number in the
   last ``\\boxed{...}`` (``\\frac{a}{b}`` read as a/b); the last number in the
-  text. Commas, ``$``, units and trailing periods are dropped and the value is
-  written canonically ("3.0" → "3", "1/2" and "0.50" → "0.5").
+  text. Commas (LaTeX's ``{,}`` and ``\\,`` between digit groups too), ``$``, units and
+  trailing periods are dropped and the value is written canonically ("3.0" → "3", "1/2" and
+  "0.50" → "0.5").
   """
   value = _gsm8k_value(text)
   return None if value is None else _canonical(value)

@@ -34,6 +34,11 @@ pytest.importorskip("math_verify")
     ("1,2345", "2345"),
     ("no digits here", None),
     ("", None),
+    # LaTeX thousands separators: one number, not "1" then "000"
+    ("\\boxed{1{,}000}", "1000"),
+    ("\\boxed{\\$1\\,234{,}567.50}", "1234567.5"),
+    ("The total is $1{,}000$.", "1000"),
+    ("\\boxed{12\\,\\text{cm}}", "12"),
 ])
 def test_gsm8k_answer(text, expected):
   assert V.gsm8k_answer(text) == expected
