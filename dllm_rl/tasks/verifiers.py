@@ -48,7 +48,9 @@ _NUMBER_RE = re.compile(r"(?<![\w.)])-?\d+(?:,\d+)*(?:\.\d+)?(?:/\d+)?")
 _THOUSANDS_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?:/\d+)?")
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE_RE = re.compile(r"(?<!\\)[{}]")
-_FRAC_RE = re.compile(r"\\[dt]?frac\s*\{\s*(-?[\d.,]+)\s*\}\s*\{\s*(-?[\d.,]+)\s*\}")
+# \frac{a}{b}, after an optional whole part: "2\frac{1}{2}" is the mixed number 2.5.
+_FRAC_RE = re.compile(r"(?:(?<![\w.])(-?\d+)\s*)?"
+                      r"\\[dt]?frac\s*\{\s*(-?[\d.,]+)\s*\}\s*\{\s*(-?[\d.,]+)\s*\}")
 # LaTeX thousands separators between digit groups ("1{,}000", "1\\,000"): read as commas.
 _LATEX_THOUSANDS_RE = re.compile(r"(?<=\d)(?:\{,\}|\\,)(?=\d{3}(?!\d))")
 _LATEX_NOISE_RE = re.compile(r"\\text\s*\{[^{}]*\}|\\mathrm\s*\{[^{}]*\}|\\[$%,;!]|\{,\}|\\left|\\right")
@@ -130,6 +132,18 @@ def _numbers(text: str) -> list[Fraction]:
   return [v for v in map(_to_fraction, pieces) if v is not None]
 
 
+def _frac_text(m: re.Match) -> str:
+  """A ``_FRAC_RE`` match as a number ``_numbers`` reads: "a/b", or a mixed number's value
+  (its whole part and the fraction apart, the whole part first, when they do not parse)."""
+  whole, num, den = m.groups()
+  if whole is None:
+    return f"{num}/{den}"
+  w, part = _to_fraction(whole), _to_fraction(f"{num}/{den}")
+  if w is None or part is None or part < 0:
+    return f"{whole} {num}/{den}"
+  return _canonical(w - part if whole.startswith("-") else w + part)
+
+
 def _gsm8k_value(text: str) -> Fraction | None:
   """The last ``#### x``, else the last balanced ``\\boxed{x}``, else the last number."""
   if len(text) > MAX_COMPLETION_CHARS:
@@ -143,7 +157,7 @@ def _gsm8k_value(text: str) -> Fraction | None:
       return found[0]
   boxed = last_boxed(text)
   if boxed is not None:
-    boxed = _FRAC_RE.sub(r"\1/\2", boxed)
+    boxed = _FRAC_RE.sub(_frac_text, boxed)
     found = _numbers(_LATEX_NOISE_RE.sub(" ", boxed).replace("$", " "))
     if found:
       return found[0]
@@ -155,10 +169,10 @@ def gsm8k_answer(text: str) -> str | None:
   """Normalised final answer of a GSM8K-style text, or None.
 
   In order: the first number after the last ``####``; the first number in the
-  last ``\\boxed{...}`` (``\\frac{a}{b}`` read as a/b); the last number in the
-  text. Commas (LaTeX's ``{,}`` and ``\\,`` between digit groups too), ``$``, units and
-  trailing periods are dropped and the value is written canonically ("3.0" → "3", "1/2" and
-  "0.50" → "0.5").
+  last ``\\boxed{...}`` (``\\frac{a}{b}`` read as a/b, the mixed number ``2\\frac{1}{2}`` as
+  2.5); the last number in the text. Commas (LaTeX's ``{,}`` and ``\\,`` between digit groups
+  too), ``$``, units and trailing periods are dropped and the value is written canonically
+  ("3.0" → "3", "1/2" and "0.50" → "0.5").
   """
   value = _gsm8k_value(text)
   return None if value is None else _canonical(value)

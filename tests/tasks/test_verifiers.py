@@ -39,6 +39,9 @@ pytest.importorskip("math_verify")
     ("\\boxed{\\$1\\,234{,}567.50}", "1234567.5"),
     ("The total is $1{,}000$.", "1000"),
     ("\\boxed{12\\,\\text{cm}}", "12"),
+    # a mixed number: 2 and a half, not "21/2"
+    ("\\boxed{2\\frac{1}{2}}", "2.5"),
+    ("\\boxed{-2\\dfrac{1}{4} \\text{ hours}}", "-2.25"),
 ])
 def test_gsm8k_answer(text, expected):
   assert V.gsm8k_answer(text) == expected
