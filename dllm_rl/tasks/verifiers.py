@@ -271,16 +271,28 @@ def sudoku_result(completion: str, puzzle: str, solution: str,
 
   ``info["cell_accuracy"]``: fraction of blank cells equal to ``solution``;
   ``info["solved"]``: valid sudoku that keeps every given. The reward is
-  ``solved`` (0/1) or, with ``reward="cell_accuracy"``, the accuracy.
+  ``solved`` (0/1) or, with ``reward="cell_accuracy"``, the accuracy. With
+  ``cell_accuracy`` an answer that is not 16 digits 1-4 still earns partial credit as d1's
+  ``sudoku_reward_func`` gives it: its digits (any, separators and other characters
+  dropped), padded with "0" or cut to 16, against the blank cells (no digits: 0).
   """
   if reward not in ("solved", "cell_accuracy"):
     raise ValueError(f"reward must be 'solved' or 'cell_accuracy', got {reward!r}")
   if len(completion) > MAX_COMPLETION_CHARS:
     return malformed(f"completion too long ({len(completion)} characters)",
                      cell_accuracy=0.0, solved=False)
-  text = _SUDOKU_SEPARATORS_RE.sub("", answer_span(completion))
+  span = answer_span(completion)
+  text = _SUDOKU_SEPARATORS_RE.sub("", span)
   if len(text) != NUM_CELLS or any(ch not in "1234" for ch in text):
-    return malformed("answer is not exactly 16 digits 1-4", cell_accuracy=0.0, solved=False)
+    reason = "answer is not exactly 16 digits 1-4"
+    digits = "".join(ch for ch in span if ch.isdigit())
+    if reward == "solved" or not digits:
+      return malformed(reason, cell_accuracy=0.0, solved=False)
+    grid = (digits + "0" * NUM_CELLS)[:NUM_CELLS]
+    blanks = [i for i, ch in enumerate(puzzle) if ch == "0"]
+    accuracy = sum(grid[i] == solution[i] for i in blanks) / max(len(blanks), 1)
+    return VerifyResult(accuracy, False, grid, {"cell_accuracy": accuracy, "solved": False,
+                                                "reason": reason + " (partial credit as d1)"})
   solved, info = grade_grid(text, puzzle, solution)
   score = float(solved) if reward == "solved" else info["cell_accuracy"]
   return VerifyResult(score, solved, text, info)

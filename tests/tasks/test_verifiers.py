@@ -135,6 +135,27 @@ def test_sudoku_result():
     assert r.reward == 0.0 and r.info["cell_accuracy"] == 0.0 and r.parsed is None
 
 
+def test_sudoku_cell_accuracy_gives_d1s_partial_credit_to_malformed_grids():
+  """d1's sudoku_reward_func (diffu-grpo/reward_func.py @837888f): the answer's digits, padded
+  with "0" or cut to 16, scored on the blank cells; the strict 'solved' reward is unchanged."""
+  solution, puzzle = "1234341221434321", "0034341221404301"  # blanks: cells 0, 1, 13, 14
+  expected = {"123434122143432": 1.0,  # 15 digits: padded
+              "12343412214343210": 1.0,  # 17 digits: cut
+              "1234341221404301": 0.5,  # two blanks left as 0
+              "[1,2,3,4],[3,4,1,2],[2,1,4,3],[4,3,2,1]": 1.0,
+              "Row 1: 1234": 0.25,  # "11234" padded: cell 1 right
+              "5234341221434321": 0.75}
+  for body, accuracy in expected.items():
+    text = f"<answer>\n{body}\n</answer>"
+    r = V.sudoku_result(text, puzzle, solution, reward="cell_accuracy")
+    assert (r.reward, r.info["cell_accuracy"], r.correct) == (accuracy, accuracy, False), body
+    assert r.parsed is not None  # not malformed: rl.malformed_reward would replace the credit
+    assert V.sudoku_result(text, puzzle, solution).reward == 0.0
+  for empty in ("<answer>\n\n</answer>", "no digits"):
+    r = V.sudoku_result(empty, puzzle, solution, reward="cell_accuracy")
+    assert r.reward == 0.0 and r.parsed is None
+
+
 def _hostile(canary_name):
   # A relative path: the code carries no digits from the temporary directory's name, which a
   # last-number verifier would otherwise parse (e.g. "pytest-5" against the answer 5).
