@@ -90,9 +90,9 @@ class JsonlTask(Task):
   either; ``prompt_template``: a format string
   over ``{question}`` and the task's own fields; ``prompt_preset``: a named
   template set instead (:data:`dllm_rl.tasks.prompts.PROMPT_PRESETS`, e.g.
-  "d1"); ``answer_tag``: the reward reads only the last ``<answer>`` span (a
-  completion without one scores 0); None = the preset's choice (False without
-  one); ``verify_timeout``: seconds per verification in a worker process
+  "d1"); ``answer_tag``: the reward reads only the last ``<answer>`` span (to the end when
+  unclosed; Countdown and Sudoku: the last closed ``<answer>...</answer>``, as d1; a
+  completion without one scores 0); None = the preset's choice (False without one); ``verify_timeout``: seconds per verification in a worker process
   (``verifiers.TimedVerifier``), 0 = in process, None = the task's default;
   ``test_fraction``: without ``test_file``, the share of ``train_file`` held out
   as the test split (default 0.1; with a ``test_file`` it is an error to give it).
@@ -107,6 +107,10 @@ class JsonlTask(Task):
   default_question = "{question}"
   default_verify_timeout = 0.0  # seconds; 0 = verify in-process
   preload: tuple[str, ...] = ()  # modules the verifier worker imports up front
+  # With answer_tag: read the last closed <answer>...</answer> (no closed pair: 0), as d1's
+  # Countdown and Sudoku rewards do; False reads the last <answer> to the end when unclosed,
+  # as d1's extract_xml_answer (GSM8K).
+  closed_answer = False
 
   def __init__(self, train_file: str = "", test_file: str = "", on_error: str = "raise",
                prompt_template: str = "{question}", test_fraction: float | None = None,
@@ -272,7 +276,12 @@ class JsonlTask(Task):
     if self.answer_tag:
       if "<answer>" not in completion:
         return malformed("no <answer> tag")
-      completion = verifiers.answer_span(completion)
+      if self.closed_answer:
+        completion = verifiers.closed_answer_span(completion)
+        if completion is None:
+          return malformed("no closed <answer>...</answer>")
+      else:
+        completion = verifiers.answer_span(completion)
     fn, args = self._checker(), self._args(example)
     if self.verify_timeout <= 0:
       return fn(completion, *args)
@@ -400,6 +409,7 @@ class CountdownJsonlTask(JsonlTask):
   name = "countdown_jsonl"
   recipe = "countdown"
   many_answers = True
+  closed_answer = True  # d1's extract_solution
   default_question = ("Using the numbers {numbers}, create an equation that equals "
                       "{target}. Use + - * / and each number exactly once. Put the "
                       "equation inside <answer></answer>.")
@@ -437,6 +447,7 @@ class SudokuJsonlTask(JsonlTask):
 
   name = "sudoku_jsonl"
   recipe = "sudoku"
+  closed_answer = True  # d1's extract_answer_sudoku
   default_question = ("Solve this 4x4 sudoku. The cells are given row by row and 0 "
                       "marks a blank: {puzzle}. Put the 16 digits of the solution "
                       "inside <answer></answer>.")

@@ -8,8 +8,9 @@ only the answer span of a completion:
   which SPG (facebookresearch/SPG, ``spg/data_utils.py``) uses unchanged: the instruction to
   answer as ``<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>`` put before the
   question in the user turn (no system turn), per task as d1 words it. The reward reads the last
-  ``<answer>`` span (to the end when unclosed, as d1's ``extract_xml_answer``); a completion
-  without ``<answer>`` scores 0. The span is then graded by the task's verifier (GSM8K: the
+  ``<answer>`` span (to the end when unclosed, as d1's ``extract_xml_answer``; Countdown and
+  Sudoku: the last closed ``<answer>...</answer>``, an unclosed one scoring 0, as d1's
+  ``extract_solution`` / ``extract_answer_sudoku``); a completion without ``<answer>`` scores 0. The span is then graded by the task's verifier (GSM8K: the
   number, where d1 compares the stripped text exactly; MATH: math-verify on the span's last
   ``\\boxed{}``; Countdown / Sudoku: as d1).
 

@@ -90,6 +90,21 @@ def answer_span(text: str) -> str:
   return body if end < 0 else body[:end]
 
 
+def closed_answer_span(text: str) -> str | None:
+  """Body of the last closed ``<answer>...</answer>`` pair, as
+  ``re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)[-1]`` finds it (d1's
+  ``extract_solution`` / ``extract_answer_sudoku``), in one linear pass; None without one."""
+  last, pos = None, 0
+  while True:
+    start = text.find("<answer>", pos)
+    if start < 0:
+      return last
+    end = text.find("</answer>", start + len("<answer>"))
+    if end < 0:
+      return last
+    last, pos = text[start + len("<answer>"):end], end + len("</answer>")
+
+
 # --- GSM8K ------------------------------------------------------------------
 
 def _to_fraction(number: str) -> Fraction | None:

@@ -74,6 +74,22 @@ def test_d1_reward_reads_the_answer_tag(tmp_path):
   assert off.verify(ex, no_tag).correct  # answer_tag=False overrides the preset
 
 
+def test_d1_countdown_and_sudoku_read_the_last_closed_answer(tmp_path):
+  """d1's extract_solution / extract_answer_sudoku (diffu-grpo/reward_func.py @837888f):
+  re.findall(r"<answer>(.*?)</answer>")[-1], None (reward 0) without a closed pair."""
+  cd, cex = _one(tmp_path, "countdown_jsonl", COUNTDOWN, prompt_preset="d1")
+  assert cd.verify(cex, "<reasoning>\n...\n</reasoning>\n<answer>\n3*5+7\n</answer>").correct
+  r = cd.verify(cex, "<reasoning>\n...\n</reasoning>\n<answer>\n3*5+7")  # cut off: d1 gives 0
+  assert r.reward == 0.0 and r.info["reason"] == "no closed <answer>...</answer>"
+  assert cd.verify(cex, "<answer>3*5+7</answer> then <answer>3+5").correct  # last closed pair
+  sd, sex = _one(tmp_path, "sudoku_jsonl", SUDOKU, prompt_preset="d1", reward="cell_accuracy")
+  assert sd.verify(sex, "<answer>\n1234341221434321\n</answer>").reward == 1.0
+  assert sd.verify(sex, "<answer>\n1234341221434321").reward == 0.0
+  # without the preset the whole text (or an unclosed span) is still read
+  plain, _ = _one(tmp_path, "countdown_jsonl", COUNTDOWN)
+  assert plain.verify(cex, "<answer>3*5+7").correct
+
+
 def test_d1_math_reward_reads_the_answer_tag(tmp_path):
   math, mex = _one(tmp_path, "math500", MATH, prompt_preset="d1", verify_timeout=0)
   assert math.verify(mex, "<answer>\n\\boxed{\\frac{3}{4}}\n</answer>").correct

@@ -156,6 +156,20 @@ def test_sudoku_cell_accuracy_gives_d1s_partial_credit_to_malformed_grids():
     assert r.reward == 0.0 and r.parsed is None
 
 
+def test_closed_answer_span_is_d1s_findall_in_linear_time():
+  import random
+  import re
+  rng = random.Random(0)
+  pieces = ["<answer>", "</answer>", "a", "1", "\n", "<answer", "answer>"]
+  for _ in range(500):
+    text = "".join(rng.choice(pieces) for _ in range(rng.randrange(8)))
+    found = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
+    assert V.closed_answer_span(text) == (found[-1] if found else None), text
+  start = time.monotonic()
+  assert V.closed_answer_span("<answer>" * 100_000) is None
+  assert time.monotonic() - start < 1.0
+
+
 def _hostile(canary_name):
   # A relative path: the code carries no digits from the temporary directory's name, which a
   # last-number verifier would otherwise parse (e.g. "pytest-5" against the answer 5).
