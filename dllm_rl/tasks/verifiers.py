@@ -51,8 +51,9 @@ _BRACE_RE = re.compile(r"(?<!\\)[{}]")
 # \frac{a}{b}, after an optional whole part: "2\frac{1}{2}" is the mixed number 2.5.
 _FRAC_RE = re.compile(r"(?:(?<![\w.])(-?\d+)\s*)?"
                       r"\\[dt]?frac\s*\{\s*(-?[\d.,]+)\s*\}\s*\{\s*(-?[\d.,]+)\s*\}")
-# LaTeX thousands separators between digit groups ("1{,}000", "1\\,000"): read as commas.
-_LATEX_THOUSANDS_RE = re.compile(r"(?<=\d)(?:\{,\}|\\,)(?=\d{3}(?!\d))")
+# LaTeX thousands separators between digit groups ("1{,}000", "1\\,000", MATH's "1,\\!000"):
+# read as commas.
+_LATEX_THOUSANDS_RE = re.compile(r"(?<=\d)(?:\{,\}|\\,|,\\!)(?=\d{3}(?!\d))")
 _LATEX_NOISE_RE = re.compile(r"\\text\s*\{[^{}]*\}|\\mathrm\s*\{[^{}]*\}|\\[$%,;!]|\{,\}|\\left|\\right")
 _SUDOKU_SEPARATORS_RE = re.compile(r"[\s|,]")
 
@@ -185,9 +186,9 @@ def gsm8k_answer(text: str) -> str | None:
 
   In order: the first number after the last ``####``; the first number in the
   last ``\\boxed{...}`` (``\\frac{a}{b}`` read as a/b, the mixed number ``2\\frac{1}{2}`` as
-  2.5); the last number in the text. Commas (LaTeX's ``{,}`` and ``\\,`` between digit groups
-  too), ``$``, units and trailing periods are dropped and the value is written canonically
-  ("3.0" → "3", "1/2" and "0.50" → "0.5").
+  2.5); the last number in the text. Commas (LaTeX's ``{,}``, ``\\,`` and ``,\\!`` between
+  digit groups too), ``$``, units and trailing periods are dropped and the value is written
+  canonically ("3.0" → "3", "1/2" and "0.50" → "0.5").
   """
   value = _gsm8k_value(text)
   return None if value is None else _canonical(value)

@@ -38,6 +38,7 @@ pytest.importorskip("math_verify")
     ("\\boxed{1{,}000}", "1000"),
     ("\\boxed{\\$1\\,234{,}567.50}", "1234567.5"),
     ("The total is $1{,}000$.", "1000"),
+    ("\\boxed{1,\\!000}", "1000"),
     ("\\boxed{12\\,\\text{cm}}", "12"),
     # a mixed number: 2 and a half, not "21/2"
     ("\\boxed{2\\frac{1}{2}}", "2.5"),
