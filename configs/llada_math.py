@@ -13,7 +13,8 @@ SPG block ELBO with K = 2 and prompt masking 0.15, EUBO β 1.5, mix ω 0.5, SNIS
 μ = 2, AdamW lr 2e-6 betas (0.9, 0.99) wd 0.1, linear decay over 2000 optimizer updates (1000
 rollout batches × μ), clip 0.2, no KL.
 Prompts: the d1 / SPG ``<reasoning>/<answer>`` preset (d1's MATH prompt: answer in
-``\\boxed{}`` inside ``<answer>``), reward math-verify on the ``<answer>`` span. Data:
+``\\boxed{}`` inside ``<answer>``), reward as d1's MATH reward: math-verify on the last
+``\\boxed{}`` of the completion, 0 without one. Data:
 ``dllm-rl-data prepare math`` (d1's split: ankner/math-500 train, 12,000 problems without the
 MATH-500 ones, problems of 1,500+ characters left out as StableDRL does; HuggingFaceH4/MATH-500
 test). Prompts are left-padded to 768 tokens in buckets of 256 / 512 / 768, so the longest

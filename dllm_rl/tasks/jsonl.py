@@ -92,7 +92,9 @@ class JsonlTask(Task):
   template set instead (:data:`dllm_rl.tasks.prompts.PROMPT_PRESETS`, e.g.
   "d1"); ``answer_tag``: the reward reads only the last ``<answer>`` span (to the end when
   unclosed; Countdown and Sudoku: the last closed ``<answer>...</answer>``, as d1; a
-  completion without one scores 0); None = the preset's choice (False without one); ``verify_timeout``: seconds per verification in a worker process
+  completion without one scores 0); None = the preset's choice for the task (False without
+  one; d1: MATH reads no span, it needs a ``\\boxed{}`` answer anywhere instead);
+  ``verify_timeout``: seconds per verification in a worker process
   (``verifiers.TimedVerifier``), 0 = in process, None = the task's default;
   ``test_fraction``: without ``test_file``, the share of ``train_file`` held out
   as the test split (default 0.1; with a ``test_file`` it is an error to give it).
@@ -128,13 +130,16 @@ class JsonlTask(Task):
     self.train_file, self.test_file = str(train_file), str(test_file)
     self.on_error, self.prompt_template = on_error, str(prompt_template)
     self.answer_tag = bool(answer_tag)
+    self.needs_boxed = False  # the reward needs a \boxed{} answer (0 without one)
     if prompt_preset:
       if self.prompt_template != "{question}":
         raise ValueError(f"task {self.name!r}: give prompt_preset or prompt_template, not both "
                          f"(got {prompt_preset!r} and {prompt_template!r})")
       found = prompts.preset(prompt_preset, self.name)
       self.prompt_template = found.templates[self.name]
-      self.answer_tag = found.answer_tag if answer_tag is None else bool(answer_tag)
+      tagged = self.name in found.answer_tag
+      self.answer_tag = tagged if answer_tag is None else bool(answer_tag)
+      self.needs_boxed = self.name in found.boxed
     self.verify_timeout = float(self.default_verify_timeout if verify_timeout is None
                                 else verify_timeout)
     if not 0 <= self.verify_timeout < float("inf"):  # nan too
@@ -282,6 +287,8 @@ class JsonlTask(Task):
           return malformed("no closed <answer>...</answer>")
       else:
         completion = verifiers.answer_span(completion)
+    if self.needs_boxed and verifiers.last_boxed(completion) is None:
+      return malformed("no \\boxed{} answer")
     fn, args = self._checker(), self._args(example)
     if self.verify_timeout <= 0:
       return fn(completion, *args)

@@ -10,9 +10,11 @@ only the answer span of a completion:
   question in the user turn (no system turn), per task as d1 words it. The reward reads the last
   ``<answer>`` span (to the end when unclosed, as d1's ``extract_xml_answer``; Countdown and
   Sudoku: the last closed ``<answer>...</answer>``, an unclosed one scoring 0, as d1's
-  ``extract_solution`` / ``extract_answer_sudoku``); a completion without ``<answer>`` scores 0. The span is then graded by the task's verifier (GSM8K: the
-  number, where d1 compares the stripped text exactly; MATH: math-verify on the span's last
-  ``\\boxed{}``; Countdown / Sudoku: as d1).
+  ``extract_solution`` / ``extract_answer_sudoku``); a completion without ``<answer>`` scores
+  0. The span is then graded by the task's verifier (GSM8K: the number, where d1 compares the
+  stripped text exactly; Countdown / Sudoku: as d1). MATH, as d1's
+  ``correctness_reward_func_math``: math-verify on the last ``\\boxed{}`` anywhere in the
+  completion (d1: its ``is_equiv``), 0 without one; no ``<answer>`` span is read.
 
 The system prompt (``data.system_prompt``) is a property of how a prompt is shown to the model,
 not of the task: with a chat template it is the template's system turn, otherwise it is put
@@ -27,11 +29,13 @@ from typing import Any, Mapping
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
-  """``templates``: task name → prompt template; ``answer_tag``: the reward reads only the
-  ``<answer>`` span."""
+  """``templates``: task name → prompt template; ``answer_tag``: the tasks whose reward reads
+  only the ``<answer>`` span; ``boxed``: those whose reward needs a ``\\boxed{}`` answer (0
+  without one)."""
 
   templates: Mapping[str, str]
-  answer_tag: bool
+  answer_tag: frozenset[str]
+  boxed: frozenset[str] = frozenset()
 
 
 # d1's SYSTEM_PROMPT and SUDOKU_SYSTEM_PROMPT (the text, newlines included).
@@ -48,7 +52,10 @@ D1_SUDOKU = (
     "[16-character solution string with no spaces or separators]\n</answer>\n")
 
 PROMPT_PRESETS: dict[str, Preset] = {
-    "d1": Preset(answer_tag=True, templates={
+    # d1's MATH reward (correctness_reward_func_math, reward_func.py line 242) reads the last
+    # \boxed{} anywhere in the completion, not the <answer> span its other tasks read
+    "d1": Preset(answer_tag=frozenset({"gsm8k", "countdown_jsonl", "sudoku_jsonl"}),
+                 boxed=frozenset({"math500"}), templates={
         "gsm8k": D1_FORMAT + "\n\n{question}",
         "math500": D1_FORMAT + "\n\nYou are a math expert. You will be given a question to "
                    "solve. Solve it step by step. Wrap the final answer in a \\boxed{{}}. "

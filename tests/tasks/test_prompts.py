@@ -90,10 +90,20 @@ def test_d1_countdown_and_sudoku_read_the_last_closed_answer(tmp_path):
   assert plain.verify(cex, "<answer>3*5+7").correct
 
 
-def test_d1_math_reward_reads_the_answer_tag(tmp_path):
+def test_d1_math_reward_reads_the_last_boxed_answer_anywhere(tmp_path):
+  """d1's correctness_reward_func_math (diffu-grpo/reward_func.py @837888f, line 242): the
+  last \\boxed{} of the whole completion, tags or not; without one, 0 (its is_equiv on the
+  whole text)."""
   math, mex = _one(tmp_path, "math500", MATH, prompt_preset="d1", verify_timeout=0)
+  assert not math.answer_tag and math.needs_boxed
   assert math.verify(mex, "<answer>\n\\boxed{\\frac{3}{4}}\n</answer>").correct
-  assert not math.verify(mex, "so \\boxed{\\frac{3}{4}}").correct
+  assert math.verify(mex, "so \\boxed{\\frac{3}{4}}").correct  # no tags: d1 reads it
+  assert math.verify(mex, "<answer>\\boxed{1}</answer> \\boxed{\\frac{3}{4}}").correct
+  assert not math.verify(mex, "\\boxed{\\frac{3}{4}}, so \\boxed{1}").correct  # the last counts
+  r = math.verify(mex, "<answer>\n3/4\n</answer>")
+  assert r.reward == 0.0 and r.info["reason"] == "no \\boxed{} answer"
+  plain, _ = _one(tmp_path, "math500", MATH, verify_timeout=0)
+  assert plain.verify(mex, "The answer is $\\frac{3}{4}$.").correct  # without the preset
 
 
 def test_preset_errors_are_named(tmp_path):
