@@ -207,6 +207,9 @@ class JsonlTask(Task):
         if not isinstance(record, dict):
           raise _BadRecord(f"expected a JSON object, got {type(record).__name__}")
         fields, answer, meta = self._fields(record)
+        if self.answer_tag and answer:  # an SFT target the reward reads
+          answer = "<reasoning>{}</reasoning>\n<answer>{}</answer>".format(
+              *self._reasoning_and_answer(answer))
         fields["question"] = self.default_question.format(**fields)
       except _BadRecord as err:
         where = f"{path}:{line_no}: {err}"
@@ -226,6 +229,13 @@ class JsonlTask(Task):
   @classmethod
   def _fields(cls, record: Mapping[str, Any]) -> tuple[dict, str, dict]:
     raise NotImplementedError
+
+  @classmethod
+  def _reasoning_and_answer(cls, answer: str) -> tuple[str, str]:
+    """An SFT target as (reasoning, final answer), for the tagged target the reward reads under
+    ``answer_tag``: ``<reasoning>R</reasoning>\\n<answer>A</answer>``, d1's SFT format
+    (SFT/sft_trainer.py @837888f, preprocess_dataset). The whole target is the answer here."""
+    return "", answer.strip()
 
   def _key(self, fields: Mapping[str, Any]) -> str:
     """The instance's canonical string (decides the split without test_file)."""
@@ -370,6 +380,12 @@ class GSM8KTask(JsonlTask):
     if reference is None:
       raise _BadRecord("no number after '####' in field 'answer'")
     return {"question": question.strip()}, answer, {"reference": reference}
+
+  @classmethod
+  def _reasoning_and_answer(cls, answer):
+    """The worked solution, then the text after its last ``####``."""
+    reasoning, _, final = answer.rpartition("####")
+    return reasoning.strip(), final.strip()
 
   def _checker(self):
     return verifiers.gsm8k_result

@@ -106,6 +106,21 @@ def test_d1_math_reward_reads_the_last_boxed_answer_anywhere(tmp_path):
   assert plain.verify(mex, "The answer is $\\frac{3}{4}$.").correct  # without the preset
 
 
+@pytest.mark.parametrize("preset", ["", "d1"])
+def test_every_sft_target_earns_the_reward_it_trains_for(tmp_path, preset):
+  """The SFT target is what the reward reads: under the d1 preset GSM8K, Countdown and Sudoku
+  targets are d1's SFT format <reasoning>R</reasoning>\\n<answer>A</answer> (an untagged
+  target scored 0 after SFT)."""
+  countdown = {**COUNTDOWN, "solution": "3*5+7"}
+  for name, record in (("gsm8k", GSM8K), ("countdown_jsonl", countdown),
+                       ("sudoku_jsonl", SUDOKU), ("math500", MATH)):
+    task, ex = _one(tmp_path, name, record, prompt_preset=preset, verify_timeout=0)
+    assert task.verify(ex, ex.answer).reward == 1.0, (name, ex.answer)
+    assert ex.answer.startswith("<reasoning>") == (task.answer_tag and name != "math500")
+  task, ex = _one(tmp_path, "gsm8k", GSM8K, prompt_preset="d1")
+  assert ex.answer == "<reasoning>20+22=42</reasoning>\n<answer>42</answer>"
+
+
 def test_preset_errors_are_named(tmp_path):
   path = _file(tmp_path / "g.jsonl", GSM8K)
   with pytest.raises(ValueError, match=r"prompt_preset must be one of \['d1'\], got 'd2'"):
