@@ -466,7 +466,8 @@ class CountdownJsonlTask(JsonlTask):
 
 @TASKS.register("sudoku_jsonl")
 class SudokuJsonlTask(JsonlTask):
-  """4×4 sudoku from a file; reward ``solved`` (0/1) or ``cell_accuracy``."""
+  """4×4 sudoku from a file; reward ``solved`` (0/1) or ``cell_accuracy`` (the default under
+  the d1 preset, d1's ``sudoku_reward_func``; else ``solved``)."""
 
   name = "sudoku_jsonl"
   recipe = "sudoku"
@@ -478,7 +479,10 @@ class SudokuJsonlTask(JsonlTask):
   def __init__(self, train_file: str = "", test_file: str = "", on_error: str = "raise",
                prompt_template: str = "{question}", test_fraction: float | None = None,
                verify_timeout: float | None = None, prompt_preset: str = "",
-               answer_tag: bool | None = None, reward: str = "solved"):
+               answer_tag: bool | None = None, reward: str | None = None):
+    if reward is None:  # the preset's (d1: cell_accuracy, as d1 trains on it), else solved
+      found = prompts.PROMPT_PRESETS.get(prompt_preset)
+      reward = found.rewards.get(self.name, "solved") if found else "solved"
     if reward not in ("solved", "cell_accuracy"):
       raise ValueError(f"reward must be 'solved' or 'cell_accuracy', got {reward!r}")
     self.reward = reward

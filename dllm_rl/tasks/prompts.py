@@ -36,6 +36,7 @@ class Preset:
   templates: Mapping[str, str]
   answer_tag: frozenset[str]
   boxed: frozenset[str] = frozenset()
+  rewards: Mapping[str, str] = dataclasses.field(default_factory=dict)  # task → its default
 
 
 # d1's SYSTEM_PROMPT and SUDOKU_SYSTEM_PROMPT (the text, newlines included).
@@ -54,8 +55,10 @@ D1_SUDOKU = (
 PROMPT_PRESETS: dict[str, Preset] = {
     # d1's MATH reward (correctness_reward_func_math, reward_func.py line 242) reads the last
     # \boxed{} anywhere in the completion, not the <answer> span its other tasks read
+    # d1's Sudoku reward (sudoku_reward_func) is the share of blank cells filled right
     "d1": Preset(answer_tag=frozenset({"gsm8k", "countdown_jsonl", "sudoku_jsonl"}),
-                 boxed=frozenset({"math500"}), templates={
+                 boxed=frozenset({"math500"}), rewards={"sudoku_jsonl": "cell_accuracy"},
+                 templates={
         "gsm8k": D1_FORMAT + "\n\n{question}",
         "math500": D1_FORMAT + "\n\nYou are a math expert. You will be given a question to "
                    "solve. Solve it step by step. Wrap the final answer in a \\boxed{{}}. "

@@ -121,6 +121,17 @@ def test_every_sft_target_earns_the_reward_it_trains_for(tmp_path, preset):
   assert ex.answer == "<reasoning>20+22=42</reasoning>\n<answer>42</answer>"
 
 
+def test_d1_sudoku_rewards_the_share_of_blank_cells_by_default(tmp_path):
+  """d1 trains Sudoku on sudoku_reward_func (the share of blank cells filled right): the
+  preset's default; without it, or with reward=solved given, 0/1."""
+  half = "<answer>1234341221404301</answer>"  # 2 of the 4 blanks right, 2 still blank
+  for options, reward, score in (({"prompt_preset": "d1"}, "cell_accuracy", 0.5),
+                                 ({}, "solved", 0.0),
+                                 ({"prompt_preset": "d1", "reward": "solved"}, "solved", 0.0)):
+    task, ex = _one(tmp_path, "sudoku_jsonl", SUDOKU, **options)
+    assert task.reward == reward and task.verify(ex, half).reward == score
+
+
 def test_preset_errors_are_named(tmp_path):
   path = _file(tmp_path / "g.jsonl", GSM8K)
   with pytest.raises(ValueError, match=r"prompt_preset must be one of \['d1'\], got 'd2'"):
