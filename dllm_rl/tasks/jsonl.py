@@ -437,6 +437,31 @@ class CountdownJsonlTask(JsonlTask):
                       "{target}. Use + - * / and each number exactly once. Put the "
                       "equation inside <answer></answer>.")
 
+  def __init__(self, train_file: str = "", test_file: str = "", on_error: str = "raise",
+               prompt_template: str = "{question}", test_fraction: float | None = None,
+               verify_timeout: float | None = None, prompt_preset: str = "",
+               answer_tag: bool | None = None, format_score: float | None = None):
+    """``format_score``: the reward of a wrong answer given in a closed ``<answer>`` span (d1's
+    and StableDRL's ``compute_score``: 0.1, the d1 preset's default; else 0.0)."""
+    if format_score is None:
+      found = prompts.PROMPT_PRESETS.get(prompt_preset)
+      format_score = found.format_scores.get(self.name, 0.0) if found else 0.0
+    if not 0.0 <= format_score < 1.0:
+      raise ValueError(f"format_score must be in [0, 1), got {format_score!r}")
+    self.format_score = float(format_score)
+    super().__init__(train_file, test_file, on_error, prompt_template, test_fraction,
+                     verify_timeout, prompt_preset, answer_tag)
+
+  def verify(self, example: Example, completion: str) -> VerifyResult:
+    """As the base task's; with ``format_score``, a wrong answer in a closed ``<answer>``
+    span (any text, as d1's) scores it instead of 0 (counted as parsed, not malformed)."""
+    result = super().verify(example, completion)
+    span = verifiers.closed_answer_span(completion) if self.format_score else None
+    if result.correct or span is None:
+      return result
+    return VerifyResult(self.format_score, False, span if result.parsed is None else result.parsed,
+                        {**result.info, "format_score": self.format_score})
+
   @classmethod
   def _fields(cls, record):
     nums = _field(record, "nums", list)

@@ -37,6 +37,7 @@ class Preset:
   answer_tag: frozenset[str]
   boxed: frozenset[str] = frozenset()
   rewards: Mapping[str, str] = dataclasses.field(default_factory=dict)  # task → its default
+  format_scores: Mapping[str, float] = dataclasses.field(default_factory=dict)  # wrong, tagged
 
 
 # d1's SYSTEM_PROMPT and SUDOKU_SYSTEM_PROMPT (the text, newlines included).
@@ -58,6 +59,7 @@ PROMPT_PRESETS: dict[str, Preset] = {
     # d1's Sudoku reward (sudoku_reward_func) is the share of blank cells filled right
     "d1": Preset(answer_tag=frozenset({"gsm8k", "countdown_jsonl", "sudoku_jsonl"}),
                  boxed=frozenset({"math500"}), rewards={"sudoku_jsonl": "cell_accuracy"},
+                 format_scores={"countdown_jsonl": 0.1},  # compute_score's format_score
                  templates={
         "gsm8k": D1_FORMAT + "\n\n{question}",
         "math500": D1_FORMAT + "\n\nYou are a math expert. You will be given a question to "

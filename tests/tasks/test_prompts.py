@@ -132,6 +132,23 @@ def test_d1_sudoku_rewards_the_share_of_blank_cells_by_default(tmp_path):
     assert task.reward == reward and task.verify(ex, half).reward == score
 
 
+def test_d1_countdown_gives_a_wrong_tagged_answer_the_format_score(tmp_path):
+  """d1's and StableDRL's compute_score: 1.0 right, 0.1 for any other closed <answer> span
+  (wrong value, other numbers, not an expression), 0 without one; off without the preset."""
+  task, ex = _one(tmp_path, "countdown_jsonl", COUNTDOWN, prompt_preset="d1")
+  assert task.format_score == 0.1
+  assert task.verify(ex, "<answer>3*5+7</answer>").reward == 1.0
+  for wrong in ("<answer>3+5+7</answer>", "<answer>3*5+7+1</answer>", "<answer>no</answer>"):
+    r = task.verify(ex, wrong)
+    assert (r.reward, r.correct) == (0.1, False) and r.parsed is not None, wrong  # not malformed
+  assert task.verify(ex, "<answer>3+5+7").reward == 0.0
+  for options in ({}, {"prompt_preset": "d1", "format_score": 0.0}):
+    task, ex = _one(tmp_path, "countdown_jsonl", COUNTDOWN, **options)
+    assert task.verify(ex, "<answer>3+5+7</answer>").reward == 0.0
+  with pytest.raises(ValueError, match=r"format_score must be in \[0, 1\), got 1.5"):
+    _one(tmp_path, "countdown_jsonl", COUNTDOWN, format_score=1.5)
+
+
 def test_preset_errors_are_named(tmp_path):
   path = _file(tmp_path / "g.jsonl", GSM8K)
   with pytest.raises(ValueError, match=r"prompt_preset must be one of \['d1'\], got 'd2'"):
