@@ -341,8 +341,10 @@ def check_finished_runs(name: str, arms: list[Arm], workdir: str, seeds: int, si
 def check_interrupted(run_dir: str, wanted: ml_collections.ConfigDict, skip=()) -> None:
   """An interrupted run (RL checkpoints, no run.json) resumes: a ConfigError (key
   ``--workdir``) when the config it started with (its ``config_rl.json``) differs from
-  ``wanted``, this study's, in any key but ``skip``: its finished record would state the new
-  settings for steps that ran with the old (another lr, another length's schedule)."""
+  ``wanted``, this study's, in any key but ``skip`` and ``compilation_cache`` (where compiled
+  programs are kept: no result depends on it, and :func:`_run` blanks it while the study's
+  cache is open): its finished record would state the new settings for steps that ran with
+  the old (another lr, another length's schedule)."""
   from dllm_rl.errors import ConfigError
   from dllm_rl.train.layout_errors import changed_settings
   saved = os.path.join(run_dir, "config_rl.json")
@@ -350,7 +352,8 @@ def check_interrupted(run_dir: str, wanted: ml_collections.ConfigDict, skip=()) 
     return
   with open(saved) as fh:
     text = fh.read()
-  changes = changed_settings({"config": text}, wanted, ignore=("mode", *skip))
+  changes = changed_settings({"config": text}, wanted,
+                             ignore=("mode", "compilation_cache", *skip))
   if changes:
     shown = "; ".join(f"{k}: started with {was!r}, this study sets {now!r}"
                       for k, was, now in changes[:8])

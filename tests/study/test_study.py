@@ -317,6 +317,28 @@ def test_an_interrupted_run_with_other_settings_is_refused_before_anything_runs(
                                {**TINY, "rl.kl_coef": 0.1})
 
 
+def test_an_arm_interrupted_inside_the_study_cache_resumes(tmp_path, monkeypatch):
+  """A study stopped mid-arm (SIGTERM, exit 75) resumes on the same command: the arm's
+  config_rl.json, written while the study's compilation cache was open (runner._run blanks
+  the run's own compilation_cache), is not "other settings" (the rerun was refused)."""
+  from dllm_rl.study import runner
+  from dllm_rl.train import modes
+  arm = arms_lib.STUDIES.get("stability")(get_config())[0]
+  size = arms_lib.Size(rl_steps=4, eval_every=2, seeds=1)
+  run_dir = runner._arm_dir(str(tmp_path), "stability", 0, arm)
+
+  def stopped_run(config, workdir, quiet_unread=()):  # as modes.run writes it, then stopped
+    with open(os.path.join(workdir, "config_rl.json"), "w") as fh:
+      fh.write(config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
+    os.makedirs(os.path.join(workdir, "checkpoints", "rl", "2"))
+
+  monkeypatch.setattr(modes, "run", stopped_run)
+  with runner.compilation_cache(str(tmp_path / "jax_cache")):
+    runner._run(runner.make_config(runner.arm_run_overrides(0, size, TINY, arm.overrides)),
+                run_dir)
+  runner.check_finished_runs("stability", [arm], str(tmp_path), 1, size, TINY)
+
+
 def test_an_interrupted_sft_start_with_other_settings_is_refused(tmp_path):
   """An SFT start interrupted mid-warm-up (checkpoints, no summary.json) resumes on a rerun:
   with another sft.* override it is refused like a finished one."""
