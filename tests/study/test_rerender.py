@@ -92,3 +92,16 @@ def test_a_broken_meta_json_is_named_and_nothing_is_rewritten(tmp_path, capsys, 
   assert rerender.main(["rerender", str(tmp_path / "r.md")]) == 2
   assert f"rerender: {tmp_path / 'r' / 'meta.json'}: {problem}" in capsys.readouterr().err
   assert (tmp_path / "r.md").read_text() == HEADER + "## `steprs`\n"
+
+
+def test_a_quick_report_states_the_seeds_it_ran():
+  """--quick runs 1 seed unless --seeds says otherwise: the report's banner gives the count
+  the runs have (it said "1 seed" of a --quick --seeds=3 run)."""
+  from dllm_rl.study import report, report_files
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  _, study = report_files.load_study_json(os.path.join(root, "docs", "results_chain_5seeds"),
+                                          "stability")
+  meta = {**rerender.header_meta(HEADER), "quick": True}
+  assert "This is the `--quick` run (5 seeds, fewer steps)" in report.render([study], meta, "r")
+  one = {**study, "seeds": 1, "runs": [r for r in study["runs"] if r["seed"] == 0]}
+  assert "This is the `--quick` run (1 seed, fewer steps)" in report.render([one], meta, "r")
