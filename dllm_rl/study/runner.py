@@ -33,15 +33,21 @@ STEP_KEYS = ("reward_mean", "accuracy", "grad_norm", "grad_norm_max", "ratio_max
                  for w in ("", "_first"))
 
 
+def _numbers(xs) -> list[float]:
+  """``xs`` without None and NaN (a step with no value: NaN compares false with everything,
+  so Python's max over a list holding one depends on where it stands); ±inf stay."""
+  return [x for x in xs if x is not None and x == x]
+
+
 def ratio_summary(records: list[dict]) -> dict:
   """|log ρ̂| of a run: for each per-step batch quantile (p50 / p90 / p99, at the first inner
   step and averaged over the inner steps), its median over the steps; the max over steps of
-  the per-step max. Keys ``p50_first`` … ``max_first``, ``p50_all`` … ``max_all``."""
+  the per-step max. Keys ``p50_first`` … ``max_first``, ``p50_all`` … ``max_all``. Steps
+  without the value (None, NaN) are left out."""
   out = {}
   for when, suffix in (("first", "_first"), ("all", "")):
     for q in ("p50", "p90", "p99", "max"):
-      xs = [r[f"abs_log_ratio_{q}{suffix}"] for r in records
-            if r.get(f"abs_log_ratio_{q}{suffix}") is not None]
+      xs = _numbers(r.get(f"abs_log_ratio_{q}{suffix}") for r in records)
       out[f"{q}_{when}"] = (None if not xs else
                             float(max(xs)) if q == "max" else float(np.median(xs)))
   return out
@@ -268,7 +274,7 @@ def arm_stats(records: list[dict], evals: list[dict], num_val: int) -> dict:
       "best_val_accuracy": max((e["val_accuracy"] for e in later), default=None),
       "collapsed": collapsed_at is not None,
       "collapse_step": collapsed_at,
-      "grad_norm_max": max(grads) if grads else None,
+      "grad_norm_max": max(_numbers(grads), default=None),  # a NaN step: skipped, no norm
       "zero_grad_steps": sum(1 for g in grads if g == 0),  # no signal: all rewards equal
       "spike_ratio": stats.spike_ratio(grads),
       "grad_spikes": stats.count_spikes(grads),

@@ -352,3 +352,22 @@ def test_an_interrupted_sft_start_with_other_settings_is_refused(tmp_path):
   with pytest.raises(ConfigError, match=r"^--workdir: .*seed0 holds an SFT start trained with"
                                         r" other settings \(sft\.lr: trained with"):
     runner.check_sft_starts(str(tmp_path), 1, {**TINY, "sft.lr": 5e-2}, "arithmetic")
+
+
+def test_a_skipped_nan_step_does_not_decide_a_runs_maxima_by_where_it_stands():
+  """A non-finite update is skipped and its step records NaN (its grad norm, perhaps its
+  |log ρ̂|): the run's largest grad norm and |log ρ̂| leave it out wherever it stands, as they
+  did only when it came after a finite value (Python's max keeps a leading NaN); inf stays."""
+  from dllm_rl.study import runner
+  nan = float("nan")
+  records = [{"step": 1, "grad_norm": nan, "abs_log_ratio_max": nan, "abs_log_ratio_p50": nan},
+             {"step": 2, "grad_norm": 3.0, "abs_log_ratio_max": 0.5, "abs_log_ratio_p50": 0.1},
+             {"step": 3, "grad_norm": 2.0, "abs_log_ratio_max": 0.4, "abs_log_ratio_p50": 0.3}]
+  evals = [{"step": 0, "val_accuracy": 0.5}, {"step": 3, "val_accuracy": 0.5}]
+  for order in (records, records[::-1]):
+    got = runner.arm_stats(order, evals, 16)
+    assert got["grad_norm_max"] == 3.0 and got["grad_spikes"] == 1  # the NaN step: a spike
+    assert got["abs_log_ratio"]["max_all"] == 0.5
+    assert got["abs_log_ratio"]["p50_all"] == pytest.approx(0.2)
+  records[2]["grad_norm"] = float("inf")
+  assert runner.arm_stats(records, evals, 16)["grad_norm_max"] == float("inf")
