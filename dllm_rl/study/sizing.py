@@ -163,9 +163,41 @@ def measured(study_dir: str) -> Measured:
   return Measured(list(sft.values()), arms, [d - min(delays) for d in delays])
 
 
-def main(argv: list[str]) -> None:
-  testbed = next((a for a in argv if not a.startswith("--")), "gpu")
-  quick = "--quick" in argv
+USAGE = "usage: python -m dllm_rl.study.sizing [TESTBED] [--quick] [--measured=DIR]"
+
+
+def main(argv: list[str]) -> int:
+  """Print the estimates; 0, or 2 with one line on stderr for an unknown flag or testbed, more
+  than one testbed, or a ``--measured`` folder that is missing or lacks the study JSON it
+  reads."""
+  if {"-h", "--help"} & set(argv):
+    print(__doc__.strip())
+    return 0
+  from dllm_rl.config import testbeds
+  names = [a for a in argv if not a.startswith("-")]
+  flags = [a for a in argv if a.startswith("-")]
+  bad = [a for a in flags if a != "--quick" and not a.startswith("--measured=")]
+  if bad or len(names) > 1:
+    print(f"sizing: {bad[0] if bad else ' '.join(names)}: not understood; {USAGE}",
+          file=sys.stderr)
+    return 2
+  testbed, quick = (names or ["gpu"])[0], "--quick" in argv
+  if testbed not in testbeds.TESTBEDS:
+    print(f"sizing: {testbeds.TESTBEDS.unknown_message(testbed)}", file=sys.stderr)
+    return 2
+  missing = [a for a in flags if a.startswith("--measured=") and not os.path.isdir(a[11:])]
+  if missing:
+    print(f"sizing: {missing[0]}: no such folder", file=sys.stderr)
+    return 2
+  try:
+    _print(testbed, quick, argv)
+  except ValueError as e:  # a --measured folder without the study JSON it needs
+    print(f"sizing: {e}", file=sys.stderr)
+    return 2
+  return 0
+
+
+def _print(testbed: str, quick: bool, argv: list[str]) -> None:
   for studies in (["stability", "steprs"], ["stability", "steprs", "baselines"]):
     for group in ("main", None):
       e = estimate(testbed, studies, quick, group)
@@ -197,4 +229,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  main(sys.argv[1:])
+  sys.exit(main(sys.argv[1:]))

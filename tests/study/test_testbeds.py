@@ -269,3 +269,22 @@ def test_measured_compile_time_is_each_first_steps_delay_beyond_the_quickest(tmp
   assert m.project(2, background_compiles=True) == pytest.approx(100 + 2 * (40 - 25 / 4))
   assert sizing.first_step_delay(str(tmp_path / "steprs" / "seed0" / "c" / "metrics.jsonl")) \
       == pytest.approx(15.0)
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["gpu", "--bogus"], "sizing: --bogus: not understood; usage:"),
+    (["gpu", "chain"], "sizing: gpu chain: not understood"),
+    (["nope"], "sizing: unknown testbed 'nope'"),
+    (["gpu", "--measured=/no/such/dir"], "sizing: --measured=/no/such/dir: no such folder")])
+def test_sizing_command_line_refuses_what_it_cannot_read_before_printing(argv, said, capsys):
+  """A wrong flag was ignored (the estimate printed as if it were not there), an unknown
+  testbed or a missing --measured folder ended in a traceback: now exit 2 with one line."""
+  assert sizing.main(argv) == 2
+  out, err = capsys.readouterr()
+  assert out == "" and err.startswith(said)
+
+
+def test_sizing_help_prints_its_usage_not_an_estimate(capsys):
+  assert sizing.main(["--help"]) == 0
+  out = capsys.readouterr().out
+  assert "[TESTBED] [--quick]" in out and "PFLOP" not in out
