@@ -27,11 +27,23 @@ from dllm_rl.study.runner import arm_dir, read_record
 METRICS = ("steps", "evals", "final")  # a rerun may add metrics to these; overrides match exactly
 
 
+def _equal(a, b) -> bool:
+  """``a == b``, NaN equal to NaN at any depth: a skipped non-finite step records a NaN grad
+  norm and loss, which a bit-for-bit rerun records again (NaN == NaN is False)."""
+  if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+    return True
+  if isinstance(a, dict) and isinstance(b, dict):
+    return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+  if isinstance(a, list) and isinstance(b, list):
+    return len(a) == len(b) and all(map(_equal, a, b))
+  return a == b
+
+
 def _metrics_match(recorded: dict, rerun: dict, added: set) -> bool:
-  """Whether ``rerun`` holds every key of ``recorded`` with the same value; the keys only
-  ``rerun`` has go into ``added``."""
+  """Whether ``rerun`` holds every key of ``recorded`` with the same value (:func:`_equal`);
+  the keys only ``rerun`` has go into ``added``."""
   added.update(set(rerun) - set(recorded))
-  return all(k in rerun and rerun[k] == v for k, v in recorded.items())
+  return all(k in rerun and _equal(rerun[k], v) for k, v in recorded.items())
 
 
 def reproduces(recorded: dict, rerun: dict) -> tuple[bool, set[str]]:
@@ -50,7 +62,7 @@ def reproduces(recorded: dict, rerun: dict) -> tuple[bool, set[str]]:
       same = all(isinstance(a, dict) and isinstance(b, dict) and _metrics_match(a, b, added)
                  for a, b in zip(mine, theirs))
     else:
-      same = mine == theirs
+      same = _equal(mine, theirs)
     if not same:
       return False, added
   return True, added

@@ -98,3 +98,17 @@ def test_a_rerun_that_logs_a_newer_metric_still_matches(tmp_path):
   assert got["added"] == ["malformed_fraction", "test_malformed_fraction"]
   assert ("the reruns also log malformed_fraction, test_malformed_fraction, which the records"
           " predate") in got["line"]
+
+
+def test_a_rerun_of_a_run_with_a_skipped_nan_step_matches_its_record(tmp_path):
+  """A skipped non-finite update records NaN (its loss and grad norm; the committed
+  docs/results/baselines.json.gz has such GRPO runs): the bit-for-bit rerun records NaN
+  again, which is a match (NaN == NaN is False: it was counted as differing)."""
+  recorded = _run(0, "a", float("nan"))
+  committed = tmp_path / "steprs.json.gz"
+  with gzip.open(committed, "wt") as fh:
+    json.dump({"study": "steprs", "runs": [recorded]}, fh)
+  _write(tmp_path / "dir", "steprs", {**recorded, "wall_seconds": 1.0})  # the rerun
+  got = reuse.reuse_runs(str(tmp_path / "dir"), "steprs", ["a"], 1, [str(committed)])
+  assert got["identical"] == ["seed 0 a"] and got["differing"] == []
+  assert not reuse.reproduces(recorded, {**recorded, "steps": [{"step": 1, "loss": 0.1}]})[0]
