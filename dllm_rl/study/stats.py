@@ -187,5 +187,6 @@ def verdict(comparison: dict, min_effect: float, what: str) -> str:
     return (f"not reproduced (no difference as large as {min_effect:g}: the interval lies"
             f" inside ±{min_effect:g})")
   need = seeds_to_decide(comparison["sd"], max(abs(mean), min_effect))
-  return (f"inconclusive (the interval includes 0; about {need} seeds would resolve a difference"
+  about = "more than 1000" if need > 1000 else f"about {need}"  # 1001: none up to 1000 does
+  return (f"inconclusive (the interval includes 0; {about} seeds would resolve a difference"
           f" of {max(abs(mean), min_effect):.3g})")

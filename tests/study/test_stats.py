@@ -425,6 +425,14 @@ def test_verdict_rules_on_constructed_comparisons():
   assert stats.verdict(mk([0.1]), 0.02, "x").startswith("not established")
 
 
+def test_an_effect_no_thousand_seeds_resolve_is_not_given_a_seed_count():
+  """seeds_to_decide reports "more than 1000" as 1001: the verdict says so rather than
+  "about 1001 seeds"."""
+  noisy = stats.paired({0: 0.5, 1: -0.5, 2: 0.001}, {0: 0.0, 1: 0.0, 2: 0.0})
+  got = stats.verdict(noisy, 1e-4, "x")
+  assert got.startswith("inconclusive (the interval includes 0; more than 1000 seeds would")
+
+
 def test_seeds_to_decide_is_the_least_n_whose_interval_excludes_zero():
   from scipy.stats import t
   n = stats.seeds_to_decide(0.1, 0.05)
