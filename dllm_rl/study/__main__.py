@@ -101,7 +101,7 @@ def main(argv):
     cli.fail([ConfigError("--arms", problem)])
   command = "python -m dllm_rl.study " + " ".join(sys.argv[1:])
   results = _RESULTS.value or os.path.join(_WORKDIR.value, "results.md")
-  from dllm_rl.train.resilience import EXIT_PREEMPTED, Preempted
+  from dllm_rl.train.resilience import EXIT_PREEMPTED, NonFiniteError, Preempted
   from dllm_rl.train.validate import validate
   config = cli.load(None, _overrides, check=validate, default=bed.get_config)  # exits 2, all
   overrides = cli.override_values(config, _overrides)
@@ -114,6 +114,9 @@ def main(argv):
   except Preempted as stop:  # SIGTERM / SIGINT: the run in progress saved, the study stopped
     print(f"[preemption] {stop}", file=sys.stderr, flush=True)
     sys.exit(EXIT_PREEMPTED)
+  except NonFiniteError as err:  # an arm diverged: one line naming it (status 1)
+    print(f"error: {err}", file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 def run():

@@ -399,7 +399,13 @@ def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrid
   # for an arm that does not; the arm's and the user's overrides are still checked
   from dllm_rl.train.unread import set_keys
   quiet = set_keys(make_config({}, base)) - set(run_overrides)
-  summary = _run(config, workdir, quiet)
+  from dllm_rl.train.resilience import NonFiniteError
+  try:
+    summary = _run(config, workdir, quiet)
+  except NonFiniteError as err:  # the study stops here: name the arm and how to go on
+    raise NonFiniteError(
+        f"arm {arm.name} seed {seed} diverged ({err}); the finished runs are kept: rerun the"
+        " same command with --arms naming the other arms to go on without it") from err
   records, evals, final = step_records(os.path.join(workdir, "metrics.jsonl"))
   result = {"arm": arm.name, "description": arm.description, "seed": seed,
             "commit": commit, "machine": machine,

@@ -148,6 +148,22 @@ def test_a_finished_arm_writes_its_run_record_whole(tmp_path, monkeypatch):
   assert runner.read_record(written[0])["summary"] == rec["summary"]
 
 
+def test_a_diverged_arm_stops_the_study_naming_the_arm_and_how_to_go_on(tmp_path, monkeypatch):
+  from dllm_rl.study import arms as arms_lib
+  from dllm_rl.study import runner
+  from dllm_rl.train.resilience import NonFiniteError
+
+  def diverges(*_, **__):
+    raise NonFiniteError("rl step 7: 10 consecutive updates with a non-finite loss")
+  monkeypatch.setattr(runner, "copy_sft_start", lambda *a: None)
+  monkeypatch.setattr(runner, "_run", diverges)
+  with pytest.raises(NonFiniteError, match=r"^arm grpo seed 3 diverged \(rl step 7: .*runs are"
+                                           r" kept: rerun the same command with --arms"):
+    runner.run_arm(arms_lib.Arm("grpo", {"rl.loss": "grpo"}, "test"), 3, str(tmp_path / "sft"),
+                   str(tmp_path / "arm"), arms_lib.Size(2, 1, 1), {}, {})
+  assert not (tmp_path / "arm" / "run.json").exists()  # no record: a rerun trains it again
+
+
 def test_a_study_the_arms_leave_empty_is_skipped_with_a_note(tmp_path, monkeypatch, capsys):
   """``all --arms=centered`` left stability with no arm: it trained its SFT start, then its
   plot failed (matplotlib: 0 rows). A study with no chosen arm is skipped up front, said."""
