@@ -28,9 +28,9 @@ only by float rounding (~1e-6 in float32, from differently shaped matmuls),
 which could flip a decision only at an exact near-tie.
 
 With ``stop_at_eos`` a row whose finished blocks contain EOS is done: its
-remaining positions are filled with EOS (recorded at the last step taken) and
-the loop over blocks ends when every row is done. Positions after the first
-EOS are returned as EOS either way.
+remaining positions after the first EOS are filled with EOS (recorded at the last
+step taken) and the loop over blocks ends when every row is done. Positions after
+the first EOS are returned as EOS either way.
 """
 
 from __future__ import annotations

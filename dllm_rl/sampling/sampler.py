@@ -34,8 +34,9 @@ set to -inf first (MDLM "SUBS"), which renormalises the confidences and
 changes which tokens commit.
 
 With ``stop_at_eos``, a sequence whose committed blocks contain EOS is finished:
-its remaining positions are filled with EOS, and the loop over blocks ends as
-soon as every sequence is finished. Positions after the first EOS are returned
+its remaining positions after the first EOS are filled with EOS, and the loop over
+blocks ends as soon as every sequence is finished (the tokens up to the first EOS are
+those of ``stop_at_eos=False``). Positions after the first EOS are returned
 as EOS either way.
 """
 
@@ -134,11 +135,13 @@ def more_blocks(x_BL, block, *, cfg: SamplerConfig, eos_id: int):
 
 
 def fill_finished(x_BL, unmask_BL, step, *, cfg: SamplerConfig, mask_id: int, eos_id: int):
-  """After a block: rows that committed EOS get EOS in every still-masked position,
-  recorded as unmasked at the last step that ran."""
+  """After a block: rows that committed EOS get EOS in every still-masked position after
+  their first EOS, recorded as unmasked at the last step that ran. A mask left before it (a
+  mask-id proposal in a finished block) stays, as without ``stop_at_eos``: the tokens up to
+  the first EOS do not depend on it."""
   if not cfg.stop_at_eos:
     return x_BL, unmask_BL
-  fill_BL = _finished(x_BL, eos_id)[:, None] & (x_BL == mask_id)
+  fill_BL = (jnp.cumsum(x_BL == eos_id, axis=-1) > 0) & (x_BL == mask_id)
   return jnp.where(fill_BL, eos_id, x_BL), jnp.where(fill_BL, step - 1, unmask_BL)
 
 

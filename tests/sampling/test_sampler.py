@@ -11,7 +11,7 @@ from flax import nnx
 from dllm_rl.models import transformer as T
 from dllm_rl.sampling import sampler as S
 from dllm_rl.sampling.remasking import REMASKING
-from tests.helpers import small_model
+from tests.helpers import small_model, tiny_model
 
 MASK, EOS = 2, 1
 CFG = small_model(vocab_size=30, n_layers=1, init_std=0.02)
@@ -176,3 +176,27 @@ def test_exclude_mask_comes_from_the_config():
   assert not S.SamplerConfig.from_config(c).exclude_mask  # official LLaDA behaviour by default
   c.sampler.exclude_mask = True
   assert S.SamplerConfig.from_config(c).exclude_mask
+
+
+@pytest.mark.parametrize("kind", ["masked", "block"])
+def test_stop_at_eos_keeps_the_tokens_before_the_first_eos(kind):
+  """A mask left in a finished block (a mask-id proposal) before the first EOS stays a mask:
+  ``stop_at_eos`` only skips work, the tokens up to the first EOS are those without it (the
+  fill once turned that mask into EOS, cutting the completion short)."""
+  from dllm_rl.sampling import block_sampler as BS
+  g, params = T.init_model(tiny_model(vocab_size=8, init_std=0.3), jax.random.key(0))
+  prompt = jax.random.randint(jax.random.key(7), (8, 3), 3, 8)
+  valid = jnp.ones((8, 3), bool)
+  cfg = S.SamplerConfig(completion_len=8, steps=4, block_len=4, temperature=1.0,
+                        stop_at_eos=False)
+  fn = S.sample
+  if kind == "block":
+    cfg, fn = BS.BlockSamplerConfig(**dataclasses.asdict(cfg)), BS.sample_blocks
+  eos = 4  # a frequent token of this model: some rows leave a mask before their first one
+  free, stop = (np.asarray(fn(g, params, prompt, valid, jax.random.key(1), mask_id=MASK,
+                              eos_id=eos, cfg=dataclasses.replace(cfg, stop_at_eos=s))
+                           .completion_BL) for s in (False, True))
+  first = [np.flatnonzero(r == eos)[0] if (r == eos).any() else len(r) for r in free]
+  assert any((r[:f] == MASK).any() and f < len(r) for r, f in zip(free, first))  # exercised
+  for r_free, r_stop, f in zip(free, stop, first):
+    np.testing.assert_array_equal(r_stop[:f], r_free[:f])
