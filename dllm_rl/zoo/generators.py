@@ -50,6 +50,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dllm_rl.sampling import aligned_block, dream, sampler
 from dllm_rl.sampling.remasking import REMASKING
@@ -105,6 +106,18 @@ def _require_unpadded(family: str, valid_BP) -> None:
                      "generate once per prompt")
 
 
+def _refuse_prompt_masks(family: str, prompt_BP, valid_BP, mask_id: int) -> None:
+  """LLaDA's ``generate`` decodes every mask id of the canvas, the prompt's too (infilling:
+  they compete for each step's slots); the port decodes the completion only, so a prompt
+  holding the mask id would silently give other tokens: refuse it."""
+  hits = np.argwhere((np.asarray(prompt_BP) == mask_id) & np.asarray(valid_BP))
+  if hits.size:
+    raise ValueError(f"{family} generate: the prompt holds mask_id={mask_id} at (row, position)"
+                     f" {[tuple(int(v) for v in h) for h in hits[:4]]}; the official generate"
+                     " would decode those prompt positions too (infilling), which this port"
+                     " does not (it decodes the completion only)")
+
+
 @functools.partial(jax.jit, static_argnums=0, static_argnames=("cfg", "mask_id", "eos_id"))
 def _llada_sample(graphdef, params, prompt_BP, valid_BP, key, *, cfg, mask_id, eos_id):
   return sampler.sample(graphdef, params, prompt_BP, valid_BP, key, cfg=cfg, mask_id=mask_id,
@@ -133,6 +146,7 @@ def _run_llada(pre, prompt_BP, valid_BP, key, *, steps, gen_length, block_length
                      f" number of blocks ({gen_length / block_length:g}), as in LLaDA's generate")
   sampler.block_schedule(cfg)  # a named error for a bad shape, before compiling
   mask_id = pre.token_ids.mask_id if mask_id is None else int(mask_id)
+  _refuse_prompt_masks("llada", prompt_BP, valid_BP, mask_id)
   eos_id = pre.token_ids.eos_id if pre.token_ids.eos_id is not None else -1
   completion_BL = _llada_sample(pre.graphdef, pre.params, prompt_BP, valid_BP, key, cfg=cfg,
                                 mask_id=mask_id, eos_id=eos_id)

@@ -83,6 +83,14 @@ def test_unknown_keyword_names_the_accepted_ones(llada, sdar):
     llada.generate(np.zeros((1, 4), np.int32), remasking="lowest")
 
 
+def test_llada_prompt_holding_the_mask_id_is_refused(llada):
+  """The official generate would infill a prompt's mask ids (they compete for every step's
+  slots); the port decodes the completion only, so it names them instead of differing."""
+  prompt = np.array([[5, 6, llada.token_ids.mask_id, 7]])
+  with pytest.raises(ValueError, match=r"mask_id=126 at \(row, position\) \[\(0, 2\)\]"):
+    llada.generate(prompt, steps=4, gen_length=4, block_length=4)
+
+
 def _sdar_reference(model, prompt_1P, *, gen_length, block_length, denoising_steps, threshold):
   """The official ``block_diffusion_generate`` loop at temperature 0, written step by step in
   numpy over ``Pretrained.logits`` (one window forward per step, no cache)."""
