@@ -106,7 +106,8 @@ def denoise_threshold(logits_fn, x_BN, key, *, cfg: DreamSamplerConfig,
     steps = jnp.where(last, steps + rejected, steps)
     x_BL = jnp.where(take_BL, x0_BL, x_BL)
     x_BN = jnp.concatenate([x_BN[:, :start], x_BL], axis=1)
-    history_SBN = history_SBN.at[i].set(x_BN, mode="drop")
+    if cfg.output_history:  # else the buffer is empty: indexing it fails even with "drop"
+      history_SBN = history_SBN.at[i].set(x_BN, mode="drop")
     return x_BN, i + 1, steps, n, rejected, history_SBN
 
   x_BN, *_, history_SBN = jax.lax.while_loop(

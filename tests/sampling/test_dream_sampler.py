@@ -127,6 +127,15 @@ def test_confidence_threshold_reproduces_the_official_history(checkpoint):
   assert np.all(out.history_SBN[s:] == MASK)  # no further forward ran
 
 
+def test_confidence_threshold_runs_without_history(checkpoint):
+  """``output_history=False`` (the default, and every ``load_pretrained(...).generate``):
+  the same tokens; writing into the empty history buffer once raised an IndexError."""
+  data = checkpoint[2]
+  out, _ = _official(checkpoint, "t_confidence_threshold", output_history=False)
+  assert out.history_SBN is None
+  np.testing.assert_array_equal(out.sequences_BN, data["t_confidence_threshold_output"])
+
+
 @pytest.mark.parametrize("name", ["k_prefix_entropy", "k_dual_entropy"])
 def test_block_sampler_reproduces_the_official_output(checkpoint, name):
   data = checkpoint[2]
