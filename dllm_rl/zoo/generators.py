@@ -86,7 +86,7 @@ class Generator:
 
 # The generators' keywords that count tokens or steps (each must be a positive integer).
 COUNTS = ("steps", "gen_length", "block_length", "denoising_steps", "max_new_tokens",
-          "max_length", "minimal_topk")
+          "max_length", "minimal_topk", "num_to_transfer")
 
 
 def _fill_after_eos(x_BN, start: int, eos_id: int | None):
@@ -184,6 +184,10 @@ def _run_llada2(pre, prompt_BP, valid_BP, key, *, temperature, block_length, ste
   eos_id = pre.token_ids.eos_id if eos_id is None else int(eos_id)
   mask_id = pre.token_ids.mask_id if mask_id is None else int(mask_id)
   steps = min(int(steps), int(gen_length) // int(minimal_topk))
+  if steps < 1:  # the official schedule is then empty: every block stays masks
+    raise ValueError(f"llada2 generate: minimal_topk={minimal_topk} is larger than gen_length="
+                     f"{gen_length}, which leaves steps = gen_length // minimal_topk = 0 per"
+                     " block (nothing would be decoded); use minimal_topk <= gen_length")
   cfg = aligned_block.AlignedBlockConfig(
       gen_length=int(gen_length), block_length=int(block_length), steps=steps,
       temperature=float(temperature), top_k=int(top_k or 0),

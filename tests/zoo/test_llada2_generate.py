@@ -92,3 +92,13 @@ def test_the_two_versions_take_their_own_keywords(v20, v21):
     v20.generate(np.zeros((1, 4), np.int32), editing_threshold=0.5)
   with pytest.raises(TypeError, match="num_to_transfer"):
     v21.generate(np.zeros((1, 4), np.int32), remasking="low_confidence")
+
+
+def test_settings_that_would_hang_or_divide_by_zero_are_named(v20, v21):
+  """num_to_transfer=0 commits nothing when no token passes the threshold, so 2.1's block loop
+  never ended; minimal_topk > gen_length leaves 0 steps (a ZeroDivisionError in the schedule)."""
+  prompt = np.zeros((1, 4), np.int32)
+  with pytest.raises(ValueError, match="num_to_transfer must be a positive integer, got 0"):
+    v21.generate(prompt, gen_length=8, block_length=4, num_to_transfer=0)
+  with pytest.raises(ValueError, match="minimal_topk=16 is larger than gen_length=8"):
+    v20.generate(prompt, gen_length=8, block_length=4, steps=4, minimal_topk=16)
