@@ -118,7 +118,10 @@ def _sdar_config(m: ModelConfig, ids: TokenIds) -> dict:
            intermediate_size=m.mlp_hidden, vocab_size=m.vocab_size, rope_theta=m.rope_theta,
            rms_norm_eps=m.rms_norm_eps, tie_word_embeddings=m.tie_embeddings,
            attention_dropout=0.0, sliding_window=None, use_cache=False,
-           mask_token_id=ids.mask_id, eos_token_id=ids.eos_id, bos_token_id=ids.bos_id)
+           mask_token_id=ids.mask_id, eos_token_id=ids.eos_id, bos_token_id=ids.bos_id,
+           # read by every official SDARForCausalLM.forward (SDARConfig has no default:
+           # AttributeError without it); False: plain logits in training too
+           fuse_cross_entropy=False)
   if ids.pad_id is not None:
     c["pad_token_id"] = ids.pad_id
   if ids.block_size is not None:

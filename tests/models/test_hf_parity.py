@@ -263,3 +263,35 @@ def test_sharded_load_matches_single_device(family):
   sharded_logits = _logits(graphdef, params, family)
   np.testing.assert_allclose(sharded_logits, _logits(graphdef, single, family), atol=1e-5)
   assert np.abs(sharded_logits - _inputs(family)[3]).max() <= LOGIT_TOL
+
+
+# Keys of the fixtures' config.json (save_pretrained of the official config classes) that a
+# config.json built by ``to_config`` (a run trained from scratch) may leave out: the official
+# config class defaults each one (LLaDA's ModelConfig dataclass, SDARConfig.__init__), or no
+# official code reads it (SDAR's debug / ep_size / micro_forward / skip_checkpoint /
+# use_deepep), and transformers writes its own version.
+_DEFAULTED = {
+    "llada": {"alibi_bias_max", "attention_layer_norm_with_affine", "flash_attention",
+              "init_cutoff_factor", "init_device", "init_fn", "init_std", "max_sequence_length",
+              "precision"},
+    "sdar": {"debug", "ep_size", "micro_forward", "skip_checkpoint", "use_deepep",
+             "initializer_range", "max_position_embeddings", "max_window_layers"},
+    "dream": set(),
+}
+
+
+@pytest.mark.parametrize("family", ["llada", "sdar", "dream"])
+def test_a_built_config_json_has_every_key_the_official_code_reads(family):
+  """Checked with the official modeling code (torch, trust_remote_code) on exports of runs
+  trained from scratch: SDARForCausalLM.forward reads ``config.fuse_cross_entropy``, which
+  SDARConfig does not default, so a config.json without it failed every forward with
+  AttributeError. The built config.json now carries every key of the fixture's, but those
+  the official config class defaults."""
+  folder = FIXTURES.get(family, os.path.join(ROOT, "tests", "fixtures", f"{family}_tiny"))
+  fixture = hf.read_hf_config(folder)
+  cfg, ids = hf.model_config_from_hf(fixture)
+  built = hf.FAMILIES[family].to_config(cfg, ids)
+  written = {"transformers_version", "torch_dtype"}  # by transformers / export_checkpoint
+  missing = set(fixture) - set(built) - _DEFAULTED[family] - written
+  assert not missing, f"{family}: to_config leaves out {sorted(missing)}"
+  assert hf.config_differences(built, cfg, ids) == []
