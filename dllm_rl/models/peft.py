@@ -11,6 +11,8 @@ e.g. LLaDA's per-layer ``ff_out`` is adapted and its head, also named ``ff_out``
 An HF tensor that fuses several adapted parameters (LLaDA2's ``query_key_value`` = q | k |
 v) gets one LoRA of rank n·r (A stacked, B block-diagonal: exactly the parts' updates),
 listed in ``rank_pattern`` with ``alpha_pattern`` n·α, so its scale stays α/r.
+``task_type`` follows the base's config.json (:func:`task_fields`), so PEFT's auto classes
+(``AutoPeftModelForCausalLM`` / ``AutoPeftModel``) load the folder onto its base.
 """
 
 from __future__ import annotations
@@ -76,23 +78,38 @@ def _fused_pair(pure: dict, paths: list[tuple]) -> tuple[np.ndarray, np.ndarray]
           np.concatenate(blocks, axis=0))
 
 
+def task_fields(hf_config: dict | None) -> dict:
+  """PEFT's ``task_type`` for a base with config.json ``hf_config``: ``CAUSAL_LM`` where its
+  ``auto_map`` names an ``AutoModelForCausalLM`` class (LLaDA, SDAR, LLaDA2), which
+  ``AutoPeftModelForCausalLM`` loads; otherwise (Dream: ``AutoModel`` only) none, with the
+  ``auto_mapping`` PEFT writes for a model without a task, naming ``transformers.AutoModel``
+  (``AutoPeftModel``). With neither, PEFT's auto classes cannot load the folder ("Cannot
+  infer the auto class from the config"); ``PeftModel.from_pretrained`` loads it either way."""
+  if "AutoModelForCausalLM" in ((hf_config or {}).get("auto_map") or {}):
+    return {"task_type": "CAUSAL_LM"}
+  return {"task_type": None,
+          "auto_mapping": {"base_model_class": "AutoModel", "parent_library": "transformers"}}
+
+
 def adapter_config(model_cfg: ModelConfig, modules: list[str], base: str,
-                   ranks: dict[str, int] | None = None) -> dict:
+                   ranks: dict[str, int] | None = None, hf_config: dict | None = None) -> dict:
   """PEFT's ``adapter_config.json`` for rank / alpha of ``model_cfg``, no dropout or bias;
   ``ranks``: modules of another rank (a fused tensor's n·r), in ``rank_pattern`` with the
-  alpha that keeps their scale α/r (``alpha_pattern``)."""
+  alpha that keeps their scale α/r (``alpha_pattern``); ``hf_config``: the base's
+  config.json (:func:`task_fields`)."""
   ranks = ranks or {}
   scale = model_cfg.lora_alpha / model_cfg.lora_rank
   return {"peft_type": "LORA", "r": model_cfg.lora_rank, "lora_alpha": model_cfg.lora_alpha,
           "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False,
           "init_lora_weights": True, "inference_mode": True, "target_modules": modules,
           "rank_pattern": ranks, "alpha_pattern": {m: scale * r for m, r in ranks.items()},
-          "base_model_name_or_path": base, "task_type": None}
+          "base_model_name_or_path": base, **task_fields(hf_config)}
 
 
 def export_peft(pure: dict, model_cfg: ModelConfig, family: str, out_dir: str,
-                base: str) -> list[str]:
-  """Writes the adapters of ``pure`` as a PEFT folder; returns the files written."""
+                base: str, hf_config: dict | None = None) -> list[str]:
+  """Writes the adapters of ``pure`` as a PEFT folder for the base ``base`` (its path or hub
+  id) with config.json ``hf_config``; returns the files written."""
   tensors = peft_tensors(pure, model_cfg, family)
   if not tensors:
     raise ValueError("the parameters hold no LoRA adapter (lora.rank = 0?)")
@@ -105,6 +122,6 @@ def export_peft(pure: dict, model_cfg: ModelConfig, family: str, out_dir: str,
   ranks = {m: r for m in modules
            if (r := tensors[f"base_model.model.{m}.lora_A.weight"].shape[0]) != model_cfg.lora_rank}
   with open(files[1], "w", encoding="utf-8") as f:
-    json.dump(adapter_config(model_cfg, modules, base, ranks), f, indent=2, sort_keys=True)
+    json.dump(adapter_config(model_cfg, modules, base, ranks, hf_config), f, indent=2, sort_keys=True)
     f.write("\n")
   return files

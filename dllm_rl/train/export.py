@@ -164,7 +164,8 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
                                             fall_back=fall_back)
   if run_cfg.lora_rank:
     if peft_dir is not None and is_primary():
-      peft.export_peft(nnx.to_pure_dict(params), run_cfg, source.family, peft_dir, source.origin)
+      peft.export_peft(nnx.to_pure_dict(params), run_cfg, source.family, peft_dir,
+                       source.origin, source.hf_config)
     # merged HF weights: W + (alpha / rank)·A·B, folded in float32
     params = lora.merge_adapters(params, run_cfg, abstract_model(source.model_cfg)[1])
   elif peft_dir is not None:

@@ -241,3 +241,26 @@ def test_peft_of_llada2_holds_the_fused_qkv_update(tmp_path):
       assert a.shape[0] == b.shape[1] == r == (8 if module == "query_key_value" else 4)
       assert m in config["target_modules"] and np.abs(want).max() > 0
       np.testing.assert_allclose(scale * b @ a, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("fixture, task", [("llada_tiny", "CAUSAL_LM"), ("sdar_tiny", "CAUSAL_LM"),
+                                           ("llada2_moe_tiny", "CAUSAL_LM"), ("dream_tiny", None)])
+def test_peft_config_names_an_auto_class_its_base_has(fixture, task):
+  """PEFT's auto classes read ``task_type`` (else ``auto_mapping``) to load the base; a
+  folder with neither ("task_type": null alone, as written before) made
+  ``AutoPeftModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` fail with
+  "Cannot infer the auto class from the config" (checked with peft 0.21.2 on exports of the
+  tiny fixtures; with these fields it loads them and agrees with the merged export)."""
+  import os
+  from dllm_rl.models import hf, peft
+  from tests.helpers import ROOT
+  hf_config = hf.read_hf_config(os.path.join(ROOT, "tests", "fixtures", fixture))
+  cfg = lora.configure(BASE, dict_ns(targets=("q",)))
+  config = peft.adapter_config(cfg, ["m"], "/base", hf_config=hf_config)
+  assert config["task_type"] == task
+  if task is None:  # Dream's auto_map has AutoModel only: AutoPeftModel loads it through that
+    assert config["auto_mapping"] == {"base_model_class": "AutoModel",
+                                      "parent_library": "transformers"}
+    assert "AutoModel" in hf_config["auto_map"]
+  else:
+    assert "auto_mapping" not in config and "AutoModelForCausalLM" in hf_config["auto_map"]
