@@ -150,3 +150,16 @@ def test_adapters_are_checked_against_the_base_they_were_trained_on(caplog):
   assert "trained on the base '/moved/base'; this run's base is '/hf/base'" in caplog.text
   config.lora.rank = 0
   check_base({"lora_base": "init from seed 1"}, config, "ckpt/3")  # no LoRA: no adapters
+
+
+def test_the_peft_folder_names_a_relative_source_by_its_absolute_path(tmp_path, monkeypatch):
+  """A run given ``model.hf_checkpoint=rel/llada_tiny`` (relative to where it was launched):
+  PEFT resolves ``base_model_name_or_path`` from the loading process's working directory (or
+  as a hub id), so the folder names the source absolutely; hub ids stay as given."""
+  from dllm_rl.train.export import peft_base
+  (tmp_path / "rel" / "llada_tiny").mkdir(parents=True)
+  monkeypatch.chdir(tmp_path)
+  assert peft_base("rel/llada_tiny") == str(tmp_path / "rel" / "llada_tiny")
+  assert peft_base(str(tmp_path / "rel" / "llada_tiny")) == str(tmp_path / "rel" / "llada_tiny")
+  assert peft_base("GSAI-ML/LLaDA-8B-Instruct") == "GSAI-ML/LLaDA-8B-Instruct"
+  assert peft_base("gs://bucket/llada") == "gs://bucket/llada"

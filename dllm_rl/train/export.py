@@ -114,6 +114,13 @@ def run_source(config, hf_source: str | None = None) -> ExportSource:
   return ExportSource(model_cfg, ids, family, hf_config, [], texts, "scratch")
 
 
+def peft_base(origin: str) -> str:
+  """The base a PEFT folder names (``base_model_name_or_path``) for a run whose source is
+  ``origin``: a local folder as an absolute path (PEFT reads a relative one from the loading
+  process's working directory, or else as a hub id); a hub id or gs:// URL as given."""
+  return os.path.abspath(origin) if os.path.isdir(origin) else origin
+
+
 def restore_run_params(ref: CheckpointRef, config, model_cfg: ModelConfig, mesh, *,
                        fall_back: bool = False):
   """(the step read, parameters of checkpoint ``ref``, the model config they fit):
@@ -165,7 +172,7 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
   if run_cfg.lora_rank:
     if peft_dir is not None and is_primary():
       peft.export_peft(nnx.to_pure_dict(params), run_cfg, source.family, peft_dir,
-                       source.origin, source.hf_config)
+                       peft_base(source.origin), source.hf_config)
     # merged HF weights: W + (alpha / rank)·A·B, folded in float32
     params = lora.merge_adapters(params, run_cfg, abstract_model(source.model_cfg)[1])
   elif peft_dir is not None:
