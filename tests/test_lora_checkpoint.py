@@ -83,12 +83,18 @@ def test_peft_folder_adds_up_to_the_merged_export(tmp_path):
   assert len(adapters) == 2 * 7 * model_cfg.n_layers
   assert "model.transformer.ff_out" not in config["target_modules"]  # the head is not adapted
   merged = load_file(str(tmp_path / "hf" / "model.safetensors"))
+  # a run from scratch: its seeded base is written beside the adapters, and named
+  base_dir = tmp_path / "peft" / "base"
+  assert config["base_model_name_or_path"] == str(base_dir)
+  written = load_file(str(base_dir / "model.safetensors"))
+  assert set(written) == set(merged) and dllm_rl.load_pretrained(str(base_dir)).family == "llada"
   attn = trained.params["blocks"][1]["attn"]
   for name, w, kind in (("q_proj", attn["q_proj"], hf.IN), ("attn_out", attn["o_proj"], hf.OUT)):
     module = f"model.transformer.blocks.1.{name}"
     a = adapters[f"base_model.model.{module}.lora_A.weight"]
     b = adapters[f"base_model.model.{module}.lora_B.weight"]
     base = hf.to_hf(np.asarray(w[...], np.float32), kind)
+    np.testing.assert_array_equal(written[f"{module}.weight"], base)
     assert a.shape == (4, base.shape[1]) and b.shape == (base.shape[0], 4)
     np.testing.assert_allclose(merged[f"{module}.weight"] - base, 2.0 * b @ a, atol=1e-6)
 

@@ -27,6 +27,7 @@ import os
 import time
 from typing import Any, NamedTuple
 
+import jax
 import numpy as np
 from flax import nnx
 
@@ -41,6 +42,7 @@ from dllm_rl.train.context import checkpoint_folder, hf_model_config, model_conf
 from dllm_rl.train.run_checkpoints import AUTO, LATEST, CheckpointRef
 
 PROVENANCE_FILE = "dllm_rl_export.json"
+PEFT_BASE_DIR = "base"  # in a PEFT folder: the base of a run trained from scratch or an import
 
 
 class ExportSource(NamedTuple):
@@ -121,6 +123,27 @@ def peft_base(origin: str) -> str:
   return os.path.abspath(origin) if os.path.isdir(origin) else origin
 
 
+def base_unloadable(origin: str) -> bool:
+  """A LoRA run's base that transformers cannot load: a model trained from scratch (a seeded
+  init, written nowhere) or a ``convert import`` folder (Orbax)."""
+  return origin == "scratch" or (os.path.isdir(origin) and convert.is_imported(origin))
+
+
+def write_peft_base(params, source: ExportSource, out_dir: str) -> str:
+  """The base of LoRA ``params`` (adapters dropped, float32, as the run held it) as an HF
+  folder ``out_dir``, config.json and tokenizer included, for a PEFT folder whose run's base
+  transformers cannot load (:func:`base_unloadable`); returns its absolute path."""
+  base = jax.tree.map(lambda x: x, abstract_model(source.model_cfg)[1])
+  nnx.replace_by_pure_dict(base, lora.merge_pure(nnx.to_pure_dict(params), 0.0))
+  hf.export_checkpoint(base, source.model_cfg, source.token_ids, source.family, out_dir,
+                       hf_config=source.hf_config, dtype="float32")
+  convert.copy_files(source.files, out_dir)
+  for name, text in source.texts.items():
+    with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
+      f.write(text)
+  return os.path.abspath(out_dir)
+
+
 def restore_run_params(ref: CheckpointRef, config, model_cfg: ModelConfig, mesh, *,
                        fall_back: bool = False):
   """(the step read, parameters of checkpoint ``ref``, the model config they fit):
@@ -171,8 +194,10 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
                                             fall_back=fall_back)
   if run_cfg.lora_rank:
     if peft_dir is not None and is_primary():
-      peft.export_peft(nnx.to_pure_dict(params), run_cfg, source.family, peft_dir,
-                       peft_base(source.origin), source.hf_config)
+      base = (write_peft_base(params, source, os.path.join(peft_dir, PEFT_BASE_DIR))
+              if base_unloadable(source.origin) else peft_base(source.origin))
+      peft.export_peft(nnx.to_pure_dict(params), run_cfg, source.family, peft_dir, base,
+                       source.hf_config)
     # merged HF weights: W + (alpha / rank)·A·B, folded in float32
     params = lora.merge_adapters(params, run_cfg, abstract_model(source.model_cfg)[1])
   elif peft_dir is not None:
