@@ -99,6 +99,15 @@ def test_peft_folder_adds_up_to_the_merged_export(tmp_path):
     np.testing.assert_allclose(merged[f"{module}.weight"] - base, 2.0 * b @ a, atol=1e-6)
 
 
+def test_the_bases_a_peft_folder_must_carry_are_those_transformers_cannot_load(tmp_path):
+  from dllm_rl.models import convert
+  from dllm_rl.train.export import base_unloadable
+  hf_dir = os.path.join(os.path.dirname(__file__), "fixtures", "llada_tiny")
+  convert.import_hf(hf_dir, str(tmp_path / "imported"))
+  assert base_unloadable("scratch") and base_unloadable(str(tmp_path / "imported"))
+  assert not base_unloadable(hf_dir) and not base_unloadable("GSAI-ML/LLaDA-8B-Instruct")
+
+
 def test_a_kl_term_turned_on_or_off_since_the_checkpoint_restores(tmp_path, caplog):
   """Full fine-tuning holds the reference policy only with rl.kl_coef > 0. Turned on at a
   resume (or a study.branch variant), the reference is the template's, the run's starting
