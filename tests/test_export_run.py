@@ -273,3 +273,12 @@ def test_a_dream_shaped_run_from_scratch_exports_the_generation_config_dream_loa
   assert generation == {"bos_token_id": None, "eos_token_id": tok.eos_id,
                         "pad_token_id": tok.pad_id, "mask_token_id": tok.mask_id}
   assert dllm_rl.load_pretrained(str(tmp_path / "hf")).token_ids.mask_id == tok.mask_id
+
+
+def test_an_export_record_is_not_carried_to_a_folder_made_from_it(tmp_path):
+  """dllm_rl_export.json describes the run that wrote its folder: an import of that folder,
+  or an export of a run from it, does not copy it (the export writes its own)."""
+  from dllm_rl.models import convert
+  for name in ("config.json", "model.safetensors", "tokenizer.json", "dllm_rl_export.json"):
+    (tmp_path / name).write_text("{}")
+  assert convert.extra_files(str(tmp_path)) == [str(tmp_path / "tokenizer.json")]

@@ -36,7 +36,10 @@ from dllm_rl.parallel.mesh import make_mesh
 FORMAT = "dllm_rl.hf_import/1"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack")
 _EXTRA_MAX_BYTES = 100_000_000  # tokenizer / code / generation config, never weights
-_SKIP = ("config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+# not carried to an import or export: the config and index are written anew, and an export's
+# record (dllm_rl.train.export.PROVENANCE_FILE) describes the run that wrote that folder only
+_SKIP = ("config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json",
+         "dllm_rl_export.json")
 
 
 def tensor_bytes(hf_dir: str) -> int:

@@ -41,7 +41,7 @@ from dllm_rl.train import lora_checkpoint, run_checkpoints
 from dllm_rl.train.context import checkpoint_folder, hf_model_config, model_config
 from dllm_rl.train.run_checkpoints import AUTO, LATEST, CheckpointRef
 
-PROVENANCE_FILE = "dllm_rl_export.json"
+PROVENANCE_FILE = "dllm_rl_export.json"  # never copied from a source (convert._SKIP)
 PEFT_BASE_DIR = "base"  # in a PEFT folder: the base of a run trained from scratch or an import
 
 
