@@ -152,7 +152,10 @@ def seeds_to_decide(sd: float | None, effect: float, level: float = 0.95) -> int
   """Seeds n for which the paired t-interval of a difference with standard deviation ``sd``
   would exclude 0 if the true difference were ``effect``: the least n ≥ 2 with
   t_{(1+level)/2, n−1}·sd/√n < |effect|. None when sd or effect is missing or effect is 0;
-  more than 1000 is reported as 1001 (the effect is too small to resolve by seeds)."""
+  more than 1000 is reported as 1001 (the effect is too small to resolve by seeds). At that n
+  a study of the true ``effect`` and ``sd`` resolves it about half the time (the interval's
+  centre falls on either side of the effect); ~2n seeds give ~80% (power ≈ 0.8 needs
+  (t_{0.975} + t_{0.8})² ≈ 2.0 × t_{0.975}²)."""
   if sd is None or not effect:
     return None
   if sd == 0:
