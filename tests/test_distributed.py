@@ -58,14 +58,15 @@ def test_explicit_from_config():
            process_id=3, local_device_ids="0,1")
   assert p.kind == "explicit"
   assert p.kwargs == dict(coordinator_address="10.0.0.1:1234", num_processes=4, process_id=3,
-                          local_device_ids=[0, 1])
+                          local_device_ids=[0, 1], cluster_detection_method="deactivate")
 
 
 def test_explicit_from_env_and_config_wins_over_env():
   env = {"DLLM_COORDINATOR_ADDRESS": "host0:99", "DLLM_NUM_PROCESSES": "8",
          "DLLM_PROCESS_ID": "5"}
   assert plan(env, initialize="explicit").kwargs == dict(
-      coordinator_address="host0:99", num_processes=8, process_id=5, local_device_ids=None)
+      coordinator_address="host0:99", num_processes=8, process_id=5, local_device_ids=None,
+      cluster_detection_method="deactivate")
   p = plan(env, initialize="explicit", coordinator_address="other:7", process_id=0)
   assert p.kwargs["coordinator_address"] == "other:7"
   assert p.kwargs["process_id"] == 0 and p.kwargs["num_processes"] == 8
@@ -188,8 +189,10 @@ def test_initialize_explicit_calls_init_with_resolved_values():
   env = {"DLLM_COORDINATOR_ADDRESS": "h0:1234", "DLLM_NUM_PROCESSES": "1", "DLLM_PROCESS_ID": "0"}
   info = distributed.initialize(dist_cfg(initialize="explicit"), env=env, init_fn=fake,
                                 cloud_tpu_vm=False)
-  # local_device_ids="" (all devices) is not passed: JAX's default sees every device.
-  assert fake.calls == [dict(coordinator_address="h0:1234", num_processes=1, process_id=0)]
+  # local_device_ids="" (all devices) is not passed, and JAX's cluster detection is off: it
+  # would restrict the process to GPU $SLURM_LOCALID inside a SLURM step.
+  assert fake.calls == [dict(coordinator_address="h0:1234", num_processes=1, process_id=0,
+                             cluster_detection_method="deactivate")]
   assert info == {"process_index": 0, "process_count": 1, "local_devices": jax.local_device_count(),
                   "global_devices": jax.device_count()}
   assert info["global_devices"] == 8  # conftest's simulated devices
@@ -304,3 +307,34 @@ def test_two_processes_agree_with_single_process(tmp_path):
   assert results[0]["process_key"] != results[1]["process_key"]
   for p, log in enumerate(logs):
     assert f"[distributed] process {p}/2, 2 local / 4 global cpu devices" in log.read_text()
+
+
+# The process of a SLURM step whose explicit initialize must keep every local GPU.
+_SLURM_VISIBLE = """
+import sys
+from jax._src import xla_bridge
+from dllm_rl.parallel import distributed
+distributed.initialize(dict(initialize="explicit", coordinator_address=sys.argv[1],
+                            num_processes=1, process_id=0, local_device_ids=sys.argv[2]))
+print("visible=" + xla_bridge.CUDA_VISIBLE_DEVICES.value)
+"""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("local_ids, visible", [("", "all"), ("1,2", "1,2")])
+def test_explicit_in_a_slurm_step_keeps_the_local_devices_it_names(tmp_path, local_ids,
+                                                                   visible):
+  """launch/slurm_gpu.sh's one process per node: real jax.distributed.initialize inside a SLURM
+  step (SLURM_LOCALID=3) with local_device_ids="" must leave every GPU visible; JAX's own SLURM
+  detection would have restricted the process to GPU 3 (1 of the node's 8)."""
+  import subprocess
+  import sys
+  env = {k: v for k, v in os.environ.items() if not k.startswith(harness.CLUSTER_ENV_PREFIXES)}
+  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=harness.REPO, SLURM_JOB_ID="7",
+             SLURM_STEP_NODELIST="node1", SLURM_NTASKS="1", SLURM_PROCID="0", SLURM_LOCALID="3",
+             SLURM_STEP_NUM_NODES="1")
+  proc = subprocess.run([sys.executable, "-c", _SLURM_VISIBLE, f"127.0.0.1:{harness.free_port()}",
+                         local_ids], env=env, cwd=tmp_path, capture_output=True, text=True,
+                        timeout=60)
+  assert proc.returncode == 0, proc.stderr
+  assert f"visible={visible}" in proc.stdout.splitlines()

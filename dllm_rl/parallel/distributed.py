@@ -21,7 +21,9 @@ On a Cloud TPU VM ``"auto"`` always initialises: JAX resolves the slice from
 the TPU metadata server, and a single-host VM becomes a one-process run. Under
 SLURM JAX makes each process see only GPU ``SLURM_LOCALID`` unless
 ``local_device_ids`` is set (one process per GPU); ``launch/slurm_gpu.sh``
-therefore uses ``"explicit"``.
+therefore uses ``"explicit"``, which turns JAX's cluster detection off
+(``cluster_detection_method="deactivate"``) so that ``local_device_ids=""`` keeps
+every local device, under SLURM too.
 
 CPU multi-process runs need cross-process CPU collectives: with JAX 0.10 they are
 gloo (``jax_cpu_collectives_implementation``, already JAX's default); older or
@@ -151,8 +153,12 @@ def _explicit_kwargs(cfg: Any, env: Mapping[str, str], mode: str) -> dict:
     errors.append(ConfigError("distributed.process_id",
                               f"must be in [0, num_processes={num}) (-1 = from env), got {pid}"))
   raise_all(errors)
+  # "deactivate": every value is given, so JAX's cluster detection could only add one thing,
+  # and a wrong one: inside a SLURM step it restricts an unset local_device_ids to GPU
+  # $SLURM_LOCALID, so one process per node would use 1 of its GPUs ("" means all of them).
   return dict(coordinator_address=address, num_processes=num, process_id=pid,
-              local_device_ids=parse_device_ids(_get(cfg, "local_device_ids", "")))
+              local_device_ids=parse_device_ids(_get(cfg, "local_device_ids", "")),
+              cluster_detection_method="deactivate")
 
 
 def _tpu_hint(env: Mapping[str, str]) -> str | None:
