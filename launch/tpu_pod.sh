@@ -40,7 +40,10 @@
 #                            (the slice configs/llada_tpu.py is planned for: check a config
 #                            with python -m dllm_rl.plan --config=... --topology=TYPE first)
 #   --runtime-version V      TPU VM software version for --create    [TPU_RUNTIME_VERSION]
-#                                                                    tpu-ubuntu2204-base
+#                            default: the one Cloud TPU names for the generation: v6e-N
+#                            v2-alpha-tpuv6e, v5p-N v2-alpha-tpuv5, v5litepod-N (v5e; gcloud
+#                            does not know v5e-N) v2-alpha-tpuv5-lite, v4 and older
+#                            tpu-ubuntu2204-base
 #   --workdir DIR            run directory every host can reach (gs://...)  [DLLM_WORKDIR]
 #                                                                    required
 #   --config FILE            config file, relative to the checkout   [DLLM_CONFIG]
@@ -75,7 +78,7 @@ NAME=${TPU_NAME:-}
 ZONE=${TPU_ZONE:-}
 PROJECT=${TPU_PROJECT:-}
 ACCELERATOR_TYPE=${TPU_ACCELERATOR_TYPE:-v5p-64}
-RUNTIME_VERSION=${TPU_RUNTIME_VERSION:-tpu-ubuntu2204-base}
+RUNTIME_VERSION=${TPU_RUNTIME_VERSION:-}  # default: by generation, below
 WORKDIR=${DLLM_WORKDIR:-}
 CONFIG=${DLLM_CONFIG:-configs/llada_tpu.py}
 REMOTE_DIR=${DLLM_REMOTE_DIR:-dllm_rl}
@@ -122,6 +125,21 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [[ $DRY_RUN == 0 ]]; then
   command -v gcloud >/dev/null || die "gcloud not found (install the Google Cloud CLI)"
   [[ -f $REPO/$CONFIG ]] || die "config file $REPO/$CONFIG not found"
+fi
+
+# The TPU software version Cloud TPU documents for each generation (cloud.google.com/tpu/docs/
+# runtimes); gcloud's v5e accelerator types are v5litepod-N.
+if [[ $CREATE == 1 ]]; then
+  [[ $ACCELERATOR_TYPE != v5e-* ]] || die "--accelerator-type $ACCELERATOR_TYPE: gcloud names" \
+      "v5e slices v5litepod-N (N chips), e.g. --accelerator-type v5litepod-${ACCELERATOR_TYPE#v5e-}"
+  if [[ -z $RUNTIME_VERSION ]]; then
+    case $ACCELERATOR_TYPE in
+      v6e-*) RUNTIME_VERSION=v2-alpha-tpuv6e ;;
+      v5p-*) RUNTIME_VERSION=v2-alpha-tpuv5 ;;
+      v5litepod-*) RUNTIME_VERSION=v2-alpha-tpuv5-lite ;;
+      *) RUNTIME_VERSION=tpu-ubuntu2204-base ;;
+    esac
+  fi
 fi
 
 GCLOUD_LOCATION=(--zone="$ZONE")

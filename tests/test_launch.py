@@ -79,6 +79,32 @@ def test_tpu_dry_run(sandbox, tmp_path):
   assert not (tmp_path / "dllm_rl-my-v4.tgz").exists()  # dry: nothing written
 
 
+@pytest.mark.parametrize("accelerator, version", [
+    (None, "v2-alpha-tpuv5"),  # the default v5p-64
+    ("v6e-16", "v2-alpha-tpuv6e"), ("v5litepod-16", "v2-alpha-tpuv5-lite"),
+    ("v4-32", "tpu-ubuntu2204-base")])
+def test_tpu_create_picks_the_runtime_version_of_the_generation(sandbox, tmp_path, accelerator,
+                                                                version):
+  """cloud.google.com/tpu/docs/runtimes: v6e, v5p, v5e and v4 each have their own TPU software
+  version (tpu-ubuntu2204-base is for v4 and older only)."""
+  args = ["--accelerator-type", accelerator] if accelerator else []
+  res = run_script(TPU, ["--dry-run", "--create", "--name", "n", "--zone", "z", "--workdir",
+                         "gs://b/r", *args], sandbox, tmp_path)
+  assert res.returncode == 0, res.stderr
+  create = commands(res.stdout)[0]
+  assert f"--version={version}" in create
+  # an explicit --runtime-version (or TPU_RUNTIME_VERSION) still wins
+  res = run_script(TPU, ["--dry-run", "--create", "--name", "n", "--zone", "z", "--workdir",
+                         "gs://b/r", "--runtime-version", "my-image", *args], sandbox, tmp_path)
+  assert "--version=my-image" in commands(res.stdout)[0]
+
+
+def test_tpu_create_names_gclouds_v5e_accelerator_type(sandbox, tmp_path):
+  res = run_script(TPU, ["--dry-run", "--create", "--name", "n", "--zone", "z", "--workdir",
+                         "gs://b/r", "--accelerator-type", "v5e-16"], sandbox, tmp_path)
+  assert res.returncode == 2 and "v5litepod-16" in res.stderr and not res.stdout
+
+
 def _fake_worker(tmp_path):
   """A worker's home with the copied tarball (the requirement files) and a PATH whose python3
   logs its arguments to ``calls``; ``python3 -m uv venv ... DIR`` makes DIR/bin/python, which
