@@ -17,7 +17,8 @@ from dllm_rl.errors import ConfigError, each, raise_all
 from dllm_rl.planning import planner
 
 _CONFIG = flags.DEFINE_string("config", None, "ml_collections config file.")
-_TOPOLOGY = flags.DEFINE_string("topology", None, "v4-N, v5e-N, v5p-N, v6e-N, GEN:AxBxC or cpu:N")
+_TOPOLOGY = flags.DEFINE_string(
+    "topology", None, "v4-N, v5e-N (or v5litepod-N), v5p-N, v6e-N, GEN:AxBxC or cpu:N")
 _JSON = flags.DEFINE_string("json", None, "Write the plan as JSON to this path.")
 _MEMORY = flags.DEFINE_float("device_memory_gib", None,
                              "Override the memory per device (cpu:N default: 80 GiB).")

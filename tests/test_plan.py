@@ -55,6 +55,7 @@ def test_slice_names():
   assert topology.tpu_topology_name("v5p-8") == ("v5p", "v5p:2x2x1")
   assert topology.tpu_topology_name("v4-32") == ("v4", "v4:2x2x4")
   assert topology.tpu_topology_name("v5e-16") == ("v5e", "v5e:4x4")
+  assert topology.tpu_topology_name("v5litepod-16") == ("v5e", "v5e:4x4")  # gcloud's name
   assert topology.tpu_topology_name("v6e-8") == ("v6e", "v6e:2x4")
   assert topology.tpu_topology_name("v5p:4x4x4") == ("v5p", "v5p:4x4x4")
   with pytest.raises(ValueError, match="power-of-2"):

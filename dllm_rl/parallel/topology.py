@@ -55,14 +55,17 @@ def torus_shape(chips: int, rank: int) -> tuple[int, ...]:
 
 
 def tpu_topology_name(name: str) -> tuple[str, str]:
-  """(generation, libtpu topology name) for ``v5p-64`` or ``v5p:2x4x4``."""
-  m = re.fullmatch(r"(v4|v5e|v5p|v6e)([-:])([0-9x]+)", name)
+  """(generation, libtpu topology name) for ``v5p-64`` or ``v5p:2x4x4``; ``v5litepod-N``
+  (gcloud's accelerator type for v5e, what ``launch/tpu_pod.sh --accelerator-type`` takes)
+  is ``v5e-N``."""
+  m = re.fullmatch(r"(v4|v5e|v5p|v6e|v5litepod)([-:])([0-9x]+)", name)
   if not m:
     raise ValueError(f"topology {name!r}: expected v4-N, v5e-N, v5p-N, v6e-N, "
                      f"GEN:AxBxC or cpu:N")
   gen, sep, rest = m.groups()
+  gen = "v5e" if gen == "v5litepod" else gen
   if sep == ":":
-    return gen, name
+    return gen, f"{gen}:{rest}"
   cores = int(rest)
   per = _CORES_PER_CHIP[gen]
   if cores % per:
