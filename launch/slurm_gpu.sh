@@ -34,7 +34,8 @@
 #   --nodes N              nodes                       [DLLM_NODES] the allocation's, else 1
 #                          (nodes x GPUs must divide rl.batch_prompts, eval.batch_size and
 #                          data.batch_size: configs/llada_gpu.py has 8 prompts, one node of 8)
-#   --gpus-per-node G      GPUs per node               [DLLM_GPUS_PER_NODE] 8
+#   --gpus-per-node G      GPUs per node               [DLLM_GPUS_PER_NODE] the allocation's
+#                          (SLURM_GPUS_PER_NODE, which sbatch/salloc --gpus-per-node set), else 8
 #   --procs per-node|per-gpu  one process per node (it sees all the node's GPUs) or per GPU
 #                                                      [DLLM_PROCS] per-node
 #   --port P               coordinator port            [DLLM_PORT] 20000 + SLURM_JOB_ID % 10000
@@ -58,7 +59,8 @@ die() { echo "slurm_gpu.sh: $*" >&2; exit 2; }
 CONFIG=${DLLM_CONFIG:-}
 WORKDIR=${DLLM_WORKDIR:-}
 NODES=${DLLM_NODES:-${SLURM_JOB_NUM_NODES:-1}}
-GPUS_PER_NODE=${DLLM_GPUS_PER_NODE:-8}
+GPUS_PER_NODE=${DLLM_GPUS_PER_NODE:-${SLURM_GPUS_PER_NODE:-8}}
+GPUS_PER_NODE=${GPUS_PER_NODE##*:}  # "h100:4" (--gpus-per-node=TYPE:N) -> 4
 PROCS=${DLLM_PROCS:-per-node}
 PORT=${DLLM_PORT:-}
 PYTHON=${DLLM_PYTHON:-python3}
@@ -97,7 +99,8 @@ done
 [[ -n $CONFIG ]] || die "--config (or DLLM_CONFIG) is required, e.g. --config configs/llada_tpu.py"
 [[ -n $WORKDIR ]] || die "--workdir (or DLLM_WORKDIR) is required (on a filesystem all nodes share)"
 [[ $NODES =~ ^[1-9][0-9]*$ ]] || die "--nodes must be a positive integer, got '$NODES'"
-[[ $GPUS_PER_NODE =~ ^[1-9][0-9]*$ ]] || die "--gpus-per-node must be a positive integer"
+[[ $GPUS_PER_NODE =~ ^[1-9][0-9]*$ ]] \
+    || die "--gpus-per-node must be a positive integer, got '$GPUS_PER_NODE'"
 [[ $MEM_FRACTION =~ ^(0?\.[0-9]+|1(\.0*)?)$ ]] || die "--mem-fraction must be in (0, 1], got '$MEM_FRACTION'"
 case $PROCS in
   per-node) TASKS_PER_NODE=1 ;;

@@ -231,6 +231,23 @@ def test_slurm_dry_run_inside_an_allocation_one_process_per_gpu(sandbox, tmp_pat
   assert "--config=configs/tiny_cpu.py" in task
 
 
+@pytest.mark.parametrize("allocated", ["4", "h100:4"])
+def test_slurm_inside_an_allocation_takes_its_gpus_per_node(sandbox, tmp_path, allocated):
+  """`sbatch --gpus-per-node=4 launch/slurm_gpu.sh ...` (or an salloc of 4-GPU nodes): the step
+  asks for the allocation's 4 GPUs per node, as --nodes follows the allocation's nodes; asking
+  for 8 would leave srun unable to create the step."""
+  env = dict(sandbox, SLURM_JOB_ID="5", SLURM_JOB_NODELIST="g[1-2]", SLURM_JOB_NUM_NODES="2",
+             SLURM_GPUS_PER_NODE=allocated)
+  res = run_script(SLURM, ["--dry-run", "--procs", "per-gpu", "--config", "c.py", "--workdir",
+                           "/w"], env, tmp_path)
+  assert res.returncode == 0, res.stderr
+  srun = commands(res.stdout)[1]
+  assert {"--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--gpus-per-node=4"} <= set(srun)
+  res = run_script(SLURM, ["--dry-run", "--gpus-per-node", "2", "--config", "c.py", "--workdir",
+                           "/w"], env, tmp_path)  # the flag still wins
+  assert "--gpus-per-node=2" in commands(res.stdout)[1]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--workdir", "/w"], "--config"),
     (["--config", "c.py"], "--workdir"),
