@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the launch scripts (sourced, not run): print each command before running it,
 # quoted so that the printed line can be pasted into a shell; with DRY_RUN=1 only print.
 # Shell-quotes one word only where needed, so printed commands stay readable and runnable.

@@ -23,7 +23,7 @@ OUT=${1:-${OUT:-/tmp/gpu_check}}
 LIMIT=${GPU_CHECK_LIMIT_S:-540}
 PY=${PYTHON:-python}
 mkdir -p "$OUT"
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt" 2>&1 || true
 run() {  # run NAME SECONDS CMD...
   local name=$1 secs=$2; shift 2

@@ -26,7 +26,7 @@
 set -u
 STUDY_S=${1:-400}
 BENCH_S=${2:-150}
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 STATE=${GPU_LEASE_STATE:-/tmp/gpu_lease}
 mkdir -p "$STATE"
 pack() {  # what the parts wrote so far, into $OUT (the device tool brings it back)

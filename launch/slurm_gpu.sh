@@ -147,7 +147,8 @@ srun_step() {
                --config.distributed.initialize=explicit
                --config.distributed.coordinator_address="$host:$port")
   # Single-quoted for bash -c: each task expands its own SLURM_* variables.
-  local task_cmd="exec $(quote_all "${fixed[@]}")"
+  local task_cmd
+  task_cmd="exec $(quote_all "${fixed[@]}")"
   task_cmd+=' --config.distributed.num_processes=$SLURM_NTASKS'
   task_cmd+=' --config.distributed.process_id=$SLURM_PROCID'
   [[ $PROCS == per-node ]] || task_cmd+=' --config.distributed.local_device_ids=$SLURM_LOCALID'
@@ -163,6 +164,7 @@ if [[ -n ${SLURM_JOB_ID:-} ]]; then
   srun_step "$SLURM_JOB_NODELIST" "${PORT:-$((20000 + SLURM_JOB_ID % 10000))}"
 else
   [[ $DRY_RUN == 1 ]] || command -v sbatch >/dev/null || die "sbatch not found (not a SLURM host?)"
+  # shellcheck disable=SC2054  # --export=ALL,VAR=value: one sbatch option, commas and all
   SBATCH=(sbatch --nodes="$NODES" --gpus-per-node="$GPUS_PER_NODE"
           --ntasks-per-node="$TASKS_PER_NODE" --export=ALL,DLLM_REPO="$REPO"
           --chdir="$REPO")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import shlex
+import shutil
 import subprocess
 
 import pytest
@@ -55,6 +57,17 @@ def test_bash_syntax_and_strict_mode(script):
     text = f.read()
   assert "\nset -euo pipefail\n" in text
   assert "--dry-run" in text.split("set -euo pipefail")[0]  # documented in the header
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
+def test_shellcheck_finds_no_warnings():
+  """`shellcheck -S warning launch/*.sh`: common.sh names its shell (it has no shebang), the
+  GPU scripts stop when their cd fails (they run without set -e), and the one intended comma
+  array element (sbatch --export=ALL,VAR=value) is marked as intended."""
+  scripts = sorted(glob.glob(os.path.join(REPO, "launch", "*.sh")))
+  res = subprocess.run(["shellcheck", "-S", "warning", *scripts], capture_output=True, text=True,
+                       timeout=60)
+  assert res.returncode == 0, res.stdout
 
 
 def test_tpu_dry_run(sandbox, tmp_path):
