@@ -142,7 +142,8 @@ srun_step() {
   local nodelist=$1 port=$2
   echo "+ scontrol show hostnames $(quote "$nodelist")"
   local host
-  host=$(first_host "$nodelist")
+  host=$(first_host "$nodelist")  # a command substitution ignores set -e: check what came back
+  [[ -n $host ]] || die "scontrol show hostnames '$nodelist' gave no host for the coordinator"
   local fixed=("$PYTHON" -m dllm_rl.main --config="$CONFIG" --workdir="$WORKDIR"
                --config.distributed.initialize=explicit
                --config.distributed.coordinator_address="$host:$port")

@@ -330,3 +330,14 @@ def test_slurm_tasks_expand_their_own_slurm_variables(tmp_path):
       "--config.distributed.coordinator_address=node-a:20017",
       "--config.distributed.num_processes=2", "--config.distributed.process_id=1",
       "--config.distributed.local_device_ids=1"]
+
+
+def test_slurm_stops_when_scontrol_gives_no_coordinator_host(tmp_path):
+  """scontrol failing inside $(...) is not caught by set -e: the script must stop there, not
+  start every task with coordinator_address=':PORT'."""
+  env = recording_tools(tmp_path, {"scontrol": "echo 'scontrol: error' >&2; exit 1",
+                                   "srun": f"touch '{tmp_path}/srun-called'"})
+  env.update(SLURM_JOB_ID="17", SLURM_JOB_NODELIST="node-[a-b]", SLURM_JOB_NUM_NODES="2")
+  res = run_script(SLURM, ["--config", "configs/tiny_cpu.py", "--workdir", "/w"], env, tmp_path)
+  assert res.returncode == 2 and "gave no host" in res.stderr, res.stderr
+  assert not (tmp_path / "srun-called").exists()
