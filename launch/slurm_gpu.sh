@@ -174,7 +174,9 @@ else
   [[ -z $TIME ]] || SBATCH+=(--time="$TIME")
   run "${SBATCH[@]}" "$REPO/launch/slurm_gpu.sh" ${SUBMIT_ARGS[@]+"${SUBMIT_ARGS[@]}"}
   if [[ $DRY_RUN == 1 ]]; then
-    echo "# then, inside the allocation (FIRST_NODE = its first host):"
-    srun_step FIRST_NODE "${PORT:-29500}"
+    PORT_NOTE=", PORT = 20000 + its job id % 10000"
+    [[ -z $PORT ]] || PORT_NOTE=""
+    echo "# then, inside the allocation (FIRST_NODE = its first host$PORT_NOTE):"
+    srun_step FIRST_NODE "${PORT:-PORT}"
   fi
 fi

@@ -223,7 +223,7 @@ def test_slurm_dry_run_outside_an_allocation_submits_itself(sandbox, tmp_path):
   assert main_words(task) == [
       "-m", "dllm_rl.main", "--config=configs/llada_tpu.py", "--workdir=/shared/run",
       "--config.distributed.initialize=explicit",
-      "--config.distributed.coordinator_address=FIRST_NODE:29500",
+      "--config.distributed.coordinator_address=FIRST_NODE:PORT",  # 20000 + job id % 10000
       "--config.distributed.num_processes=$SLURM_NTASKS",
       "--config.distributed.process_id=$SLURM_PROCID", *OVERRIDES]
 
