@@ -153,7 +153,10 @@ fi
 
 if [[ $SETUP == 1 ]]; then
   TARBALL=${TMPDIR:-/tmp}/dllm_rl-$NAME.tgz
-  run tar -czf "$TARBALL" --exclude=.git --exclude=.venv --exclude=__pycache__ -C "$REPO" .
+  # Not what .gitignore keeps out of the repository: run directories (checkpoints), wheels, caches.
+  run tar -czf "$TARBALL" --exclude=.git --exclude=.venv --exclude=__pycache__ \
+      --exclude=./runs --exclude='./workdir*' --exclude=./.whl --exclude=./build \
+      --exclude=.pytest_cache --exclude=.import_linter_cache --exclude='*.egg-info' -C "$REPO" .
   run gcloud compute tpus tpu-vm scp "$TARBALL" "$NAME:dllm_rl.tgz" "${GCLOUD_LOCATION[@]}" \
       --worker=all
   SETUP_CMD="mkdir -p $(quote "$REMOTE_DIR") && tar -xzf dllm_rl.tgz -C $(quote "$REMOTE_DIR")"

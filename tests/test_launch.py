@@ -118,6 +118,27 @@ def test_tpu_create_names_gclouds_v5e_accelerator_type(sandbox, tmp_path):
   assert res.returncode == 2 and "v5litepod-16" in res.stderr and not res.stdout
 
 
+def test_tpu_setup_leaves_run_directories_and_wheels_out_of_the_tarball(sandbox, tmp_path):
+  """The printed tar, run on a fake checkout: the code goes to every worker, the git-ignored run
+  directories (a checkpoint can be many GB), .venv and .whl do not."""
+  import tarfile
+  res = run_script(TPU, ["--dry-run", "--setup", "--name", "n", "--zone", "z", "--workdir",
+                         "gs://b/r"], sandbox, tmp_path)
+  tar = commands(res.stdout)[0]
+  repo = tmp_path / "checkout"
+  for rel in ("dllm_rl/main.py", "configs/c.py", "docs/runs.md", "runs/r1/ckpt.bin",
+              "workdir_a/ckpt.bin", ".whl/x.whl", ".venv/bin/python", "dllm_rl.egg-info/PKG",
+              "dllm_rl/__pycache__/m.pyc", "build/lib/x.py"):
+    (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+    (repo / rel).write_text("x")
+  tar[tar.index("-C") + 1] = str(repo)
+  tar[2] = str(tmp_path / "out.tgz")
+  subprocess.run(tar, check=True, timeout=30)
+  with tarfile.open(tmp_path / "out.tgz") as f:
+    files = sorted(m.name for m in f.getmembers() if m.isfile())
+  assert files == ["./configs/c.py", "./dllm_rl/main.py", "./docs/runs.md"]
+
+
 def _fake_worker(tmp_path):
   """A worker's home with the copied tarball (the requirement files) and a PATH whose python3
   logs its arguments to ``calls``; ``python3 -m uv venv ... DIR`` makes DIR/bin/python, which
