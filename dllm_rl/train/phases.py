@@ -12,7 +12,8 @@
   logged (a resumed run logs what an uninterrupted one does); a stop saves, then raises
   :class:`Preempted`;
 * periodic evaluation (``val_*`` lines), a metrics line every ``log_every`` steps (the mean
-  of the window, ``skipped_steps``, throughput; the progress bar's fields: ``Phase.postfix``),
+  of the window, ``skipped_steps``, throughput; the progress bar's fields: ``Phase.postfix``)
+  and one at the phase's last step (its end or an early stop) for the steps since the last,
   sample completions every ``log.samples_every`` steps (:meth:`Phase.samples` →
   ``samples.jsonl``), the final save, the test evaluation, the curves
   (``workdir/<phase>_curves.png`` of ``Phase.panels``) and the one-line console summary;
@@ -271,6 +272,21 @@ def _say_changes(phase: Phase, meta: dict, limit: int = 12) -> None:
         f" {layout_errors.said_changes(changes, limit)}", file=sys.stderr, flush=True)
 
 
+def _log_window(logger: MetricsLogger, phase: Phase, step: int, window: list, skipped,
+                guard: StepGuard, state, clock: _StepClock, timer: StepTimer) -> dict:
+  """Log the metrics line of the steps in ``window`` (their mean, ``skipped_steps``,
+  throughput) at ``step``; returns it. ``skipped``: the skip count read at this step, or
+  None (read here: raises after too many non-finite updates in a row)."""
+  logged = mean_metrics(window)  # blocks on the device: the window's time is real
+  if skipped is None:
+    skipped = guard.skipped(state.opt_state, step)
+  logged["skipped_steps"] = skipped
+  clock.flush()
+  logged.update(timer.metrics(rollout=phase.rollout_timing))
+  logger.log(step, logged, phase=phase.name)
+  return logged
+
+
 def _log_val(logger: MetricsLogger, phase: Phase, step: int, val: dict) -> None:
   logger.log(step, {f"val_{k}": v for k, v in val.items()}, phase=phase.name)
 
@@ -339,14 +355,8 @@ def run_phase(phase_cls: type[Phase], ctx: Context) -> dict:
       window.append(metrics)
       bar.update(1)
       if step % phase.log_every == 0:
-        logged = mean_metrics(window)  # blocks on the device: the window's time is real
-        if skipped is None:
-          skipped = guard.skipped(state.opt_state, step)  # raises after too many in a row
-        logged["skipped_steps"] = skipped
-        clock.flush()
-        logged.update(timer.metrics(rollout=phase.rollout_timing))
-        window = []
-        logger.log(step, logged, phase=name)
+        logged = _log_window(logger, phase, step, window, skipped, guard, state, clock, timer)
+        window, skipped = [], logged["skipped_steps"]
         shown.update(logged)
         bar.set_postfix(postfix(shown, phase.postfix), refresh=False)
       if phase.eval_every and step % phase.eval_every == 0:
@@ -359,6 +369,11 @@ def run_phase(phase_cls: type[Phase], ctx: Context) -> dict:
         logger.log_samples(step, clock.paused(state, lambda: phase.samples(state, step)),
                            phase=name)
       finished = phase.stopped or step >= phase.steps
+      if finished and window:  # the last steps since the previous line get theirs too
+        logged = _log_window(logger, phase, step, window, skipped, guard, state, clock, timer)
+        window, skipped = [], logged["skipped_steps"]
+        shown.update(logged)
+        bar.set_postfix(postfix(shown, phase.postfix), refresh=False)
       save, stop = guard.poll(step)  # step- or time-based save; a stop signal (all hosts agree)
       if finished or save:
         if skipped is None:
