@@ -235,7 +235,9 @@ def sequence_advantage(adv_BGL, mask_BGL):
 
 
 def ratio_metrics(log_ratio_BG, adv_BGL, mask_BGL, eps: float) -> dict:
-  """Ratio statistics and the GRPO bypass fraction (A < 0 and ρ̂ > 1 + ε).
+  """Ratio statistics and the GRPO bypass fraction (A < 0 and ρ̂ > 1 + ε) of the sequence
+  ratio ρ̂ = exp(ℓ̂_θ − ℓ̂_old); a loss that clips another ratio (ESPO's per-token-normalised
+  one, grpo_token's per-token ones) reports its own ``bypass_fraction``, which the step keeps.
 
   ``log_ratio_max`` is exact; mean/max/std of ρ̂ are computed on log ρ̂ clipped
   to ±30 (ρ̂ ≤ 1.1e13), so they stay finite when sum-reduced estimators give
@@ -253,6 +255,12 @@ def ratio_metrics(log_ratio_BG, adv_BGL, mask_BGL, eps: float) -> dict:
       "abs_log_ratio_p99": abs_q[2], "abs_log_ratio_max": jnp.abs(log_ratio).max(),
       "bypass_fraction": ((adv_seq < 0) & (log_ratio > math.log1p(eps))).mean(),
   }
+
+
+def grpo_bypassed(ratio, adv, eps: float):
+  """Where GRPO's clip is bypassed (the unclipped term is selected, its weight unbounded):
+  A < 0 and ρ̂ > 1 + ε."""
+  return (adv < 0) & (ratio > 1 + eps)
 
 
 def grpo_clipped(ratio, adv, eps: float):
@@ -276,8 +284,10 @@ def _grpo_token(lik, lik_old, adv_BGL, mask_BGL, lengths_BG, cfg: LossConfig):
   del lengths_BG
   ratio = jnp.exp(_sg(lik.token_BL - lik_old.token_BL))
   loss = grpo_token_level(lik.token_BL, lik_old.token_BL, adv_BGL, mask_BGL, cfg.eps)
+  n = jnp.maximum(mask_BGL.sum(), 1)
   clipped = grpo_clipped(ratio, adv_BGL, cfg.eps) & mask_BGL
-  return loss, {"clip_fraction": clipped.sum() / jnp.maximum(mask_BGL.sum(), 1)}
+  bypassed = grpo_bypassed(ratio, adv_BGL, cfg.eps) & mask_BGL  # per token, as it clips
+  return loss, {"clip_fraction": clipped.sum() / n, "bypass_fraction": bypassed.sum() / n}
 
 
 @LOSSES.register("stabledrl")
@@ -334,4 +344,5 @@ def _espo(lik, lik_old, adv_BGL, mask_BGL, lengths_BG, cfg: LossConfig):
   adv_BG = sequence_advantage(adv_BGL, mask_BGL)
   loss = espo(lik.seq_B, lik_old.seq_B, adv_BG, length, cfg.eps)
   ratio_BG = jnp.exp(_sg(lik.seq_B - lik_old.seq_B) / length)
-  return loss, {"clip_fraction": grpo_clipped(ratio_BG, adv_BG, cfg.eps).mean()}
+  return loss, {"clip_fraction": grpo_clipped(ratio_BG, adv_BG, cfg.eps).mean(),
+                "bypass_fraction": grpo_bypassed(ratio_BG, adv_BG, cfg.eps).mean()}

@@ -216,8 +216,9 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
     def objective(lik, lik_old, m):
       """(loss, metrics) of the [B, G]-grouped estimate ``lik`` at inner step m."""
       loss, aux = loss_fn_(lik, lik_old, adv_BGL, mask_BGL, lengths_BG, cfg.loss_cfg)
-      aux = dict(aux, **ratio_metrics(lik.seq_B - lik_old.seq_B, adv_BGL, mask_BGL,
-                                      cfg.loss_cfg.eps))
+      # the loss's own metrics win: its bypass_fraction where it clips another ratio (ESPO)
+      aux = {**ratio_metrics(lik.seq_B - lik_old.seq_B, adv_BGL, mask_BGL, cfg.loss_cfg.eps),
+             **aux}
       aux["entropy"] = lik.entropy_B.mean()
       aux["policy_loss"] = loss
       if ref is not None:

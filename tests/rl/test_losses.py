@@ -166,6 +166,25 @@ def test_grpo_clip_fraction_counts_only_clips_that_take_effect():
   assert float(metrics["bypass_fraction"]) == pytest.approx(0.25)  # completion 1
 
 
+def test_espo_and_grpo_token_report_the_bypass_of_the_ratio_they_clip():
+  """ESPO clips exp(Δ/L), not the sequence ratio exp(Δ); grpo_token clips each token's ratio:
+  their bypass_fraction (A < 0, ratio > 1 + ε) is of that ratio, as their clip_fraction is."""
+  b, g, l = 1, 4, 8
+  delta = jnp.array([[2.0, 2.0, 1.0, 1.0]])  # ESPO ratios 1.28, 1.28, 1.13, 1.13
+  adv = jnp.broadcast_to(jnp.array([[1.0, -1.0, 1.0, -1.0]])[..., None], (b, g, l))
+  mask = jnp.ones((b, g, l), bool)
+  old, new = _lik(jnp.zeros((b, g, l))), _lik(jnp.broadcast_to(delta[..., None] / l, (b, g, l)))
+  _, m = losses.LOSSES.get("espo")(new, old, adv, mask, None, losses.LossConfig(eps=0.2))
+  assert float(m["clip_fraction"]) == 0.25 and float(m["bypass_fraction"]) == 0.25  # 0 / 1
+  assert float(losses.ratio_metrics(delta, adv, mask, 0.2)["bypass_fraction"]) == 0.5  # 1, 3
+  # grpo_token: token ratios e^{±1} on the 4 + 2 action tokens of two completions
+  token = jnp.zeros((b, g, l)).at[0, 1, :4].set(1.0).at[0, 3, :2].set(-1.0)
+  mask2 = mask.at[0, 1, 6:].set(False)
+  _, m = losses.LOSSES.get("grpo_token")(_lik(token), old, adv, mask2, None, losses.LossConfig())
+  assert float(m["bypass_fraction"]) == pytest.approx(4 / 30)  # completion 1's 4 tokens
+  assert float(m["clip_fraction"]) == pytest.approx(2 / 30)  # completion 3's 2 tokens
+
+
 def test_kl_and_ratio_metrics_stay_finite_for_sum_reduced_log_ratios():
   logp = jnp.array([[-900.0, -5.0], [-1.0, -300.0]])
   ref = jnp.zeros_like(logp)

@@ -90,6 +90,17 @@ def test_two_rl_steps_per_loss(loss):
     assert key in metrics
 
 
+def test_a_loss_that_reports_its_own_bypass_fraction_keeps_it(monkeypatch):
+  """ratio_metrics' bypass is of the sequence ratio; a loss clipping another one (ESPO's
+  exp(Δ/L)) reports its own, and the step logs that one."""
+  espo = LOSSES.get("espo")
+  own = lambda *a: (espo(*a)[0], dict(espo(*a)[1], bypass_fraction=jnp.float32(0.375)))
+  monkeypatch.setitem(LOSSES._items, "espo", own)
+  step_fn, state = _step("espo", inner=1)
+  _, metrics = step_fn(state, _batch(), jax.random.key(3))
+  assert float(metrics["bypass_fraction"]) == 0.375
+
+
 CASES = [("stabledrl", "centered", None, False), ("grpo", "grpo", None, False),
          ("grpo_token", "centered", None, False), ("spg", "centered", None, False),
          ("stabledrl", "centered", ESTIMATOR_FOR["spg"], False),
