@@ -1,5 +1,6 @@
 """The metrics lines dllm_rl.train.phases.run_phase writes, on a fake phase (no model): every
-``log_every`` steps and, for the steps since the last line, at the phase's end or early stop."""
+``log_every`` steps and, for the steps since the last line, at the phase's end or early stop;
+which steps its per-step clock times."""
 
 from __future__ import annotations
 
@@ -70,3 +71,17 @@ def test_the_steps_after_the_last_line_get_a_line_at_the_end(tmp_path, steps, st
   logged = [r for r in read_metrics(str(tmp_path), phase="sft") if "value" in r]
   assert {r["step"]: r["value"] for r in logged} == lines
   assert all(r["skipped_steps"] == 0 for r in logged)
+
+
+def test_per_step_timing_leaves_out_the_first_step_and_the_steps_that_compile():
+  """RL times each step; the first of a process and the first batch of each new prompt
+  bucket width compile (StepCost.compiles), so neither counts in step_seconds / mfu."""
+  from dllm_rl.train.phases import _StepClock
+  from dllm_rl.train.throughput import StepTimer
+  timer = StepTimer(num_devices=1, peak_flops=None)
+  clock = _StepClock(timer, sync_every_step=True)
+  state = types.SimpleNamespace(step=jnp.zeros(()))
+  for compiles in (True, False, True, False, False):  # widths 8, 8, 16, 16, 8
+    clock.start()
+    clock.stop(state, StepCost(tokens=10.0, flops=1.0, compiles=compiles))
+  assert timer.run_steps == 3 and timer.run_tokens == 30.0  # steps 2, 4 and 5

@@ -21,7 +21,8 @@
   a rerun finds the phase finished and returns it without building, restoring or evaluating.
 
 Timing (:class:`_StepClock`). A phase whose step waits for the device anyway
-(``sync_every_step``: RL reads its rollouts) is timed per step, up to that wait. Otherwise
+(``sync_every_step``: RL reads its rollouts) is timed per step, up to that wait, but for the
+steps that compile (``StepCost.compiles``: a new prompt bucket's first batch). Otherwise
 (SFT) there is no sync per step: a window runs from the start of its first step to the sync
 of the next log line, with evaluation and checkpoint saves paused out.
 """
@@ -87,6 +88,9 @@ class StepCost:
   tokens: float
   flops: float
   rollout_seconds: float = 0.0
+  # the step compiled a program (RL: the first batch of a data.prompt_buckets width): not
+  # timed, as a process's first step is not (per-step timing, ``sync_every_step``, only)
+  compiles: bool = False
 
 
 @dataclasses.dataclass
@@ -211,7 +215,7 @@ class _StepClock:
     """After a step: in sync mode wait for it and add its time; else add it to the window."""
     if self.sync:
       jax.block_until_ready(state.step)
-      if not self.first:
+      if not (self.first or cost.compiles):
         self.timer.add(time.perf_counter() - self.t0, tokens=cost.tokens, flops=cost.flops,
                        rollout_seconds=cost.rollout_seconds)
     elif self.first:

@@ -282,6 +282,7 @@ class RLPhase(Phase):
     self.base_accuracy = None  # the starting policy's training accuracy: its first rollouts
     self.last_rollout = None  # (examples, batch, completions_BGL, correct_BG, rewards_BG): last step
     self.rollout_tokens = r.batch_prompts * r.group_size * ctx.sampler_cfg.completion_len
+    self.widths: frozenset[int] = frozenset()  # prompt widths this process has compiled
     mc = ctx.model_cfg  # MoE layers: router load statistics every log_every steps
     self.moe_layers = tuple(i for i in range(mc.n_layers) if mc.is_moe_layer(i))
 
@@ -352,9 +353,10 @@ class RLPhase(Phase):
     if self.moe_layers and step % self.log_every == 0:
       metrics.update(routing)
     faults.at("update", step)
-    cost = StepCost(tokens=self.rollout_tokens, rollout_seconds=t_roll,
-                    flops=_step_flops(config, ctx, self.rollout_cfg, out,
-                                      batch["prompt_BP"].shape[1]))
+    width = batch["prompt_BP"].shape[1]  # a new data.prompt_buckets width compiles: untimed
+    compiles, self.widths = width not in self.widths, self.widths | {width}
+    cost = StepCost(tokens=self.rollout_tokens, rollout_seconds=t_roll, compiles=compiles,
+                    flops=_step_flops(config, ctx, self.rollout_cfg, out, width))
     return state, metrics, cost
 
   def samples(self, state, step: int) -> list[dict]:
