@@ -33,6 +33,7 @@ def get_config():
       "train_file": "REQUIRED: dllm-rl-data prepare countdown --out DIR: DIR/train.jsonl",
       "test_file": "REQUIRED: dllm-rl-data prepare countdown --out DIR: DIR/test.jsonl",
       "prompt_preset": "d1"}
+  c.rl.malformed_reward = 0.0  # as a wrong answer (llada_tpu.py: StableDRL's -1)
   c.task.train_size = 20000
   c.task.val_size = 256
   c.task.test_size = 256      # d1's countdown_cd3_test.jsonl

@@ -34,6 +34,7 @@ def get_config():
   c.task.options = {"train_file": "REQUIRED: dllm-rl-data prepare math --out DIR: DIR/train.jsonl",
                     "test_file": "REQUIRED: dllm-rl-data prepare math --out DIR: DIR/test.jsonl",
                     "prompt_preset": "d1"}
+  c.rl.malformed_reward = 0.0  # as a wrong answer (llada_tpu.py: StableDRL's -1)
   c.task.train_size = 11000   # of d1's 12,000 MATH training problems (minus long ones)
   c.task.val_size = 256
   c.task.test_size = 500      # MATH-500

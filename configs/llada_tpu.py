@@ -16,6 +16,12 @@ finds the slice. What you should see: per-step reward / accuracy / ratio
 statistics in metrics.jsonl and TensorBoard, checkpoints every 50 steps, and
 held-out greedy accuracy and pass@k in summary.json at the end.
 
+Prompt and reward: StableDRL's own (JianyuanZhong/StableDRL @26ad014, configs/
+gsm8k_math_spg_snis.yaml → dataloaders/math.py): the question followed by its "(Please put
+the final answer in \\\\boxed{} tag, ...)" instruction in the chat template, graded by
+math-verify on the whole response, +1 if right and -1 otherwise
+(``task.options.prompt_preset=stabledrl``, ``wrong_reward=-1``, ``rl.malformed_reward=-1``).
+
 Hyper-parameters are the official StableDRL ones (DESIGN.md): G = 16, 256
 generated tokens in 128 steps with blocks of 32, temperature 0.9, the SPG
 block-wise ELBO with K = 2 and prompt masking 0.15, μ = 2, AdamW lr 2e-6,
@@ -46,8 +52,11 @@ def get_config():
   c.task.name = "gsm8k"
   c.task.options.train_file = "REQUIRED: gsm8k train.jsonl"
   c.task.options.test_file = "REQUIRED: gsm8k test.jsonl"
-  c.task.options.prompt_template = ("{question}\nSolve step by step and give the final answer"
-                                    " after '####'.")
+  # StableDRL's GSM8K prompt and reward (dataloaders/math.py: the question, then "(Please put
+  # the final answer in \\boxed{} tag, ...)"; math-verify on the whole response, +1 right and
+  # -1 otherwise, malformed included)
+  c.task.options.prompt_preset = "stabledrl"
+  c.task.options.wrong_reward = -1.0
   c.task.train_size = 7000
   c.task.val_size = 256
   c.task.test_size = 1319
@@ -74,6 +83,7 @@ def get_config():
   c.rl.weight_decay = 0.1
   c.rl.grad_clip = 0.2
   c.rl.kl_coef = 0.0
+  c.rl.malformed_reward = -1.0  # StableDRL's reward_mixed: -1 for a response it cannot verify
   c.rl.log_every = 1
   c.rl.eval_every = 100
   c.estimator.name = "spg_block"

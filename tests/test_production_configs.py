@@ -51,6 +51,8 @@ def _tiny(config, hf_dir, data):
   c.task.options.train_file = str(data)
   c.task.options.test_file = str(data)
   c.task.options.prompt_template = "{question}"
+  if c.task.options.get("prompt_preset") == "stabledrl":  # its instruction: 74 characters
+    c.task.options.prompt_preset = ""
   c.task.train_size, c.task.val_size, c.task.test_size = 16, 8, 8
   c.data.prompt_len, c.data.completion_len, c.data.batch_size = 32, 16, 8
   if c.model.block_size:  # SDAR: blocks of the checkpoint's size (4)
@@ -190,3 +192,17 @@ def test_math_config_runs_one_rl_step_at_tiny_size(tmp_path):
   summary = run.run(_task_tiny("llada_math", tmp_path), str(tmp_path / "work"))
   assert summary["rl_steps"] == 1
   assert_test_figures(summary, tmp_path / "work", "rl", test_size=8)
+
+
+def test_stabledrls_prompt_and_plus_minus_one_reward_and_the_recipes_that_keep_0_1():
+  """llada_tpu.py (and the StableDRL configs built on it) use StableDRL's own GSM8K prompt and
+  reward: +1 right, -1 otherwise (StableDRL @26ad014 dataloaders/math.py reward_mixed); the
+  other recipes built on it keep the task's 0/1 reward (StepRS needs binary rewards)."""
+  for name in ("llada_tpu", "llada_gpu", "sdar_tpu", "dream_tpu", "llada2_tpu"):
+    c = _load_config(name)
+    assert (c.task.options.prompt_preset, c.task.options.wrong_reward,
+            c.rl.malformed_reward) == ("stabledrl", -1.0, -1.0), name
+  for name in ("wd1", "espo", "trajectory", "steprs_trajectory", "trajectory_sdar",
+               "llada_math", "llada_countdown", "coupled_grpo"):
+    c = _load_config(name)
+    assert c.task.options.get("wrong_reward", 0.0) == 0.0 == c.rl.malformed_reward, name

@@ -17,14 +17,16 @@ Files are read through :mod:`dllm_rl.paths`, so a ``gs://`` file works like a
 local one (``python -m dllm_rl.data prepare`` writes them). Splits come from
 ``train_file`` and ``test_file``; without ``test_file`` the test split is carved
 out of ``train_file`` by ``split_of`` on the question, like the generated tasks;
-without ``train_file`` the task has a test split only (MATH-500: evaluation). ``generate(split, n, seed)`` returns the first n records of
-the split after a shuffle seeded by (seed, split), so it is a pure function of
-the files and its arguments; n = -1 means every record.
+without ``train_file`` the task has a test split only (MATH-500: evaluation).
+``generate(split, n, seed)`` returns the first n records of the split after a shuffle
+seeded by (seed, split), so it is a pure function of the files and its arguments; n = -1
+means every record.
 """
 
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import json
 import logging
 import threading
@@ -39,6 +41,7 @@ from dllm_rl.tasks.base import (TASKS, Example, Task, VerifyResult, check_split,
 from dllm_rl.tasks.sudoku import is_valid_solution
 
 ON_ERROR = ("raise", "skip")
+MATH_VERIFY_TIMEOUT = 5.0  # seconds per math-verify grading, in a worker (MATH, GSM8K by it)
 _MAX_SKIP_REASONS = 20
 _DECOMPRESS = "decompress it ({}) and give the decompressed file"
 _CONVERT = "convert it to JSON Lines with {convert}"
@@ -97,7 +100,10 @@ class JsonlTask(Task):
   ``verify_timeout``: seconds per verification in a worker process
   (``verifiers.TimedVerifier``), 0 = in process, None = the task's default;
   ``test_fraction``: without ``test_file``, the share of ``train_file`` held out
-  as the test split (default 0.1; with a ``test_file`` it is an error to give it).
+  as the test split (default 0.1; with a ``test_file`` it is an error to give it);
+  ``wrong_reward`` (in [-1, 0]): the reward of a parsed wrong answer that earns nothing
+  (StableDRL: -1, with ``rl.malformed_reward`` -1 for one that does not parse). The
+  ``stabledrl`` preset grades GSM8K by math-verify on the whole completion, as StableDRL does.
 
   Subclasses implement ``_fields(record)`` → (template fields, SFT answer,
   verifier meta), raising ``_BadRecord``; ``_checker()`` and ``_args(example)``
@@ -117,7 +123,7 @@ class JsonlTask(Task):
   def __init__(self, train_file: str = "", test_file: str = "", on_error: str = "raise",
                prompt_template: str = "{question}", test_fraction: float | None = None,
                verify_timeout: float | None = None, prompt_preset: str = "",
-               answer_tag: bool | None = None):
+               answer_tag: bool | None = None, wrong_reward: float = 0.0):
     if test_fraction is not None and test_file:
       raise ValueError(f"task {self.name!r}: test_fraction splits the test set off train_file"
                        f" when there is no test_file; with test_file={str(test_file)!r} it is"
@@ -131,6 +137,10 @@ class JsonlTask(Task):
     self.on_error, self.prompt_template = on_error, str(prompt_template)
     self.answer_tag = bool(answer_tag)
     self.needs_boxed = False  # the reward needs a \boxed{} answer (0 without one)
+    self.math_verify = False  # graded by math-verify (the preset's choice for GSM8K)
+    if not -1.0 <= wrong_reward <= 0.0:  # nan too
+      raise ValueError(f"task {self.name!r}: wrong_reward must be in [-1, 0], got {wrong_reward!r}")
+    self.wrong_reward = float(wrong_reward)
     if prompt_preset:
       if self.prompt_template != "{question}":
         raise ValueError(f"task {self.name!r}: give prompt_preset or prompt_template, not both "
@@ -140,8 +150,11 @@ class JsonlTask(Task):
       tagged = self.name in found.answer_tag
       self.answer_tag = tagged if answer_tag is None else bool(answer_tag)
       self.needs_boxed = self.name in found.boxed
-    self.verify_timeout = float(self.default_verify_timeout if verify_timeout is None
-                                else verify_timeout)
+      self.math_verify = self.name in found.math_verify
+      if self.math_verify:  # its worker imports math-verify before the first deadline
+        self.preload = ("math_verify",)
+    default_timeout = MATH_VERIFY_TIMEOUT if self.math_verify else self.default_verify_timeout
+    self.verify_timeout = float(default_timeout if verify_timeout is None else verify_timeout)
     if not 0 <= self.verify_timeout < float("inf"):  # nan too
       raise ValueError(f"task {self.name!r}: verify_timeout must be a finite number of seconds"
                        f" >= 0 (0 = verify in-process), got {verify_timeout!r}")
@@ -299,6 +312,14 @@ class JsonlTask(Task):
         completion = verifiers.answer_span(completion)
     if self.needs_boxed and verifiers.last_boxed(completion) is None:
       return malformed("no \\boxed{} answer")
+    result = self._graded(completion, example)
+    if self.wrong_reward and not result.correct and result.parsed is not None \
+        and result.reward == 0.0:  # a wrong answer (not one with partial or format credit)
+      return dataclasses.replace(result, reward=self.wrong_reward)
+    return result
+
+  def _graded(self, completion: str, example: Example) -> VerifyResult:
+    """The verifier's result, in a worker process under ``verify_timeout``."""
     fn, args = self._checker(), self._args(example)
     if self.verify_timeout <= 0:
       return fn(completion, *args)
@@ -388,7 +409,7 @@ class GSM8KTask(JsonlTask):
     return reasoning.strip(), final.strip()
 
   def _checker(self):
-    return verifiers.gsm8k_result
+    return verifiers.math_result if self.math_verify else verifiers.gsm8k_result
 
   def _args(self, example):
     return (example.meta["reference"],)
@@ -400,7 +421,7 @@ class Math500Task(JsonlTask):
 
   name = "math500"
   recipe = "math"
-  default_verify_timeout = 5.0
+  default_verify_timeout = MATH_VERIFY_TIMEOUT
   preload = ("math_verify",)
 
   @classmethod

@@ -38,6 +38,7 @@ class Preset:
   boxed: frozenset[str] = frozenset()
   rewards: Mapping[str, str] = dataclasses.field(default_factory=dict)  # task → its default
   format_scores: Mapping[str, float] = dataclasses.field(default_factory=dict)  # wrong, tagged
+  math_verify: frozenset[str] = frozenset()  # graded by math-verify on the whole completion
 
 
 # d1's SYSTEM_PROMPT and SUDOKU_SYSTEM_PROMPT (the text, newlines included).
@@ -52,6 +53,13 @@ D1_SUDOKU = (
     "with only the digits 1-4, representing your final solved grid.\n\nRespond in this exact "
     "format:\n<reasoning>\nYour step-by-step solving process\n</reasoning>\n<answer>\n"
     "[16-character solution string with no spaces or separators]\n</answer>\n")
+
+# StableDRL's instruction after each math problem (JianyuanZhong/StableDRL @26ad014,
+# dataloaders/math.py collate_fn_mixed, which configs/gsm8k_math_spg_snis.yaml and
+# math_spg_snis.yaml load): appended with no separator; its raw string doubles the
+# backslashes, so the prompt reads "\\boxed{}" as run (a format string here: {{}} is {}).
+STABLEDRL_BOXED = (r"(Please put the final answer in \\boxed{{}} tag,"
+                   r" i.e. $\\boxed{{answer here}}$)")
 
 PROMPT_PRESETS: dict[str, Preset] = {
     # d1's MATH reward (correctness_reward_func_math, reward_func.py line 242) reads the last
@@ -74,6 +82,13 @@ PROMPT_PRESETS: dict[str, Preset] = {
                            "target number. For example, if the numbers are [2, 3, 4] and the "
                            "target is 5, a valid answer is: <answer>\n2*4-3\n</answer>",
         "sudoku_jsonl": D1_SUDOKU + "\n\nSolve the following Sudoku puzzle: {puzzle}\n",
+    }),
+    # StableDRL's reward (reward_mixed / _math_verify_equal): math-verify of the GSM8K number or
+    # MATH answer against the whole completion; its ±1 values are the task option
+    # wrong_reward=-1 with rl.malformed_reward=-1 (configs/llada_tpu.py sets both)
+    "stabledrl": Preset(answer_tag=frozenset(), math_verify=frozenset({"gsm8k"}), templates={
+        "gsm8k": "{question}" + STABLEDRL_BOXED,
+        "math500": "{question}" + STABLEDRL_BOXED,
     }),
 }
 

@@ -149,9 +149,35 @@ def test_d1_countdown_gives_a_wrong_tagged_answer_the_format_score(tmp_path):
     _one(tmp_path, "countdown_jsonl", COUNTDOWN, format_score=1.5)
 
 
+def test_the_stabledrl_preset_is_its_math_prompt_graded_by_math_verify(tmp_path):
+  """StableDRL @26ad014 (dataloaders/math.py): collate_fn_mixed appends its raw-string
+  instruction, doubled backslashes as run, to the problem; reward_mixed grades the whole
+  response by math-verify, ±1 (wrong_reward=-1 with rl.malformed_reward=-1)."""
+  instruct = ("(Please put the final answer in \\\\boxed{} tag, i.e. $\\\\boxed{answer"
+              " here}$)")
+  gsm, ex = _one(tmp_path, "gsm8k", GSM8K, prompt_preset="stabledrl", wrong_reward=-1.0)
+  assert ex.prompt == GSM8K["question"] + instruct and gsm.math_verify
+  assert gsm.verify(ex, "20 + 22 = 42, so $\\boxed{42}$").reward == 1.0
+  assert gsm.verify(ex, "$\\boxed{\\frac{84}{2}}$").correct  # math-verify, not GSM8K's parser
+  assert gsm.verify(ex, "\\boxed{41}").reward == -1.0  # a wrong answer
+  math, mex = _one(tmp_path, "math500", MATH, prompt_preset="stabledrl")
+  assert mex.prompt == MATH["problem"] + instruct and math.wrong_reward == 0.0
+  assert math.verify(mex, "$\\boxed{0.75}$").correct and math.verify(mex, "\\boxed{1}").reward == 0
+  with pytest.raises(ValueError, match=r"wrong_reward must be in \[-1, 0\], got 2"):
+    _one(tmp_path, "gsm8k", GSM8K, wrong_reward=2)
+
+
+def test_a_wrong_reward_leaves_partial_and_format_credit_and_malformed_answers_alone(tmp_path):
+  gsm, ex = _one(tmp_path, "gsm8k", GSM8K, wrong_reward=-1.0)
+  assert gsm.verify(ex, "#### 41").reward == -1.0 and gsm.verify(ex, "#### 42").reward == 1.0
+  r = gsm.verify(ex, "no number")  # malformed: rl.malformed_reward decides
+  assert r.parsed is None and r.reward == 0.0
+
+
 def test_preset_errors_are_named(tmp_path):
   path = _file(tmp_path / "g.jsonl", GSM8K)
-  with pytest.raises(ValueError, match=r"prompt_preset must be one of \['d1'\], got 'd2'"):
+  with pytest.raises(ValueError,
+                     match=r"prompt_preset must be one of \['d1', 'stabledrl'\], got 'd2'"):
     make_task("gsm8k", test_file=path, prompt_preset="d2")
   with pytest.raises(ValueError, match="give prompt_preset or prompt_template, not both"):
     make_task("gsm8k", test_file=path, prompt_preset="d1", prompt_template="Q: {question}")
