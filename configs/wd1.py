@@ -33,11 +33,13 @@ from ``wd1/trainers/diffu_grpo_config.py`` defaults):
   decay 0.1, global-norm clip 0.2;
 * generation: 256 tokens, 128 steps, blocks of 32, temperature 0.9, low-confidence
   remasking; prompts up to 200 tokens;
-* no KL: ``beta`` 0.04 in train.yaml is not read by the wd1 loss; ``epsilon`` neither.
+* no KL: ``beta`` 0.04 in train.yaml is not read by the wd1 loss; ``epsilon`` neither;
+* prompt and reward: d1's (``wd1/data_utils.py`` ``get_gsm8k_questions``,
+  ``wd1/diff_grpo_train.py`` ``reward_functions``: d1's five GSM8K functions summed), i.e.
+  ``task.options.prompt_preset=d1`` with its ``reward=d1``.
 
 Not reproduced: the official run trains 4-bit QLoRA adapters (r = 128, α = 64, dropout
-0.05) on 4 GPUs; here the parameters are trained in full. The official reward is the sum
-of five GSM8K format / correctness functions; here the task's verifier.
+0.05) on 4 GPUs; here the parameters are trained in full.
 """
 
 import os
@@ -63,7 +65,8 @@ def _full_scale():
   c.rl.b1, c.rl.b2 = 0.9, 0.99
   c.rl.weight_decay = 0.1
   c.rl.grad_clip = 0.2
-  # this recipe's reward: the task's verifier, 0/1 (llada_tpu.py's is StableDRL's ±1)
+  # d1's GSM8K prompt and reward (llada_tpu.py's are StableDRL's)
+  c.task.options.prompt_preset = "d1"
   c.task.options.wrong_reward = 0.0
   c.rl.malformed_reward = 0.0
   return c

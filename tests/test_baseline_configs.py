@@ -125,6 +125,8 @@ def test_full_scale_config_runs_one_rl_step_at_tiny_size(tmp_path, name):
   config = prod._tiny(_load(name), prod._hf_dir(tmp_path, FIXTURE[name]), _data(tmp_path, name))
   if name == "coupled_grpo":  # the code task's system prompt: 50 of the tiny tokenizer's tokens
     config.data.prompt_len = 64
+  if name == "wd1":  # d1's prompt (the d1 preset and its five-function reward): 108 characters
+    config.data.prompt_len = 112
   summary = run.run(config, str(tmp_path / "work"))
   assert summary["rl_steps"] == 1
   records = [json.loads(line) for line in open(tmp_path / "work" / "metrics.jsonl")]

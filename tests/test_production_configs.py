@@ -206,3 +206,4 @@ def test_stabledrls_prompt_and_plus_minus_one_reward_and_the_recipes_that_keep_0
                "llada_math", "llada_countdown", "coupled_grpo"):
     c = _load_config(name)
     assert c.task.options.get("wrong_reward", 0.0) == 0.0 == c.rl.malformed_reward, name
+  assert _load_config("wd1").task.options.prompt_preset == "d1"  # wd1/data_utils.py: d1's

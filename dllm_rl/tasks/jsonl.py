@@ -119,11 +119,16 @@ class JsonlTask(Task):
   # Countdown and Sudoku rewards do; False reads the last <answer> to the end when unclosed,
   # as d1's extract_xml_answer (GSM8K).
   closed_answer = False
+  # The choices of the task option ``reward`` (the first is the default; a preset may name
+  # another, :attr:`dllm_rl.tasks.prompts.Preset.rewards`); none: the task has no such option.
+  # "d1": d1's reward functions, as run (:meth:`_d1_reward`).
+  rewards: tuple[str, ...] = ()
 
   def __init__(self, train_file: str = "", test_file: str = "", on_error: str = "raise",
                prompt_template: str = "{question}", test_fraction: float | None = None,
                verify_timeout: float | None = None, prompt_preset: str = "",
-               answer_tag: bool | None = None, wrong_reward: float = 0.0):
+               answer_tag: bool | None = None, wrong_reward: float = 0.0,
+               reward: str | None = None):
     if test_fraction is not None and test_file:
       raise ValueError(f"task {self.name!r}: test_fraction splits the test set off train_file"
                        f" when there is no test_file; with test_file={str(test_file)!r} it is"
@@ -153,6 +158,11 @@ class JsonlTask(Task):
       self.math_verify = self.name in found.math_verify
       if self.math_verify:  # its worker imports math-verify before the first deadline
         self.preload = ("math_verify",)
+      reward = found.rewards.get(self.name) if reward is None else reward
+    if reward is not None and reward not in self.rewards:
+      raise ValueError(f"task {self.name!r}: reward must be one of {self.rewards}, got"
+                       f" {reward!r}")
+    self.reward = reward if reward is not None else (self.rewards or (None,))[0]
     default_timeout = MATH_VERIFY_TIMEOUT if self.math_verify else self.default_verify_timeout
     self.verify_timeout = float(default_timeout if verify_timeout is None else verify_timeout)
     if not 0 <= self.verify_timeout < float("inf"):  # nan too
@@ -301,6 +311,22 @@ class JsonlTask(Task):
     raise NotImplementedError
 
   def verify(self, example: Example, completion: str) -> VerifyResult:
+    result = self._verified(example, completion)
+    if self.reward == "d1":  # d1's sum, format terms included: never malformed, as in d1
+      score = self._d1_reward(example, completion, result.correct)
+      return VerifyResult(score, result.correct, "" if result.parsed is None else result.parsed,
+                          {**result.info, "d1_reward": score})
+    if self.wrong_reward and not result.correct and result.parsed is not None \
+        and result.reward == 0.0:  # a wrong answer (not one with partial or format credit)
+      return dataclasses.replace(result, reward=self.wrong_reward)
+    return result
+
+  def _d1_reward(self, example: Example, completion: str, correct: bool) -> float:
+    """d1's reward of ``completion`` (``reward="d1"``), ``correct`` as this task grades it."""
+    raise NotImplementedError
+
+  def _verified(self, example: Example, completion: str) -> VerifyResult:
+    """The task's verifier on the part of ``completion`` the preset reads."""
     if self.answer_tag:
       if "<answer>" not in completion:
         return malformed("no <answer> tag")
@@ -312,11 +338,7 @@ class JsonlTask(Task):
         completion = verifiers.answer_span(completion)
     if self.needs_boxed and verifiers.last_boxed(completion) is None:
       return malformed("no \\boxed{} answer")
-    result = self._graded(completion, example)
-    if self.wrong_reward and not result.correct and result.parsed is not None \
-        and result.reward == 0.0:  # a wrong answer (not one with partial or format credit)
-      return dataclasses.replace(result, reward=self.wrong_reward)
-    return result
+    return self._graded(completion, example)
 
   def _graded(self, completion: str, example: Example) -> VerifyResult:
     """The verifier's result, in a worker process under ``verify_timeout``."""
@@ -386,10 +408,12 @@ def record_problem(task_name: str, record: Mapping[str, Any]) -> str | None:
 
 @TASKS.register("gsm8k")
 class GSM8KTask(JsonlTask):
-  """Grade-school math; reward 1 iff the final number equals the reference."""
+  """Grade-school math; reward 1 iff the final number equals the reference (``reward``
+  "verifier"), or d1's reward (``"d1"``, the d1 preset's default)."""
 
   name = "gsm8k"
   recipe = "gsm8k"
+  rewards = ("verifier", "d1")
 
   @classmethod
   def _fields(cls, record):
@@ -400,7 +424,13 @@ class GSM8KTask(JsonlTask):
     reference = verifiers.gsm8k_answer(answer)
     if reference is None:
       raise _BadRecord("no number after '####' in field 'answer'")
-    return {"question": question.strip()}, answer, {"reference": reference}
+    # d1's extract_hash_answer: the text after the first "####", for its exact comparison
+    return ({"question": question.strip()}, answer,
+            {"reference": reference, "hash_answer": answer.split("####")[1].strip()})
+
+  def _d1_reward(self, example, completion, correct):
+    """d1's five GSM8K functions (:func:`dllm_rl.tasks.verifiers.d1_gsm8k_reward`)."""
+    return verifiers.d1_gsm8k_reward(completion, example.meta["hash_answer"])
 
   @classmethod
   def _reasoning_and_answer(cls, answer):
@@ -417,10 +447,12 @@ class GSM8KTask(JsonlTask):
 
 @TASKS.register("math500")
 class Math500Task(JsonlTask):
-  """Competition math; reward 1 iff math-verify finds the answers equivalent."""
+  """Competition math; reward 1 iff math-verify finds the answers equivalent (``reward``
+  "verifier"), or d1's reward (``"d1"``, the d1 preset's default)."""
 
   name = "math500"
   recipe = "math"
+  rewards = ("verifier", "d1")
   default_verify_timeout = MATH_VERIFY_TIMEOUT
   preload = ("math_verify",)
 
@@ -438,6 +470,12 @@ class Math500Task(JsonlTask):
     else:
       raise _BadRecord(f"needs field 'answer' or 'solution' (fields: {sorted(record)})")
     return {"question": problem.strip()}, answer, {"reference": reference}
+
+  def _d1_reward(self, example, completion, correct):
+    """d1's MATH reward: ``correctness_reward_func_math`` 2.0 (graded here by math-verify,
+    d1: its ``is_equiv``) + its format reward
+    (:func:`dllm_rl.tasks.verifiers.d1_math_format_reward`)."""
+    return 2.0 * correct + verifiers.d1_math_format_reward(completion)
 
   def _checker(self):
     return verifiers.math_result
@@ -522,18 +560,7 @@ class SudokuJsonlTask(JsonlTask):
                       "marks a blank: {puzzle}. Put the 16 digits of the solution "
                       "inside <answer></answer>.")
 
-  def __init__(self, train_file: str = "", test_file: str = "", on_error: str = "raise",
-               prompt_template: str = "{question}", test_fraction: float | None = None,
-               verify_timeout: float | None = None, prompt_preset: str = "",
-               answer_tag: bool | None = None, reward: str | None = None):
-    if reward is None:  # the preset's (d1: cell_accuracy, as d1 trains on it), else solved
-      found = prompts.PROMPT_PRESETS.get(prompt_preset)
-      reward = found.rewards.get(self.name, "solved") if found else "solved"
-    if reward not in ("solved", "cell_accuracy"):
-      raise ValueError(f"reward must be 'solved' or 'cell_accuracy', got {reward!r}")
-    self.reward = reward
-    super().__init__(train_file, test_file, on_error, prompt_template, test_fraction,
-                     verify_timeout, prompt_preset, answer_tag)
+  rewards = ("solved", "cell_accuracy")  # the d1 preset's: cell_accuracy, as d1 trains
 
   @classmethod
   def _fields(cls, record):

@@ -64,9 +64,11 @@ STABLEDRL_BOXED = (r"(Please put the final answer in \\boxed{{}} tag,"
 PROMPT_PRESETS: dict[str, Preset] = {
     # d1's MATH reward (correctness_reward_func_math, reward_func.py line 242) reads the last
     # \boxed{} anywhere in the completion, not the <answer> span its other tasks read
-    # d1's Sudoku reward (sudoku_reward_func) is the share of blank cells filled right
+    # d1's Sudoku reward (sudoku_reward_func) is the share of blank cells filled right; its
+    # GSM8K and MATH rewards add format terms (diffu_grpo_train.py: reward_functions)
     "d1": Preset(answer_tag=frozenset({"gsm8k", "countdown_jsonl", "sudoku_jsonl"}),
-                 boxed=frozenset({"math500"}), rewards={"sudoku_jsonl": "cell_accuracy"},
+                 boxed=frozenset({"math500"}),
+                 rewards={"sudoku_jsonl": "cell_accuracy", "gsm8k": "d1", "math500": "d1"},
                  format_scores={"countdown_jsonl": 0.1},  # compute_score's format_score
                  templates={
         "gsm8k": D1_FORMAT + "\n\n{question}",

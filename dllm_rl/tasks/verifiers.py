@@ -216,6 +216,58 @@ def gsm8k_correct(completion: str, reference: str) -> bool:
   return gsm8k_result(completion, reference).correct
 
 
+# --- d1's GSM8K and MATH rewards, as run ----------------------------------------
+#
+# d1 (dllm-reasoning/d1 @837888f, diffu-grpo/diffu_grpo_train.py) trains GSM8K on the sum of
+# five functions of diffu-grpo/reward_func.py and MATH on two; transcribed here on the decoded
+# completion, Python's own re / str semantics included.
+
+_D1_STRICT_RE = re.compile(r"^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n$")
+_D1_SOFT_RE = re.compile(r"<reasoning>.*?</reasoning>\s*<answer>.*?</answer>")
+
+
+def d1_xml_answer(text: str) -> str:
+  """d1's ``extract_xml_answer``: after the last ``<answer>``, up to the next ``</answer>``."""
+  return text.split("<answer>")[-1].split("</answer>")[0].strip()
+
+
+def d1_xml_count(text: str) -> float:
+  """d1's ``count_xml`` (``xmlcount_reward_func``): 0.125 per tag line found once, less
+  0.001 per character after the closing answer tag."""
+  count = 0.0
+  if text.count("<reasoning>\n") == 1:
+    count += 0.125
+  if text.count("\n</reasoning>\n") == 1:
+    count += 0.125
+  if text.count("\n<answer>\n") == 1:
+    count += 0.125
+    count -= len(text.split("\n</answer>\n")[-1]) * 0.001
+  if text.count("\n</answer>") == 1:
+    count += 0.125
+    count -= (len(text.split("\n</answer>")[-1]) - 1) * 0.001
+  return count
+
+
+def d1_gsm8k_reward(completion: str, answer: str) -> float:
+  """d1's GSM8K reward: ``xmlcount`` + ``soft_format`` 0.5 + ``strict_format`` 0.5 +
+  ``int`` 0.5 (the extracted answer is digits) + ``correctness`` 2.0 (it equals ``answer``,
+  the text after ``####``, character for character); at most 4.0."""
+  extracted = d1_xml_answer(completion)
+  return (d1_xml_count(completion) + 0.5 * bool(_D1_SOFT_RE.match(completion))
+          + 0.5 * bool(_D1_STRICT_RE.match(completion)) + 0.5 * extracted.isdigit()
+          + 2.0 * (extracted == answer))
+
+
+def d1_math_format_reward(completion: str) -> float:
+  """d1's ``boxed_and_answer_tags_format_reward``: 0.5 × ``boxed_in_answer``
+  (math500_utils.py), which is 1 when the completion holds ``<answer>``, plus 1 when its span
+  holds ``"\\boxed"``, else 0.5. That literal is a backspace and "oxed" in d1's source (not a
+  raw string), which no completion holds: as run, 0.25 or 0.75."""
+  parts = completion.split("<answer>")
+  span = parts[1].split("</answer>")[0] if len(parts) > 1 else completion
+  return 0.5 * (float(len(parts) > 1) + (1.0 if "\x08oxed" in span else 0.5))
+
+
 # --- MATH (math-verify) -----------------------------------------------------
 
 @functools.lru_cache(maxsize=4096)

@@ -101,7 +101,7 @@ def test_d1_math_reward_reads_the_last_boxed_answer_anywhere(tmp_path):
   assert math.verify(mex, "<answer>\\boxed{1}</answer> \\boxed{\\frac{3}{4}}").correct
   assert not math.verify(mex, "\\boxed{\\frac{3}{4}}, so \\boxed{1}").correct  # the last counts
   r = math.verify(mex, "<answer>\n3/4\n</answer>")
-  assert r.reward == 0.0 and r.info["reason"] == "no \\boxed{} answer"
+  assert not r.correct and r.info["reason"] == "no \\boxed{} answer"
   plain, _ = _one(tmp_path, "math500", MATH, verify_timeout=0)
   assert plain.verify(mex, "The answer is $\\frac{3}{4}$.").correct  # without the preset
 
@@ -115,7 +115,9 @@ def test_every_sft_target_earns_the_reward_it_trains_for(tmp_path, preset):
   for name, record in (("gsm8k", GSM8K), ("countdown_jsonl", countdown),
                        ("sudoku_jsonl", SUDOKU), ("math500", MATH)):
     task, ex = _one(tmp_path, name, record, prompt_preset=preset, verify_timeout=0)
-    assert task.verify(ex, ex.answer).reward == 1.0, (name, ex.answer)
+    assert task.verify(ex, ex.answer).correct, (name, ex.answer)
+    assert task.verify(ex, ex.answer).reward == (1.0 if task.reward != "d1" else
+                                                 task._d1_reward(ex, ex.answer, True))
     assert ex.answer.startswith("<reasoning>") == (task.answer_tag and name != "math500")
   task, ex = _one(tmp_path, "gsm8k", GSM8K, prompt_preset="d1")
   assert ex.answer == "<reasoning>20+22=42</reasoning>\n<answer>42</answer>"
@@ -172,6 +174,31 @@ def test_a_wrong_reward_leaves_partial_and_format_credit_and_malformed_answers_a
   assert gsm.verify(ex, "#### 41").reward == -1.0 and gsm.verify(ex, "#### 42").reward == 1.0
   r = gsm.verify(ex, "no number")  # malformed: rl.malformed_reward decides
   assert r.parsed is None and r.reward == 0.0
+
+
+def test_d1_gsm8k_and_math_rewards_are_d1s_sums_as_run(tmp_path):
+  """diffu_grpo_train.py @837888f: GSM8K trains on xmlcount + soft + strict format + int +
+  correctness (2.0 on the exact text after ####), MATH on correctness 2.0 + 0.5 ×
+  boxed_in_answer, whose "\\boxed" test is a backspace in d1's source (never found: 0.5)."""
+  gsm, ex = _one(tmp_path, "gsm8k", GSM8K, prompt_preset="d1")
+  assert gsm.reward == "d1" and ex.meta["hash_answer"] == "42"
+  best = "<reasoning>\n20+22\n</reasoning>\n<answer>\n42\n</answer>\n"
+  assert gsm.verify(ex, best).reward == 0.5 + 0.5 + 0.5 + 2.0  # soft needs one line: no 0.5
+  assert gsm.verify(ex, "<reasoning>20+22</reasoning><answer>42</answer>").reward == 3.0
+  r = gsm.verify(ex, "no tags, 42")  # malformed for this task, not for d1's sum
+  assert (r.correct, r.parsed, r.reward) == (False, "", 0.0)
+  assert gsm.verify(ex, "<answer>42.0</answer>").correct  # by value; d1: not its exact text
+  assert gsm.verify(ex, "<answer>42.0</answer>").reward == 0.0
+  assert make_task("gsm8k", test_file=_file(tmp_path / "g.jsonl", GSM8K)).reward == "verifier"
+  math, mex = _one(tmp_path, "math500", MATH, prompt_preset="d1", verify_timeout=0)
+  assert math.verify(mex, "<answer>\\boxed{\\frac{3}{4}}</answer>").reward == 2.0 + 0.75
+  assert math.verify(mex, "so \\boxed{\\frac{3}{4}}").reward == 2.0 + 0.25
+  assert math.verify(mex, "<answer>\\boxed{1}</answer>").reward == 0.75
+  with pytest.raises(ValueError, match=r"reward must be one of \('verifier', 'd1'\), got 'x'"):
+    _one(tmp_path, "math500", MATH, reward="x")
+  with pytest.raises(ValueError, match=r"task 'countdown_jsonl' got unknown option\(s\)"
+                                       r" \['reward'\]"):
+    make_task("countdown_jsonl", test_file=_file(tmp_path / "c.jsonl", COUNTDOWN), reward="d1")
 
 
 def test_preset_errors_are_named(tmp_path):
