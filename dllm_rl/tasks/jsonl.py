@@ -334,6 +334,9 @@ class JsonlTask(Task):
         completion = verifiers.closed_answer_span(completion)
         if completion is None:
           return malformed("no closed <answer>...</answer>")
+        # d1 grades the whole body, where an "<answer>" is text; the checkers' answer_span
+        # would cut at it ("<answer>x<answer>3*5+7</answer>": d1 reads "x<answer>3*5+7")
+        completion = completion.replace("<answer>", "<answer >")
       else:
         completion = verifiers.answer_span(completion)
     if self.needs_boxed and verifiers.last_boxed(completion) is None:

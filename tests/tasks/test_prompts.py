@@ -90,6 +90,17 @@ def test_d1_countdown_and_sudoku_read_the_last_closed_answer(tmp_path):
   assert plain.verify(cex, "<answer>3*5+7").correct
 
 
+def test_d1_grades_the_whole_closed_span_a_nested_answer_tag_included(tmp_path):
+  """d1's findall body of "<answer>x<answer>B</answer>" is "x<answer>B", graded whole: not an
+  expression (0.1) and the digits of both parts (Sudoku); it was cut again at the inner tag."""
+  cd, cex = _one(tmp_path, "countdown_jsonl", COUNTDOWN, prompt_preset="d1")
+  r = cd.verify(cex, "<answer>x<answer>3*5+7</answer>")
+  assert (r.reward, r.correct) == (0.1, False)
+  sd, sex = _one(tmp_path, "sudoku_jsonl", SUDOKU, prompt_preset="d1")
+  # d1: digits "12" + "34..." -> "1234341221404301"[:16] after the pad: blanks 0, 1 right
+  assert sd.verify(sex, "<answer>12<answer>34341221404301</answer>").reward == 0.5
+
+
 def test_d1_math_reward_reads_the_last_boxed_answer_anywhere(tmp_path):
   """d1's correctness_reward_func_math (diffu-grpo/reward_func.py @837888f, line 242): the
   last \\boxed{} of the whole completion, tags or not; without one, 0 (its is_equiv on the
