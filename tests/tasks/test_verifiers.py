@@ -120,7 +120,7 @@ def test_countdown_reward():
 
 def test_sudoku_result():
   solution = "1234341221434321"
-  puzzle = "0034341221404301"  # 4 blanks: cells 0, 1, 13, 14
+  puzzle = "0034341221404301"  # 4 blanks: cells 0, 1, 11, 14
   r = V.sudoku_result("<answer>\n1234\n3412\n2143\n4321\n</answer>", puzzle, solution)
   assert r.correct and r.reward == 1.0 and r.info["cell_accuracy"] == 1.0
   assert V.sudoku_result("1234|3412|2143|4321", puzzle, solution).correct
@@ -139,12 +139,12 @@ def test_sudoku_result():
 def test_sudoku_cell_accuracy_gives_d1s_partial_credit_to_malformed_grids():
   """d1's sudoku_reward_func (diffu-grpo/reward_func.py @837888f): the answer's digits, padded
   with "0" or cut to 16, scored on the blank cells; the strict 'solved' reward is unchanged."""
-  solution, puzzle = "1234341221434321", "0034341221404301"  # blanks: cells 0, 1, 13, 14
+  solution, puzzle = "1234341221434321", "0034341221404301"  # blanks: cells 0, 1, 11, 14
   expected = {"123434122143432": 1.0,  # 15 digits: padded
               "12343412214343210": 1.0,  # 17 digits: cut
               "1234341221404301": 0.5,  # two blanks left as 0
               "[1,2,3,4],[3,4,1,2],[2,1,4,3],[4,3,2,1]": 1.0,
-              "Row 1: 1234": 0.25,  # "11234" padded: cell 1 right
+              "Row 1: 1234": 0.25,  # "11234" padded: cell 0 right
               "5234341221434321": 0.75}
   for body, accuracy in expected.items():
     text = f"<answer>\n{body}\n</answer>"
