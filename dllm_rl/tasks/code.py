@@ -71,7 +71,8 @@ class CodeTask(JsonlTask):
                prompt_template: str = "{question}", test_fraction: float | None = None,
                verify_timeout: float | None = None, prompt_preset: str = "",
                answer_tag: bool | None = None, exec_weight: float = 2.0,
-               format_weight: float = 0.5, case_timeout: float = code_exec.CASE_TIMEOUT_S):
+               format_weight: float = 0.5, case_timeout: float = code_exec.CASE_TIMEOUT_S,
+               wrong_reward: float = 0.0):
     for key, value in (("exec_weight", exec_weight), ("format_weight", format_weight)):
       if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise ValueError(f"task 'code': {key} must be a number >= 0, got {value!r}")
@@ -82,7 +83,7 @@ class CodeTask(JsonlTask):
     self.exec_weight, self.format_weight = float(exec_weight), float(format_weight)
     self.case_timeout = float(case_timeout)
     super().__init__(train_file, test_file, on_error, prompt_template, test_fraction,
-                     verify_timeout, prompt_preset, answer_tag)
+                     verify_timeout, prompt_preset, answer_tag, wrong_reward)
     if self.verify_timeout > 0:  # a deadline on the whole verification: it must let every
       # case run its own limit, or a completion that passes scores 0 ("timeout")
       ex = max((ex for exs in self._records.values() for ex in exs),

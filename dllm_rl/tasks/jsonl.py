@@ -502,7 +502,8 @@ class CountdownJsonlTask(JsonlTask):
   def __init__(self, train_file: str = "", test_file: str = "", on_error: str = "raise",
                prompt_template: str = "{question}", test_fraction: float | None = None,
                verify_timeout: float | None = None, prompt_preset: str = "",
-               answer_tag: bool | None = None, format_score: float | None = None):
+               answer_tag: bool | None = None, format_score: float | None = None,
+               wrong_reward: float = 0.0):
     """``format_score``: the reward of a wrong answer given in a closed ``<answer>`` span (d1's
     and StableDRL's ``compute_score``: 0.1, the d1 preset's default; else 0.0)."""
     if format_score is None:
@@ -512,7 +513,7 @@ class CountdownJsonlTask(JsonlTask):
       raise ValueError(f"format_score must be in [0, 1), got {format_score!r}")
     self.format_score = float(format_score)
     super().__init__(train_file, test_file, on_error, prompt_template, test_fraction,
-                     verify_timeout, prompt_preset, answer_tag)
+                     verify_timeout, prompt_preset, answer_tag, wrong_reward)
 
   def verify(self, example: Example, completion: str) -> VerifyResult:
     """As the base task's; with ``format_score``, a wrong answer in a closed ``<answer>``

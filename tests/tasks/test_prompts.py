@@ -8,6 +8,7 @@ import pytest
 
 from dllm_rl.config import ConfigError
 from dllm_rl.tasks import CharTokenizer, make_task
+from dllm_rl.tasks.base import check_options
 from dllm_rl.tasks.prompts import D1_FORMAT, D1_SUDOKU, PROMPT_PRESETS, chat_prompt
 from dllm_rl.train.context import build_context
 from dllm_rl.train.validate import validate
@@ -185,6 +186,12 @@ def test_a_wrong_reward_leaves_partial_and_format_credit_and_malformed_answers_a
   assert gsm.verify(ex, "#### 41").reward == -1.0 and gsm.verify(ex, "#### 42").reward == 1.0
   r = gsm.verify(ex, "no number")  # malformed: rl.malformed_reward decides
   assert r.parsed is None and r.reward == 0.0
+  # a JsonlTask option: the file tasks with options of their own take it too
+  cd, cex = _one(tmp_path, "countdown_jsonl", COUNTDOWN, wrong_reward=-1.0)
+  assert cd.verify(cex, "3+5+7").reward == -1.0
+  sd, sex = _one(tmp_path, "sudoku_jsonl", SUDOKU, wrong_reward=-0.5)
+  assert sd.verify(sex, "<answer>1234341221434312</answer>").reward == -0.5
+  check_options("code", {"wrong_reward": -1.0})  # no "unknown option"
 
 
 def test_d1_gsm8k_and_math_rewards_are_d1s_sums_as_run(tmp_path):
