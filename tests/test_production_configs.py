@@ -186,7 +186,7 @@ def test_math_and_countdown_configs_validate_with_their_files(tmp_path):
 
 @pytest.mark.slow
 def test_math_config_runs_one_rl_step_at_tiny_size(tmp_path):
-  """llada_math end to end at tiny size (d1 prompts, math-verify on the <answer> span);
+  """llada_math end to end at tiny size (d1 prompts, math-verify on the last \\boxed{});
   llada_countdown differs from it only in the task and the learning rate (the Countdown
   prompt is 640 characters: a tiny run of it costs 2 minutes on 2 cores)."""
   summary = run.run(_task_tiny("llada_math", tmp_path), str(tmp_path / "work"))

@@ -122,6 +122,7 @@ def export_peft(pure: dict, model_cfg: ModelConfig, family: str, out_dir: str,
   ranks = {m: r for m in modules
            if (r := tensors[f"base_model.model.{m}.lora_A.weight"].shape[0]) != model_cfg.lora_rank}
   with open(files[1], "w", encoding="utf-8") as f:
-    json.dump(adapter_config(model_cfg, modules, base, ranks, hf_config), f, indent=2, sort_keys=True)
+    json.dump(adapter_config(model_cfg, modules, base, ranks, hf_config), f, indent=2,
+              sort_keys=True)
     f.write("\n")
   return files
