@@ -59,7 +59,8 @@ def _full_scale():
   c.rl.temperature = 1.0
   c.estimator.trajectory_shrink = 1
   recipes.tracerl_optimizer(c)
-  # this recipe's reward: the task's verifier, 0/1 (llada_tpu.py's is StableDRL's ±1)
+  # this recipe's reward: the task's verifier, 0/1 (llada_tpu.py's is StableDRL's ±1); its
+  # prompt stays llada_tpu.py's (StableDRL's), not this recipe's own
   c.task.options.wrong_reward = 0.0
   c.rl.malformed_reward = 0.0
   return c
