@@ -485,7 +485,8 @@ def test_the_dropped_options_said_are_not_those_given_beside_the_new_task():
   assert apply(c, [("task.name", "code"), ("task.options.train_file", "a.jsonl"),
                    ("task.options.test_file", "b.jsonl")], notes) == []
   assert c.task.options.to_dict() == {"train_file": "a.jsonl", "test_file": "b.jsonl"}
-  assert len(notes) == 1 and "task.options ['prompt_template'] are dropped" in notes[0]
+  assert len(notes) == 1 and "task.options ['prompt_preset', 'wrong_reward'] are dropped" \
+      in notes[0]
 
 
 def test_a_task_option_of_the_wrong_type_names_the_type():

