@@ -75,8 +75,14 @@ def _tiny(config, hf_dir, data):
 @pytest.mark.parametrize("name", ["llada_tpu", "llada_gpu", "sdar_tpu", "dream_tpu"])
 def test_production_config_runs_one_rl_step_at_tiny_size(tmp_path, name):
   config = _tiny(_load_config(name), _hf_dir(tmp_path, FIXTURES[name]), _gsm8k(tmp_path))
+  if name == "llada_tpu":  # StableDRL's prompt, graded by math-verify in its worker, ±1
+    config.task.options.prompt_preset, config.data.prompt_len = "stabledrl", 112
   summary = run.run(config, str(tmp_path / "work"))
   assert summary["rl_steps"] == 1 and set(summary["rl_pass_at_k"]) == {"1", "2"}
+  if name == "llada_tpu":  # the untrained fixture answers nothing right: every reward is -1
+    rl = [r for r in map(json.loads, open(tmp_path / "work" / "metrics.jsonl"))
+          if r.get("phase") == "rl" and "reward_mean" in r]
+    assert rl and rl[0]["reward_mean"] == -1.0
   assert_test_figures(summary, tmp_path / "work", "rl", test_size=8)
   records = [json.loads(line) for line in open(tmp_path / "work" / "metrics.jsonl")]
   step = [r for r in records if r.get("phase") == "rl" and "reward_mean" in r]
