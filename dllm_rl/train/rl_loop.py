@@ -16,7 +16,7 @@ from dllm_rl.diffusion.estimators import EstimatorConfig
 from dllm_rl.errors import ConfigError
 from dllm_rl.infra import faults
 from dllm_rl.infra.plots import Panel
-from dllm_rl.models import lora, transformer
+from dllm_rl.models import transformer
 from dllm_rl.parallel.shard import (
   abstract_state_sharded,
   init_state_sharded,
@@ -206,13 +206,9 @@ def fresh_sft_start(ctx: Context, sft: list[int]) -> int | None:
   ``sft`` whose parameters can be read, the damaged ones passed with a warning; None when
   none can. Reads the parameters, so only asked when a resume's start differs from
   ``sft[-1]``."""
-  _, target = transformer.abstract_params_sharded(ctx.model_cfg, ctx.mesh)
-  if ctx.model_cfg.lora_rank:
-    target = lora.split_adapters(target)[0]
   ref = run_checkpoints.CheckpointRef(ctx.workdir, SFT, sft[-1])
   try:
-    ref, _ = run_checkpoints.read_readable(
-        ref, lambda ckpt, s: ckpt.restore_part(target, "params", s), fall_back=True)
+    ref, _ = run_checkpoints.read_params(ref, ctx.model_cfg, ctx.mesh, fall_back=True)
   except Exception:  # noqa: BLE001 (nothing readable, another layout: not this start)
     return None
   return ref.step

@@ -127,6 +127,17 @@ def read_train_config(ref: CheckpointRef, *, fall_back: bool = False
                        fall_back=fall_back)
 
 
+def read_params(ref: CheckpointRef, model_cfg: ModelConfig, mesh, *, fall_back: bool = False):
+  """(the step read, (the checkpoint's policy parameters, its meta)) as saved: no optimizer
+  state, a LoRA model's adapters alone (no base); placed on their shardings on ``mesh``.
+  ``fall_back``: as :func:`read_readable`. LayoutMismatch when they do not fit ``model_cfg``."""
+  _, target = abstract_params_sharded(model_cfg, mesh)  # the template: not part of the read
+  if model_cfg.lora_rank:
+    target = lora.split_adapters(target)[0]
+  return read_readable(ref, lambda ckpt, s: ckpt.restore_part(target, "params", s),
+                       fall_back=fall_back)
+
+
 def restore_params(ref: CheckpointRef, model_cfg: ModelConfig, mesh, *,
                    base: Callable[[], Any] | None = None, fall_back: bool = False,
                    config: ml_collections.ConfigDict | None = None):
@@ -138,12 +149,8 @@ def restore_params(ref: CheckpointRef, model_cfg: ModelConfig, mesh, *,
   run's ``config``, a checkpoint it does not fit is a ConfigError naming the keys it was
   trained with (dllm_rl.train.layout_errors), and so are adapters trained on another base
   (``lora_checkpoint.check_base``)."""
-  _, target = abstract_params_sharded(model_cfg, mesh)  # the template: not part of the read
-  if model_cfg.lora_rank:
-    target = lora.split_adapters(target)[0]
   try:
-    ref, (params, meta) = read_readable(
-        ref, lambda ckpt, s: ckpt.restore_part(target, "params", s), fall_back=fall_back)
+    ref, (params, meta) = read_params(ref, model_cfg, mesh, fall_back=fall_back)
   except LayoutMismatch as err:
     if config is None:
       raise
