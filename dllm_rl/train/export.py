@@ -137,11 +137,17 @@ def write_peft_base(params, source: ExportSource, out_dir: str) -> str:
   nnx.replace_by_pure_dict(base, lora.merge_pure(nnx.to_pure_dict(params), 0.0))
   hf.export_checkpoint(base, source.model_cfg, source.token_ids, source.family, out_dir,
                        hf_config=source.hf_config, dtype="float32")
+  write_source_files(source, out_dir, source.texts)
+  return os.path.abspath(out_dir)
+
+
+def write_source_files(source: ExportSource, out_dir: str, texts: dict[str, str]) -> None:
+  """Beside the weights in ``out_dir``: the source's files copied (tokenizer, modeling code)
+  and ``texts`` written (name → text)."""
   convert.copy_files(source.files, out_dir)
-  for name, text in source.texts.items():
+  for name, text in texts.items():
     with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
       f.write(text)
-  return os.path.abspath(out_dir)
 
 
 def restore_run_params(ref: CheckpointRef, config, model_cfg: ModelConfig, mesh, *,
@@ -208,11 +214,8 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
                        hf_config=source.hf_config, max_shard_bytes=max_shard_bytes, dtype=dtype)
   t2 = time.perf_counter()
   if is_primary():
-    convert.copy_files(source.files, out_dir)
-    texts = {**source.texts,
-             PROVENANCE_FILE: json.dumps(provenance(ref, source, dtype), indent=2) + "\n"}
-    for name, text in texts.items():
-      with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
-        f.write(text)
+    write_source_files(source, out_dir, {
+        **source.texts,
+        PROVENANCE_FILE: json.dumps(provenance(ref, source, dtype), indent=2) + "\n"})
   return {"family": source.family, "label": ref.label, "bytes": convert.tensor_bytes(out_dir),
           "restore_s": t1 - t0, "write_s": t2 - t1, "total_s": time.perf_counter() - t0}
