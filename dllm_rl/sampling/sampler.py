@@ -126,6 +126,11 @@ def _finished(x_BL, eos_id: int):
   return jnp.any(x_BL == eos_id, axis=-1)
 
 
+def _from_first_eos(x_BL, eos_id: int):
+  """Each row's first EOS and every position after it."""
+  return jnp.cumsum(x_BL == eos_id, axis=-1) > 0
+
+
 def more_blocks(x_BL, block, *, cfg: SamplerConfig, eos_id: int):
   """Blocks remain, and (with ``stop_at_eos``) some row has not committed EOS yet."""
   more = block < cfg.num_blocks
@@ -141,7 +146,7 @@ def fill_finished(x_BL, unmask_BL, step, *, cfg: SamplerConfig, mask_id: int, eo
   the first EOS do not depend on it."""
   if not cfg.stop_at_eos:
     return x_BL, unmask_BL
-  fill_BL = (jnp.cumsum(x_BL == eos_id, axis=-1) > 0) & (x_BL == mask_id)
+  fill_BL = _from_first_eos(x_BL, eos_id) & (x_BL == mask_id)
   return jnp.where(fill_BL, eos_id, x_BL), jnp.where(fill_BL, step - 1, unmask_BL)
 
 
@@ -155,8 +160,7 @@ def initial_buffers(batch: int, *, cfg: SamplerConfig, mask_id: int):
 def finalize(x_BL, unmask_BL, steps, blocks, traj_SBL, *, cfg: SamplerConfig,
              eos_id: int) -> SampleOutput:
   """EOS from the first EOS on, packed into a SampleOutput."""
-  from_eos_BL = jnp.cumsum(x_BL == eos_id, axis=-1) > 0  # first EOS and after
-  return SampleOutput(completion_BL=jnp.where(from_eos_BL, eos_id, x_BL),
+  return SampleOutput(completion_BL=jnp.where(_from_first_eos(x_BL, eos_id), eos_id, x_BL),
                       unmask_step_BL=unmask_BL, num_steps=steps, num_blocks=blocks,
                       trajectory_SBL=traj_SBL if cfg.record_trajectory else None)
 
