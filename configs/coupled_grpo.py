@@ -94,7 +94,7 @@ def _full_scale():
   c.task.options = {"train_file": "REQUIRED: code train.jsonl (dllm-rl-data prepare acecode)",
                     "test_file": "REQUIRED: code test.jsonl (prepare acecode / humaneval / mbpp)",
                     "exec_weight": 2.0, "format_weight": 0.5}
-  c.rl.malformed_reward = 0.0  # as a wrong answer (llada_tpu.py: StableDRL's -1)
+  recipes.task_reward(c)  # 0 for a malformed answer, not llada_tpu.py's -1
   c.task.train_size, c.task.val_size, c.task.test_size = 8000, 64, 164
   c.data.system_prompt = "You are a helpful assistant."
   c.rl.steps = 1000            # one epoch of task.train_size = 8000 problems, 8 per batch

@@ -23,7 +23,7 @@ which d1 keeps for evaluation). What you should see: as configs/llada_tpu.py.
 
 import os
 
-from dllm_rl.config import load_config_file, locked
+from dllm_rl.config import load_config_file, locked, recipes
 
 
 def get_config():
@@ -34,7 +34,7 @@ def get_config():
       "train_file": "REQUIRED: dllm-rl-data prepare countdown --out DIR: DIR/train.jsonl",
       "test_file": "REQUIRED: dllm-rl-data prepare countdown --out DIR: DIR/test.jsonl",
       "prompt_preset": "d1"}
-  c.rl.malformed_reward = 0.0  # as a wrong answer (llada_tpu.py: StableDRL's -1)
+  recipes.task_reward(c)  # 0 for a malformed answer, not llada_tpu.py's -1
   c.task.train_size = 20000
   c.task.val_size = 256
   c.task.test_size = 256      # d1's countdown_cd3_test.jsonl

@@ -24,7 +24,7 @@ see: as configs/llada_tpu.py, with held-out MATH-500 greedy accuracy in summary.
 
 import os
 
-from dllm_rl.config import load_config_file, locked
+from dllm_rl.config import load_config_file, locked, recipes
 
 
 def get_config():
@@ -34,7 +34,7 @@ def get_config():
   c.task.options = {"train_file": "REQUIRED: dllm-rl-data prepare math --out DIR: DIR/train.jsonl",
                     "test_file": "REQUIRED: dllm-rl-data prepare math --out DIR: DIR/test.jsonl",
                     "prompt_preset": "d1"}
-  c.rl.malformed_reward = 0.0  # as a wrong answer (llada_tpu.py: StableDRL's -1)
+  recipes.task_reward(c)  # 0 for a malformed answer, not llada_tpu.py's -1
   c.task.train_size = 11000   # of d1's 12,000 MATH training problems (minus long ones)
   c.task.val_size = 256
   c.task.test_size = 500      # MATH-500

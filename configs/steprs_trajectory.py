@@ -30,10 +30,7 @@ def _full_scale():
   c.estimator.trajectory_shrink = 8
   c.estimator.prompt_mask_prob = 0.0
   c.rl.micro_batch = 64
-  # this recipe's reward: the task's verifier, 0/1 (llada_tpu.py's is StableDRL's ±1); its
-  # prompt stays llada_tpu.py's (StableDRL's), not this recipe's own
-  c.task.options.wrong_reward = 0.0
-  c.rl.malformed_reward = 0.0
+  recipes.task_reward(c)  # 0/1, not llada_tpu.py's ±1; its prompt stays llada_tpu.py's
   return c
 
 

@@ -67,8 +67,7 @@ def _full_scale():
   c.rl.grad_clip = 0.2
   # d1's GSM8K prompt and reward (llada_tpu.py's are StableDRL's)
   c.task.options.prompt_preset = "d1"
-  c.task.options.wrong_reward = 0.0
-  c.rl.malformed_reward = 0.0
+  recipes.task_reward(c)
   return c
 
 

@@ -100,6 +100,15 @@ def tracerl_optimizer(config: ml_collections.ConfigDict) -> None:
   config.estimator.prompt_mask_prob = 0.0
 
 
+def task_reward(config: ml_collections.ConfigDict) -> None:
+  """The task's own reward for a recipe built on configs/llada_tpu.py, whose reward is
+  StableDRL's ±1: a wrong answer (``task.options.wrong_reward``, where the options hold it)
+  and a malformed one (``rl.malformed_reward``) score 0. Sets ``config`` in place."""
+  if "wrong_reward" in config.task.options:
+    config.task.options.wrong_reward = 0.0
+  config.rl.malformed_reward = 0.0
+
+
 def steprs_trajectory(config: ml_collections.ConfigDict) -> dict:
   """StepRS-GRPO, state-conditioned: each token's risk coefficient β_s weights that token's
   log-probability in the state s it was unmasked from (the ``trajectory`` estimator), not an
