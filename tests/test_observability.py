@@ -71,9 +71,43 @@ def test_tensorboard_event_file(tmp_path):
   with MetricsLogger(str(tmp_path)) as logger:
     logger.log(1, {"loss": 1.0, "x": math.nan}, phase="sft")
     logger.flush()
-  files = os.listdir(tmp_path / "tb")
+  files = os.listdir(tmp_path / "tb" / "sft")
   assert any(f.startswith("events.out.tfevents") for f in files)
-  assert sum(os.path.getsize(tmp_path / "tb" / f) for f in files) > 0
+  assert sum(os.path.getsize(tmp_path / "tb" / "sft" / f) for f in files) > 0
+
+
+def _tensorboard_events(folder) -> list[list]:
+  """Each event file's events (TFRecord: length, its crc, the Event proto, its crc)."""
+  from tensorboardX.proto import event_pb2
+  files = []
+  for name in os.listdir(folder):
+    data, events, at = (folder / name).read_bytes(), [], 0
+    while at < len(data):
+      length = int.from_bytes(data[at:at + 8], "little")
+      events.append(event_pb2.Event.FromString(data[at + 12:at + 12 + length]))
+      at += 12 + length + 4
+    files.append(events)
+  return files
+
+
+def test_a_resumed_phase_purges_its_redone_steps_from_tensorboard_only(tmp_path):
+  with MetricsLogger(str(tmp_path)) as logger:
+    for step in range(1, 6):
+      logger.log(step, {"loss": float(step)}, phase="sft")
+      logger.log(step, {"loss": float(step)}, phase="rl")
+  with MetricsLogger(str(tmp_path)) as logger:  # RL resumed from its step-3 checkpoint
+    logger.supersede("rl", 3, step=3)
+    logger.log(4, {"loss": 40.0}, phase="rl")
+  sft, rl = (_tensorboard_events(tmp_path / "tb" / phase) for phase in ("sft", "rl"))
+  assert len(sft) == 1 and [e.step for e in sft[0] if e.summary.value] == [1, 2, 3, 4, 5]
+  (first,) = [f for f in rl if not any(e.session_log.status for e in f)]
+  (resumed,) = [f for f in rl if f is not first]
+  assert [e.step for e in first if e.summary.value] == [1, 2, 3, 4, 5]
+  # TensorBoard's purge marker: the run's events from step 4 on are dropped when it is read.
+  marker = [e for e in resumed if e.session_log.status]
+  assert [(e.step, e.session_log.status) for e in marker] == [(4, 1)]  # SessionLog.START
+  assert [(e.step, e.summary.value[0].simple_value) for e in resumed if e.summary.value] == [
+      (4, 40.0)]
 
 
 def test_plot_metrics(tmp_path):

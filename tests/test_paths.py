@@ -74,7 +74,7 @@ def test_tensorboard_follows_a_gs_workdir(fake_gcs, monkeypatch):
   monkeypatch.setitem(record_writer.REGISTERED_FACTORIES, "gs", Factory())
   with MetricsLogger("gs://bucket/run", tensorboard=True) as logger:
     logger.log(1, {"loss": 0.5}, phase="sft")
-  events = fake_gcs.ls("bucket/run/tb", detail=False)
+  events = fake_gcs.ls("bucket/run/tb/sft", detail=False)
   assert len(events) == 1 and "tfevents" in events[0]
   assert fake_gcs.size(events[0]) > 0
 

@@ -59,7 +59,7 @@ def test_samples_go_to_samples_jsonl_tensorboard_text_and_every_writer(tmp_path)
   assert writer.calls[1] == ("samples", "sft", 2, RECORDS)
   assert ("close",) not in writer.calls  # its owner closes it; the logger flushes it
   assert writer.calls[-1] == ("flush",)
-  (event,) = glob.glob(str(tmp_path / "tb" / "events.out.tfevents*"))
+  (event,) = glob.glob(str(tmp_path / "tb" / "sft" / "events.out.tfevents*"))
   data = open(event, "rb").read()
   assert b"sft/samples" in data and samples_lib.markdown(RECORDS).encode() in data
 

@@ -15,7 +15,8 @@ floats are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"``; `read_met
 back into floats. Non-numeric values (short strings) are written as they are.
 
 When ``tensorboard`` is on, numeric values are also written as TensorBoard scalars under
-``<workdir>/tb`` with tags ``f"{phase}/{name}"``; further ``writers`` (W&B) get them too
+``<workdir>/tb/<phase>`` with tags ``f"{phase}/{name}"`` (a resumed phase's superseded steps are
+purged there too); further ``writers`` (W&B) get them too
 (dllm_rl.infra.writers). `MetricsLogger.log_samples` appends sample completions to
 ``<workdir>/samples.jsonl`` (dllm_rl.infra.samples) and sends them to the same writers; a
 resumed phase drops its samples of steps after the restored one. ``enabled=False`` makes the
@@ -191,7 +192,8 @@ class MetricsLogger:
     """Keep only the first ``keep`` records of ``phase`` (those logged up to the checkpoint a
     resumed run restored); later ones are dropped. Other phases and a truncated last line are
     left as they are / dropped. Rewrites the file atomically; returns the number dropped.
-    ``step``: the restored step; the phase's samples of later steps are dropped too."""
+    ``step``: the restored step; the phase's samples of later steps are dropped too, and a
+    writer with ``purge(phase, step)`` (TensorBoard) is told to drop them (W&B keeps them)."""
     if not self.enabled:
       return 0
     kept, seen, dropped = [], 0, 0
@@ -215,6 +217,9 @@ class MetricsLogger:
       new = samples_lib.keep_until(old, phase, step)
       if new != old:
         self._samples.replace(new)
+      for writer in self._writers:  # TensorBoard drops the phase's events after `step`
+        if hasattr(writer, "purge"):
+          writer.purge(phase, step)
     return dropped
 
   def flush(self) -> None:

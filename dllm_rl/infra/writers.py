@@ -4,8 +4,9 @@ A writer has ``scalars(phase, step, values)`` (the record's numbers), ``samples(
 records)`` (dllm_rl.infra.samples records), ``flush()`` and ``close()``. Both libraries are
 imported only when a writer is opened (the primary process of a run that asks for it).
 
-TensorBoard: scalars under ``f"{phase}/{name}"``, samples as one markdown text per step under
-``f"{phase}/samples"``.
+TensorBoard: one folder (run) per phase, scalars under ``f"{phase}/{name}"``, samples as one
+markdown text per step under ``f"{phase}/samples"``; a resumed phase purges its superseded
+steps (:meth:`TensorBoardWriter.purge`).
 
 W&B (``log.wandb_project``): a run per workdir, its id kept in ``workdir/wandb_run_id`` so a
 resumed run (same ``--workdir``) continues it; the resolved config as the run's config; each
@@ -37,24 +38,49 @@ def wandb_missing() -> str | None:
 
 
 class TensorBoardWriter:
-  """tensorboardX event files in ``logdir`` (a local path or a gs:// / s3:// URL)."""
+  """tensorboardX event files under ``logdir`` (a local path or a gs:// / s3:// URL), one
+  folder per phase (``logdir/sft``, ``logdir/rl``, ...: TensorBoard shows each as a run), so
+  that :meth:`purge` can drop one phase's superseded steps without touching another's."""
 
   def __init__(self, logdir: str):
     import tensorboardX  # only the primary host of a run with log.tensorboard
-    self._writer = tensorboardX.SummaryWriter(logdir)
+    self._summary_writer = tensorboardX.SummaryWriter
+    self._logdir = logdir
+    self._writers: dict[str, Any] = {}
+    self._purge_from: dict[str, int] = {}
+
+  def _writer(self, phase: str):
+    if phase not in self._writers:
+      self._writers[phase] = self._summary_writer(  # the suffix: tensorboardX names files by
+          paths.join(self._logdir, phase),         # the second, so a reopen could overwrite
+          purge_step=self._purge_from.pop(phase, None), filename_suffix=f".{uuid.uuid4().hex[:8]}")
+    return self._writers[phase]
+
+  def purge(self, phase: str, step: int) -> None:
+    """Steps after ``step`` of ``phase`` are about to be redone (a resumed run): the phase's
+    next event file starts with TensorBoard's purge marker (a ``SessionLog.START`` at
+    ``step + 1``), so TensorBoard drops that run's earlier events from ``step + 1`` on."""
+    if phase in self._writers:
+      self._writers.pop(phase).close()
+    self._purge_from[phase] = int(step) + 1
 
   def scalars(self, phase: str, step: int, values: Mapping[str, float]) -> None:
+    writer = self._writer(phase)
     for name, value in values.items():
-      self._writer.add_scalar(f"{phase}/{name}", value, global_step=step)
+      writer.add_scalar(f"{phase}/{name}", value, global_step=step)
 
   def samples(self, phase: str, step: int, records: Sequence[Mapping[str, Any]]) -> None:
-    self._writer.add_text(f"{phase}/samples", samples_lib.markdown(records), global_step=step)
+    self._writer(phase).add_text(f"{phase}/samples", samples_lib.markdown(records),
+                                 global_step=step)
 
   def flush(self) -> None:
-    self._writer.flush()
+    for writer in self._writers.values():
+      writer.flush()
 
   def close(self) -> None:
-    self._writer.close()
+    for writer in self._writers.values():
+      writer.close()
+    self._writers = {}
 
 
 class WandbWriter:
