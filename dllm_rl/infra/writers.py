@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -51,9 +52,12 @@ class TensorBoardWriter:
 
   def _writer(self, phase: str):
     if phase not in self._writers:
-      self._writers[phase] = self._summary_writer(  # the suffix: tensorboardX names files by
-          paths.join(self._logdir, phase),         # the second, so a reopen could overwrite
-          purge_step=self._purge_from.pop(phase, None), filename_suffix=f".{uuid.uuid4().hex[:8]}")
+      # tensorboardX names a file by the second it opens it; TensorBoard reads a folder's
+      # files in name order. The suffix keeps that order the order of opening (and a file
+      # opened in the same second from being overwritten), so a purge marker comes last.
+      self._writers[phase] = self._summary_writer(
+          paths.join(self._logdir, phase), purge_step=self._purge_from.pop(phase, None),
+          filename_suffix=f".{time.time_ns():020d}")
     return self._writers[phase]
 
   def purge(self, phase: str, step: int) -> None:
