@@ -266,6 +266,9 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
     metrics.update(
         reward_mean=rewards_BG.mean(), accuracy=batch.correct_BG.astype(jnp.float32).mean(),
         reward_std_within_group=rewards_BG.std(-1).mean(),
+        # prompts whose G rewards are all equal: centered / normalised advantages are 0 there,
+        # so they give no policy gradient (DAPO's dynamic sampling drops them)
+        uniform_reward_groups=(rewards_BG == rewards_BG[:, :1]).all(-1).mean(),
         adv_abs_mean=jnp.abs(adv_BGL).mean(),  # over B·G·L positions, 0 after EOS (the mass)
         completion_length=lengths_BG.mean())
     new_state = state.replace(step=step, params=params, opt_state=opt_state,

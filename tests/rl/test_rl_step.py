@@ -90,6 +90,19 @@ def test_two_rl_steps_per_loss(loss):
     assert key in metrics
 
 
+def test_uniform_reward_groups_counts_the_prompts_whose_rewards_are_all_equal():
+  step_fn, state = _step("stabledrl", inner=1)
+  batch = _batch()
+  rewards = jnp.array([[1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0]])  # one of the B = 2
+  state, metrics = step_fn(state, batch.replace(rewards_BG=rewards, correct_BG=rewards > 0),
+                           jax.random.key(3))  # the state is donated: go on from the new one
+  assert float(metrics["uniform_reward_groups"]) == 0.5
+  rewards = jnp.array([[-1.0, -1.0, -1.0, -1.0], [0.5, 0.5, 0.5, 0.5]])  # both, any value
+  _, metrics = step_fn(state, batch.replace(rewards_BG=rewards, correct_BG=rewards > 0),
+                       jax.random.key(3))
+  assert float(metrics["uniform_reward_groups"]) == 1.0
+
+
 def test_a_loss_that_reports_its_own_bypass_fraction_keeps_it(monkeypatch):
   """ratio_metrics' bypass is of the sequence ratio; a loss clipping another one (ESPO's
   exp(Δ/L)) reports its own, and the step logs that one."""
