@@ -285,10 +285,14 @@ def test_rl_from_an_sft_checkpoint_trained_with_another_attention_says_so():
 @pytest.mark.slow
 def test_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
   straight, split = tmp_path / "straight", tmp_path / "split"
-  run.run(_config(20), str(straight))
-  run.run(_config(10), str(split))
+  assert "sft_earlier_wall_seconds" not in run.run(_config(20), str(straight))
+  first = run.run(_config(10), str(split))
   _no_starting_policy(monkeypatch)  # the resume reads the checkpoint into shapes alone
-  run.run(_config(20), str(split))  # picks up at step 10 with the same data position and keys
+  resumed = run.run(_config(20), str(split))  # picks up at step 10: same data position, keys
+  # the phase's wall time counts the first process's, up to the step-10 checkpoint, too
+  earlier = resumed["sft_earlier_wall_seconds"]
+  assert 0 < earlier < first["sft_wall_seconds"] < resumed["sft_wall_seconds"]
+  assert resumed["sft_wall_seconds"] - earlier < resumed["wall_seconds"]  # this process's part
   a, meta_a = _params(str(straight), _config(20))
   b, meta_b = _params(str(split), _config(20))
   assert int(a.step) == int(b.step) == 20 and meta_a["data_position"] == meta_b["data_position"]

@@ -233,13 +233,19 @@ def check_sft_seed(testbed: str, sft_seed: int) -> None:
 def train_sft(seed: int, workdir: str, overrides: dict,
               base: ml_collections.ConfigDict | None = None) -> dict:
   """The seed's SFT checkpoint (trained once; reused when its summary exists and it was
-  trained with this study's settings, :func:`check_sft_reusable`)."""
+  trained with this study's settings, :func:`check_sft_reusable`). Its ``wall_seconds``
+  include a resumed warm-up's earlier processes (``sft_earlier_wall_seconds``)."""
   config = sft_config(seed, overrides, base)
   path = os.path.join(workdir, "summary.json")
   if os.path.exists(path):
     check_sft_reusable(workdir, config)
-    return read_record(path)
-  return _run(config, workdir)
+    summary = read_record(path)
+  else:
+    summary = _run(config, workdir)
+  if "sft_earlier_wall_seconds" in summary:
+    summary = {**summary, "wall_seconds": summary.get("wall_seconds", 0.0)
+               + summary["sft_earlier_wall_seconds"]}
+  return summary
 
 
 def step_records(metrics_path: str) -> tuple[list[dict], list[dict], dict]:
@@ -409,7 +415,9 @@ def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrid
   records, evals, final = step_records(os.path.join(workdir, "metrics.jsonl"))
   result = {"arm": arm.name, "description": arm.description, "seed": seed,
             "commit": commit, "machine": machine,
-            "overrides": run_overrides, "wall_seconds": time.time() - t0, "summary": summary,
+            "overrides": run_overrides, "summary": summary,
+            # a resumed arm: its RL phase's time in the earlier processes too
+            "wall_seconds": time.time() - t0 + summary.get("rl_earlier_wall_seconds", 0.0),
             "stats": arm_stats(records, evals, config.task.val_size),
             "evals": evals, "final": final,
             "steps": records}

@@ -101,7 +101,8 @@ class PhaseRun:
   step: int
   report: dict  # the test evaluation (evaluation.evaluate_policy)
   timer: StepTimer  # run_* totals: the timed steps of the run
-  wall_seconds: float
+  wall_seconds: float  # the phase's, earlier processes' time up to the restored step included
+  earlier_wall_seconds: float = 0.0  # of that, the earlier processes' (0 if never resumed)
 
 
 class Phase:
@@ -325,6 +326,8 @@ def run_phase(phase_cls: type[Phase], ctx: Context) -> dict:
   phase = phase_cls(ctx)
   ckpt = open_checkpointer(ctx, name)
   state, meta, step = _restore(phase, ckpt)
+  earlier = float(meta.get("wall_seconds", 0.0))  # the phase's time up to that checkpoint
+  phase.wall0 -= earlier
   if step > phase.steps and is_primary():  # e.g. a rerun with a smaller {name}.steps
     print(f"[{name}] warning: the newest checkpoint is at step {step}, past {name}.steps ="
           f" {phase.steps}: nothing to train; the phase ends with the checkpoint's policy",
@@ -384,7 +387,8 @@ def run_phase(phase_cls: type[Phase], ctx: Context) -> dict:
           guard.skipped(state.opt_state, step)  # never save after a non-finite run
         clock.paused(state, lambda: ckpt.save(step, saved_state(state), {
             "phase": name, **phase.meta(), **base_pointer(config), "config": config.to_json(),
-            "metric_lines": logger.lines(name), "metrics_window": window_to_meta(window)}))
+            "metric_lines": logger.lines(name), "metrics_window": window_to_meta(window),
+            "wall_seconds": time.time() - phase.wall0}))
         guard.saved(step)
         phase.saved(step)
       if stop and not finished:
@@ -402,9 +406,11 @@ def run_phase(phase_cls: type[Phase], ctx: Context) -> dict:
   if is_primary():
     plot_metrics(paths.join(ctx.workdir, "metrics.jsonl"), plot, phase.panels, phase=name)
   run = PhaseRun(state=state, step=step, report=report, timer=timer,
-                 wall_seconds=time.time() - phase.wall0)
+                 wall_seconds=time.time() - phase.wall0, earlier_wall_seconds=earlier)
   summary, console = phase.summary(run)
   summary = {**summary, f"{name}_plot": plot}
+  if earlier:  # a resumed phase: {name}_wall_seconds counts the earlier processes' part too
+    summary[f"{name}_earlier_wall_seconds"] = earlier
   if is_primary():
     phase_record.write(ctx.workdir, name, step, config, phase_cls.unrelated_keys, summary)
   phase_summary(name, console, run.wall_seconds)

@@ -339,6 +339,35 @@ def test_an_arm_interrupted_inside_the_study_cache_resumes(tmp_path, monkeypatch
   runner.check_finished_runs("stability", [arm], str(tmp_path), 1, size, TINY)
 
 
+def test_a_resumed_runs_wall_seconds_count_its_earlier_processes(tmp_path, monkeypatch):
+  """An arm record's wall_seconds (summed into the report's compute) adds the RL phase's
+  time before the resume (``rl_earlier_wall_seconds``) to this process's."""
+  from dllm_rl.infra.observability import MetricsLogger
+  from dllm_rl.study import runner
+  arm = arms_lib.STUDIES.get("stability")(get_config())[0]
+  size = arms_lib.Size(rl_steps=4, eval_every=2, seeds=1)
+
+  def resumed_run(config, workdir, quiet_unread=()):  # the rest of an arm stopped at step 2
+    with MetricsLogger(workdir, tensorboard=False) as logger:
+      for step in (1, 2, 3, 4):
+        logger.log(step, {"reward_mean": 0.5, "accuracy": 0.5}, phase="rl")
+    return {"rl_accuracy": 0.5, "rl_wall_seconds": 1003.0, "rl_earlier_wall_seconds": 1000.0}
+
+  monkeypatch.setattr(runner, "_run", resumed_run)
+  monkeypatch.setattr(runner, "copy_sft_start", lambda *a: None)
+  rec = runner.run_arm(arm, 0, str(tmp_path / "sft"), str(tmp_path / "arm"), size, TINY, {})
+  assert 1000.0 < rec["wall_seconds"] < 1000.0 + 60
+  # the SFT start: trained now or read from its summary.json, the same figure
+  summary = {"sft_accuracy": 0.3, "wall_seconds": 5.0, "sft_earlier_wall_seconds": 200.0}
+  monkeypatch.setattr(runner, "_run", lambda config, workdir: summary)
+  assert runner.train_sft(0, str(tmp_path / "sft"), TINY)["wall_seconds"] == 205.0
+  os.makedirs(tmp_path / "sft")
+  with open(tmp_path / "sft" / "summary.json", "w") as fh:
+    json.dump(summary, fh)
+  monkeypatch.setattr(runner, "check_sft_reusable", lambda *a: None)
+  assert runner.train_sft(0, str(tmp_path / "sft"), TINY)["wall_seconds"] == 205.0
+
+
 def test_an_interrupted_sft_start_with_other_settings_is_refused(tmp_path):
   """An SFT start interrupted mid-warm-up (checkpoints, no summary.json) resumes on a rerun:
   with another sft.* override it is refused like a finished one."""
