@@ -11,7 +11,9 @@ The figures were measured on the 8 simulated CPU devices of ``conftest.py`` (jax
 x86-64 with AVX-512) at 83c0dab, before the package was re-laid out (issue 17), and re-measured when the
 default's RL schedule became a warm-up + cosine decay at lr 2e-4 (the second inner update of
 each step runs at the scheduled lr, so every figure moved by ~1–2 %); they are
-pinned to a relative 1e-4: another CPU's float rounding may move them by ~1e-6, a changed
+pinned to a relative 1e-4 (the entropies re-measured when ``entropy`` left out the draws
+that mask nothing, which had counted 0: 2.795 / 2.950 before, the loss and grad norms
+unchanged): another CPU's float rounding may move them by ~1e-6, a changed
 computation by far more. Change them only for a deliberate change of numbers, and say why in
 the commit.
 """
@@ -26,8 +28,8 @@ from dllm_rl.rl.step import RolloutBatch
 from dllm_rl.train.context import build_context
 
 GOLDEN = {"loss_1": -0.21533875167369843, "grad_norm_1": 2.038710832595825,
-          "entropy_1": 2.79492449760437, "loss_2": 0.47798752784729004,
-          "grad_norm_2": 0.7222700119018555, "entropy_2": 2.950207233428955}
+          "entropy_1": 4.416671276092529, "loss_2": 0.47798752784729004,
+          "grad_norm_2": 0.7222700119018555, "entropy_2": 4.416686058044434}
 
 
 def _rollout(ctx, b: int, g: int) -> RolloutBatch:

@@ -24,6 +24,7 @@ from dllm_rl.diffusion.estimators import (
   Estimator,
   EstimatorConfig,
   Likelihood,
+  batch_entropy,
   draws_entropy,
   mask_prompt,
 )
@@ -133,7 +134,11 @@ def block_elbo_loop(logits_fn, seqs: SequenceBatch, key, cfg: EstimatorConfig,
     contribs.append(_contribution(logp_BL, masked_KBL[k], t_KBL[k], seqs.completion_valid_BL))
     ents.append(ent_num / jnp.maximum(masked_KBL[k].sum(-1), 1))
   token_BL = jnp.stack(contribs).mean(0)
-  return Likelihood(token_BL=token_BL, seq_B=token_BL.sum(-1), entropy_B=jnp.stack(ents).mean(0))
+  has_KB = masked_KBL.any(-1)  # as draws_entropy: the draws that score anything
+  n_B = has_KB.sum(0)
+  entropy_B = jnp.where(n_B > 0, jnp.where(has_KB, jnp.stack(ents), 0.0).sum(0)
+                        / jnp.maximum(n_B, 1), jnp.nan)
+  return Likelihood(token_BL=token_BL, seq_B=token_BL.sum(-1), entropy_B=entropy_B)
 
 
 def block_sft_loss(graphdef, params, batch: SequenceBatch, key, *, mask_id: int, t_eps: float,
@@ -144,4 +149,4 @@ def block_sft_loss(graphdef, params, batch: SequenceBatch, key, *, mask_id: int,
                         attention_impl=attention_impl, prompt_block_causal=prompt_block_causal)
   lik = block_elbo(ModelScorer(graphdef, params, logits_chunk), batch, key, cfg, mask_id)
   loss = -lik.seq_B.mean()
-  return loss, {"loss": loss, "entropy": lik.entropy_B.mean()}
+  return loss, {"loss": loss, "entropy": batch_entropy(lik.entropy_B)}

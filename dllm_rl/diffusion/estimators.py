@@ -90,7 +90,8 @@ class Likelihood:
   """Per-token contributions, the per-sequence estimate and diagnostics.
 
   ``entropy_B``: mean predictive entropy (nats) over the scored (masked)
-  completion positions — a cheap policy-entropy diagnostic. ``extra`` holds
+  completion positions — a cheap policy-entropy diagnostic; NaN for a sequence with none
+  (average it with :func:`batch_entropy`). ``extra`` holds
   estimator-specific per-sequence terms (e.g. the EUBO of ``spg_block``).
   """
 
@@ -107,8 +108,20 @@ def masked_mean(x_BL, scored_BL):
 
 
 def draws_entropy(ent_KBL, scored_KBL):
-  """Mean predictive entropy over each draw's scored positions, averaged over draws."""
-  return jax.vmap(masked_mean)(ent_KBL, scored_KBL).mean(0)
+  """Mean predictive entropy over each draw's scored positions, averaged over the draws that
+  score any (a draw masking none of a short completion says nothing of it); NaN for a
+  sequence that no draw scores (:func:`batch_entropy` leaves it out)."""
+  has_KB = scored_KBL.any(-1)
+  n_B = has_KB.sum(0)
+  total_B = jnp.where(has_KB, jax.vmap(masked_mean)(ent_KBL, scored_KBL), 0.0).sum(0)
+  return jnp.where(n_B > 0, total_B / jnp.maximum(n_B, 1), jnp.nan)
+
+
+def batch_entropy(entropy_B):
+  """The batch's mean of ``Likelihood.entropy_B`` over the sequences that have one (not NaN);
+  0 when none has (a metric must stay finite)."""
+  has_B = ~jnp.isnan(entropy_B)
+  return jnp.where(has_B, entropy_B, 0.0).sum() / jnp.maximum(has_B.sum(), 1)
 
 
 @dataclasses.dataclass(frozen=True)

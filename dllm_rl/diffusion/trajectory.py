@@ -162,8 +162,9 @@ def _reduce(logp_KBL, ent_KBL, seqs: SequenceBatch, draws: dict,
   if cfg.reduction == "mean":
     token_BL = token_BL / jnp.maximum(seqs.completion_valid_BL.sum(-1, keepdims=True), 1)
   scored_KBL = draws["scored_BL"]
-  entropy_B = (jnp.where(scored_KBL, ent_KBL, 0.0).sum((0, 2))
-               / jnp.maximum(scored_KBL.sum((0, 2)), 1))  # over every scored token, once
+  n_B = scored_KBL.sum((0, 2))  # over every scored token, once; NaN with none (Likelihood)
+  entropy_B = jnp.where(n_B > 0, jnp.where(scored_KBL, ent_KBL, 0.0).sum((0, 2))
+                        / jnp.maximum(n_B, 1), jnp.nan)
   return Likelihood(token_BL=token_BL, seq_B=token_BL.sum(-1), entropy_B=entropy_B)
 
 

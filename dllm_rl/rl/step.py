@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from dllm_rl.diffusion.estimators import ESTIMATORS, EstimatorConfig
+from dllm_rl.diffusion.estimators import ESTIMATORS, EstimatorConfig, batch_entropy
 from dllm_rl.diffusion.scoring import ModelScorer
 from dllm_rl.models import lora
 from dllm_rl.parallel.constraints import jit_sharded
@@ -219,7 +219,7 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
       # the loss's own metrics win: its bypass_fraction where it clips another ratio (ESPO)
       aux = {**ratio_metrics(lik.seq_B - lik_old.seq_B, adv_BGL, mask_BGL, cfg.loss_cfg.eps),
              **aux}
-      aux["entropy"] = lik.entropy_B.mean()
+      aux["entropy"] = batch_entropy(lik.entropy_B)
       aux["policy_loss"] = loss
       if ref is not None:
         kl = (kl_penalty_tokens(kl_of(lik), ref[m], mask_BGL, cfg.kl_estimator)

@@ -208,3 +208,19 @@ def test_coupled_with_full_mask_term_is_diffucoders_estimate(model):
     # reduction="mean" is the same estimate over the length
     mean = est(logits_of(params), seqs, key, dataclasses.replace(cfg, reduction="mean"), MASK)
     np.testing.assert_allclose(mean.token_BL, want / seqs.completion_BL.shape[1], rtol=1e-5)
+
+
+def test_entropy_leaves_out_draws_and_sequences_that_score_nothing():
+  """A draw masking none of a short completion has no entropy to give: it is left out of its
+  sequence's mean (it counted 0), and a sequence that no draw scores is left out of the
+  batch's (NaN in entropy_B)."""
+  from dllm_rl.diffusion.estimators import batch_entropy, draws_entropy
+  ent_KBL = jnp.array([[[1.0, 3.0], [2.0, 2.0], [5.0, 5.0]],
+                       [[4.0, 4.0], [9.0, 9.0], [7.0, 7.0]]])
+  scored_KBL = jnp.array([[[True, True], [True, False], [False, False]],
+                          [[False, True], [False, False], [False, False]]])
+  entropy_B = draws_entropy(ent_KBL, scored_KBL)
+  np.testing.assert_allclose(entropy_B[:2], [(2.0 + 4.0) / 2, 2.0])
+  assert np.isnan(entropy_B[2])
+  np.testing.assert_allclose(batch_entropy(entropy_B), (3.0 + 2.0) / 2)
+  assert float(batch_entropy(jnp.full((3,), jnp.nan))) == 0.0
