@@ -64,6 +64,15 @@ def test_grpo_and_centered_zero_sum():
   np.testing.assert_allclose(np.asarray(adv.grpo(r, eps=0.0)).std(-1, ddof=1), 1.0, rtol=1e-5)
 
 
+def test_grpo_is_the_population_z_score_times_sqrt_g_minus_1_over_g():
+  """The factor configs/trajectory.py documents: TraceRL's ``z_score_normalize`` divides by
+  the population std (no ε); ``grpo`` by the ddof = 1 std, so grpo = √((G − 1)/G)·z."""
+  r = _rewards(5)
+  g = r.shape[-1]
+  z = (r - r.mean(-1, keepdims=True)) / r.std(-1, keepdims=True)
+  np.testing.assert_allclose(np.asarray(adv.grpo(r, eps=0.0)), math.sqrt((g - 1) / g) * z,
+                             rtol=1e-5, atol=1e-6)
+
 def test_leave_one_out_is_the_official_rloo_baseline():
   """ESPO / DiffuCoder (``leave_one_out = True``): baseline = (Σ_group r − r_i)/(G − 1);
   by hand for r = (1, 0, 0, 1): ±2/3; zero-sum; constant groups exactly 0."""
