@@ -300,6 +300,11 @@ def calibrated_beta(p_bar: float) -> float:
 
   p(β) decreases from 1 (β → −∞) through 1/2 (β = 0) to 0 (β → +∞), so
   p̄ < 1/2 gives β > 0. Bracketed, then bisected to |Δβ| ≤ 1e-12·max(1, |β|).
+
+  The identity behind it, A = w_β(p̂)(r − r̄), is for 0/1 rewards. Rewards a + s·c
+  (c ∈ {0, 1}: a wrong, a + s right) see e^{βr} ∝ e^{sβc}, i.e. w_{sβ}(p̂): their β with
+  w = 1 is this β / s (±1 rewards, s = 2: half of it). Rewards with more than two values
+  have no single w.
   """
   p_bar = float(p_bar)
   if not (0.0 < p_bar < 1.0):

@@ -387,7 +387,8 @@ class RLPhase(Phase):
         "rl_distinct_correct": test["distinct_correct"],
         "rl_malformed_fraction": test["malformed_fraction"],
         "rl_wall_seconds": run.wall_seconds,
-        # StepRS calibration: the β with w_β(p̄) = 1 at the starting policy's training accuracy.
+        # StepRS calibration: the β with w_β(p̄) = 1 at the starting policy's training accuracy
+        # (for 0/1 rewards; rewards a / a + s need β / s: advantages.calibrated_beta).
         "base_train_accuracy": base,
         "calibrated_beta": calibrated_beta(base) if base is not None and 0 < base < 1 else None,
     }

@@ -355,6 +355,19 @@ def test_calibrated_beta_round_trip(p_bar):
   assert adv.calibrated_beta(1 - p_bar) == pytest.approx(-beta, abs=1e-9)
 
 
+@pytest.mark.parametrize("wrong, right", ((-1.0, 1.0), (0.0, 2.0), (0.5, 0.75)))
+def test_two_valued_rewards_see_beta_times_their_spread(wrong, right):
+  """Rewards wrong + s·c (c ∈ {0, 1}, s = right − wrong) at β weigh centered advantages by
+  w_{sβ}(p̂): the calibrated β (for 0/1 rewards) must be divided by s (calibrated_beta)."""
+  c = _binary(6)
+  s = right - wrong
+  r = wrong + s * c
+  p = c.mean(-1, keepdims=True)
+  beta = adv.calibrated_beta(0.3)  # w_β(0.3) = 1
+  want = np.asarray(adv.rs_weight(beta, p)) * (r - r.mean(-1, keepdims=True))
+  np.testing.assert_allclose(np.asarray(adv.risk_sensitive(r, beta / s)), want,
+                             rtol=1e-4, atol=1e-6)
+
 def test_calibrated_beta_rejects_out_of_range():
   for bad in (0.0, 1.0, -0.1, 1.5, float("nan")):
     with pytest.raises(ValueError):
