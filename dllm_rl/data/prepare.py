@@ -12,6 +12,7 @@ command reports success, so what it writes is what the trainer reads.
 
 from __future__ import annotations
 
+import codecs
 import collections
 import json
 import os
@@ -22,7 +23,7 @@ from dllm_rl import paths
 from dllm_rl.errors import short_reason
 from dllm_rl.data.recipes import RECIPES, Recipe, Skip, Source
 from dllm_rl.tasks import make_task
-from dllm_rl.tasks.jsonl import not_utf8, record_problem
+from dllm_rl.tasks.jsonl import not_jsonl, not_utf8, record_problem
 
 MANIFEST = "dataset.json"
 _BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -81,10 +82,42 @@ def check_utf8(path: str) -> None:
         raise DataError(f"{path}:{line_no}: {problem}")
 
 
+def check_local_file(path: str, ext: str) -> None:
+  """DataError naming the local source file ``path`` (extension ``ext``) when it is not what
+  its extension says, before ``datasets`` reads it (whose own errors name neither the file's
+  kind nor the line): a compressed file or archive (what to do), an empty file, a byte that is
+  not UTF-8 (its line), or for ``.jsonl`` a line that is not JSON (its line and column)."""
+  with open(path, "rb") as f:
+    head = f.read(8)
+  problem = not_jsonl(head, path, "--source SPLIT={}")
+  if problem and not (ext == ".parquet" and head.startswith(b"PAR1")):
+    raise DataError(f"{path}: {problem}")
+  if ext not in _BUILDERS:
+    raise DataError(f"{path}: expected one of {sorted(_BUILDERS)} or a save_to_disk folder")
+  if ext == ".parquet":
+    return
+  check_utf8(path)
+  rows = 0
+  with open(path, "rb") as f:
+    for line_no, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      rows += 1
+      if ext != ".jsonl":
+        break  # one row is enough: datasets' CSV / JSON readers name their own problems
+      try:
+        json.loads(line.removeprefix(codecs.BOM_UTF8) if line_no == 1 else line)
+      except json.JSONDecodeError as err:
+        raise DataError(f"{path}:{line_no}: invalid JSON ({err.msg} at column {err.colno})"
+                        ) from None
+  if not rows:
+    raise DataError(f"{path}: the file is empty (no rows)")
+
+
 def load_rows(source: Source, cache_dir: str | None = None) -> Iterable[Mapping[str, Any]]:
   """The rows of ``source`` (a ``datasets.Dataset``). DataError, saying how to work offline,
-  when the source cannot be read; naming the file and line of a local text file that is not
-  UTF-8."""
+  when a hub source cannot be read; for a local file, what is wrong with it and where
+  (:func:`check_local_file`)."""
   import datasets
 
   try:
@@ -97,11 +130,7 @@ def load_rows(source: Source, cache_dir: str | None = None) -> Iterable[Mapping[
       return ds
     if source.local:
       ext = os.path.splitext(source.path)[1].lower()
-      if ext not in _BUILDERS:
-        raise DataError(f"{source.path}: expected one of {sorted(_BUILDERS)} or a "
-                        "save_to_disk folder")
-      if ext != ".parquet":
-        check_utf8(source.path)
+      check_local_file(source.path, ext)
       return datasets.load_dataset(_BUILDERS[ext], data_files=source.path, split="train",
                                    cache_dir=cache_dir)
     return datasets.load_dataset(source.path, source.config, split=source.split,
@@ -109,6 +138,10 @@ def load_rows(source: Source, cache_dir: str | None = None) -> Iterable[Mapping[
   except DataError:
     raise
   except Exception as err:  # network, hub and parsing errors all mean "cannot read it"
+    if source.local:  # a local file or folder: no network involved
+      raise DataError(f"cannot read {source.describe()} ({short_reason(err, 300)}); --source"
+                      " takes a .jsonl/.json/.csv/.parquet file or a save_to_disk folder"
+                      ) from err
     raise DataError(f"cannot read {source.describe()} ({short_reason(err, 300)}); on a "
                     "machine without network pass the split as a local file: --source "
                     "SPLIT=FILE (.jsonl/.json/.csv/.parquet or a save_to_disk folder)") from err

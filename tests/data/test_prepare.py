@@ -320,3 +320,33 @@ def test_a_file_of_another_code_layout_is_not_converted(tmp_path):
       prep.prepare(name, str(tmp_path / name), sources={"test": source},
                    cache_dir=str(tmp_path / "cache"))
     assert not os.path.exists(tmp_path / name / "test.jsonl")
+
+
+def test_a_bad_local_file_is_named_with_its_line_not_sent_offline(tmp_path):
+  """A local --source that datasets cannot read was "cannot read FILE (DatasetGenerationError:
+  An error occurred ...); on a machine without network pass the split as a local file" (a
+  line that is not JSON, an empty file: StopIteration; a folder that is no save_to_disk one),
+  and a gzip file named .jsonl "not UTF-8 text (byte 0x8b ...)": each now says what is wrong
+  and where, before datasets reads it."""
+  import gzip
+  good = '{"question": "q", "answer": "#### 1"}\n'
+  src = tmp_path / "src"
+  src.mkdir()
+  (src / "bad.jsonl").write_text(good + "{question: 2}\n" + good)
+  (src / "empty.jsonl").write_text("\n")
+  (src / "zipped.jsonl").write_bytes(gzip.compress(good.encode()))
+  (src / "rows.jsonl.gz").write_bytes(gzip.compress(good.encode()))
+  cases = {
+      "bad.jsonl": ":2: invalid JSON (Expecting property name enclosed in double quotes at"
+                   " column 2)",
+      "empty.jsonl": ": the file is empty (no rows)",
+      "zipped.jsonl": ": gzip-compressed, not JSON Lines text: decompress it (gunzip -k",
+      "rows.jsonl.gz": ": gzip-compressed, not JSON Lines text: decompress it (gunzip -k"}
+  for name, expected in cases.items():
+    source = prep.parse_source(f"train={src / name}")[1]
+    with pytest.raises(prep.DataError) as err:
+      prep.load_rows(source, cache_dir=str(tmp_path / "cache"))
+    assert str(err.value).startswith(f"{src / name}{expected}"), str(err.value)
+  with pytest.raises(prep.DataError) as err:  # a folder that datasets cannot load
+    prep.load_rows(prep.parse_source(f"train={src}")[1], cache_dir=str(tmp_path / "cache"))
+  assert "without network" not in str(err.value) and "save_to_disk folder" in str(err.value)
