@@ -295,7 +295,8 @@ def _encode(examples, tokenizer, config, split: str) -> dict:
   try:
     return data_lib.encode_examples(
         examples, tokenizer, config.data.prompt_len, config.data.completion_len,
-        truncate_answers=config.mode not in ("sft", "pipeline"),  # only SFT trains on answers
+        # only SFT trains on answers, those of the train split (validation and test: prompts)
+        truncate_answers=split != "train" or config.mode not in ("sft", "pipeline"),
         # data.completion_len is a multiple of the block length (Dream's one block: its length)
         completion_multiple=1 if config.sampler.kind == "dream" else config.sampler.block_len)
   except data_lib.TooLong as err:  # named by the key to change, data.prompt_len / completion_len

@@ -268,3 +268,32 @@ def test_eval_context_of_a_test_only_task_carries_the_system_prompt(tmp_path):
   assert ctx.train.examples == [] and ctx.val.examples == [] and len(ctx.test.examples) == 1
   row = ctx.test.arrays["prompt_BP"][0][ctx.test.arrays["prompt_valid_BP"][0]]
   assert ctx.tokenizer.decode(row) == "Be brief.\n\n" + ctx.test.examples[0].prompt
+
+
+def test_sft_needs_only_the_train_splits_answers_to_fit(tmp_path):
+  """SFT trains on the train split's answers; validation and test are graded from their
+  prompts alone. A test answer longer than data.completion_len stopped an SFT run with
+  `error: config.data.completion_len: test split ...` (a longer completion_len than the
+  training needs, for every evaluation); now only a train answer that does not fit does."""
+  train = tmp_path / "train.jsonl"  # solutions of 3 characters (+ EOS fits 8)
+  train.write_text("".join(json.dumps({"nums": [a, b], "target": a + b, "solution": f"{a}+{b}"})
+                           + "\n" for a in range(1, 6) for b in range(1, 6)))
+  test = tmp_path / "test.jsonl"  # solutions of 11 characters
+  test.write_text("".join(json.dumps({"nums": [a, 2, 3, 4], "target": (a + 2) * 7,
+                                      "solution": f"({a}+2)*(3+4)"}) + "\n" for a in range(5)))
+  config = tiny_run_config("sft", {"task.name": "countdown_jsonl",
+                                   "task.options": {"train_file": str(train),
+                                                    "test_file": str(test)},
+                                   "task.train_size": 20, "task.val_size": 4,
+                                   "task.test_size": 4, "data.prompt_len": 160,
+                                   "data.completion_len": 8, "data.batch_size": 2})
+  ctx = build_context(validate(config), str(tmp_path / "work"))
+  assert len(ctx.test.examples) == 4 and len(ctx.test.examples[0].answer) == 11
+  long_train = tiny_run_config("sft", {**{f"task.{k}": v for k, v in config.task.items()},
+                                       "task.options": {"train_file": str(test),
+                                                        "test_file": str(train)},
+                                       "task.train_size": 3, "task.val_size": 1,
+                                       "data.prompt_len": 160, "data.completion_len": 8,
+                                       "data.batch_size": 2})
+  with pytest.raises(ConfigError, match=r"config\.data\.completion_len: train split"):
+    build_context(validate(long_train), str(tmp_path / "work2"))
