@@ -204,6 +204,22 @@ def test_every_required_placeholder_is_named_at_once():
   assert not any("does not exist" in line for line in lines)
 
 
+
+def test_mode_eval_says_how_to_leave_out_a_required_train_file():
+  """mode=eval reads only the test split, but configs/llada_tpu.py's train file placeholder
+  still asked for a file: its error now says `--config.task.options.train_file=` leaves it
+  out (the other modes keep the plain error)."""
+  c = load_config_file(os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs",
+                                    "llada_tpu.py"))
+  c.model.hf_checkpoint, c.task.options.test_file = "/ckpt", "/data/test.jsonl"
+  for mode, hint in (("eval", True), ("rl", False)):
+    c.mode = mode
+    with pytest.raises(ConfigError) as err:
+      validate(c)
+    assert str(err.value).startswith("config.task.options.train_file: required value not set")
+    assert ("mode=eval reads only the test split: --config.task.options.train_file= leaves it"
+            " out" in str(err.value)) == hint, mode
+
 def test_locked_config_rejects_typos_where_written():
   c = locked(base_config())
   with pytest.raises(AttributeError):

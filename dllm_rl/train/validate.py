@@ -425,17 +425,22 @@ class _Checks:
 REQUIRED_PREFIX = "REQUIRED:"  # a config file's placeholder for a value the user must give
 
 
-def _required(config, check: "_Checks", prefix: str = "") -> None:
+def _required(config, check: "_Checks", prefix: str = "", mode: str = "") -> None:
   """Every placeholder ``"REQUIRED: what"`` still in the config, each its own error (a
-  production config lists several: checkpoint, train file, test file)."""
+  production config lists several: checkpoint, train file, test file). mode=eval reads no
+  train split: its train file's error says how to leave it out."""
+  mode = mode or config.get("mode", "")
   for key in config.keys():
     value = config[key]
     if isinstance(value, (ml_collections.ConfigDict, dict)):
-      _required(value, check, f"{prefix}{key}.")
+      _required(value, check, f"{prefix}{key}.", mode)
     elif isinstance(value, str) and value.startswith(REQUIRED_PREFIX):
       what = value[len(REQUIRED_PREFIX):].strip()
+      unread = (f" (mode=eval reads only the test split: --config.{prefix}{key}= leaves it"
+                " out)" if mode == "eval" and f"{prefix}{key}" == "task.options.train_file"
+                else "")
       check(False, f"{prefix}{key}", f"required value not set ({what}): pass "
-                                     f"--config.{prefix}{key}=...")
+                                     f"--config.{prefix}{key}=...{unread}")
 
 
 _SECTIONS = (_required, _names, _model, _lora, _data, _sampler, _sft, _optimizer, _rl, _estimator,
