@@ -23,7 +23,7 @@ from dllm_rl import paths
 from dllm_rl.errors import short_reason
 from dllm_rl.data.recipes import RECIPES, Recipe, Skip, Source
 from dllm_rl.tasks import make_task
-from dllm_rl.tasks.jsonl import not_jsonl, not_utf8, record_problem
+from dllm_rl.tasks.jsonl import not_jsonl, not_utf8, record_problem, surrogate_problem
 
 MANIFEST = "dataset.json"
 _BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -106,10 +106,13 @@ def check_local_file(path: str, ext: str) -> None:
       if ext != ".jsonl":
         break  # one row is enough: datasets' CSV / JSON readers name their own problems
       try:
-        json.loads(line.removeprefix(codecs.BOM_UTF8) if line_no == 1 else line)
+        row = json.loads(line.removeprefix(codecs.BOM_UTF8) if line_no == 1 else line)
       except json.JSONDecodeError as err:
         raise DataError(f"{path}:{line_no}: invalid JSON ({err.msg} at column {err.colno})"
                         ) from None
+      problem = surrogate_problem(row)
+      if problem:
+        raise DataError(f"{path}:{line_no}: {problem}")
   if not rows:
     raise DataError(f"{path}: the file is empty (no rows)")
 

@@ -77,7 +77,30 @@ def _field(record: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -
                      f"got {type(value).__name__}")
   if isinstance(value, str) and not value.strip():
     raise _BadRecord(f"field {key!r} is empty")
+  problem = surrogate_problem(value, f"field {key!r}")
+  if problem:
+    raise _BadRecord(problem)
   return value
+
+
+def surrogate_problem(value: Any, where: str = "the line") -> str | None:
+  """Where ``value`` (a parsed JSON value) holds an unpaired UTF-16 surrogate: a ``\\ud800``
+  escape without its pair, which JSON parses but which is no Unicode text (a tokenizer and a
+  UTF-8 writer fail on it, far from the file and line); None when it holds none."""
+  if isinstance(value, str):
+    try:
+      value.encode("utf-8")
+    except UnicodeEncodeError as err:
+      return (f"{where} holds an unpaired UTF-16 surrogate \\u{ord(value[err.start]):04x} at"
+              f" character {err.start + 1} (half of a \\u escape pair): not Unicode text;"
+              " fix or remove it")
+  elif isinstance(value, (dict, list)):
+    items = value.items() if isinstance(value, dict) else ((None, v) for v in value)
+    for key, item in items:
+      problem = surrogate_problem(item, where if key is None else f"field {key!r}")
+      if problem:
+        return problem
+  return None
 
 
 class JsonlTask(Task):

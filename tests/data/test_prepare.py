@@ -336,12 +336,14 @@ def test_a_bad_local_file_is_named_with_its_line_not_sent_offline(tmp_path):
   (src / "empty.jsonl").write_text("\n")
   (src / "zipped.jsonl").write_bytes(gzip.compress(good.encode()))
   (src / "rows.jsonl.gz").write_bytes(gzip.compress(good.encode()))
+  (src / "surrogate.jsonl").write_text(good + '{"question": "q\\udc80", "answer": "#### 1"}\n')
   cases = {
       "bad.jsonl": ":2: invalid JSON (Expecting property name enclosed in double quotes at"
                    " column 2)",
       "empty.jsonl": ": the file is empty (no rows)",
       "zipped.jsonl": ": gzip-compressed, not JSON Lines text: decompress it (gunzip -k",
-      "rows.jsonl.gz": ": gzip-compressed, not JSON Lines text: decompress it (gunzip -k"}
+      "rows.jsonl.gz": ": gzip-compressed, not JSON Lines text: decompress it (gunzip -k",
+      "surrogate.jsonl": ":2: field 'question' holds an unpaired UTF-16 surrogate \\udc80"}
   for name, expected in cases.items():
     source = prep.parse_source(f"train={src / name}")[1]
     with pytest.raises(prep.DataError) as err:

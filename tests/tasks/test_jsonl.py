@@ -184,6 +184,25 @@ def test_a_line_that_is_not_utf8_is_named_or_skipped_like_a_malformed_line(tmp_p
              .generate("train", -1, 0)) == 4
 
 
+
+def test_an_unpaired_surrogate_escape_is_named_with_its_line(tmp_path):
+  """"\ud800" is valid JSON but no Unicode text: it was read, then crashed the HF tokenizer
+  (`TypeError: TextInputSequence must be str`, no file or line) or made datasets fail in
+  prepare; now it is a malformed line (named, or skipped), as in a code task's test cases."""
+  path = _write(tmp_path / "s.jsonl", GSM8K[:3], [
+      '{"question": "What is 1+\\ud800?", "answer": "#### 2"}'])
+  what = (rf"{path}:4: field 'question' holds an unpaired UTF-16 surrogate \\ud800 at"
+          r" character 11 \(half of a \\u escape pair\)")
+  with pytest.raises(ValueError, match=rf"task 'gsm8k': {what}"):
+    make_task("gsm8k", train_file=path)
+  task = make_task("gsm8k", train_file=path, test_file=path, on_error="skip")
+  assert task.skipped == 1 and len(task.generate("train", -1, 0)) == 3
+  paired = _write(tmp_path / "p.jsonl", [{"question": "Smile \ud83d\ude00?", "answer": "#### 1"}])
+  assert "\U0001F600" in make_task("gsm8k", test_file=paired).generate("test", -1, 0)[0].prompt
+  code = _write(tmp_path / "c.jsonl", [{"question": "q", "test_cases": ["assert 1", "x\udc80"]}])
+  with pytest.raises(ValueError, match=r"c\.jsonl:1: field 'test_cases' holds an unpaired"):
+    make_task("code", test_file=code)
+
 def _rows(records=GSM8K[:3]):
   return "".join(json.dumps(r) + "\n" for r in records).encode()
 
