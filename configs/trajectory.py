@@ -36,10 +36,8 @@ one full-batch update per rollout batch (μ = 1, the same rollout used once; the
 exactly 1 then, so the clip does not bind) with d1's token normalisation (Σ over tokens /
 Σ lengths). Its per-token k3 penalty to θ_old (β = 0.01) is left out: at μ = 1 the only
 update has θ = θ_old, where k3 and its gradient are 0. Its filter that drops groups with
-accuracy > 0.8 or < 0.2 is not reproduced. Its z-score (``z_score_normalize``) divides by
-the population std without an ε; ``rl.advantage=grpo`` divides by the ddof = 1 std + 1e-4
-(d1's), so every advantage is √((G − 1)/G) = 0.935 (G = 8) of the official one, one factor
-for the whole batch. The estimator at 8B is the expensive one:
+accuracy > 0.8 or < 0.2 is not reproduced. Its z-score (``z_score_normalize``: the
+population std, no ε) is ``rl.advantage=zscore``. The estimator at 8B is the expensive one:
 64 state passes per estimate against spg_block's 2, so the rl_step is micro-batched
 (``rl.micro_batch``: one draw of 64 sequences per backward); see README "Planning".
 """

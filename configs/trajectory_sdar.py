@@ -36,10 +36,9 @@ Official values, from Gen-Verse/dLLM-RL ``configs/rl_sdar.yaml`` (trainer
 
 Not reproduced (as in configs/trajectory.py): the official trainer's epoch over (response,
 state) rows in optimizer steps of 32 accumulated rows per GPU, its per-token k3 penalty to
-θ_old (β = 0.01), its group filter (accuracy in [0.1, 0.9], ``lower_p`` / ``upper_p``) and its
-z-score's population std without ε (here d1's ddof = 1 std + 1e-4: every advantage
-√((G − 1)/G) = 0.968 (G = 16) of the official one); here one full-batch update per rollout
-batch, micro-batched (``rl.micro_batch``).
+θ_old (β = 0.01) and its group filter (accuracy in [0.1, 0.9], ``lower_p`` / ``upper_p``);
+here one full-batch update per rollout batch, micro-batched (``rl.micro_batch``). Its z-score
+(population std, no ε) is ``rl.advantage=zscore``, as in configs/trajectory.py.
 """
 
 import os

@@ -74,13 +74,13 @@ def trajectory(config: ml_collections.ConfigDict) -> dict:
   objective at ε = 0.2 on per-token ratios of the trajectory estimate (each token scored in
   the denoising state it was committed from, summed over the tokens), z-scored group
   advantages (``reward/rl_reward.py`` ``z_score_normalize``: (r − mean_G r) / std_G r with the
-  population std, no ε, 0 for a uniform group; here ``grpo``, d1's form with the ddof = 1 std
-  + 1e-4, so every advantage is √((G − 1)/G) of the official one). Its per-token k3 penalty
+  population std, no ε, 0 for a uniform group: ``zscore``; d1's ``grpo``, with the ddof = 1 std
+  + 1e-4, gave √((G − 1)/G) of the official values). Its per-token k3 penalty
   to θ_old (β = 0.01) has no counterpart here (the KL is to the starting policy): off. The
   shrinkage is a matter of scale (the official 8 is set by configs/trajectory.py; the
   embedded default's 8 steps keep 1)."""
   del config
-  return {"rl.loss": "grpo_token", "rl.advantage": "grpo", "rl.eps": 0.2, "rl.kl_coef": 0.0,
+  return {"rl.loss": "grpo_token", "rl.advantage": "zscore", "rl.eps": 0.2, "rl.kl_coef": 0.0,
           "estimator.name": "trajectory", "estimator.reduction": "sum"}
 
 

@@ -368,6 +368,17 @@ class AdvantageConfig:
     return cls(**d)
 
 
+@jax.jit
+def zscore(rewards_BG: ArrayLike) -> jax.Array:
+  """TraceRL's group z-score (Gen-Verse/dLLM-RL ``reward/rl_reward.py``
+  ``z_score_normalize``): A_i = (r_i − mean r) / std r with the population std (ddof = 0) and
+  no ε; 0 for a group whose rewards are all equal (std = 0). For binary rewards it is
+  √(G/(G − 1)) times :func:`grpo` without its ε."""
+  d = centered(rewards_BG)
+  std = jnp.sqrt(jnp.mean(d * d, axis=-1, keepdims=True))
+  return jnp.where(std > 0, d / jnp.where(std > 0, std, 1.0), 0.0)
+
+
 def _per_token(adv_BG: jax.Array, progress_BGL: ArrayLike, mask_BGL: ArrayLike) -> jax.Array:
   shape = jnp.broadcast_shapes(jnp.shape(progress_BGL), jnp.shape(mask_BGL))
   adv_BGL = jnp.broadcast_to(adv_BG[..., None], shape)
@@ -379,6 +390,13 @@ def grpo_tokens(rewards_BG, progress_BGL, mask_BGL, cfg) -> jax.Array:
   """:func:`grpo` broadcast over the completion tokens."""
   del cfg
   return _per_token(grpo(rewards_BG), progress_BGL, mask_BGL)
+
+
+@ADVANTAGES.register("zscore")
+def zscore_tokens(rewards_BG, progress_BGL, mask_BGL, cfg) -> jax.Array:
+  """:func:`zscore` broadcast over the completion tokens."""
+  del cfg
+  return _per_token(zscore(rewards_BG), progress_BGL, mask_BGL)
 
 
 @ADVANTAGES.register("centered")

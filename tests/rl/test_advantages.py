@@ -64,14 +64,22 @@ def test_grpo_and_centered_zero_sum():
   np.testing.assert_allclose(np.asarray(adv.grpo(r, eps=0.0)).std(-1, ddof=1), 1.0, rtol=1e-5)
 
 
-def test_grpo_is_the_population_z_score_times_sqrt_g_minus_1_over_g():
-  """The factor configs/trajectory.py documents: TraceRL's ``z_score_normalize`` divides by
-  the population std (no ε); ``grpo`` by the ddof = 1 std, so grpo = √((G − 1)/G)·z."""
+def test_zscore_is_tracerls_population_z_score():
+  """TraceRL's ``z_score_normalize`` (configs/trajectory.py): the population std, no ε, 0 for a
+  uniform group; d1's ``grpo`` (ddof = 1) is √((G − 1)/G) of it. By hand: r = (1, 0, 0, 0)
+  gives (√3, −1/√3, −1/√3, −1/√3)."""
   r = _rewards(5)
   g = r.shape[-1]
   z = (r - r.mean(-1, keepdims=True)) / r.std(-1, keepdims=True)
+  np.testing.assert_allclose(np.asarray(adv.zscore(r)), z, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(np.asarray(adv.grpo(r, eps=0.0)), math.sqrt((g - 1) / g) * z,
                              rtol=1e-5, atol=1e-6)
+  third = 1 / math.sqrt(3)
+  np.testing.assert_allclose(np.asarray(adv.zscore(np.array([[1.0, 0.0, 0.0, 0.0]]))),
+                             [[math.sqrt(3), -third, -third, -third]], rtol=1e-6)
+  np.testing.assert_array_equal(np.asarray(adv.zscore(np.full((2, 5), 0.3))), 0.0)
+  assert "zscore" in adv.ADVANTAGES.names()
+
 
 def test_leave_one_out_is_the_official_rloo_baseline():
   """ESPO / DiffuCoder (``leave_one_out = True``): baseline = (Σ_group r − r_i)/(G − 1);
@@ -381,7 +389,7 @@ def test_calibrated_beta_rejects_out_of_range():
 def test_registry_names():
   assert adv.ADVANTAGES.names() == sorted([
       "grpo", "centered", "leave_one_out", "risk_sensitive", "steprs", "steprs_rms_matched",
-      "steprs_mass_matched"])
+      "steprs_mass_matched", "zscore"])
   with pytest.raises(KeyError, match="steprs"):
     adv.ADVANTAGES.get("step_rs")
 
@@ -416,7 +424,8 @@ def test_registered_fns_jit_mask_and_values(name):
 
 def _closed_form(name, r, u, mask, cfg):
   """The papers' formulas in float64 numpy, independent of dllm_rl.rl.advantages:
-  centered (Dr. GRPO) r − r̄; leave-one-out r_i − mean_{j≠i} r_j; GRPO (r − r̄)/(std_{ddof=1} + 1e-4); RS-GRPO
+  centered (Dr. GRPO) r − r̄; zscore (TraceRL) (r − r̄)/std_{ddof=0}; leave-one-out
+  r_i − mean_{j≠i} r_j; GRPO (r − r̄)/(std_{ddof=1} + 1e-4); RS-GRPO
   (1/β)(e^{βr_i}/mean_j e^{βr_j} − 1); StepRS: RS-GRPO of the token's completion at
   β(u) = β_start + (β_end − β_start)(1 − cos πu)/2; the controls rescale StepRS by one
   batch factor: sqrt(Σ_m c² / Σ_m A²) (rms) or Σ_m |c| / Σ_m |A| (mass), c = r − r̄."""
@@ -424,6 +433,8 @@ def _closed_form(name, r, u, mask, cfg):
   c = r - r.mean(-1, keepdims=True)
   if name == "centered":
     return c[..., None]
+  if name == "zscore":  # TraceRL: the population std, no ε
+    return (c / r.std(-1, keepdims=True))[..., None]
   if name == "leave_one_out":
     g = r.shape[-1]
     return (r - (r.sum(-1, keepdims=True) - r) / (g - 1))[..., None]
