@@ -29,6 +29,18 @@ def test_base_and_tiny_cpu_configs_validate():
     validate(load_config_file(os.path.join(ROOT, "configs", f"{name}.py")))
 
 
+def test_the_estimator_must_suit_the_model_only_where_rl_scores_with_it():
+  """SFT and eval never score with estimator.name: evaluating (or fine-tuning) an SDAR model
+  needed --config.estimator.name=block_elbo all the same."""
+  block = {"model__block_size": 4, "sampler__block_len": 4}
+  for mode in ("sft", "eval"):
+    validate(_cfg(mode=mode, **block))
+    validate(_cfg(mode=mode, estimator__name="block_elbo"))
+  for mode in ("rl", "pipeline"):
+    with pytest.raises(ConfigError, match="^config.estimator.name: a block-diffusion model"):
+      validate(_cfg(mode=mode, **block))
+
+
 @pytest.mark.parametrize("updates, key", [
     ({"data__completion_len": 10, "sampler__block_len": 4}, "sampler.block_len"),
     ({"sampler__block_len": 4, "sampler__steps": 3}, "sampler.steps"),
@@ -41,9 +53,9 @@ def test_base_and_tiny_cpu_configs_validate():
     ({"sft__schedule": "step"}, "sft.schedule"),
     ({"sampler__threshold": 1.5}, "sampler.threshold"),
     ({"data__batch_size": 0}, "data.batch_size"),
-    ({"estimator__name": "block_elbo"}, "estimator.name"),
+    ({"estimator__name": "block_elbo", "mode": "rl"}, "estimator.name"),
     ({"model__block_size": 4, "estimator__name": "block_elbo"}, "sampler.block_len"),
-    ({"model__block_size": 4, "sampler__block_len": 4}, "estimator.name"),
+    ({"model__block_size": 4, "sampler__block_len": 4, "mode": "rl"}, "estimator.name"),
     ({"model__block_size": -1}, "model.block_size"),
     ({"model__logit_shift": True, "model__block_size": 4, "sampler__block_len": 4,
       "estimator__name": "block_elbo"}, "model.logit_shift"),

@@ -329,16 +329,17 @@ def _estimator(config, check: "_Checks") -> None:
   check(shrink >= 1, "estimator.trajectory_shrink",
         f"must be an integer >= 1 (distinct denoising steps per forward pass), got {shrink!r}")
   bs = config.model.block_size
+  scores = config.mode in ("rl", "pipeline")  # only RL scores with the estimator (not sft, eval)
   check(bs >= 0, "model.block_size", "must be >= 0 (0 = bidirectional masked diffusion)")
   if bs > 0:
     check(config.data.completion_len % bs == 0, "model.block_size",
            f"data.completion_len={config.data.completion_len} is not a multiple of {bs}")
     check(s.block_len == bs, "sampler.block_len",
            f"a block-diffusion model decodes its own blocks: must equal model.block_size={bs}")
-    check(x.name in ("block_elbo", "trajectory"), "estimator.name",
+    check(not scores or x.name in ("block_elbo", "trajectory"), "estimator.name",
            "a block-diffusion model (model.block_size > 0) is scored with block_elbo or"
            " trajectory")
-  check(x.name != "block_elbo" or bs > 0, "estimator.name",
+  check(not scores or x.name != "block_elbo" or bs > 0, "estimator.name",
          "block_elbo needs a block-diffusion model (model.block_size > 0)")
   check(not (config.model.logit_shift and bs > 0), "model.logit_shift",
          "the logit shift (Dream) needs a bidirectional model (model.block_size = 0): in the"
