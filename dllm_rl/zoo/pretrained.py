@@ -6,6 +6,9 @@
     model.family, model.config, model.token_ids.mask_id
     logits_BLV = model.logits(input_ids_BL)                         # what the official forward returns
     out_BN = model.generate(prompt_BP, gen_length=128, steps=128, block_length=32)  # official kwargs
+    tok = model.tokenizer                                           # the folder's tokenizer
+    prompt_BP = np.array([tok.encode(tok.format_prompt("What is 2 + 3?"))])
+    print(tok.decode(out_BN[0, prompt_BP.shape[1]:]))
 
 The family (LLaDA, SDAR, ...) is detected from config.json
 (:data:`dllm_rl.models.hf.FAMILIES`); an unsupported one is an error listing the
@@ -29,6 +32,7 @@ import numpy as np
 
 from dllm_rl.infra import weights
 from dllm_rl.models import convert, hf, transformer
+from dllm_rl.tasks.hf_tokenizer import HFTokenizer
 from dllm_rl.zoo.generators import FAMILY_GENERATORS, GENERATORS, default_generator
 
 ATTENTIONS = ("bidirectional", "block_causal")
@@ -61,6 +65,21 @@ class Pretrained:
   params: Any
   path: str
   generator: str  # the official generator ``generate`` follows (a key of zoo.generators.GENERATORS)
+  files_dir: str = ""  # the folder of its tokenizer and modeling files ("": ``path``)
+
+  @functools.cached_property
+  def tokenizer(self) -> HFTokenizer:
+    """The checkpoint's own tokenizer (``tokenizer.json`` or ``vocab.json`` + ``merges.txt``,
+    and ``tokenizer_config.json``'s chat template) with its mask / EOS / pad ids, read on
+    first use: ``format_prompt(text, system)`` (one user turn of the chat template),
+    ``encode(text)``, ``decode(ids)`` (stops at the first EOS). FileNotFoundError naming the
+    folder when it has no tokenizer files."""
+    ids = self.token_ids
+    if ids.eos_id is None:
+      raise ValueError(f"{self.path}: config.json names no EOS id, which the tokenizer needs")
+    return HFTokenizer.from_dir(self.files_dir or self.path, mask_id=ids.mask_id,
+                                eos_id=ids.eos_id,
+                                pad_id=ids.pad_id if ids.pad_id is not None else ids.eos_id)
 
   def logits(self, input_ids_BL, *, attention_mask_BL=None, attention: str = "bidirectional",
              block_size: int | None = None) -> jax.Array:
@@ -179,4 +198,4 @@ def load_pretrained(path: str, *, dtype: str = "float32", param_dtype: str | Non
     code_dir = path
   if generator is None:
     generator = default_generator(family, _modeling_files(code_dir))
-  return Pretrained(family, cfg, ids, hf_config, graphdef, params, path, generator)
+  return Pretrained(family, cfg, ids, hf_config, graphdef, params, path, generator, code_dir)

@@ -296,3 +296,22 @@ def test_sequences_past_the_checkpoints_maximum_length_are_warned_about(llada):
     llada.logits(np.zeros((1, 65), np.int64))
   with pytest.warns(UserWarning, match=r"the generated sequences: 72 tokens"):
     llada.generate(np.zeros((1, 8), np.int64), steps=8, gen_length=64, block_length=64)
+
+
+def test_the_folders_tokenizer_encodes_templates_and_decodes(tmp_path, llada):
+  """``model.tokenizer``: the folder's own tokenizer and chat template, with the checkpoint's
+  ids (the EOS ends a decode), for an HF folder and its ``convert import``; a folder without
+  tokenizer files is a FileNotFoundError naming it, only when the tokenizer is asked for."""
+  from tests.helpers import hf_fixture_with_tokenizer
+  folder = hf_fixture_with_tokenizer(tmp_path)
+  imported = str(tmp_path / "imported")
+  convert.import_hf(str(folder), imported)
+  for path in (str(folder), imported):
+    model = dllm_rl.load_pretrained(path)
+    tok = model.tokenizer
+    assert tok.format_prompt("1+2?") == "Q: 1+2?A: "  # HF renders with trim_blocks
+    ids = tok.encode("1+2?")
+    assert tok.decode(ids + [model.token_ids.eos_id] + tok.encode("x")) == "1+2?"
+    assert tok.mask_id == model.token_ids.mask_id and model.tokenizer is tok  # read once
+  with pytest.raises(FileNotFoundError, match="tokenizer"):
+    llada.tokenizer  # noqa: B018  (the fixture folder has weights only)
