@@ -39,6 +39,9 @@
 #   --procs per-node|per-gpu  one process per node (it sees all the node's GPUs) or per GPU
 #                                                      [DLLM_PROCS] per-node
 #   --port P               coordinator port            [DLLM_PORT] 20000 + SLURM_JOB_ID % 10000
+#   --cpus-per-task C      CPU cores of each process (srun gives a task 1 core otherwise:
+#                          host work, compiles and reward workers on one core)
+#                          [DLLM_CPUS_PER_TASK] the node's cores (SLURM_CPUS_ON_NODE) / tasks per node
 #   --python BIN           Python on the nodes (an activated venv's, say)  [DLLM_PYTHON] python3
 #   --mem-fraction F       XLA_PYTHON_CLIENT_MEM_FRACTION of every process: the share of GPU
 #                          memory JAX preallocates (JAX's own default, 0.75, leaves a quarter
@@ -63,6 +66,7 @@ GPUS_PER_NODE=${DLLM_GPUS_PER_NODE:-${SLURM_GPUS_PER_NODE:-8}}
 GPUS_PER_NODE=${GPUS_PER_NODE##*:}  # "h100:4" (--gpus-per-node=TYPE:N) -> 4
 PROCS=${DLLM_PROCS:-per-node}
 PORT=${DLLM_PORT:-}
+CPUS_PER_TASK=${DLLM_CPUS_PER_TASK:-}
 PYTHON=${DLLM_PYTHON:-python3}
 MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
 PARTITION="" ACCOUNT="" TIME=""
@@ -84,6 +88,7 @@ while [[ $# -gt 0 ]]; do
     --gpus-per-node) need "$@"; GPUS_PER_NODE=$2; shift 2 ;;
     --procs) need "$@"; PROCS=$2; shift 2 ;;
     --port) need "$@"; PORT=$2; shift 2 ;;
+    --cpus-per-task) need "$@"; CPUS_PER_TASK=$2; shift 2 ;;
     --python) need "$@"; PYTHON=$2; shift 2 ;;
     --mem-fraction) need "$@"; MEM_FRACTION=$2; shift 2 ;;
     --partition) need "$@"; PARTITION=$2; shift 2 ;;
@@ -107,6 +112,8 @@ case $PROCS in
   per-gpu) TASKS_PER_NODE=$GPUS_PER_NODE ;;
   *) die "--procs must be per-node or per-gpu, got '$PROCS'" ;;
 esac
+[[ -z $CPUS_PER_TASK || $CPUS_PER_TASK =~ ^[1-9][0-9]*$ ]] \
+    || die "--cpus-per-task must be a positive integer, got '$CPUS_PER_TASK'"
 
 if [[ -n ${DLLM_REPO:-} ]]; then
   REPO=$DLLM_REPO
@@ -154,9 +161,16 @@ srun_step() {
   task_cmd+=' --config.distributed.process_id=$SLURM_PROCID'
   [[ $PROCS == per-node ]] || task_cmd+=' --config.distributed.local_device_ids=$SLURM_LOCALID'
   [[ ${#OVERRIDES[@]} == 0 ]] || task_cmd+=" $(quote_all "${OVERRIDES[@]}")"
+  # each task's cores: given, else the node's share (srun's own default is one core)
+  local cpus=$CPUS_PER_TASK
+  if [[ -z $cpus && -n ${SLURM_CPUS_ON_NODE:-} ]]; then
+    cpus=$((SLURM_CPUS_ON_NODE / TASKS_PER_NODE))
+    [[ $cpus -ge 1 ]] || cpus=1
+  fi
+  [[ -n $cpus ]] || cpus="CPUS_ON_NODE/$TASKS_PER_NODE"  # a dry run outside an allocation
   run srun --nodes="$NODES" --ntasks=$((NODES * TASKS_PER_NODE)) \
       --ntasks-per-node="$TASKS_PER_NODE" --gpus-per-node="$GPUS_PER_NODE" \
-      --kill-on-bad-exit=1 --chdir="$REPO" \
+      --cpus-per-task="$cpus" --kill-on-bad-exit=1 --chdir="$REPO" \
       --export=ALL,XLA_PYTHON_CLIENT_MEM_FRACTION="$MEM_FRACTION" bash -c "$task_cmd"
 }
 

@@ -269,6 +269,21 @@ def test_slurm_dry_run_inside_an_allocation_one_process_per_gpu(sandbox, tmp_pat
   assert "--config=configs/tiny_cpu.py" in task
 
 
+def test_slurm_tasks_get_their_share_of_the_nodes_cores(sandbox, tmp_path):
+  """srun gives a task one core unless told: each process gets the node's cores over its
+  tasks (or --cpus-per-task), so host work and reward workers do not share one core."""
+  env = dict(sandbox, SLURM_JOB_ID="7", SLURM_JOB_NODELIST="g1", SLURM_JOB_NUM_NODES="1",
+             SLURM_CPUS_ON_NODE="96")
+  args = ["--dry-run", "--config", "c.py", "--workdir", "/w"]
+  for extra, cpus in (([], "96"), (["--procs", "per-gpu"], "12"),
+                      (["--cpus-per-task", "10"], "10")):
+    res = run_script(SLURM, [*args, *extra], env, tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert f"--cpus-per-task={cpus}" in commands(res.stdout)[1], extra
+  res = run_script(SLURM, [*args, "--cpus-per-task", "0"], env, tmp_path)
+  assert res.returncode == 2 and "--cpus-per-task" in res.stderr
+
+
 @pytest.mark.parametrize("allocated", ["4", "h100:4"])
 def test_slurm_inside_an_allocation_takes_its_gpus_per_node(sandbox, tmp_path, allocated):
   """`sbatch --gpus-per-node=4 launch/slurm_gpu.sh ...` (or an salloc of 4-GPU nodes): the step
