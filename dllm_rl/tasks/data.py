@@ -28,13 +28,15 @@ class TooLong(ValueError):
 
 
 def check_fit(what: str, lengths: Sequence[int], limit: int,
-              examples: Sequence[Example], multiple: int = 1) -> None:
+              examples: Sequence[Example], multiple: int = 1, steps: int = 0) -> None:
   """TooLong when a ``what`` ("prompt" or "answer": an answer takes one EOS more) of
   ``examples`` has more tokens (``lengths``) than ``limit``. It names the longest that does
   not fit, where it came from (its file and line, else its index), how many do not fit
   and the value of the key that fits them all: one run of the check tells the user the
   value to set, not only that the current one is too small. ``multiple`` (answers: the
-  sampler's block length, which must divide ``data.completion_len``) rounds that value up."""
+  sampler's block length, which must divide ``data.completion_len``) rounds that value up;
+  ``steps`` (answers: ``sampler.steps``, a multiple of the number of blocks) gets its own
+  value when that one would not suit the suggested length (the same steps per block)."""
   eos = int(what == "answer")  # an answer is followed by one EOS
   key = "data.completion_len" if eos else "data.prompt_len"
   over = [b for b, n in enumerate(lengths) if n + eos > limit]
@@ -48,13 +50,26 @@ def check_fit(what: str, lengths: Sequence[int], limit: int,
                 f" {getattr(ex, what)[:40]!r}); {len(over)} of the {len(lengths)} {what}s"
                 f" {'does' if len(over) == 1 else 'do'} not fit, this one is the longest:"
                 f" {key}={fits} fits them all"
-                + (f" (a multiple of sampler.block_len={multiple})" if multiple > 1 else ""))
+                + (f" (a multiple of sampler.block_len={multiple})" if multiple > 1 else "")
+                + _steps_for(fits, limit, multiple, steps))
+
+
+def _steps_for(length: int, limit: int, block_len: int, steps: int) -> str:
+  """The ``sampler.steps`` a suggested completion length needs, when ``steps`` (fit for
+  ``limit``) is not a multiple of its blocks: the same steps per block ("" otherwise)."""
+  blocks = length // block_len
+  if block_len <= 1 or steps <= 0 or steps % blocks == 0:
+    return ""
+  per_block = max(1, steps // max(limit // block_len, 1))
+  return (f", with sampler.steps={blocks * per_block} ({per_block} per block: the steps must be"
+          f" a multiple of its {blocks} blocks, and sampler.steps={steps} is not)")
 
 
 def encode_examples(examples: Sequence[Example], tokenizer: CharTokenizer,
                     prompt_len: int, completion_len: int, *,
                     truncate_answers: bool = False,
-                    completion_multiple: int = 1) -> dict[str, np.ndarray]:
+                    completion_multiple: int = 1, sampler_steps: int = 0
+                    ) -> dict[str, np.ndarray]:
   """Encodes examples into ``prompt_BP``, ``prompt_valid_BP``, ``completion_BL``,
   ``completion_valid_BL`` (int32 ids / bool masks; B = len(examples)).
 
@@ -63,7 +78,8 @@ def encode_examples(examples: Sequence[Example], tokenizer: CharTokenizer,
   when a prompt, or an answer plus one EOS, does not fit. ``truncate_answers``: cut
   answers to fit instead (runs that never train on them: RL and evaluation use only the
   prompts). ``completion_multiple``: what a fitting ``completion_len`` must be a multiple of
-  (the sampler's block length), for the value the error suggests.
+  (the sampler's block length), for the value the error suggests, and ``sampler_steps``
+  the sampler's steps, which must suit it.
   """
   if prompt_len < 1 or completion_len < 1:
     raise ValueError(f"prompt_len and completion_len must be >= 1, got "
@@ -75,7 +91,7 @@ def encode_examples(examples: Sequence[Example], tokenizer: CharTokenizer,
   if truncate_answers:
     answers = [a[:completion_len - 1] for a in answers]
   check_fit("answer", [len(a) for a in answers], completion_len, examples,
-            multiple=completion_multiple)
+            multiple=completion_multiple, steps=sampler_steps)
   prompt_BP = np.full((n, prompt_len), tokenizer.pad_id, np.int32)
   prompt_valid_BP = np.zeros((n, prompt_len), bool)
   completion_BL = np.full((n, completion_len), tokenizer.eos_id, np.int32)

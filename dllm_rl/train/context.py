@@ -298,7 +298,8 @@ def _encode(examples, tokenizer, config, split: str) -> dict:
         # only SFT trains on answers, those of the train split (validation and test: prompts)
         truncate_answers=split != "train" or config.mode not in ("sft", "pipeline"),
         # data.completion_len is a multiple of the block length (Dream's one block: its length)
-        completion_multiple=1 if config.sampler.kind == "dream" else config.sampler.block_len)
+        completion_multiple=1 if config.sampler.kind == "dream" else config.sampler.block_len,
+        sampler_steps=config.sampler.steps)
   except data_lib.TooLong as err:  # named by the key to change, data.prompt_len / completion_len
     raise ConfigError(err.key, f"{split} split of task {config.task.name!r}: {err}") from err
   except ValueError as err:

@@ -62,6 +62,15 @@ def test_a_prompt_too_long_is_named_by_its_file_line_and_the_longest_sets_the_ke
   with pytest.raises(TooLong, match=r": data\.completion_len=8 fits them all \(a multiple of"
                      r" sampler\.block_len=8\)$"):
     encode_examples(exs, tok, prompt_len=8, completion_len=3, completion_multiple=8)
+  # and the steps that suit it: 1 block of 2 at 3 steps per block -> 2 blocks need 6 steps
+  with pytest.raises(TooLong, match=r": data\.completion_len=4 fits them all \(a multiple of"
+                     r" sampler\.block_len=2\), with sampler\.steps=6 \(3 per block: the steps"
+                     r" must be a multiple of its 2 blocks, and sampler\.steps=3 is not\)$"):
+    encode_examples(exs, tok, prompt_len=8, completion_len=2, completion_multiple=2,
+                    sampler_steps=3)
+  with pytest.raises(TooLong, match=r"\(a multiple of sampler\.block_len=2\)$"):  # 2 suits 2
+    encode_examples(exs, tok, prompt_len=8, completion_len=2, completion_multiple=2,
+                    sampler_steps=2)
 
 
 def test_encode_real_task():
