@@ -65,6 +65,19 @@ def _steps_for(length: int, limit: int, block_len: int, steps: int) -> str:
           f" a multiple of its {blocks} blocks, and sampler.steps={steps} is not)")
 
 
+def _check_no_mask(what: str, seqs: Sequence[Sequence[int]], examples: Sequence[Example],
+                   mask_id: int) -> None:
+  """ValueError naming the first example whose ``what`` encodes to the mask id (its text
+  holds the tokenizer's mask token): the samplers would take it for a position to fill and
+  SFT would train the model to write it."""
+  for b, ids in enumerate(seqs):
+    if mask_id in ids:
+      ex = examples[b]
+      raise ValueError(f"{ex.source or f'example {b}'}: the {what} holds the mask token (id"
+                       f" {mask_id}) in {getattr(ex, what)[:60]!r}: a model reads it as a"
+                       " position to fill; remove it from the data")
+
+
 def encode_examples(examples: Sequence[Example], tokenizer: CharTokenizer,
                     prompt_len: int, completion_len: int, *,
                     truncate_answers: bool = False,
@@ -75,7 +88,8 @@ def encode_examples(examples: Sequence[Example], tokenizer: CharTokenizer,
 
   Raises :class:`TooLong` (:func:`check_fit`: the longest example's file and line or
   index, its length and the config key ``data.prompt_len`` / ``data.completion_len``)
-  when a prompt, or an answer plus one EOS, does not fit. ``truncate_answers``: cut
+  when a prompt, or an answer plus one EOS, does not fit; ValueError (its file and line)
+  when one holds the tokenizer's mask token. ``truncate_answers``: cut
   answers to fit instead (runs that never train on them: RL and evaluation use only the
   prompts). ``completion_multiple``: what a fitting ``completion_len`` must be a multiple of
   (the sampler's block length), for the value the error suggests, and ``sampler_steps``
@@ -92,6 +106,8 @@ def encode_examples(examples: Sequence[Example], tokenizer: CharTokenizer,
     answers = [a[:completion_len - 1] for a in answers]
   check_fit("answer", [len(a) for a in answers], completion_len, examples,
             multiple=completion_multiple, steps=sampler_steps)
+  for what, seqs in (("prompt", prompts), ("answer", answers)):
+    _check_no_mask(what, seqs, examples, tokenizer.mask_id)
   prompt_BP = np.full((n, prompt_len), tokenizer.pad_id, np.int32)
   prompt_valid_BP = np.zeros((n, prompt_len), bool)
   completion_BL = np.full((n, completion_len), tokenizer.eos_id, np.int32)

@@ -129,3 +129,20 @@ def test_iterator_errors():
     BatchIterator({"a": np.zeros(3), "b": np.zeros(4)}, batch_size=1, seed=0)
   with pytest.raises(ValueError, match="at least one"):
     BatchIterator({}, batch_size=1, seed=0)
+
+
+def test_a_prompt_or_answer_holding_the_mask_token_is_named(tmp_path):
+  """An HF tokenizer turns a special token's text into its id: the mask token written in the
+  data would be a position for the sampler to fill (and an SFT target); named, not encoded."""
+  from dllm_rl.tasks.hf_tokenizer import HFTokenizer
+  from tests.helpers import hf_fixture_with_tokenizer
+  tok = HFTokenizer.from_dir(str(hf_fixture_with_tokenizer(tmp_path)), mask_id=126, eos_id=125,
+                             pad_id=125)
+  good = Example("1+1=", "2", source="d.jsonl:1")
+  for bad, what in ((Example("1+<|mdm_mask|>=", "2", source="d.jsonl:7"), "prompt"),
+                    (Example("1+1=", "<|mdm_mask|>", source="d.jsonl:7"), "answer")):
+    with pytest.raises(ValueError, match=rf"^d\.jsonl:7: the {what} holds the mask token"
+                                         r" \(id 126\)"):
+      encode_examples([good, bad], tok, prompt_len=16, completion_len=16)
+  assert encode_examples([good], tok, prompt_len=16, completion_len=16)["prompt_BP"].shape == (
+      1, 16)
