@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -444,6 +445,11 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 # ----------------------------------------------------------------------------
 # Dispatch.
 
+@functools.cache
+def _warn_once(message: str) -> None:
+  warnings.warn(message, stacklevel=3)
+
+
 def target_platform() -> str:
   """The platform the program being traced is compiled for ("cpu", "gpu" or "tpu"): the
   device platform of the abstract mesh it traces under (dllm_rl.parallel.constraints.
@@ -466,6 +472,17 @@ def _kernel_kind(impl: str) -> str:
     raise ValueError("impl='pallas' (estimator.attention_impl) needs a GPU or TPU target;"
                      " on CPU use 'auto' (the dense reference) or 'interpret'")
   return "tpu" if target == "tpu" else "gpu"
+
+
+@functools.cache
+def triton_missing() -> str | None:
+  """Why Pallas' Triton backend (the GPU kernel's) cannot be imported, or None. JAX 0.11
+  deprecates it ("will be removed in a future version of JAX")."""
+  try:
+    from jax.experimental.pallas import triton  # noqa: F401
+  except ImportError as err:
+    return f"{type(err).__name__}: {err}"
+  return None
 
 
 def default_block_sizes(impl: str = "auto") -> tuple[int, int]:
@@ -509,7 +526,16 @@ def staircase_attention(q_BNHQ, k_BNJQ, v_BNJQ, *, prompt_len: int, block_size: 
   _check_layout(prompt_len, completion_len, block_size)
   if key_valid_BN is not None and key_valid_BN.shape != (b, n):
     raise ValueError(f"key_valid_BN shape {key_valid_BN.shape} != {(b, n)}")
-  if impl == "reference" or (impl == "auto" and target_platform() == "cpu"):
+  target = target_platform()
+  missing = triton_missing() if target == "gpu" and impl in ("auto", "pallas") else None
+  if missing and impl == "pallas":
+    raise ValueError(f"impl='pallas' (estimator.attention_impl) on GPU needs Pallas' Triton"
+                     f" backend, which this JAX lacks ({missing}); use 'auto' (the dense"
+                     " reference there) or 'reference'")
+  if missing:
+    _warn_once(f"staircase attention: Pallas' Triton backend is missing ({missing}); the dense"
+               " reference runs instead (the same values, O(N²) memory)")
+  if impl == "reference" or (impl == "auto" and (target == "cpu" or missing)):
     return staircase_attention_reference(
         q_BNHQ, k_BNJQ, v_BNJQ, prompt_len=prompt_len, block_size=block_size,
         key_valid_BN=key_valid_BN, prompt_block_causal=prompt_block_causal)

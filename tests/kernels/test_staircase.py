@@ -219,3 +219,27 @@ def test_kernels_lower_for_tpu_and_gpu(platform, kind, call):
         jax.jit(jax.grad(loss, argnums=(0, 1, 2))), platforms=[platform],
         disabled_checks=[export.DisabledSafetyCheck.custom_call(call)])(q, k, v)
   assert exported.mlir_module().count(f"@{call}(") == 3  # forward, dQ, dK/dV
+
+
+def test_a_gpu_without_pallas_triton_falls_back_to_the_reference(monkeypatch):
+  """JAX 0.11 deprecates Pallas' Triton backend: where it is gone, ``auto`` on GPU runs the
+  dense reference with a warning, and an explicit ``pallas`` is an error naming the key."""
+  import sys
+
+  from jax.experimental import pallas
+  monkeypatch.setitem(sys.modules, "jax.experimental.pallas.triton", None)  # import fails
+  monkeypatch.delattr(pallas, "triton", raising=False)
+  monkeypatch.setattr(sc, "target_platform", lambda: "gpu")
+  sc.triton_missing.cache_clear()
+  sc._warn_once.cache_clear()
+  try:
+    q, k, v, _ = _inputs(1, 5, 8, 2, 2)
+    with pytest.warns(UserWarning, match="Triton backend is missing"):
+      out = sc.staircase_attention(q, k, v, prompt_len=5, block_size=4)
+    want = sc.staircase_attention_reference(q, k, v, prompt_len=5, block_size=4)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+    with pytest.raises(ValueError, match=r"impl='pallas' \(estimator\.attention_impl\) on GPU"):
+      sc.staircase_attention(q, k, v, prompt_len=5, block_size=4, impl="pallas")
+  finally:
+    sc.triton_missing.cache_clear()
+    sc._warn_once.cache_clear()
