@@ -128,6 +128,13 @@ def flatten_groups(batch: RolloutBatch, eos_id: int) -> SequenceBatch:
                        unmask_step_BL=batch.unmask_step_BGL.reshape(b * g, l))
 
 
+def uniform_reward_groups(rewards_BG: jax.Array) -> jax.Array:
+  """The fraction of the B prompts whose G rewards are all equal: centered or normalised
+  advantages are 0 there, so they give no policy gradient (DAPO's dynamic sampling drops
+  such groups)."""
+  return (rewards_BG == rewards_BG[:, :1]).all(-1).mean()
+
+
 def completion_lengths(completion_BGL, eos_id: int):
   """Tokens up to and including the first EOS (L when there is none)."""
   return action_mask(completion_BGL, eos_id).sum(-1).astype(jnp.float32)
@@ -266,9 +273,7 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
     metrics.update(
         reward_mean=rewards_BG.mean(), accuracy=batch.correct_BG.astype(jnp.float32).mean(),
         reward_std_within_group=rewards_BG.std(-1).mean(),
-        # prompts whose G rewards are all equal: centered / normalised advantages are 0 there,
-        # so they give no policy gradient (DAPO's dynamic sampling drops them)
-        uniform_reward_groups=(rewards_BG == rewards_BG[:, :1]).all(-1).mean(),
+        uniform_reward_groups=uniform_reward_groups(rewards_BG),
         adv_abs_mean=jnp.abs(adv_BGL).mean(),  # over B·G·L positions, 0 after EOS (the mass)
         completion_length=lengths_BG.mean())
     new_state = state.replace(step=step, params=params, opt_state=opt_state,

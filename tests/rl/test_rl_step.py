@@ -13,7 +13,8 @@ from dllm_rl.models import transformer as T
 from dllm_rl.rl import losses
 from dllm_rl.rl.losses import LOSSES
 from dllm_rl.diffusion.spg_block import spg_block_masks
-from dllm_rl.rl.step import completion_lengths, flatten_groups, make_rl_step
+from dllm_rl.rl.step import (completion_lengths, flatten_groups, make_rl_step,
+                             uniform_reward_groups)
 from dllm_rl.parallel.shard import init_train_state
 from tests.helpers import EOS, MASK, random_rollout_batch, rl_step_config, tiny_model
 
@@ -86,21 +87,15 @@ def test_two_rl_steps_per_loss(loss):
   assert any(changed)
   assert float(metrics["grad_norm"]) > 0
   for key in ("reward_mean", "accuracy", "ratio_mean", "ratio_max", "ratio_std", "clip_fraction",
-              "bypass_fraction", "completion_length", "entropy", "grad_norm", "loss"):
+              "bypass_fraction", "completion_length", "entropy", "grad_norm", "loss",
+              "uniform_reward_groups"):
     assert key in metrics
 
 
 def test_uniform_reward_groups_counts_the_prompts_whose_rewards_are_all_equal():
-  step_fn, state = _step("stabledrl", inner=1)
-  batch = _batch()
-  rewards = jnp.array([[1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0]])  # one of the B = 2
-  state, metrics = step_fn(state, batch.replace(rewards_BG=rewards, correct_BG=rewards > 0),
-                           jax.random.key(3))  # the state is donated: go on from the new one
-  assert float(metrics["uniform_reward_groups"]) == 0.5
-  rewards = jnp.array([[-1.0, -1.0, -1.0, -1.0], [0.5, 0.5, 0.5, 0.5]])  # both, any value
-  _, metrics = step_fn(state, batch.replace(rewards_BG=rewards, correct_BG=rewards > 0),
-                       jax.random.key(3))
-  assert float(metrics["uniform_reward_groups"]) == 1.0
+  assert float(uniform_reward_groups(jnp.array([[1.0, 1.0, 1.0, 1.0],
+                                                [0.0, 1.0, 0.0, 0.0]]))) == 0.5
+  assert float(uniform_reward_groups(jnp.array([[-1.0, -1.0], [0.5, 0.5]]))) == 1.0  # any value
 
 
 def test_a_loss_that_reports_its_own_bypass_fraction_keeps_it(monkeypatch):
