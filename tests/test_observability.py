@@ -109,6 +109,19 @@ def test_a_resumed_phase_purges_its_redone_steps_from_tensorboard_only(tmp_path)
       (4, 40.0)]
 
 
+def test_a_phase_started_again_purges_its_step_0_evaluation_from_tensorboard(tmp_path):
+  """No checkpoint (a crash before the first): metrics.jsonl drops all the phase's records,
+  and the phase logs its starting evaluation at step 0 again. The purge marker was at step 1,
+  so TensorBoard kept the old step-0 point beside the new one (two val points at step 0)."""
+  with MetricsLogger(str(tmp_path)) as logger:
+    logger.log(0, {"val_accuracy": 0.1}, phase="rl")
+    logger.log(1, {"loss": 1.0}, phase="rl")
+  with MetricsLogger(str(tmp_path)) as logger:
+    assert logger.supersede("rl", 0, step=0) == 2
+    logger.log(0, {"val_accuracy": 0.2}, phase="rl")
+  _, again = _tensorboard_events(tmp_path / "tb" / "rl")
+  assert [(e.step, e.session_log.status) for e in again if e.session_log.status] == [(0, 1)]
+
 def test_plot_metrics(tmp_path):
   with MetricsLogger(str(tmp_path), tensorboard=False) as logger:
     for step in range(5):
