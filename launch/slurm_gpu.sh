@@ -41,7 +41,8 @@
 #   --port P               coordinator port            [DLLM_PORT] 20000 + SLURM_JOB_ID % 10000
 #   --cpus-per-task C      CPU cores of each process (srun gives a task 1 core otherwise:
 #                          host work, compiles and reward workers on one core)
-#                          [DLLM_CPUS_PER_TASK] the node's cores (SLURM_CPUS_ON_NODE) / tasks per node
+#                          [DLLM_CPUS_PER_TASK] the node's cores (SLURM_CPUS_ON_NODE) over its
+#                          tasks
 #   --python BIN           Python on the nodes (an activated venv's, say)  [DLLM_PYTHON] python3
 #   --mem-fraction F       XLA_PYTHON_CLIENT_MEM_FRACTION of every process: the share of GPU
 #                          memory JAX preallocates (JAX's own default, 0.75, leaves a quarter

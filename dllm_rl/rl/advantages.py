@@ -372,8 +372,8 @@ class AdvantageConfig:
 def zscore(rewards_BG: ArrayLike) -> jax.Array:
   """TraceRL's group z-score (Gen-Verse/dLLM-RL ``reward/rl_reward.py``
   ``z_score_normalize``): A_i = (r_i − mean r) / std r with the population std (ddof = 0) and
-  no ε; 0 for a group whose rewards are all equal (std = 0). For binary rewards it is
-  √(G/(G − 1)) times :func:`grpo` without its ε."""
+  no ε; 0 for a group whose rewards are all equal (std = 0). It is √(G/(G − 1)) times
+  :func:`grpo` without its ε (any rewards: the two stds differ by that factor)."""
   d = centered(rewards_BG)
   std = jnp.sqrt(jnp.mean(d * d, axis=-1, keepdims=True))
   return jnp.where(std > 0, d / jnp.where(std > 0, std, 1.0), 0.0)
