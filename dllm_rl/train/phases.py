@@ -102,7 +102,6 @@ class PhaseRun:
   report: dict  # the test evaluation (evaluation.evaluate_policy)
   timer: StepTimer  # run_* totals: the timed steps of the run
   wall_seconds: float  # the phase's, earlier processes' time up to the restored step included
-  earlier_wall_seconds: float = 0.0  # of that, the earlier processes' (0 if never resumed)
 
 
 class Phase:
@@ -406,7 +405,7 @@ def run_phase(phase_cls: type[Phase], ctx: Context) -> dict:
   if is_primary():
     plot_metrics(paths.join(ctx.workdir, "metrics.jsonl"), plot, phase.panels, phase=name)
   run = PhaseRun(state=state, step=step, report=report, timer=timer,
-                 wall_seconds=time.time() - phase.wall0, earlier_wall_seconds=earlier)
+                 wall_seconds=time.time() - phase.wall0)
   summary, console = phase.summary(run)
   summary = {**summary, f"{name}_plot": plot}
   if earlier:  # a resumed phase: {name}_wall_seconds counts the earlier processes' part too
