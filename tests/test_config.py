@@ -216,7 +216,6 @@ def test_every_required_placeholder_is_named_at_once():
   assert not any("does not exist" in line for line in lines)
 
 
-
 def test_mode_eval_says_how_to_leave_out_a_required_train_file():
   """mode=eval reads only the test split, but configs/llada_tpu.py's train file placeholder
   still asked for a file: its error now says `--config.task.options.train_file=` leaves it
@@ -231,6 +230,7 @@ def test_mode_eval_says_how_to_leave_out_a_required_train_file():
     assert str(err.value).startswith("config.task.options.train_file: required value not set")
     assert ("mode=eval reads only the test split: --config.task.options.train_file= leaves it"
             " out" in str(err.value)) == hint, mode
+
 
 def test_locked_config_rejects_typos_where_written():
   c = locked(base_config())
@@ -525,7 +525,6 @@ def test_a_task_option_of_the_wrong_type_names_the_type():
   [err] = apply(default_config(), [("task.options.num_digits", "three")])
   assert str(err) == ("config.task.options.num_digits: expected int (the config's value is 3),"
                       " got 'three'")
-
 
 
 def test_a_locked_config_files_task_options_stay_free_form(tmp_path):

@@ -376,6 +376,7 @@ def test_two_valued_rewards_see_beta_times_their_spread(wrong, right):
   np.testing.assert_allclose(np.asarray(adv.risk_sensitive(r, beta / s)), want,
                              rtol=1e-4, atol=1e-6)
 
+
 def test_calibrated_beta_rejects_out_of_range():
   for bad in (0.0, 1.0, -0.1, 1.5, float("nan")):
     with pytest.raises(ValueError):

@@ -184,7 +184,6 @@ def test_a_line_that_is_not_utf8_is_named_or_skipped_like_a_malformed_line(tmp_p
              .generate("train", -1, 0)) == 4
 
 
-
 def test_an_unpaired_surrogate_escape_is_named_with_its_line(tmp_path):
   """"\ud800" is valid JSON but no Unicode text: it was read, then crashed the HF tokenizer
   (`TypeError: TextInputSequence must be str`, no file or line) or made datasets fail in
@@ -202,6 +201,7 @@ def test_an_unpaired_surrogate_escape_is_named_with_its_line(tmp_path):
   code = _write(tmp_path / "c.jsonl", [{"question": "q", "test_cases": ["assert 1", "x\udc80"]}])
   with pytest.raises(ValueError, match=r"c\.jsonl:1: field 'test_cases' holds an unpaired"):
     make_task("code", test_file=code)
+
 
 def _rows(records=GSM8K[:3]):
   return "".join(json.dumps(r) + "\n" for r in records).encode()
