@@ -27,6 +27,7 @@ from dllm_rl.diffusion.estimators import (
   batch_entropy,
   draws_entropy,
   mask_prompt,
+  scoring_draws_mean,
 )
 from dllm_rl.diffusion.scoring import ModelScorer
 from dllm_rl.kernels.block_mask import block_causal_mask
@@ -134,10 +135,7 @@ def block_elbo_loop(logits_fn, seqs: SequenceBatch, key, cfg: EstimatorConfig,
     contribs.append(_contribution(logp_BL, masked_KBL[k], t_KBL[k], seqs.completion_valid_BL))
     ents.append(ent_num / jnp.maximum(masked_KBL[k].sum(-1), 1))
   token_BL = jnp.stack(contribs).mean(0)
-  has_KB = masked_KBL.any(-1)  # as draws_entropy: the draws that score anything
-  n_B = has_KB.sum(0)
-  entropy_B = jnp.where(n_B > 0, jnp.where(has_KB, jnp.stack(ents), 0.0).sum(0)
-                        / jnp.maximum(n_B, 1), jnp.nan)
+  entropy_B = scoring_draws_mean(jnp.stack(ents), masked_KBL.any(-1))  # as draws_entropy
   return Likelihood(token_BL=token_BL, seq_B=token_BL.sum(-1), entropy_B=entropy_B)
 
 

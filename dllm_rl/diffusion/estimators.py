@@ -111,17 +111,21 @@ def draws_entropy(ent_KBL, scored_KBL):
   """Mean predictive entropy over each draw's scored positions, averaged over the draws that
   score any (a draw masking none of a short completion says nothing of it); NaN for a
   sequence that no draw scores (:func:`batch_entropy` leaves it out)."""
-  has_KB = scored_KBL.any(-1)
-  n_B = has_KB.sum(0)
-  total_B = jnp.where(has_KB, jax.vmap(masked_mean)(ent_KBL, scored_KBL), 0.0).sum(0)
+  return scoring_draws_mean(jax.vmap(masked_mean)(ent_KBL, scored_KBL), scored_KBL.any(-1))
+
+
+def scoring_draws_mean(per_draw_KB, scores_KB):
+  """Each sequence's mean of ``per_draw_KB`` over its draws that score anything
+  (``scores_KB``); NaN for a sequence that no draw scores."""
+  n_B = scores_KB.sum(0)
+  total_B = jnp.where(scores_KB, per_draw_KB, 0.0).sum(0)
   return jnp.where(n_B > 0, total_B / jnp.maximum(n_B, 1), jnp.nan)
 
 
 def batch_entropy(entropy_B):
   """The batch's mean of ``Likelihood.entropy_B`` over the sequences that have one (not NaN);
   0 when none has (a metric must stay finite)."""
-  has_B = ~jnp.isnan(entropy_B)
-  return jnp.where(has_B, entropy_B, 0.0).sum() / jnp.maximum(has_B.sum(), 1)
+  return masked_mean(entropy_B, ~jnp.isnan(entropy_B))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,6 +32,7 @@ from dllm_rl.infra.checkpoint import Checkpointer
 from dllm_rl.models import hf
 from dllm_rl.models.transformer import ModelConfig, abstract_params_sharded
 from dllm_rl.parallel.mesh import make_mesh
+from dllm_rl.tasks.hf_tokenizer import HFTokenizer
 
 FORMAT = "dllm_rl.hf_import/1"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack")
@@ -161,12 +162,28 @@ def source_hf_config(path: str) -> dict[str, Any]:
   return read_meta(path)["hf_config"] if is_imported(path) else hf.read_hf_config(path)
 
 
+def files_dir(path: str) -> str:
+  """The folder of a checkpoint's tokenizer and modeling files: an HF folder itself, or the
+  ``hf_extra/`` of a ``convert import`` folder."""
+  return os.path.join(path, "hf_extra") if is_imported(path) else path
+
+
+def load_tokenizer(path: str, ids: hf.TokenIds) -> HFTokenizer:
+  """The tokenizer (and chat template) of the checkpoint at ``path`` (:func:`files_dir`) with
+  its token ids, a missing pad id read as the EOS. FileNotFoundError / ValueError naming the
+  problem (no tokenizer files; no EOS id in config.json)."""
+  if ids.eos_id is None:
+    raise ValueError(f"{path}: config.json names no EOS id, which the tokenizer needs")
+  return HFTokenizer.from_dir(files_dir(path), mask_id=ids.mask_id, eos_id=ids.eos_id,
+                              pad_id=ids.pad_id if ids.pad_id is not None else ids.eos_id)
+
+
 def source_files(path: str) -> list[str]:
   """The tokenizer / modeling / README files that travel with a model: an HF folder's
   :func:`extra_files`, or the ``hf_extra/`` copies of a ``convert import`` folder."""
   if not is_imported(path):
     return extra_files(path)
-  extra = os.path.join(path, "hf_extra")
+  extra = files_dir(path)
   return sorted(os.path.join(extra, n) for n in os.listdir(extra)) if os.path.isdir(extra) else []
 
 

@@ -156,8 +156,7 @@ def load_hf_source(path: str, dtype: str, block_size: int = 0,
   missing file, or a tensor whose name or shape config.json does not describe, is a
   ConfigError before anything is built)."""
   from dllm_rl.models import hf
-  from dllm_rl.models.convert import is_imported, source_hf_config
-  from dllm_rl.tasks.hf_tokenizer import HFTokenizer
+  from dllm_rl.models.convert import is_imported, load_tokenizer, source_hf_config
 
   model_cfg, ids, family = hf_model_config(path, dtype, param_dtype, scan_layers=scan_layers,
                                            remat=remat)
@@ -167,12 +166,9 @@ def load_hf_source(path: str, dtype: str, block_size: int = 0,
       hf.check_tensors(*hf.weight_files(path), family, model_cfg)
     except (ValueError, FileNotFoundError) as err:
       raise ConfigError("model.hf_checkpoint", str(err)) from err
-  tokenizer_dir = os.path.join(path, "hf_extra") if is_imported(path) else path
   check_block_size(path, family, ids, block_size)
-  pad_id = ids.pad_id if ids.pad_id is not None else ids.eos_id
   try:
-    tokenizer = HFTokenizer.from_dir(tokenizer_dir, mask_id=ids.mask_id, eos_id=ids.eos_id,
-                                     pad_id=pad_id)
+    tokenizer = load_tokenizer(path, ids)
   except (ValueError, FileNotFoundError) as err:
     raise ConfigError("model.hf_checkpoint", f"tokenizer: {err}") from err
   if tokenizer.vocab_size > model_cfg.vocab_size:

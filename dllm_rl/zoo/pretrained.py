@@ -65,21 +65,15 @@ class Pretrained:
   params: Any
   path: str
   generator: str  # the official generator ``generate`` follows (a key of zoo.generators.GENERATORS)
-  files_dir: str = ""  # the folder of its tokenizer and modeling files ("": ``path``)
 
   @functools.cached_property
   def tokenizer(self) -> HFTokenizer:
     """The checkpoint's own tokenizer (``tokenizer.json`` or ``vocab.json`` + ``merges.txt``,
     and ``tokenizer_config.json``'s chat template) with its mask / EOS / pad ids, read on
-    first use: ``format_prompt(text, system)`` (one user turn of the chat template),
-    ``encode(text)``, ``decode(ids)`` (stops at the first EOS). FileNotFoundError naming the
-    folder when it has no tokenizer files."""
-    ids = self.token_ids
-    if ids.eos_id is None:
-      raise ValueError(f"{self.path}: config.json names no EOS id, which the tokenizer needs")
-    return HFTokenizer.from_dir(self.files_dir or self.path, mask_id=ids.mask_id,
-                                eos_id=ids.eos_id,
-                                pad_id=ids.pad_id if ids.pad_id is not None else ids.eos_id)
+    first use (:func:`dllm_rl.models.convert.load_tokenizer`): ``format_prompt(text,
+    system)`` (one user turn of the chat template), ``encode(text)``, ``decode(ids)`` (stops
+    at the first EOS). FileNotFoundError naming the folder when it has no tokenizer files."""
+    return convert.load_tokenizer(self.path, self.token_ids)
 
   def logits(self, input_ids_BL, *, attention_mask_BL=None, attention: str = "bidirectional",
              block_size: int | None = None) -> jax.Array:
@@ -190,12 +184,10 @@ def load_pretrained(path: str, *, dtype: str = "float32", param_dtype: str | Non
     cfg = dataclasses.replace(m.model_cfg, dtype=jnp.dtype(dtype).type)
     graphdef, _ = transformer.abstract_model(cfg)  # the compute dtype lives in the graph
     ids, hf_config, params = m.token_ids, m.hf_config, m.params
-    code_dir = os.path.join(path, "hf_extra")
   else:
     hf_config = hf.read_hf_config(path)
     m = hf.load_checkpoint(path, mesh=mesh, dtype=dtype, param_dtype=param_dtype)
     cfg, ids, graphdef, params = m.model_cfg, m.token_ids, m.graphdef, m.params
-    code_dir = path
   if generator is None:
-    generator = default_generator(family, _modeling_files(code_dir))
-  return Pretrained(family, cfg, ids, hf_config, graphdef, params, path, generator, code_dir)
+    generator = default_generator(family, _modeling_files(convert.files_dir(path)))
+  return Pretrained(family, cfg, ids, hf_config, graphdef, params, path, generator)
