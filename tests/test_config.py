@@ -232,6 +232,30 @@ def test_mode_eval_says_how_to_leave_out_a_required_train_file():
             " out" in str(err.value)) == hint, mode
 
 
+def test_mode_eval_neither_loads_nor_checks_a_train_file_beside_its_test_file(tmp_path):
+  """mode=eval reads the test split only: a given train file that is malformed (or huge) no
+  longer stops (or slows) it, as it did when validation and the context built the task from
+  both files. Without a test file the test split is carved out of the train file, which is
+  then read; the training modes read it as before."""
+  from dllm_rl.train.context import task_options
+  test = tmp_path / "test.jsonl"
+  test.write_text('{"question": "What is 1+1?", "answer": "1+1\\n#### 2"}\n')
+  bad = tmp_path / "train.jsonl"
+  bad.write_text('{"question": "x"\n')
+  c = base_config()
+  c.task.name, c.model.hf_checkpoint = "gsm8k", "/ckpt"
+  c.task.options = ml_collections.ConfigDict({"train_file": str(bad), "test_file": str(test)})
+  c.mode = "eval"
+  validate(c)
+  assert task_options(c) == {"test_file": str(test)}
+  c.task.options.test_file = ""
+  assert task_options(c) == {"train_file": str(bad), "test_file": ""}
+  for mode, test_file in (("eval", ""), ("rl", str(test))):
+    c.mode, c.task.options.test_file = mode, test_file
+    with pytest.raises(ConfigError, match=r"train\.jsonl:1: invalid JSON"):
+      validate(c)
+
+
 def test_locked_config_rejects_typos_where_written():
   c = locked(base_config())
   with pytest.raises(AttributeError):

@@ -355,6 +355,17 @@ def check_batch_sizes(config, mesh) -> None:
   raise_all(errors)  # all at once: one rerun fixes them
 
 
+def task_options(config) -> dict:
+  """``config.task.options`` as the run builds its task from them. ``mode=eval`` reads the
+  test split only, so beside a ``test_file`` the ``train_file`` is left out: never loaded
+  nor checked (a bad or huge train file neither stops nor slows an evaluation). Without a
+  ``test_file`` the test split is carved out of the train file, which is then read."""
+  options = config.task.options.to_dict()
+  if config.mode == "eval" and options.get("test_file") and options.get("train_file"):
+    del options["train_file"]
+  return options
+
+
 def _generate(task, split: str, n: int, seed: int, key: str, asked: str):
   """``task.generate``; too few examples (a small data file) → a ConfigError naming the keys."""
   try:
@@ -402,7 +413,7 @@ def build_context(config, workdir: str) -> Context:
   except OSError as err:  # no such parent on a read-only or virtual file system, no rights
     raise ConfigError("--workdir", f"{workdir}: cannot create it ({err})") from None
   check_writable(workdir)
-  task = tasks_lib.make_task(config.task.name, **config.task.options.to_dict())
+  task = tasks_lib.make_task(config.task.name, **task_options(config))
   hf = checkpoint = None
   if config.model.hf_checkpoint:
     m = config.model

@@ -29,7 +29,7 @@ from dllm_rl.registry import unknown_message
 from dllm_rl.rl import advantages, losses
 from dllm_rl.sampling import configs as sampler_configs
 from dllm_rl.sampling import dream_rollout, open_block, remasking
-from dllm_rl.train.context import expert_axis_problem
+from dllm_rl.train.context import expert_axis_problem, task_options
 from dllm_rl.train.throughput import parse_steps
 from dllm_rl.types import DTYPES
 
@@ -80,7 +80,7 @@ def _names(config, check: "_Checks") -> None:
   """Registry names: mode, task (and its options), remasking policy."""
   check(config.mode in RUN_MODES, "mode", unknown_message("mode", config.mode, RUN_MODES))
   check(config.task.name in tasks.TASKS, "task.name", tasks.TASKS.unknown_message(config.task.name))
-  options = config.task.options.to_dict()
+  options = task_options(config)  # mode=eval: no train file beside a test file
   placeholder = any(isinstance(v, str) and v.startswith(REQUIRED_PREFIX) for v in options.values())
   try:
     if config.task.name in tasks.TASKS and not placeholder:  # placeholders: _required says so
