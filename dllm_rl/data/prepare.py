@@ -82,11 +82,53 @@ def check_utf8(path: str) -> None:
         raise DataError(f"{path}:{line_no}: {problem}")
 
 
+_JSON_SPACE = " \t\n\r"
+
+
+def _array_line(text: str, index: int) -> int:
+  """The line on which record ``index`` of ``text``, a valid JSON array, starts."""
+  decoder, pos = json.JSONDecoder(), text.index("[") + 1
+  for _ in range(index + 1):
+    while text[pos] in _JSON_SPACE + ",":
+      pos += 1
+    start = pos
+    pos = decoder.raw_decode(text, pos)[1]
+  return text.count("\n", 0, start) + 1
+
+
+def check_json_file(path: str) -> None:
+  """DataError naming the ``.json`` source ``path`` and the record (its index in the array
+  and the line it starts on) that holds an unpaired UTF-16 surrogate escape such as
+  ``"\\ud800"`` (:func:`dllm_rl.tasks.jsonl.surrogate_problem`), which ``datasets`` would
+  drop without a word. A ``.json`` file of JSON Lines is checked line by line; a file that
+  parses neither way is left to ``datasets``' own error."""
+  with open(path, encoding="utf-8") as f:
+    text = f.read().removeprefix("\ufeff")
+  try:
+    value = json.loads(text)
+  except json.JSONDecodeError:  # JSON Lines in a .json file (datasets reads those too)
+    for line_no, line in enumerate(text.splitlines(), start=1):
+      try:
+        problem = surrogate_problem(json.loads(line)) if line.strip() else None
+      except json.JSONDecodeError:
+        continue  # not JSON Lines either: datasets names it
+      if problem:
+        raise DataError(f"{path}:{line_no}: {problem}") from None
+    return
+  for index, row in enumerate(value if isinstance(value, list) else [value]):
+    problem = surrogate_problem(row)
+    if problem:
+      where = (f"record {index} of its JSON array (line {_array_line(text, index)})"
+               if isinstance(value, list) else "its JSON object")
+      raise DataError(f"{path}: {where}: {problem}")
+
+
 def check_local_file(path: str, ext: str) -> None:
   """DataError naming the local source file ``path`` (extension ``ext``) when it is not what
   its extension says, before ``datasets`` reads it (whose own errors name neither the file's
   kind nor the line): a compressed file or archive (what to do), an empty file, a byte that is
-  not UTF-8 (its line), or for ``.jsonl`` a line that is not JSON (its line and column)."""
+  not UTF-8 (its line), for ``.jsonl`` a line that is not JSON (its line and column), and for
+  ``.jsonl`` and ``.json`` an unpaired surrogate escape (its line, or its array record)."""
   with open(path, "rb") as f:
     head = f.read(8)
   problem = not_jsonl(head, path, "--source SPLIT={}")
@@ -97,6 +139,8 @@ def check_local_file(path: str, ext: str) -> None:
   if ext == ".parquet":
     return
   check_utf8(path)
+  if ext == ".json":
+    check_json_file(path)
   rows = 0
   with open(path, "rb") as f:
     for line_no, line in enumerate(f, start=1):

@@ -322,6 +322,25 @@ def test_a_file_of_another_code_layout_is_not_converted(tmp_path):
     assert not os.path.exists(tmp_path / name / "test.jsonl")
 
 
+def test_a_surrogate_escape_in_a_json_source_is_named_with_its_record(tmp_path):
+  """A .json source (an array, or JSON Lines under that name) holding "\\ud800" was passed to
+  datasets, which dropped the character without a word (the .jsonl check read .json files'
+  first line only): it is now an error naming the file and the array record (index, line)."""
+  good = '{"question": "q", "answer": "#### 1"}'
+  bad = '{"question": "q\\ud800", "answer": "#### 1"}'
+  (tmp_path / "array.json").write_text(f"[\n  {good},\n  {good}, {bad}\n]\n")
+  (tmp_path / "lines.json").write_text(f"{good}\n\n{bad}\n")
+  (tmp_path / "fine.json").write_text(f"[{good}, {good}]")
+  what = "field 'question' holds an unpaired UTF-16 surrogate \\ud800"
+  for name, expected in (("array.json", ": record 2 of its JSON array (line 3): "),
+                         ("lines.json", ":3: ")):
+    with pytest.raises(prep.DataError) as err:
+      prep.load_rows(prep.parse_source(f"train={tmp_path / name}")[1],
+                     cache_dir=str(tmp_path / "cache"))
+    assert str(err.value).startswith(f"{tmp_path / name}{expected}{what}"), str(err.value)
+  prep.check_json_file(str(tmp_path / "fine.json"))
+
+
 def test_a_bad_local_file_is_named_with_its_line_not_sent_offline(tmp_path):
   """A local --source that datasets cannot read was "cannot read FILE (DatasetGenerationError:
   An error occurred ...); on a machine without network pass the split as a local file" (a
