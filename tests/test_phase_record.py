@@ -52,3 +52,21 @@ def test_a_failed_write_is_said_and_the_run_goes_on(tmp_path, capsys):
   phase_record.write(str(missing), "sft", 20, tiny_run_config("sft"), UNRELATED, SUMMARY)
   err = capsys.readouterr().err
   assert "sft_summary.json: not written (FileNotFoundError" in err and "again" in err
+
+
+def test_sft_reuses_its_record_across_the_estimator_keys_it_does_not_read(tmp_path, capsys):
+  """A pipeline resumed with another estimator.name (or t_eps: SFT's is sft.t_eps) than its
+  SFT start ran the SFT test evaluation again, as SFT's unrelated keys were mode and rl only;
+  SFT reads estimator.attention_impl alone, which still counts. A record written before (the
+  whole estimator section in it) is read back too."""
+  from dllm_rl.train.sft_loop import SFTPhase
+  keys = SFTPhase.unrelated_keys
+  _write(tmp_path, tiny_run_config("sft"))  # the old record: every estimator key in it
+  later = tiny_run_config("pipeline", {"estimator.name": "spg_block", "estimator.t_eps": 0.2,
+                                       "estimator.num_samples": 3})
+  assert phase_record.read(str(tmp_path), "sft", 20, later, keys) == SUMMARY
+  phase_record.write(str(tmp_path), "sft", 20, tiny_run_config("sft"), keys, SUMMARY)
+  assert phase_record.read(str(tmp_path), "sft", 20, later, keys) == SUMMARY
+  dense = tiny_run_config("pipeline", {"estimator.attention_impl": "reference"})
+  assert phase_record.read(str(tmp_path), "sft", 20, dense, keys) is None
+  assert not capsys.readouterr().err

@@ -65,6 +65,7 @@ def test_sft_writes_outputs_and_rerun_resumes(tmp_path, capsys):
   assert records2 == records
   other_rl = _config(20)  # rl.* does not change the SFT phase: still read back
   other_rl.rl.lr = 3e-3
+  other_rl.estimator.name = "mean_field"  # nor does an estimator key SFT does not read
   assert _timeless(run.run(other_rl, str(tmp_path))) == _timeless(summary)
   assert "[sft] finished at step 20" in capsys.readouterr().out
   moved = tmp_path.parent / f"{tmp_path.name}_moved"  # the workdir moved: its own plot path

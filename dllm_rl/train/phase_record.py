@@ -9,7 +9,8 @@ the finished phase, when
 
 * the recorded step is the phase's newest checkpoint (nothing was trained or deleted since),
 * and the config equals the recorded one, apart from the keys that cannot change the phase's
-  policy or its test evaluation (``Phase.unrelated_keys``: for SFT, ``mode`` and ``rl``).
+  policy or its test evaluation (``Phase.unrelated_keys``: for SFT, ``mode``, ``rl`` and the
+  ``estimator`` keys but ``attention_impl``).
 
 Anything else (no record, an unreadable one, another step, another config) runs the phase as
 before: restore, train what is left, evaluate. Delete the file to force a re-evaluation.
@@ -30,10 +31,19 @@ def record_path(workdir: str, phase: str) -> str:
 
 
 def fingerprint(config, unrelated_keys: Sequence[str]) -> dict[str, Any]:
-  """The config as a plain dict, without the top-level ``unrelated_keys``."""
-  tree = json.loads(config.to_json())
-  for key in unrelated_keys:
-    tree.pop(key, None)
+  """The config as a plain dict, without the ``unrelated_keys`` (dotted: ``estimator.name``)."""
+  return _without(json.loads(config.to_json()), unrelated_keys)
+
+
+def _without(tree: Any, keys: Sequence[str]) -> Any:
+  """``tree`` (a config as a plain dict, changed in place) without the dotted ``keys``."""
+  for key in keys:
+    *parents, last = key.split(".")
+    node = tree
+    for part in parents:
+      node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+      node.pop(last, None)
   return tree
 
 
@@ -68,6 +78,9 @@ def read(workdir: str, phase: str, newest_step: int | None, config,
     print(f"[{phase}] warning: {path}: unreadable ({type(err).__name__}: {err}); the phase's"
           " test evaluation is run again", file=sys.stderr, flush=True)
     return None
+  # today's unrelated keys left out of the recorded config too: a record written when fewer
+  # keys were unrelated (SFT's estimator keys) still matches
+  recorded = _without(recorded, unrelated_keys)
   if step != newest_step or recorded != fingerprint(config, unrelated_keys):
     return None
   return summary

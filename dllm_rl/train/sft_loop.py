@@ -7,6 +7,7 @@ import sys
 
 import jax
 
+from dllm_rl.config.schema import base_config
 from dllm_rl.models import transformer
 from dllm_rl.parallel.distributed import is_primary
 from dllm_rl.parallel.shard import abstract_state_sharded, init_state_sharded
@@ -15,7 +16,7 @@ from dllm_rl.train import flops
 from dllm_rl.train.context import Context, init_params, to_device
 from dllm_rl.train.optim import make_optimizer
 from dllm_rl.train.phases import Phase, PhaseRun, StepCost, run_phase
-from dllm_rl.train.sft_step import make_sft_step, step_options
+from dllm_rl.train.sft_step import ESTIMATOR_KEYS, make_sft_step, step_options
 from dllm_rl.types import SequenceBatch
 
 PHASE = "sft"
@@ -29,7 +30,9 @@ class SFTPhase(Phase):
   postfix = (("loss", "loss"), ("val_acc", "val_accuracy"), ("gnorm", "grad_norm"),
              ("tok/s", "tokens_per_second"))
   panels = ("loss", "val_accuracy", "grad_norm", "lr", "tokens_per_second")
-  unrelated_keys = ("mode", "rl")  # RL's settings come after the SFT phase
+  # RL's settings come after the SFT phase; of the estimator's, SFT reads attention_impl only
+  unrelated_keys = ("mode", "rl", *(f"estimator.{key}" for key in base_config().estimator
+                                    if key not in ESTIMATOR_KEYS))
 
   def __init__(self, ctx: Context):
     super().__init__(ctx)

@@ -15,6 +15,9 @@ from dllm_rl.parallel.shard import replicated
 from dllm_rl.types import SequenceBatch, TrainState
 
 
+ESTIMATOR_KEYS = ("attention_impl",)  # the only estimator.* keys SFT reads (step_options)
+
+
 def step_options(config) -> dict:
   """The static SFT-step options a run's config sets (shared by the SFT loop and the
   planner, so that the planned program is the one that runs)."""
