@@ -102,11 +102,52 @@ def test_a_resumed_phase_purges_its_redone_steps_from_tensorboard_only(tmp_path)
   assert len(sft) == 1 and [e.step for e in sft[0] if e.summary.value] == [1, 2, 3, 4, 5]
   first, resumed = rl  # in the order of writing, though both were opened in one second
   assert [e.step for e in first if e.summary.value] == [1, 2, 3, 4, 5]
-  # TensorBoard's purge marker: the run's events from step 4 on are dropped when it is read.
+  # TensorBoard's purge marker: the run's events from step 3 on are dropped when it is read;
+  # the kept step-3 record is written again after it.
   marker = [e for e in resumed if e.session_log.status]
-  assert [(e.step, e.session_log.status) for e in marker] == [(4, 1)]  # SessionLog.START
+  assert [(e.step, e.session_log.status) for e in marker] == [(3, 1)]  # SessionLog.START
   assert [(e.step, e.summary.value[0].simple_value) for e in resumed if e.summary.value] == [
-      (4, 40.0)]
+      (3, 3.0), (4, 40.0)]
+  assert _as_read(tmp_path / "tb" / "rl") == {"rl/loss": [(1, 1.0), (2, 2.0), (3, 3.0),
+                                                          (4, 40.0)]}
+
+
+def _as_read(folder) -> dict[str, list]:
+  """The scalars TensorBoard shows of a run's event files: read in name order, a purge marker
+  (SessionLog.START at step s) drops the events read before it from step s on."""
+  shown: dict[str, list] = {}
+  for event in (e for events in _tensorboard_events(folder) for e in events):
+    if event.session_log.status == 1:
+      shown = {tag: [(s, v) for s, v in points if s < event.step]
+               for tag, points in shown.items()}
+    for value in event.summary.value:
+      if value.HasField("simple_value"):
+        shown.setdefault(value.tag, []).append((event.step, value.simple_value))
+  return shown
+
+
+def test_a_finished_phase_rerun_logs_its_test_figures_once_in_tensorboard(tmp_path):
+  """A crash after a finished phase's test line (it follows the last save) and before its
+  record: the rerun restores the last step, and metrics.jsonl drops the test line it logs
+  again at that step; TensorBoard purged only from the step after, so it showed the test
+  point twice. The kept step-4 records and samples are written once again with the marker."""
+  sample = {"index": 0, "prompt": "1+1=", "completion": "2", "reward": 1.0, "correct": True}
+  with MetricsLogger(str(tmp_path)) as logger:
+    for step in (2, 4):
+      logger.log(step, {"loss": float(step)}, phase="sft")
+      logger.log(step, {"val_accuracy": step / 8}, phase="sft")
+    logger.log_samples(4, [sample], phase="sft")
+    saved = logger.lines("sft")  # the final save at step 4, then the test evaluation
+    logger.log(4, {"test_accuracy": 0.5}, phase="sft")
+  with MetricsLogger(str(tmp_path)) as logger:  # the rerun: nothing to train
+    assert logger.supersede("sft", saved, step=4) == 1
+    logger.log(4, {"test_accuracy": 0.5}, phase="sft")
+  assert _as_read(tmp_path / "tb" / "sft") == {
+      "sft/loss": [(2, 2.0), (4, 4.0)], "sft/val_accuracy": [(2, 0.25), (4, 0.5)],
+      "sft/test_accuracy": [(4, 0.5)]}
+  texts = [(e.step, v.tag) for events in _tensorboard_events(tmp_path / "tb" / "sft")
+           for e in events for v in e.summary.value if not v.HasField("simple_value")]
+  assert texts == [(4, "sft/samples/text_summary")] * 2  # the second after the marker
 
 
 def test_a_phase_started_again_purges_its_step_0_evaluation_from_tensorboard(tmp_path):

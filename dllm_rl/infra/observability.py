@@ -163,9 +163,7 @@ class MetricsLogger:
     self._check_open()
     self._metrics.append([json.dumps(record, allow_nan=False)])
     self._lines[phase] = self._lines.get(phase, 0) + 1
-    numbers = {name: _from_json(value) for name, value in record.items()
-               if name not in _RESERVED and not isinstance(value, bool)}
-    numbers = {k: v for k, v in numbers.items() if isinstance(v, (int, float))}
+    numbers = _numbers(record)
     for writer in self._writers:
       writer.scalars(phase, int(step), numbers)
     return record
@@ -217,9 +215,10 @@ class MetricsLogger:
       new = samples_lib.keep_until(old, phase, step)
       if new != old:
         self._samples.replace(new)
-      for writer in self._writers:  # TensorBoard drops the phase's events after `step`
-        if hasattr(writer, "purge"):
-          writer.purge(phase, step)
+      for writer in self._writers:  # TensorBoard drops the phase's events from `step` on
+        if hasattr(writer, "purge"):  # and gets the kept ones at `step` again: a finished
+          writer.purge(phase, step)  # phase logs its test figures at its last step again
+          _rewrite_step(writer, phase, step, kept, new)
     return dropped
 
   def flush(self) -> None:
@@ -246,6 +245,28 @@ class MetricsLogger:
 
   def __exit__(self, *exc: object) -> None:
     self.close()
+
+
+def _numbers(record: Mapping[str, Any]) -> dict[str, int | float]:
+  """The numeric values of a metrics record (as written: non-finite floats as strings)."""
+  numbers = {name: _from_json(value) for name, value in record.items()
+             if name not in _RESERVED and not isinstance(value, bool)}
+  return {k: v for k, v in numbers.items() if isinstance(v, (int, float))}
+
+
+def _rewrite_step(writer, phase: str, step: int, metric_lines: Sequence[str],
+                  sample_lines: Sequence[str]) -> None:
+  """Send ``writer`` the kept metrics records and samples of ``phase`` at ``step`` again (after
+  its purge of the phase's events from ``step`` on)."""
+  for line in metric_lines:
+    record = json.loads(line)  # the kept lines: no line cut short among them
+    if record.get("phase") == phase and record.get("step") == step:
+      writer.scalars(phase, step, _numbers(record))
+  records = [{k: v for k, v in r.items() if k not in _RESERVED}
+             for r in samples_lib.read_samples("\n".join(sample_lines), phase)
+             if r.get("step") == step]
+  if records:
+    writer.samples(phase, step, records)
 
 
 def _read_text(path: str) -> str:

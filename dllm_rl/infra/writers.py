@@ -61,14 +61,15 @@ class TensorBoardWriter:
     return self._writers[phase]
 
   def purge(self, phase: str, step: int) -> None:
-    """Steps after ``step`` of ``phase`` are about to be redone (a resumed run): the phase's
-    next event file starts with TensorBoard's purge marker (a ``SessionLog.START`` at
-    ``step + 1``), so TensorBoard drops that run's earlier events from ``step + 1`` on. At
-    ``step`` 0 (no checkpoint: the phase starts again) from step 0, as ``metrics.jsonl``
-    drops all of the phase's records: the starting evaluation at step 0 is logged again."""
+    """``phase`` resumes at ``step`` (a resumed run): the phase's next event file starts with
+    TensorBoard's purge marker (a ``SessionLog.START`` at ``step``), so TensorBoard drops
+    that run's earlier events from ``step`` on. The steps after it are redone; at ``step``
+    itself a finished phase logs its test figures again (they came after its last save), and
+    the caller writes the events kept there again (``MetricsLogger.supersede``). At ``step``
+    0 (no checkpoint) the starting evaluation is logged again."""
     if phase in self._writers:
       self._writers.pop(phase).close()
-    self._purge_from[phase] = int(step) + 1 if step > 0 else 0
+    self._purge_from[phase] = int(step)
 
   def scalars(self, phase: str, step: int, values: Mapping[str, float]) -> None:
     writer = self._writer(phase)
