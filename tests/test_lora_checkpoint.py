@@ -178,3 +178,31 @@ def test_the_peft_folder_names_a_relative_source_by_its_absolute_path(tmp_path, 
   assert peft_base(str(tmp_path / "rel" / "llada_tiny")) == str(tmp_path / "rel" / "llada_tiny")
   assert peft_base("GSAI-ML/LLaDA-8B-Instruct") == "GSAI-ML/LLaDA-8B-Instruct"
   assert peft_base("gs://bucket/llada") == "gs://bucket/llada"
+
+
+def test_a_taken_peft_dir_is_refused_before_anything_is_written(tmp_path, capsys):
+  """--peft_dir never overwrites an adapter, never adds adapter files to a model folder (the
+  run's source, say: transformers would load it as that adapter) nor to --hf_dir itself;
+  checked first, before the workdir (here without a checkpoint) is read."""
+  from dllm_rl import convert as convert_cli
+  w, out = str(tmp_path / "w"), str(tmp_path / "hf")
+  old = tmp_path / "old_peft"
+  old.mkdir()
+  (old / "adapter_config.json").write_text("{}")
+  model = tmp_path / "model"
+  model.mkdir()
+  (model / "config.json").write_text("{}")
+
+  def error(peft_dir):
+    assert convert_cli.main(["export", "--workdir", w, "--out", out,
+                             "--peft_dir", str(peft_dir)]) == 2
+    return capsys.readouterr().err
+
+  assert error(old) == (f"error: --peft_dir: {old} already holds a PEFT adapter"
+                        " (adapter_config.json); use a new folder\n")
+  assert error(model) == (f"error: --peft_dir: {model} already holds an HF checkpoint;"
+                          " use a new folder\n")
+  assert error(out) == (f"error: --peft_dir: {out} is where --hf_dir {out} goes: the merged"
+                        " weights and the adapters need two folders\n")
+  assert sorted(os.listdir(old)) == ["adapter_config.json"]
+  assert sorted(os.listdir(model)) == ["config.json"] and not os.path.exists(out)

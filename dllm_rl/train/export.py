@@ -116,6 +116,28 @@ def run_source(config, hf_source: str | None = None) -> ExportSource:
   return ExportSource(model_cfg, ids, family, hf_config, [], texts, "scratch")
 
 
+def check_new_peft_dir(peft_dir: str, out_dir: str) -> None:
+  """ConfigError on ``--peft_dir`` before anything is read or written: the export's own
+  ``out_dir`` (or the ``base`` folder written in it), a file or a path under one, a folder that
+  already holds an adapter or a model (an existing PEFT folder is never overwritten, and PEFT
+  files are never added to a model folder, which transformers would then load as that
+  adapter), its ``base`` folder included."""
+  same = lambda a, b: os.path.realpath(a) == os.path.realpath(b)
+  base_dir = os.path.join(peft_dir, PEFT_BASE_DIR)
+  if same(peft_dir, out_dir) or same(base_dir, out_dir):
+    raise ConfigError("--peft_dir", f"{peft_dir} is where --hf_dir {out_dir} goes: the merged"
+                      " weights and the adapters need two folders")
+  for name in (peft.CONFIG_FILE, peft.WEIGHTS_FILE):
+    if os.path.exists(os.path.join(peft_dir, name)):
+      raise ConfigError("--peft_dir", f"{peft_dir} already holds a PEFT adapter ({name});"
+                        " use a new folder")
+  for folder in (peft_dir, base_dir):
+    try:
+      convert.check_new_hf_dir(folder)
+    except (FileExistsError, NotADirectoryError) as err:
+      raise ConfigError("--peft_dir", str(err)) from None
+
+
 def peft_base(origin: str) -> str:
   """The base a PEFT folder names (``base_model_name_or_path``) for a run whose source is
   ``origin``: a local folder as an absolute path (PEFT reads a relative one from the loading
@@ -181,8 +203,11 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
   the folder to read the run's ``model.hf_checkpoint`` from (config.json, tokenizer files, a
   LoRA run's base) when it has moved. Raises FileExistsError (``out_dir`` holds a checkpoint),
   FileNotFoundError / NoCheckpoint (no such checkpoint, listing the saved ones), ValueError (a
-  model the HF layout cannot describe; a ConfigError for a source that cannot be read)."""
+  model the HF layout cannot describe; a ConfigError for a source that cannot be read, or a
+  ``peft_dir`` that is taken: :func:`check_new_peft_dir`)."""
   convert.check_new_hf_dir(out_dir)
+  if peft_dir is not None:
+    check_new_peft_dir(peft_dir, out_dir)
   t0 = time.perf_counter()
   ref = run_checkpoints.find_checkpoint(workdir, phase, step)
   if ref is None:
