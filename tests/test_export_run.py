@@ -282,3 +282,13 @@ def test_an_export_record_is_not_carried_to_a_folder_made_from_it(tmp_path):
   for name in ("config.json", "model.safetensors", "tokenizer.json", "dllm_rl_export.json"):
     (tmp_path / name).write_text("{}")
   assert convert.extra_files(str(tmp_path)) == [str(tmp_path / "tokenizer.json")]
+
+
+def test_a_peft_adapter_beside_the_source_is_not_carried_to_an_export(tmp_path):
+  """adapter_config.json in a model folder makes transformers load that folder as the adapter
+  (on its base_model_name_or_path): an export or import of it never carries one."""
+  from dllm_rl.models import convert
+  for name in ("config.json", "model.safetensors", "tokenizer.json", "adapter_config.json",
+               "adapter_model.safetensors"):
+    (tmp_path / name).write_text("{}")
+  assert convert.extra_files(str(tmp_path)) == [str(tmp_path / "tokenizer.json")]

@@ -38,9 +38,11 @@ FORMAT = "dllm_rl.hf_import/1"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack")
 _EXTRA_MAX_BYTES = 100_000_000  # tokenizer / code / generation config, never weights
 # not carried to an import or export: the config and index are written anew, and an export's
-# record (dllm_rl.train.export.PROVENANCE_FILE) describes the run that wrote that folder only
+# record (dllm_rl.train.export.PROVENANCE_FILE) describes the run that wrote that folder only;
+# a PEFT adapter's config (its weights are skipped as weights) would make transformers load
+# the folder as that adapter on its base_model_name_or_path, not the folder's own weights
 _SKIP = ("config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json",
-         "dllm_rl_export.json")
+         "dllm_rl_export.json", "adapter_config.json")
 
 
 def tensor_bytes(hf_dir: str) -> int:
