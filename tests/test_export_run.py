@@ -151,6 +151,21 @@ def test_a_run_whose_hf_source_moved_exports_with_hf_source(tmp_path, capsys):
   assert _logits_equal(exported, params, ids_BL) == 0.0
 
 
+def test_an_hf_source_of_another_model_is_named(tmp_path, capsys):
+  """--hf_source naming another family's folder: an error on --hf_source naming both models,
+  not a bare checkpoint-layout message; nothing written."""
+  source = hf_fixture_with_tokenizer(tmp_path)
+  w, out = str(tmp_path / "w"), tmp_path / "hf"
+  _hf_run_checkpoint(w, source)
+  sdar = os.path.join(os.path.dirname(__file__), "fixtures", "sdar_tiny")
+  assert convert_cli.main(["export", "--workdir", w, "--out", str(out), "--hf_source",
+                           sdar]) == 2
+  assert capsys.readouterr().err.startswith(
+      f"error: --hf_source: {sdar} holds a sdar model that does not fit the parameters of sft2"
+      f" (the run trained from {source}): State structure mismatch")
+  assert not out.exists()
+
+
 def _finetune(tmp_path, family):
   """SFT of the tiny fixture of ``family`` (with a character-level tokenizer) for 2 steps on
   the embedded default's task; returns (config, HF source folder, workdir)."""

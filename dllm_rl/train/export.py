@@ -32,6 +32,7 @@ import numpy as np
 from flax import nnx
 
 from dllm_rl.errors import ConfigError
+from dllm_rl.infra.checkpoint import LayoutMismatch
 from dllm_rl.models import convert, hf, lora, peft
 from dllm_rl.models.transformer import ModelConfig, abstract_model
 from dllm_rl.parallel.distributed import is_primary
@@ -219,10 +220,18 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
   fall_back = step == LATEST
   ref, config = run_checkpoints.read_train_config(ref, fall_back=fall_back)
   source = run_source(config, hf_source)
+  trained_from = config.model.hf_checkpoint
   if hf_source:  # a LoRA run's base (lora_checkpoint.base_params) is read from there too
     config.model.hf_checkpoint = hf_source
-  ref, params, run_cfg = restore_run_params(ref, config, source.model_cfg, mesh,
-                                            fall_back=fall_back)
+  try:
+    ref, params, run_cfg = restore_run_params(ref, config, source.model_cfg, mesh,
+                                              fall_back=fall_back)
+  except LayoutMismatch as err:  # another model (family, size) than the run's source
+    if not hf_source:
+      raise
+    raise ConfigError("--hf_source", f"{hf_source} holds a {source.family} model that does not"
+                      f" fit the parameters of {ref.label} (the run trained from"
+                      f" {trained_from}): {err}") from err
   if run_cfg.lora_rank:
     if peft_dir is not None and is_primary():
       base = (write_peft_base(params, source, os.path.join(peft_dir, PEFT_BASE_DIR))
