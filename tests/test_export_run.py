@@ -307,3 +307,18 @@ def test_a_peft_adapter_beside_the_source_is_not_carried_to_an_export(tmp_path):
                "adapter_model.safetensors"):
     (tmp_path / name).write_text("{}")
   assert convert.extra_files(str(tmp_path)) == [str(tmp_path / "tokenizer.json")]
+
+
+def test_an_export_into_the_runs_checkpoints_folder_is_refused(tmp_path, capsys):
+  """checkpoints/<phase>/<n> would read as a damaged newest step (and be rotated out with
+  the steps): --hf_dir / --peft_dir there exit 2 before anything is written."""
+  w = tmp_path / "w"
+  scratch_run_checkpoints(str(w), {"rl": [3]})
+  for flags in (["--hf_dir", str(w / "checkpoints" / "rl" / "7")],
+                ["--hf_dir", str(tmp_path / "hf"), "--peft_dir", str(w / "checkpoints" / "p")]):
+    assert convert_cli.main(["export", "--workdir", str(w), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {flags[-2]}: {flags[-1]} lies in the run's checkpoints"
+                          f" folder {w / 'checkpoints'}, which training manages"), err
+  assert sorted(os.listdir(w / "checkpoints" / "rl")) == ["3"]
+  assert sorted(os.listdir(w / "checkpoints")) == ["rl"] and not (tmp_path / "hf").exists()

@@ -139,6 +139,21 @@ def check_new_peft_dir(peft_dir: str, out_dir: str) -> None:
       raise ConfigError("--peft_dir", str(err)) from None
 
 
+def check_outside_checkpoints(workdir: str, folders: dict[str, str | None]) -> None:
+  """ConfigError naming the flag of each of ``folders`` (flag → path, None: not given) that
+  lies in the run's ``checkpoints`` folder, which training manages: a step folder is deleted
+  when it rotates out, and a new numbered folder there reads as a damaged newest step."""
+  managed = os.path.realpath(os.path.join(workdir, "checkpoints"))
+  for flag, folder in folders.items():
+    if folder is None:
+      continue
+    path = os.path.realpath(folder)
+    if os.path.commonpath([path, managed]) == managed:
+      raise ConfigError(flag, f"{folder} lies in the run's checkpoints folder {managed}, which"
+                        " training manages (its step folders are rotated out and a new one"
+                        " reads as a damaged step); name a folder outside it")
+
+
 def peft_base(origin: str) -> str:
   """The base a PEFT folder names (``base_model_name_or_path``) for a run whose source is
   ``origin``: a local folder as an absolute path (PEFT reads a relative one from the loading
@@ -209,6 +224,7 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
   convert.check_new_hf_dir(out_dir)
   if peft_dir is not None:
     check_new_peft_dir(peft_dir, out_dir)
+  check_outside_checkpoints(workdir, {"--hf_dir": out_dir, "--peft_dir": peft_dir})
   t0 = time.perf_counter()
   ref = run_checkpoints.find_checkpoint(workdir, phase, step)
   if ref is None:
