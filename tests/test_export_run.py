@@ -322,3 +322,17 @@ def test_an_export_into_the_runs_checkpoints_folder_is_refused(tmp_path, capsys)
                           f" folder {w / 'checkpoints'}, which training manages"), err
   assert sorted(os.listdir(w / "checkpoints" / "rl")) == ["3"]
   assert sorted(os.listdir(w / "checkpoints")) == ["rl"] and not (tmp_path / "hf").exists()
+
+
+def test_loading_a_workdir_or_a_peft_folder_says_what_to_load_instead(tmp_path):
+  """load_pretrained (and model.hf_checkpoint) on a run's workdir or a PEFT folder: the
+  missing config.json is said with what the folder is and what to load."""
+  (tmp_path / "w" / "checkpoints").mkdir(parents=True)
+  (tmp_path / "peft").mkdir()
+  (tmp_path / "peft" / "adapter_config.json").write_text("{}")
+  with pytest.raises(FileNotFoundError, match="is a training run's --workdir: export its"
+                     " checkpoint with `python -m dllm_rl.convert export --workdir"
+                     f" {tmp_path / 'w'} --hf_dir OUT` and load OUT"):
+    dllm_rl.load_pretrained(str(tmp_path / "w"))
+  with pytest.raises(FileNotFoundError, match="is a PEFT adapter folder: load the merged"):
+    dllm_rl.load_pretrained(str(tmp_path / "peft"))

@@ -197,10 +197,25 @@ def _lookup(tree: Any, path: tuple) -> Any:
 
 # ----------------------------------------------------------------------------- import
 
+def _not_a_model(ckpt_dir: str) -> str:
+  """What else ``ckpt_dir`` (a folder without config.json) is, and what to load instead: a
+  training run's workdir or a PEFT adapter folder; "" for anything else."""
+  if os.path.isdir(os.path.join(ckpt_dir, "checkpoints")):
+    return (f"; {ckpt_dir} is a training run's --workdir: export its checkpoint with `python -m"
+            f" dllm_rl.convert export --workdir {ckpt_dir} --hf_dir OUT` and load OUT")
+  if os.path.isfile(os.path.join(ckpt_dir, "adapter_config.json")):
+    return (f"; {ckpt_dir} is a PEFT adapter folder: load the merged export of its run"
+            " (`convert export --hf_dir`), or its base with the adapter in PEFT")
+  return ""
+
+
 def read_hf_config(ckpt_dir: str) -> dict:
+  """The config.json of HF folder ``ckpt_dir``; FileNotFoundError (saying what the folder is
+  instead, where it is a run's workdir or a PEFT folder) or ValueError naming it."""
   path = os.path.join(ckpt_dir, "config.json")
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"{path} not found (an HF checkpoint folder needs config.json)")
+    raise FileNotFoundError(f"{path} not found (an HF checkpoint folder needs config.json)"
+                            + _not_a_model(ckpt_dir))
   try:
     with open(path, encoding="utf-8") as f:
       config = json.load(f)
