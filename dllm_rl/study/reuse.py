@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 
-from dllm_rl.errors import ConfigError
+from dllm_rl.errors import ConfigError, raise_all
 from dllm_rl.study import report_files
 from dllm_rl.study.runner import arm_dir, read_record
 
@@ -80,6 +80,30 @@ def read_study_json(path: str) -> dict:
   if not isinstance(data, dict) or not isinstance(data.get("runs"), list) or "study" not in data:
     raise ConfigError("--reuse_from", f"{path} is not a study JSON (no 'study' and 'runs')")
   return data
+
+
+def check_files(files: list[str], names: list[str], testbed: str | None = None) -> None:
+  """Every problem of the ``--reuse_from`` files at once, as ConfigErrors naming each file,
+  before any run is written or trained: one missing or not a study JSON
+  (:func:`read_study_json`), one that records none of the studies ``names`` (another study's
+  file would be skipped, and the study would train every run it was meant to reuse) and one
+  recorded on another ``testbed`` than this study's."""
+  errors = []
+  for path in files:
+    try:
+      data = read_study_json(path)
+    except ConfigError as err:
+      errors.append(err)
+      continue
+    if data["study"] not in names:
+      errors.append(ConfigError("--reuse_from", f"{path} records {data['study']} runs; this"
+                                f" invocation runs {', '.join(names)} (leave the file out, or"
+                                f" run {data['study']})"))
+    elif testbed is not None and data.get("testbed", testbed) != testbed:
+      errors.append(ConfigError("--reuse_from", f"{path} records {data['study']} runs on"
+                                f" testbed {data['testbed']!r}; this study runs on {testbed!r}"
+                                f" (pass --testbed={data['testbed']}, or leave the file out)"))
+  raise_all(errors)
 
 
 def reuse_runs(workdir: str, name: str, arm_names: list[str], seeds: int | range,

@@ -49,7 +49,8 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
   the arms' RL programs in the background ahead of the arm that trains (runner.run_study;
   None: on GPU and TPU only). ``sft_seed``: the seed of the one SFT start of a testbed whose
   seeds share it (runner.run_study). ``reuse_from``: study JSONs whose runs seed DIR where it
-  has none, and against which the runs DIR has are checked (dllm_rl.study.reuse).
+  has none, and against which the runs DIR has are checked (dllm_rl.study.reuse; a file of
+  none of these studies, or of another testbed, is a ConfigError before anything is written).
   ``first_seed``: the seeds are ``seeds`` of them from this one (runner.seed_range). An
   override that every chosen arm of a study sets itself (``rl.lr``: the lr grid follows the
   base config) is a ConfigError before anything runs (arms.shadowed_overrides); a study
@@ -84,6 +85,8 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
   raise_all(arms_lib.sized_overrides(overrides) + [
       e for name in names for e in arms_lib.shadowed_overrides(name, chosen[name], overrides)])
   seed_list = runner.seed_range(size.seeds, first_seed)  # a ConfigError when first_seed < 0
+  if reuse_from:  # every file's problem before DIR is claimed (a rerun with the --testbed
+    reuse.check_files(reuse_from, names, testbed)  # the error names must not find it claimed)
   runner.claim_workdir(workdir, testbed)  # DIR's testbed, then its finished runs: before any run
   runner.check_sft_starts(workdir, size.seeds, overrides, testbed, base, sft_seed, first_seed)
   reused = {}

@@ -112,3 +112,34 @@ def test_a_rerun_of_a_run_with_a_skipped_nan_step_matches_its_record(tmp_path):
   got = reuse.reuse_runs(str(tmp_path / "dir"), "steprs", ["a"], 1, [str(committed)])
   assert got["identical"] == ["seed 0 a"] and got["differing"] == []
   assert not reuse.reproduces(recorded, {**recorded, "steps": [{"step": 1, "loss": 0.1}]})[0]
+
+
+def test_a_file_of_no_study_run_is_an_error_before_anything_trains(tmp_path, monkeypatch):
+  """``stability --reuse_from=<a steprs JSON>`` was skipped in silence (0 runs written) and
+  the study trained every run it was meant to reuse; every file's problem is now said at
+  once, before any run is written or trained."""
+  from dllm_rl.study import runner, studies
+
+  def no_training(*args, **kwargs):
+    raise AssertionError("trained")
+
+  monkeypatch.setattr(runner, "run_study", no_training)
+  steprs = tmp_path / "steprs.json"
+  steprs.write_text(json.dumps({"study": "steprs", "testbed": "arithmetic",
+                                "runs": [_run(0, "a", 0.1)]}))
+  chain = tmp_path / "stability.json"
+  chain.write_text(json.dumps({"study": "stability", "testbed": "chain",
+                               "runs": [_run(0, "grpo@lr7e-5", 0.1)]}))
+  work = tmp_path / "dir"
+  with pytest.raises(ConfigError) as info:
+    studies.study(["stability"], str(work), 1, True, {}, str(work / "r.md"), "cmd",
+                  arm_patterns=["grpo@lr7e-5"], reuse_from=[str(steprs), str(chain)])
+  lines = str(info.value).splitlines()
+  assert lines[0] == (f"--reuse_from: {steprs} records steprs runs; this invocation runs"
+                      " stability (leave the file out, or run steprs)")
+  assert lines[1].startswith(f"--reuse_from: {chain} records stability runs on testbed 'chain'")
+  assert not work.exists()  # DIR not claimed for the testbed: the rerun the error asks for
+  monkeypatch.setattr(runner, "check_sft_starts", no_training)  # --testbed=chain gets past it
+  with pytest.raises(AssertionError, match="trained"):
+    studies.study(["stability"], str(work), 1, True, {}, str(work / "r.md"), "cmd",
+                  reuse_from=[str(chain)], testbed="chain")
