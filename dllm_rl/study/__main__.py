@@ -88,7 +88,8 @@ def main(argv):
     raise cli.usage_error("--workdir is required")
   if problems := arguments.argument_problems(  # studies.study checks them too: said first here
       workdir=_WORKDIR.value, results=_RESULTS.value, seeds=_SEEDS.value, rl_steps=_STEPS.value,
-      eval_every=_EVAL_EVERY.value, first_seed=_FIRST_SEED.value, sft_seed=_SFT_SEED.value):
+      eval_every=_EVAL_EVERY.value, first_seed=_FIRST_SEED.value, sft_seed=_SFT_SEED.value,
+      arms=_ARMS.value, reuse_from=_REUSE_FROM.value):
     cli.fail(problems)
   logging.set_verbosity(logging.WARNING)
   names = sorted(names, key=lambda n: n != "stability")  # stability first

@@ -21,6 +21,15 @@ def at_least(flag: str, value: int | None, low: int) -> ConfigError | None:
   return None
 
 
+def not_empty(flag: str, values: list[str] | None) -> ConfigError | None:
+  """A ConfigError naming ``flag`` when the list flag is given with nothing in it (``--arms=``,
+  as an unset shell variable writes it): it read as the flag left out, so ``--arms=$ARMS``
+  ran every arm of the full study and ``--reuse_from=$FILE`` reused nothing."""
+  if values is not None and not values:
+    return ConfigError(flag, "is empty; leave the flag out for its default")
+  return None
+
+
 def folder_problem(path: str) -> str | None:
   """Why a folder cannot be made at ``path`` without touching the disk: ``path`` is a file, a
   file stands where one of its parent folders would be, or the nearest folder that exists is
@@ -64,17 +73,20 @@ def is_under(path: str, folder: str) -> bool:
 def argument_problems(*, workdir: str | None = None, results: str | None = None,
                       seeds: int | None = None, rl_steps: int | None = None,
                       eval_every: int | None = None, first_seed: int = 0,
-                      sft_seed: int = 0) -> list[ConfigError]:
+                      sft_seed: int = 0, arms: list[str] | None = None,
+                      reuse_from: list[str] | None = None) -> list[ConfigError]:
   """Every problem of the study's arguments, each a ConfigError naming its flag: counts below
   1 (``--seeds``, ``--rl_steps``, ``--eval_every``; None is the default), seeds below 0
-  (``--first_seed``, ``--sft_seed``), a ``--workdir`` that is a file or cannot be made
+  (``--first_seed``, ``--sft_seed``), ``--arms`` or ``--reuse_from`` given empty
+  (:func:`not_empty`; None is the flag left out), a ``--workdir`` that is a file or cannot be made
   (:func:`folder_problem`, as ``dllm_rl.train.context`` checks the main CLI's) and a
   ``--results`` that cannot be written (:func:`results_problem`; not checked again when it
   lies in a ``--workdir`` already reported; a path given as None is not checked)."""
   errors = [e for e in (at_least("--seeds", seeds, 1), at_least("--rl_steps", rl_steps, 1),
                         at_least("--eval_every", eval_every, 1),
                         at_least("--first_seed", first_seed, 0),
-                        at_least("--sft_seed", sft_seed, 0)) if e is not None]
+                        at_least("--sft_seed", sft_seed, 0), not_empty("--arms", arms),
+                        not_empty("--reuse_from", reuse_from)) if e is not None]
   if workdir is not None and (problem := folder_problem(workdir)) is not None:
     errors.append(ConfigError("--workdir", problem))
     if results is not None and is_under(results, workdir):  # the same problem, said once

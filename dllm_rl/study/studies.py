@@ -59,7 +59,8 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
   (arguments.argument_problems; None means the default)."""
   raise_all(arguments.argument_problems(workdir=workdir, results=results_md, seeds=seeds,
                                         rl_steps=rl_steps, eval_every=eval_every,
-                                        first_seed=first_seed, sft_seed=sft_seed))
+                                        first_seed=first_seed, sft_seed=sft_seed,
+                                        arms=arm_patterns, reuse_from=reuse_from))
   base = testbeds.testbed(testbed).get_config()  # a ValueError listing the names when unknown
   provenance.git_commit()  # the code this process imported: read now, before any run
   import jax

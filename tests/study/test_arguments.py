@@ -54,6 +54,24 @@ def test_the_command_line_says_every_bad_count_in_one_line_each(tmp_path):
   assert not (tmp_path / "w").exists()
 
 
+def test_an_empty_list_flag_is_refused_not_read_as_left_out(tmp_path):
+  """``--arms=`` (``--arms=$ARMS`` with ARMS unset) parsed to [] and ran every arm of the full
+  study; ``--reuse_from=`` reused nothing and trained every run."""
+  assert argument_problems(arms=None, reuse_from=None) == []
+  assert [str(e) for e in argument_problems(arms=[], reuse_from=[])] == [
+      "--arms: is empty; leave the flag out for its default",
+      "--reuse_from: is empty; leave the flag out for its default"]
+  with pytest.raises(ConfigError, match=r"^--arms: is empty"):
+    study(["stability"], str(tmp_path / "w"), 1, True, {}, str(tmp_path / "r.md"), "test",
+          arm_patterns=[])
+  assert not (tmp_path / "w").exists()
+  proc = _study_cli("stability", "--arms=", f"--workdir={tmp_path / 'w'}")
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.splitlines() == ["error: --arms: is empty; leave the flag out for its"
+                                      " default"]
+  assert not (tmp_path / "w").exists()
+
+
 def test_a_results_path_that_cannot_be_written_is_refused_up_front(tmp_path):
   """--results was first opened after the whole study trained: a folder, a path under a file
   or a plots folder that is a file failed then with a raw OSError (and a folder got the JSON
