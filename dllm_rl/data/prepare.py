@@ -96,24 +96,48 @@ def _array_line(text: str, index: int) -> int:
   return text.count("\n", 0, start) + 1
 
 
+def _check_json_lines(path: str) -> bool:
+  """DataError naming ``path`` and the line of the first record of a JSON Lines file that
+  holds an unpaired surrogate escape; read a line at a time (``\\n`` ends a line, as for
+  ``datasets``: a U+2028 inside a string does not). False when the first line that is not
+  blank is not JSON (not JSON Lines); a later line that is not JSON is left to ``datasets``."""
+  first = True
+  with open(path, "rb") as f:
+    for line_no, line in enumerate(f, start=1):
+      line = line.removeprefix(codecs.BOM_UTF8) if line_no == 1 else line
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError:
+        if first:
+          return False
+        continue  # not JSON Lines either: datasets names it
+      first = False
+      problem = surrogate_problem(row)
+      if problem:
+        raise DataError(f"{path}:{line_no}: {problem}")
+  return True
+
+
 def check_json_file(path: str) -> None:
   """DataError naming the ``.json`` source ``path`` and the record (its index in the array
   and the line it starts on) that holds an unpaired UTF-16 surrogate escape such as
   ``"\\ud800"`` (:func:`dllm_rl.tasks.jsonl.surrogate_problem`), which ``datasets`` would
-  drop without a word. A ``.json`` file of JSON Lines is checked line by line; a file that
-  parses neither way is left to ``datasets``' own error."""
+  drop without a word. A ``.json`` file of JSON Lines is checked line by line, never read
+  whole (:func:`_check_json_lines`); a file that parses neither way is left to ``datasets``'
+  own error."""
+  with open(path, "rb") as f:
+    head = next((line for line in f if line.strip()), b"")
+  if not head.removeprefix(codecs.BOM_UTF8).lstrip().startswith(b"[") and _check_json_lines(
+      path):
+    return  # JSON Lines (datasets reads those under a .json name too)
   with open(path, encoding="utf-8") as f:
     text = f.read().removeprefix("\ufeff")
   try:
     value = json.loads(text)
-  except json.JSONDecodeError:  # JSON Lines in a .json file (datasets reads those too)
-    for line_no, line in enumerate(text.splitlines(), start=1):
-      try:
-        problem = surrogate_problem(json.loads(line)) if line.strip() else None
-      except json.JSONDecodeError:
-        continue  # not JSON Lines either: datasets names it
-      if problem:
-        raise DataError(f"{path}:{line_no}: {problem}") from None
+  except json.JSONDecodeError:  # JSON Lines of arrays, or neither
+    _check_json_lines(path)
     return
   for index, row in enumerate(value if isinstance(value, list) else [value]):
     problem = surrogate_problem(row)

@@ -371,3 +371,22 @@ def test_a_bad_local_file_is_named_with_its_line_not_sent_offline(tmp_path):
   with pytest.raises(prep.DataError) as err:  # a folder that datasets cannot load
     prep.load_rows(prep.parse_source(f"train={src}")[1], cache_dir=str(tmp_path / "cache"))
   assert "without network" not in str(err.value) and "save_to_disk folder" in str(err.value)
+
+
+def test_a_json_lines_source_is_checked_by_its_own_lines(tmp_path):
+  """A .json file of JSON Lines was read whole and split by str.splitlines, which also splits
+  at a U+2028 / U+0085 inside a string (JSON allows them raw): the record holding one was
+  cut in two, neither half JSON, so its surrogate escape passed unnamed (datasets then
+  dropped it), and every later line was named one line too far. Lines end at \\n only."""
+  sep = '{"question": "a\u2028b\u0085c", "answer": "#### 1"}'
+  bad = '{"question": "q\\ud800", "answer": "#### 1"}'
+  cut = '{"question": "x\u2028y\\ud800", "answer": "#### 1"}'
+  what = "field 'question' holds an unpaired UTF-16 surrogate \\ud800"
+  for name, text, line in (("after.json", f"\ufeff{sep}\n{sep}\n{bad}\n", 3),
+                           ("inside.json", f"{sep}\n\n{cut}\n", 3)):
+    (tmp_path / name).write_text(text, encoding="utf-8")
+    with pytest.raises(prep.DataError) as err:
+      prep.check_json_file(str(tmp_path / name))
+    assert str(err.value).startswith(f"{tmp_path / name}:{line}: {what}"), str(err.value)
+  (tmp_path / "fine.json").write_text(f"{sep}\n{sep}\n", encoding="utf-8")
+  prep.check_json_file(str(tmp_path / "fine.json"))
