@@ -82,12 +82,12 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
   for name in empty:
     print(f"note: --arms={','.join(arm_patterns or ())} selects no arm of {name}: that study is"
           " skipped", file=sys.stderr, flush=True)
-  names = list(chosen)
+  named, names = names, list(chosen)  # a file of a study --arms skips is not unused by mistake
   raise_all(arms_lib.sized_overrides(overrides) + [
       e for name in names for e in arms_lib.shadowed_overrides(name, chosen[name], overrides)])
   seed_list = runner.seed_range(size.seeds, first_seed)  # a ConfigError when first_seed < 0
   if reuse_from:  # every file's problem before DIR is claimed (a rerun with the --testbed
-    reuse.check_files(reuse_from, names, testbed)  # the error names must not find it claimed)
+    reuse.check_files(reuse_from, named, testbed)  # the error names must not find it claimed)
   runner.claim_workdir(workdir, testbed)  # DIR's testbed, then its finished runs: before any run
   runner.check_sft_starts(workdir, size.seeds, overrides, testbed, base, sft_seed, first_seed)
   reused = {}

@@ -143,3 +143,25 @@ def test_a_file_of_no_study_run_is_an_error_before_anything_trains(tmp_path, mon
   with pytest.raises(AssertionError, match="trained"):
     studies.study(["stability"], str(work), 1, True, {}, str(work / "r.md"), "cmd",
                   reuse_from=[str(chain)], testbed="chain")
+
+
+def test_a_file_of_a_study_that_arms_skips_is_no_error(tmp_path, monkeypatch):
+  """``study stability,steprs --arms=<stability arms only> --reuse_from=<both studies' files>``
+  (the committed report's files, as docs/study.md passes them): --arms skips steprs, and its
+  file was then refused as "of a study not run", though the command names that study and
+  nothing was meant to be reused from it."""
+  from dllm_rl.study import runner, studies
+
+  def past_the_checks(*args, **kwargs):
+    raise AssertionError("past the checks")
+
+  monkeypatch.setattr(runner, "check_sft_starts", past_the_checks)
+  files = []
+  for name, arm in (("stability", "grpo@lr7e-5"), ("steprs", "centered")):
+    files.append(tmp_path / f"{name}.json")
+    files[-1].write_text(json.dumps({"study": name, "testbed": "arithmetic",
+                                     "runs": [_run(0, arm, 0.1)]}))
+  work = tmp_path / "dir"
+  with pytest.raises(AssertionError, match="past the checks"):
+    studies.study(["stability", "steprs"], str(work), 1, True, {}, str(work / "r.md"), "cmd",
+                  arm_patterns=["grpo@lr7e-5"], reuse_from=[str(f) for f in files])
