@@ -191,7 +191,8 @@ class MetricsLogger:
     resumed run restored); later ones are dropped. Other phases and a truncated last line are
     left as they are / dropped. Rewrites the file atomically; returns the number dropped.
     ``step``: the restored step; the phase's samples of later steps are dropped too, and a
-    writer with ``purge(phase, step)`` (TensorBoard) is told to drop them (W&B keeps them)."""
+    writer with ``purge(phase, step)`` (TensorBoard) is told to drop the phase's events from
+    ``step`` on, then gets the kept records and samples at ``step`` again (W&B keeps all)."""
     if not self.enabled:
       return 0
     kept, seen, dropped = [], 0, 0
