@@ -124,8 +124,12 @@ def scoring_draws_mean(per_draw_KB, scores_KB):
 
 def batch_entropy(entropy_B):
   """The batch's mean of ``Likelihood.entropy_B`` over the sequences that have one (not NaN);
-  0 when none has (a metric must stay finite)."""
-  return masked_mean(entropy_B, ~jnp.isnan(entropy_B))
+  0 when none has (a metric must stay finite). Written out, not through :func:`masked_mean`:
+  the same formula, but in the RL step XLA then reduces it in another order, and the metric
+  moves in its last bit, so the committed study records (``docs/results.md``, at 4000db6)
+  no longer reproduce bit for bit (``dllm_rl.study.reuse``)."""
+  has_B = ~jnp.isnan(entropy_B)
+  return jnp.where(has_B, entropy_B, 0.0).sum() / jnp.maximum(has_B.sum(), 1)
 
 
 @dataclasses.dataclass(frozen=True)
