@@ -82,8 +82,15 @@ def test_cli_bad_input_exits_2_naming_it(tmp_path, capsys):
     assert convert_cli.main(["export", *args]) == 2
     return capsys.readouterr().err
 
+  assert error("--workdir", w, "--out", out) == (
+      f"error: --workdir: {w} does not exist; name a training run's --workdir\n")
+  os.makedirs(w)
   assert "no checkpoint to export under" in error("--workdir", w, "--out", out)
   scratch_run_checkpoints(w, {"rl": [3]})
+  ckpts = os.path.join(w, "checkpoints")
+  assert error("--workdir", ckpts, "--out", out) == (
+      f"error: --workdir: {ckpts} is a run's checkpoints folder: pass the run's folder,"
+      f" --workdir {w}\n")
   assert error("--workdir", w, "--step", "7", "--out", out).startswith(
       "error: --step: no rl checkpoint at step 7")
   assert "available steps (rollout batches): [3]" in error("--workdir", w, "--step", "7",

@@ -31,6 +31,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from dllm_rl import paths
 from dllm_rl.errors import ConfigError
 from dllm_rl.infra.checkpoint import LayoutMismatch
 from dllm_rl.models import convert, hf, lora, peft
@@ -154,6 +155,20 @@ def check_outside_checkpoints(workdir: str, folders: dict[str, str | None]) -> N
                         " reads as a damaged step); name a folder outside it")
 
 
+def check_run_folder(workdir: str) -> None:
+  """ConfigError on ``--workdir`` when it names no run folder: a path that does not exist or
+  is a file, or a run's ``checkpoints`` folder (said with its run folder to pass instead)."""
+  folder = paths.resolve(workdir)
+  if not folder.exists():
+    raise ConfigError("--workdir", f"{workdir} does not exist; name a training run's --workdir")
+  if not folder.is_dir():
+    raise ConfigError("--workdir", f"{workdir} is a file, not a run's folder")
+  if (folder.name == "checkpoints" and not (folder / "checkpoints").exists()
+      and any((folder / p).is_dir() for p in run_checkpoints.PHASES)):
+    raise ConfigError("--workdir", f"{workdir} is a run's checkpoints folder: pass the run's"
+                      f" folder, --workdir {folder.parent}")
+
+
 def peft_base(origin: str) -> str:
   """The base a PEFT folder names (``base_model_name_or_path``) for a run whose source is
   ``origin``: a local folder as an absolute path (PEFT reads a relative one from the loading
@@ -219,12 +234,14 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
   the folder to read the run's ``model.hf_checkpoint`` from (config.json, tokenizer files, a
   LoRA run's base) when it has moved. Raises FileExistsError (``out_dir`` holds a checkpoint),
   FileNotFoundError / NoCheckpoint (no such checkpoint, listing the saved ones), ValueError (a
-  model the HF layout cannot describe; a ConfigError for a source that cannot be read, or a
-  ``peft_dir`` that is taken: :func:`check_new_peft_dir`)."""
+  model the HF layout cannot describe; a ConfigError for a source that cannot be read, a
+  ``peft_dir`` that is taken: :func:`check_new_peft_dir`, or a ``workdir`` that is no run's
+  folder: :func:`check_run_folder`)."""
   convert.check_new_hf_dir(out_dir)
   if peft_dir is not None:
     check_new_peft_dir(peft_dir, out_dir)
   check_outside_checkpoints(workdir, {"--hf_dir": out_dir, "--peft_dir": peft_dir})
+  check_run_folder(workdir)
   t0 = time.perf_counter()
   ref = run_checkpoints.find_checkpoint(workdir, phase, step)
   if ref is None:
