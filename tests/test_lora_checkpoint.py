@@ -99,6 +99,25 @@ def test_peft_folder_adds_up_to_the_merged_export(tmp_path):
     np.testing.assert_allclose(merged[f"{module}.weight"] - base, 2.0 * b @ a, atol=1e-6)
 
 
+def test_a_failed_merged_export_leaves_no_peft_folder(tmp_path, monkeypatch):
+  """--peft_dir is written after the merged --hf_dir: a failure writing the merged weights (a
+  full disk) leaves no finished-looking adapter folder without its merged model."""
+  from dllm_rl.train import export
+  _run(tmp_path / "w")
+
+  write = export.hf.export_checkpoint
+
+  def full_disk(*args, **kw):  # the merged folder's weights; the PEFT base's are written
+    if args[4] == str(tmp_path / "hf"):
+      raise OSError(28, "No space left on device")
+    return write(*args, **kw)
+
+  monkeypatch.setattr(export.hf, "export_checkpoint", full_disk)
+  with pytest.raises(OSError, match="No space left"):
+    export_run(str(tmp_path / "w"), str(tmp_path / "hf"), peft_dir=str(tmp_path / "peft"))
+  assert not (tmp_path / "peft").exists()
+
+
 def test_the_bases_a_peft_folder_must_carry_are_those_transformers_cannot_load(tmp_path):
   from dllm_rl.models import convert
   from dllm_rl.train.export import base_unloadable

@@ -265,24 +265,27 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
     raise ConfigError("--hf_source", f"{hf_source} holds a {source.family} model that does not"
                       f" fit the parameters of {ref.label} (the run trained from"
                       f" {trained_from}): {err}") from err
-  if run_cfg.lora_rank:
-    if peft_dir is not None and is_primary():
-      base = (write_peft_base(params, source, os.path.join(peft_dir, PEFT_BASE_DIR))
-              if base_unloadable(source.origin) else peft_base(source.origin))
-      peft.export_peft(nnx.to_pure_dict(params), run_cfg, source.family, peft_dir, base,
-                       source.hf_config)
-    # merged HF weights: W + (alpha / rank)·A·B, folded in float32
-    params = lora.merge_adapters(params, run_cfg, abstract_model(source.model_cfg)[1])
+  merged = params
+  if run_cfg.lora_rank:  # merged HF weights: W + (alpha / rank)·A·B, folded in float32
+    merged = lora.merge_adapters(params, run_cfg, abstract_model(source.model_cfg)[1])
   elif peft_dir is not None:
     raise ValueError(f"--peft_dir: {ref.label} is not a LoRA run (lora.rank = 0)")
   dtype = dtype or np.dtype(source.model_cfg.param_dtype).name  # default: as trained
   t1 = time.perf_counter()
-  hf.export_checkpoint(params, source.model_cfg, source.token_ids, source.family, out_dir,
+  hf.export_checkpoint(merged, source.model_cfg, source.token_ids, source.family, out_dir,
                        hf_config=source.hf_config, max_shard_bytes=max_shard_bytes, dtype=dtype)
   t2 = time.perf_counter()
   if is_primary():
     write_source_files(source, out_dir, {
         **source.texts,
         PROVENANCE_FILE: json.dumps(provenance(ref, source, dtype), indent=2) + "\n"})
+  # the adapters after the merged folder: a failure writing that (a full disk) leaves no
+  # finished-looking PEFT folder whose merged --hf_dir is missing
+  if peft_dir is not None and is_primary():
+    del merged
+    base = (write_peft_base(params, source, os.path.join(peft_dir, PEFT_BASE_DIR))
+            if base_unloadable(source.origin) else peft_base(source.origin))
+    peft.export_peft(nnx.to_pure_dict(params), run_cfg, source.family, peft_dir, base,
+                     source.hf_config)
   return {"family": source.family, "label": ref.label, "bytes": convert.tensor_bytes(out_dir),
           "restore_s": t1 - t0, "write_s": t2 - t1, "total_s": time.perf_counter() - t0}
