@@ -261,6 +261,20 @@ def test_each_bad_input_is_one_error_line_per_problem_and_exit_2(name, tmp_path,
   assert not os.path.exists(tmp_path / "w" / "checkpoints"), name  # nothing trained
 
 
+def test_a_local_hf_checkpoint_without_config_json_is_named_before_the_workdir_is_made(
+    tmp_path, monkeypatch, capsys):
+  """A run's --workdir (or a path that does not exist) given as model.hf_checkpoint: the error
+  names it and the new --workdir is not created (it was, empty, before the error)."""
+  (tmp_path / "run" / "checkpoints" / "sft").mkdir(parents=True)
+  for source, said in ((tmp_path / "run", "is a training run's --workdir: export its"),
+                       (tmp_path / "none", "does not exist")):
+    code = _run_main([f"--workdir={tmp_path / 'new'}",
+                      f"--config.model.hf_checkpoint={source}"], monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: config.model.hf_checkpoint: ") and said in err
+    assert not (tmp_path / "new").exists(), source
+
+
 def test_only_a_task_read_from_files_is_told_to_set_model_hf_checkpoint(tmp_path):
   """The CharTokenizer serves the generated tasks: their text (and a character that is not in
   it, such as one of data.system_prompt) keeps the tokenizer's own message; a JSONL task whose

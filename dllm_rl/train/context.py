@@ -390,6 +390,17 @@ def check_writable(workdir: str) -> None:
     raise ConfigError("--workdir", f"{workdir}: cannot write in it ({err})") from None
 
 
+def check_local_source(m) -> None:
+  """``model.hf_checkpoint`` a local path (``m``: config.model): a ConfigError when it is no
+  folder or its config.json is missing or bad (e.g. a run's --workdir given), before --workdir
+  is created. A gs:// folder or a hub id is fetched after the workdir's checks."""
+  from dllm_rl import paths
+  from dllm_rl.infra import weights
+  spec = m.hf_checkpoint
+  if spec and not paths.is_url(spec) and weights.hub_id(os.path.expanduser(spec)) is None:
+    hf_model_config(checkpoint_folder(spec), m.dtype, m.param_dtype)
+
+
 def build_context(config, workdir: str) -> Context:
   """Generate the task data (host side), build the mesh and resolve static
   configs; no compilation."""
@@ -406,6 +417,7 @@ def build_context(config, workdir: str) -> Context:
       raise ConfigError("estimator.attention_impl", str(err)) from None
   from dllm_rl import paths
   paths.check_backend(workdir)  # gs:// without gcsfs: a named error, nothing created
+  check_local_source(config.model)
   try:
     paths.resolve(workdir).mkdir(parents=True, exist_ok=True)  # gs:// stays a URL
   except (FileExistsError, NotADirectoryError) as err:  # a file, or a file on the way to it
