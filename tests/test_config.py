@@ -216,20 +216,24 @@ def test_every_required_placeholder_is_named_at_once():
   assert not any("does not exist" in line for line in lines)
 
 
-def test_mode_eval_says_how_to_leave_out_a_required_train_file():
-  """mode=eval reads only the test split, but configs/llada_tpu.py's train file placeholder
-  still asked for a file: its error now says `--config.task.options.train_file=` leaves it
-  out (the other modes keep the plain error)."""
+def test_mode_eval_asks_for_a_required_train_file_only_where_it_reads_it(tmp_path):
+  """mode=eval reads only the test split: beside a test file, configs/llada_tpu.py's train
+  file placeholder is no error (it was, though task_options leaves that file out); without a
+  test file the train file is read, and its error says a test file leaves it out (the other
+  modes keep the plain error)."""
   c = load_config_file(os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs",
                                     "llada_tpu.py"))
-  c.model.hf_checkpoint, c.task.options.test_file = "/ckpt", "/data/test.jsonl"
-  for mode, hint in (("eval", True), ("rl", False)):
-    c.mode = mode
+  test = tmp_path / "test.jsonl"
+  test.write_text('{"question": "What is 1+1?", "answer": "1+1\\n#### 2"}\n')
+  c.model.hf_checkpoint, c.task.options.test_file, c.mode = "/ckpt", str(test), "eval"
+  validate(c)
+  for mode, test_file, hint in (("eval", "", True), ("rl", str(test), False)):
+    c.mode, c.task.options.test_file = mode, test_file
     with pytest.raises(ConfigError) as err:
       validate(c)
     assert str(err.value).startswith("config.task.options.train_file: required value not set")
-    assert ("mode=eval reads only the test split: --config.task.options.train_file= leaves it"
-            " out" in str(err.value)) == hint, mode
+    assert ("mode=eval reads it only without a test file: --config.task.options.test_file=..."
+            " leaves it out" in str(err.value)) == hint, mode
 
 
 def test_mode_eval_neither_loads_nor_checks_a_train_file_beside_its_test_file(tmp_path):

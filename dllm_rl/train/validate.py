@@ -426,22 +426,27 @@ class _Checks:
 REQUIRED_PREFIX = "REQUIRED:"  # a config file's placeholder for a value the user must give
 
 
-def _required(config, check: "_Checks", prefix: str = "", mode: str = "") -> None:
+def _required(config, check: "_Checks", prefix: str = "", mode: str = "",
+              unread: frozenset = frozenset()) -> None:
   """Every placeholder ``"REQUIRED: what"`` still in the config, each its own error (a
-  production config lists several: checkpoint, train file, test file). mode=eval reads no
-  train split: its train file's error says how to leave it out."""
-  mode = mode or config.get("mode", "")
+  production config lists several: checkpoint, train file, test file). A task option the run
+  never reads (:func:`task_options`: mode=eval's train file beside a test file) is no error;
+  mode=eval's train file read without a test file says how to leave it out."""
+  if not prefix:
+    mode = config.get("mode", "")
+    options = config.task.options if "task" in config and "options" in config.task else {}
+    unread = frozenset(f"task.options.{key}" for key in options
+                       if key not in task_options(config))
   for key in config.keys():
-    value = config[key]
+    value, name = config[key], f"{prefix}{key}"
     if isinstance(value, (ml_collections.ConfigDict, dict)):
-      _required(value, check, f"{prefix}{key}.", mode)
-    elif isinstance(value, str) and value.startswith(REQUIRED_PREFIX):
+      _required(value, check, f"{name}.", mode, unread)
+    elif isinstance(value, str) and value.startswith(REQUIRED_PREFIX) and name not in unread:
       what = value[len(REQUIRED_PREFIX):].strip()
-      unread = (f" (mode=eval reads only the test split: --config.{prefix}{key}= leaves it"
-                " out)" if mode == "eval" and f"{prefix}{key}" == "task.options.train_file"
-                else "")
-      check(False, f"{prefix}{key}", f"required value not set ({what}): pass "
-                                     f"--config.{prefix}{key}=...{unread}")
+      hint = (" (mode=eval reads it only without a test file: --config.task.options.test_file"
+              "=... leaves it out)" if mode == "eval" and name == "task.options.train_file"
+              else "")
+      check(False, name, f"required value not set ({what}): pass --config.{name}=...{hint}")
 
 
 _SECTIONS = (_required, _names, _model, _lora, _data, _sampler, _sft, _optimizer, _rl, _estimator,
