@@ -225,3 +225,17 @@ def test_a_taken_peft_dir_is_refused_before_anything_is_written(tmp_path, capsys
                         " weights and the adapters need two folders\n")
   assert sorted(os.listdir(old)) == ["adapter_config.json"]
   assert sorted(os.listdir(model)) == ["config.json"] and not os.path.exists(out)
+
+
+def test_a_peft_dir_in_a_multi_process_export_is_refused(tmp_path, monkeypatch, capsys):
+  """The PEFT folder is a single-process export (README): with several processes --peft_dir is
+  an error naming the flag before anything is read, not a hang in the base's collective write
+  (process 0 alone wrote it) or a failure on arrays other processes hold."""
+  from dllm_rl import convert as convert_cli
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  out, peft_dir = tmp_path / "hf", tmp_path / "peft"
+  assert convert_cli.main(["export", "--workdir", str(tmp_path / "w"), "--out", str(out),
+                           "--peft_dir", str(peft_dir)]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: --peft_dir: the PEFT folder is a single-process export (2")
+  assert not out.exists() and not peft_dir.exists()

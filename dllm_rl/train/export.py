@@ -123,9 +123,14 @@ def check_new_peft_dir(peft_dir: str, out_dir: str) -> None:
   ``out_dir`` (or the ``base`` folder written in it), a file or a path under one, a folder that
   already holds an adapter or a model (an existing PEFT folder is never overwritten, and PEFT
   files are never added to a model folder, which transformers would then load as that
-  adapter), its ``base`` folder included."""
+  adapter), its ``base`` folder included; and in a multi-process export, which would hang in
+  the base's collective write or fail on arrays other processes hold."""
   same = lambda a, b: os.path.realpath(a) == os.path.realpath(b)
   base_dir = os.path.join(peft_dir, PEFT_BASE_DIR)
+  if jax.process_count() > 1:  # its adapters and base are written from process 0's host arrays
+    raise ConfigError("--peft_dir", "the PEFT folder is a single-process export"
+                      f" ({jax.process_count()} processes here): export the merged --hf_dir"
+                      " here, or the adapters from one process")
   if same(peft_dir, out_dir) or same(base_dir, out_dir):
     raise ConfigError("--peft_dir", f"{peft_dir} is where --hf_dir {out_dir} goes: the merged"
                       " weights and the adapters need two folders")
