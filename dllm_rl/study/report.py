@@ -618,8 +618,29 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
             f" is that the first arm is higher; differences inside ±{MIN_EFFECT:g} count as"
             " none):", ""]
     out += [f"* **{what}: {verdict}.** {evidence}." for what, verdict, evidence in lines]
+    if note := multiplicity_note([verdict for _, verdict, _ in lines]):
+      out += ["", note]
     out += ["", f"Caveats: {caveat(name, testbed_name(meta, studies), c)}", ""]
   return "\n".join(out)
+
+
+_JUDGED = ("reproduced", "not reproduced", "inconclusive")  # stats.verdict's claim verdicts
+
+
+def multiplicity_note(verdicts: list[str]) -> str:
+  """The section's multiplicity, from its verdicts: of ``n`` judged comparisons (95% intervals;
+  "no claim" and one-seed lines not counted), each reads "reproduced" (interval above 0) with
+  probability 2.5% when the arms do not differ, so about 0.025·n do by chance. "" for fewer
+  than two judged comparisons."""
+  judged = [v for v in verdicts if v.startswith(_JUDGED)]
+  if len(judged) < 2:
+    return ""
+  hits = sum(v == "reproduced" for v in judged)
+  return (f"Multiplicity: {len(judged)} comparisons are judged above, each on a 95% interval. "
+          "Where the arms do not differ, each reads \"reproduced\" (its interval above 0) with"
+          f" probability 2.5%, so about {0.025 * len(judged):.2f} of them would by chance"
+          f" ({hits} did): a lone \"reproduced\" among them is weaker evidence than the same"
+          " line on its own.")
 
 
 def caveat(name: str, testbed: str, c) -> str:

@@ -486,3 +486,17 @@ def test_a_start_below_its_warm_up_target_leads_every_likely_reason():
   steprs["base_config"] = {"sft": {"target_accuracy": 0.25}}
   steprs["sft"] = {"0": {"sft_val_accuracy": 0.1, "sft_accuracy": 0.1, "sft_steps": 10}}
   assert "Likely reason: the SFT start of 1/1 seed(s)" in steprs_verdicts(steprs)[0][2]
+
+
+def test_the_multiplicity_note_counts_the_judged_comparisons_only():
+  """A section judging n comparisons on 95% intervals says that about 0.025·n of them would read
+  "reproduced" by chance where no arm differs, and how many did; "no claim" and one-seed
+  ("not established") lines are not judged, and one judged line needs no note."""
+  from dllm_rl.study import report
+  verdicts = ["reproduced", "inconclusive (the interval includes 0; ...)", "no claim",
+              "not reproduced (no difference as large as 0.02: ...)", "reproduced",
+              "not established (1 seed(s); a paired interval needs ≥ 2)"]
+  note = report.multiplicity_note(verdicts)
+  assert note.startswith("Multiplicity: 4 comparisons are judged above")
+  assert "about 0.10 of them would by chance (2 did)" in note
+  assert report.multiplicity_note(["reproduced", "no claim", "not established (1 seed(s))"]) == ""
