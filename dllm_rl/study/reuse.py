@@ -99,11 +99,19 @@ def check_files(files: list[str], names: list[str], testbed: str | None = None) 
       errors.append(ConfigError("--reuse_from", f"{path} records {data['study']} runs; this"
                                 f" invocation runs {', '.join(names)} (leave the file out, or"
                                 f" run {data['study']})"))
-    elif testbed is not None and data.get("testbed", testbed) != testbed:
-      errors.append(ConfigError("--reuse_from", f"{path} records {data['study']} runs on"
-                                f" testbed {data['testbed']!r}; this study runs on {testbed!r}"
-                                f" (pass --testbed={data['testbed']}, or leave the file out)"))
+    elif problem := other_testbed(path, data, testbed):
+      errors.append(problem)
   raise_all(errors)
+
+
+def other_testbed(path: str, data: dict, testbed: str | None) -> ConfigError | None:
+  """A ConfigError naming ``path`` when its study JSON ``data`` was recorded on another testbed
+  than ``testbed`` (None: not checked)."""
+  if testbed is None or data.get("testbed", testbed) == testbed:
+    return None
+  return ConfigError("--reuse_from", f"{path} records {data['study']} runs on testbed"
+                     f" {data['testbed']!r}; this study runs on {testbed!r} (pass"
+                     f" --testbed={data['testbed']}, or leave the file out)")
 
 
 def reuse_runs(workdir: str, name: str, arm_names: list[str], seeds: int | range,
@@ -122,10 +130,8 @@ def reuse_runs(workdir: str, name: str, arm_names: list[str], seeds: int | range
     data = read_study_json(path)
     if data["study"] != name:
       continue
-    if testbed is not None and data.get("testbed", testbed) != testbed:
-      raise ConfigError("--reuse_from", f"{path} records {name} runs on testbed"
-                        f" {data['testbed']!r}; this study runs on {testbed!r} (pass"
-                        f" --testbed={data['testbed']}, or leave the file out)")
+    if problem := other_testbed(path, data, testbed):
+      raise problem
     for run in data["runs"]:
       if run["arm"] in arm_names and run["seed"] in seeds:
         records.setdefault((run["seed"], run["arm"]), (path, run))
