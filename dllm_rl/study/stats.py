@@ -167,7 +167,46 @@ def seeds_to_decide(sd: float | None, effect: float, level: float = 0.95) -> int
   return 1001
 
 
-def verdict(comparison: dict, min_effect: float, what: str) -> str:
+def one_sided_p(comparison: dict) -> float | None:
+  """The one-sided p-value of a :func:`paired` comparison's claim "the first arm is higher":
+  P(T_{n−1} ≥ mean / (sd/√n)) under a true mean difference of 0 (Student t, ddof = 1), so
+  p < 0.025 exactly when the 95% two-sided interval lies above 0 (:func:`verdict`'s
+  "reproduced"). None with fewer than 2 seeds; with sd = 0, 0.0 above 0, 1.0 otherwise."""
+  n, mean, sd = comparison["n"], comparison["mean"], comparison.get("sd")
+  if n < 2 or sd is None:
+    return None
+  if sd == 0:
+    return 0.0 if mean > 0 else 1.0
+  from scipy import stats
+  return float(stats.t.sf(mean / (sd / math.sqrt(n)), df=n - 1))
+
+
+def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
+  """Holm's step-down rule (Holm 1979) at family-wise error ``alpha``: which hypotheses it
+  rejects. With the m p-values sorted ascending, the i-th (i = 1..m) is rejected while
+  p_(i) ≤ alpha / (m − i + 1); the first that is not stops it, and every later one stands."""
+  m = len(p_values)
+  rejected = [False] * m
+  for rank, i in enumerate(sorted(range(m), key=lambda i: p_values[i])):
+    if p_values[i] > alpha / (m - rank):
+      break
+    rejected[i] = True
+  return rejected
+
+
+class Verdict(str):
+  """A :func:`verdict` string that keeps its comparison's :func:`one_sided_p`
+  (``p_one_sided``), for a family-wise rule over a report section's verdicts."""
+
+  p_one_sided: float | None
+
+  def __new__(cls, text: str, p_one_sided: float | None):
+    obj = super().__new__(cls, text)
+    obj.p_one_sided = p_one_sided
+    return obj
+
+
+def verdict(comparison: dict, min_effect: float, what: str) -> Verdict:
   """The verdict on the claim "``what`` is larger" from a :func:`paired` comparison.
 
   * fewer than 2 paired seeds: "not established (n seed(s))";
@@ -177,7 +216,14 @@ def verdict(comparison: dict, min_effect: float, what: str) -> str:
     large as min_effect)" — an equivalence result, not a lack of data;
   * otherwise "inconclusive (the interval includes 0)", with the seeds that would decide an
     effect the size of the observed mean (or of min_effect, whichever is larger).
+
+  Returned as a :class:`Verdict`: the text, and the comparison's :func:`one_sided_p`.
   """
+  return Verdict(_verdict_text(comparison, min_effect, what), one_sided_p(comparison))
+
+
+def _verdict_text(comparison: dict, min_effect: float, what: str) -> str:
+  """:func:`verdict`'s text."""
   n, mean, hw = comparison["n"], comparison["mean"], comparison["half_width"]
   if n < 2 or hw is None:
     return f"not established ({n} seed(s); a paired interval needs ≥ 2)"

@@ -496,7 +496,65 @@ def test_the_multiplicity_note_counts_the_judged_comparisons_only():
   verdicts = ["reproduced", "inconclusive (the interval includes 0; ...)", "no claim",
               "not reproduced (no difference as large as 0.02: ...)", "reproduced",
               "not established (1 seed(s); a paired interval needs ≥ 2)"]
-  note = report.multiplicity_note(verdicts)
+  note = report.multiplicity_note([(f"c{i}", v) for i, v in enumerate(verdicts)])
   assert note.startswith("Multiplicity: 4 comparisons are judged above")
   assert "about 0.10 of them would by chance (2 did)" in note
-  assert report.multiplicity_note(["reproduced", "no claim", "not established (1 seed(s))"]) == ""
+  assert "Holm" not in note  # plain strings carry no p-values
+  assert report.multiplicity_note([("a", "reproduced"), ("b", "no claim"),
+                                   ("c", "not established (1 seed(s))")]) == ""
+
+
+def test_one_sided_p_agrees_with_the_verdicts_interval():
+  """p < 0.025 exactly when the 95% interval lies above 0 ("reproduced"): the t statistic
+  against t_{0.975, n−1}; hand-checked values: mean 1, sd 1, n = 5 gives t = √5 ≈ 2.236,
+  P(T_4 ≥ 2.236) ≈ 0.0445; a constant positive difference gives 0, fewer than 2 seeds None."""
+  from dllm_rl.study.stats import one_sided_p, paired, verdict
+  c = paired({s: 1.0 + d for s, d in enumerate([-1.0, 1.0, 0.5, -0.5, 0.0])},
+             dict.fromkeys(range(5), 0.0))
+  assert c["mean"] == pytest.approx(1.0) and c["sd"] == pytest.approx(math.sqrt(0.625))
+  t = 1.0 / (math.sqrt(0.625) / math.sqrt(5))
+  assert one_sided_p(c) == pytest.approx(_t_sf(t, 4))
+  rng = np.random.default_rng(0)
+  for _ in range(200):
+    n = int(rng.integers(2, 9))
+    diffs = rng.normal(rng.uniform(-1, 1), rng.uniform(0.1, 2), n)
+    c = paired(dict(enumerate(diffs)), dict.fromkeys(range(n), 0.0))
+    v = verdict(c, 0.02, "x")
+    assert v.p_one_sided == one_sided_p(c)
+    assert (v == "reproduced") == (v.p_one_sided < 0.025)
+  assert one_sided_p(paired({0: 2.0, 1: 2.0}, {0: 1.0, 1: 1.0})) == 0.0
+  assert one_sided_p(paired({0: 2.0}, {0: 1.0})) is None
+
+
+def _t_sf(t: float, df: int) -> float:
+  from scipy import stats
+  return float(stats.t.sf(t, df))
+
+
+def test_holm_steps_down_and_stops_at_the_first_kept_hypothesis():
+  """Holm at 0.05 on four p-values: sorted 0.01 ≤ 0.05/4, 0.015 ≤ 0.05/3, 0.03 > 0.05/2
+  stops, so 0.04 (≤ 0.05/1 on its own) stands too; the input order is kept."""
+  from dllm_rl.study.stats import holm
+  assert holm([0.03, 0.01, 0.04, 0.015], 0.05) == [False, True, False, True]
+  assert holm([0.001, 0.001], 0.025) == [True, True]
+  assert holm([0.02], 0.025) == [True] and holm([], 0.025) == []
+
+
+def test_the_multiplicity_note_says_which_reproduced_lines_holm_keeps():
+  """With the verdicts' p-values: a strong "reproduced" line survives Holm over the section's
+  judged comparisons, a marginal one (p just under 0.025, one of seven) does not; the verdict
+  lines themselves are unchanged."""
+  from dllm_rl.study import report
+  from dllm_rl.study.stats import Verdict
+  lines = [("strong", Verdict("reproduced", 1e-5)), ("marginal", Verdict("reproduced", 0.012)),
+           *[(f"n{i}", Verdict("inconclusive (the interval includes 0; ...)", 0.3))
+             for i in range(5)], ("ctl", "no claim")]
+  note = report.multiplicity_note(lines)
+  assert "7 comparisons are judged" in note and "(2 did)" in note
+  assert note.endswith("keeps 1 of the 2 \"reproduced\" lines; it does not keep marginal.")
+  lone = report.multiplicity_note([lines[1], *lines[2:4]])
+  assert lone.endswith("does not keep the one \"reproduced\" line, marginal.")
+  assert report.multiplicity_note([lines[0], *lines[2:4]]).endswith(
+      "keeps the one \"reproduced\" line.")
+  both = report.multiplicity_note([lines[0], (lines[1][0], Verdict("reproduced", 0.002))])
+  assert both.endswith("keeps 2 of the 2 \"reproduced\" lines.")
