@@ -8,6 +8,7 @@ import collections
 
 from dllm_rl.study import figures as fig
 from dllm_rl.study import stats
+from dllm_rl.study.multiplicity import multiplicity_note
 from dllm_rl.study.report_controls import grpo_control_verdicts, low_lr_control_verdicts
 
 
@@ -622,41 +623,6 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
       out += ["", note]
     out += ["", f"Caveats: {caveat(name, testbed_name(meta, studies), c)}", ""]
   return "\n".join(out)
-
-
-_JUDGED = ("reproduced", "not reproduced", "inconclusive")  # stats.verdict's claim verdicts
-
-
-def multiplicity_note(lines: list[tuple[str, str]]) -> str:
-  """The section's multiplicity, from its (comparison, verdict) lines: of ``n`` judged
-  comparisons (95% intervals; "no claim" and one-seed lines not counted), each reads
-  "reproduced" (interval above 0) with probability 2.5% when the arms do not differ, so about
-  0.025·n do by chance. Where some read "reproduced", which of them Holm's step-down rule
-  (:func:`stats.holm`) keeps at a family-wise one-sided 2.5% over the n, from each verdict's
-  ``p_one_sided`` (:class:`stats.Verdict`): a reading alongside the verdicts, which it does not
-  change. "" for fewer than two judged comparisons."""
-  judged = [(what, v) for what, v in lines if v.startswith(_JUDGED)]
-  if len(judged) < 2:
-    return ""
-  hits = [what for what, v in judged if v == "reproduced"]
-  note = (f"Multiplicity: {len(judged)} comparisons are judged above, each on a 95% interval. "
-          "Where the arms do not differ, each reads \"reproduced\" (its interval above 0) with"
-          f" probability 2.5%, so about {0.025 * len(judged):.2f} of them would by chance"
-          f" ({len(hits)} did): a lone \"reproduced\" among them is weaker evidence than the same"
-          " line on its own.")
-  ps = [getattr(v, "p_one_sided", None) for _, v in judged]
-  if not hits or any(p is None for p in ps):
-    return note
-  kept = {what for (what, _), r in zip(judged, stats.holm(ps, 0.025)) if r}
-  held, lost = [w for w in hits if w in kept], [w for w in hits if w not in kept]
-  if len(hits) == 1:
-    what = ("keeps the one \"reproduced\" line" if held
-            else f"does not keep the one \"reproduced\" line, {lost[0]}")
-  else:
-    what = (f"keeps {len(held)} of the {len(hits)} \"reproduced\" lines"
-            + (f"; it does not keep {'; '.join(lost)}" if lost else ""))
-  return (f"{note} Holm's step-down rule over the {len(judged)} (family-wise error 2.5%,"
-          f" one-sided p-values of the paired t-tests) {what}.")
 
 
 def caveat(name: str, testbed: str, c) -> str:

@@ -56,7 +56,9 @@ def test_verdicts_are_recomputed_and_a_larger_study_supersedes_its_subset(tmp_pa
   assert "| 2222222 |" in b and "**reproduced**" in b and "10 seeds" in b
   assert "(superseded by r_b.md) reproduced" in c
   assert "| feed123 | `chain` |" in t and "**reproduced**" in t
-  assert "Verdicts: reproduced 3." in text  # r_a and r_c are covered: not counted
+  # r_a and r_c are covered: not counted; one judged line per section: Holm keeps each
+  assert "Verdicts: reproduced 3; Holm's rule keeps 3 of the 3 \"reproduced\"." in text
+  assert "**reproduced**; Holm: kept |" in b
   assert "stabledrl@lr2e-4 vs grpo@lr2e-4 (main)" in b
   assert "10 up, 0 down" in b
 
@@ -215,3 +217,24 @@ def test_every_stability_comparison_names_arms_the_study_has():
       "grpo_kl@lr2e-4", "grpo_low@lr2e-5", "stabledrl_no_eubo@lr2e-4"}  # every kind is there
   for comparison, _, _ in lines:
     assert set(claims.compared_arms(comparison)) <= names, comparison
+
+
+def test_two_marginal_reproduced_lines_of_one_section_are_not_kept_by_holm(tmp_path):
+  """Two StableDRL − GRPO pairs of one stability study, each "reproduced" with a one-sided
+  p ≈ 0.023 (differences 0.05, 0.01, 0.03, 0.06, 0.005): Holm over the section's two judged
+  comparisons needs the smaller p ≤ 0.0125 first, so neither is kept; the verdicts stand."""
+  marginal = [0.05, 0.01, 0.03, 0.06, 0.005]
+  arms = ("grpo@lr2e-4", "stabledrl@lr2e-4", "grpo@lr6e-4", "stabledrl@lr6e-4")
+  runs = [{"arm": arm, "seed": s,
+           "summary": {"rl_accuracy": GRPO[s] + (marginal[s] if arm[0] == "s" else 0)},
+           "stats": {"collapsed": False, "grad_spikes": 0, "bypass_fraction_mean": 0.01,
+                     "abs_log_ratio": {"p99_first": 0.5}}} for arm in arms for s in range(5)]
+  study = {"study": "stability", "testbed": "arithmetic", "quick": False, "seeds": 5,
+           "arms": [{"name": a} for a in arms], "runs": runs}
+  _report(tmp_path, "r_m", study)
+  out = tmp_path / "claims.md"
+  assert claims.main(["claims", str(tmp_path), f"--out={out}"]) == 0
+  text = out.read_text()
+  rows = [l for l in text.splitlines() if l.startswith("| [")]
+  assert len(rows) == 2 and all("**reproduced**; Holm: not kept |" in r for r in rows)
+  assert "reproduced 2; Holm's rule keeps 0 of the 2 \"reproduced\"." in text

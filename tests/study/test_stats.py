@@ -492,15 +492,15 @@ def test_the_multiplicity_note_counts_the_judged_comparisons_only():
   """A section judging n comparisons on 95% intervals says that about 0.025·n of them would read
   "reproduced" by chance where no arm differs, and how many did; "no claim" and one-seed
   ("not established") lines are not judged, and one judged line needs no note."""
-  from dllm_rl.study import report
+  from dllm_rl.study import multiplicity
   verdicts = ["reproduced", "inconclusive (the interval includes 0; ...)", "no claim",
               "not reproduced (no difference as large as 0.02: ...)", "reproduced",
               "not established (1 seed(s); a paired interval needs ≥ 2)"]
-  note = report.multiplicity_note([(f"c{i}", v) for i, v in enumerate(verdicts)])
+  note = multiplicity.multiplicity_note([(f"c{i}", v) for i, v in enumerate(verdicts)])
   assert note.startswith("Multiplicity: 4 comparisons are judged above")
   assert "about 0.10 of them would by chance (2 did)" in note
   assert "Holm" not in note  # plain strings carry no p-values
-  assert report.multiplicity_note([("a", "reproduced"), ("b", "no claim"),
+  assert multiplicity.multiplicity_note([("a", "reproduced"), ("b", "no claim"),
                                    ("c", "not established (1 seed(s))")]) == ""
 
 
@@ -544,17 +544,17 @@ def test_the_multiplicity_note_says_which_reproduced_lines_holm_keeps():
   """With the verdicts' p-values: a strong "reproduced" line survives Holm over the section's
   judged comparisons, a marginal one (p just under 0.025, one of seven) does not; the verdict
   lines themselves are unchanged."""
-  from dllm_rl.study import report
+  from dllm_rl.study import multiplicity
   from dllm_rl.study.stats import Verdict
   lines = [("strong", Verdict("reproduced", 1e-5)), ("marginal", Verdict("reproduced", 0.012)),
            *[(f"n{i}", Verdict("inconclusive (the interval includes 0; ...)", 0.3))
              for i in range(5)], ("ctl", "no claim")]
-  note = report.multiplicity_note(lines)
+  note = multiplicity.multiplicity_note(lines)
   assert "7 comparisons are judged" in note and "(2 did)" in note
   assert note.endswith("keeps 1 of the 2 \"reproduced\" lines; it does not keep marginal.")
-  lone = report.multiplicity_note([lines[1], *lines[2:4]])
+  lone = multiplicity.multiplicity_note([lines[1], *lines[2:4]])
   assert lone.endswith("does not keep the one \"reproduced\" line, marginal.")
-  assert report.multiplicity_note([lines[0], *lines[2:4]]).endswith(
+  assert multiplicity.multiplicity_note([lines[0], *lines[2:4]]).endswith(
       "keeps the one \"reproduced\" line.")
-  both = report.multiplicity_note([lines[0], (lines[1][0], Verdict("reproduced", 0.002))])
+  both = multiplicity.multiplicity_note([lines[0], (lines[1][0], Verdict("reproduced", 0.002))])
   assert both.endswith("keeps 2 of the 2 \"reproduced\" lines.")
