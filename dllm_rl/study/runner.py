@@ -375,10 +375,16 @@ def check_interrupted(run_dir: str, wanted: ml_collections.ConfigDict, skip=()) 
 
 
 def copy_sft_start(sft_dir: str, workdir: str) -> None:
-  """``sft_dir``'s SFT checkpoints into ``workdir`` (where it has none): the start RL resumes."""
+  """``sft_dir``'s SFT checkpoints into ``workdir`` (where it has none): the start RL resumes.
+  Copied beside the target and renamed into place, so a copy cut short (a preemption) leaves
+  no partial start that a rerun would take as complete; its leftover is replaced."""
   target = os.path.join(workdir, "checkpoints", "sft")
-  if not os.path.isdir(target):
-    shutil.copytree(os.path.join(sft_dir, "checkpoints", "sft"), target)
+  if os.path.isdir(target):
+    return
+  partial = target + ".partial"
+  shutil.rmtree(partial, ignore_errors=True)
+  shutil.copytree(os.path.join(sft_dir, "checkpoints", "sft"), partial)
+  os.rename(partial, target)
 
 
 def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrides: dict,

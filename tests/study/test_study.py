@@ -400,3 +400,28 @@ def test_a_skipped_nan_step_does_not_decide_a_runs_maxima_by_where_it_stands():
     assert got["abs_log_ratio"]["p50_all"] == pytest.approx(0.2)
   records[2]["grad_norm"] = float("inf")
   assert runner.arm_stats(records, evals, 16)["grad_norm_max"] == float("inf")
+
+
+def test_copy_sft_start_cut_short_leaves_no_start_and_a_rerun_copies_it_whole(tmp_path,
+                                                                               monkeypatch):
+  """A copy of the SFT start interrupted midway (a preemption) must not leave a partial
+  checkpoints/sft that the rerun takes as the start: it copies beside and renames."""
+  from dllm_rl.study import runner
+  src = tmp_path / "sft" / "checkpoints" / "sft"
+  for name in ("100/a", "100/b", "200/a"):
+    (src / name).parent.mkdir(parents=True, exist_ok=True)
+    (src / name).write_text(name)
+  real = shutil.copytree
+
+  def cut_short(s, d, **kw):  # copies one step's folder, then dies
+    real(os.path.join(s, "100"), os.path.join(d, "100"))
+    raise KeyboardInterrupt
+  monkeypatch.setattr(shutil, "copytree", cut_short)
+  with pytest.raises(KeyboardInterrupt):
+    runner.copy_sft_start(str(tmp_path / "sft"), str(tmp_path / "arm"))
+  assert not (tmp_path / "arm" / "checkpoints" / "sft").exists()
+  monkeypatch.setattr(shutil, "copytree", real)
+  runner.copy_sft_start(str(tmp_path / "sft"), str(tmp_path / "arm"))
+  copied = tmp_path / "arm" / "checkpoints"
+  assert sorted(p.name for p in copied.iterdir()) == ["sft"]
+  assert (copied / "sft" / "200" / "a").read_text() == "200/a"
