@@ -16,6 +16,8 @@ import argparse
 import sys
 import time
 
+from dllm_rl.benchmarks.common import check_flags
+
 
 def _time(fn, *args, repeats: int):
   import jax
@@ -28,13 +30,18 @@ def _time(fn, *args, repeats: int):
 
 
 def main(argv=None) -> None:
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap = argparse.ArgumentParser(prog="python -m dllm_rl.benchmarks.block_elbo",
+                               description=__doc__.splitlines()[0])
   ap.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 4096])
   ap.add_argument("--block", type=int, default=32)
   ap.add_argument("--prompt", type=int, default=64)
   ap.add_argument("--impl", default="auto", choices=["auto", "pallas", "interpret", "reference"])
   ap.add_argument("--budget", type=float, default=120.0, help="skip lengths predicted slower")
   args = ap.parse_args(argv)
+  check_flags(ap, args, positive=("lengths", "block"), nonnegative=("prompt",))
+  for l in args.lengths:
+    if l % args.block:
+      ap.error(f"--lengths: {l} is not a multiple of --block {args.block}")
 
   import jax
   import jax.numpy as jnp

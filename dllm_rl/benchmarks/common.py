@@ -41,3 +41,15 @@ def sharded_rl_step(config, model_cfg, mesh, *, mask_id: int, eos_id: int):
   cfg = step_config(config, SamplerConfig.from_config(config), mask_id, eos_id)
   return make_rl_step(graphdef, optimizer, schedule, cfg, mesh=mesh,
                       state_sharding=sharding), state
+
+
+def check_flags(ap, args, *, positive=(), nonnegative=()) -> None:
+  """``ap.error`` (exit 2, before anything compiles) naming the first flag of ``positive``
+  with a value < 1 or of ``nonnegative`` with a value < 0 (every value of a list flag);
+  flags are named as typed, ``d-model`` for ``args.d_model``."""
+  for names, low in ((positive, 1), (nonnegative, 0)):
+    for name in names:
+      value = getattr(args, name.replace("-", "_"))
+      for v in value if isinstance(value, list) else [value]:
+        if v is not None and v < low:
+          ap.error(f"--{name} must be >= {low}, got {v}")

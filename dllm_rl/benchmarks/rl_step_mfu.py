@@ -19,11 +19,12 @@ import statistics
 import sys
 import time
 
-from dllm_rl.benchmarks.common import matmul_peak, sharded_rl_step
+from dllm_rl.benchmarks.common import check_flags, matmul_peak, sharded_rl_step
 
 
 def main(argv=None) -> None:
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap = argparse.ArgumentParser(prog="python -m dllm_rl.benchmarks.rl_step_mfu",
+                               description=__doc__.splitlines()[0])
   ap.add_argument("--d-model", type=int, default=2048)
   ap.add_argument("--layers", type=int, default=16)
   ap.add_argument("--heads", type=int, default=16)
@@ -37,6 +38,12 @@ def main(argv=None) -> None:
   ap.add_argument("--steps", type=int, default=5)
   ap.add_argument("--peak-n", type=int, default=8192, help="matmul size of the peak measurement")
   args = ap.parse_args(argv)
+  check_flags(ap, args, positive=("d-model", "layers", "heads", "mlp", "prompts", "group",
+                                  "prompt", "gen", "steps", "peak-n"))
+  if args.vocab < 3:
+    ap.error(f"--vocab must be >= 3 (mask, EOS and a token), got {args.vocab}")
+  if args.d_model % args.heads:
+    ap.error(f"--d-model {args.d_model} is not a multiple of --heads {args.heads}")
 
   import jax
   import jax.numpy as jnp

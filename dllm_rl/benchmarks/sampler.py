@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 
-from dllm_rl.benchmarks.common import matmul_peak
+from dllm_rl.benchmarks.common import check_flags, matmul_peak
 
 MODES = ("none", "prefix", "dual")
 
@@ -288,7 +288,8 @@ def accuracy(args) -> dict:
 
 
 def main(argv=None) -> None:
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap = argparse.ArgumentParser(prog="python -m dllm_rl.benchmarks.sampler",
+                               description=__doc__.splitlines()[0])
   ap.add_argument("--checkpoint", help="HF LLaDA folder (written first with --init-random)")
   ap.add_argument("--init-random", action="store_true")
   ap.add_argument("--d-model", type=int, default=256)
@@ -320,6 +321,24 @@ def main(argv=None) -> None:
   args = ap.parse_args(argv)
   if bool(args.official_llada) != bool(args.official_modeling):
     ap.error("--official-llada and --official-modeling go together")
+  check_flags(ap, args, positive=("d-model", "layers", "heads", "mlp", "batch", "prompt", "gen",
+                                  "steps", "block", "repeats", "threads", "accuracy-block-lens"),
+              nonnegative=("cache-refresh",))
+  if not args.checkpoint and not args.accuracy_config:
+    ap.error("nothing to measure: give --checkpoint (speed) and/or --accuracy-config (accuracy)")
+  if args.accuracy_config and not args.accuracy_workdir:
+    ap.error("--accuracy-config needs --accuracy-workdir (the run folder of its checkpoint)")
+  if args.vocab < 3:
+    ap.error(f"--vocab must be >= 3 (mask, EOS and a prompt token), got {args.vocab}")
+  if args.d_model % args.heads:
+    ap.error(f"--d-model {args.d_model} is not a multiple of --heads {args.heads}")
+  if args.gen % args.block or args.steps % (args.gen // args.block):
+    ap.error(f"--gen {args.gen} must be a multiple of --block {args.block}, and --steps "
+             f"{args.steps} a multiple of the {args.gen // args.block} blocks")
+  if args.checkpoint and not args.init_random and not os.path.isfile(
+      os.path.join(args.checkpoint, "config.json")):
+    ap.error(f"--checkpoint {args.checkpoint}: no config.json there (--init-random writes a "
+             "random LLaDA checkpoint to it)")
 
   import jax
 

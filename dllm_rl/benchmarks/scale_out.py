@@ -18,12 +18,21 @@ import sys
 import tempfile
 import time
 
+from dllm_rl.benchmarks.common import check_flags
+
 
 def main(argv=None) -> None:
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap = argparse.ArgumentParser(prog="python -m dllm_rl.benchmarks.scale_out",
+                               description=__doc__.splitlines()[0])
   ap.add_argument("--devices", type=int, default=8)
   ap.add_argument("--steps", type=int, default=10)
   args = ap.parse_args(argv)
+  check_flags(ap, args, positive=("devices", "steps"))
+  from dllm_rl.config.defaults import get_config  # imports no JAX: XLA_FLAGS still apply
+  prompts = get_config().rl.batch_prompts
+  if prompts % args.devices:
+    ap.error(f"--devices {args.devices} must divide the step's {prompts} prompts (the"
+             " data-parallel mesh splits them)")
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              f" --xla_force_host_platform_device_count={args.devices}")
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -32,7 +41,6 @@ def main(argv=None) -> None:
   import numpy as np
 
   from dllm_rl.benchmarks.common import sharded_rl_step
-  from dllm_rl.config.defaults import get_config
   from dllm_rl.infra.checkpoint import Checkpointer
   from dllm_rl.parallel import shard
   from dllm_rl.parallel.mesh import make_mesh

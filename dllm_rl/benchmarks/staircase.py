@@ -24,6 +24,8 @@ import statistics
 import sys
 import time
 
+from dllm_rl.benchmarks.common import check_flags
+
 
 def _mask_density(p: int, l: int, bs: int) -> float:
   """Fraction of the N×N (query, key) pairs the staircase mask allows."""
@@ -58,7 +60,8 @@ def _fmt_mem(x):
 
 
 def main(argv=None) -> None:
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap = argparse.ArgumentParser(prog="python -m dllm_rl.benchmarks.staircase",
+                               description=__doc__.splitlines()[0])
   ap.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 4096])
   ap.add_argument("--impl", default="auto", choices=["auto", "pallas", "interpret"])
   ap.add_argument("--prompt", type=int, default=128)
@@ -73,6 +76,13 @@ def main(argv=None) -> None:
   ap.add_argument("--repeats", type=int, default=None)
   ap.add_argument("--max-interpret-s", type=float, default=60.0)
   args = ap.parse_args(argv)
+  check_flags(ap, args, positive=("lengths", "block", "batch", "heads", "kv-heads", "head-dim",
+                                  "block-q", "block-k", "repeats"), nonnegative=("prompt",))
+  for l in args.lengths:
+    if l % args.block:
+      ap.error(f"--lengths: {l} is not a multiple of --block {args.block}")
+  if args.heads % args.kv_heads:
+    ap.error(f"--heads {args.heads} is not a multiple of --kv-heads {args.kv_heads}")
 
   import jax
   import jax.numpy as jnp

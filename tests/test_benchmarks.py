@@ -1,0 +1,40 @@
+"""The benchmark command lines (python -m dllm_rl.benchmarks.*): a bad flag is an argparse
+error naming it (exit 2) before anything is traced or compiled."""
+
+import importlib
+
+import jax
+import pytest
+
+
+@pytest.mark.parametrize("name, argv, message", [
+    ("staircase", ["--lengths", "48", "--block", "32"], "--lengths: 48 is not a multiple of --block 32"),
+    ("staircase", ["--lengths", "0"], "--lengths must be >= 1, got 0"),
+    ("staircase", ["--block", "0"], "--block must be >= 1"),
+    ("staircase", ["--repeats", "0"], "--repeats must be >= 1"),
+    ("staircase", ["--heads", "3", "--kv-heads", "2"], "--heads 3 is not a multiple of --kv-heads 2"),
+    ("block_elbo", ["--lengths", "50"], "--lengths: 50 is not a multiple of --block 32"),
+    ("block_elbo", ["--prompt", "-1"], "--prompt must be >= 0"),
+    ("sampler", ["--checkpoint", "/nonexistent/ck", "--gen", "20"], "--gen 20 must be a multiple"),
+    ("sampler", ["--checkpoint", "/nonexistent/ck", "--steps", "3"], "--steps 3 a multiple of"),
+    ("sampler", ["--checkpoint", "/nonexistent/ck", "--block", "0"], "--block must be >= 1"),
+    ("sampler", ["--checkpoint", "/nonexistent/ck", "--repeats", "0"], "--repeats must be >= 1"),
+    ("sampler", ["--checkpoint", "/nonexistent/ck"], "--checkpoint /nonexistent/ck: no config.json"),
+    ("sampler", [], "give --checkpoint (speed) and/or --accuracy-config"),
+    ("sampler", ["--accuracy-config", "configs/tiny_cpu.py"], "needs --accuracy-workdir"),
+    ("rl_step_mfu", ["--steps", "0"], "--steps must be >= 1, got 0"),
+    ("rl_step_mfu", ["--d-model", "100", "--heads", "16"], "--d-model 100 is not a multiple"),
+    ("scale_out", ["--steps", "0"], "--steps must be >= 1, got 0"),
+    ("scale_out", ["--devices", "3"], "--devices 3 must divide the step's 8 prompts"),
+])
+def test_bad_flag_is_named_before_anything_compiles(monkeypatch, capsys, name, argv, message):
+  def compiled(*args, **kwargs):
+    raise AssertionError("reached jax.jit: the flag was not checked first")
+  monkeypatch.setattr(jax, "jit", compiled)
+  monkeypatch.setenv("XLA_FLAGS", "")  # scale_out sets it from --devices
+  bench = importlib.import_module(f"dllm_rl.benchmarks.{name}")
+  with pytest.raises(SystemExit) as exit_:
+    bench.main(argv)
+  assert exit_.value.code == 2
+  err = " ".join(capsys.readouterr().err.split())
+  assert err.startswith(f"usage: python -m dllm_rl.benchmarks.{name}") and message in err, err
