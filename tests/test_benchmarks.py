@@ -38,3 +38,13 @@ def test_bad_flag_is_named_before_anything_compiles(monkeypatch, capsys, name, a
   assert exit_.value.code == 2
   err = " ".join(capsys.readouterr().err.split())
   assert err.startswith(f"usage: python -m dllm_rl.benchmarks.{name}") and message in err, err
+
+
+def test_rl_step_mfu_divides_the_analytic_model_flops_not_xlas_count():
+  """XLA's cost analysis counts the μ inner updates' scan body once (on CPU, μ = 2: 0.6 of
+  the model FLOPs), so the MFU must come from the analytic count (dllm_rl/train/flops.py)."""
+  from dllm_rl.benchmarks.rl_step_mfu import summary
+  line = summary(0.5, 30.0, model_flops=7e12, xla_flops=4e12, peak=100e12, dtype="bfloat16")
+  assert "model FLOPs/step 7 TFLOP (analytic) → 14 TFLOP/s" in line
+  assert "XLA's count 4 TFLOP (a lower bound" in line
+  assert line.endswith("MFU 14.0%")
