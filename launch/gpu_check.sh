@@ -19,9 +19,20 @@
 # runs out is cut and said so (the study resumes from its finished arms when rerun with the
 # same OUT_DIR).
 set -u
+case ${1:-} in -h|--help) sed -n '2,/^set -u/{/^#/p}' "$0" | cut -c3-; exit 0 ;; esac
 OUT=${1:-${OUT:-/tmp/gpu_check}}
 LIMIT=${GPU_CHECK_LIMIT_S:-540}
 PY=${PYTHON:-python}
+PARTS=" ${GPU_CHECK_PARTS:-staircase sampler rl_step_mfu} "
+# Checked before anything runs: a typo would otherwise spend a lease doing nothing.
+[[ $LIMIT =~ ^[0-9]+$ && $LIMIT -gt 0 ]] || {
+  echo "gpu_check.sh: GPU_CHECK_LIMIT_S must be whole seconds > 0, got '$LIMIT'" >&2; exit 2; }
+for name in $PARTS; do
+  case $name in staircase|sampler|rl_step_mfu|study) ;;
+    *) echo "gpu_check.sh: GPU_CHECK_PARTS: unknown part '$name' (staircase, sampler," \
+            "rl_step_mfu, study; separated by spaces)" >&2; exit 2 ;;
+  esac
+done
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.." || exit 1
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt" 2>&1 || true
@@ -33,7 +44,6 @@ run() {  # run NAME SECONDS CMD...
   [ $rc -eq 124 ] && echo "   $name: cut at ${secs}s" | tee -a "$OUT/summary.txt"
   tail -n 25 "$OUT/$name.log" | tee -a "$OUT/summary.txt"
 }
-PARTS=" ${GPU_CHECK_PARTS:-staircase sampler rl_step_mfu} "
 # The study's arms (shell patterns) and extra flags (e.g. --config.KEY=VALUE for a dry run).
 STABILITY_ARMS=${GPU_CHECK_STABILITY_ARMS:-'grpo@*,stabledrl@*,clip_only@*,selfnorm_only@*'}
 STEPRS_ARMS=${GPU_CHECK_STEPRS_ARMS:-'centered,steprs,steprs_calibrated'}

@@ -24,8 +24,22 @@
 # kills everything, packing included, and a cut call returns no files. Results are packed
 # after each part, so a cut benchmark part still leaves the study's.
 set -u
+case ${1:-} in -h|--help) sed -n '2,/^set -u/{/^#/p}' "$0" | cut -c3-; exit 0 ;; esac
 STUDY_S=${1:-400}
 BENCH_S=${2:-150}
+# Checked before anything runs (a typo would otherwise spend the lease doing nothing).
+usage() { echo "usage: bash launch/gpu_lease.sh STUDY_S BENCH_S (whole seconds); $1" >&2; exit 2; }
+[ $# -le 2 ] || usage "got $# arguments"
+for secs in "$STUDY_S" "$BENCH_S"; do
+  [[ $secs =~ ^[0-9]+$ ]] || usage "'$secs' is not a whole number of seconds"
+done
+for var in GPU_CHECK_PARTS GPU_LEASE_PARTS; do
+  for name in ${!var:-}; do
+    case $name in staircase|sampler|rl_step_mfu|study) ;;
+      *) usage "$var: unknown part '$name' (staircase, sampler, rl_step_mfu, study)" ;;
+    esac
+  done
+done
 cd "$(dirname "$0")/.." || exit 1
 STATE=${GPU_LEASE_STATE:-/tmp/gpu_lease}
 mkdir -p "$STATE"

@@ -381,3 +381,36 @@ def test_slurm_stops_when_scontrol_gives_no_coordinator_host(tmp_path):
   res = run_script(SLURM, ["--config", "configs/tiny_cpu.py", "--workdir", "/w"], env, tmp_path)
   assert res.returncode == 2 and "gave no host" in res.stderr, res.stderr
   assert not (tmp_path / "srun-called").exists()
+
+
+GPU_CHECK = os.path.join(REPO, "launch", "gpu_check.sh")
+GPU_LEASE = os.path.join(REPO, "launch", "gpu_lease.sh")
+
+
+@pytest.mark.parametrize("script, args, env, message", [
+    (GPU_CHECK, [], {"GPU_CHECK_PARTS": "sampler,staircase"}, "unknown part 'sampler,staircase'"),
+    (GPU_CHECK, [], {"GPU_CHECK_LIMIT_S": "9m"}, "GPU_CHECK_LIMIT_S must be whole seconds"),
+    (GPU_LEASE, ["520s", "0"], {}, "'520s' is not a whole number of seconds"),
+    (GPU_LEASE, ["1", "2", "3"], {}, "got 3 arguments"),
+    (GPU_LEASE, ["1", "0"], {"GPU_LEASE_PARTS": "sampler foo"}, "GPU_LEASE_PARTS: unknown part"),
+])
+def test_gpu_scripts_reject_bad_settings_before_running_anything(tmp_path, script, args, env,
+                                                                 message):
+  """A typo used to spend a GPU lease doing nothing (status 0): now status 2, nothing run."""
+  marker = tmp_path / "ran"
+  python = tmp_path / "python"
+  python.write_text(f"#!/bin/sh\ntouch '{marker}'\n")
+  python.chmod(0o755)
+  full = {**os.environ, "PYTHON": str(python), "GPU_LEASE_STATE": str(tmp_path / "state"), **env}
+  res = subprocess.run(["bash", script, *(args or [str(tmp_path / "out")])], env=full,
+                       capture_output=True, text=True, timeout=30)
+  assert res.returncode == 2 and message in res.stderr, res.stderr
+  assert not marker.exists() and not (tmp_path / "out").exists()
+  assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("script", [GPU_CHECK, GPU_LEASE])
+def test_gpu_scripts_help_prints_their_header(tmp_path, script):
+  res = subprocess.run(["bash", script, "--help"], capture_output=True, text=True, timeout=30,
+                       cwd=tmp_path)
+  assert res.returncode == 0 and "bash launch/" in res.stdout and not os.listdir(tmp_path)
