@@ -58,7 +58,7 @@ def test_slice_names():
   assert topology.tpu_topology_name("v5litepod-16") == ("v5e", "v5e:4x4")  # gcloud's name
   assert topology.tpu_topology_name("v6e-8") == ("v6e", "v6e:2x4")
   assert topology.tpu_topology_name("v5p:4x4x4") == ("v5p", "v5p:4x4x4")
-  with pytest.raises(ValueError, match="power-of-2"):
+  with pytest.raises(ValueError, match="topology .v5e-12.: 12 chips: TPU slices have a power-of-2"):
     topology.tpu_topology_name("v5e-12")
   with pytest.raises(ValueError, match="expected"):
     topology.tpu_topology_name("h100-8")

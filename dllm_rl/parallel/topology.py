@@ -70,7 +70,10 @@ def tpu_topology_name(name: str) -> tuple[str, str]:
   per = _CORES_PER_CHIP[gen]
   if cores % per:
     raise ValueError(f"topology {name!r}: {gen}-N counts TensorCores, {per} per chip")
-  shape = torus_shape(cores // per, TPU_CHIPS[gen][2])
+  try:
+    shape = torus_shape(cores // per, TPU_CHIPS[gen][2])
+  except ValueError as err:  # name what was asked for, not only the chip count
+    raise ValueError(f"topology {name!r}: {err}") from None
   return gen, f"{gen}:{'x'.join(map(str, shape))}"
 
 
