@@ -48,3 +48,25 @@ def test_rl_step_mfu_divides_the_analytic_model_flops_not_xlas_count():
   assert "model FLOPs/step 7 TFLOP (analytic) → 14 TFLOP/s" in line
   assert "XLA's count 4 TFLOP (a lower bound" in line
   assert line.endswith("MFU 14.0%")
+
+
+def test_faults_checks_the_config_and_its_fault_points_before_the_reference_run(
+    monkeypatch, capsys):
+  """A bad override, or a run too short for the kinds' fault points (no RL checkpoint before
+  the last step: an IndexError once the minutes-long reference had run), exits 2 first."""
+  from dllm_rl.benchmarks import faults
+  def ran(*args, **kwargs):
+    raise AssertionError("a run started before the config was checked")
+  monkeypatch.setattr(faults, "_run", ran)
+  for argv, message in [
+      (["--config.rl.stepz=3"], "error: config.rl.stepz: unknown key"),
+      (["--kinds", "sigterm checkpoint", "--config.rl.steps=4",
+        "--config.checkpoint.save_every=4", "--config.rl.warmup_steps=0"],
+       "config.checkpoint.save_every: 4, not below rl.steps 4: sigterm checkpoint need")]:
+    with pytest.raises(SystemExit) as exit_:
+      faults.main(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+  assert faults.kind_problems(["sigterm rollout"], 1, 1) == [
+      "config.rl.steps: 1; a fault needs a run of at least 2 RL steps"]
+  assert faults.kind_problems(list(faults.KINDS), 12, 4) == []

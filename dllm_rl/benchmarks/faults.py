@@ -93,9 +93,11 @@ def _untimed(path: str) -> dict | None:
 def _reference(root: str, overrides: list[str]) -> dict:
   ref = os.path.join(root, "reference")
   t0 = time.time()
-  rc, _ = _run(ref, overrides, None, os.path.join(root, "reference.log"))
+  rc, out = _run(ref, overrides, None, os.path.join(root, "reference.log"))
   if rc != 0:
-    raise SystemExit(f"the uninterrupted reference run failed (status {rc}); see {root}/reference.log")
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    raise SystemExit("\n".join([f"the uninterrupted reference run failed (status {rc}); see "
+                                f"{root}/reference.log", *errors]))
   config = json.loads(json.load(open(_newest_meta(ref, "rl")))["config"])
   return {"dir": ref, "records": _records(ref), "summary": _untimed(os.path.join(ref, "summary.json")),
           "steps": config["rl"]["steps"], "save_every": config["checkpoint"]["save_every"],
@@ -147,6 +149,28 @@ def _scenario(kind: str, ref: dict, rng: random.Random) -> tuple[str, int, dict]
   signal_name, point = kind.split()
   at = rng.randrange(1, steps)
   return f"{signal_name}@{point}:{at}", at, {}
+
+
+def _checked_config(overrides: list[str]):
+  """The runs' config (the embedded default with ``overrides``), validated as ``python -m
+  dllm_rl.main`` validates it: exits with status 2 listing every problem, before any run."""
+  from dllm_rl.config import cli
+  from dllm_rl.config.defaults import get_config
+  from dllm_rl.train.validate import validate
+  return cli.load(None, cli.split_overrides(overrides)[1], check=validate, default=get_config)
+
+
+def kind_problems(kinds: list[str], steps: int, save_every: int) -> list[str]:
+  """Why the fault points of ``kinds`` cannot be drawn from a run of ``steps`` RL steps that
+  saves every ``save_every`` (``_scenario``'s needs); [] when they can."""
+  problems = []
+  if steps < 2:
+    problems.append(f"config.rl.steps: {steps}; a fault needs a run of at least 2 RL steps")
+  needs_save = [k for k in kinds if k.endswith("checkpoint") or k == "truncated ckpt"]
+  if needs_save and save_every >= steps:
+    problems.append(f"config.checkpoint.save_every: {save_every}, not below rl.steps {steps}: "
+                    f"{', '.join(needs_save)} need an RL checkpoint before the last step")
+  return problems
 
 
 KINDS = ("sigterm rollout", "sigterm update", "sigterm checkpoint", "sigkill rollout",
@@ -227,6 +251,10 @@ def main(argv=None) -> None:
   parser.add_argument("--workdir", default="", help="keep every run here (default: a temp dir)")
   parser.add_argument("--kinds", nargs="*", default=list(KINDS), choices=KINDS)
   args = parser.parse_args([a for a in argv if not a.startswith("--config.")])
+  config = _checked_config(overrides)
+  problems = kind_problems(args.kinds, config.rl.steps, config.checkpoint.save_every)
+  if problems:
+    parser.error("; ".join(problems))
   root = args.workdir or tempfile.mkdtemp(prefix="dllm_faults_")
   os.makedirs(root, exist_ok=True)
   rng = random.Random(args.seed)
