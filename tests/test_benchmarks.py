@@ -13,6 +13,8 @@ import pytest
     ("staircase", ["--block", "0"], "--block must be >= 1"),
     ("staircase", ["--repeats", "0"], "--repeats must be >= 1"),
     ("staircase", ["--heads", "3", "--kv-heads", "2"], "--heads 3 is not a multiple of --kv-heads 2"),
+    ("staircase", ["--impl", "pallas", "--lengths", "32"], "--impl pallas compiles the kernel"),
+    ("block_elbo", ["--impl", "pallas", "--lengths", "32"], "--impl pallas compiles the kernel"),
     ("block_elbo", ["--lengths", "50"], "--lengths: 50 is not a multiple of --block 32"),
     ("block_elbo", ["--prompt", "-1"], "--prompt must be >= 0"),
     ("sampler", ["--checkpoint", "/nonexistent/ck", "--gen", "20"], "--gen 20 must be a multiple"),

@@ -46,6 +46,8 @@ def main(argv=None) -> None:
   import jax
   import jax.numpy as jnp
   import numpy as np
+  if args.impl == "pallas" and jax.default_backend() == "cpu":
+    ap.error("--impl pallas compiles the kernel for a GPU or TPU; on CPU use auto or interpret")
 
   from dllm_rl.diffusion.block import block_elbo, block_elbo_loop
   from dllm_rl.diffusion.estimators import EstimatorConfig

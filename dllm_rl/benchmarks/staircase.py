@@ -90,6 +90,8 @@ def main(argv=None) -> None:
   from dllm_rl.kernels import staircase as sc
 
   backend = jax.default_backend()
+  if args.impl == "pallas" and jax.default_backend() == "cpu":
+    ap.error("--impl pallas compiles the kernel for a GPU or TPU; on CPU use auto or interpret")
   interpret = args.impl == "interpret" or (args.impl == "auto" and backend == "cpu")
   kernel_impl = "interpret" if interpret else "pallas"
   bq, bk = sc.default_block_sizes(kernel_impl)
