@@ -2,9 +2,13 @@
 error naming it (exit 2) before anything is traced or compiled."""
 
 import importlib
+import os
 
 import jax
 import pytest
+
+TINY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                    "tiny_cpu.py")
 
 
 @pytest.mark.parametrize("name, argv, message", [
@@ -23,7 +27,7 @@ import pytest
     ("sampler", ["--checkpoint", "/nonexistent/ck", "--repeats", "0"], "--repeats must be >= 1"),
     ("sampler", ["--checkpoint", "/nonexistent/ck"], "--checkpoint /nonexistent/ck: no config.json"),
     ("sampler", [], "give --checkpoint (speed) and/or --accuracy-config"),
-    ("sampler", ["--accuracy-config", "configs/tiny_cpu.py"], "needs --accuracy-workdir"),
+    ("sampler", ["--accuracy-config", TINY], "needs --accuracy-workdir"),
     ("rl_step_mfu", ["--steps", "0"], "--steps must be >= 1, got 0"),
     ("rl_step_mfu", ["--d-model", "100", "--heads", "16"], "--d-model 100 is not a multiple"),
     ("scale_out", ["--steps", "0"], "--steps must be >= 1, got 0"),
@@ -72,3 +76,20 @@ def test_faults_checks_the_config_and_its_fault_points_before_the_reference_run(
   assert faults.kind_problems(["sigterm rollout"], 1, 1) == [
       "config.rl.steps: 1; a fault needs a run of at least 2 RL steps"]
   assert faults.kind_problems(list(faults.KINDS), 12, 4) == []
+
+
+def test_sampler_accuracy_flags_are_checked_before_the_speed_part(tmp_path, capsys):
+  """--accuracy-block-lens 3 on an 8-token completion was a traceback from inside the trace
+  of the accuracy part, after the speed part (minutes) had run."""
+  from dllm_rl.benchmarks import sampler
+  base = ["--accuracy-config", TINY, "--accuracy-workdir"]
+  for argv, message in [
+      ([*base, str(tmp_path), "--accuracy-block-lens", "3"],
+       "--accuracy-block-lens: 3 does not divide the config's data.completion_len 8"),
+      ([*base, str(tmp_path / "none")], "not a folder"),
+      (["--accuracy-config", "configs/none.py", "--accuracy-workdir", str(tmp_path)],
+       "--accuracy-config configs/none.py:")]:
+    with pytest.raises(SystemExit) as exit_:
+      sampler.main(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err

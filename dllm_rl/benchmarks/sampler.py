@@ -287,6 +287,26 @@ def accuracy(args) -> dict:
   return out
 
 
+def _check_accuracy_flags(ap, args) -> None:
+  """``ap.error`` for an --accuracy-config that does not load or validate, a missing
+  --accuracy-workdir, or an --accuracy-block-lens value not dividing the completion."""
+  from dllm_rl.config import load_config_file
+  from dllm_rl.errors import ConfigError
+  from dllm_rl.train.validate import validate
+
+  if not os.path.isdir(args.accuracy_workdir):
+    ap.error(f"--accuracy-workdir {args.accuracy_workdir}: not a folder (the config's run)")
+  try:
+    config = validate(load_config_file(args.accuracy_config))
+  except (ConfigError, OSError) as err:
+    ap.error(f"--accuracy-config {args.accuracy_config}: {err}")
+  l = config.data.completion_len
+  for block_len in args.accuracy_block_lens:
+    if l % block_len:
+      ap.error(f"--accuracy-block-lens: {block_len} does not divide the config's "
+               f"data.completion_len {l}")
+
+
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(prog="python -m dllm_rl.benchmarks.sampler",
                                description=__doc__.splitlines()[0])
@@ -328,6 +348,8 @@ def main(argv=None) -> None:
     ap.error("nothing to measure: give --checkpoint (speed) and/or --accuracy-config (accuracy)")
   if args.accuracy_config and not args.accuracy_workdir:
     ap.error("--accuracy-config needs --accuracy-workdir (the run folder of its checkpoint)")
+  if args.accuracy_config:  # found before the speed part's minutes
+    _check_accuracy_flags(ap, args)
   if args.vocab < 3:
     ap.error(f"--vocab must be >= 3 (mask, EOS and a prompt token), got {args.vocab}")
   if args.d_model % args.heads:
