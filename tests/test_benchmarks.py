@@ -93,3 +93,20 @@ def test_sampler_accuracy_flags_are_checked_before_the_speed_part(tmp_path, caps
       sampler.main(argv)
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_sampler_benchmark_counts_the_cache_refreshes():
+  """Its own FLOP count ignored ``--cache-refresh`` (dual at refresh 2: half the work):
+  the benchmark now uses dllm_rl/train/flops.py's, which counts every refresh forward."""
+  from dllm_rl.benchmarks.sampler import call_flops
+  from dllm_rl.models.transformer import ModelConfig
+  from dllm_rl.sampling.sampler import SamplerConfig
+  from dllm_rl.train import flops
+  m = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=16,
+                  mlp_hidden=64)
+  at = lambda refresh: SamplerConfig(completion_len=16, steps=8, block_len=8, cache="dual",
+                                     cache_refresh=refresh)
+  full = flops.forward_flops(m, 24, head_rows=8, last_rows=8)
+  step = flops.forward_flops(m, 8, keys=24)
+  assert call_flops(m, at(0), 2, 8) == 2 * 2 * (full + 3 * step)
+  assert call_flops(m, at(2), 2, 8) == 2 * 2 * (2 * full + 2 * step)

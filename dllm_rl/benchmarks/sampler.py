@@ -13,11 +13,11 @@ at EOS either), one jitted sampler per ``sampler.cache`` mode, timed after compi
 Rounds alternate the modes (and the official ``generate``, run by a persistent subprocess)
 so that machine load hits all of them alike; medians are reported. For each mode: tokens/s
 (B·L per call), model calls/s (denoising steps, each one forward of whatever width), FLOP/s
-from an analytic matmul count of what the mode computes, as a fraction of this machine's
-matmul peak (median of jitted 1024³ float32 matmuls, measured in the same run), and the
-fraction of tokens equal to the exact sampler's. With the official code: its tokens/s and
-the number of rows where the exact sampler's tokens equal the official ones up to and
-including the official row's first EOS.
+from an analytic matmul count of what the mode computes (dllm_rl/train/flops.py, refreshes
+included), as a fraction of this machine's matmul peak (median of jitted 1024³ float32
+matmuls, measured in the same run), and the fraction of tokens equal to the exact sampler's.
+With the official code: its tokens/s and the number of rows where the exact sampler's tokens
+equal the official ones up to and including the official row's first EOS.
 
 ``--init-random`` writes a random LLaDA checkpoint to ``--checkpoint`` first (sizes from
 --d-model/--layers/--heads/--mlp/--vocab; default: the issue-12 shapes, 3.4M parameters).
@@ -52,41 +52,12 @@ MODES = ("none", "prefix", "dual")
 
 # ----------------------------------------------------------------------------- FLOP count
 
-def forward_flops(m, rows: int, keys: int, *, kv_rows: int | None = None,
-                  last_rows: int | None = None, head_rows: int) -> float:
-  """Matmul FLOPs of one forward of ``rows`` query rows over ``keys`` keys per sequence:
-  projections, attention (QKᵀ and PV), MLP, head. ``kv_rows``: rows whose keys/values are
-  projected (default ``rows``); ``last_rows``: rows the last layer finishes (default
-  ``rows``); ``head_rows``: rows through the head."""
-  kv_rows = rows if kv_rows is None else kv_rows
-  last_rows = rows if last_rows is None else last_rows
-  d, hq, kvq = m.d_model, m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
-
-  def layer(r):  # everything but the key/value projections
-    return 2 * r * d * hq + 4 * r * keys * hq + 2 * r * hq * d + 6 * r * d * m.mlp_hidden
-
-  kv = 4 * kv_rows * d * kvq
-  return ((m.n_layers - 1) * (layer(rows) + 4 * rows * d * kvq) + layer(last_rows) + kv
-          + 2 * head_rows * d * m.vocab_size)
-
-
-def sampler_flops(m, *, batch: int, prompt: int, gen: int, steps: int, block: int,
-                  mode: str) -> float:
-  """FLOPs of one sampler call (every block runs its full step budget)."""
-  n, blocks = prompt + gen, gen // block
-  spb = steps // blocks
-  full = forward_flops(m, n, n, last_rows=block, head_rows=block)  # block start (and `none`)
-  total = 0.0
-  for b in range(blocks):
-    if mode == "none":
-      later = full
-    elif mode == "dual":
-      later = forward_flops(m, block, n, head_rows=block)
-    else:  # prefix: the block and the masked suffix
-      t = n - (prompt + b * block)
-      later = forward_flops(m, t, n, last_rows=block, head_rows=block)
-    total += full + (spb - 1) * later
-  return batch * total
+def call_flops(model_cfg, cfg, batch: int, prompt: int) -> float:
+  """Model FLOPs of one call of the sampler ``cfg`` (a ``SamplerConfig``; every block at its
+  full step budget, the prefix/dual refreshes of ``cache_refresh`` included):
+  dllm_rl/train/flops.py's count, the one the runs' own ``mfu`` uses."""
+  from dllm_rl.train.flops import sampler_flops
+  return sampler_flops(model_cfg, cfg, batch, prompt)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -183,6 +154,7 @@ def speed(args) -> dict:
 
   from dllm_rl.models import hf
   from dllm_rl.sampling import sampler as S
+  from dllm_rl.train.flops import forward_flops
 
   model_cfg, ids, graphdef, params, family = hf.load_checkpoint(args.checkpoint, dtype=args.dtype)
   if family != "llada":
@@ -233,8 +205,8 @@ def speed(args) -> dict:
   result = {"shape": dict(batch=b, prompt=p, gen=l, steps=args.steps, block=args.block),
             "matmul_peak_gflops": peak / 1e9, "modes": {}, "load_avg": os.getloadavg()}
   for mode in args.modes:
-    flops = sampler_flops(model_cfg, batch=b, prompt=p, gen=l, steps=args.steps,
-                          block=args.block, mode=mode)
+    flops = call_flops(model_cfg, dataclasses.replace(
+        base, cache=mode, cache_refresh=args.cache_refresh), b, p)
     result["modes"][mode] = {
         "seconds": med[mode], "tokens_per_s": b * l / med[mode],
         "model_calls_per_s": args.steps / med[mode], "gflop_per_call": flops / 1e9,
@@ -243,7 +215,7 @@ def speed(args) -> dict:
         if "none" in outs else None}
   if official is not None:
     n = p + l  # the official code: every step a full forward, head on all N rows
-    flops = b * args.steps * forward_flops(model_cfg, n, n, head_rows=n)
+    flops = b * args.steps * forward_flops(model_cfg, n)
     result["official"] = {"seconds": med["official"], "tokens_per_s": b * l / med["official"],
                           "torch": official.info.get("torch"), "gflop_per_call": flops / 1e9,
                           "fraction_of_peak": flops / med["official"] / peak}
@@ -327,7 +299,7 @@ def main(argv=None) -> None:
                   help="compute dtype of this project's sampler (the official code: float32)")
   ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
   ap.add_argument("--cache-refresh", type=int, default=0,
-                  help="sampler.cache_refresh of the prefix/dual modes (FLOP count assumes 0)")
+                  help="sampler.cache_refresh of the prefix/dual modes")
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--threads", type=int, default=2, help="torch threads of the official code")
