@@ -37,7 +37,8 @@ def test_bad_flag_is_named_before_anything_compiles(monkeypatch, capsys, name, a
   def compiled(*args, **kwargs):
     raise AssertionError("reached jax.jit: the flag was not checked first")
   monkeypatch.setattr(jax, "jit", compiled)
-  monkeypatch.setenv("XLA_FLAGS", "")  # scale_out sets it from --devices
+  # restored afterwards (scale_out appends --devices to it); JAX may start here: keep it as is
+  monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
   bench = importlib.import_module(f"dllm_rl.benchmarks.{name}")
   with pytest.raises(SystemExit) as exit_:
     bench.main(argv)
