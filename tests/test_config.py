@@ -95,6 +95,8 @@ def test_the_estimator_must_suit_the_model_only_where_rl_scores_with_it():
     ({"model__init_std": float("nan")}, "model.init_std"),
     ({"rl__beta": float("nan")}, "rl.beta"),
     ({"estimator__spg_beta": float("nan")}, "estimator.spg_beta"),
+    ({"estimator__spg_beta": 0.0}, "estimator.spg_beta"),  # the EUBO's 1/β: NaN losses
+    ({"estimator__spg_omega": 2.0}, "estimator.spg_omega"),  # not a mixture of the bounds
     ({"rl__clip_C": float("inf")}, "rl.clip_C"),
     ({"rl__kl_coef": float("inf")}, "rl.kl_coef"),
     ({"sampler__temperature": float("inf")}, "sampler.temperature"),

@@ -325,6 +325,10 @@ def _estimator(config, check: "_Checks") -> None:
   check(not x.full_mask_term or x.name == "elbo", "estimator.full_mask_term",
          f"is an option of estimator.name=elbo, not {x.name!r}")
   check(x.spg_block_len > 0, "estimator.spg_block_len", "must be positive")
+  check(x.spg_beta > 0, "estimator.spg_beta", f"must be > 0, got {x.spg_beta}: the EUBO is"
+        " (1/β)·log mean_k p^β / t_k (0 divides by zero: every loss NaN, every update skipped)")
+  check(0 <= x.spg_omega <= 1, "estimator.spg_omega", f"must be in [0, 1], got {x.spg_omega}:"
+        " the weight of the EUBO in the mixture ω·EUBO + (1 − ω)·ELBO for A ≤ 0")
   shrink = x.trajectory_shrink
   check(shrink >= 1, "estimator.trajectory_shrink",
         f"must be an integer >= 1 (distinct denoising steps per forward pass), got {shrink!r}")
