@@ -15,7 +15,7 @@ The StableDRL loss underneath (dllm_rl.config.recipes.steprs_trajectory).
 configs/llada_tpu.py (the official StableDRL hyper-parameters: 256 tokens, 128 steps, μ = 2,
 lr 2e-6 ...) with the recipe and TraceRL's shrinkage 8 (16 state passes per estimate
 instead of spg_block's 2), micro-batched. What you should see: as llada_tpu.py, with
-``abs_log_ratio_max_first`` exactly 0.
+``abs_log_ratio_max_first`` 0 up to float rounding.
 """
 
 import os

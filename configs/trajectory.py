@@ -11,7 +11,8 @@
 (dllm_rl.config.recipes.trajectory; 8 sampler steps, shrink 1: 8 state passes per
 estimate); the full-scale form starts from configs/llada_tpu.py (same required overrides,
 mesh and memory settings) and sets TraceRL's official hyper-parameters. What you should
-see: as llada_tpu.py; ``abs_log_ratio_max_first`` is exactly 0 (the estimate is exact).
+see: as llada_tpu.py; ``abs_log_ratio_max_first`` is 0 up to float
+rounding (the estimate is exact; ~1e-6 on ``:tiny``).
 
 The estimator (dllm_rl/diffusion/trajectory.py; arXiv 2509.06949): each token's
 log π_θ(o_j | q, τ_{<t}) in the state it was committed from, the distinct steps grouped

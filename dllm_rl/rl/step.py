@@ -24,7 +24,7 @@ Noise (DESIGN "Likelihood estimators"), one of two schemes:
   log ρ̂ = ℓ̂_θ − ℓ̂_old is pure estimator noise — the regime StableDRL is for.
 * antithetic (``antithetic=True``, this project's variance reduction):
   iteration m's key is shared by ℓ̂_θ, ℓ̂_old and ℓ̂_ref, so the mask noise
-  cancels in the ratio (exactly 1 before the first update); ℓ̂_old is then
+  cancels in the ratio (1 before the first update, up to float rounding); ℓ̂_old is then
   estimated once per inner iteration.
 """
 
@@ -266,7 +266,7 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
     metrics["ratio_max"] = inner_M["ratio_max"].max()
     metrics["grad_norm_max"] = inner_M["grad_norm"].max()
     metrics["log_ratio_max"] = inner_M["log_ratio_max"].max()
-    metrics["ratio_max_first"] = inner_M["ratio_max"][0]  # 1 exactly with antithetic masks
+    metrics["ratio_max_first"] = inner_M["ratio_max"][0]  # 1 with antithetic masks (float rounding)
     metrics["abs_log_ratio_max"] = inner_M["abs_log_ratio_max"].max()
     for q in ("p50", "p90", "p99", "max"):  # the first inner step: θ = θ_old, pure noise
       metrics[f"abs_log_ratio_{q}_first"] = inner_M[f"abs_log_ratio_{q}"][0]
