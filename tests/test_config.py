@@ -101,6 +101,8 @@ def test_the_estimator_must_suit_the_model_only_where_rl_scores_with_it():
     ({"rl__kl_coef": float("inf")}, "rl.kl_coef"),
     ({"sampler__temperature": float("inf")}, "sampler.temperature"),
     ({"rl__temperature": 0.0}, "rl.temperature"),  # greedy groups: advantages 0, no learning
+    ({"rl__temperature": -1.0, "sampler__remasking": "random"},
+     "rl.temperature"),  # rollouts from softmax(−logits): the least likely tokens
     # set, but silently without effect
     ({"sampler__temperature": 0.7}, "sampler.temperature"),  # no sampler reads it
     ({"sampler__threshold": 0.5, "sampler__remasking": "entropy"}, "sampler.threshold"),

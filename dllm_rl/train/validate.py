@@ -287,7 +287,9 @@ def _rl(config, check: "_Checks") -> None:
   check(0 <= r.warmup_steps <= r.steps * r.inner_steps, "rl.warmup_steps",
          f"must be in [0, rl.steps * rl.inner_steps] = [0, {r.steps * r.inner_steps}] (it"
          " counts optimizer updates; for a run this short set rl.warmup_steps=0)")
-  check(r.temperature > 0 or config.sampler.remasking in _RANDOM_ORDER, "rl.temperature",
+  check(r.temperature >= 0, "rl.temperature", f"must be >= 0, got {r.temperature}: a negative"
+        " temperature samples from softmax(−logits / |T|): it favours the least likely tokens")
+  check(r.temperature != 0 or config.sampler.remasking in _RANDOM_ORDER, "rl.temperature",
         f"must be positive, got {r.temperature}: at 0 the rollouts are greedy, so with"
         f" sampler.remasking={config.sampler.remasking!r} every completion of a group is the"
         " same, its group-relative advantages are 0 and RL learns nothing")
