@@ -29,6 +29,8 @@ def _with(mode="pipeline", **updates):
     ({"rl__beta": 2.0, "rl__advantage": "steprs"}, "rl.beta"),
     ({"rl__clip_C": 3.0, "rl__loss": "grpo"}, "rl.clip_C"),
     ({"rl__clip_C": 3.0, "rl__clip": "none"}, "rl.clip_C"),
+    ({"rl__eps": 0.1}, "rl.eps"),  # stabledrl's upper clip is C: ε only moves bypass_fraction
+    ({"rl__eps": 0.1, "rl__loss": "wd1"}, "rl.eps"),  # ratio-free
     ({"rl__kl_estimator": "k2"}, "rl.kl_estimator"),  # kl_coef 0
     ({"estimator__coupled": True, "estimator__num_samples": 2,
       "estimator__name": "spg_block"}, "estimator.coupled"),
@@ -54,6 +56,7 @@ def test_a_setting_the_run_does_not_read_is_named(updates, key):
 def test_settings_the_run_reads_and_other_modes_are_quiet():
   assert unread_settings(_with(rl__advantage="steprs", rl__beta_end=4.0)) == []
   assert unread_settings(_with(rl__loss="grpo", rl__eps=0.3)) == []
+  assert unread_settings(_with(rl__clip="symmetric", rl__eps=0.3)) == []
   # an SFT run reads no RL or estimator key: a config file written for RL stays quiet there
   assert unread_settings(_with(mode="sft", rl__beta_end=4.0)) == []
   assert unread_settings(_with(mode="sft", lora__alpha=32.0)) != []

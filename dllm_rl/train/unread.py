@@ -71,6 +71,10 @@ RULES: tuple[tuple[str, Callable[[ml_collections.ConfigDict], bool], str], ...] 
     ("rl.clip_C", lambda c: c.rl.loss == "stabledrl" and c.rl.clip == "upper",
      "the bound of rl.loss=stabledrl with rl.clip=upper"),
     ("rl.self_normalize", lambda c: c.rl.loss == "stabledrl", "an option of rl.loss=stabledrl"),
+    ("rl.eps", lambda c: c.rl.loss in ("grpo", "grpo_token", "espo")
+     or (c.rl.loss == "stabledrl" and c.rl.clip == "symmetric"),
+     "the clip range of rl.loss=grpo, grpo_token, espo and of stabledrl with rl.clip=symmetric"
+     " (this loss reads it only for the logged bypass_fraction)"),
     ("rl.kl_estimator", lambda c: c.rl.kl_coef > 0, "read only with rl.kl_coef > 0"),
     ("rl.kl_level", lambda c: c.rl.kl_coef > 0, "read only with rl.kl_coef > 0"),
     ("rl.ref_sync_every", lambda c: c.rl.kl_coef > 0,
