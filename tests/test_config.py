@@ -160,7 +160,18 @@ def test_the_sft_batch_bounds_the_train_split_only_in_modes_that_train_sft():
 def test_per_token_sum_estimators_serve_espo_and_grpo_token():
   for loss in ("espo", "grpo_token"):
     for name in ("elbo", "mean_field"):
-      validate(_cfg(rl__loss=loss, estimator__name=name, estimator__reduction="sum"))
+      validate(_cfg(rl__loss=loss, estimator__name=name, estimator__reduction="sum",
+                    estimator__antithetic=loss == "grpo_token" and name == "elbo"))
+
+
+def test_grpo_token_on_elbo_needs_shared_masks():
+  """Per-token ratios on independent ELBO masks compare a token scored in one draw with the
+  same token unscored in the other: an error naming estimator.antithetic. ESPO's sequence-level
+  ratio and mean_field's fully masked completion are fine with independent draws."""
+  with pytest.raises(ConfigError, match="estimator.antithetic: must be True with rl.loss=grpo_tok"):
+    validate(_cfg(rl__loss="grpo_token", estimator__name="elbo", estimator__reduction="sum"))
+  validate(_cfg(rl__loss="espo", estimator__name="elbo", estimator__reduction="sum"))
+  validate(_cfg(rl__loss="grpo_token", estimator__name="mean_field", estimator__reduction="sum"))
 
 
 def test_unknown_registry_name_lists_choices():

@@ -317,6 +317,11 @@ def _estimator(config, check: "_Checks") -> None:
   check(r.loss != "grpo_token" or per_token_sum, "rl.loss",
          "grpo_token (d1 per-token ratios) needs per-token sums: estimator.name=mean_field"
          " (d1), elbo (DiffuCoder) or trajectory (TraceRL) with estimator.reduction=sum")
+  check(r.loss != "grpo_token" or x.name != "elbo" or x.antithetic, "estimator.antithetic",
+        "must be True with rl.loss=grpo_token on estimator.name=elbo: the loss compares each"
+        " token's log-prob under θ and θ_old, and with independent masks a token masked in one"
+        " draw and not the other has a ratio exp(±w·log p) of mask noise alone (DiffuCoder's"
+        " coupled-GRPO shares the masks: configs/coupled_grpo.py)")
   check(r.loss != "espo" or per_token_sum, "rl.loss",
          "espo divides the sequence ELBO by the generated length itself (its per-token"
          " ratio normalisation): needs estimator.name=elbo (or mean_field, trajectory) with"
