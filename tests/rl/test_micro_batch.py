@@ -32,6 +32,11 @@ CASES = {  # loss, advantage, estimator, estimator options, kl
     "coupled_grpo-token-kl": ("grpo_token", "leave_one_out", "elbo",  # DiffuCoder's
                               dict(num_samples=2, antithetic=True, coupled=True,
                                    full_mask_term=True, reduction="sum"), 0.01),
+    "wd1-mean_field": ("wd1", "centered", "mean_field",  # wd1's recipe: ratio-free
+                       dict(reduction="sum", prompt_mask_prob=0.15), 0.0),
+    "espo-coupled-kl": ("espo", "leave_one_out", "elbo",  # ESPO's: exp(Δℓ̂ / L) and a KL
+                        dict(num_samples=4, antithetic=True, coupled=True, reduction="sum"),
+                        0.01),
 }
 KL_LEVEL = {"coupled_grpo-token-kl": "token"}  # the others: sequence
 
