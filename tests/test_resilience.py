@@ -163,6 +163,35 @@ def test_a_signal_during_mode_eval_stops_it_at_once(tmp_path, monkeypatch):
     assert resilience.stop_requested()
 
 
+def test_a_mode_eval_signal_swallowed_where_it_landed_stops_at_the_next_batch():
+  """The eval handler's Preempted is lost when the signal lands in code that catches every
+  Exception (JAX reading its persistent compilation cache warns and goes on): the sampler
+  loop raises it before its next batch, instead of evaluating to the end with status 0.
+  In training the same loop runs on (a stop request is acted on after the step)."""
+  from dllm_rl.train import evaluation
+  calls = []
+
+  def sample_fn(params, prompt_BP, valid_BP, key):
+    calls.append(len(calls))
+    if len(calls) == 1:
+      try:  # the signal lands in a library's catch-all
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+      except Exception:  # noqa: BLE001
+        pass
+    return types.SimpleNamespace(completion_BL=np.zeros((2, 3), np.int32))
+
+  prompts, valid = np.zeros((6, 4), np.int32), np.ones((6, 4), bool)
+  with resilience.handle_signals(saves=False):
+    with pytest.raises(resilience.Preempted, match="SIGTERM during mode=eval"):
+      evaluation.generate(sample_fn, None, prompts, valid, jax.random.key(0), 2)
+  assert calls == [0]
+  calls.clear()
+  with resilience.handle_signals():
+    out = evaluation.generate(sample_fn, None, prompts, valid, jax.random.key(0), 2)
+  assert out.shape == (6, 3) and calls == [0, 1, 2]
+
+
 def test_a_signal_during_the_sft_test_evaluation_stops_a_pipeline_before_rl(tmp_path,
                                                                           monkeypatch):
   """A pipeline whose SFT phase finished (its test evaluation ran on after the signal) stops

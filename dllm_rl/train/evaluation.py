@@ -17,6 +17,7 @@ from dllm_rl.parallel.shard import replicated
 from dllm_rl.sampling import block_sampler, dream_rollout
 from dllm_rl.sampling import sampler as sampler_lib
 from dllm_rl.tasks.data import trim_to_bucket
+from dllm_rl.train.resilience import raise_if_eval_stopped
 
 
 def make_sample_fn(graphdef, cfg: sampler_lib.SamplerConfig, *, mask_id: int, eos_id: int,
@@ -53,6 +54,7 @@ def generate(sample_fn, params, prompt_BP: np.ndarray, prompt_valid_BP: np.ndarr
   outs = []
   n = prompt_BP.shape[0]
   for i, start in enumerate(range(0, n, batch_size)):
+    raise_if_eval_stopped()  # a mode=eval stop request that the code it hit swallowed
     batch, _ = trim_to_bucket(
         {"prompt_BP": _pad_rows(prompt_BP[start:start + batch_size], batch_size),
          "prompt_valid_BP": _pad_rows(prompt_valid_BP[start:start + batch_size], batch_size)},

@@ -64,11 +64,26 @@ def _handler(signum, frame):
   _received.append(signum)
   name = signal.Signals(signum).name
   if not _saves[0]:  # no step, nothing to save: stop now (main thread, between bytecodes)
-    raise Preempted("eval", 0, f"received {name} during mode=eval, which saves nothing:"
-                    " stopped; rerun the same command to evaluate again")
+    raise _eval_stopped(signum)
   print(f"[preemption] received {name}: finishing the current step, "
         "then saving a checkpoint and exiting (send it again to exit at once)",
         file=sys.stderr, flush=True)
+
+
+def _eval_stopped(signum: int) -> Preempted:
+  """The Preempted of a ``mode=eval`` run that received signal ``signum``."""
+  return Preempted("eval", 0, f"received {signal.Signals(signum).name} during mode=eval, which"
+                   " saves nothing: stopped; rerun the same command to evaluate again")
+
+
+def raise_if_eval_stopped() -> None:
+  """``mode=eval`` (``handle_signals(saves=False)``): raise :class:`Preempted` for a signal
+  already received. The handler raises it at once, but code that catches every Exception
+  loses it when the signal lands there (JAX reading its persistent compilation cache turns it
+  into a warning and goes on); the evaluation calls this between its sampler batches.
+  A no-op in training, which acts on a stop request after its step."""
+  if _received and not _saves[0]:
+    raise _eval_stopped(_received[0])
 
 
 @contextlib.contextmanager
