@@ -19,6 +19,7 @@ from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.parallel.shard import init_state_sharded
 from dllm_rl.tasks.tokenizer import CharTokenizer
 from dllm_rl.train import context as setup
+from dllm_rl.train import layout_errors
 from dllm_rl.train.export import export_run
 from dllm_rl.train.lora_checkpoint import (base_pointer, check_base, restore_checkpoint,
                                            saved_state)
@@ -239,3 +240,17 @@ def test_a_peft_dir_in_a_multi_process_export_is_refused(tmp_path, monkeypatch, 
   err = capsys.readouterr().err
   assert err.startswith("error: --peft_dir: the PEFT folder is a single-process export (2")
   assert not out.exists() and not peft_dir.exists()
+
+
+def test_a_lora_resume_with_another_model_param_dtype_is_not_refused():
+  """model.param_dtype is not read with LoRA (adapters and moments float32, the base in
+  lora.base_dtype and not saved): a resume that changes it casts nothing, so it is not the
+  'would cast its parameters and optimizer state' error full fine-tuning gets."""
+  trained = tiny_run_config("sft", {"lora.rank": 4})
+  meta = {"config": trained.to_json()}
+  now = tiny_run_config("sft", {"lora.rank": 4, "model.param_dtype": "bfloat16"})
+  layout_errors.check_param_dtype(meta, now, "DIR/checkpoints/sft")
+  now.lora.rank = 0
+  with pytest.raises(ConfigError, match=r"^config\.model\.param_dtype: DIR/checkpoints/sft was"
+                                        r" trained with model\.param_dtype = float32"):
+    layout_errors.check_param_dtype(meta, now, "DIR/checkpoints/sft")

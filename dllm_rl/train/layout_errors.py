@@ -95,7 +95,11 @@ def check_param_dtype(meta: dict, config, where: str) -> None:
   from ``where``) was trained with: a ConfigError naming it. The restore would cast the saved
   parameters and Adam moments to the new dtype without a word (float32 master weights to
   bfloat16 loses their low bits for good); not a layout change, so no LayoutMismatch says
-  it. A meta without a config (older checkpoints) is not checked."""
+  it. A meta without a config (older checkpoints) is not checked, nor a LoRA run
+  (``lora.rank`` > 0), which reads no ``model.param_dtype``: its adapters and their moments
+  are float32 and its base, rebuilt in ``lora.base_dtype``, is not in the checkpoint."""
+  if config.get("lora") is not None and config.lora.rank:
+    return
   try:
     trained = json.loads(meta["config"])["model"]["param_dtype"]
   except (KeyError, TypeError, ValueError):
