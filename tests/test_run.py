@@ -283,6 +283,29 @@ def test_rl_from_an_sft_checkpoint_trained_with_another_attention_says_so():
   assert rl_loop.attention_changes({}, rl, "W/sft/2") == []  # no config in the meta
 
 
+def test_lora_rl_from_a_lora_sft_checkpoint_with_other_adapter_settings_says_so():
+  """LoRA SFT, then LoRA RL with another alpha or fewer targets (whose restore drops the
+  other targets' adapters): RL does not start from the policy SFT learned, said with the
+  keys and the SFT run's values (as a flag); the same settings, or no LoRA, say nothing."""
+  sft = _config(2)
+  sft.lora.rank = 4
+  meta = {"config": json.dumps(sft.to_dict())}
+  rl = _config(2, mode="rl")
+  rl.lora.rank = 4
+  assert rl_loop.adapter_changes(meta, rl, "W/sft/2") == []
+  rl.lora.alpha, rl.lora.targets = 32.0, ("q", "v")
+  assert rl_loop.adapter_changes(meta, rl, "W/sft/2") == [
+      "RL starts from W/sft/2, whose LoRA adapters were trained with other settings"
+      " (lora.alpha: 16.0 → 32.0; lora.targets: ['q', 'k', 'v', 'o', 'gate', 'up', 'down'] →"
+      " ['q', 'v']): pass the SFT run's values (e.g. --config.lora.alpha=16.0) to start from"
+      " the policy it learned"]
+  rl.lora.alpha = 16.0  # a list's flag as the command line takes it
+  assert rl_loop.adapter_changes(meta, rl, "W/sft/2")[0].endswith(
+      "(e.g. --config.lora.targets=q,k,v,o,gate,up,down) to start from the policy it learned")
+  rl.lora.rank = 0  # a layout error (lora.rank) when it is read: nothing to say here
+  assert rl_loop.adapter_changes(meta, rl, "W/sft/2") == []
+
+
 @pytest.mark.slow
 def test_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
   straight, split = tmp_path / "straight", tmp_path / "split"

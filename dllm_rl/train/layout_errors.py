@@ -163,4 +163,4 @@ def trained_with_other(meta: dict, config, keys, what: str, whose: str,
     return []
   key, was, _ = changes[0]
   return [f"{what} ({said_changes(changes)}): pass the {whose} values"
-          f" (e.g. --config.{key}={was}) to {purpose}"]
+          f" (e.g. --config.{key}={_flag(was)}) to {purpose}"]

@@ -182,7 +182,9 @@ def load_sft_params(ctx: Context):
                                                base=lambda: frozen_base(ctx), fall_back=True,
                                                config=ctx.config)
   meta = run_checkpoints.meta_for_notes(ref)
-  for line in attention_changes(meta, ctx.config, f"{ref.directory}/{ref.step}"):
+  where = f"{ref.directory}/{ref.step}"
+  for line in attention_changes(meta, ctx.config, where) + adapter_changes(meta, ctx.config,
+                                                                           where):
     print(f"[rl] warning: {line}", file=sys.stderr, flush=True)
   return transformer.abstract_model(ctx.model_cfg)[0], params, ref.step
 
@@ -199,6 +201,22 @@ def attention_changes(meta: dict, config, where: str) -> list[str]:
   return layout_errors.trained_with_other(
       meta, config, ATTENTION_KEYS, f"RL starts from {where}, trained with another attention",
       "SFT run's", "train the policy it learned")
+
+
+# A LoRA RL phase continues its SFT's adapters: another scale, another set of targets (the
+# adapters of a target left out are dropped) or another stored base is another policy.
+ADAPTER_KEYS = ("lora.alpha", "lora.targets", "lora.base_dtype")
+
+
+def adapter_changes(meta: dict, config, where: str) -> list[str]:
+  """One line when the LoRA SFT checkpoint ``where`` (its ``meta``) was trained with other
+  :data:`ADAPTER_KEYS` than ``config``'s LoRA RL: RL would not start from the policy SFT
+  learned (and evaluated). [] without LoRA, when they agree or the meta holds no config."""
+  if not config.lora.rank:
+    return []
+  return layout_errors.trained_with_other(
+      meta, config, ADAPTER_KEYS, f"RL starts from {where}, whose LoRA adapters were trained"
+      " with other settings", "SFT run's", "start from the policy it learned")
 
 
 def fresh_sft_start(ctx: Context, sft: list[int]) -> int | None:
