@@ -24,7 +24,7 @@ from dllm_rl.train.export import export_run
 from dllm_rl.train.lora_checkpoint import (base_pointer, check_base, restore_checkpoint,
                                            saved_state)
 from dllm_rl.train.optim import make_optimizer
-from tests.helpers import LLADA_TINY_MODEL, tiny_run_config
+from tests.helpers import LLADA_TINY_MODEL, scratch_run_checkpoints, tiny_run_config
 from tests.models.test_lora import _randomise_b
 
 
@@ -254,3 +254,19 @@ def test_a_lora_resume_with_another_model_param_dtype_is_not_refused():
   with pytest.raises(ConfigError, match=r"^config\.model\.param_dtype: DIR/checkpoints/sft was"
                                         r" trained with model\.param_dtype = float32"):
     layout_errors.check_param_dtype(meta, now, "DIR/checkpoints/sft")
+
+
+def test_a_peft_dir_for_a_full_fine_tuned_run_is_refused_before_its_parameters_are_read(
+    tmp_path, monkeypatch):
+  """--peft_dir on a run with lora.rank 0: said from the checkpoint's config, before the
+  whole model is read (minutes at 8B) and before anything is written."""
+  from dllm_rl.train import export
+  scratch_run_checkpoints(tmp_path / "w", {"sft": [2]})
+
+  def restore(*args, **kwargs):
+    raise AssertionError("the parameters were read first")
+
+  monkeypatch.setattr(export, "restore_run_params", restore)
+  with pytest.raises(ValueError, match=r"^--peft_dir: sft2 is not a LoRA run \(lora.rank = 0\)"):
+    export_run(str(tmp_path / "w"), str(tmp_path / "hf"), peft_dir=str(tmp_path / "peft"))
+  assert not (tmp_path / "hf").exists() and not (tmp_path / "peft").exists()

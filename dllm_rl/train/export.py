@@ -257,6 +257,9 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
   # model (config) is the run's, whichever of its steps holds it
   fall_back = step == LATEST
   ref, config = run_checkpoints.read_train_config(ref, fall_back=fall_back)
+  if peft_dir is not None and not ("lora" in config and config.lora.rank):
+    # said before the parameters (of the whole model) are read
+    raise ValueError(f"--peft_dir: {ref.label} is not a LoRA run (lora.rank = 0)")
   source = run_source(config, hf_source)
   trained_from = config.model.hf_checkpoint
   if hf_source:  # a LoRA run's base (lora_checkpoint.base_params) is read from there too
@@ -273,8 +276,6 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
   merged = params
   if run_cfg.lora_rank:  # merged HF weights: W + (alpha / rank)·A·B, folded in float32
     merged = lora.merge_adapters(params, run_cfg, abstract_model(source.model_cfg)[1])
-  elif peft_dir is not None:
-    raise ValueError(f"--peft_dir: {ref.label} is not a LoRA run (lora.rank = 0)")
   dtype = dtype or np.dtype(source.model_cfg.param_dtype).name  # default: as trained
   t1 = time.perf_counter()
   hf.export_checkpoint(merged, source.model_cfg, source.token_ids, source.family, out_dir,
