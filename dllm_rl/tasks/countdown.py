@@ -97,7 +97,8 @@ class CountdownTask(Task):
 
 def grade_expression(text: str, numbers, target) -> VerifyResult:
   """Reward 1 iff ``text`` parses (safe parser, never eval), uses each of ``numbers``
-  exactly once and equals ``target``; otherwise 0 with the reason in ``info``."""
+  exactly once and equals ``target``; otherwise 0 with the reason in ``info``. ``parsed`` is
+  the expression without whitespace, so spacing alone never makes two answers distinct."""
   try:
     value, literals = parse_expression(text)
   except ParseError as e:
@@ -110,4 +111,5 @@ def grade_expression(text: str, numbers, target) -> VerifyResult:
   elif value != target:
     info["reason"] = "wrong value"
   correct = "reason" not in info
-  return VerifyResult(reward=float(correct), correct=correct, parsed=text, info=info)
+  return VerifyResult(reward=float(correct), correct=correct, parsed="".join(text.split()),
+                      info=info)

@@ -79,6 +79,14 @@ def test_verify_right_and_wrong():
   assert task.verify(_ex([1, 3, 9], 3), "1/3*9").correct
 
 
+def test_parsed_answer_ignores_spacing():
+  # distinct_correct counts distinct parsed answers: spacing alone is not a new expression
+  task = make_task("countdown")
+  ex = _ex([3, 5, 7], 22)
+  parsed = {task.verify(ex, text).parsed for text in ("3*5+7", " 3 * 5 + 7 ", "3*5 +\n7")}
+  assert parsed == {"3*5+7"}
+
+
 def test_hostile_completions_score_zero_quickly():
   task = make_task("countdown")
   ex = _ex([3, 5, 7], 22)
