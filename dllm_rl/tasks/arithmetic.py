@@ -104,4 +104,7 @@ class ArithmeticTask(Task):
     info = {"value": value, "target": target}
     if not correct:
       info["reason"] = "wrong value"
-    return VerifyResult(reward=float(correct), correct=correct, parsed=text, info=info)
+    # parsed by value, in the answer convention: "975" and "9750" (a reversed 579 with a
+    # leading zero) are one answer
+    return VerifyResult(reward=float(correct), correct=correct,
+                        parsed=format_answer(value, self.reverse_answer), info=info)

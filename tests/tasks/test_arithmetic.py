@@ -4,6 +4,7 @@ import pytest
 
 from dllm_rl.tasks import CharTokenizer, make_task
 from dllm_rl.tasks.arithmetic import format_answer, parse_answer
+from dllm_rl.tasks.base import Example
 
 
 def test_answer_convention():
@@ -61,6 +62,17 @@ def test_verify_right_wrong_malformed():
               "9" * 10000, "2**99999"):
     r = task.verify(ex, bad)
     assert (r.reward, r.correct, r.parsed) == (0.0, False, None) and r.info["reason"]
+
+
+def test_parsed_answer_is_the_value_so_zero_padding_is_one_answer():
+  ex = Example("123+456=", "975", {"a": 123, "b": 456, "op": "+", "value": 579})
+  assert {make_task("arithmetic").verify(ex, t).parsed for t in ("975", "9750", "97500")} \
+      == {"975"}
+  plain = make_task("arithmetic", reverse_answer=False)
+  assert {plain.verify(ex, t).parsed for t in ("579", "0579")} == {"579"}
+  neg = Example("5-20=", "-51", {"a": 5, "b": 20, "op": "-", "value": -15})
+  assert {make_task("arithmetic", ops="-").verify(neg, t).parsed for t in ("-51", "-510")} \
+      == {"-51"}
 
 
 def test_negative_results_and_plain_order():
