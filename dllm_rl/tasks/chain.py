@@ -103,12 +103,15 @@ class ChainTask(Task):
     return "+".join(map(str, sorted(example.meta["operands"])))
 
   def verify(self, example: Example, completion: str) -> VerifyResult:
-    return grade_chain(completion.strip(), example.meta["operands"], self._max_chars)
+    return grade_chain(completion.strip(), example.meta["operands"], self._max_chars,
+                       self.num_digits)
 
 
-def grade_chain(text: str, operands, max_chars: int = 4096) -> VerifyResult:
+def grade_chain(text: str, operands, max_chars: int = 4096, num_digits: int = 0) -> VerifyResult:
   """Reward 1 iff ``text`` is a correct scratchpad for ``operands`` in some order (module
-  docstring); otherwise 0 with the first problem in ``info["reason"]``."""
+  docstring); otherwise 0 with the first problem in ``info["reason"]``. ``parsed`` is the chain
+  by value, written as :func:`chain_answer` pads it to ``num_digits`` (0: unpadded), so that
+  two paddings of one order are one answer."""
   if len(text) > max_chars:
     return malformed(f"answer too long ({len(text)} characters)")
   operands = [int(x) for x in operands]
@@ -130,4 +133,7 @@ def grade_chain(text: str, operands, max_chars: int = 4096) -> VerifyResult:
   if "reason" not in info and Counter(used) != Counter(operands):
     info["reason"] = f"must add each of {sorted(operands)} once, added {sorted(used)}"
   correct = "reason" not in info
-  return VerifyResult(reward=float(correct), correct=correct, parsed=text, info=info)
+  width = num_digits + 1 if num_digits else 0
+  parsed = ",".join(f"{_rev(s, num_digits if i == 0 else width)}+{_rev(x, num_digits)}"
+                    f"={_rev(t, width)}" for i, (s, x, t) in enumerate(values))
+  return VerifyResult(reward=float(correct), correct=correct, parsed=parsed, info=info)

@@ -39,6 +39,20 @@ def test_every_order_of_the_operands_is_a_distinct_correct_answer():
   assert grade_chain("743+502=255,255+819=0741,0741+66=6351", ops).correct
 
 
+def test_the_parsed_answer_is_the_order_so_paddings_of_one_order_are_one_answer():
+  # distinct_correct counts distinct parsed answers, i.e. distinct orders
+  ops = [347, 205, 918, 66]
+  padded = chain_answer(ops, 3)
+  texts = (padded, "743+502=255,255+819=0741,0741+66=6351",
+           "7430+502=2550,2550+819=0741,0741+66=6351")
+  assert all(grade_chain(t, ops).correct for t in texts)
+  assert {grade_chain(t, ops, num_digits=3).parsed for t in texts} == {padded}
+  assert {grade_chain(t, ops).parsed for t in texts} == {"743+502=255,255+819=0741,0741+66=6351"}
+  task = make_task("chain", num_numbers=4, num_digits=3)
+  ex = task.generate("train", 1, 0)[0]
+  assert task.verify(ex, ex.answer).parsed == ex.answer
+
+
 @pytest.mark.parametrize("text, reason", [
     ("743+502=2550,2550+819=0741", "must add each"),               # one operand missing
     ("743+502=2550,2550+819=0741,0741+660=6352", "is not"),        # wrong last sum
