@@ -282,7 +282,9 @@ def math_result(completion: str, reference: str) -> VerifyResult:
   ``reference`` (a bare LaTeX answer or a solution with ``\\boxed``).
 
   The answer is the body of the last balanced ``\\boxed{}``; without one,
-  math-verify's own extraction runs on the whole completion.
+  math-verify's own extraction runs on the whole completion. ``parsed`` is math-verify's
+  string of the answer, the reference's for a correct one (math-verify writes equal answers
+  apart: "1,000" and "1000", "x=3" and "3"), so every correct answer is one answer.
   """
   from math_verify import parse, verify
 
@@ -311,7 +313,7 @@ def math_result(completion: str, reference: str) -> VerifyResult:
   info = {"target": str(gold[-1])}
   if not correct:
     info["reason"] = "not equivalent"
-  return VerifyResult(float(correct), correct, str(pred[-1]), info)
+  return VerifyResult(float(correct), correct, str((gold if correct else pred)[-1]), info)
 
 
 def math_correct(completion: str, reference: str) -> bool:

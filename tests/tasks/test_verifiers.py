@@ -101,6 +101,13 @@ def test_math_reference_forms():
     V.math_result("\\boxed{1}", "\\boxed{}")
 
 
+def test_math_correct_answers_in_any_form_parse_as_one_answer():
+  # distinct_correct counts distinct parsed answers; math-verify's own strings differ here
+  forms = ("\\boxed{1,000}", "\\boxed{1000}", "\\boxed{x=1000}", "so 1000 apples")
+  results = [V.math_result(c, "1000") for c in forms]
+  assert all(r.correct for r in results) and {r.parsed for r in results} == {"1000"}
+
+
 def test_countdown_reward():
   nums, target = [3, 5, 7], 22
   for good in ("3*5+7", "<answer>7 + 5*3</answer>", "think... <answer>(5*3)+7 = 22</answer>",
