@@ -237,7 +237,8 @@ def test_eval_of_the_export_reproduces_the_runs_evaluation(tmp_path, capsys):
   config.eval.phase = "base"
   assert modes.run(config, str(tmp_path / "baseline"))["step_label"] == "base"
   assert "note: no checkpoint" not in capsys.readouterr().err
-  for key in ("test_accuracy", "test_reward", "pass_at_k", "sample_accuracy", "diversity"):
+  for key in ("test_accuracy", "test_reward", "pass_at_k", "sample_accuracy", "diversity",
+              "distinct_correct"):
     assert export_eval[key] == run_eval[key], key
   generations = open(export_eval["generations"]).read()
   assert generations == open(run_eval["generations"]).read()

@@ -17,7 +17,8 @@ Outputs (primary process; ``<label>`` = ``base`` | ``sft<k>`` | ``rl<k>``), besi
 training run's files and never replacing its ``summary.json``:
 
 * ``eval_<task>_<label>.json``: the report (test accuracy, reward, pass@k, sample accuracy,
-  diversity, which weights, the two paths);
+  diversity, distinct correct answers per prompt, malformed fraction, which weights, the two
+  paths);
 * ``eval_<task>_<label>.generations.jsonl``: one line per test prompt with its greedy
   completion: ``index``, ``prompt`` (decoded, as the model saw it), ``answer`` (the
   reference), ``completion``, ``parsed``, ``reward``, ``correct``.
@@ -152,8 +153,8 @@ def run_eval(ctx: Context) -> dict:
       "task": config.task.name, "test_size": len(ctx.test.examples),
       "test_accuracy": result["accuracy"], "test_reward": result["reward"],
       "pass_at_k": result["pass_at_k"], "sample_accuracy": result["sample_accuracy"],
-      "diversity": result["diversity"], "malformed_fraction": result["malformed_fraction"],
-      "results": report_path, "generations": generations_path,
+      "diversity": result["diversity"], "distinct_correct": result["distinct_correct"],
+      "malformed_fraction": result["malformed_fraction"], "results": report_path, "generations": generations_path,
       "eval_seconds": time.time() - t0}
   if is_primary():
     records = evaluation.generation_records(ctx.tokenizer, ctx.test, result["graded"])
