@@ -345,3 +345,32 @@ def test_block_diffusion_pipeline(tmp_path):
   assert summary["rl_steps"] == 4
   assert set(summary["pass_at_k"]) == {"1", "4"}
   assert_test_figures(summary, tmp_path, "rl")
+
+
+@pytest.mark.parametrize("sft_meta", [{}, {"stopped_early": True}])
+def test_a_pipeline_whose_sft_would_orphan_its_rl_checkpoints_is_refused_before_sft(tmp_path,
+                                                                                   sft_meta):
+  """RL checkpoints that continue from SFT step 10, and a pipeline rerun with sft.steps = 20:
+  SFT would train to step 20 and RL would then refuse to resume, so the refusal comes before
+  SFT trains (no step 20 is written). An SFT that stopped early at step 10 trains no further:
+  no refusal up front (RL resumes as before)."""
+  from tests.helpers import scratch_run_checkpoints
+  config, policies = scratch_run_checkpoints(tmp_path / "scratch", {"sft": [10]})
+  with Checkpointer(str(tmp_path / "checkpoints" / "sft"), async_save=False) as ckpt:
+    ckpt.save(10, {"params": policies["sft10"]},
+              {"phase": "sft", "config": config.to_json(), **sft_meta})
+  with Checkpointer(str(tmp_path / "checkpoints" / "rl"), async_save=False) as ckpt:
+    ckpt.save(2, {"params": policies["sft10"]}, {"sft_start": 10})
+  config.mode, config.sft.steps = "pipeline", 20
+  ctx = build_context(config, str(tmp_path))
+  if sft_meta:
+    rl_loop.check_rl_start_before_sft(ctx)  # SFT has nothing left to train
+    return
+  with pytest.raises(ConfigError, match=r"continues RL from SFT step 10, but RL would now start"
+                                        r" from SFT step 20 \(SFT would first train on to"
+                                        r" sft.steps = 20\)"):
+    run.run(config, str(tmp_path))
+  assert sorted(os.listdir(tmp_path / "checkpoints" / "sft")) == ["10"]  # SFT did not train
+  config.sft.steps = 10  # SFT is done: nothing to refuse up front
+  rl_loop.check_rl_start_before_sft(build_context(config, str(tmp_path)))
+

@@ -44,11 +44,12 @@ def _pipeline(ctx) -> dict:
   """SFT warm-up → RL → held-out evaluation (each phase plots its curves). A stop request
   that came during SFT's test evaluation stops the run before RL starts."""
   from dllm_rl.train.resilience import Preempted, stop_agreed
-  from dllm_rl.train.rl_loop import run_rl, sft_steps
+  from dllm_rl.train.rl_loop import check_rl_start_before_sft, run_rl, sft_steps
   from dllm_rl.train.sft_loop import run_sft
 
   if ctx.config.sft.steps == 0:  # RL's start must exist already: said before SFT evaluates
     sft_steps(ctx)
+  check_rl_start_before_sft(ctx)  # RL checkpoints that SFT's training would orphan
   sft = run_sft(ctx)
   if stop_agreed():  # a signal during SFT's test evaluation: stop before RL starts
     raise Preempted("sft", sft["sft_steps"], "stopped on request after the SFT phase (its"

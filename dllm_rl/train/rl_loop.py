@@ -232,7 +232,28 @@ def fresh_sft_start(ctx: Context, sft: list[int]) -> int | None:
   return ref.step
 
 
-def check_rl_start(ctx: Context, sft: list[int]) -> None:
+def check_rl_start_before_sft(ctx: Context) -> None:
+  """A pipeline's :func:`check_rl_start` before its SFT phase runs, where RL checkpoints exist
+  and SFT would train past its newest checkpoint (to ``sft.steps``: the newest step, or the
+  one before a damaged newest, is below it and did not stop early): RL would refuse to resume
+  once SFT had trained, so the ConfigError comes now, before SFT's minutes. A pipeline whose
+  SFT has nothing left to train is checked later, by RL itself, as before."""
+  if not run_checkpoints.available_steps(ctx.workdir, PHASE):
+    return
+  sft, target = run_checkpoints.available_steps(ctx.workdir, SFT), ctx.config.sft.steps
+  if sft:
+    ref = run_checkpoints.CheckpointRef(ctx.workdir, SFT, sft[-1])
+    try:  # the step SFT's restore reads: a damaged newest one falls back
+      ref, meta = run_checkpoints.read_readable(ref, lambda ckpt, s: ckpt.meta(s),
+                                                fall_back=True)
+    except Exception:  # noqa: BLE001 (nothing readable: SFT's restore says so)
+      return
+    if ref.step >= target or meta.get("stopped_early"):
+      return
+  check_rl_start(ctx, [*sft, target], planned=True)
+
+
+def check_rl_start(ctx: Context, sft: list[int], *, planned: bool = False) -> None:
   """RL checkpoints to resume must continue from the newest SFT checkpoint ``sft[-1]``
   (none: the HF model or a fresh init): RL's meta names the SFT step it started from
   (``sft_start``). SFT trained further since (a rerun with a larger ``sft.steps``) would
@@ -241,7 +262,8 @@ def check_rl_start(ctx: Context, sft: list[int]) -> None:
   run that started from an older step because the newer ones were damaged (``sft_skipped``
   in its meta) resumes while they still are (:func:`fresh_sft_start` reads them to tell, only
   then). RL checkpoints from before the pointer was saved, or whose meta cannot be read, are
-  not checked."""
+  not checked. ``planned``: ``sft[-1]`` is the step SFT is about to train to
+  (:func:`check_rl_start_before_sft`), said so."""
   steps = run_checkpoints.available_steps(ctx.workdir, PHASE)
   if not steps:
     return
@@ -262,7 +284,9 @@ def check_rl_start(ctx: Context, sft: list[int]) -> None:
     directory = ref.directory
     raise ConfigError(
         "--workdir", f"{directory} (step {ref.step}) continues RL from {what(started)}, but"
-        f" RL would now start from {what(newest)} (SFT trained further or was replaced):"
+        f" RL would now start from {what(newest)}"
+        + (f" (SFT would first train on to sft.steps = {newest})" if planned
+           else " (SFT trained further or was replaced)") + ":"
         " resuming would train on a policy that does not descend from it. Use a new"
         f" --workdir, or delete {directory} to start RL afresh from {what(newest)}")
 
