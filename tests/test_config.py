@@ -107,6 +107,10 @@ def test_the_estimator_must_suit_the_model_only_where_rl_scores_with_it():
     ({"sampler__temperature": 0.7}, "sampler.temperature"),  # no sampler reads it
     ({"sampler__threshold": 0.5, "sampler__remasking": "entropy"}, "sampler.threshold"),
     ({"sampler__cache_refresh": 2}, "sampler.cache_refresh"),  # with cache "none"
+    ({"sampler__cache": "dual", "sampler__cache_refresh": 8},
+     "sampler.cache_refresh"),  # 8 steps a block (0..7): refreshes only where 0 does
+    ({"sampler__cache": "prefix", "sampler__cache_refresh": 8, "sampler__threshold": 0.5},
+     "sampler.cache_refresh"),  # threshold mode: at most block_len = 8 steps a block
     ({"profile__steps": "700:800", "mode": "pipeline"}, "profile.steps"),  # after rl.steps
     ({"eval__temperature": 0.0, "eval__num_samples": 4, "eval__pass_k": (1, 4)},
      "eval.temperature"),  # identical samples
@@ -126,6 +130,13 @@ def test_a_non_finite_number_is_one_error_and_greedy_rollouts_need_random_remask
   assert "learns nothing" in str(pytest.raises(ConfigError, validate, _cfg(rl__temperature=0.0)
                                                ).value)
   validate(_cfg(rl__temperature=0.0, sampler__remasking="random"))
+
+
+def test_a_cache_refresh_inside_a_block_validates():
+  """Below the steps of a block the refresh runs: 8 steps a block, refresh every 7 (at step 7);
+  threshold mode counts up to sampler.block_len steps."""
+  validate(_cfg(sampler__cache="dual", sampler__cache_refresh=7))
+  validate(_cfg(sampler__cache="prefix", sampler__cache_refresh=7, sampler__threshold=0.5))
 
 
 def test_a_negative_eval_temperature_is_one_error_naming_its_value():

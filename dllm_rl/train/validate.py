@@ -182,6 +182,14 @@ def _sampler(config, check: "_Checks") -> None:
   check(s.cache_refresh >= 0, "sampler.cache_refresh", "must be >= 0 (0 = block starts only)")
   check(s.cache_refresh == 0 or s.cache != "none", "sampler.cache_refresh",
         f"{s.cache_refresh} refreshes a cache, and sampler.cache is 'none'")
+  if s.cache_refresh > 0 and s.cache != "none" and s.block_len > 0 and s.steps > 0:
+    blocks = max(d.completion_len // s.block_len, 1)
+    per_block, what = ((s.block_len, "sampler.block_len in threshold mode") if s.threshold > 0
+                       else (s.steps // blocks, "sampler.steps / blocks"))
+    check(s.cache_refresh < per_block, "sampler.cache_refresh",
+          f"{s.cache_refresh} refreshes nothing: a block runs at most {per_block} steps ({what}),"
+          " numbered from 0, and step 0 already runs on a fresh cache: the same as 0; set it"
+          f" below {per_block}")
   check(s.cache == "none" or not config.model.block_size, "sampler.cache",
          "a block-diffusion model (model.block_size > 0) decodes with its own KV cache:"
          " leave sampler.cache = 'none'")
