@@ -5,6 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
+from dllm_rl.train import evaluation
 from dllm_rl.train.evaluation import pass_at_k
 
 
@@ -51,3 +52,29 @@ def test_verify_groups_marks_malformed_completions_which_score_as_wrong_answers(
   np.testing.assert_array_equal(graded.rewards_BG, [[1.0, 0.0, 0.0, 0.0]])
   np.testing.assert_array_equal(graded.malformed_BG, [[False, False, True, True]])
   assert graded.parsed[0][:2] == ["23+23", "33+14"] and graded.parsed[0][2:] == texts[0][2:]
+
+
+def test_greedy_completions_do_not_depend_on_the_batch_size_unless_the_order_is_random():
+  """README "Evaluate": greedy figures do not depend on eval.batch_size (padded last batch
+  included); with sampler.remasking=random the order is drawn from each batch's key, so they
+  may (the README says so)."""
+  import jax
+
+  from dllm_rl.models import transformer as T
+  from dllm_rl.sampling import sampler as S
+  from tests.helpers import small_model
+
+  g, params = T.init_model(small_model(vocab_size=24, n_layers=1),
+                           jax.random.key(0))
+  prompts = np.asarray(jax.random.randint(jax.random.key(7), (5, 6), 3, 24), np.int32)
+  valid = np.ones((5, 6), bool)
+  valid[0, :2] = False
+
+  def run(remasking):
+    cfg = S.SamplerConfig(completion_len=4, steps=2, block_len=4, remasking=remasking)
+    fn = evaluation.make_sample_fn(g, cfg, mask_id=2, eos_id=1)
+    return [evaluation.generate(fn, params, prompts, valid, jax.random.key(0), batch_size)
+            for batch_size in (2, 5)]
+
+  np.testing.assert_array_equal(*run("low_confidence"))
+  assert not np.array_equal(*run("random"))
