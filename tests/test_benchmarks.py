@@ -2,6 +2,7 @@
 error naming it (exit 2) before anything is traced or compiled."""
 
 import importlib
+import json
 import os
 
 import jax
@@ -114,3 +115,23 @@ def test_sampler_benchmark_counts_the_cache_refreshes():
   step = flops.forward_flops(m, 8, keys=24)
   assert call_flops(m, at(0), 2, 8) == 2 * 2 * (full + 3 * step)
   assert call_flops(m, at(2), 2, 8) == 2 * 2 * (2 * full + 2 * step)
+
+
+def test_sampler_init_random_refuses_a_folder_of_other_sizes(tmp_path, monkeypatch, capsys):
+  """--init-random into a folder that held another random checkpoint silently measured that
+  one (its sizes, not the flags'); now an argparse error naming both, before anything runs.
+  The same sizes reuse the folder (written once), and so does an empty one get written."""
+  from dllm_rl.benchmarks import sampler
+  (tmp_path / "config.json").write_text(json.dumps(
+      {"d_model": 64, "n_layers": 2, "n_heads": 4, "mlp_hidden_size": 128, "vocab_size": 256}))
+  monkeypatch.setattr(jax, "jit", lambda *a, **k: pytest.fail("reached jax.jit"))
+  sizes = ["--layers", "2", "--heads", "4", "--mlp", "128", "--vocab", "256"]
+  with pytest.raises(SystemExit) as exit_:
+    sampler.main(["--checkpoint", str(tmp_path), "--init-random", "--d-model", "128", *sizes])
+  assert exit_.value.code == 2
+  assert "d_model 64 vs --d-model 128" in " ".join(capsys.readouterr().err.split())
+  args = sampler.argparse.Namespace(d_model=64, layers=2, heads=4, mlp=128, vocab=256)
+  assert sampler.init_random_problem(str(tmp_path), args) is None
+  assert sampler.init_random_problem(str(tmp_path / "new"), args) is None
+  (tmp_path / "empty").mkdir()
+  assert sampler.init_random_problem(str(tmp_path / "empty"), args) is None

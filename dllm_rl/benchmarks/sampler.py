@@ -20,7 +20,8 @@ With the official code: its tokens/s and the number of rows where the exact samp
 equal the official ones up to and including the official row's first EOS.
 
 ``--init-random`` writes a random LLaDA checkpoint to ``--checkpoint`` first (sizes from
---d-model/--layers/--heads/--mlp/--vocab; default: the issue-12 shapes, 3.4M parameters).
+--d-model/--layers/--heads/--mlp/--vocab; default: the issue-12 shapes, 3.4M parameters),
+once: a folder that already holds one is reused at the same sizes and refused at others.
 
 Official code: ``--official-llada`` is a checkout (or bare git dir) of ML-GSAI/LLaDA
 (``generate.py``), ``--official-modeling`` one of Gen-Verse/dLLM-RL
@@ -78,6 +79,33 @@ def write_random_checkpoint(path: str, args) -> None:
                     bos_id=None, block_size=None)
   hf.export_checkpoint(params, cfg, ids, "llada", path)
   print(f"wrote a random LLaDA checkpoint ({T.count_params(params) / 1e6:.2f}M params) to {path}")
+
+
+# --init-random's flags and the config.json keys write_random_checkpoint stores them under
+_RANDOM_SIZES = (("d-model", "d_model"), ("layers", "n_layers"), ("heads", "n_heads"),
+                 ("mlp", "mlp_hidden_size"), ("vocab", "vocab_size"))
+
+
+def init_random_problem(path: str, args) -> str | None:
+  """Why ``--init-random`` cannot use ``--checkpoint path``, or None. A missing or empty folder
+  is written; one already written is reused (the checkpoint is written once), but only when
+  its config.json holds the sizes the flags ask for: the sizes of another one were silently
+  measured instead."""
+  if not os.path.isdir(path) or not os.listdir(path):
+    return None
+  try:
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
+      held = json.load(fh)
+  except (OSError, ValueError) as err:
+    return (f"--checkpoint {path}: not empty and no readable config.json ({type(err).__name__});"
+            " --init-random writes a new folder: name a new one")
+  diff = [f"{key} {held.get(key)} vs --{flag} {getattr(args, flag.replace('-', '_'))}"
+          for flag, key in _RANDOM_SIZES if held.get(key) != getattr(args, flag.replace("-", "_"))]
+  if diff:
+    return (f"--checkpoint {path} already holds a checkpoint of other sizes ({', '.join(diff)});"
+            " --init-random reuses a folder it wrote only at the same sizes: name a new folder,"
+            " or give its sizes")
+  return None
 
 
 def _read_source(repo: str, rel: str) -> bytes:
@@ -329,6 +357,10 @@ def main(argv=None) -> None:
   if args.gen % args.block or args.steps % (args.gen // args.block):
     ap.error(f"--gen {args.gen} must be a multiple of --block {args.block}, and --steps "
              f"{args.steps} a multiple of the {args.gen // args.block} blocks")
+  if args.checkpoint and args.init_random:
+    problem = init_random_problem(args.checkpoint, args)
+    if problem:
+      ap.error(problem)
   if args.checkpoint and not args.init_random and not os.path.isfile(
       os.path.join(args.checkpoint, "config.json")):
     ap.error(f"--checkpoint {args.checkpoint}: no config.json there (--init-random writes a "
@@ -339,7 +371,7 @@ def main(argv=None) -> None:
   result = {"jax": jax.__version__, "backend": jax.default_backend(),
             "cpu_count": os.cpu_count()}
   if args.checkpoint:
-    if args.init_random and not os.path.isdir(args.checkpoint):
+    if args.init_random and not os.path.isfile(os.path.join(args.checkpoint, "config.json")):
       write_random_checkpoint(args.checkpoint, args)
     result["speed"] = speed(args)
   if args.accuracy_config:
