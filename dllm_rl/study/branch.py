@@ -235,7 +235,7 @@ def train_until(workdir: str, testbed: str, overrides: dict, until: int, log) ->
   with open(log_path, "w") as out:
     proc = subprocess.Popen([sys.executable, "-m", "dllm_rl.study.branch", "--train", spec,
                              "--out", workdir], stdout=out, stderr=subprocess.STDOUT)
-  metrics, t0 = os.path.join(workdir, "metrics.jsonl"), time.time()
+  metrics, t0 = os.path.join(workdir, "metrics.jsonl"), time.monotonic()
   while proc.poll() is None:
     if _reached(metrics, until):
       proc.send_signal(signal.SIGTERM)
@@ -247,7 +247,7 @@ def train_until(workdir: str, testbed: str, overrides: dict, until: int, log) ->
       tail = fh.read()[-3000:]
     raise RuntimeError(f"{workdir}: training ended (status {proc.returncode}) before step"
                        f" {until}:\n{tail}")
-  log(f"[branch] {os.path.basename(workdir)}: step {until} in {time.time() - t0:.0f} s")
+  log(f"[branch] {os.path.basename(workdir)}: step {until} in {time.monotonic() - t0:.0f} s")
 
 
 def _reached(metrics_path: str, step: int) -> bool:

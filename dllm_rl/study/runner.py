@@ -405,7 +405,7 @@ def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrid
     return result
   copy_sft_start(sft_dir, workdir)
   commit, machine = provenance.git_commit(), provenance.machine()  # the code that trains it
-  t0 = time.time()
+  t0 = time.monotonic()
   config = make_config(run_overrides, base)
   # the testbed's own settings serve the arms that read them (e.g. spg_block_len): no warning
   # for an arm that does not; the arm's and the user's overrides are still checked
@@ -423,7 +423,7 @@ def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrid
             "commit": commit, "machine": machine,
             "overrides": run_overrides, "summary": summary,
             # a resumed arm: its RL phase's time in the earlier processes too
-            "wall_seconds": time.time() - t0 + summary.get("rl_earlier_wall_seconds", 0.0),
+            "wall_seconds": time.monotonic() - t0 + summary.get("rl_earlier_wall_seconds", 0.0),
             "stats": arm_stats(records, evals, config.task.val_size),
             "evals": evals, "final": final,
             "steps": records}
@@ -524,7 +524,7 @@ def _run_seeds(name: str, arms: list[Arm], workdir: str, seeds: range, size: Siz
                overrides: dict, log, testbed: str, base: ml_collections.ConfigDict,
                prefetcher=None, sft_seed: int = 0) -> dict:
   shared = testbeds.testbed(testbed).shared_sft
-  t0 = time.time()
+  t0 = time.monotonic()
   runs, sfts = [], {}
   for seed in seeds:
     start_dir = sft_start_dir(workdir, seed, shared, sft_seed)  # shared by the studies of a DIR
@@ -562,4 +562,4 @@ def _run_seeds(name: str, arms: list[Arm], workdir: str, seeds: range, size: Siz
           "sft_seed": sft_seed if shared else None,
           "size": {"rl_steps": size.rl_steps, "eval_every": size.eval_every},
           "overrides": overrides, "sft": {str(k): v for k, v in sfts.items()}, "runs": runs,
-          "wall_seconds": time.time() - t0}
+          "wall_seconds": time.monotonic() - t0}

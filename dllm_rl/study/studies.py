@@ -100,7 +100,7 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
     runner.check_finished_runs(name, arms, workdir, size.seeds, size, overrides, base,
                                first_seed)
   started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
-  t0, load_start = time.time(), _load()
+  t0, load_start = time.monotonic(), _load()
   os.makedirs(workdir, exist_ok=True)
   done = []
   for name in names:
@@ -119,7 +119,7 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
   meta = {"command": command, "quick": quick, "testbed": testbed, "machine": provenance.machine(),
           "load_start": load_start, "load_end": _load(), "jax": jax.__version__,
           "started": started, "commit": provenance.git_commit(),
-          "wall_seconds": time.time() - t0, "reused": reused}
+          "wall_seconds": time.monotonic() - t0, "reused": reused}
   with open(os.path.join(workdir, "meta.json"), "w") as fh:
     json.dump(meta, fh, indent=2)
   report_files.write(done, meta, workdir, results_md)

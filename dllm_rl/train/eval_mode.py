@@ -131,7 +131,7 @@ def _describe(ctx: Context, ref: CheckpointRef | None) -> str:
 
 
 def run_eval(ctx: Context) -> dict:
-  t0 = time.time()
+  t0 = time.monotonic()
   config = ctx.config
   ref = resolve_target(config, ctx.workdir)  # before any weight is read or compiled
   if ref is None and config.eval.phase != BASE and is_primary():
@@ -155,7 +155,7 @@ def run_eval(ctx: Context) -> dict:
       "pass_at_k": result["pass_at_k"], "sample_accuracy": result["sample_accuracy"],
       "diversity": result["diversity"], "distinct_correct": result["distinct_correct"],
       "malformed_fraction": result["malformed_fraction"], "results": report_path, "generations": generations_path,
-      "eval_seconds": time.time() - t0}
+      "eval_seconds": time.monotonic() - t0}
   if is_primary():
     records = evaluation.generation_records(ctx.tokenizer, ctx.test, result["graded"])
     paths.resolve(generations_path).write_text(

@@ -200,7 +200,7 @@ def run(config, workdir: str, *, quiet_unread=()) -> dict:
   from dllm_rl.train.context import build_context
   from dllm_rl.train.validate import validate
 
-  t0 = time.time()
+  t0 = time.monotonic()
   workdir = paths.expand(workdir)  # --workdir=~/run: the shell does not expand it
   validate(config)
   initialize(config.distributed)  # before anything touches devices
@@ -222,7 +222,7 @@ def run(config, workdir: str, *, quiet_unread=()) -> dict:
       with open_writers(config, workdir, enabled=is_primary()) as writers:
         summary = {"mode": config.mode,
                    **RUNNERS.get(config.mode)(dataclasses.replace(ctx, writers=writers))}
-        summary["wall_seconds"] = time.time() - t0
+        summary["wall_seconds"] = time.monotonic() - t0
         for writer in writers:
           writer.summary(summary)
       if is_primary() and training:

@@ -125,7 +125,7 @@ class Phase:
 
   def __init__(self, ctx: Context):
     self.ctx = ctx
-    self.wall0 = time.time()
+    self.wall0 = time.monotonic()
     self.val_graded: tuple[int, list] | None = None  # (step, graded) of the last validation
 
   def init_state(self):
@@ -387,7 +387,7 @@ def run_phase(phase_cls: type[Phase], ctx: Context) -> dict:
         clock.paused(state, lambda: ckpt.save(step, saved_state(state), {
             "phase": name, **phase.meta(), **base_pointer(config), "config": config.to_json(),
             "metric_lines": logger.lines(name), "metrics_window": window_to_meta(window),
-            "wall_seconds": time.time() - phase.wall0}))
+            "wall_seconds": time.monotonic() - phase.wall0}))
         guard.saved(step)
         phase.saved(step)
       if stop and not finished:
@@ -405,7 +405,7 @@ def run_phase(phase_cls: type[Phase], ctx: Context) -> dict:
   if is_primary():
     plot_metrics(paths.join(ctx.workdir, "metrics.jsonl"), plot, phase.panels, phase=name)
   run = PhaseRun(state=state, step=step, report=report, timer=timer,
-                 wall_seconds=time.time() - phase.wall0)
+                 wall_seconds=time.monotonic() - phase.wall0)
   summary, console = phase.summary(run)
   summary = {**summary, f"{name}_plot": plot}
   if earlier:  # a resumed phase: {name}_wall_seconds counts the earlier processes' part too
