@@ -184,11 +184,14 @@ def one_sided_p(comparison: dict) -> float | None:
 def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
   """Holm's step-down rule (Holm 1979) at family-wise error ``alpha``: which hypotheses it
   rejects. With the m p-values sorted ascending, the i-th (i = 1..m) is rejected while
-  p_(i) ≤ alpha / (m − i + 1); the first that is not stops it, and every later one stands."""
+  p_(i) ≤ alpha / (m − i + 1); the first that is not stops it, and every later one stands.
+  A NaN p-value counts in m, sorts last and is never rejected (it compares false with any
+  threshold, and as a sort key it would scramble the order of the others)."""
   m = len(p_values)
   rejected = [False] * m
-  for rank, i in enumerate(sorted(range(m), key=lambda i: p_values[i])):
-    if p_values[i] > alpha / (m - rank):
+  order = sorted(range(m), key=lambda i: (math.isnan(p_values[i]), p_values[i]))
+  for rank, i in enumerate(order):
+    if not p_values[i] <= alpha / (m - rank):
       break
     rejected[i] = True
   return rejected

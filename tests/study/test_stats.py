@@ -558,3 +558,13 @@ def test_the_multiplicity_note_says_which_reproduced_lines_holm_keeps():
       "keeps the one \"reproduced\" line.")
   both = multiplicity.multiplicity_note([lines[0], (lines[1][0], Verdict("reproduced", 0.002))])
   assert both.endswith("keeps 2 of the 2 \"reproduced\" lines.")
+
+
+def test_holm_never_rejects_a_nan_p_value_and_keeps_the_others_order():
+  """A NaN p-value (a NaN paired difference) counts in m but is never rejected, and does not
+  scramble the order of the others: 0.001 ≤ 0.025/3 and 0.01 ≤ 0.025/2 are rejected."""
+  from dllm_rl.study.stats import holm
+  nan = float("nan")
+  assert holm([0.01, nan, 0.001], 0.025) == [True, False, True]
+  assert holm([nan, 0.001], 0.025) == [False, True]
+  assert holm([nan], 0.025) == [False]
