@@ -25,7 +25,7 @@ LIMIT=${GPU_CHECK_LIMIT_S:-540}
 PY=${PYTHON:-python}
 PARTS=" ${GPU_CHECK_PARTS:-staircase sampler rl_step_mfu} "
 # Checked before anything runs: a typo would otherwise spend a lease doing nothing.
-[[ $LIMIT =~ ^[0-9]+$ && $LIMIT -gt 0 ]] || {
+[[ $LIMIT =~ ^[1-9][0-9]*$ ]] || {  # no leading 0: bash arithmetic reads 08 as octal
   echo "gpu_check.sh: GPU_CHECK_LIMIT_S must be whole seconds > 0, got '$LIMIT'" >&2; exit 2; }
 for name in $PARTS; do
   case $name in staircase|sampler|rl_step_mfu|study) ;;

@@ -31,7 +31,8 @@ BENCH_S=${2:-150}
 usage() { echo "usage: bash launch/gpu_lease.sh STUDY_S BENCH_S (whole seconds); $1" >&2; exit 2; }
 [ $# -le 2 ] || usage "got $# arguments"
 for secs in "$STUDY_S" "$BENCH_S"; do
-  [[ $secs =~ ^[0-9]+$ ]] || usage "'$secs' is not a whole number of seconds"
+  # no leading 0: bash arithmetic reads 08 as octal (an error after the install)
+  [[ $secs =~ ^(0|[1-9][0-9]*)$ ]] || usage "'$secs' is not a whole number of seconds"
 done
 for var in GPU_CHECK_PARTS GPU_LEASE_PARTS; do
   for name in ${!var:-}; do

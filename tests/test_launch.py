@@ -391,6 +391,7 @@ GPU_LEASE = os.path.join(REPO, "launch", "gpu_lease.sh")
     (GPU_CHECK, [], {"GPU_CHECK_PARTS": "sampler,staircase"}, "unknown part 'sampler,staircase'"),
     (GPU_CHECK, [], {"GPU_CHECK_LIMIT_S": "9m"}, "GPU_CHECK_LIMIT_S must be whole seconds"),
     (GPU_LEASE, ["520s", "0"], {}, "'520s' is not a whole number of seconds"),
+    (GPU_LEASE, ["0", "09"], {}, "'09' is not a whole number of seconds"),
     (GPU_LEASE, ["1", "2", "3"], {}, "got 3 arguments"),
     (GPU_LEASE, ["1", "0"], {"GPU_LEASE_PARTS": "sampler foo"}, "GPU_LEASE_PARTS: unknown part"),
 ])
