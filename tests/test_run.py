@@ -374,3 +374,19 @@ def test_a_pipeline_whose_sft_would_orphan_its_rl_checkpoints_is_refused_before_
   config.sft.steps = 10  # SFT is done: nothing to refuse up front
   rl_loop.check_rl_start_before_sft(build_context(config, str(tmp_path)))
 
+
+
+def test_a_pipeline_without_sft_resumes_rl_from_the_hf_model(tmp_path):
+  """mode=pipeline with sft.steps = 0 starts RL from the HF model (no SFT checkpoint, RL's
+  meta: sft_start None): its SFT trains nothing, so a rerun that resumes RL is not refused
+  up front (it was: "RL would now start from SFT step 0")."""
+  from tests.helpers import scratch_run_checkpoints
+  config, policies = scratch_run_checkpoints(tmp_path / "scratch", {"sft": [10]})
+  with Checkpointer(str(tmp_path / "checkpoints" / "rl"), async_save=False) as ckpt:
+    ckpt.save(2, {"params": policies["sft10"]}, {"sft_start": None})
+  config.mode, config.sft.steps = "pipeline", 0
+  rl_loop.check_rl_start_before_sft(build_context(config, str(tmp_path)))
+  config.sft.steps = 5  # SFT would train a start RL did not descend from: refused
+  with pytest.raises(ConfigError, match=r"from the HF model / a fresh init, but RL would now"
+                                        r" start from SFT step 5"):
+    rl_loop.check_rl_start_before_sft(build_context(config, str(tmp_path)))

@@ -234,13 +234,15 @@ def fresh_sft_start(ctx: Context, sft: list[int]) -> int | None:
 
 def check_rl_start_before_sft(ctx: Context) -> None:
   """A pipeline's :func:`check_rl_start` before its SFT phase runs, where RL checkpoints exist
-  and SFT would train past its newest checkpoint (to ``sft.steps``: the newest step, or the
+  and SFT would train past its newest checkpoint (to ``sft.steps`` > 0: the newest step, or the
   one before a damaged newest, is below it and did not stop early): RL would refuse to resume
   once SFT had trained, so the ConfigError comes now, before SFT's minutes. A pipeline whose
   SFT has nothing left to train is checked later, by RL itself, as before."""
   if not run_checkpoints.available_steps(ctx.workdir, PHASE):
     return
   sft, target = run_checkpoints.available_steps(ctx.workdir, SFT), ctx.config.sft.steps
+  if not target:  # sft.steps = 0: SFT trains nothing (RL starts from what is there)
+    return
   if sft:
     ref = run_checkpoints.CheckpointRef(ctx.workdir, SFT, sft[-1])
     try:  # the step SFT's restore reads: a damaged newest one falls back
