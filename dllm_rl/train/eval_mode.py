@@ -154,7 +154,8 @@ def run_eval(ctx: Context) -> dict:
       "test_accuracy": result["accuracy"], "test_reward": result["reward"],
       "pass_at_k": result["pass_at_k"], "sample_accuracy": result["sample_accuracy"],
       "diversity": result["diversity"], "distinct_correct": result["distinct_correct"],
-      "malformed_fraction": result["malformed_fraction"], "results": report_path, "generations": generations_path,
+      "malformed_fraction": result["malformed_fraction"], "results": report_path,
+      "generations": generations_path,
       "eval_seconds": time.monotonic() - t0}
   if is_primary():
     records = evaluation.generation_records(ctx.tokenizer, ctx.test, result["graded"])
