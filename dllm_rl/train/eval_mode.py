@@ -140,9 +140,11 @@ def run_eval(ctx: Context) -> dict:
           " without this note; check --workdir if a trained run was meant)",
           file=sys.stderr, flush=True)
   ref, graphdef, params = load_policy(ctx, ref)
-  if ref is not None and is_primary():
-    for line in trained_otherwise(ref, config):
-      print(f"[eval] warning: {line}", file=sys.stderr, flush=True)
+  # every process reads the meta: opening a checkpoint manager is a collective (Orbax syncs
+  # all processes), so a read in process 0 alone waits for the others forever
+  notes = trained_otherwise(ref, config) if ref is not None else []
+  for line in notes if is_primary() else []:
+    print(f"[eval] warning: {line}", file=sys.stderr, flush=True)
   result = evaluation.evaluate_policy(graphdef, params, ctx.decoding, ctx.test, ctx.eval_options)
   report_path, generations_path = result_paths(ctx.workdir, config.task.name, ref)
   report = {
