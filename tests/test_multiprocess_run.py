@@ -1,6 +1,7 @@
 """``dllm_rl.train.modes.run`` over 2 real processes (jax.distributed on localhost): what one
 process does alone must not leave the other waiting in a collective."""
 
+import fcntl
 import json
 import os
 
@@ -21,6 +22,23 @@ def _run(tmp_path, workdir, mode: str, overrides=None):
                                                devices=1, timeout=20)
   assert codes == [0, 0], report
   return [json.loads(out.read_text()) for out in outs]
+
+
+def test_a_locked_workdir_stops_every_process_with_the_error(tmp_path):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  fd = os.open(workdir / ".dllm_rl.lock", os.O_RDWR | os.O_CREAT)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.write(fd, b"pid 1 on the other run\n")
+    # before the fix process 0 stopped alone and process 1 went on to train, waiting for
+    # process 0 in its first collective
+    outs = _run(tmp_path, workdir, "sft", {"sft.steps": 2})
+  finally:
+    os.close(fd)
+  assert "--workdir" in outs[0]["error"] and "pid 1 on the other run" in outs[0]["error"]
+  assert "--workdir" in outs[1]["error"] and "process 0 could not lock it" in outs[1]["error"]
+  assert not (workdir / "checkpoints").exists()
 
 
 def test_mode_eval_of_a_checkpoint_runs_on_every_process(tmp_path):

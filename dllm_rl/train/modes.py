@@ -136,40 +136,65 @@ def open_writers(config, workdir: str, *, enabled: bool):
 LOCK_FILE = ".dllm_rl.lock"
 
 
-@contextlib.contextmanager
-def workdir_lock(workdir: str, *, enabled: bool):
-  """Hold an exclusive lock on ``workdir/.dllm_rl.lock`` for the duration (a training run,
-  primary process): a second training run started on the same local folder (the command
-  given twice, a scheduler's requeue while the first still runs) is a ConfigError naming
-  ``--workdir`` and the holder, instead of the two deleting each other's checkpoint writes and
-  superseding each other's metrics. A URL workdir, or a file system without ``flock``, is not
-  locked. The lock goes with the process (the file stays)."""
-  if not enabled or paths.is_url(workdir):
-    yield
-    return
+def _take_lock(workdir: str) -> int:
+  """An open descriptor of ``workdir/.dllm_rl.lock`` holding its ``flock`` (not locked where
+  the file system has no ``flock``); ConfigError naming ``--workdir`` and the holder when
+  another process holds it."""
   import fcntl
   import os
   import socket
   fd = os.open(os.path.join(workdir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
   try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "holder unknown"
+    os.close(fd)
+    raise ConfigError("--workdir", f"{workdir} is in use by another training run ({holder}):"
+                      " two runs in one folder overwrite each other's checkpoints and"
+                      " metrics; wait for it to end or stop it, or use another --workdir"
+                      ) from None
+  except OSError:  # no flock on this file system (some network mounts): not locked
+    return fd
+  os.ftruncate(fd, 0)
+  os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since"
+                f" {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+  return fd
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: str, *, enabled: bool):
+  """Hold an exclusive lock on ``workdir/.dllm_rl.lock`` for the duration (a training run):
+  a second training run started on the same local folder (the command given twice, a
+  scheduler's requeue while the first still runs) is a ConfigError naming ``--workdir`` and
+  the holder, instead of the two deleting each other's checkpoint writes and superseding each
+  other's metrics. Process 0 takes the lock; every process calls this at the same point and
+  learns whether it could, so that all of them stop with the error (not process 0 alone, the
+  others waiting for it in their first collective). A URL workdir, or a file system without
+  ``flock``, is not locked. The lock goes with the process (the file stays)."""
+  if not enabled or paths.is_url(workdir):
+    yield
+    return
+  import os
+
+  import numpy as np
+
+  from dllm_rl.parallel.distributed import is_primary
+  from dllm_rl.train.resilience import agree_any
+  fd, failure = None, None
+  if is_primary():
     try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-      locked = True
-    except BlockingIOError:
-      holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "holder unknown"
-      raise ConfigError("--workdir", f"{workdir} is in use by another training run ({holder}):"
-                        " two runs in one folder overwrite each other's checkpoints and"
-                        " metrics; wait for it to end or stop it, or use another --workdir"
-                        ) from None
-    except OSError:  # no flock on this file system (some network mounts): not locked
-      locked = False
-    if locked:
-      os.ftruncate(fd, 0)
-      os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since"
-                    f" {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+      fd = _take_lock(workdir)
+    except Exception as err:  # noqa: BLE001  (said to every process first, raised below)
+      failure = err
+  if agree_any(np.array([failure is not None]))[0]:
+    raise failure or ConfigError(
+        "--workdir", f"{workdir} is in use by another training run, or its lock file could not"
+        " be opened: process 0 could not lock it (its error names the holder)")
+  try:
     yield
   finally:
-    os.close(fd)  # releases the lock
+    if fd is not None:
+      os.close(fd)  # releases the lock
 
 
 def mesh_notes(mesh) -> list[str]:
@@ -210,7 +235,7 @@ def run(config, workdir: str, *, quiet_unread=()) -> dict:
   training = config.mode != "eval"  # eval writes only its own files, beside a training run
   with handle_signals(saves=training):
     ctx = build_context(config, workdir)
-    with workdir_lock(workdir, enabled=training and is_primary()):
+    with workdir_lock(workdir, enabled=training):
       if is_primary():
         # settings that change nothing, said before anything compiles
         for line in (unread_settings(config, quiet_unread) + list(ctx.notes)
