@@ -33,7 +33,7 @@ for name in $PARTS; do
             "rl_step_mfu, study; separated by spaces)" >&2; exit 2 ;;
   esac
 done
-mkdir -p "$OUT"
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 1  # absolute: the script cd's below
 cd "$(dirname "$0")/.." || exit 1
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt" 2>&1 || true
 run() {  # run NAME SECONDS CMD...

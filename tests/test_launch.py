@@ -415,3 +415,19 @@ def test_gpu_scripts_help_prints_their_header(tmp_path, script):
   res = subprocess.run(["bash", script, "--help"], capture_output=True, text=True, timeout=30,
                        cwd=tmp_path)
   assert res.returncode == 0 and "bash launch/" in res.stdout and not os.listdir(tmp_path)
+
+
+def test_gpu_check_writes_a_relative_out_dir_where_it_was_given(tmp_path):
+  """OUT_DIR relative to the caller's folder: the script cd's to the repository, and its logs
+  went to OUT_DIR under the repository (or failed), not where the folder was made."""
+  python = tmp_path / "py"
+  python.write_text("#!/bin/sh\necho stub \"$@\"\n")
+  python.chmod(0o755)
+  env = {**os.environ, "PYTHON": str(python), "GPU_CHECK_PARTS": "staircase",
+         "GPU_CHECK_LIMIT_S": "5"}
+  res = subprocess.run(["bash", GPU_CHECK, "rel_out"], env=env, capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path)
+  assert res.returncode == 0, res.stderr
+  assert "stub -m dllm_rl.benchmarks.staircase" in (tmp_path / "rel_out" / "staircase.log"
+                                                   ).read_text()
+  assert (tmp_path / "rel_out" / "summary.txt").exists()

@@ -390,3 +390,20 @@ def test_a_pipeline_without_sft_resumes_rl_from_the_hf_model(tmp_path):
   with pytest.raises(ConfigError, match=r"from the HF model / a fresh init, but RL would now"
                                         r" start from SFT step 5"):
     rl_loop.check_rl_start_before_sft(build_context(config, str(tmp_path)))
+
+
+def test_a_resume_note_leaves_out_the_distributed_settings(capsys):
+  """A requeued multi-host job comes back with another coordinator address and process ids:
+  no change to the run, so the resume note does not list distributed.*; rl.steps it does."""
+  import types
+
+  from dllm_rl.train import phases
+  saved = _config(10, mode="rl")
+  now = _config(10, mode="rl")
+  now.rl.steps = 6
+  now.distributed.coordinator_address = "10.0.0.2:1234"
+  phase = types.SimpleNamespace(name="rl", ctx=types.SimpleNamespace(config=now),
+                                unrelated_keys=("mode",))
+  phases._say_changes(phase, {"config": saved.to_json()})
+  err = capsys.readouterr().err
+  assert "rl.steps:" in err and "distributed" not in err

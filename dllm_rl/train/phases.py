@@ -266,10 +266,12 @@ def _restore(phase: Phase, ckpt: Checkpointer) -> tuple[Any, dict, int]:
 
 def _say_changes(phase: Phase, meta: dict, limit: int = 12) -> None:
   """The settings a resume of ``phase`` changes since its checkpoint was saved (its
-  ``unrelated_keys`` aside), one stderr line (layout_errors.changed_settings; at most
-  ``limit`` named)."""
+  ``unrelated_keys`` aside, and ``distributed.*``: a requeued job's new coordinator address
+  or process ids are no change to the run), one stderr line
+  (layout_errors.changed_settings; at most ``limit`` named)."""
   name = phase.name
-  changes = layout_errors.changed_settings(meta, phase.ctx.config, phase.unrelated_keys)
+  changes = layout_errors.changed_settings(meta, phase.ctx.config,
+                                           (*phase.unrelated_keys, "distributed"))
   if not changes or not is_primary():
     return
   print(f"[{name}] note: resuming with settings changed since the checkpoint was saved:"
