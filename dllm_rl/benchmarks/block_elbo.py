@@ -16,7 +16,7 @@ import argparse
 import sys
 import time
 
-from dllm_rl.benchmarks.common import check_flags
+from dllm_rl.benchmarks.common import check_flags, check_lengths, check_pallas_backend
 
 
 def _time(fn, *args, repeats: int):
@@ -39,15 +39,12 @@ def main(argv=None) -> None:
   ap.add_argument("--budget", type=float, default=120.0, help="skip lengths predicted slower")
   args = ap.parse_args(argv)
   check_flags(ap, args, positive=("lengths", "block"), nonnegative=("prompt",))
-  for l in args.lengths:
-    if l % args.block:
-      ap.error(f"--lengths: {l} is not a multiple of --block {args.block}")
+  check_lengths(ap, args)
 
   import jax
   import jax.numpy as jnp
   import numpy as np
-  if args.impl == "pallas" and jax.default_backend() == "cpu":
-    ap.error("--impl pallas compiles the kernel for a GPU or TPU; on CPU use auto or interpret")
+  check_pallas_backend(ap, args.impl, jax.default_backend())
 
   from dllm_rl.diffusion.block import block_elbo, block_elbo_loop
   from dllm_rl.diffusion.estimators import EstimatorConfig

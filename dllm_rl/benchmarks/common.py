@@ -53,3 +53,25 @@ def check_flags(ap, args, *, positive=(), nonnegative=()) -> None:
       for v in value if isinstance(value, list) else [value]:
         if v is not None and v < low:
           ap.error(f"--{name} must be >= {low}, got {v}")
+
+
+def check_lengths(ap, args) -> None:
+  """``ap.error`` naming the first ``--lengths`` value that is not a multiple of ``--block``."""
+  for length in args.lengths:
+    if length % args.block:
+      ap.error(f"--lengths: {length} is not a multiple of --block {args.block}")
+
+
+def check_pallas_backend(ap, impl: str, backend: str) -> None:
+  """``ap.error`` for ``--impl pallas`` on CPU, where the kernel does not compile."""
+  if impl == "pallas" and backend == "cpu":
+    ap.error("--impl pallas compiles the kernel for a GPU or TPU; on CPU use auto or interpret")
+
+
+def check_model_sizes(ap, args) -> None:
+  """``ap.error`` for a random model that cannot be built: ``--vocab`` below 3 (mask, EOS and
+  a prompt token) or ``--d-model`` not a multiple of ``--heads``."""
+  if args.vocab < 3:
+    ap.error(f"--vocab must be >= 3 (mask, EOS and a prompt token), got {args.vocab}")
+  if args.d_model % args.heads:
+    ap.error(f"--d-model {args.d_model} is not a multiple of --heads {args.heads}")

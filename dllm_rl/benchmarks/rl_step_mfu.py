@@ -22,7 +22,8 @@ import statistics
 import sys
 import time
 
-from dllm_rl.benchmarks.common import check_flags, matmul_peak, sharded_rl_step
+from dllm_rl.benchmarks.common import (check_flags, check_model_sizes, matmul_peak,
+                                      sharded_rl_step)
 
 
 def main(argv=None) -> None:
@@ -43,10 +44,7 @@ def main(argv=None) -> None:
   args = ap.parse_args(argv)
   check_flags(ap, args, positive=("d-model", "layers", "heads", "mlp", "prompts", "group",
                                   "prompt", "gen", "steps", "peak-n"))
-  if args.vocab < 3:
-    ap.error(f"--vocab must be >= 3 (mask, EOS and a token), got {args.vocab}")
-  if args.d_model % args.heads:
-    ap.error(f"--d-model {args.d_model} is not a multiple of --heads {args.heads}")
+  check_model_sizes(ap, args)
 
   import jax
   import jax.numpy as jnp

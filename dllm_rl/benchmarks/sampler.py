@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 
-from dllm_rl.benchmarks.common import check_flags, matmul_peak
+from dllm_rl.benchmarks.common import check_flags, check_model_sizes, matmul_peak
 
 MODES = ("none", "prefix", "dual")
 
@@ -350,10 +350,7 @@ def main(argv=None) -> None:
     ap.error("--accuracy-config needs --accuracy-workdir (the run folder of its checkpoint)")
   if args.accuracy_config:  # found before the speed part's minutes
     _check_accuracy_flags(ap, args)
-  if args.vocab < 3:
-    ap.error(f"--vocab must be >= 3 (mask, EOS and a prompt token), got {args.vocab}")
-  if args.d_model % args.heads:
-    ap.error(f"--d-model {args.d_model} is not a multiple of --heads {args.heads}")
+  check_model_sizes(ap, args)
   if args.gen % args.block or args.steps % (args.gen // args.block):
     ap.error(f"--gen {args.gen} must be a multiple of --block {args.block}, and --steps "
              f"{args.steps} a multiple of the {args.gen // args.block} blocks")

@@ -24,7 +24,7 @@ import statistics
 import sys
 import time
 
-from dllm_rl.benchmarks.common import check_flags
+from dllm_rl.benchmarks.common import check_flags, check_lengths, check_pallas_backend
 
 
 def _mask_density(p: int, l: int, bs: int) -> float:
@@ -78,9 +78,7 @@ def main(argv=None) -> None:
   args = ap.parse_args(argv)
   check_flags(ap, args, positive=("lengths", "block", "batch", "heads", "kv-heads", "head-dim",
                                   "block-q", "block-k", "repeats"), nonnegative=("prompt",))
-  for l in args.lengths:
-    if l % args.block:
-      ap.error(f"--lengths: {l} is not a multiple of --block {args.block}")
+  check_lengths(ap, args)
   if args.heads % args.kv_heads:
     ap.error(f"--heads {args.heads} is not a multiple of --kv-heads {args.kv_heads}")
 
@@ -90,8 +88,7 @@ def main(argv=None) -> None:
   from dllm_rl.kernels import staircase as sc
 
   backend = jax.default_backend()
-  if args.impl == "pallas" and jax.default_backend() == "cpu":
-    ap.error("--impl pallas compiles the kernel for a GPU or TPU; on CPU use auto or interpret")
+  check_pallas_backend(ap, args.impl, backend)
   interpret = args.impl == "interpret" or (args.impl == "auto" and backend == "cpu")
   kernel_impl = "interpret" if interpret else "pallas"
   bq, bk = sc.default_block_sizes(kernel_impl)

@@ -47,14 +47,19 @@ def _value(reversed_digits: str) -> int:
   return int(reversed_digits[::-1])
 
 
+def _step_text(i: int, s: int, x: int, t: int, num_digits: int) -> str:
+  """Step ``i`` (from 0) of a scratchpad, ``s+x=t`` with reversed digits: the first sum ``s``
+  (an operand) and ``x`` padded to ``num_digits``, the running sums to one digit more."""
+  width = num_digits + 1
+  return f"{_rev(s, num_digits if i == 0 else width)}+{_rev(x, num_digits)}={_rev(t, width)}"
+
+
 def chain_answer(operands: list[int], num_digits: int) -> str:
   """The scratchpad that adds ``operands`` in the given order (module docstring)."""
-  width = num_digits + 1
   steps, total = [], operands[0]
   for i, x in enumerate(operands[1:]):
-    lhs = _rev(total, num_digits if i == 0 else width)
+    steps.append(_step_text(i, total, x, total + x, num_digits))
     total += x
-    steps.append(f"{lhs}+{_rev(x, num_digits)}={_rev(total, width)}")
   return ",".join(steps)
 
 
@@ -133,7 +138,5 @@ def grade_chain(text: str, operands, max_chars: int = 4096, num_digits: int = 0)
   if "reason" not in info and Counter(used) != Counter(operands):
     info["reason"] = f"must add each of {sorted(operands)} once, added {sorted(used)}"
   correct = "reason" not in info
-  width = num_digits + 1 if num_digits else 0
-  parsed = ",".join(f"{_rev(s, num_digits if i == 0 else width)}+{_rev(x, num_digits)}"
-                    f"={_rev(t, width)}" for i, (s, x, t) in enumerate(values))
-  return VerifyResult(reward=float(correct), correct=correct, parsed=parsed, info=info)
+  answer = ",".join(_step_text(i, s, x, t, num_digits) for i, (s, x, t) in enumerate(values))
+  return VerifyResult(reward=float(correct), correct=correct, parsed=answer, info=info)

@@ -143,8 +143,9 @@ def run_eval(ctx: Context) -> dict:
   # every process reads the meta: opening a checkpoint manager is a collective (Orbax syncs
   # all processes), so a read in process 0 alone waits for the others forever
   notes = trained_otherwise(ref, config) if ref is not None else []
-  for line in notes if is_primary() else []:
-    print(f"[eval] warning: {line}", file=sys.stderr, flush=True)
+  if is_primary():
+    for line in notes:
+      print(f"[eval] warning: {line}", file=sys.stderr, flush=True)
   result = evaluation.evaluate_policy(graphdef, params, ctx.decoding, ctx.test, ctx.eval_options)
   report_path, generations_path = result_paths(ctx.workdir, config.task.name, ref)
   report = {

@@ -162,10 +162,10 @@ def _sampler(config, check: "_Checks") -> None:
   """``sampler``: blocks, steps, temperature, threshold, cache."""
   s, d = config.sampler, config.data
   check(s.block_len > 0, "sampler.block_len", "must be positive")
+  num_blocks = max(d.completion_len // s.block_len, 1) if s.block_len > 0 else 0
   if s.block_len > 0 and d.completion_len > 0:
     check(d.completion_len % s.block_len == 0, "sampler.block_len",
            f"data.completion_len={d.completion_len} is not a multiple of sampler.block_len={s.block_len}")
-    num_blocks = max(d.completion_len // s.block_len, 1)
     check(s.steps > 0 and s.steps % num_blocks == 0, "sampler.steps",
            f"{s.steps} must be a positive multiple of the number of blocks ({num_blocks})")
     check(s.steps // num_blocks <= s.block_len or s.kind == "dream", "sampler.steps",
@@ -182,10 +182,9 @@ def _sampler(config, check: "_Checks") -> None:
   check(s.cache_refresh >= 0, "sampler.cache_refresh", "must be >= 0 (0 = block starts only)")
   check(s.cache_refresh == 0 or s.cache != "none", "sampler.cache_refresh",
         f"{s.cache_refresh} refreshes a cache, and sampler.cache is 'none'")
-  if s.cache_refresh > 0 and s.cache != "none" and s.block_len > 0 and s.steps > 0:
-    blocks = max(d.completion_len // s.block_len, 1)
+  if s.cache_refresh > 0 and s.cache != "none" and num_blocks and s.steps > 0:
     per_block, what = ((s.block_len, "sampler.block_len in threshold mode") if s.threshold > 0
-                       else (s.steps // blocks, "sampler.steps / blocks"))
+                       else (s.steps // num_blocks, "sampler.steps / blocks"))
     check(s.cache_refresh < per_block, "sampler.cache_refresh",
           f"{s.cache_refresh} refreshes nothing: a block runs at most {per_block} steps ({what}),"
           " numbered from 0, and step 0 already runs on a fresh cache: the same as 0; set it"
