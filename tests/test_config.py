@@ -114,11 +114,38 @@ def test_the_estimator_must_suit_the_model_only_where_rl_scores_with_it():
     ({"profile__steps": "700:800", "mode": "pipeline"}, "profile.steps"),  # after rl.steps
     ({"eval__temperature": 0.0, "eval__num_samples": 4, "eval__pass_k": (1, 4)},
      "eval.temperature"),  # identical samples
+    # config.distributed: what the config alone shows, with the other config errors (once
+    # raised by initialize() after validation had passed; ports were not range-checked)
+    ({"distributed__coordinator_address": "10.0.0.1:70000"}, "distributed.coordinator_address"),
+    ({"distributed__coordinator_address": "10.0.0.1:0"}, "distributed.coordinator_address"),
+    ({"distributed__coordinator_address": "10.0.0.1"}, "distributed.coordinator_address"),
+    ({"distributed__initialize": "explicit", "distributed__coordinator_address": "h:port"},
+     "distributed.coordinator_address"),
+    ({"distributed__num_processes": 2, "distributed__process_id": 2}, "distributed.process_id"),
+    ({"distributed__process_id": -2}, "distributed.process_id"),
+    ({"distributed__num_processes": -1}, "distributed.num_processes"),
+    ({"distributed__local_device_ids": "0,0"}, "distributed.local_device_ids"),
+    ({"distributed__local_device_ids": "0,a", "distributed__initialize": "never"},
+     "distributed.local_device_ids"),
+    ({"distributed__initialize": "sometimes"}, "distributed.initialize"),
 ])
 def test_bad_values_name_their_key(updates, key):
   with pytest.raises(ConfigError) as err:
     validate(_cfg(**updates))
   assert err.value.key == key and str(err.value).startswith(f"config.{key}:")
+
+
+def test_distributed_values_left_to_the_environment_validate():
+  """Only initialize() can check what DLLM_* env vars fill in: a process id without a count,
+  a count without an id, a port at either end of its range, and initialize="never" (the
+  process keys unread) pass validation."""
+  for updates in ({"distributed__process_id": 3}, {"distributed__num_processes": 4},
+                  {"distributed__coordinator_address": "[::1]:65535",
+                   "distributed__num_processes": 2, "distributed__process_id": 1},
+                  {"distributed__coordinator_address": "node-a:1"},
+                  {"distributed__initialize": "never", "distributed__process_id": 9,
+                   "distributed__num_processes": 2, "distributed__coordinator_address": "x"}):
+    validate(_cfg(**updates))
 
 
 def test_a_non_finite_number_is_one_error_and_greedy_rollouts_need_random_remasking():

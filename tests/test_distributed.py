@@ -107,6 +107,23 @@ def test_explicit_reports_every_missing_value_at_once():
   assert "is not an integer" in str(err.value.errors[1])
 
 
+def test_a_port_out_of_range_is_named_whether_from_the_config_or_the_env():
+  """1..65535: an env var's port is checked when initialize() runs, a config's also by
+  validation (config_problems); config and env problems are said together, each once."""
+  env = {"DLLM_COORDINATOR_ADDRESS": "h:65536", "DLLM_NUM_PROCESSES": "2", "DLLM_PROCESS_ID": "0"}
+  with pytest.raises(ConfigError, match=r"^config\.distributed\.coordinator_address: port 65536"):
+    plan(env)
+  assert plan(dict(env, DLLM_COORDINATOR_ADDRESS="h:65535")).kwargs["process_id"] == 0
+  with pytest.raises(ConfigErrors) as err:
+    plan({"DLLM_NUM_PROCESSES": "x"}, coordinator_address="h:0", process_id=-2)
+  assert [e.key for e in err.value.errors] == [
+      "distributed.coordinator_address", "distributed.process_id", "distributed.num_processes"]
+  assert [str(e) for e in err.value.errors] == [
+      str(e) for e in distributed.config_problems(dist_cfg(coordinator_address="h:0",
+                                                           process_id=-2))
+  ] + ["config.distributed.num_processes: env var DLLM_NUM_PROCESSES='x' is not an integer"]
+
+
 def test_missing_value_message_names_the_env_var():
   with pytest.raises(ConfigError, match="DLLM_COORDINATOR_ADDRESS"):
     plan(initialize="explicit", num_processes=2, process_id=0)

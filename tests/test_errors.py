@@ -275,6 +275,30 @@ def test_a_local_hf_checkpoint_without_config_json_is_named_before_the_workdir_i
     assert not (tmp_path / "new").exists(), source
 
 
+def test_distributed_settings_the_config_shows_wrong_are_said_with_the_other_errors(
+    tmp_path, monkeypatch, capsys):
+  """``--config.distributed.*`` values wrong in the config itself (a port out of range, a
+  process id past the count) are config errors, listed with the others before initialize()
+  runs or the workdir is made; they once came one at a time from initialize(), after
+  validation had passed, and an out-of-range port reached jax.distributed."""
+  from dllm_rl.parallel import distributed
+  monkeypatch.setattr(distributed, "initialize", lambda *a, **k: pytest.fail("initialized"))
+  w = tmp_path / "w"
+  code = _run_main([f"--workdir={w}", "--config.seed=-1",
+                    "--config.distributed.coordinator_address=node-a:70000",
+                    "--config.distributed.num_processes=2", "--config.distributed.process_id=2"],
+                   monkeypatch)
+  err = capsys.readouterr().err
+  assert code == 2 and "Traceback" not in err, err
+  assert err.splitlines() == [
+      "error: config.distributed.coordinator_address: port 70000 of 'node-a:70000' is not in"
+      " 1..65535",
+      "error: config.distributed.process_id: must be in [0, num_processes=2) (-1 = from env"
+      " DLLM_PROCESS_ID), got 2",
+      "error: config.seed: must be in [0, 2**31), got -1"], err
+  assert not w.exists()
+
+
 def test_only_a_task_read_from_files_is_told_to_set_model_hf_checkpoint(tmp_path):
   """The CharTokenizer serves the generated tasks: their text (and a character that is not in
   it, such as one of data.system_prompt) keeps the tokenizer's own message; a JSONL task whose

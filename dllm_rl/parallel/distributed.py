@@ -29,6 +29,11 @@ CPU multi-process runs need cross-process CPU collectives: with JAX 0.10 they ar
 gloo (``jax_cpu_collectives_implementation``, already JAX's default); older or
 unset configurations are switched to gloo before initialising.
 
+What the config alone shows to be wrong (:func:`config_problems`: a port outside 1..65535, a
+``process_id`` outside ``[0, num_processes)``, ...) validation reports with the other config
+errors (``dllm_rl.train.validate``); ``initialize`` checks the values it takes from the
+environment.
+
 Everything here is a no-op or trivial for a single process, so the same code
 runs on a laptop, one GPU and a TPU pod.
 """
@@ -115,20 +120,63 @@ def parse_device_ids(value: Any) -> list[int] | None:
   return ids
 
 
-def _explicit_kwargs(cfg: Any, env: Mapping[str, str], mode: str) -> dict:
-  """Coordinator, process count and id from the config, falling back to DLLM_* env vars; every
-  missing or malformed one reported at once (:func:`raise_all`)."""
+def address_problem(address: str) -> str | None:
+  """Why ``address`` is no coordinator address ``host:port`` with a port in 1..65535, or None."""
+  host, _, port = address.rpartition(":")
+  if not host or not (port.isascii() and port.isdigit()):
+    return f"expected host:port, got {address!r}"
+  if not 1 <= int(port) <= 65535:
+    return f"port {int(port)} of {address!r} is not in 1..65535"
+  return None
+
+
+def config_problems(dist_cfg: Any) -> list[ConfigError]:
+  """The problems of ``config.distributed`` that the config alone shows (an unknown mode, a
+  malformed ``coordinator_address`` or port, a negative process count, a ``process_id`` outside
+  ``[0, num_processes)``, malformed ``local_device_ids``): validation reports them with every
+  other config error. Values the DLLM_* env vars fill in, and what the cluster says, only
+  :func:`plan` (so :func:`initialize`) can check. With ``initialize="never"`` the process
+  keys are not read, so not checked."""
   errors: list[ConfigError] = []
+  mode = str(_get(dist_cfg, "initialize", "auto"))
+  if mode not in INITIALIZE_MODES:
+    errors.append(ConfigError("distributed.initialize",
+                              f"unknown mode {mode!r}; expected one of {INITIALIZE_MODES}"))
+  try:
+    parse_device_ids(_get(dist_cfg, "local_device_ids", ""))
+  except ConfigError as err:
+    errors.append(err)
+  if mode == "never":
+    return errors
+  address = str(_get(dist_cfg, "coordinator_address", "") or "").strip()
+  if address and (problem := address_problem(address)):
+    errors.append(ConfigError("distributed.coordinator_address", problem))
+  num, pid = int(_get(dist_cfg, "num_processes", 0)), int(_get(dist_cfg, "process_id", -1))
+  if num < 0:
+    errors.append(ConfigError("distributed.num_processes",
+                              f"must be >= 1 (0 = from env {ENV_NUM_PROCESSES}), got {num}"))
+  if pid < -1 or (num > 0 and pid >= num):
+    bound = f"num_processes={num}" if num > 0 else "num_processes"
+    errors.append(ConfigError("distributed.process_id", f"must be in [0, {bound}) (-1 = from"
+                              f" env {ENV_PROCESS_ID}), got {pid}"))
+  return errors
+
+
+def _explicit_kwargs(cfg: Any, env: Mapping[str, str], mode: str,
+                     problems: list[ConfigError]) -> dict:
+  """Coordinator, process count and id from the config, falling back to DLLM_* env vars; every
+  missing or malformed one reported at once (:func:`raise_all`) with ``problems`` (those
+  :func:`config_problems` found in the config, each said once)."""
+  errors = list(problems)
+  said = lambda key: any(e.key == f"distributed.{key}" for e in problems)
   address = str(_get(cfg, "coordinator_address", "") or "").strip() or env.get(
       ENV_COORDINATOR, "").strip()
-  host, _, port = address.rpartition(":")
   if not address:
     errors.append(ConfigError("distributed.coordinator_address",
                               f"required with initialize={mode!r}: set it (host:port) or the env"
                               f" var {ENV_COORDINATOR}"))
-  elif not host or not port.isdigit():
-    errors.append(ConfigError("distributed.coordinator_address",
-                              f"expected host:port, got {address!r}"))
+  elif not said("coordinator_address") and (problem := address_problem(address)):
+    errors.append(ConfigError("distributed.coordinator_address", problem))
 
   def from_env(key: str, unset: int, var: str) -> int | None:
     value = int(_get(cfg, key, unset))
@@ -146,7 +194,9 @@ def _explicit_kwargs(cfg: Any, env: Mapping[str, str], mode: str) -> dict:
 
   num = from_env("num_processes", 0, ENV_NUM_PROCESSES)
   pid = from_env("process_id", -1, ENV_PROCESS_ID)
-  if num is not None and num < 1:
+  if said("num_processes") or said("process_id"):
+    pass  # the config's values: in problems already
+  elif num is not None and num < 1:
     errors.append(ConfigError("distributed.num_processes",
                               f"must be >= 1 (0 = from env), got {num}"))
   elif num is not None and pid is not None and not 0 <= pid < num:
@@ -200,14 +250,14 @@ def plan(dist_cfg: Any, env: Mapping[str, str] | None = None,
       starts with the config key, e.g. ``config.distributed.coordinator_address``.
   """
   env = os.environ if env is None else env
+  problems = config_problems(dist_cfg)  # validation said them already (dllm_rl.main)
   mode = str(_get(dist_cfg, "initialize", "auto"))
-  if mode not in INITIALIZE_MODES:
-    raise ConfigError("distributed.initialize", f"unknown mode {mode!r}; expected one of {INITIALIZE_MODES}")
-  local_ids = parse_device_ids(_get(dist_cfg, "local_device_ids", ""))
-  if mode == "never":
-    return Plan("single", {}, "initialize='never'")
   if mode == "explicit":
-    return Plan("explicit", _explicit_kwargs(dist_cfg, env, mode), "initialize='explicit'")
+    return Plan("explicit", _explicit_kwargs(dist_cfg, env, mode, problems),
+                "initialize='explicit'")
+  if mode != "auto":  # never, or an unknown mode (one of the problems)
+    raise_all(problems)
+    return Plan("single", {}, "initialize='never'")
 
   explicit_keys = [k for k, default in (("coordinator_address", ""), ("num_processes", 0),
                                         ("process_id", -1))
@@ -215,7 +265,9 @@ def plan(dist_cfg: Any, env: Mapping[str, str] | None = None,
   dllm_vars = [v for v in (ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID) if env.get(v)]
   if explicit_keys or dllm_vars:
     why = ", ".join([f"config.distributed.{k}" for k in explicit_keys] + dllm_vars)
-    return Plan("explicit", _explicit_kwargs(dist_cfg, env, mode), f"auto: {why} set")
+    return Plan("explicit", _explicit_kwargs(dist_cfg, env, mode, problems), f"auto: {why} set")
+  raise_all(problems)
+  local_ids = parse_device_ids(_get(dist_cfg, "local_device_ids", ""))
 
   cluster_kwargs = {"local_device_ids": local_ids} if local_ids is not None else {}
   hint = _tpu_hint(env)

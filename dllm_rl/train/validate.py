@@ -23,7 +23,7 @@ from dllm_rl.infra import writers
 from dllm_rl.kernels.staircase import ATTENTION_IMPLS
 from dllm_rl.models import lora, transformer
 from dllm_rl.models.scan import REMAT_POLICIES
-from dllm_rl.parallel.distributed import INITIALIZE_MODES
+from dllm_rl.parallel import distributed
 from dllm_rl.paths import BackendMissing
 from dllm_rl.registry import unknown_message
 from dllm_rl.rl import advantages, losses
@@ -401,8 +401,8 @@ def _runtime(config, check: "_Checks") -> None:
   problem = expert_axis_problem(config.mesh.expert, config.model.n_experts,
                                 known=not config.model.hf_checkpoint)
   check(problem is None, "mesh.expert", problem or "")
-  check(config.distributed.initialize in INITIALIZE_MODES, "distributed.initialize",
-         f"must be one of {INITIALIZE_MODES}, got {config.distributed.initialize!r}")
+  for err in distributed.config_problems(config.distributed):  # the env's values: initialize
+    check.error(err)
   check(config.checkpoint.save_every > 0, "checkpoint.save_every", "must be positive")
   check(config.checkpoint.keep > 0, "checkpoint.keep", "must be positive")
   check(config.log.peak_tflops >= 0, "log.peak_tflops", "must be >= 0 (0 = from the device kind)")
