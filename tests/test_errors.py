@@ -368,8 +368,15 @@ def test_a_workdir_in_use_by_another_training_run_is_named_and_left_alone(tmp_pa
                                                                           monkeypatch, capsys):
   """The same training command given twice on one folder (or a requeue while the first still
   runs): the second is one ``error: --workdir:`` line naming the holder, exit status 2, and
-  writes nothing there; the first run's lock is released at its end, so a rerun works."""
+  writes nothing there; it reads no task data first (the lock was once taken after
+  build_context had generated the splits and loaded the HF source); the first run's lock is
+  released at its end, so a rerun works."""
   import fcntl
+
+  from dllm_rl.train import context
+  real_generate = context._generate
+  generated = []
+  monkeypatch.setattr(context, "_generate", lambda *a: generated.append(a[1]) or real_generate(*a))
   w = tmp_path / "w"
   w.mkdir()
   argv = [f"--workdir={w}", *SMALL, "--config.mode=sft", "--config.sft.steps=1",
@@ -383,7 +390,7 @@ def test_a_workdir_in_use_by_another_training_run_is_named_and_left_alone(tmp_pa
   assert code == 2 and "Traceback" not in err, err
   assert re.search(rf"^error: --workdir: {re.escape(str(w))} is in use by another training run"
                    r" \(pid 4242 on node7, since 2026-01-01 00:00:00\): ", err, re.M), err
-  assert sorted(os.listdir(w)) == [".dllm_rl.lock"]
+  assert sorted(os.listdir(w)) == [".dllm_rl.lock"] and generated == []
   from dllm_rl.train.modes import workdir_lock
   for _ in range(2):  # the lock ends with its run: the next run in this process takes it
     with workdir_lock(str(w), enabled=True):

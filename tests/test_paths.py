@@ -34,7 +34,7 @@ def test_a_workdir_or_file_under_tilde_is_the_home_folders(tmp_path, monkeypatch
   assert paths.expand("gs://bucket/~x") == "gs://bucket/~x"
   seen = []
 
-  def built(config, workdir):
+  def built(config, workdir, mesh=None):
     seen.append(workdir)
     raise RuntimeError("stop")
 

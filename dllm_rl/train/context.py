@@ -401,9 +401,13 @@ def check_local_source(m) -> None:
     hf_model_config(checkpoint_folder(spec), m.dtype, m.param_dtype)
 
 
-def build_context(config, workdir: str) -> Context:
-  """Generate the task data (host side), build the mesh and resolve static
-  configs; no compilation."""
+def prepare_workdir(config, workdir: str):
+  """The part of :func:`build_context` that reads no data: the mesh (returned), the checks it
+  needs no data for (batch sizes over the mesh, the kernel's backend, a local
+  ``model.hf_checkpoint``'s config.json), then ``workdir`` made and probed for writing (a
+  uniquely named file, removed at once). Nothing else is written there, so a training run takes
+  the workdir's lock (train/modes.py) right after it, before the task data and the HF source
+  are read."""
   try:
     mesh = make_mesh(config.mesh)
   except ValueError as err:
@@ -425,6 +429,15 @@ def build_context(config, workdir: str) -> Context:
   except OSError as err:  # no such parent on a read-only or virtual file system, no rights
     raise ConfigError("--workdir", f"{workdir}: cannot create it ({err})") from None
   check_writable(workdir)
+  return mesh
+
+
+def build_context(config, workdir: str, mesh=None) -> Context:
+  """Generate the task data (host side), build the mesh and resolve static
+  configs; no compilation. ``mesh``: that :func:`prepare_workdir` returned (None: it runs
+  here)."""
+  if mesh is None:
+    mesh = prepare_workdir(config, workdir)
   task = tasks_lib.make_task(config.task.name, **task_options(config))
   hf = checkpoint = None
   if config.model.hf_checkpoint:

@@ -222,7 +222,7 @@ def run(config, workdir: str, *, quiet_unread=()) -> dict:
   signal raises it at once (nothing to save); see that module.
   ``quiet_unread``: keys whose "not read" warning (dllm_rl.train.unread) is not printed."""
   from dllm_rl.parallel.distributed import initialize
-  from dllm_rl.train.context import build_context
+  from dllm_rl.train.context import build_context, prepare_workdir
   from dllm_rl.train.validate import validate
 
   t0 = time.monotonic()
@@ -234,8 +234,9 @@ def run(config, workdir: str, *, quiet_unread=()) -> dict:
   from dllm_rl.parallel.distributed import is_primary
   training = config.mode != "eval"  # eval writes only its own files, beside a training run
   with handle_signals(saves=training):
-    ctx = build_context(config, workdir)
-    with workdir_lock(workdir, enabled=training):
+    mesh = prepare_workdir(config, workdir)  # made, nothing of the run written or read yet
+    with workdir_lock(workdir, enabled=training):  # a run on it already: before reading data
+      ctx = build_context(config, workdir, mesh)
       if is_primary():
         # settings that change nothing, said before anything compiles
         for line in (unread_settings(config, quiet_unread) + list(ctx.notes)
