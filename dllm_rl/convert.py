@@ -23,6 +23,13 @@ out of the framework.
 Each command prints its throughput (MB of tensors per second) and the peak RSS. Bad input
 (missing folder or checkpoint, a step that is not saved, unsupported architecture, missing
 tensor, shape mismatch, existing output) exits with status 2 and one ``error:`` line naming it.
+
+Processes: every command first initialises ``jax.distributed`` from the environment as
+``dllm_rl.main`` does with the default ``config.distributed`` (the DLLM_* variables, a multi-task
+SLURM step, Open MPI, a TPU slice). ``export --workdir`` then runs on all of them: process 0
+writes the folder, the others add their devices and wait (:mod:`dllm_rl.train.export`).
+``import``, ``roundtrip`` and ``export --ckpt`` run on one process: with several, each
+exits 2 saying so (every one of them would write the whole folder into the same place).
 """
 
 from __future__ import annotations
@@ -35,8 +42,11 @@ import sys
 import tempfile
 from typing import Any
 
+import jax
+
 from dllm_rl.errors import ConfigError
 from dllm_rl.models import convert, hf
+from dllm_rl.parallel import distributed
 from dllm_rl.train.export import export_run
 from dllm_rl.train.run_checkpoints import AUTO, LATEST, PHASES, NoCheckpoint
 
@@ -89,12 +99,24 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
+def one_process(command: str) -> None:
+  """ValueError when this is one of several processes: ``command`` writes its whole folder from
+  each process, all into the same place."""
+  n = jax.process_count()
+  if n > 1:
+    raise ValueError(f"`convert {command}` runs on one process, and this is one of {n} (the"
+                     " DLLM_* variables, a SLURM step, Open MPI or a TPU slice started them):"
+                     " run it once, on one machine, outside the multi-process launch; only"
+                     " `convert export --workdir` runs on several")
+
+
 def _export(args) -> None:
-  try:  # a file there, or on the way there: named as the flag before anything is read
-    convert.check_new_hf_dir(args.hf_dir)
-  except (FileExistsError, NotADirectoryError) as err:
-    raise ConfigError("--hf_dir", str(err)) from None
   if args.ckpt is not None:
+    one_process("export --ckpt")
+    try:  # a file there, or on the way there: named as the flag before anything is read
+      convert.check_new_hf_dir(args.hf_dir)
+    except (FileExistsError, NotADirectoryError) as err:
+      raise ConfigError("--hf_dir", str(err)) from None
     if (args.phase, args.step) != (AUTO, LATEST):
       raise ValueError("--phase / --step choose a checkpoint of a --workdir run; --ckpt has one")
     if args.hf_source is not None:
@@ -103,13 +125,17 @@ def _export(args) -> None:
     _report("export", convert.export_hf(args.ckpt, args.hf_dir, dtype=args.dtype,
                                         max_shard_bytes=args.max_shard_bytes))
     return
-  try:
+  try:  # every process (export.py): process 0 writes
     stats = export_run(args.workdir, args.hf_dir, phase=args.phase, step=args.step,
                        dtype=args.dtype, max_shard_bytes=args.max_shard_bytes,
                        peft_dir=args.peft_dir, hf_source=args.hf_source)
   except NoCheckpoint as err:
     raise NoCheckpoint(err.what, f"--{err.what}: {err}") from None
-  _report(f"export {stats['label']}", stats)
+  if distributed.is_primary():
+    _report(f"export {stats['label']}", stats)
+  else:
+    print(f"export {stats['label']} [{stats['family']}]: process {jax.process_index()} of"
+          f" {jax.process_count()} gathered its shards; process 0 wrote {args.hf_dir}")
 
 
 def _roundtrip(args) -> int:
@@ -130,11 +156,14 @@ def _roundtrip(args) -> int:
 def main(argv: list[str] | None = None) -> int:
   args = _parser().parse_args(argv)
   try:
+    distributed.initialize(None)  # dllm_rl.main's default: before anything touches a device
     if args.command == "import":
+      one_process("import")
       _report("import", convert.import_hf(args.hf_dir, args.out, dtype=args.dtype))
     elif args.command == "export":
       _export(args)
     else:
+      one_process("roundtrip")
       return _roundtrip(args)
   except (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError, KeyError,
           json.JSONDecodeError) as e:

@@ -115,6 +115,61 @@ def test_cli_bad_input_exits_2_naming_it(tmp_path, capsys):
   assert not os.path.exists(os.path.join(out, "model.safetensors"))
 
 
+def test_convert_joins_the_launchs_processes_before_anything_else(tmp_path, monkeypatch,
+                                                                   capsys):
+  """Every command initialises jax.distributed from the environment first (as dllm_rl.main
+  does with the default config.distributed), before its arguments' folders are looked at:
+  convert once never did, so under a multi-process launch (DLLM_* set) each process exported
+  the whole folder into the same place. Its error (a partial DLLM_* set) is one line, exit 2."""
+  calls = []
+
+  def initialize(dist_cfg):
+    calls.append(dist_cfg)
+    raise convert_cli.ConfigError("distributed.process_id", "required with initialize='auto':"
+                                  " set it or the env var DLLM_PROCESS_ID")
+
+  monkeypatch.setattr(convert_cli.distributed, "initialize", initialize)
+  a_file = tmp_path / "a_file"
+  a_file.write_text("")
+  for argv in (["export", "--workdir", str(tmp_path), "--hf_dir", str(a_file)],
+               ["import", "--hf_dir", str(tmp_path / "none"), "--out", str(tmp_path / "o")]):
+    assert convert_cli.main(argv) == 2
+    assert capsys.readouterr().err == ("error: config.distributed.process_id: required with"
+                                       " initialize='auto': set it or the env var"
+                                       " DLLM_PROCESS_ID\n")
+  assert calls == [None, None] and sorted(os.listdir(tmp_path)) == ["a_file"]
+
+
+def test_the_single_process_commands_refuse_several_processes(tmp_path, monkeypatch, capsys):
+  """import, roundtrip and export --ckpt write their whole folder from each process: one of
+  several processes exits 2 saying so, before anything is read or written."""
+  monkeypatch.setattr(convert_cli.distributed, "initialize", lambda dist_cfg: {})
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  source = hf_fixture_with_tokenizer(tmp_path / "src")
+  for command, argv in (("import", ["--hf_dir", str(source), "--out", str(tmp_path / "o")]),
+                        ("roundtrip", ["--hf_dir", str(source), "--tmp", str(tmp_path / "o")]),
+                        ("export --ckpt", ["--ckpt", str(source), "--hf_dir",
+                                           str(tmp_path / "o")])):
+    assert convert_cli.main([command.split()[0], *argv]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"error: `convert {command}` runs on one process, and this is one of 2 (the DLLM_*"
+        " variables, a SLURM step, Open MPI or a TPU slice started them)")
+  assert not (tmp_path / "o").exists()
+
+
+def test_a_folder_problem_in_another_process_stops_this_one_too(monkeypatch):
+  """export.agreed: this process's own error, or, where another process failed, a ConfigError
+  naming the flag (not a wait in the next collective for a process that stopped)."""
+  from dllm_rl.train import export
+  export.agreed(None, "--hf_dir", "the check")  # no process failed
+  with pytest.raises(FileExistsError, match="mine"):
+    export.agreed(FileExistsError("mine"), "--hf_dir", "the check")
+  monkeypatch.setattr(export, "agree_any", lambda flags: np.array([True]))
+  with pytest.raises(convert_cli.ConfigError, match=r"^--hf_dir: the check failed in another"
+                     r" process \(its error says why\); nothing was written$"):
+    export.agreed(None, "--hf_dir", "the check")
+
+
 def _hf_run_checkpoint(workdir, source, step: int = 2):
   """An SFT checkpoint at ``step`` of a run from ``model.hf_checkpoint=source`` (the
   llada_tiny fixture) holding the fixture's weights × 1.5, saved as the SFT loop does (meta

@@ -13,6 +13,7 @@ from tests.multiprocess import harness
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 WORKER = os.path.join(harness.REPO, "tests", "multiprocess", "run_worker.py")
+EXPORT_WORKER = os.path.join(harness.REPO, "tests", "multiprocess", "export_worker.py")
 
 
 def _run(tmp_path, workdir, mode: str, overrides=None):
@@ -54,3 +55,28 @@ def test_mode_eval_of_a_checkpoint_runs_on_every_process(tmp_path):
   assert outs[0]["summary"]["test_accuracy"] == outs[1]["summary"]["test_accuracy"]
   report = json.loads((workdir / "eval_arithmetic_rl2.json").read_text())
   assert report["test_size"] == 4
+
+
+def test_convert_export_over_two_processes_is_written_once_by_process_0(tmp_path):
+  """``convert export --workdir`` started by a 2-process launch (the DLLM_* variables set):
+  both processes join jax.distributed, process 0 alone writes the folder, which equals a
+  single-process export, and the other says so. Before, convert never initialised
+  jax.distributed: each process was a run of its own, and both wrote the whole folder into the
+  same place (both exited 0)."""
+  from dllm_rl.models import convert
+  from dllm_rl.train.export import export_run
+  workdir, out = tmp_path / "run", tmp_path / "hf"
+  helpers.scratch_run_checkpoints(workdir, {"rl": [3]})
+  (tmp_path / "convert.json").write_text(json.dumps(
+      ["export", "--workdir", str(workdir), "--hf_dir", str(out)]))
+  outs, _, codes, report = harness.run_workers(EXPORT_WORKER, tmp_path, out_suffix=".json",
+                                               devices=2, timeout=60)
+  assert codes == [0, 0], report
+  results = [json.loads(o.read_text()) for o in outs]
+  assert [(r["rc"], r["process_count"]) for r in results] == [(0, 2), (0, 2)], report
+  assert "export rl3 [llada]: " in results[0]["stdout"] and "MB/s" in results[0]["stdout"]
+  assert (f"export rl3 [llada]: process 1 of 2 gathered its shards; process 0 wrote {out}"
+          in results[1]["stdout"])
+  export_run(str(workdir), str(tmp_path / "one"))  # this process: one process, one device
+  assert sorted(os.listdir(out)) == sorted(os.listdir(tmp_path / "one"))
+  assert convert.compare_tensors(str(out), str(tmp_path / "one")) == []

@@ -16,8 +16,12 @@ The architecture and token ids come from the config saved in the checkpoint:
   head_dim) is refused with the fields that differ.
 
 Only the parameters are read (no optimizer state), placed on one device by default and
-written by process 0 (``hf.export_checkpoint``). ``dllm_rl_export.json`` records the run,
-phase and step (SFT steps, RL rollout batches) the folder came from.
+written by process 0 (``hf.export_checkpoint``). In a multi-process export (``convert``
+initialises ``jax.distributed`` from the DLLM_* / cluster environment, as ``dllm_rl.main``
+does) they are split over every process's devices, each tensor gathered in turn, and process 0
+alone writes the folder; the others wait until it is written. A problem with the output
+folders found in any process stops every process (:func:`agreed`). ``dllm_rl_export.json``
+records the run, phase and step (SFT steps, RL rollout batches) the folder came from.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.tasks.tokenizer import CharTokenizer
 from dllm_rl.train import lora_checkpoint, run_checkpoints
 from dllm_rl.train.context import checkpoint_folder, hf_model_config, model_config
+from dllm_rl.train.resilience import agree_any
 from dllm_rl.train.run_checkpoints import AUTO, LATEST, CheckpointRef
 
 PROVENANCE_FILE = "dllm_rl_export.json"  # never copied from a source (convert._SKIP)
@@ -123,14 +128,10 @@ def check_new_peft_dir(peft_dir: str, out_dir: str) -> None:
   ``out_dir`` (or the ``base`` folder written in it), a file or a path under one, a folder that
   already holds an adapter or a model (an existing PEFT folder is never overwritten, and PEFT
   files are never added to a model folder, which transformers would then load as that
-  adapter), its ``base`` folder included; and in a multi-process export, which would hang in
-  the base's collective write or fail on arrays other processes hold."""
+  adapter), its ``base`` folder included. A multi-process export refuses it first
+  (:func:`export_run`)."""
   same = lambda a, b: os.path.realpath(a) == os.path.realpath(b)
   base_dir = os.path.join(peft_dir, PEFT_BASE_DIR)
-  if jax.process_count() > 1:  # its adapters and base are written from process 0's host arrays
-    raise ConfigError("--peft_dir", "the PEFT folder is a single-process export"
-                      f" ({jax.process_count()} processes here): export the merged --hf_dir"
-                      " here, or the adapters from one process")
   if same(peft_dir, out_dir) or same(base_dir, out_dir):
     raise ConfigError("--peft_dir", f"{peft_dir} is where --hf_dir {out_dir} goes: the merged"
                       " weights and the adapters need two folders")
@@ -143,6 +144,24 @@ def check_new_peft_dir(peft_dir: str, out_dir: str) -> None:
       convert.check_new_hf_dir(folder)
     except (FileExistsError, NotADirectoryError) as err:
       raise ConfigError("--peft_dir", str(err)) from None
+
+
+def agreed(failure: BaseException | None, flag: str, what: str) -> None:
+  """Every process calls it at the same point with its own ``failure`` (None: none): a process
+  that failed raises its error, and every other one a ConfigError naming ``flag`` (``what``
+  failed in another process), so that all of them stop, none left waiting in a collective for
+  one that stopped. Nothing when no process failed; one process: ``failure`` raised, if any."""
+  if agree_any(np.array([failure is not None]))[0]:
+    raise failure or ConfigError(flag, f"{what} failed in another process (its error says"
+                                 " why); nothing was written")
+
+
+def export_mesh():
+  """The mesh the parameters are restored onto: one device in a single process; in several,
+  every device (``fsdp``), so that each tensor is gathered to process 0 in turn."""
+  if jax.process_count() == 1:
+    return make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
+  return make_mesh({"data": 1, "fsdp": -1, "tensor": 1})
 
 
 def check_outside_checkpoints(workdir: str, folders: dict[str, str | None]) -> None:
@@ -237,22 +256,35 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
   """Checkpoint ``(phase, step)`` of the run in ``workdir`` (default: the newest phase's newest
   step) → HF folder ``out_dir``; returns timing stats and the checkpoint's label. ``hf_source``:
   the folder to read the run's ``model.hf_checkpoint`` from (config.json, tokenizer files, a
-  LoRA run's base) when it has moved. Raises FileExistsError (``out_dir`` holds a checkpoint),
-  FileNotFoundError / NoCheckpoint (no such checkpoint, listing the saved ones), ValueError (a
+  LoRA run's base) when it has moved. Raises ConfigError (``out_dir`` holds a checkpoint, is
+  a file or lies under one: named ``--hf_dir``), FileNotFoundError / NoCheckpoint (no such checkpoint, listing the saved ones), ValueError (a
   model the HF layout cannot describe; a ConfigError for a source that cannot be read, a
   ``peft_dir`` that is taken: :func:`check_new_peft_dir`, or a ``workdir`` that is no run's
-  folder: :func:`check_run_folder`)."""
-  convert.check_new_hf_dir(out_dir)
-  if peft_dir is not None:
-    check_new_peft_dir(peft_dir, out_dir)
-  check_outside_checkpoints(workdir, {"--hf_dir": out_dir, "--peft_dir": peft_dir})
-  check_run_folder(workdir)
+  folder: :func:`check_run_folder`). In a multi-process export every process calls it (the
+  module docstring); the folder checks' error stops them all."""
+  if peft_dir is not None and jax.process_count() > 1:  # written from process 0's host arrays
+    raise ConfigError("--peft_dir", "the PEFT folder is a single-process export"
+                      f" ({jax.process_count()} processes here): export the merged --hf_dir"
+                      " here, or the adapters from one process")
+  failure = None
+  try:
+    try:
+      convert.check_new_hf_dir(out_dir)
+    except (FileExistsError, NotADirectoryError) as err:
+      raise ConfigError("--hf_dir", str(err)) from None
+    if peft_dir is not None:
+      check_new_peft_dir(peft_dir, out_dir)
+    check_outside_checkpoints(workdir, {"--hf_dir": out_dir, "--peft_dir": peft_dir})
+    check_run_folder(workdir)
+  except ConfigError as err:
+    failure = err
+  agreed(failure, "--hf_dir", "the check of the export's folders")
   t0 = time.perf_counter()
   ref = run_checkpoints.find_checkpoint(workdir, phase, step)
   if ref is None:
     raise FileNotFoundError(f"no checkpoint to export under {os.path.join(workdir, 'checkpoints')}"
                             " (a training run writes checkpoints/sft or checkpoints/rl there)")
-  mesh = mesh if mesh is not None else make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
+  mesh = mesh if mesh is not None else export_mesh()
   # the newest step asked for: a damaged one falls back to the step before (a warning); the
   # model (config) is the run's, whichever of its steps holds it
   fall_back = step == LATEST
@@ -281,10 +313,15 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
   hf.export_checkpoint(merged, source.model_cfg, source.token_ids, source.family, out_dir,
                        hf_config=source.hf_config, max_shard_bytes=max_shard_bytes, dtype=dtype)
   t2 = time.perf_counter()
+  failure = None
   if is_primary():
-    write_source_files(source, out_dir, {
-        **source.texts,
-        PROVENANCE_FILE: json.dumps(provenance(ref, source, dtype), indent=2) + "\n"})
+    try:
+      write_source_files(source, out_dir, {
+          **source.texts,
+          PROVENANCE_FILE: json.dumps(provenance(ref, source, dtype), indent=2) + "\n"})
+    except OSError as err:  # said to every process first, raised below
+      failure = err
+  agreed(failure, "--hf_dir", "writing the folder")  # the others wait until it is written
   # the adapters after the merged folder: a failure writing that (a full disk) leaves no
   # finished-looking PEFT folder whose merged --hf_dir is missing
   if peft_dir is not None and is_primary():
@@ -293,5 +330,6 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
             if base_unloadable(source.origin) else peft_base(source.origin))
     peft.export_peft(nnx.to_pure_dict(params), run_cfg, source.family, peft_dir, base,
                      source.hf_config)
-  return {"family": source.family, "label": ref.label, "bytes": convert.tensor_bytes(out_dir),
+  return {"family": source.family, "label": ref.label,
+          "bytes": convert.tensor_bytes(out_dir) if is_primary() else 0,  # its folder
           "restore_s": t1 - t0, "write_s": t2 - t1, "total_s": time.perf_counter() - t0}
