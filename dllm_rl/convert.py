@@ -24,12 +24,14 @@ Each command prints its throughput (MB of tensors per second) and the peak RSS. 
 (missing folder or checkpoint, a step that is not saved, unsupported architecture, missing
 tensor, shape mismatch, existing output) exits with status 2 and one ``error:`` line naming it.
 
-Processes: every command first initialises ``jax.distributed`` from the environment as
+Processes: ``export --workdir`` first initialises ``jax.distributed`` from the environment as
 ``dllm_rl.main`` does with the default ``config.distributed`` (the DLLM_* variables, a multi-task
-SLURM step, Open MPI, a TPU slice). ``export --workdir`` then runs on all of them: process 0
-writes the folder, the others add their devices and wait (:mod:`dllm_rl.train.export`).
-``import``, ``roundtrip`` and ``export --ckpt`` run on one process: with several, each
-exits 2 saying so (every one of them would write the whole folder into the same place).
+SLURM step, Open MPI, a TPU slice) and runs on all of them: process 0 writes the folder, the
+others add their devices and wait (:mod:`dllm_rl.train.export`). ``import``, ``roundtrip`` and
+``export --ckpt`` run on one process and never join ``jax.distributed`` (one worker of a
+multi-host TPU slice runs them alone); under a multi-process launch (DLLM_*, a SLURM step of
+several tasks, an Open MPI world) each exits 2 saying so, since every process would write the
+whole folder into the same place.
 """
 
 from __future__ import annotations
@@ -99,15 +101,19 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
-def one_process(command: str) -> None:
-  """ValueError when this is one of several processes: ``command`` writes its whole folder from
-  each process, all into the same place."""
-  n = jax.process_count()
-  if n > 1:
-    raise ValueError(f"`convert {command}` runs on one process, and this is one of {n} (the"
-                     " DLLM_* variables, a SLURM step, Open MPI or a TPU slice started them):"
-                     " run it once, on one machine, outside the multi-process launch; only"
-                     " `convert export --workdir` runs on several")
+def one_process(command: str, env=None) -> None:
+  """ValueError when a multi-process launch started this process (``distributed.plan`` finds
+  the DLLM_* variables, a SLURM step of several tasks or an Open MPI world; a TPU slice's own
+  variables do not count): ``command`` writes its whole folder from each process, all into the
+  same place. Nothing is initialised."""
+  env = os.environ if env is None else env
+  launch_env = {k: v for k, v in env.items() if not k.startswith(("TPU_", "MEGASCALE_"))}
+  p = distributed.plan(None, launch_env, cloud_tpu_vm=False)
+  if p.kind != "single":
+    raise ValueError(f"`convert {command}` runs on one process, and this one was started by a"
+                     f" multi-process launch ({p.reason.removeprefix('auto: ')}): run it once,"
+                     " on one machine, outside the launch; only `convert export --workdir`"
+                     " runs on several")
 
 
 def _export(args) -> None:
@@ -125,6 +131,7 @@ def _export(args) -> None:
     _report("export", convert.export_hf(args.ckpt, args.hf_dir, dtype=args.dtype,
                                         max_shard_bytes=args.max_shard_bytes))
     return
+  distributed.initialize(None)  # dllm_rl.main's default: before anything touches a device
   try:  # every process (export.py): process 0 writes
     stats = export_run(args.workdir, args.hf_dir, phase=args.phase, step=args.step,
                        dtype=args.dtype, max_shard_bytes=args.max_shard_bytes,
@@ -156,7 +163,6 @@ def _roundtrip(args) -> int:
 def main(argv: list[str] | None = None) -> int:
   args = _parser().parse_args(argv)
   try:
-    distributed.initialize(None)  # dllm_rl.main's default: before anything touches a device
     if args.command == "import":
       one_process("import")
       _report("import", convert.import_hf(args.hf_dir, args.out, dtype=args.dtype))

@@ -115,9 +115,9 @@ def test_cli_bad_input_exits_2_naming_it(tmp_path, capsys):
   assert not os.path.exists(os.path.join(out, "model.safetensors"))
 
 
-def test_convert_joins_the_launchs_processes_before_anything_else(tmp_path, monkeypatch,
-                                                                   capsys):
-  """Every command initialises jax.distributed from the environment first (as dllm_rl.main
+def test_convert_export_joins_the_launchs_processes_before_anything_else(tmp_path, monkeypatch,
+                                                                          capsys):
+  """export --workdir initialises jax.distributed from the environment first (as dllm_rl.main
   does with the default config.distributed), before its arguments' folders are looked at:
   convert once never did, so under a multi-process launch (DLLM_* set) each process exported
   the whole folder into the same place. Its error (a partial DLLM_* set) is one line, exit 2."""
@@ -131,30 +131,49 @@ def test_convert_joins_the_launchs_processes_before_anything_else(tmp_path, monk
   monkeypatch.setattr(convert_cli.distributed, "initialize", initialize)
   a_file = tmp_path / "a_file"
   a_file.write_text("")
-  for argv in (["export", "--workdir", str(tmp_path), "--hf_dir", str(a_file)],
-               ["import", "--hf_dir", str(tmp_path / "none"), "--out", str(tmp_path / "o")]):
-    assert convert_cli.main(argv) == 2
-    assert capsys.readouterr().err == ("error: config.distributed.process_id: required with"
-                                       " initialize='auto': set it or the env var"
-                                       " DLLM_PROCESS_ID\n")
-  assert calls == [None, None] and sorted(os.listdir(tmp_path)) == ["a_file"]
+  assert convert_cli.main(["export", "--workdir", str(tmp_path), "--hf_dir", str(a_file)]) == 2
+  assert capsys.readouterr().err == ("error: config.distributed.process_id: required with"
+                                     " initialize='auto': set it or the env var"
+                                     " DLLM_PROCESS_ID\n")
+  assert calls == [None] and sorted(os.listdir(tmp_path)) == ["a_file"]
 
 
-def test_the_single_process_commands_refuse_several_processes(tmp_path, monkeypatch, capsys):
-  """import, roundtrip and export --ckpt write their whole folder from each process: one of
-  several processes exits 2 saying so, before anything is read or written."""
-  monkeypatch.setattr(convert_cli.distributed, "initialize", lambda dist_cfg: {})
-  monkeypatch.setattr(jax, "process_count", lambda: 2)
+@pytest.mark.parametrize("env, why", [
+    ({"DLLM_COORDINATOR_ADDRESS": "h:1234", "DLLM_NUM_PROCESSES": "2",
+      "DLLM_PROCESS_ID": "1"}, "DLLM_COORDINATOR_ADDRESS"),
+    ({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_LOCALID": "0",
+      "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_NUM_NODES": "2"}, "SLURM step"),
+    ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_MCA_orte_hnp_uri": "x"}, "Open MPI world"),
+])
+def test_the_single_process_commands_refuse_a_multi_process_launch(tmp_path, monkeypatch,
+                                                                   capsys, env, why):
+  """import, roundtrip and export --ckpt write their whole folder from each process: under a
+  multi-process launch each exits 2 saying so, before anything is read or written, and without
+  joining jax.distributed (which would wait for the other processes)."""
+  monkeypatch.setattr(convert_cli.distributed, "initialize", lambda dist_cfg: 1 / 0)
+  for k, v in env.items():
+    monkeypatch.setenv(k, v)
   source = hf_fixture_with_tokenizer(tmp_path / "src")
   for command, argv in (("import", ["--hf_dir", str(source), "--out", str(tmp_path / "o")]),
                         ("roundtrip", ["--hf_dir", str(source), "--tmp", str(tmp_path / "o")]),
                         ("export --ckpt", ["--ckpt", str(source), "--hf_dir",
                                            str(tmp_path / "o")])):
     assert convert_cli.main([command.split()[0], *argv]) == 2
-    assert capsys.readouterr().err.startswith(
-        f"error: `convert {command}` runs on one process, and this is one of 2 (the DLLM_*"
-        " variables, a SLURM step, Open MPI or a TPU slice started them)")
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: `convert {command}` runs on one process, and this one was"
+                          " started by a multi-process launch ("), err
+    assert why in err
   assert not (tmp_path / "o").exists()
+
+
+def test_the_single_process_commands_run_alone_on_a_tpu_slice_worker(tmp_path, monkeypatch):
+  """A multi-host TPU slice's own variables (every worker has them) are no launch: import runs
+  on one worker alone, without jax.distributed (joining it would wait for the other workers)."""
+  monkeypatch.setattr(convert_cli.distributed, "initialize", lambda dist_cfg: 1 / 0)
+  monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "w0,w1,w2,w3")
+  source = hf_fixture_with_tokenizer(tmp_path / "src")
+  assert convert_cli.main(["import", "--hf_dir", str(source), "--out", str(tmp_path / "o")]) == 0
+  assert (tmp_path / "o").is_dir()
 
 
 def test_a_folder_problem_in_another_process_stops_this_one_too(monkeypatch):

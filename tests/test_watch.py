@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import struct
+import time
 import types
 
 import numpy as np
@@ -250,8 +251,14 @@ def wandb_records(run_dir: str) -> list:
 def wandb_run(workdir) -> dict:
   """The run, history rows, summary and config of the workdir's offline W&B run."""
   (run_dir,) = glob.glob(os.path.join(workdir, "wandb", "offline-run-*"))
-  records = wandb_records(run_dir)
-  kinds = [r.WhichOneof("record_type") for r in records]
+  deadline = time.monotonic() + 30
+  while True:  # wandb-core may still be writing the file when finish() returns (seen under load)
+    records = wandb_records(run_dir)
+    kinds = [r.WhichOneof("record_type") for r in records]
+    if ("run" in kinds and "exit" in kinds) or time.monotonic() > deadline:
+      break
+    time.sleep(0.2)
+  assert "run" in kinds, f"no run record in the offline run's file: {kinds}"
   run = records[kinds.index("run")].run
   history = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
              for r, k in zip(records, kinds) if k == "history"]
