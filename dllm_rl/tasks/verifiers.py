@@ -40,20 +40,30 @@ MAX_NUMBER_DIGITS = 64
 # thread only; the hard limit is TimedVerifier's.
 MATH_VERIFY_TIMEOUT_S = 1
 
-# A number: optional sign (not right after a word character or ')'), digit
-# groups joined by commas, optional decimals, optional "/denominator". Every
-# part is optional after the first digits, so matching never backtracks far;
-# commas that are not thousands separators split the match (``_numbers``).
-_NUMBER_RE = re.compile(r"(?<![\w.)])-?\d+(?:,\d+)*(?:\.\d+)?(?:/\d+)?")
+# A number: optional sign (not right after a word character, '.' or ')'), digit
+# groups joined by commas and optional decimals, or a bare decimal part (".5"), then an
+# optional "/denominator". The first character picks the branch and every later part is
+# optional, so matching never backtracks far; commas that are not thousands separators
+# split the match (``_numbers``). A '.' with no digit after it (a full stop, "...") is no
+# number, and a run of digits right after a '.' ("1.2.3", "wait...5") starts none.
+_NUMBER_RE = re.compile(r"(?<![\w.)])-?(?:\d+(?:,\d+)*(?:\.\d+)?|\.\d+)(?:/\d+)?")
 _THOUSANDS_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?:/\d+)?")
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE_RE = re.compile(r"(?<!\\)[{}]")
 # \frac{a}{b}, after an optional whole part: "2\frac{1}{2}" is the mixed number 2.5.
 _FRAC_RE = re.compile(r"(?:(?<![\w.])(-?\d+)\s*)?"
                       r"\\[dt]?frac\s*\{\s*(-?[\d.,]+)\s*\}\s*\{\s*(-?[\d.,]+)\s*\}")
-# LaTeX thousands separators between digit groups ("1{,}000", "1\\,000", MATH's "1,\\!000"):
-# read as commas.
-_LATEX_THOUSANDS_RE = re.compile(r"(?<=\d)(?:\{,\}|\\,|,\\!)(?=\d{3}(?!\d))")
+# Thousands separators between a digit and a group of exactly three digits, read as commas:
+# LaTeX's ("1{,}000", "1\\,000", MATH's "1,\\!000") and the typographic spaces (no-break
+# U+00A0, figure U+2007, thin U+2009, narrow no-break U+202F: "1", any of them, "000" is 1000).
+# A plain space is not one: "scores 5 120 340" is three numbers (see ``gsm8k_answer``).
+_GROUP_SEPARATOR_RE = re.compile(
+    r"(?<=\d)(?:\{,\}|\\,|,\\!|[\u00a0\u2007\u2009\u202f])(?=\d{3}(?!\d))")
+# Minus signs other than '-', read as '-' (so as a sign exactly where '-' is one): the minus
+# sign U+2212, the small and fullwidth hyphen-minus U+FE63 / U+FF0D, and the en dash U+2013,
+# the usual typographic stand-in for a minus. The em dash, figure dash and hyphens U+2010 /
+# U+2011 are never minus signs and stay as they are.
+_MINUS_SIGNS = str.maketrans(dict.fromkeys("\u2212\ufe63\uff0d\u2013", "-"))
 _LATEX_NOISE_RE = re.compile(r"\\text\s*\{[^{}]*\}|\\mathrm\s*\{[^{}]*\}|\\[$%,;!]|\{,\}|\\left|\\right")
 _SUDOKU_SEPARATORS_RE = re.compile(r"[\s|,]")
 
@@ -164,7 +174,7 @@ def _gsm8k_value(text: str) -> Fraction | None:
   """The last ``#### x``, else the last balanced ``\\boxed{x}``, else the last number."""
   if len(text) > MAX_COMPLETION_CHARS:
     return None
-  text = _LATEX_THOUSANDS_RE.sub(",", text)
+  text = _GROUP_SEPARATOR_RE.sub(",", text.translate(_MINUS_SIGNS))
   marker = text.rfind("####")
   if marker >= 0:
     line = text[marker + 4:].split("\n", 1)[0]
@@ -189,6 +199,17 @@ def gsm8k_answer(text: str) -> str | None:
   2.5); the last number in the text. Commas (LaTeX's ``{,}``, ``\\,`` and ``,\\!`` between
   digit groups too), ``$``, units and trailing periods are dropped and the value is written
   canonically ("3.0" → "3", "1/2" and "0.50" → "0.5").
+
+  Typographic forms read as their ASCII ones. A no-break, figure, thin or narrow no-break
+  space (U+00A0, U+2007, U+2009, U+202F) before a group of exactly three digits is a thousands
+  separator ("1", U+202F, "000" → 1000). The minus sign U+2212, the en dash U+2013 and the
+  small / fullwidth hyphen-minus U+FE63 / U+FF0D are a sign where '-' is one: right before
+  the digits, not after a letter, digit, '.' or ')' (U+2212 then "5" → -5; "5", U+2013, "10"
+  is the range 5 and 10; a dash with a space after it is no sign; the em dash never is). A
+  decimal may lack its leading zero (".5" → 0.5, "-.5" → -0.5), while a full stop or an
+  ellipsis is no number ("is 5." → 5). A plain space is no thousands separator: "3 000" is
+  two numbers (the last one 0), since English text writes separate numbers that way ("scores
+  5 120 340", "3 100-metre races") and groups thousands with commas, as GSM8K's answers do.
   """
   value = _gsm8k_value(text)
   return None if value is None else _canonical(value)

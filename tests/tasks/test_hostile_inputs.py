@@ -31,7 +31,8 @@ CODE = st.sampled_from([
 ANY_TEXT = st.one_of(st.text(max_size=400), ARITH, CODE,
                      st.lists(st.sampled_from(["\\boxed{", "}", "{", "####", "<answer>",
                                                "</answer>", "12", ",", ".5", "-", "/7", " ",
-                                               "\\frac{3}{4}", "$", "\\{"]),
+                                               "\\frac{3}{4}", "$", "\\{", "\u2212", "\u2013",
+                                               "\u202f", "\u00a0", "000", "..."]),
                               max_size=80).map("".join))
 
 

@@ -3,8 +3,10 @@ Countdown, 4×4 sudoku; hostile completions; the hard per-call timeout."""
 
 import math
 import time
+from fractions import Fraction
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from dllm_rl.tasks import verifiers as V
 
@@ -46,6 +48,65 @@ pytest.importorskip("math_verify")
 ])
 def test_gsm8k_answer(text, expected):
   assert V.gsm8k_answer(text) == expected
+
+
+# Forms models emit: minus signs other than '-', thousands separated by typographic spaces, a
+# decimal without its leading 0; and the punctuation these must leave alone.
+@pytest.mark.parametrize("text, expected", [
+    ("it dropped to \u22125", "-5"),
+    ("#### \u22125", "-5"),
+    ("\\boxed{\u22123.5}", "-3.5"),
+    ("\\boxed{\\frac{\u22121}{2}}", "-0.5"),
+    ("it is \u20135 degrees", "-5"),  # the en dash as a minus sign
+    ("\uff0d7 and \ufe637", "-7"),
+    ("pages 5\u201310", "10"),  # a range: no sign after a digit, as with '-'
+    ("5\u22123 = 2", "2"),
+    ("the answer \u2013 5", "5"),  # a spaced dash is no sign
+    ("so\u20145 and \u20147", "7"),  # nor is the em dash
+    ("The total is 1\u202f000.", "1000"),
+    ("#### 1\u00a0234\u00a0567 dollars", "1234567"),
+    ("1\u2009000", "1000"),
+    ("\\boxed{12\u2007345.5}", "12345.5"),
+    ("12\u202f3456", "3456"),  # not a group of three: two numbers
+    ("I have 3 000 left", "0"),  # a plain space separates numbers
+    ("It is .5", "0.5"),
+    ("#### .5", "0.5"),
+    ("-.5", "-0.5"),
+    ("\u2212.25 m", "-0.25"),
+    ("costs $.50.", "0.5"),
+    ("The answer is 5.", "5"),
+    ("costs $3.50.", "3.5"),
+    ("1.2.3", "1.2"),  # no ".3" after a digit
+    ("so 4... and then...", "4"),
+])
+def test_gsm8k_answer_reads_typographic_numbers(text, expected):
+  assert V.gsm8k_answer(text) == expected
+
+
+SEPARATORS = [",", "\u00a0", "\u2007", "\u2009", "\u202f", "{,}", "\\,"]
+MINUS_SIGNS = ["-", "\u2212", "\u2013", "\uff0d", "\ufe63"]
+PLACES = ["The answer is {}.", "#### {} apples", "\\boxed{{{}}}", "so {}, then 7 more\n#### {}"]
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=150)
+@given(n=st.integers(-10**15, 10**15), sep=st.sampled_from(SEPARATORS),
+       minus=st.sampled_from(MINUS_SIGNS), place=st.sampled_from(PLACES))
+def test_an_integer_in_any_grouping_and_sign_reads_back(n, sep, minus, place):
+  digits = str(abs(n))
+  head = len(digits) % 3 or 3
+  grouped = sep.join([digits[:head]] + [digits[i:i + 3] for i in range(head, len(digits), 3)])
+  number = (minus if n < 0 else "") + grouped
+  assert V.gsm8k_answer(place.format(number, number)) == str(n)
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=150)
+@given(k=st.integers(0, 10**6 - 1), places=st.integers(1, 6), minus=st.sampled_from(MINUS_SIGNS),
+       negative=st.booleans(), place=st.sampled_from(PLACES + ["It costs ${}."]))
+def test_a_decimal_without_its_leading_zero_reads_back(k, places, minus, negative, place):
+  k %= 10**places
+  number = (minus if negative else "") + f".{k:0{places}d}"
+  expected = Fraction(-k if negative else k, 10**places)
+  assert Fraction(V.gsm8k_answer(place.format(number, number))) == expected
 
 
 def test_gsm8k_correct():
@@ -186,6 +247,16 @@ def _hostile(canary_name):
           "9" * 10**6, "1," * 500_000, "123," * 15_000 + "1234", "\\boxed{" * 9_000,
           "\\boxed{" + "{" * 400 + "1" + "}" * 400 + "}", "(" * 60_000, "$" * 60_000,
           "####" * 15_000, "<answer>" * 8_000]
+
+
+def test_gsm8k_signs_separators_and_dots_stay_linear():
+  for text in ["." * 60_000 + "5", "-." * 30_000 + "5", "\u2212" * 60_000 + "5",
+               ".5" * 30_000, "\u202f000" * 16_000, "1\u00a0" * 30_000, "1 000" * 12_000,
+               "-.-" * 20_000, "#### " + "\u20131\u2009" * 12_000]:
+    start = time.monotonic()
+    r = V.gsm8k_result(text, "#### 5")
+    assert time.monotonic() - start < 3.0, text[:40]  # no super-linear blow-up
+    assert r.reward == 0.0 and not r.correct
 
 
 def test_hostile_completions_are_cheap_and_inert(tmp_path, monkeypatch):
