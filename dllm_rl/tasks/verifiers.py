@@ -293,9 +293,10 @@ def d1_math_format_reward(completion: str) -> float:
 
 @functools.lru_cache(maxsize=4096)
 def _parse_gold(reference: str, timeout: int | None):
+  """math-verify's parse of ``reference``; a timeout raises (and so is not cached)."""
   from math_verify import parse
   text = reference if "\\boxed" in reference else "\\boxed{" + reference + "}"
-  return parse(text, parsing_timeout=timeout)
+  return parse(text, parsing_timeout=timeout, raise_on_error=True)
 
 
 def math_result(completion: str, reference: str) -> VerifyResult:
@@ -306,8 +307,15 @@ def math_result(completion: str, reference: str) -> VerifyResult:
   math-verify's own extraction runs on the whole completion. ``parsed`` is math-verify's
   string of the answer, the reference's for a correct one (math-verify writes equal answers
   apart: "1,000" and "1000", "x=3" and "3"), so every correct answer is one answer.
+
+  math-verify's own parsing timeout gives reward 0 with the reason "math-verify timeout" (on
+  the answer) or "math-verify timeout on the reference" (a slow moment, not cached: the next
+  call parses the reference again). Both are parsed with ``raise_on_error=True``, since
+  otherwise math-verify logs a warning that quotes the whole text it was given (up to
+  ``MAX_COMPLETION_CHARS``) and returns no answer, which the cache would keep.
   """
   from math_verify import parse, verify
+  from math_verify.errors import TimeoutException
 
   if len(completion) > MAX_COMPLETION_CHARS:
     return malformed(f"completion too long ({len(completion)} characters)")
@@ -319,16 +327,20 @@ def math_result(completion: str, reference: str) -> VerifyResult:
              if threading.current_thread() is threading.main_thread() else None)
   try:
     gold = _parse_gold(reference, timeout)
+  except TimeoutException:
+    return malformed("math-verify timeout on the reference")
   except Exception as err:
     raise ValueError(f"math-verify cannot parse the reference {reference[:60]!r}") from err
   if not gold:
     raise ValueError(f"math-verify finds no answer in the reference {reference[:60]!r}")
   try:
     pred = parse(completion if boxed is None else "\\boxed{" + boxed + "}",
-                 parsing_timeout=timeout)
+                 parsing_timeout=timeout, raise_on_error=True)
     if not pred:
       return malformed("no answer found")
     correct = bool(verify(gold, pred, timeout_seconds=timeout))
+  except TimeoutException:  # a BaseException; its message holds the whole text
+    return malformed("math-verify timeout")
   except Exception as err:  # sympy/antlr failures on odd input score 0
     return malformed(f"math-verify error: {type(err).__name__}")
   info = {"target": str(gold[-1])}

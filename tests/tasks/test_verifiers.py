@@ -1,6 +1,8 @@
 """Answer checkers: GSM8K number extraction, MATH equivalence (math-verify),
 Countdown, 4×4 sudoku; hostile completions; the hard per-call timeout."""
 
+import gc
+import logging
 import math
 import time
 from fractions import Fraction
@@ -160,6 +162,40 @@ def test_math_reference_forms():
   assert r.reward == 0.0 and r.parsed == "0.7" and r.info["reason"] == "not equivalent"
   with pytest.raises(ValueError, match="reference"):
     V.math_result("\\boxed{1}", "\\boxed{}")
+
+
+TOWER = "x^{" * 300 + "1" + "}" * 300  # math-verify parses it for minutes
+
+
+@pytest.fixture
+def no_gc():
+  """Automatic garbage collection off: math-verify's timeout is an exception its SIGALRM
+  handler raises in whatever code runs, and raised inside a gc callback (hypothesis installs
+  one in this process) it is dropped and the parse runs on for minutes."""
+  was_enabled = gc.isenabled()
+  gc.disable()
+  yield
+  if was_enabled:
+    gc.enable()
+
+
+def test_a_math_verify_parsing_timeout_logs_no_completion(caplog, no_gc):
+  # math-verify's own 1 s limit (this is the main thread) stops the parse; its warning quoted
+  # the whole completion it was given.
+  V.math_result("\\boxed{5}", "5")  # the reference's parse, cached, off the clock
+  text = "filler words " * 3000 + "$" + TOWER + "$"
+  with caplog.at_level(logging.DEBUG, logger="math_verify"):
+    r = V.math_result(text, "5")
+  assert r.reward == 0.0 and r.info["reason"] == "math-verify timeout", r.info
+  assert not [rec for rec in caplog.records if "filler words filler" in rec.getMessage()]
+
+
+def test_a_math_verify_timeout_on_the_reference_is_not_kept(no_gc):
+  # A timeout returned "no answer", which the reference cache kept: every later call raised.
+  cached = V._parse_gold.cache_info().currsize
+  r = V.math_result("\\boxed{5}", TOWER)
+  assert r.reward == 0.0 and r.info["reason"] == "math-verify timeout on the reference"
+  assert V._parse_gold.cache_info().currsize == cached  # the next call parses it again
 
 
 def test_math_correct_answers_in_any_form_parse_as_one_answer():
