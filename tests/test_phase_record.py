@@ -36,6 +36,28 @@ def test_unrelated_keys_are_ignored_and_any_other_change_is_not(tmp_path):
   assert phase_record.read(str(tmp_path), "sft", 20, later, ("mode",)) is None  # rl.* count
 
 
+def test_the_runs_infrastructure_is_no_change_to_a_finished_phase(tmp_path):
+  """A pipeline requeued onto another mesh, with another coordinator, checkpoint cadence,
+  writers, profile or compilation cache evaluated its finished SFT phase again (costly at
+  scale): none of them changes the checkpoint or what its evaluation computes. A record
+  written with those keys in its config (before they were left out) still matches."""
+  config = tiny_run_config("sft")
+  _write(tmp_path, config)
+  moved = tiny_run_config("pipeline", {
+      "mesh.data": 2, "mesh.fsdp": 4, "distributed.coordinator_address": "h:1234",
+      "checkpoint.save_every": 7, "checkpoint.keep": 1, "log.tensorboard": False,
+      "profile.steps": "3", "compilation_cache": "", "train.max_consecutive_nonfinite": 9})
+  assert phase_record.read(str(tmp_path), "sft", 20, moved, UNRELATED) == SUMMARY
+  record = json.loads((tmp_path / "sft_summary.json").read_text())
+  assert "mesh" not in record["config"] and "model" in record["config"]
+  record["config"] = json.loads(config.to_json())  # as written before: with every section
+  (tmp_path / "sft_summary.json").write_text(json.dumps(record))
+  assert phase_record.read(str(tmp_path), "sft", 20, moved, UNRELATED) == SUMMARY
+  for key, value in (("eval.batch_size", 3), ("model.dtype", "bfloat16"), ("task.test_size", 9)):
+    other = tiny_run_config("sft", {key: value})
+    assert phase_record.read(str(tmp_path), "sft", 20, other, UNRELATED) is None, key
+
+
 def test_an_unreadable_record_is_said_and_read_as_none(tmp_path, capsys):
   config = tiny_run_config("sft")
   (tmp_path / "sft_summary.json").write_text('{"step": 20, "config"')  # cut short

@@ -10,7 +10,11 @@ the finished phase, when
 * the recorded step is the phase's newest checkpoint (nothing was trained or deleted since),
 * and the config equals the recorded one, apart from the keys that cannot change the phase's
   policy or its test evaluation (``Phase.unrelated_keys``: for SFT, ``mode``, ``rl`` and the
-  ``estimator`` keys but ``attention_impl``).
+  ``estimator`` keys but ``attention_impl``) and the run's infrastructure
+  (:data:`INFRASTRUCTURE_KEYS`: the mesh and processes it ran on, its checkpoint cadence,
+  writers, profile and compilation cache; a pipeline requeued onto another slice or with a new
+  coordinator does not evaluate its finished SFT phase again). Another mesh evaluates the
+  same checkpoint with the same sampler and keys; its sums are only reduced in another order.
 
 Anything else (no record, an unreadable one, another step, another config) runs the phase as
 before: restore, train what is left, evaluate. Delete the file to force a re-evaluation.
@@ -25,14 +29,21 @@ from typing import Any, Sequence
 from dllm_rl import paths
 
 
+# Top-level config sections that change neither a finished phase's checkpoint nor what its
+# test evaluation computes: where and how the run ran, not what it trained or evaluated.
+INFRASTRUCTURE_KEYS = ("mesh", "distributed", "checkpoint", "compilation_cache", "profile",
+                       "log", "train")
+
+
 def record_path(workdir: str, phase: str) -> str:
   """The phase's record: ``<workdir>/<phase>_summary.json``."""
   return paths.join(workdir, f"{phase}_summary.json")
 
 
 def fingerprint(config, unrelated_keys: Sequence[str]) -> dict[str, Any]:
-  """The config as a plain dict, without the ``unrelated_keys`` (dotted: ``estimator.name``)."""
-  return _without(json.loads(config.to_json()), unrelated_keys)
+  """The config as a plain dict, without the ``unrelated_keys`` (dotted: ``estimator.name``)
+  and the :data:`INFRASTRUCTURE_KEYS`."""
+  return _without(json.loads(config.to_json()), (*unrelated_keys, *INFRASTRUCTURE_KEYS))
 
 
 def _without(tree: Any, keys: Sequence[str]) -> Any:
@@ -80,7 +91,7 @@ def read(workdir: str, phase: str, newest_step: int | None, config,
     return None
   # today's unrelated keys left out of the recorded config too: a record written when fewer
   # keys were unrelated (SFT's estimator keys) still matches
-  recorded = _without(recorded, unrelated_keys)
+  recorded = _without(recorded, (*unrelated_keys, *INFRASTRUCTURE_KEYS))
   if step != newest_step or recorded != fingerprint(config, unrelated_keys):
     return None
   return summary
