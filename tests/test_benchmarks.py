@@ -27,6 +27,8 @@ TINY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     ("sampler", ["--checkpoint", "/nonexistent/ck", "--gen", "20"], "--gen 20 must be a multiple"),
     ("sampler", ["--checkpoint", "/nonexistent/ck", "--steps", "3"], "--steps 3 a multiple of"),
     ("sampler", ["--checkpoint", "/nonexistent/ck", "--block", "0"], "--block must be >= 1"),
+    ("sampler", ["--checkpoint", "/nonexistent/ck", "--gen", "8", "--block", "4", "--steps",
+                 "10"], "--steps 10 is 5 steps per block of 4 tokens"),
     ("sampler", ["--checkpoint", "/nonexistent/ck", "--repeats", "0"], "--repeats must be >= 1"),
     ("sampler", ["--checkpoint", "/nonexistent/ck"],
      "--checkpoint /nonexistent/ck: no config.json"),
@@ -131,7 +133,23 @@ def test_sampler_init_random_refuses_a_folder_of_other_sizes(tmp_path, monkeypat
   assert exit_.value.code == 2
   assert "d_model 64 vs --d-model 128" in " ".join(capsys.readouterr().err.split())
   args = sampler.argparse.Namespace(d_model=64, layers=2, heads=4, mlp=128, vocab=256)
-  assert sampler.init_random_problem(str(tmp_path), args) is None
   assert sampler.init_random_problem(str(tmp_path / "new"), args) is None
   (tmp_path / "empty").mkdir()
   assert sampler.init_random_problem(str(tmp_path / "empty"), args) is None
+
+
+def test_sampler_init_random_refuses_a_folder_whose_weights_were_cut_short(tmp_path):
+  """A random checkpoint whose write was cut short (config.json beside missing or truncated
+  weights) was reused, and the benchmark then failed on its weights or measured nothing; now
+  an argparse-time problem naming the folder. A whole one of the same sizes is reused."""
+  from dllm_rl.benchmarks import sampler
+  args = sampler.argparse.Namespace(d_model=16, layers=1, heads=2, mlp=32, vocab=64,
+                                    init_std=0.02, seed=0)
+  sampler.write_random_checkpoint(str(tmp_path), args)
+  assert sampler.init_random_problem(str(tmp_path), args) is None
+  weights = tmp_path / "model.safetensors"
+  weights.write_bytes(weights.read_bytes()[:-100])
+  assert "holds config.json but not its whole weights" in sampler.init_random_problem(
+      str(tmp_path), args)
+  weights.unlink()
+  assert "a write was cut short" in sampler.init_random_problem(str(tmp_path), args)

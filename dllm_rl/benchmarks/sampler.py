@@ -105,6 +105,12 @@ def init_random_problem(path: str, args) -> str | None:
     return (f"--checkpoint {path} already holds a checkpoint of other sizes ({', '.join(diff)});"
             " --init-random reuses a folder it wrote only at the same sizes: name a new folder,"
             " or give its sizes")
+  from dllm_rl.models import hf
+  try:  # a write cut short leaves config.json beside missing or truncated weights
+    hf.weight_files(path)
+  except (OSError, ValueError) as err:
+    return (f"--checkpoint {path} holds config.json but not its whole weights ({err}); a write"
+            " was cut short: delete the folder or name a new one")
   return None
 
 
@@ -354,6 +360,9 @@ def main(argv=None) -> None:
   if args.gen % args.block or args.steps % (args.gen // args.block):
     ap.error(f"--gen {args.gen} must be a multiple of --block {args.block}, and --steps "
              f"{args.steps} a multiple of the {args.gen // args.block} blocks")
+  if args.steps // (args.gen // args.block) > args.block:
+    ap.error(f"--steps {args.steps} is {args.steps // (args.gen // args.block)} steps per block"
+             f" of {args.block} tokens: at most one step per token (steps <= --gen {args.gen})")
   if args.checkpoint and args.init_random:
     problem = init_random_problem(args.checkpoint, args)
     if problem:
