@@ -5,6 +5,7 @@ logits are the unmerged model's (≤ 1e-5) and a PEFT folder that adds up to the
 import json
 import logging
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -14,22 +15,26 @@ from safetensors.numpy import load_file
 import dllm_rl
 from dllm_rl.errors import ConfigError
 from dllm_rl.infra.checkpoint import Checkpointer, LayoutMismatch
-from dllm_rl.models import hf, lora, transformer
+from dllm_rl.models import hf, hf_fingerprint, lora, transformer
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.parallel.shard import init_state_sharded
 from dllm_rl.tasks.tokenizer import CharTokenizer
 from dllm_rl.train import context as setup
 from dllm_rl.train import layout_errors
 from dllm_rl.train.export import export_run
-from dllm_rl.train.lora_checkpoint import (base_pointer, check_base, restore_checkpoint,
-                                           saved_state)
+from dllm_rl.train.lora_checkpoint import (FINGERPRINT, base_pointer, check_base,
+                                           restore_checkpoint, saved_state)
 from dllm_rl.train.optim import make_optimizer
-from tests.helpers import LLADA_TINY_MODEL, scratch_run_checkpoints, tiny_run_config
+from tests.helpers import (LLADA_TINY_MODEL, hf_fixture_with_tokenizer, scratch_run_checkpoints,
+                           tiny_run_config)
+from tests.models.test_hf_fingerprint import rewrite
 from tests.models.test_lora import _randomise_b
 
 
-def _run(tmp_path):
-  """A LoRA run's state as context.init_params builds it, B randomised, saved at sft step 1."""
+def _run(tmp_path, base=None):
+  """A LoRA run's state as context.init_params builds it, B randomised, saved at sft step 1;
+  ``base``: an HF folder as its model.hf_checkpoint (its pointer and fingerprint saved as the
+  phase loop saves them; the state's base is still the seed's init, which no check reads)."""
   config = tiny_run_config("sft", {**LLADA_TINY_MODEL, "lora.rank": 4, "lora.alpha": 8.0})
   mesh = make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
   model_cfg = lora.configure(setup.model_config(config, CharTokenizer().vocab_size), config.lora)
@@ -40,9 +45,11 @@ def _run(tmp_path):
   trained, _ = init_state_sharded(_randomise_b(params, jax.random.key(2)), optimizer,
                                   jax.random.key(1), mesh)
   directory = os.path.join(str(tmp_path), "checkpoints", "sft")
+  if base is not None:
+    config.model.hf_checkpoint = str(base)
   with Checkpointer(directory, async_save=False) as ckpt:
-    ckpt.save(1, saved_state(trained), {"phase": "sft", **base_pointer(config),
-                                        "config": config.to_json()})
+    pointer = base_pointer(config, None if base is None else str(base))
+    ckpt.save(1, saved_state(trained), {"phase": "sft", **pointer, "config": config.to_json()})
   return config, mesh, model_cfg, graphdef, fresh, trained, directory
 
 
@@ -185,6 +192,117 @@ def test_adapters_are_checked_against_the_base_they_were_trained_on(caplog):
   assert "trained on the base '/moved/base'; this run's base is '/hf/base'" in caplog.text
   config.lora.rank = 0
   check_base({"lora_base": "init from seed 1"}, config, "ckpt/3")  # no LoRA: no adapters
+
+
+def test_adapters_on_a_base_whose_weights_changed_in_place_are_refused(tmp_path, caplog):
+  """A LoRA run's meta holds its HF base's fingerprint: the base folder rewritten in place
+  with one tensor one ulp off (a re-download of another revision, a fine-tune saved over it)
+  is a ConfigError on a resume, on mode=eval's read and on export, before the base is
+  rebuilt; the same weights restore without a word."""
+  from dllm_rl.train import run_checkpoints
+  source = hf_fixture_with_tokenizer(tmp_path)
+  config, mesh, model_cfg, _, fresh, _, directory = _run(tmp_path / "w", base=source)
+  with Checkpointer(directory, read_only=True) as ckpt:
+    assert ckpt.meta(1)[FINGERPRINT] == hf_fingerprint.fingerprint(str(source))
+    with caplog.at_level(logging.WARNING):
+      restore_checkpoint(ckpt, fresh, config)
+  assert caplog.text == ""
+  rewrite(source, lambda name, w: np.nextafter(w, np.inf) if "blocks.1.v_proj" in name else w)
+  changed = (rf"{directory}/?1?: the weights of its LoRA base '{source}' changed since the"
+             r" adapters were trained \(their fingerprint, saved with the adapters, differs\):"
+             r" .* now holds the same tensors with other values")
+  with Checkpointer(directory, read_only=True) as ckpt:  # a resume (phases._restore)
+    with pytest.raises(ConfigError, match=rf"^config\.model\.hf_checkpoint: {changed}"):
+      restore_checkpoint(ckpt, fresh, config)
+
+  def base():
+    raise AssertionError("the base was rebuilt before the check")
+
+  ref = run_checkpoints.CheckpointRef(str(tmp_path / "w"), "sft", 1)
+  with pytest.raises(ConfigError, match=r"Point model\.hf_checkpoint at the weights they were"):
+    run_checkpoints.restore_params(ref, model_cfg, mesh, base=base, config=config)  # eval
+  with pytest.raises(ConfigError, match=rf"^--hf_source: {changed}.* Point --hf_source at"):
+    export_run(str(tmp_path / "w"), str(tmp_path / "hf"))
+  assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.slow
+def test_a_lora_run_saves_its_bases_fingerprint_and_its_resume_checks_it(tmp_path):
+  """End to end: a LoRA SFT run from an HF folder saves the folder's fingerprint beside
+  ``lora_base``; the folder overwritten in place (another model of the same architecture),
+  the resume stops before anything compiles, naming model.hf_checkpoint."""
+  from dllm_rl.train import modes
+  source = hf_fixture_with_tokenizer(tmp_path)
+  config = tiny_run_config("sft", {
+      "model.hf_checkpoint": str(source), "lora.rank": 4, "sft.steps": 2, "sft.eval_every": 0,
+      "sft.target_accuracy": 0.0, "checkpoint.save_every": 2, "data.batch_size": 8,
+      "data.prompt_len": 16})
+  modes.run(config, str(tmp_path / "w"))
+  with Checkpointer(str(tmp_path / "w" / "checkpoints" / "sft"), read_only=True) as ckpt:
+    meta = ckpt.meta(2)
+  assert meta["lora_base"] == str(source)
+  assert meta[FINGERPRINT] == hf_fingerprint.fingerprint(str(source))
+  rewrite(source, lambda name, w: w[::-1].copy())  # the same tensors, other values
+  config.sft.steps = 4
+  with pytest.raises(ConfigError, match=r"^config\.model\.hf_checkpoint: .*sft: the weights of"
+                                        r" its LoRA base .* changed since the adapters"):
+    modes.run(config, str(tmp_path / "w"))
+
+
+def _hf_base_meta(tmp_path):
+  """(a LoRA run's config on an HF base folder, the meta its checkpoints hold, the folder)."""
+  source = hf_fixture_with_tokenizer(tmp_path / "src")
+  config = tiny_run_config("sft", {"lora.rank": 4, "model.hf_checkpoint": str(source)})
+  return config, base_pointer(config, str(source)), source
+
+
+def test_an_hf_base_is_checked_by_its_weights_not_its_path(tmp_path, caplog):
+  """The same weights at another path (a moved copy): verified, no warning, where a
+  checkpoint without a fingerprint (older) gets the path warning; the same tensors re-saved
+  in another dtype: a warning (bytes cannot be compared); rewritten in place with other
+  values: a ConfigError naming the key the caller gives."""
+  config, meta, source = _hf_base_meta(tmp_path)
+  moved = tmp_path / "moved"
+  shutil.copytree(source, moved)
+  config.model.hf_checkpoint = str(moved)
+  with caplog.at_level(logging.WARNING):
+    check_base(meta, config, "ckpt/1")
+    assert caplog.text == ""
+    older = {k: v for k, v in meta.items() if k != FINGERPRINT}
+    check_base(older, config, "ckpt/1")  # no fingerprint saved: the path rule
+    assert "this run's base is" in caplog.text and "right only if" in caplog.text
+    caplog.clear()
+    rewrite(moved, lambda name, w: w.astype(np.float16))
+    check_base(meta, config, "ckpt/1")
+  assert caplog.text.count("WARNING") == 1
+  assert (f"ckpt/1: its LoRA adapters were trained on the base '{source}' in F32; {moved}"
+          " holds the same tensors in F16 (a re-save in another dtype?), whose bytes cannot be"
+          " compared: right only if it holds the same weights (model.hf_checkpoint)"
+          ) in caplog.text
+  config.model.hf_checkpoint = str(source)
+  rewrite(source, lambda name, w: np.nextafter(w, np.inf) if "ln_f" in name else w)
+  with pytest.raises(ConfigError, match=r"^--flag: ckpt/1: the weights of its LoRA base .*"
+                                        r" now holds the same tensors with other values"):
+    check_base(meta, config, "ckpt/1", key="--flag")
+
+
+def test_every_process_stops_when_one_finds_the_base_changed(tmp_path, monkeypatch):
+  """Each process fingerprints its own copy of the base (a gs:// base staged per host) and the
+  verdicts are agreed: a process whose copy matches still stops when another's does not,
+  rather than going on to wait for it in a collective."""
+  from dllm_rl.train import lora_checkpoint
+  config, meta, _ = _hf_base_meta(tmp_path)
+  agreed = []
+
+  def other_process_changed(flags):  # (changed, dtypes, unknown) OR another process's
+    agreed.append(flags.tolist())
+    return flags | np.array([True, False, False])
+
+  monkeypatch.setattr(lora_checkpoint, "agree_any", other_process_changed)
+  with pytest.raises(ConfigError, match=r"^config\.model\.hf_checkpoint: ckpt/1: another"
+                                        r" process found the weights of its LoRA base"):
+    check_base(meta, config, "ckpt/1")
+  assert agreed == [[False, False, False]]  # this process: the same weights
 
 
 def test_the_peft_folder_names_a_relative_source_by_its_absolute_path(tmp_path, monkeypatch):

@@ -228,18 +228,19 @@ def write_source_files(source: ExportSource, out_dir: str, texts: dict[str, str]
 
 
 def restore_run_params(ref: CheckpointRef, config, model_cfg: ModelConfig, mesh, *,
-                       fall_back: bool = False):
+                       fall_back: bool = False, base_key: str = "--hf_source"):
   """(the step read, parameters of checkpoint ``ref``, the model config they fit):
   ``model_cfg`` itself without LoRA; for a LoRA run, its adapters on the base rebuilt from the
   run's pointer and ``model_cfg`` with the run's ``lora`` section. ``fall_back``: as
-  run_checkpoints.restore_params."""
+  run_checkpoints.restore_params. A LoRA run's base whose weights changed since the adapters
+  were trained is a ConfigError on ``base_key`` (lora_checkpoint.check_base)."""
   if "lora" not in config or not config.lora.rank:
     return (*run_checkpoints.restore_params(ref, model_cfg, mesh, fall_back=fall_back),
             model_cfg)
   lora_cfg = lora.configure(model_cfg, config.lora)
   base = lambda: lora_checkpoint.base_params(config, lora_cfg, mesh)
-  return (*run_checkpoints.restore_params(ref, lora_cfg, mesh, base=base, fall_back=fall_back),
-          lora_cfg)
+  return (*run_checkpoints.restore_params(ref, lora_cfg, mesh, base=base, fall_back=fall_back,
+                                          config=config, base_key=base_key), lora_cfg)
 
 
 def provenance(ref: CheckpointRef, source: ExportSource, dtype: str) -> dict[str, Any]:

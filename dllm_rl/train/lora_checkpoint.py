@@ -4,8 +4,10 @@ A LoRA run's checkpoint holds the :class:`~dllm_rl.models.lora.LoraParam` leaves
 optimizer state (adapters only: ``train.optim.adapters_only``), the step and the RNG key. The
 frozen base and a KL reference (the starting policy) are not written: the base is rebuilt from
 its pointer, :func:`base_pointer` in the meta (``model.hf_checkpoint``, else the seed's init),
-exactly as the run built it (:func:`base_params`). Full fine-tuning (rank 0) saves the whole
-state as before; every function here is then the identity.
+exactly as the run built it (:func:`base_params`). An HF base's weights are fingerprinted
+(:mod:`dllm_rl.models.hf_fingerprint`) into the meta too, so that adapters are never put on
+other weights found at the same path (:func:`check_base`). Full fine-tuning (rank 0) saves
+the whole state as before; every function here is then the identity.
 
 Limits: the base of RL is the run's base (HF checkpoint or seed), so RL with LoRA continues the
 adapters of an SFT with LoRA in the same workdir; a full-fine-tuned SFT checkpoint cannot be
@@ -17,13 +19,15 @@ from __future__ import annotations
 import logging
 
 import jax
+import numpy as np
 from flax import nnx
 
 from dllm_rl.errors import ConfigError
 from dllm_rl.infra.checkpoint import Checkpointer, LayoutMismatch
-from dllm_rl.models import lora, transformer
+from dllm_rl.models import convert, hf_fingerprint, lora, transformer
 from dllm_rl.train import context as setup
 from dllm_rl.train import layout_errors
+from dllm_rl.train.resilience import agree_any
 
 _log = logging.getLogger(__name__)
 
@@ -93,38 +97,116 @@ def _restore_toggling_kl(ckpt, template, err: LayoutMismatch):
 
 
 _SEEDED = "init from seed "  # a base_pointer without an HF checkpoint: the seed's init
+FINGERPRINT = "lora_base_fingerprint"  # the meta key of an HF base's weights' fingerprint
 
 
-def base_pointer(config) -> dict:
-  """The meta entry naming a LoRA run's base ({} without LoRA)."""
+def base_fingerprint(folder: str) -> dict | None:
+  """The content fingerprint (:mod:`dllm_rl.models.hf_fingerprint`) of the HF base in local
+  folder ``folder``: None for a ``convert import`` folder (Orbax, no safetensors) or weights
+  that cannot be read (their load says why)."""
+  try:
+    if convert.is_imported(folder):
+      return None
+    return hf_fingerprint.fingerprint(folder)
+  except (OSError, ValueError, KeyError, TypeError):  # unreadable (not the folder's weights)
+    return None
+
+
+def base_pointer(config, folder: str | None = None) -> dict:
+  """The meta entry naming a LoRA run's base ({} without LoRA); with ``folder``, the local
+  folder its ``model.hf_checkpoint`` resolved to, the fingerprint of its weights too
+  (:func:`base_fingerprint`; compute it once per run, not per save)."""
   if not config.lora.rank:
     return {}
   base = config.model.hf_checkpoint or f"{_SEEDED}{config.seed}"
-  return {"lora_base": base, "lora": config.lora.to_dict()}
+  pointer = {"lora_base": base, "lora": config.lora.to_dict()}
+  if folder and config.model.hf_checkpoint:
+    found = base_fingerprint(folder)
+    if found is not None:
+      pointer[FINGERPRINT] = found
+  return pointer
 
 
-def check_base(meta, config, where: str) -> None:
+def check_base(meta, config, where: str, *, key: str = "model.hf_checkpoint") -> None:
   """The adapters of a LoRA checkpoint (``meta``: its meta, ``where``: its folder and step)
   belong on the base they were trained on, its :func:`base_pointer`; this run rebuilds its
   own. A seed's init that is not the one trained on (another ``seed``, or an HF checkpoint
-  then or now but not both) is a ConfigError naming the key; two different HF paths are a
-  warning (a folder moved or copied holds the same weights). Nothing to check without LoRA
-  or without a pointer in ``meta``."""
+  then or now but not both) is a ConfigError naming the key. An HF base is compared by its
+  weights where the meta holds their fingerprint (:func:`_check_weights`: other weights are
+  a ConfigError naming ``key``, the option that points at the base); otherwise two different
+  HF paths are a warning (a folder moved or copied holds the same weights). Nothing to check
+  without LoRA or without a pointer in ``meta``. Every process calls it at the same point
+  (the fingerprint's verdict is agreed between them)."""
   saved = meta.get("lora_base")
   if not config.lora.rank or saved is None:
     return
   ours = base_pointer(config)["lora_base"]
-  if saved == ours:
-    return
   if saved.startswith(_SEEDED) or ours.startswith(_SEEDED):
+    if saved == ours:
+      return
     key = "seed" if saved.startswith(_SEEDED) and ours.startswith(_SEEDED) else \
         "model.hf_checkpoint"
     raise ConfigError(key, f"{where}: its LoRA adapters were trained on the base {saved!r};"
                       f" this run's base would be {ours!r}, which they do not fit (set {key}"
                       " to the base they were trained on)")
-  _log.warning("%s: its LoRA adapters were trained on the base %r; this run's base is %r"
-               " (model.hf_checkpoint): right only if it holds the same weights", where,
-               saved, ours)
+  if FINGERPRINT in meta and _check_weights(meta[FINGERPRINT], saved, ours, where, key):
+    return
+  if saved != ours:
+    _log.warning("%s: its LoRA adapters were trained on the base %r; this run's base is %r"
+                 " (%s): right only if it holds the same weights", where, saved, ours, key)
+
+
+def _verdict(recorded: dict, spec: str) -> tuple[str, dict | None, str]:
+  """(hf_fingerprint.compare of ``recorded`` with the weights ``spec`` resolves to here, their
+  fingerprint, that folder); UNKNOWN where they cannot be fingerprinted (their load says
+  why)."""
+  try:
+    folder = setup.checkpoint_folder(spec)
+  except (ConfigError, OSError, ValueError):  # unavailable here: every process still agrees
+    return hf_fingerprint.UNKNOWN, None, spec
+  now = base_fingerprint(folder)
+  if now is None:
+    return hf_fingerprint.UNKNOWN, None, folder
+  return hf_fingerprint.compare(recorded, now), now, folder
+
+
+def _check_weights(recorded: dict, saved: str, ours: str, where: str, key: str) -> bool:
+  """The base's weights against the fingerprint ``recorded`` when the adapters were saved
+  (on ``saved``; ``ours``: this run's ``model.hf_checkpoint``). Other weights (other tensors,
+  or the same tensors and dtypes with other sampled bytes) are a ConfigError naming ``key``;
+  other dtypes (a re-save: bytes cannot be compared) a warning. True when the weights were
+  compared (the same, or warned of), False when they cannot be (the path rule applies).
+
+  Every process fingerprints its own copy (a gs:// base staged per host, a hub cache per
+  host) and the verdicts are agreed (resilience.agree_any): one process with other weights
+  stops every process, so none is left waiting in a collective."""
+  verdict, now, folder = _verdict(recorded, ours)
+  changed, dtypes, unknown = agree_any(np.array([
+      verdict in (hf_fingerprint.TENSORS, hf_fingerprint.BYTES),
+      verdict == hf_fingerprint.DTYPES, verdict == hf_fingerprint.UNKNOWN]))
+  at = ours if folder == ours else f"{ours} ({folder})"
+  if changed:
+    if verdict not in (hf_fingerprint.TENSORS, hf_fingerprint.BYTES):
+      raise ConfigError(key, f"{where}: another process found the weights of its LoRA base"
+                        f" {ours!r} changed since the adapters were trained (its error says"
+                        " how); nothing was restored")
+    what = ("other tensors (names or shapes)" if verdict == hf_fingerprint.TENSORS else
+            "the same tensors with other values (their sampled bytes differ)")
+    raise ConfigError(key, f"{where}: the weights of its LoRA base {saved!r} changed since the"
+                      " adapters were trained (their fingerprint, saved with the adapters,"
+                      f" differs): {at} now holds {what} (replaced in place, re-downloaded, a"
+                      f" newer hub revision?). Point {key} at the weights they were trained on"
+                      " (a hub id pinned as org/name@REVISION)")
+  if dtypes:
+    then = "/".join(recorded.get("dtype_names", ["?"]))
+    held = (f"{at} holds the same tensors in {'/'.join(now['dtype_names'])}"
+            if verdict == hf_fingerprint.DTYPES else "another process's copy of it holds the"
+            " same tensors in another dtype")
+    _log.warning("%s: its LoRA adapters were trained on the base %r in %s; %s (a re-save in"
+                 " another dtype?), whose bytes cannot be compared: right only if it holds the"
+                 " same weights (%s)", where, saved, then, held, key)
+    return True
+  return not unknown
 
 
 def base_params(config, model_cfg, mesh) -> nnx.State:

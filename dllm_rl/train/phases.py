@@ -328,6 +328,7 @@ def run_phase(phase_cls: type[Phase], ctx: Context) -> dict:
   ckpt = open_checkpointer(ctx, name)
   state, meta, step = _restore(phase, ckpt)
   earlier = float(meta.get("wall_seconds", 0.0))  # the phase's time up to that checkpoint
+  pointer = base_pointer(config, ctx.hf_checkpoint)  # a LoRA base's, fingerprinted once
   phase.wall0 -= earlier
   if step > phase.steps and is_primary():  # e.g. a rerun with a smaller {name}.steps
     print(f"[{name}] warning: the newest checkpoint is at step {step}, past {name}.steps ="
@@ -387,7 +388,7 @@ def run_phase(phase_cls: type[Phase], ctx: Context) -> dict:
         if skipped is None:
           guard.skipped(state.opt_state, step)  # never save after a non-finite run
         clock.paused(state, lambda: ckpt.save(step, saved_state(state), {
-            "phase": name, **phase.meta(), **base_pointer(config), "config": config.to_json(),
+            "phase": name, **phase.meta(), **pointer, "config": config.to_json(),
             "metric_lines": logger.lines(name), "metrics_window": window_to_meta(window),
             "wall_seconds": time.monotonic() - phase.wall0}))
         guard.saved(step)

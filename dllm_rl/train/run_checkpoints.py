@@ -140,7 +140,7 @@ def read_params(ref: CheckpointRef, model_cfg: ModelConfig, mesh, *, fall_back: 
 
 def restore_params(ref: CheckpointRef, model_cfg: ModelConfig, mesh, *,
                    base: Callable[[], Any] | None = None, fall_back: bool = False,
-                   config: ml_collections.ConfigDict | None = None):
+                   config: ml_collections.ConfigDict | None = None, base_key: str | None = None):
   """(the step read, the policy parameters of checkpoint ``ref`` only): no optimizer state is
   read; placed on their shardings on ``mesh``, in ``model_cfg.param_dtype``. ``fall_back``:
   a damaged newest step falls back to the step before (:func:`read_readable`). A LoRA model
@@ -148,15 +148,18 @@ def restore_params(ref: CheckpointRef, model_cfg: ModelConfig, mesh, *,
   rebuilds from the run's pointer (``lora_checkpoint.base_params``), after the read. With the
   run's ``config``, a checkpoint it does not fit is a ConfigError naming the keys it was
   trained with (dllm_rl.train.layout_errors), and so are adapters trained on another base
-  (``lora_checkpoint.check_base``)."""
+  (``lora_checkpoint.check_base``), checked before ``base()`` runs. ``base_key``: that check
+  alone, against ``config`` (the run's own), with the option that points at the base named
+  in its error (export's ``--hf_source``)."""
   try:
     ref, (params, meta) = read_params(ref, model_cfg, mesh, fall_back=fall_back)
   except LayoutMismatch as err:
-    if config is None:
+    if config is None or base_key is not None:
       raise
     raise layout_errors.for_checkpoint(err, ref.directory, ref.step, config) from err
   if config is not None:
-    check_base(meta, config, f"{ref.directory}/{ref.step}")
+    check_base(meta, config, f"{ref.directory}/{ref.step}",
+               key=base_key or "model.hf_checkpoint")
   if model_cfg.lora_rank:
     params = nnx.merge_state(base(), params)
   return ref, params
