@@ -100,12 +100,17 @@ def test_rl_plan_needs_only_config_json_and_a_misfit_exits_3(tmp_path, capsys):
   """An HF folder with config.json only; against 256 KiB per device rl_step (fp32 params
   and Adam moments of the 0.3M-parameter fixture, 3.6 MB, are 0.45 MB per device over 8)
   does not fit. (At 1 MiB it did not on jax 0.10 and did on jax 0.11, whose plan is
-  smaller.)"""
+  smaller.) The rl mode plans no SFT step; only rl_step is compiled (--programs; the
+  planner's sampler programs compile in test_pipeline_plan_on_cpu8)."""
   config = _tiny_rl(_config("llada_tpu.py"), _hf_llada_dir(tmp_path))
+  with pytest.raises(ValueError, match=r"\['sft_step'\] not among this mode's programs"
+                     r" \['rl_step', 'rollout_sampler', 'greedy_sampler'\]"):
+    plan.run_plan(config, "cpu:8", programs=["sft_step"])  # found before anything compiles
   out = tmp_path / "plan.json"
-  assert plan.run_plan(config, "cpu:8", json_path=str(out), device_memory_gib=1 / 4096) == 3
+  assert plan.run_plan(config, "cpu:8", json_path=str(out), device_memory_gib=1 / 4096,
+                       programs=["rl_step"]) == 3
   result = json.loads(out.read_text())
-  assert set(result["programs"]) == {"rl_step", "rollout_sampler", "greedy_sampler"}  # no SFT
+  assert set(result["programs"]) == {"rl_step"}
   assert result["hbm_bytes_per_device"] == 256 * 1024
   err = capsys.readouterr().err
   assert "rl_step does not fit" in err and "largest buffers" in err
@@ -187,7 +192,8 @@ def test_tpu_plan_of_the_greedy_sampler_fits(tmp_path):
 @pytest.mark.slow
 def test_tpu_plan_cli_exits_3_naming_the_program(tmp_path):
   """On a v5e-4 (16 GiB per chip), an RL model whose replicated fp32 params + Adam
-  moments (a 2^20-row vocabulary) exceed a chip: exit 3, naming rl_step."""
+  moments (a 2^20-row vocabulary) exceed a chip: exit 3, naming rl_step. Only rl_step is
+  compiled (--programs; the samplers would fit, at two more TPU compiles)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   hf_dir = _hf_llada_dir(tmp_path, embedding_size=2 ** 20, vocab_size=2 ** 20, d_model=1024,
                          n_heads=8, n_kv_heads=8, mlp_hidden_size=256, n_layers=1)
@@ -199,19 +205,24 @@ def test_tpu_plan_cli_exits_3_naming_the_program(tmp_path):
                         "--config.data.prompt_len=8", "--config.data.completion_len=8",
                         "--config.sampler.steps=1", "--config.sampler.block_len=8",
                         "--config.estimator.spg_block_len=8", "--config.eval.batch_size=4",
-                        "--config.estimator.num_samples=1", "--config.rl.inner_steps=1"],
+                        "--config.estimator.num_samples=1", "--config.rl.inner_steps=1",
+                        "--programs=rl_step"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert big.returncode == 3, big.stderr[-2000:]
   assert "rl_step does not fit" in big.stderr
+  assert "rollout_sampler" not in big.stdout and "greedy_sampler" not in big.stdout
 
 
 @needs_libtpu
 @pytest.mark.slow
-def test_sdar_rl_step_compiles_the_mosaic_kernel_for_a_tpu_slice():
-  """configs/sdar_tpu.py (attention_impl=pallas) at tiny size, compiled in this CPU process
+def test_sdar_rl_step_lowers_the_mosaic_kernel_for_a_tpu_slice():
+  """configs/sdar_tpu.py (attention_impl=pallas) at tiny size, lowered in this CPU process
   for a v5p-8 (4 chips, FSDP 4): the block model's rl_step holds the staircase kernels as
   Mosaic custom calls (not the interpreter, not the dense reference), on per-shard shapes
-  (inside shard_map: GSPMD cannot split a custom call)."""
+  (inside shard_map: GSPMD cannot split a custom call). libtpu compiling these kernels in
+  an rl_step on this slice: tests/models/test_llada2_moe.py's
+  test_rl_step_compiles_for_a_tpu_slice_with_native_grouped_matmuls (a second compile here
+  took 14 s of CPU)."""
   from dllm_rl.planning import programs
   config = _config("sdar_tpu.py")
   assert config.estimator.attention_impl == "pallas"
@@ -223,16 +234,15 @@ def test_sdar_rl_step_compiles_the_mosaic_kernel_for_a_tpu_slice():
   progs, mesh, model_cfg = programs.build_programs(config, topo.devices)
   assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "expert": 1, "tensor": 1}
   rl_step = next(p for p in progs if p.name == "rl_step")
-  lowered = rl_step.fn.lower(*rl_step.args)
-  assert "sdy.manual_computation" in lowered.as_text()  # shard_map
-  hlo = lowered.compile().as_text()
-  calls = [line for line in hlo.splitlines() if 'custom_call_target="tpu_custom_call"' in line]
-  names = {line.split("=")[0].strip().lstrip("%").split(".")[0] for line in calls}
+  text = rl_step.fn.lower(*rl_step.args).as_text()
+  assert "sdy.manual_computation" in text  # shard_map
+  calls = [line for line in text.splitlines() if "stablehlo.custom_call @tpu_custom_call" in line]
+  names = {line.split('kernel_name = "')[1].split('"')[0] for line in calls}
   assert names == {"staircase_fwd", "staircase_dq", "staircase_dkdv"}, names
   # 4 prompts × 2 completions = 8 sequences over 4 shards: 2 per kernel call.
   b_local, h = 8 // 4, model_cfg.n_heads
-  fwd = next(line for line in calls if line.lstrip().startswith("%staircase_fwd"))
-  assert f"bf16[{b_local},{h}," in fwd.split("custom-call")[0], fwd[:200]
+  fwd = next(line for line in calls if 'kernel_name = "staircase_fwd"' in line)
+  assert f"tensor<{b_local}x{h}x" in fwd.split(" -> ")[0].rsplit(": (", 1)[1], fwd[-300:]
 
 
 def test_remedies_name_only_options_that_are_off():

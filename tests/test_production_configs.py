@@ -57,8 +57,8 @@ def _tiny(config, hf_dir, data):
   c.data.prompt_len, c.data.completion_len, c.data.batch_size = 32, 16, 8
   if c.model.block_size:  # SDAR: blocks of the checkpoint's size (4)
     c.sampler.steps, c.sampler.block_len = 8, c.model.block_size
-    # CPU has no compiled kernel: the dense reference (tests/test_plan.py compiles the
-    # config's Mosaic kernel for a TPU slice).
+    # CPU has no compiled kernel: the dense reference (tests/test_plan.py lowers the
+    # config's Mosaic kernel for a TPU slice, tests/models/test_llada2_moe.py compiles it).
     c.estimator.attention_impl = "auto"
   elif c.sampler.kind == "dream":  # Dream's sampler: the whole completion in one block
     c.sampler.steps, c.sampler.block_len = 4, c.data.completion_len

@@ -9,6 +9,7 @@ over 8 of 16 dims, run by the official PyTorch code).
 import dataclasses
 import json
 import os
+import re
 import shutil
 
 import jax
@@ -211,25 +212,31 @@ def _dense_reference(x_TD, idx_TK, w_TK, gate_EDF, up_EDF, down_EFD):
 
 
 def test_grouped_dispatch_equals_the_dense_reference():
-  k = jax.random.split(jax.random.key(0), 6)
   t, d, e, f, top = 40, 16, 8, 12, 3
-  x = jax.random.normal(k[0], (t, d))
-  weights = [jax.random.normal(k[i], s) * 0.3 for i, s in
-             ((1, (e, d, f)), (2, (e, d, f)), (3, (e, f, d)))]
-  r = moe.route(x, jax.random.normal(k[4], (d, e)), 0.1 * jax.random.normal(k[5], (e,)),
-                top_k=top, n_groups=4, topk_groups=2, scaling=2.5)
-  assert np.all(np.asarray(r.idx_TK) // 2 < 4) and len(set(np.asarray(r.idx_TK).ravel())) > 4
-  cot = jax.random.normal(k[4], (t, d))
 
-  def loss(fn, x, w, *ws):
-    return jnp.sum(fn(x, r.idx_TK, w, *ws) * cot)
+  @jax.jit  # one program for the data, the routing and both passes (eager: 3x the CPU)
+  def values_and_grads(key):
+    k = jax.random.split(key, 6)
+    x = jax.random.normal(k[0], (t, d))
+    weights = [jax.random.normal(k[i], s) * 0.3 for i, s in
+               ((1, (e, d, f)), (2, (e, d, f)), (3, (e, f, d)))]
+    r = moe.route(x, jax.random.normal(k[4], (d, e)), 0.1 * jax.random.normal(k[5], (e,)),
+                  top_k=top, n_groups=4, topk_groups=2, scaling=2.5)
+    cot = jax.random.normal(k[4], (t, d))
 
-  ragged = lambda x, i, w, *ws: moe.routed_experts(x[None], i[None], w[None], *ws)[0]
-  with jax.default_matmul_precision("highest"):
+    def loss(fn, x, w, *ws):
+      return jnp.sum(fn(x, r.idx_TK, w, *ws) * cot)
+
+    ragged = lambda x, i, w, *ws: moe.routed_experts(x[None], i[None], w[None], *ws)[0]
     got = jax.value_and_grad(lambda *a: loss(ragged, *a), argnums=(0, 1, 2, 3, 4))(
         x, r.weight_TK, *weights)
     want = jax.value_and_grad(lambda *a: loss(_dense_reference, *a), argnums=(0, 1, 2, 3, 4))(
         x, r.weight_TK, *weights)
+    return r.idx_TK, got, want
+
+  with jax.default_matmul_precision("highest"):
+    idx_TK, got, want = values_and_grads(jax.random.key(0))
+  assert np.all(np.asarray(idx_TK) // 2 < 4) and len(set(np.asarray(idx_TK).ravel())) > 4
   np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
   for a, b in zip(got[1], want[1]):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
@@ -353,10 +360,9 @@ def test_dispatch_under_vmap_and_its_gradients():
   loss = lambda fn, x, w, *ws: jnp.sum(jnp.sin(fn(x, idx, w, *ws)))
   vmapped = lambda x, i, w, *ws: jax.vmap(ragged, (0, 0, 0, None, None, None))(x, i, w, *ws)
   looped = lambda x, i, w, *ws: jnp.stack([ragged(x[j], i[j], w[j], *ws) for j in range(g)])
-  with jax.default_matmul_precision("highest"):
-    got = jax.jit(jax.value_and_grad(lambda *a: loss(vmapped, *a), argnums=(0, 1, 2, 3, 4)))(
-        x, w, *ws)
-    want = jax.value_and_grad(lambda *a: loss(looped, *a), argnums=(0, 1, 2, 3, 4))(x, w, *ws)
+  grads = lambda fn: jax.value_and_grad(lambda *a: loss(fn, *a), argnums=(0, 1, 2, 3, 4))
+  with jax.default_matmul_precision("highest"):  # one program for both (the loop eager: 2x)
+    got, want = jax.jit(lambda *a: (grads(vmapped)(*a), grads(looped)(*a)))(x, w, *ws)
   np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
   for a, b in zip(got[1], want[1]):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
@@ -415,7 +421,9 @@ def test_rl_step_compiles_for_a_tpu_slice_with_native_grouped_matmuls(expert):
   """configs/llada2_tpu.py at tiny size compiled for a v5p-8 (4 chips, FSDP 4, or expert
   parallelism 4) in this CPU process through libtpu: the expert matmuls lower to XLA's
   ragged dot (not the masked dense fallback jax uses on CPU), inside shard_map; with
-  mesh.expert = 4 the rows travel by ragged_all_to_all (the TPU path of moe_ep)."""
+  mesh.expert = 4 the rows travel by ragged_all_to_all (the TPU path of moe_ep); the
+  block_elbo staircase attention (estimator.attention_impl=pallas) compiles to Mosaic
+  kernels (tests/test_plan.py lowers SDAR's and leaves their libtpu compile to this test)."""
   from tests.test_plan import _tpu_available
   if not _tpu_available():
     pytest.skip("libtpu not installed (pip install -r requirements-tpu.txt)")
@@ -437,7 +445,12 @@ def test_rl_step_compiles_for_a_tpu_slice_with_native_grouped_matmuls(expert):
   text = lowered.as_text()
   assert "chlo.ragged_dot" in text and "sdy.manual_computation" in text
   assert ("ragged_all_to_all" in text) == (expert > 1)
-  assert lowered.compile().memory_analysis() is not None
+  compiled = lowered.compile()
+  assert compiled.memory_analysis() is not None
+  kernels = {m.group(1) for m in re.finditer(
+      r'^\s*(?:ROOT )?%(staircase_\w+?)(?:\.\d+)* = .*custom_call_target="tpu_custom_call"',
+      compiled.as_text(), re.M)}
+  assert kernels == {"staircase_fwd", "staircase_dq", "staircase_dkdv"}, kernels
 
 
 def test_router_metrics_count_each_layers_expert_load():
