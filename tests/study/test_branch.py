@@ -1,6 +1,7 @@
 """``python -m dllm_rl.study.branch``: a study run replayed to a step (checked against its
 records), then branches from there under other settings; the recorded settings' branch
-reproduces the run."""
+reproduces the run. Here its inputs, checks and summaries; the branches of a real study arm
+are trained in tests/study/test_quick_study.py (on the quick study that module runs once)."""
 
 import json
 import os
@@ -12,9 +13,6 @@ import pytest
 from dllm_rl.config import testbeds
 from dllm_rl.errors import ConfigError
 from dllm_rl.study import branch
-from dllm_rl.study.studies import study
-from tests.helpers import malformed_table_rows
-from tests.study.test_testbeds import TINY_SIZES
 
 
 def test_variants_parse_as_config_overrides_and_bad_ones_are_named():
@@ -203,42 +201,3 @@ def test_help_says_what_each_flag_takes(capsys):
   for text in ("RUN_DIR", "--at STEP", "--until STEP", "NAME:KEY=VALUE[,KEY=VALUE...]",
                "half_lr:rl.lr=1e-4"):
     assert text in out
-
-@pytest.mark.slow  # a tiny study, then three training subprocesses
-def test_a_replayed_run_branches_and_its_recorded_settings_reproduce_it(tmp_path):
-  workdir = str(tmp_path / "study")
-  study(["steprs"], workdir, 1, True, dict(TINY_SIZES), str(tmp_path / "r.md"), "test",
-        rl_steps=6, eval_every=3, arm_patterns=["centered"])
-  run_dir = os.path.join(workdir, "steprs", "seed0", "centered")
-  out = str(tmp_path / "branches")
-  with pytest.raises(ConfigError, match="until"):
-    branch.branch(run_dir, out, 3, 7, [])
-  with pytest.raises(ConfigError, match="run.json does not exist: not a finished study run"):
-    branch.branch(str(tmp_path), out, 3, 6, [])
-  lone = tmp_path / "lone" / "a" / "b"
-  lone.mkdir(parents=True)
-  shutil.copy(os.path.join(run_dir, "run.json"), lone)
-  with pytest.raises(ConfigError, match="not in a study DIR"):
-    branch.branch(str(lone), out, 3, 6, [])
-  variant = [("cold", [("rl.temperature", "0.3")])]  # rollouts at another temperature
-  got = branch.branch(run_dir, out, 3, 6, variant, log=lambda *_: None)
-  assert got["replay_differs"] is None  # the replay's steps 1-3 equal the run's
-  with open(os.path.join(run_dir, "run.json")) as fh:
-    run_steps = [r for r in json.load(fh)["steps"] if r["step"] > 3]
-  as_run, cold = got["branches"]
-  assert as_run["name"] == "as_run" and as_run["overrides"] == {}
-  for ours, theirs in zip(as_run["records"], run_steps, strict=True):  # resumed at step 3
-    assert {k: ours.get(k) for k in theirs} == theirs
-  assert cold["overrides"] == {"rl.temperature": 0.3}  # typed against the testbed
-  assert [r["step"] for r in cold["records"]] == [4, 5, 6]
-  assert cold["records"][0]["entropy"] != run_steps[0]["entropy"]  # from step 4 on
-  assert as_run["val_accuracy"] is not None  # evaluated at step 6
-  text = open(os.path.join(out, "branches.md")).read()
-  assert "| cold | rl.temperature=0.3 |" in text and malformed_table_rows(text) == []
-  again = branch.branch(run_dir, out, 3, 6, variant, log=lambda *_: None)
-  assert again["branches"][1]["records"] == cold["records"]  # finished branches are reused
-  hotter = branch.branch(run_dir, out, 3, 6, [("cold", [("rl.temperature", "0.6")])],
-                         log=lambda *_: None)  # the same name, other settings: retrained
-  assert hotter["branches"][1]["records"][0]["entropy"] != cold["records"][0]["entropy"]
-  with pytest.raises(ConfigError, match="holds the branches of .* at step 3"):
-    branch.branch(run_dir, out, 2, 6, [])  # another branch point: another --out

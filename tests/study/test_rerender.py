@@ -1,6 +1,7 @@
 """python -m dllm_rl.study.rerender on constructed reports: the header read back, the
 sections kept in the report's order, and errors that name the file and the row (the end-to-end
-rerender of a real report: tests/study/test_study.py::test_quick_study_gives_every_arm_a_summary)."""
+rerender of a real report:
+tests/study/test_quick_study.py::test_quick_study_gives_every_arm_a_summary)."""
 
 import gzip
 import json

@@ -1,9 +1,9 @@
-"""The study command end to end at a tiny size: every arm of both studies runs from
-its seed's SFT checkpoint and produces its summary, the JSON, the plots and the report."""
+"""The study's arms, sizes and checks before anything runs, and its record keeping (reuse,
+resumption, statistics), on constructed runs; the tiny size (:data:`TINY`) and the quick arm
+selection (:data:`QUICK_ARMS`) that tests/study/test_quick_study.py runs end to end."""
 
 import json
 import os
-import platform
 import shutil
 
 import pytest
@@ -12,7 +12,7 @@ from dllm_rl.config.cli import typed_overrides
 from dllm_rl.config.defaults import get_config
 from dllm_rl.study import arms as arms_lib
 from dllm_rl.study.studies import study
-from tests.helpers import TINY_MODEL, malformed_table_rows
+from tests.helpers import TINY_MODEL
 
 TINY = {**TINY_MODEL, **typed_overrides(get_config(), [tuple(s.split("=")) for s in [
     "task.train_size=256",
@@ -30,9 +30,9 @@ def test_overrides_are_typed_like_the_default():
 
 
 # Every arm of every study validates (run_study checks each before anything runs); end to
-# end, one arm of each kind runs (each arm is a few compiles: the fewest that cover one
-# verdict pair, a stress-test arm and the calibrated β, which brings in the steprs arm it
-# calibrates from).
+# end (tests/study/test_quick_study.py), one arm of each kind runs (each arm is a few
+# compiles: the fewest that cover one verdict pair, a stress-test arm and the calibrated β,
+# which brings in the steprs arm it calibrates from).
 _LOW, _DEFAULT, _HIGH = (arms_lib.lr_tag(lr) for lr in arms_lib.lr_grid(get_config()))
 QUICK_ARMS = [f"grpo@{_DEFAULT}", f"stabledrl@{_DEFAULT}", f"stabledrl_elbo1@{_HIGH}",
               "steprs_calibrated"]
@@ -63,120 +63,6 @@ def test_arm_patterns_select_and_name_what_matches_nothing():
   steprs = arms_lib.STUDIES.get("steprs")(get_config())  # the arm calibrated β comes from
   assert [a.name for a in arms_lib.select(steprs, ["*_calibrated"])] == [
       "steprs", "steprs_calibrated"]
-
-
-@pytest.mark.slow
-def test_quick_study_gives_every_arm_a_summary(tmp_path):
-  workdir, md = str(tmp_path / "study"), str(tmp_path / "docs" / "results.md")
-  out = study(["stability", "steprs"], workdir, None, True, TINY, md, "python -m dllm_rl.study"
-              " all --quick (test)", rl_steps=2, eval_every=1,
-              cache_dir=str(tmp_path / "jax_cache"), arm_patterns=QUICK_ARMS)
-  assert [r["arm"] for st in out["studies"] for r in st["runs"]] == [
-      f"grpo@{_DEFAULT}", f"stabledrl@{_DEFAULT}", f"stabledrl_elbo1@{_HIGH}", "steprs",
-      "steprs_calibrated"]
-  for result in out["studies"]:
-    name = result["study"]
-    arms = [a.name for a in arms_lib.select(arms_lib.STUDIES.get(name)(get_config()), QUICK_ARMS)]
-    assert sorted(r["arm"] for r in result["runs"]) == sorted(arms)
-    for run in result["runs"]:
-      assert len(run["steps"]) == 2 and all("grad_norm_max" in s for s in run["steps"])
-      # the arm's statistics are what its metrics.jsonl says (read here without the study
-      # code): validation at steps 0, 1, 2 on 16 prompts, then one test line
-      arm_dir = os.path.join(workdir, name, f"seed{run['seed']}", run["arm"].replace("@", "_"))
-      lines = [json.loads(line) for line in open(os.path.join(arm_dir, "metrics.jsonl"))]
-      val = {r["step"]: r["val_accuracy"] for r in lines
-             if r.get("phase") == "rl" and "val_accuracy" in r}
-      test = [r["test_accuracy"] for r in lines if r.get("phase") == "rl" and "test_accuracy" in r]
-      assert sorted(val) == [0, 1, 2] and len(test) == 1
-      assert run["stats"]["start_val_accuracy"] == val[0]
-      assert run["stats"]["final_val_accuracy"] == val[2]
-      assert run["stats"]["best_val_accuracy"] == max(val[1], val[2])
-      assert all(v * 16 == round(v * 16) for v in val.values())
-      assert run["summary"]["rl_accuracy"] == test[0] == run["final"]["test_accuracy"]
-      assert set(run["summary"]["rl_pass_at_k"]) == {"1", "4", "8"}
-      # |log ρ̂| quantiles are the metrics' per-step values, summarised (median / max)
-      firsts = [r["abs_log_ratio_p99_first"] for r in lines
-                if r.get("phase") == "rl" and "abs_log_ratio_p99_first" in r]
-      q = run["stats"]["abs_log_ratio"]
-      assert len(firsts) == 2 and q["p99_first"] == pytest.approx(sorted(firsts)[0] / 2
-                                                                   + sorted(firsts)[1] / 2)
-      assert q["p50_first"] <= q["p90_first"] <= q["p99_first"] <= q["max_first"] <= q["max_all"]
-      assert "rl_distinct_correct" in run["summary"]
-      assert 0.0 <= run["summary"]["rl_malformed_fraction"] <= 1.0
-      assert all(0.0 <= r["malformed_fraction"] <= 1.0 for r in run["steps"])  # each rollout batch
-      assert run["commit"] and run["machine"].startswith(platform.system())  # provenance
-      # every arm restored the seed's one SFT checkpoint: the same starting accuracy
-      assert run["stats"]["start_val_accuracy"] == result["runs"][0]["stats"]["start_val_accuracy"]
-    with open(os.path.join(workdir, f"{name}.json")) as fh:
-      assert len(json.load(fh)["runs"]) == len(arms)
-    assert os.path.getsize(os.path.join(workdir, f"{name}_curves.png")) > 0
-  calibrated = [r for r in out["studies"][1]["runs"] if r["arm"] == "steprs_calibrated"][0]
-  assert calibrated["overrides"]["rl.beta_end"] > 0  # p̄ < 1/2 at the start gives β > 0
-  text = open(md).read()
-  for arm in [a.name for n in ("stability", "steprs")
-              for a in arms_lib.select(arms_lib.STUDIES.get(n)(get_config()), QUICK_ARMS)]:
-    assert f"| {arm} |" in text
-  assert "--quick" in text
-  assert malformed_table_rows(text) == []  # every table renders (pipes in cells escaped)
-  assert text.count("* **stabledrl") == 1  # a verdict per GRPO / StableDRL pair run (main)
-  assert "stress test: heavier ratio noise than the paper" in text
-  assert "not established (1 seed(s)" in text
-  assert f"{out['studies'][0]['runs'][0]['commit']}, {platform.system()}" in text  # header
-  assert os.path.exists(tmp_path / "docs" / "results" / "stability_spikes.png")
-  # the arms compiled into the study's cache, not a run's own config.compilation_cache
-  assert os.listdir(tmp_path / "jax_cache")
-  # the same DIR at another size: its finished runs are not mixed in; nothing runs
-  from dllm_rl.config import ConfigError
-  with pytest.raises(ConfigError, match=r"grpo_lr.*run\.json is a finished run with other"
-                     r" settings \(.*rl\.steps: ran with 2, this study sets 3"):
-    study(["stability", "steprs"], workdir, None, True, TINY, md, "test", rl_steps=3,
-          eval_every=1, arm_patterns=QUICK_ARMS)
-  # --reuse_from: a fresh DIR (given the SFT start) seeded from the first study's JSONs trains
-  # nothing and reports the same runs, and says where they came from
-  again, md2 = str(tmp_path / "again"), str(tmp_path / "docs2" / "again.md")
-  shutil.copytree(os.path.join(workdir, "sft"), os.path.join(again, "sft"))
-  jsons = [os.path.join(workdir, f"{n}.json") for n in ("stability", "steprs")]
-  out2 = study(["stability", "steprs"], again, None, True, TINY, md2, "test", rl_steps=2,
-               eval_every=1, arm_patterns=QUICK_ARMS, reuse_from=jsons)
-  for first, second in zip(out["studies"], out2["studies"]):
-    assert [{k: r[k] for k in ("arm", "steps", "final")} for r in first["runs"]] == [
-        {k: r[k] for k in ("arm", "steps", "final")} for r in second["runs"]]
-    assert {r["reused_from"] for r in second["runs"]} == {f"{first['study']}.json"}
-  assert out2["meta"]["reused"]["steprs"]["written"] == 2
-  assert "| runs reused (--reuse_from) | steprs: 2 run(s) written from" in open(md2).read()
-  _rerender_keeps_every_number(md, md2)
-
-
-def _rerender_keeps_every_number(md: str, md2: str):
-  """python -m dllm_rl.study.rerender: a report rewritten from its folder alone keeps every
-  line but the code rows, its plots and verdicts; one without meta.json (older code) reads
-  the same header fields back from its own text, the --reuse_from row included."""
-  from dllm_rl.study import rerender
-  code_rows = ("| code (git commit) |", "| first written by", "| re-rendered |")
-  body = lambda text: [l for l in text.splitlines() if not l.startswith(code_rows)]
-  for path in (md, md2):
-    before = open(path).read()
-    folder = os.path.splitext(path)[0]
-    with open(os.path.join(folder, "meta.json")) as fh:
-      meta = json.load(fh)
-    parsed = rerender.header_meta(before, path)
-    same = ("command", "quick", "machine", "load_start", "load_end", "jax", "commit",
-            "started", "testbed")
-    assert {k: parsed[k] for k in same} == {k: meta[k] for k in same}
-    assert parsed["wall_seconds"] == round(meta["wall_seconds"])
-    assert [r["line"] for r in parsed["reused"].values()] == [
-        r["line"] for r in meta["reused"].values()]
-    os.remove(os.path.join(folder, "meta.json"))  # as older code left it
-    os.remove(os.path.join(folder, "steprs_curves.png"))
-    got = rerender.rerender(path, "abc1234")
-    after = open(path).read()
-    assert got == {"verdicts": before.count("\n* **"), "changed": [], "studies": 2}
-    assert body(after) == body(before)
-    assert "| code (git commit) | abc1234 |" in after
-    assert f"| first written by (git commit) | {meta['commit']} |" in after
-    assert os.path.getsize(os.path.join(folder, "steprs_curves.png")) > 0
-    assert rerender.rerender(path, "def5678")["changed"] == []  # again, from its meta.json
-    assert f"| first written by (git commit) | {meta['commit']} |" in open(path).read()
 
 
 def test_a_finished_run_is_reused_only_with_the_settings_it_ran_with(tmp_path):
