@@ -99,7 +99,7 @@ def _config(**rl):
 def test_nan_rewards_skip_updates_and_too_many_in_a_row_stop_the_run(tmp_path, monkeypatch):
   # all rewards of rollout batches 1, 3 and 4 are NaN: each makes inner_steps=2 updates skip
   monkeypatch.setenv("DLLM_FAULT", "nan@reward:1;nan@reward:3;nan@reward:4")
-  c = _config(steps=8)
+  c = _config()  # TINY's: the programs of the CLI runs above (rl.steps sets the lr schedule)
   c.mode = "pipeline"
   c.checkpoint.save_every = 1
   c.train.max_consecutive_nonfinite = 3
@@ -119,19 +119,19 @@ def test_sft_stop_between_log_steps_resumes_to_the_same_metrics_and_params(tmp_p
   from dllm_rl.train import resilience
   from dllm_rl.train.resilience import Preempted
 
-  def sft(steps):
+  def sft():  # TINY's sft.steps (10, which sets the lr schedule): the CLI runs' SFT step
     c = _config()
-    c.mode, c.sft.steps, c.sft.eval_every, c.checkpoint.save_every = "sft", steps, 0, 100
+    c.mode, c.sft.eval_every, c.checkpoint.save_every = "sft", 0, 100
     return c
 
-  run.run(sft(6), str(tmp_path / "straight"))
+  run.run(sft(), str(tmp_path / "straight"))
   polls = iter(range(1, 100))
   monkeypatch.setattr(resilience, "stop_requested", lambda: next(polls) == 3)
   with pytest.raises(Preempted, match="after sft step 3"):
-    run.run(sft(6), str(tmp_path / "split"))
+    run.run(sft(), str(tmp_path / "split"))
   assert os.listdir(tmp_path / "split" / "checkpoints" / "sft") == ["3"]
   monkeypatch.setattr(resilience, "stop_requested", lambda: False)
-  run.run(sft(6), str(tmp_path / "split"))
+  run.run(sft(), str(tmp_path / "split"))
   a, b = _records(tmp_path / "straight"), _records(tmp_path / "split")
   assert [r for r in a if "loss" in r] == [r for r in b if "loss" in r] and len(a) == len(b)
   assert _untimed(json.load(open(tmp_path / "straight" / "summary.json"))) == _untimed(

@@ -24,10 +24,31 @@ from tests.helpers import assert_test_figures, tiny_run_config
 
 
 def _config(steps: int, mode: str = "sft"):
+  """Constant learning rates: runs that differ only in their step counts compile the same
+  SFT / RL steps (a resume with more steps loads them from the compilation cache)."""
   return tiny_run_config(mode, {
       "data.batch_size": 32, "sft.steps": steps, "sft.schedule": "constant",
       "sft.eval_every": 10, "sft.log_every": 5, "sft.target_accuracy": 0.0,
-      "checkpoint.save_every": 10, "rl.steps": 4, "rl.log_every": 2, "rl.eval_every": 2})
+      "checkpoint.save_every": 10, "rl.steps": 4, "rl.log_every": 2, "rl.eval_every": 2,
+      "rl.schedule": "constant"})
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory):
+  """``sft_run(steps, lora_rank=0)``: (workdir, summary) of ``run.run`` on ``_config(steps)``,
+  trained once per module for the tests that start from it; they read the workdir, or copy it
+  before they write to it."""
+  runs = {}
+
+  def trained(steps: int, lora_rank: int = 0):
+    if (steps, lora_rank) not in runs:
+      config = _config(steps)
+      config.lora.rank = lora_rank
+      workdir = tmp_path_factory.mktemp(f"sft{steps}_lora{lora_rank}")
+      runs[steps, lora_rank] = (workdir, run.run(config, str(workdir)))
+    return runs[steps, lora_rank]
+
+  return trained
 
 
 def _params(workdir, config):
@@ -44,18 +65,21 @@ def _timeless(summary):
 
 
 @pytest.mark.slow
-def test_sft_writes_outputs_and_rerun_resumes(tmp_path, capsys):
-  summary = run.run(_config(20), str(tmp_path))
+def test_sft_writes_outputs_and_rerun_resumes(tmp_path, capsys, sft_run):
+  trained, summary = sft_run(20)
   assert summary["sft_steps"] == 20
-  assert_test_figures(summary, tmp_path, "sft")
-  assert json.load(open(tmp_path / "summary.json"))["sft_accuracy"] == summary["sft_accuracy"]
-  records = read_metrics(str(tmp_path / "metrics.jsonl"), phase="sft")
+  assert_test_figures(summary, trained, "sft")
+  assert json.load(open(trained / "summary.json"))["sft_accuracy"] == summary["sft_accuracy"]
+  records = read_metrics(str(trained / "metrics.jsonl"), phase="sft")
   assert [r["step"] for r in records if "loss" in r] == [5, 10, 15, 20]
   assert [r["step"] for r in records if "val_accuracy" in r] == [10, 20]
-  assert os.listdir(tmp_path / "tb")
-  assert sorted(os.listdir(tmp_path / "checkpoints" / "sft")) == ["10", "20"]
+  assert os.listdir(trained / "tb")
+  assert sorted(os.listdir(trained / "checkpoints" / "sft")) == ["10", "20"]
 
   capsys.readouterr()
+  # The workdir moved (here: copied to tmp_path, where the reruns write): its own plot path.
+  shutil.copytree(trained, tmp_path, dirs_exist_ok=True)
+  summary = {**summary, "sft_plot": str(tmp_path / "sft_curves.png")}
   # finished: the recorded summary, nothing restored, trained, evaluated or logged again
   again = run.run(_config(20), str(tmp_path))
   assert _timeless(again) == _timeless(summary)
@@ -67,10 +91,6 @@ def test_sft_writes_outputs_and_rerun_resumes(tmp_path, capsys):
   other_rl.rl.lr = 3e-3
   other_rl.estimator.name = "mean_field"  # nor does an estimator key SFT does not read
   assert _timeless(run.run(other_rl, str(tmp_path))) == _timeless(summary)
-  assert "[sft] finished at step 20" in capsys.readouterr().out
-  moved = tmp_path.parent / f"{tmp_path.name}_moved"  # the workdir moved: its own plot path
-  shutil.copytree(tmp_path, moved)
-  assert run.run(_config(20), str(moved))["sft_plot"] == str(moved / "sft_curves.png")
   assert "[sft] finished at step 20" in capsys.readouterr().out
   other_seed = _config(20)  # another seed: restored (nothing to train) and evaluated again
   other_seed.seed = 1
@@ -230,14 +250,14 @@ def _whole_sft_state_params(workdir, config):
 
 
 @pytest.mark.parametrize("lora_rank", [0, 4])
-def test_rl_starts_from_the_sft_params_alone(tmp_path, monkeypatch, lora_rank):
+def test_rl_starts_from_the_sft_params_alone(monkeypatch, sft_run, lora_rank):
   """RL's starting policy is the SFT checkpoint's params field, read by itself: the SFT
   optimizer state (Adam's two moments, twice the params) is never read. With LoRA, the saved
   adapters on the run's base."""
   config = _config(10)
   config.lora.rank = lora_rank
-  run.run(config, str(tmp_path))
-  want = _whole_sft_state_params(str(tmp_path), config)  # read before the spy
+  workdir = str(sft_run(10, lora_rank)[0])  # read only
+  want = _whole_sft_state_params(workdir, config)  # read before the spy
   reads = []
   restore, restore_part = Checkpointer.restore, Checkpointer.restore_part
 
@@ -252,7 +272,7 @@ def test_rl_starts_from_the_sft_params_alone(tmp_path, monkeypatch, lora_rank):
   monkeypatch.setattr(Checkpointer, "restore", spy_restore)
   monkeypatch.setattr(Checkpointer, "restore_part", spy_part)
   config.mode = "rl"
-  _, params, start = load_sft_params(build_context(config, str(tmp_path)))
+  _, params, start = load_sft_params(build_context(config, workdir))
   assert reads == [("sft", "params")] and start == 10
   got, expected = jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(want)
   assert len(got) == len(expected)
@@ -262,7 +282,7 @@ def test_rl_starts_from_the_sft_params_alone(tmp_path, monkeypatch, lora_rank):
     config.seed = 1
     with pytest.raises(ConfigError, match=r"^config\.seed: .*sft/10: its LoRA adapters were"
                                           r" trained on the base 'init from seed 0'"):
-      load_sft_params(build_context(config, str(tmp_path)))
+      load_sft_params(build_context(config, workdir))
 
 
 def test_rl_from_an_sft_checkpoint_trained_with_another_attention_says_so():
@@ -307,10 +327,12 @@ def test_lora_rl_from_a_lora_sft_checkpoint_with_other_adapter_settings_says_so(
 
 
 @pytest.mark.slow
-def test_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
-  straight, split = tmp_path / "straight", tmp_path / "split"
-  assert "sft_earlier_wall_seconds" not in run.run(_config(20), str(straight))
-  first = run.run(_config(10), str(split))
+def test_resume_equals_uninterrupted_run(tmp_path, monkeypatch, sft_run):
+  straight, uninterrupted = sft_run(20)
+  assert "sft_earlier_wall_seconds" not in uninterrupted
+  stopped, first = sft_run(10)
+  split = tmp_path / "split"
+  shutil.copytree(stopped, split)  # the module's step-10 run, continued here
   _no_starting_policy(monkeypatch)  # the resume reads the checkpoint into shapes alone
   resumed = run.run(_config(20), str(split))  # picks up at step 10: same data position, keys
   # the phase's wall time counts the first process's, up to the step-10 checkpoint, too
