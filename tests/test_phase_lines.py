@@ -65,7 +65,8 @@ class _Counting(Phase):
     (6, 0, {3: 2.0, 6: 5.0})])          # a multiple of log_every: no extra line
 def test_the_steps_after_the_last_line_get_a_line_at_the_end(tmp_path, steps, stop_at, lines):
   config = tiny_run_config("sft", {"log.tensorboard": False, "checkpoint.async_save": False})
-  ctx = types.SimpleNamespace(config=config, workdir=str(tmp_path), writers=(), mesh=None)
+  ctx = types.SimpleNamespace(config=config, workdir=str(tmp_path), writers=(), mesh=None,
+                              hf_checkpoint=None)
   phase_cls = type("Phase", (_Counting,), {"steps": steps, "stop_at": stop_at})
   run_phase(phase_cls, ctx)
   logged = [r for r in read_metrics(str(tmp_path), phase="sft") if "value" in r]
