@@ -179,11 +179,11 @@ def test_the_single_process_commands_run_alone_on_a_tpu_slice_worker(tmp_path, m
 def test_a_folder_problem_in_another_process_stops_this_one_too(monkeypatch):
   """export.agreed: this process's own error, or, where another process failed, a ConfigError
   naming the flag (not a wait in the next collective for a process that stopped)."""
-  from dllm_rl.train import export
+  from dllm_rl.train import export, resilience
   export.agreed(None, "--hf_dir", "the check")  # no process failed
   with pytest.raises(FileExistsError, match="mine"):
     export.agreed(FileExistsError("mine"), "--hf_dir", "the check")
-  monkeypatch.setattr(export, "agree_any", lambda flags: np.array([True]))
+  monkeypatch.setattr(resilience, "agree_any", lambda flags: np.array([True]))
   with pytest.raises(convert_cli.ConfigError, match=r"^--hf_dir: the check failed in another"
                      r" process \(its error says why\); nothing was written$"):
     export.agreed(None, "--hf_dir", "the check")

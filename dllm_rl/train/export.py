@@ -45,7 +45,7 @@ from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.tasks.tokenizer import CharTokenizer
 from dllm_rl.train import lora_checkpoint, run_checkpoints
 from dllm_rl.train.context import checkpoint_folder, hf_model_config, model_config
-from dllm_rl.train.resilience import agree_any
+from dllm_rl.train.resilience import raise_agreed
 from dllm_rl.train.run_checkpoints import AUTO, LATEST, CheckpointRef
 
 PROVENANCE_FILE = "dllm_rl_export.json"  # never copied from a source (convert._SKIP)
@@ -147,13 +147,10 @@ def check_new_peft_dir(peft_dir: str, out_dir: str) -> None:
 
 
 def agreed(failure: BaseException | None, flag: str, what: str) -> None:
-  """Every process calls it at the same point with its own ``failure`` (None: none): a process
-  that failed raises its error, and every other one a ConfigError naming ``flag`` (``what``
-  failed in another process), so that all of them stop, none left waiting in a collective for
-  one that stopped. Nothing when no process failed; one process: ``failure`` raised, if any."""
-  if agree_any(np.array([failure is not None]))[0]:
-    raise failure or ConfigError(flag, f"{what} failed in another process (its error says"
-                                 " why); nothing was written")
+  """:func:`dllm_rl.train.resilience.raise_agreed` of the export's ``failure``: every other
+  process raises a ConfigError naming ``flag`` (``what`` failed in another process)."""
+  raise_agreed(failure, ConfigError(flag, f"{what} failed in another process (its error says"
+                                     " why); nothing was written"))
 
 
 def export_mesh():

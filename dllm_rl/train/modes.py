@@ -176,20 +176,17 @@ def workdir_lock(workdir: str, *, enabled: bool):
     return
   import os
 
-  import numpy as np
-
   from dllm_rl.parallel.distributed import is_primary
-  from dllm_rl.train.resilience import agree_any
+  from dllm_rl.train.resilience import raise_agreed
   fd, failure = None, None
   if is_primary():
     try:
       fd = _take_lock(workdir)
     except Exception as err:  # noqa: BLE001  (said to every process first, raised below)
       failure = err
-  if agree_any(np.array([failure is not None]))[0]:
-    raise failure or ConfigError(
-        "--workdir", f"{workdir} is in use by another training run, or its lock file could not"
-        " be opened: process 0 could not lock it (its error names the holder)")
+  raise_agreed(failure, ConfigError(
+      "--workdir", f"{workdir} is in use by another training run, or its lock file could not"
+      " be opened: process 0 could not lock it (its error names the holder)"))
   try:
     yield
   finally:

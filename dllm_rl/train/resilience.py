@@ -150,6 +150,15 @@ def agree_any(flags: np.ndarray) -> np.ndarray:
   return np.asarray(gathered).reshape(-1, flags.size).any(axis=0)
 
 
+def raise_agreed(failure: BaseException | None, elsewhere: BaseException) -> None:
+  """Every process calls it at the same point with its own ``failure`` (None: none): when any
+  process failed, the one that did raises its error and every other one ``elsewhere`` (which
+  says another process failed), so that all of them stop, none left waiting in a collective
+  for one that stopped. Nothing when no process failed (one process: ``failure``, if any)."""
+  if agree_any(np.array([failure is not None]))[0]:
+    raise failure or elsewhere
+
+
 class StepGuard:
   """Per-phase decisions after each step: save (step- or time-based), stop, non-finite."""
 
