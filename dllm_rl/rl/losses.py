@@ -62,14 +62,27 @@ def grpo(logp_BG, logp_old_BG, adv_BG, eps: float = 0.2):
   When A_i < 0 and ρ̂_i > 1 + ε the unclipped term is selected: the gradient
   weight ρ̂_i is unbounded (the "bypass" behind loss spikes).
   """
-  ratio = jnp.exp(logp_BG - _sg(logp_old_BG))
-  obj = jnp.minimum(ratio * adv_BG, jnp.clip(ratio, 1 - eps, 1 + eps) * adv_BG)
-  return -obj.mean(-1).mean()
+  return -clipped_objective(logp_BG - _sg(logp_old_BG), adv_BG, eps).mean(-1).mean()
 
 
 def grpo_active(ratio, adv, eps: float):
   """Where min(ρA, clip(ρ)A) selects a term with gradient (the unclipped one)."""
   return ((adv > 0) & (ratio <= 1 + eps)) | ((adv < 0) & (ratio >= 1 - eps))
+
+
+def clipped_objective(log_ratio, adv, eps: float):
+  """PPO's clipped objective min(ρA, clip(ρ, 1 − ε, 1 + ε)A), ρ = exp(``log_ratio``),
+  elementwise, written as the term it selects: ρA where the unclipped term is active
+  (:func:`grpo_active`), the constant clip(sg ρ)A elsewhere. Same value and gradient as the
+  min, except where ρ overflows float32 (log ρ > 88.7) in a clipped position: there the min's
+  gradient is 0 · ∞ = NaN (as in the official PyTorch code), this one's 0. An overflowing
+  unclipped (bypassed) term stays ±∞: that is the method's own unbounded weight.
+  """
+  ratio_sg = jnp.exp(_sg(log_ratio))
+  active = grpo_active(ratio_sg, adv, eps)
+  # exp of 0 where inactive: the unused branch holds no ∞ for where's gradient to multiply by 0.
+  ratio = jnp.exp(jnp.where(active, log_ratio, 0.0))
+  return jnp.where(active, ratio * adv, jnp.clip(ratio_sg, 1 - eps, 1 + eps) * adv)
 
 
 def grpo_tokens(token_BGL, logp_old_BG, adv_BGL, mask_BGL, eps: float = 0.2):
@@ -91,8 +104,7 @@ def grpo_tokens(token_BGL, logp_old_BG, adv_BGL, mask_BGL, eps: float = 0.2):
 def grpo_token_level(token_BGL, token_old_BGL, adv_BGL, mask_BGL, eps: float = 0.2):
   """d1 / diffu-GRPO token-level variant: per-token ratios ρ̂_ik, the clipped
   objective summed over tokens and divided by the total completion length."""
-  ratio = jnp.exp(token_BGL - _sg(token_old_BGL))
-  obj = jnp.minimum(ratio * adv_BGL, jnp.clip(ratio, 1 - eps, 1 + eps) * adv_BGL)
+  obj = clipped_objective(token_BGL - _sg(token_old_BGL), adv_BGL, eps)
   return -jnp.where(mask_BGL, obj, 0.0).sum() / jnp.maximum(mask_BGL.sum(), 1)
 
 

@@ -61,6 +61,31 @@ def test_grpo_bypass_on_constructed_example():
                              rtol=1e-6)
 
 
+def test_clipped_objective_equals_the_min_and_stays_finite_where_the_ratio_overflows():
+  eps = 0.2
+  log_ratio = _rand(7, (4, 6), 1.0)
+  adv = _rand(8, (4, 6)).at[0, 0].set(0.0)
+  ratio = jnp.exp(log_ratio)
+  by_min = lambda x: jnp.minimum(jnp.exp(x) * adv, jnp.clip(jnp.exp(x), 1 - eps, 1 + eps) * adv)
+  np.testing.assert_allclose(losses.clipped_objective(log_ratio, adv, eps), by_min(log_ratio),
+                             rtol=1e-6)
+  np.testing.assert_allclose(jax.grad(lambda x: losses.clipped_objective(x, adv, eps).sum())(
+      log_ratio), jax.grad(lambda x: by_min(x).sum())(log_ratio), rtol=1e-6)
+  assert bool(jnp.any(losses.grpo_clipped(ratio, adv, eps)))  # both branches are exercised
+  # log ρ̂ = 100 overflows float32. A > 0: clipped, gradient 0 (the min's is 0 · ∞ = NaN).
+  # A < 0: the bypass, an unbounded weight: +∞ as the method's own gradient says.
+  logp, logp_old = jnp.array([[100.0, 0.0], [100.0, 0.0]]), jnp.zeros((2, 2))
+  adv = jnp.array([[1.0, -1.0], [-1.0, 1.0]])
+  grad = jax.grad(losses.grpo)(logp, logp_old, adv, eps)
+  np.testing.assert_allclose(grad, [[0.0, 0.25], [np.inf, -0.25]])
+  grad = jax.grad(losses.espo)(logp[:1] * 4, logp_old[:1], adv[:1], 2, eps)  # Δℓ̂ / L = 200
+  np.testing.assert_allclose(grad, [[0.0, 0.25]])
+  token, token_old = logp[:1, :, None], logp_old[:1, :, None]
+  grad = jax.grad(losses.grpo_token_level)(token, token_old, adv[:1, :, None],
+                                           jnp.ones((1, 2, 1), bool), eps)
+  np.testing.assert_allclose(grad, [[[0.0], [0.5]]])
+
+
 def test_grpo_matches_hand_values_inside_the_trust_region():
   logp_old = jnp.zeros((2, 3))
   logp = jnp.log(jnp.array([[1.1, 0.9, 1.0], [1.0, 1.05, 0.95]]))
