@@ -26,6 +26,14 @@ class FakeGCS(MemoryFileSystem):
       path = path.removeprefix(prefix)
     return super()._strip_protocol(path)
 
+  def info(self, path, **kwargs):
+    """MemoryFileSystem's, plus a file's ``mtime`` (a datetime: when it was last written), as
+    gcsfs reports an object's update time (epath's ``stat().mtime``)."""
+    out = super().info(path, **kwargs)
+    if out["type"] == "file":
+      out["mtime"] = self.store[self._strip_protocol(path)].modified
+    return out
+
   def _open(self, path, mode="rb", **kwargs):
     if "a" in mode:
       raise NotImplementedError("object stores cannot append")

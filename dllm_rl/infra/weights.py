@@ -5,8 +5,11 @@
 * an existing local folder: itself (absolute);
 * a URL (``gs://bucket/ckpt/LLaDA-8B-Instruct``, any scheme the path layer reaches): its files
   are copied, through :mod:`dllm_rl.paths`, to ``$DLLM_RL_CACHE/weights/<scheme>/<bucket>/<path>``
-  (``DLLM_RL_CACHE`` defaults to ``~/.cache/dllm_rl``); a later call copies only files whose size
-  changed, and ``.dllm_rl_staged.json`` (written last) marks a complete copy;
+  (``DLLM_RL_CACHE`` defaults to ``~/.cache/dllm_rl``). Each copy is renamed into place with its
+  source's modification time (for gs://, the object's update time, new on every upload), so a
+  later call copies again exactly the files whose size or modification time changed (a re-upload
+  of same-shaped weights has the same sizes) and the ones missing; ``.dllm_rl_staged.json``
+  (written last) marks a complete copy and records each file's source size and time;
 * a hub id ``org/name`` (optionally ``org/name@revision``): ``huggingface_hub.snapshot_download``
   into the hub cache (``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``),
   from the cache alone when ``HF_HUB_OFFLINE=1``.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from typing import Callable
 
 from dllm_rl import paths
@@ -59,16 +63,30 @@ def fetch_command(spec: str) -> str:
   return f"dllm-rl-data weights {spec}"
 
 
-def _listing(root) -> dict[str, int]:
-  """relative path → size of every file under the epath ``root``."""
+def _listing(root) -> dict[str, tuple[int, int]]:
+  """relative path → (size, modification time in whole seconds) of every file under the epath
+  ``root``."""
   out, todo = {}, [root]
   while todo:
     for child in todo.pop().iterdir():
       if child.is_dir():
         todo.append(child)
       else:
-        out[os.fspath(child.relative_to(root))] = child.stat().length
+        info = child.stat()
+        out[os.fspath(child.relative_to(root))] = (info.length, info.mtime)
   return out
+
+
+def _is_copy_of(local: str, size: int, mtime: int) -> bool:
+  """Whether ``local`` is :func:`stage`'s copy of the source version (size, mtime): each copy
+  gets its source's mtime before it is renamed into place, so file and stamp change together
+  (a crash or a concurrent stager leaves the old pair or the new one). A copy from before the
+  stamp (its mtime is when it was written) or a local file edited since fails the check."""
+  try:
+    info = os.stat(local)
+  except FileNotFoundError:
+    return False
+  return stat.S_ISREG(info.st_mode) and info.st_size == size and int(info.st_mtime) == mtime
 
 
 def staging_dir(url: str, cache: str | None = None) -> str:
@@ -78,8 +96,9 @@ def staging_dir(url: str, cache: str | None = None) -> str:
 
 
 def stage(url: str, *, cache: str | None = None, config_only: bool = False) -> str:
-  """Copy the folder at ``url`` to :func:`staging_dir` (only files whose size differs) and
-  return it. ``config_only``: the top-level ``*.json`` files only."""
+  """Copy the folder at ``url`` to :func:`staging_dir` (only files that are not already a copy
+  of the source's version, :func:`_is_copy_of`) and return it. ``config_only``: the top-level
+  ``*.json`` files only, and no marker."""
   paths.check_backend(url)
   src = paths.resolve(url)
   if not src.is_dir():
@@ -89,20 +108,22 @@ def stage(url: str, *, cache: str | None = None, config_only: bool = False) -> s
   if config_only:
     listing = {k: v for k, v in listing.items() if "/" not in k and k.endswith(".json")}
   dst = staging_dir(url, cache)
-  for rel, size in sorted(listing.items()):
+  for rel, (size, mtime) in sorted(listing.items()):
     local = os.path.join(dst, rel)
-    if os.path.isfile(local) and os.path.getsize(local) == size:
+    if _is_copy_of(local, size, mtime):
       continue
     os.makedirs(os.path.dirname(local), exist_ok=True)
     tmp = f"{local}.tmp-{os.getpid()}"  # concurrent stagers never see a half-written file
     with src.joinpath(rel).open("rb") as fin, open(tmp, "wb") as fout:
       for chunk in iter(lambda: fin.read(_CHUNK), b""):
         fout.write(chunk)
+    os.utime(tmp, (mtime, mtime))  # the stamp _is_copy_of checks, renamed in with the bytes
     os.replace(tmp, local)
   if not config_only:
+    files = {rel: {"size": size, "mtime": mtime} for rel, (size, mtime) in listing.items()}
     tmp = os.path.join(dst, f"{MARKER}.tmp-{os.getpid()}")
     with open(tmp, "w") as f:
-      json.dump({"source": url, "files": listing}, f, indent=1, sort_keys=True)
+      json.dump({"source": url, "files": files}, f, indent=1, sort_keys=True)
     os.replace(tmp, os.path.join(dst, MARKER))
   return dst
 

@@ -3,7 +3,9 @@ the local cache, a hub id from the hub cache. No network: a hub cache laid out o
 huggingface_hub writes it, a download stand-in that fails like a network, and the in-memory
 gs:// store of tests/fake_gcs.py."""
 
+import json
 import os
+from datetime import datetime, timezone
 
 import pytest
 
@@ -109,30 +111,139 @@ def test_load_pretrained_takes_a_hub_id(offline_hub):
   assert model.family == "llada" and model.path == str(snap)
 
 
-def _put(fs, path, data: bytes):
+def _put(fs, path, data: bytes, mtime: int | None = None):
+  """Write the object ``path``; ``mtime``: its update time (seconds), else now."""
   with fs.open(path, "wb") as f:
     f.write(data)
+  if mtime is not None:
+    fs.store[fs._strip_protocol(path)].modified = datetime.fromtimestamp(mtime, timezone.utc)
+
+
+def _inodes(folder) -> dict[str, int]:
+  """name → inode of the staged files directly in ``folder`` (a copy renamed in gets a new
+  one; the marker is rewritten by every stage)."""
+  return {n: os.stat(os.path.join(folder, n)).st_ino for n in os.listdir(folder)
+          if n != weights.MARKER}
+
+
+def _read(folder, name) -> bytes:
+  with open(os.path.join(folder, name), "rb") as f:
+    return f.read()
 
 
 def test_a_gs_folder_is_staged_to_the_local_cache_once(fake_gcs, tmp_path, monkeypatch):
   monkeypatch.setenv("DLLM_RL_CACHE", str(tmp_path / "cache"))
   for name, data in {"config.json": b"{}", "model.safetensors": b"weights",
                      "hf_extra/tokenizer.json": b"tok"}.items():
-    _put(fake_gcs, f"bucket/ckpt/tiny/{name}", data)
+    _put(fake_gcs, f"bucket/ckpt/tiny/{name}", data, mtime=1_700_000_000)
   url = "gs://bucket/ckpt/tiny"
   local = weights.resolve_checkpoint(url)
   assert local == str(tmp_path / "cache" / "weights" / "gs" / "bucket" / "ckpt" / "tiny")
   assert open(os.path.join(local, "hf_extra", "tokenizer.json"), "rb").read() == b"tok"
   assert os.path.isfile(os.path.join(local, weights.MARKER))
 
+  before = _inodes(local)
+  weights.resolve_checkpoint(url)  # nothing changed: nothing copied
+  assert _inodes(local) == before
   with open(os.path.join(local, "model.safetensors"), "wb") as f:
-    f.write(b"WEIGHTS")  # same size: a second resolve copies nothing
+    f.write(b"WEIGHTS")  # a local copy edited since: copied again, same size or not
   weights.resolve_checkpoint(url)
-  assert open(os.path.join(local, "model.safetensors"), "rb").read() == b"WEIGHTS"
+  assert _read(local, "model.safetensors") == b"weights"
   _put(fake_gcs, "bucket/ckpt/tiny/model.safetensors", b"new weights")  # changed: copied again
   weights.resolve_checkpoint(url)
   assert open(os.path.join(local, "model.safetensors"), "rb").read() == b"new weights"
   assert not [n for n in os.listdir(local) if ".tmp-" in n]
+
+
+def test_a_same_size_reupload_is_staged_again_and_nothing_else(fake_gcs, tmp_path, monkeypatch):
+  """Safetensors of the same shapes have the same size: the object's update time tells a
+  re-uploaded fine-tune from the weights staged before; files not re-uploaded stay."""
+  monkeypatch.setenv("DLLM_RL_CACHE", str(tmp_path / "cache"))
+  for name, data in {"config.json": b"{}", "model.safetensors": b"base"}.items():
+    _put(fake_gcs, f"bucket/m/{name}", data, mtime=1_700_000_000)
+  local = weights.resolve_checkpoint("gs://bucket/m")
+  before = _inodes(local)
+  _put(fake_gcs, "bucket/m/model.safetensors", b"tune", mtime=1_700_000_100)
+  assert weights.resolve_checkpoint("gs://bucket/m") == local
+  assert _read(local, "model.safetensors") == b"tune"
+  after = _inodes(local)
+  assert after["config.json"] == before["config.json"]  # not copied again
+  assert after["model.safetensors"] != before["model.safetensors"]
+  with open(os.path.join(local, weights.MARKER)) as f:
+    assert json.load(f) == {"source": "gs://bucket/m", "files": {
+        "config.json": {"size": 2, "mtime": 1_700_000_000},
+        "model.safetensors": {"size": 4, "mtime": 1_700_000_100}}}
+
+
+def test_a_cache_staged_before_mtimes_were_recorded_is_refreshed(fake_gcs, tmp_path,
+                                                                 monkeypatch):
+  """A copy without the stamp (an old-format marker: sizes only) cannot be proven current:
+  it is copied again, once."""
+  monkeypatch.setenv("DLLM_RL_CACHE", str(tmp_path / "cache"))
+  _put(fake_gcs, "bucket/m/config.json", b"{}", mtime=1_700_000_000)
+  _put(fake_gcs, "bucket/m/model.safetensors", b"tune", mtime=1_700_000_100)
+  local = weights.staging_dir("gs://bucket/m")
+  os.makedirs(local)
+  for name, data in {"config.json": b"{}", "model.safetensors": b"base"}.items():
+    with open(os.path.join(local, name), "wb") as f:
+      f.write(data)
+  with open(os.path.join(local, weights.MARKER), "w") as f:
+    json.dump({"source": "gs://bucket/m", "files": {"config.json": 2, "model.safetensors": 4}}, f)
+  weights.resolve_checkpoint("gs://bucket/m")
+  assert _read(local, "model.safetensors") == b"tune"
+  before = _inodes(local)
+  weights.resolve_checkpoint("gs://bucket/m")
+  assert _inodes(local) == before
+
+
+def test_an_interrupted_stage_is_finished_by_the_next(fake_gcs, tmp_path, monkeypatch):
+  """Cut off after one of two re-uploaded files is renamed in, beside the old marker: the next
+  stage copies the other one only and records the new versions."""
+  monkeypatch.setenv("DLLM_RL_CACHE", str(tmp_path / "cache"))
+  for name in ("a.safetensors", "b.safetensors", "config.json"):
+    _put(fake_gcs, f"bucket/m/{name}", b"v1", mtime=1_700_000_000)
+  local = weights.resolve_checkpoint("gs://bucket/m")
+  with open(os.path.join(local, weights.MARKER)) as f:
+    old_marker = f.read()
+  for name in ("a.safetensors", "b.safetensors"):
+    _put(fake_gcs, f"bucket/m/{name}", b"v2", mtime=1_700_000_100)
+  replace, calls = os.replace, []
+
+  def replace_once(src, dst):
+    calls.append(dst)
+    if len(calls) > 1:
+      raise OSError("No space left on device")
+    replace(src, dst)
+
+  monkeypatch.setattr(os, "replace", replace_once)
+  with pytest.raises(OSError, match="No space"):
+    weights.resolve_checkpoint("gs://bucket/m")
+  monkeypatch.setattr(os, "replace", replace)
+  assert [_read(local, n) for n in ("a.safetensors", "b.safetensors")] == [b"v2", b"v1"]
+  with open(os.path.join(local, weights.MARKER)) as f:
+    assert f.read() == old_marker  # the marker is written last
+  before = _inodes(local)
+  weights.resolve_checkpoint("gs://bucket/m")
+  assert [_read(local, n) for n in ("a.safetensors", "b.safetensors")] == [b"v2", b"v2"]
+  after = _inodes(local)
+  assert after["a.safetensors"] == before["a.safetensors"]  # renamed in before the cut
+  assert after["b.safetensors"] != before["b.safetensors"]
+  with open(os.path.join(local, weights.MARKER)) as f:
+    assert json.load(f)["files"]["b.safetensors"] == {"size": 2, "mtime": 1_700_000_100}
+
+
+def test_a_config_only_stage_leaves_stale_weights_to_the_full_one(fake_gcs, tmp_path,
+                                                                  monkeypatch):
+  monkeypatch.setenv("DLLM_RL_CACHE", str(tmp_path / "cache"))
+  for name in ("config.json", "model.safetensors"):
+    _put(fake_gcs, f"bucket/m/{name}", b"v1", mtime=1_700_000_000)
+  local = weights.resolve_checkpoint("gs://bucket/m")
+  for name in ("config.json", "model.safetensors"):
+    _put(fake_gcs, f"bucket/m/{name}", b"v2", mtime=1_700_000_100)
+  weights.resolve_checkpoint("gs://bucket/m", config_only=True)  # what the planner stages
+  assert [_read(local, n) for n in ("config.json", "model.safetensors")] == [b"v2", b"v1"]
+  weights.resolve_checkpoint("gs://bucket/m")
+  assert [_read(local, n) for n in ("config.json", "model.safetensors")] == [b"v2", b"v2"]
 
 
 def test_planning_stages_only_the_top_level_json(fake_gcs, tmp_path, monkeypatch):
