@@ -8,8 +8,9 @@
   (``DLLM_RL_CACHE`` defaults to ``~/.cache/dllm_rl``). Each copy is renamed into place with its
   source's modification time (for gs://, the object's update time, new on every upload), so a
   later call copies again exactly the files whose size or modification time changed (a re-upload
-  of same-shaped weights has the same sizes) and the ones missing; ``.dllm_rl_staged.json``
-  (written last) marks a complete copy and records each file's source size and time;
+  of same-shaped weights has the same sizes) and the ones missing, and removes those an earlier
+  call copied that the source no longer has; ``.dllm_rl_staged.json`` (written last) marks a
+  complete copy and records each file's source size and time;
 * a hub id ``org/name`` (optionally ``org/name@revision``): ``huggingface_hub.snapshot_download``
   into the hub cache (``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``),
   from the cache alone when ``HF_HUB_OFFLINE=1``.
@@ -89,6 +90,17 @@ def _is_copy_of(local: str, size: int, mtime: int) -> bool:
   return stat.S_ISREG(info.st_mode) and info.st_size == size and int(info.st_mtime) == mtime
 
 
+def _staged_names(dst: str) -> set[str]:
+  """The files the marker in ``dst`` lists (its current or its sizes-only format); none when
+  there is no readable marker."""
+  try:
+    with open(os.path.join(dst, MARKER)) as f:
+      files = json.load(f)["files"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return set()
+  return set(files) if isinstance(files, dict) else set()
+
+
 def staging_dir(url: str, cache: str | None = None) -> str:
   """The local folder a URL's files are copied to."""
   scheme, rest = url.split("://", 1)
@@ -97,8 +109,9 @@ def staging_dir(url: str, cache: str | None = None) -> str:
 
 def stage(url: str, *, cache: str | None = None, config_only: bool = False) -> str:
   """Copy the folder at ``url`` to :func:`staging_dir` (only files that are not already a copy
-  of the source's version, :func:`_is_copy_of`) and return it. ``config_only``: the top-level
-  ``*.json`` files only, and no marker."""
+  of the source's version, :func:`_is_copy_of`), remove the files the last marker lists that
+  the source no longer has, and return it. ``config_only``: the top-level ``*.json`` files
+  only; nothing removed, no marker."""
   paths.check_backend(url)
   src = paths.resolve(url)
   if not src.is_dir():
@@ -120,6 +133,15 @@ def stage(url: str, *, cache: str | None = None, config_only: bool = False) -> s
     os.utime(tmp, (mtime, mtime))  # the stamp _is_copy_of checks, renamed in with the bytes
     os.replace(tmp, local)
   if not config_only:
+    # a file an earlier stage copied that the source no longer has (a sharded checkpoint
+    # replaced by one model.safetensors: the loader would read the stale index and shards)
+    for rel in sorted(_staged_names(dst) - set(listing)):
+      gone = os.path.normpath(os.path.join(dst, rel))
+      if gone.startswith(os.path.join(dst, "")):
+        try:
+          os.remove(gone)
+        except FileNotFoundError:  # removed by a concurrent stager
+          pass
     files = {rel: {"size": size, "mtime": mtime} for rel, (size, mtime) in listing.items()}
     tmp = os.path.join(dst, f"{MARKER}.tmp-{os.getpid()}")
     with open(tmp, "w") as f:

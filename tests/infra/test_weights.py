@@ -246,6 +246,26 @@ def test_a_config_only_stage_leaves_stale_weights_to_the_full_one(fake_gcs, tmp_
   assert [_read(local, n) for n in ("config.json", "model.safetensors")] == [b"v2", b"v2"]
 
 
+def test_files_gone_from_the_source_are_removed_from_the_copy(fake_gcs, tmp_path, monkeypatch):
+  """Shards and their index replaced by one model.safetensors: the stale index (which the
+  loader reads first) and shards go; a config-only stage removes nothing."""
+  monkeypatch.setenv("DLLM_RL_CACHE", str(tmp_path / "cache"))
+  shards = ["model.safetensors.index.json", "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors"]
+  for name in ["config.json", *shards]:
+    _put(fake_gcs, f"bucket/m/{name}", b"v1", mtime=1_700_000_000)
+  local = weights.resolve_checkpoint("gs://bucket/m")
+  for name in shards:
+    fake_gcs.rm(f"bucket/m/{name}")
+  _put(fake_gcs, "bucket/m/model.safetensors", b"merged", mtime=1_700_000_100)
+  weights.resolve_checkpoint("gs://bucket/m", config_only=True)
+  assert set(shards) < set(os.listdir(local))
+  weights.resolve_checkpoint("gs://bucket/m")
+  assert sorted(os.listdir(local)) == [weights.MARKER, "config.json", "model.safetensors"]
+  with open(os.path.join(local, weights.MARKER)) as f:
+    assert sorted(json.load(f)["files"]) == ["config.json", "model.safetensors"]
+
+
 def test_planning_stages_only_the_top_level_json(fake_gcs, tmp_path, monkeypatch):
   monkeypatch.setenv("DLLM_RL_CACHE", str(tmp_path / "cache"))
   _put(fake_gcs, "bucket/m/config.json", b"{}")
