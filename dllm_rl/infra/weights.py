@@ -101,6 +101,33 @@ def _staged_names(dst: str) -> set[str]:
   return set(files) if isinstance(files, dict) else set()
 
 
+def _remove(path: str) -> None:
+  try:
+    os.remove(path)
+  except FileNotFoundError:  # removed by a concurrent stager
+    pass
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's process
+    return True
+  return True
+
+
+def _remove_orphans(dst: str) -> None:
+  """Remove the ``*.tmp-<pid>`` files under ``dst`` whose stager is no longer running on this
+  host (killed mid-copy: up to a shard's size each). The cache is per host, so are the pids."""
+  for folder, _, names in os.walk(dst):
+    for name in names:
+      head, sep, pid = name.rpartition(".tmp-")
+      if sep and head and pid.isdigit() and not _pid_alive(int(pid)):
+        _remove(os.path.join(folder, name))
+
+
 def staging_dir(url: str, cache: str | None = None) -> str:
   """The local folder a URL's files are copied to."""
   scheme, rest = url.split("://", 1)
@@ -121,27 +148,29 @@ def stage(url: str, *, cache: str | None = None, config_only: bool = False) -> s
   if config_only:
     listing = {k: v for k, v in listing.items() if "/" not in k and k.endswith(".json")}
   dst = staging_dir(url, cache)
+  _remove_orphans(dst)
   for rel, (size, mtime) in sorted(listing.items()):
     local = os.path.join(dst, rel)
     if _is_copy_of(local, size, mtime):
       continue
     os.makedirs(os.path.dirname(local), exist_ok=True)
     tmp = f"{local}.tmp-{os.getpid()}"  # concurrent stagers never see a half-written file
-    with src.joinpath(rel).open("rb") as fin, open(tmp, "wb") as fout:
-      for chunk in iter(lambda: fin.read(_CHUNK), b""):
-        fout.write(chunk)
-    os.utime(tmp, (mtime, mtime))  # the stamp _is_copy_of checks, renamed in with the bytes
-    os.replace(tmp, local)
+    try:
+      with src.joinpath(rel).open("rb") as fin, open(tmp, "wb") as fout:
+        for chunk in iter(lambda: fin.read(_CHUNK), b""):
+          fout.write(chunk)
+      os.utime(tmp, (mtime, mtime))  # the stamp _is_copy_of checks, renamed in with the bytes
+      os.replace(tmp, local)
+    except BaseException:
+      _remove(tmp)  # a failed copy leaves no partial file of up to a shard's size behind
+      raise
   if not config_only:
     # a file an earlier stage copied that the source no longer has (a sharded checkpoint
     # replaced by one model.safetensors: the loader would read the stale index and shards)
     for rel in sorted(_staged_names(dst) - set(listing)):
       gone = os.path.normpath(os.path.join(dst, rel))
       if gone.startswith(os.path.join(dst, "")):
-        try:
-          os.remove(gone)
-        except FileNotFoundError:  # removed by a concurrent stager
-          pass
+        _remove(gone)
     files = {rel: {"size": size, "mtime": mtime} for rel, (size, mtime) in listing.items()}
     tmp = os.path.join(dst, f"{MARKER}.tmp-{os.getpid()}")
     with open(tmp, "w") as f:

@@ -5,7 +5,9 @@ gs:// store of tests/fake_gcs.py."""
 
 import json
 import os
+import subprocess
 from datetime import datetime, timezone
+from unittest import mock
 
 import pytest
 
@@ -230,6 +232,30 @@ def test_an_interrupted_stage_is_finished_by_the_next(fake_gcs, tmp_path, monkey
   assert after["b.safetensors"] != before["b.safetensors"]
   with open(os.path.join(local, weights.MARKER)) as f:
     assert json.load(f)["files"]["b.safetensors"] == {"size": 2, "mtime": 1_700_000_100}
+
+
+def test_partial_copies_are_removed_by_the_failing_stage_or_the_next(fake_gcs, tmp_path,
+                                                                     monkeypatch):
+  """A copy that fails removes its temporary file; one left by a stager killed mid-copy (its
+  pid gone) is removed by the next stage; a running stager's is left alone."""
+  monkeypatch.setenv("DLLM_RL_CACHE", str(tmp_path / "cache"))
+  for name in ("a.safetensors", "config.json"):
+    _put(fake_gcs, f"bucket/m/{name}", b"v1", mtime=1_700_000_000)
+  with mock.patch.object(os, "utime", side_effect=OSError("Disk quota exceeded")):
+    with pytest.raises(OSError, match="quota"):
+      weights.resolve_checkpoint("gs://bucket/m")
+  local = weights.staging_dir("gs://bucket/m")
+  assert not [n for n in os.listdir(local) if ".tmp-" in n]
+  dead = subprocess.Popen(["true"])
+  dead.wait()  # a pid that has exited
+  orphan = os.path.join(local, f"a.safetensors.tmp-{dead.pid}")
+  live = os.path.join(local, f"config.json.tmp-{os.getppid()}")  # a running process's
+  for path in (orphan, live):
+    with open(path, "wb") as f:
+      f.write(b"partial")
+  weights.resolve_checkpoint("gs://bucket/m")
+  assert not os.path.exists(orphan) and os.path.exists(live)
+  assert _read(local, "a.safetensors") == b"v1"
 
 
 def test_a_config_only_stage_leaves_stale_weights_to_the_full_one(fake_gcs, tmp_path,
