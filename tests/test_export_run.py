@@ -179,14 +179,43 @@ def test_the_single_process_commands_run_alone_on_a_tpu_slice_worker(tmp_path, m
 def test_a_folder_problem_in_another_process_stops_this_one_too(monkeypatch):
   """export.agreed: this process's own error, or, where another process failed, a ConfigError
   naming the flag (not a wait in the next collective for a process that stopped)."""
-  from dllm_rl.train import export, resilience
+  from dllm_rl.parallel import distributed
+  from dllm_rl.train import export
   export.agreed(None, "--hf_dir", "the check")  # no process failed
   with pytest.raises(FileExistsError, match="mine"):
     export.agreed(FileExistsError("mine"), "--hf_dir", "the check")
-  monkeypatch.setattr(resilience, "agree_any", lambda flags: np.array([True]))
+  monkeypatch.setattr(distributed, "agree_any", lambda flags: np.array([True]))
   with pytest.raises(convert_cli.ConfigError, match=r"^--hf_dir: the check failed in another"
                      r" process \(its error says why\); nothing was written$"):
     export.agreed(None, "--hf_dir", "the check")
+
+
+def test_a_failed_write_leaves_no_config_json_and_no_loadable_folder(tmp_path):
+  """config.json is written last: a write that fails before it (here tokenizer.json, which a
+  folder in its place makes unwritable) leaves a folder that no loader takes for a finished
+  export. Before, config.json and the weights were written first: the folder loaded."""
+  scratch_run_checkpoints(tmp_path / "w", {"rl": [3]})
+  (tmp_path / "hf" / "tokenizer.json").mkdir(parents=True)
+  with pytest.raises(IsADirectoryError, match="tokenizer.json"):
+    export_run(str(tmp_path / "w"), str(tmp_path / "hf"))
+  assert not (tmp_path / "hf" / "config.json").exists()
+  with pytest.raises(FileNotFoundError, match="config.json"):
+    dllm_rl.load_pretrained(str(tmp_path / "hf"))
+
+
+def test_a_write_failed_in_process_0_stops_the_others_naming_the_folder(monkeypatch):
+  """hf.Process0Writes.agree: process 0's own error where it failed; where it failed in
+  another process (process 0), a ConfigError naming --hf_dir and the folder."""
+  from dllm_rl.parallel import distributed
+  writes = hf.Process0Writes("/out/hf")
+  writes.agree()  # nothing failed
+  assert writes(lambda: 1 / 0) is None and writes(lambda: 7) is None  # none after a failure
+  with pytest.raises(ZeroDivisionError):
+    writes.agree()
+  monkeypatch.setattr(distributed, "agree_any", lambda flags: np.array([True]))
+  with pytest.raises(convert_cli.ConfigError, match=r"^--hf_dir: process 0 failed to write the"
+                     r" export folder /out/hf \(its own error says why\)"):
+    hf.Process0Writes("/out/hf").agree()
 
 
 def _hf_run_checkpoint(workdir, source, step: int = 2):

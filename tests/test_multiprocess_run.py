@@ -80,3 +80,29 @@ def test_convert_export_over_two_processes_is_written_once_by_process_0(tmp_path
   export_run(str(workdir), str(tmp_path / "one"))  # this process: one process, one device
   assert sorted(os.listdir(out)) == sorted(os.listdir(tmp_path / "one"))
   assert convert.compare_tensors(str(out), str(tmp_path / "one")) == []
+
+
+def test_a_failed_write_in_process_0_stops_every_process_of_the_export(tmp_path):
+  """Process 0 cannot write past 128 KiB (RLIMIT_FSIZE, as a full disk) while writing the
+  448 KB model.safetensors, tensor by tensor as they are gathered: it raises its own error
+  (its traceback), process 1 an error naming the folder, both at once, and the folder holds
+  no config.json (written last), so that nothing takes it for a finished export. Before,
+  process 0 stopped alone and process 1 waited for it in the next tensor's gather until the
+  launch was killed (here: the 60 s deadline)."""
+  workdir, out = tmp_path / "run", tmp_path / "hf"
+  helpers.scratch_run_checkpoints(workdir, {"rl": [3]})
+  (tmp_path / "convert.json").write_text(json.dumps(
+      ["export", "--workdir", str(workdir), "--hf_dir", str(out)]))
+  (tmp_path / "file_size_limit.json").write_text(json.dumps({"process": 0, "bytes": 128 << 10}))
+  outs, logs, codes, report = harness.run_workers(EXPORT_WORKER, tmp_path, out_suffix=".json",
+                                                  devices=2, timeout=60)
+  assert codes == [1, 0], report  # process 0: its error raised; process 1: convert's exit 2
+  assert "OSError: [Errno 27] File too large" in logs[0].read_text(), report
+  assert "in _write_safetensors" in logs[0].read_text(), report  # its own traceback
+  assert not outs[0].exists()
+  result = json.loads(outs[1].read_text())
+  assert result["rc"] == 2, report
+  assert (f"error: --hf_dir: process 0 failed to write the export folder {out} (its own error"
+          " says why)" in logs[1].read_text()), report
+  assert 0 < os.path.getsize(out / "model.safetensors") <= 128 << 10
+  assert sorted(os.listdir(out)) == ["model.safetensors"]  # no config.json: unfinished

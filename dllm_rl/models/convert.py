@@ -217,9 +217,9 @@ def export_hf(ckpt_dir: str, hf_dir: str, *, dtype: str | None = None,
   cfg, ids, _, params, family, hf_config = load_imported(ckpt_dir)
   t1 = time.perf_counter()
   hf.export_checkpoint(params, cfg, ids, family, hf_dir, hf_config=hf_config,
-                       max_shard_bytes=max_shard_bytes, dtype=dtype)
+                       max_shard_bytes=max_shard_bytes, dtype=dtype,
+                       side_files=lambda d: copy_files(source_files(ckpt_dir), d))
   t2 = time.perf_counter()
-  copy_files(source_files(ckpt_dir), hf_dir)
   return {"family": family, "bytes": tensor_bytes(hf_dir), "restore_s": t1 - t0,
           "write_s": t2 - t1, "total_s": time.perf_counter() - t0}
 

@@ -45,7 +45,7 @@ import json
 import math
 import os
 import struct
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import ml_dtypes
@@ -53,9 +53,11 @@ import numpy as np
 from flax import nnx
 from safetensors import SafetensorError, safe_open
 
+from dllm_rl.errors import ConfigError
 from dllm_rl.models import hf_dense, hf_llada2
 from dllm_rl.models.hf_spec import COPY, FLAT, IN, OUT, Family, Part, TokenIds
 from dllm_rl.models.transformer import ModelConfig, abstract_model
+from dllm_rl.parallel.distributed import raise_agreed
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.parallel.shard import param_shardings
 from dllm_rl.types import DTYPES
@@ -387,9 +389,40 @@ def _to_host(x: jax.Array) -> np.ndarray:
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def _write_safetensors(path: str | None, entries: list, pure: dict, np_dtype) -> None:
+class Process0Writes:
+  """Process 0's writes into the export folder ``out_dir``, each tried (the other processes
+  skip them; none runs after process 0's first failure). Every process calls :meth:`agree`
+  at the same points, before each collective that follows a write and after the last one:
+  when process 0 failed, it raises its own error there (its traceback kept) and every other
+  process a ConfigError naming ``--hf_dir`` and the folder, so that none is left waiting in a
+  collective for a process that stopped (one process: its error at the next :meth:`agree`)."""
+
+  def __init__(self, out_dir: str):
+    self.out_dir = out_dir
+    self.primary = jax.process_index() == 0
+    self.failure: Exception | None = None
+
+  def __call__(self, write, *args, **kwargs):
+    """``write(*args, **kwargs)`` in process 0 while nothing failed: its result, else None."""
+    if not self.primary or self.failure is not None:
+      return None
+    try:
+      return write(*args, **kwargs)
+    except Exception as err:  # noqa: BLE001  (raised by agree(), in every process at once)
+      self.failure = err
+      return None
+
+  def agree(self) -> None:
+    raise_agreed(self.failure, ConfigError("--hf_dir", (
+        f"process 0 failed to write the export folder {self.out_dir} (its own error says"
+        " why); what it wrote there is incomplete: delete it before exporting there again")))
+
+
+def _write_safetensors(path: str, entries: list, pure: dict, np_dtype,
+                       writes: Process0Writes) -> None:
   """One safetensors file, header first, then tensor by tensor (a single gathered
-  parameter on the host at a time). ``path`` None: gather only (non-primary process)."""
+  parameter on the host at a time), written by process 0 (``writes``); every process
+  gathers, each gather preceded by ``writes.agree()``."""
   code = _ST_CODE[np.dtype(np_dtype).name]
   entries = sorted(entries, key=lambda e: (-_ST_RANK[code], e[0]))
   header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
@@ -400,20 +433,28 @@ def _write_safetensors(path: str | None, entries: list, pure: dict, np_dtype) ->
     offset += size
   blob = json.dumps(header, separators=(",", ":")).encode()
   blob += b" " * (-len(blob) % 8)
-  f = open(path, "wb") if path is not None else None
+  f = writes(open, path, "wb")
   try:
-    if f is not None:
-      f.write(struct.pack("<Q", len(blob)) + blob)
+    writes(lambda: f.write(struct.pack("<Q", len(blob)) + blob))
     for t in entries:
+      writes.agree()  # the gathers below are collectives in a multi-process export
       pieces = [to_hf(_to_host(_lookup(pure, p.path) if p.index is None
                                else _lookup(pure, p.path)[p.index]), p.kind) for p in t.parts]
       w = np.ascontiguousarray(pieces[0] if len(pieces) == 1 else np.concatenate(pieces),
                                dtype=np_dtype)
-      if f is not None:
-        f.write(w.reshape(-1).view(np.uint8).data)
-  finally:
+      writes(lambda: f.write(w.reshape(-1).view(np.uint8).data))
     if f is not None:
-      f.close()
+      writes(f.close)  # the buffer's last bytes: a full disk may show only here
+  finally:
+    if f is not None and not f.closed:
+      with contextlib.suppress(OSError):  # the error that stopped the write is raised
+        f.close()
+
+
+def _write_json(path: str, value: dict) -> None:
+  with open(path, "w") as f:
+    json.dump(value, f, indent=2, sort_keys=True)
+    f.write("\n")
 
 
 def config_differences(hf_config: dict, cfg: ModelConfig,
@@ -442,16 +483,21 @@ def check_config(hf_config: dict, cfg: ModelConfig, ids: TokenIds) -> None:
 
 def export_checkpoint(params: nnx.State, model_cfg: ModelConfig, token_ids: TokenIds,
                       family: str, out_dir: str, *, hf_config: dict | None = None,
-                      max_shard_bytes: float = 5e9, dtype: str | None = None) -> list[str]:
-  """Writes ``params`` as an HF folder (safetensors + config.json); returns the files.
+                      max_shard_bytes: float = 5e9, dtype: str | None = None,
+                      side_files: Callable[[str], None] | None = None) -> list[str]:
+  """Writes ``params`` as an HF folder (safetensors + config.json); returns those files.
 
   Tensors keep the original HF names and torch layouts, stored in ``dtype``
   (default: the params' dtype). ``hf_config`` (e.g. the imported config.json)
   is written back with ``torch_dtype`` updated; it must describe ``model_cfg``
   and ``token_ids``. Without it a config.json is built from the family's keys.
   More than ``max_shard_bytes`` of tensors → ``model-0000i-of-0000n.safetensors``
-  plus ``model.safetensors.index.json``. In a multi-process run every process
-  must call this (parameters are gathered collectively); process 0 writes.
+  plus ``model.safetensors.index.json``. ``side_files(out_dir)``: writes the folder's
+  other files (tokenizer, modeling code, records) after the tensors; config.json comes last,
+  so that a folder with one is complete (a failed write leaves none: no loader reads it).
+  In a multi-process run every process must call this (parameters are gathered
+  collectively); process 0 writes, and a write failing there stops every process
+  (:class:`Process0Writes`), each before its next collective.
   """
   if family not in FAMILIES:
     raise ValueError(f"unknown family {family!r}; supported: {sorted(FAMILIES)}")
@@ -492,25 +538,20 @@ def export_checkpoint(params: nnx.State, model_cfg: ModelConfig, token_ids: Toke
   n = len(shards)
   names = (["model.safetensors"] if n == 1 else
            [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
-  primary = jax.process_index() == 0
-  if primary:
-    os.makedirs(out_dir, exist_ok=True)
-  written = []
-  for fname, shard in zip(names, shards):
-    path = os.path.join(out_dir, fname)
-    _write_safetensors(path if primary else None, shard, pure, np_dtype)
-    written.append(path)
-  if primary:
-    if n > 1:
-      total = sum(math.prod(e.shape) for e in entries) * np_dtype.itemsize
-      index = {"metadata": {"total_size": total},
-               "weight_map": {e.name: f for f, s in zip(names, shards) for e in s}}
-      written.append(os.path.join(out_dir, "model.safetensors.index.json"))
-      with open(written[-1], "w") as f:
-        json.dump(index, f, indent=2, sort_keys=True)
-        f.write("\n")
-    written.append(os.path.join(out_dir, "config.json"))
-    with open(written[-1], "w") as f:
-      json.dump(config, f, indent=2, sort_keys=True)
-      f.write("\n")
+  writes = Process0Writes(out_dir)
+  writes(os.makedirs, out_dir, exist_ok=True)
+  written = [os.path.join(out_dir, fname) for fname in names]
+  for path, shard in zip(written, shards):
+    _write_safetensors(path, shard, pure, np_dtype, writes)
+  if n > 1:
+    total = sum(math.prod(e.shape) for e in entries) * np_dtype.itemsize
+    index = {"metadata": {"total_size": total},
+             "weight_map": {e.name: f for f, s in zip(names, shards) for e in s}}
+    written.append(os.path.join(out_dir, "model.safetensors.index.json"))
+    writes(_write_json, written[-1], index)
+  if side_files is not None:
+    writes(side_files, out_dir)
+  written.append(os.path.join(out_dir, "config.json"))
+  writes(_write_json, written[-1], config)
+  writes.agree()  # the others return once process 0 has written the whole folder
   return written

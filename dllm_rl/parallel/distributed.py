@@ -45,6 +45,7 @@ import os
 from typing import Any, Callable, Mapping
 
 import jax
+import numpy as np
 
 from dllm_rl.errors import ConfigError, raise_all
 
@@ -397,3 +398,22 @@ def sync(name: str) -> None:
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(name)
+
+
+def agree_any(flags: np.ndarray) -> np.ndarray:
+  """Element-wise OR of boolean ``flags`` over all processes (identity with one process)."""
+  flags = np.asarray(flags, bool)
+  if jax.process_count() == 1:
+    return flags
+  from jax.experimental import multihost_utils
+  gathered = multihost_utils.process_allgather(flags.astype(np.int32))
+  return np.asarray(gathered).reshape(-1, flags.size).any(axis=0)
+
+
+def raise_agreed(failure: BaseException | None, elsewhere: BaseException) -> None:
+  """Every process calls it at the same point with its own ``failure`` (None: none): when any
+  process failed, the one that did raises its error and every other one ``elsewhere`` (which
+  says another process failed), so that all of them stop, none left waiting in a collective
+  for one that stopped. Nothing when no process failed (one process: ``failure``, if any)."""
+  if agree_any(np.array([failure is not None]))[0]:
+    raise failure or elsewhere

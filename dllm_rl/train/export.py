@@ -20,7 +20,9 @@ written by process 0 (``hf.export_checkpoint``). In a multi-process export (``co
 initialises ``jax.distributed`` from the DLLM_* / cluster environment, as ``dllm_rl.main``
 does) they are split over every process's devices, each tensor gathered in turn, and process 0
 alone writes the folder; the others wait until it is written. A problem with the output
-folders found in any process stops every process (:func:`agreed`). ``dllm_rl_export.json``
+folders found in any process stops every process (:func:`agreed`), and so does a write that
+fails in process 0 (a full disk), before the next gather (``hf.Process0Writes``). config.json
+is written last: a folder without one is an unfinished export. ``dllm_rl_export.json``
 records the run, phase and step (SFT steps, RL rollout batches) the folder came from.
 """
 
@@ -40,12 +42,11 @@ from dllm_rl.errors import ConfigError
 from dllm_rl.infra.checkpoint import LayoutMismatch
 from dllm_rl.models import convert, hf, lora, peft
 from dllm_rl.models.transformer import ModelConfig, abstract_model
-from dllm_rl.parallel.distributed import is_primary
+from dllm_rl.parallel.distributed import is_primary, raise_agreed
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.tasks.tokenizer import CharTokenizer
 from dllm_rl.train import lora_checkpoint, run_checkpoints
 from dllm_rl.train.context import checkpoint_folder, hf_model_config, model_config
-from dllm_rl.train.resilience import raise_agreed
 from dllm_rl.train.run_checkpoints import AUTO, LATEST, CheckpointRef
 
 PROVENANCE_FILE = "dllm_rl_export.json"  # never copied from a source (convert._SKIP)
@@ -147,7 +148,7 @@ def check_new_peft_dir(peft_dir: str, out_dir: str) -> None:
 
 
 def agreed(failure: BaseException | None, flag: str, what: str) -> None:
-  """:func:`dllm_rl.train.resilience.raise_agreed` of the export's ``failure``: every other
+  """:func:`dllm_rl.parallel.distributed.raise_agreed` of the export's ``failure``: every other
   process raises a ConfigError naming ``flag`` (``what`` failed in another process)."""
   raise_agreed(failure, ConfigError(flag, f"{what} failed in another process (its error says"
                                      " why); nothing was written"))
@@ -210,8 +211,8 @@ def write_peft_base(params, source: ExportSource, out_dir: str) -> str:
   base = jax.tree.map(lambda x: x, abstract_model(source.model_cfg)[1])
   nnx.replace_by_pure_dict(base, lora.merge_pure(nnx.to_pure_dict(params), 0.0))
   hf.export_checkpoint(base, source.model_cfg, source.token_ids, source.family, out_dir,
-                       hf_config=source.hf_config, dtype="float32")
-  write_source_files(source, out_dir, source.texts)
+                       hf_config=source.hf_config, dtype="float32",
+                       side_files=lambda d: write_source_files(source, d, source.texts))
   return os.path.abspath(out_dir)
 
 
@@ -307,19 +308,15 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
   if run_cfg.lora_rank:  # merged HF weights: W + (alpha / rank)·A·B, folded in float32
     merged = lora.merge_adapters(params, run_cfg, abstract_model(source.model_cfg)[1])
   dtype = dtype or np.dtype(source.model_cfg.param_dtype).name  # default: as trained
+  texts = {**source.texts,
+           PROVENANCE_FILE: json.dumps(provenance(ref, source, dtype), indent=2) + "\n"}
   t1 = time.perf_counter()
+  # process 0 writes; the others return once it has written the whole folder, or raise
+  # with it when a write fails there (hf.Process0Writes)
   hf.export_checkpoint(merged, source.model_cfg, source.token_ids, source.family, out_dir,
-                       hf_config=source.hf_config, max_shard_bytes=max_shard_bytes, dtype=dtype)
+                       hf_config=source.hf_config, max_shard_bytes=max_shard_bytes, dtype=dtype,
+                       side_files=lambda d: write_source_files(source, d, texts))
   t2 = time.perf_counter()
-  failure = None
-  if is_primary():
-    try:
-      write_source_files(source, out_dir, {
-          **source.texts,
-          PROVENANCE_FILE: json.dumps(provenance(ref, source, dtype), indent=2) + "\n"})
-    except OSError as err:  # said to every process first, raised below
-      failure = err
-  agreed(failure, "--hf_dir", "writing the folder")  # the others wait until it is written
   # the adapters after the merged folder: a failure writing that (a full disk) leaves no
   # finished-looking PEFT folder whose merged --hf_dir is missing
   if peft_dir is not None and is_primary():

@@ -25,9 +25,9 @@ from flax import nnx
 from dllm_rl.errors import ConfigError
 from dllm_rl.infra.checkpoint import Checkpointer, LayoutMismatch
 from dllm_rl.models import convert, hf_fingerprint, lora, transformer
+from dllm_rl.parallel.distributed import agree_any
 from dllm_rl.train import context as setup
 from dllm_rl.train import layout_errors
-from dllm_rl.train.resilience import agree_any
 
 _log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ def _check_weights(recorded: dict, saved: str, ours: str, where: str, key: str) 
   compared (the same, or warned of), False when they cannot be (the path rule applies).
 
   Every process fingerprints its own copy (a gs:// base staged per host, a hub cache per
-  host) and the verdicts are agreed (resilience.agree_any): one process with other weights
+  host) and the verdicts are agreed (distributed.agree_any): one process with other weights
   stops every process, so none is left waiting in a collective."""
   verdict, now, folder = _verdict(recorded, ours)
   changed, dtypes, unknown = agree_any(np.array([

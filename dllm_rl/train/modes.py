@@ -176,8 +176,7 @@ def workdir_lock(workdir: str, *, enabled: bool):
     return
   import os
 
-  from dllm_rl.parallel.distributed import is_primary
-  from dllm_rl.train.resilience import raise_agreed
+  from dllm_rl.parallel.distributed import is_primary, raise_agreed
   fd, failure = None, None
   if is_primary():
     try:

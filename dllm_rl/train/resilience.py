@@ -34,6 +34,7 @@ import time
 import jax
 import numpy as np
 
+from dllm_rl.parallel.distributed import agree_any
 from dllm_rl.train.optim import skip_counters
 
 EXIT_PREEMPTED = 75  # sysexits.h EX_TEMPFAIL: temporary failure, rerun to resume
@@ -138,25 +139,6 @@ def _preemption_notice(step: int) -> bool:
     return bool(multihost_utils.reached_preemption_sync_point(step))
   except RuntimeError:  # preemption service not enabled
     return False
-
-
-def agree_any(flags: np.ndarray) -> np.ndarray:
-  """Element-wise OR of boolean ``flags`` over all processes (identity with one process)."""
-  flags = np.asarray(flags, bool)
-  if jax.process_count() == 1:
-    return flags
-  from jax.experimental import multihost_utils
-  gathered = multihost_utils.process_allgather(flags.astype(np.int32))
-  return np.asarray(gathered).reshape(-1, flags.size).any(axis=0)
-
-
-def raise_agreed(failure: BaseException | None, elsewhere: BaseException) -> None:
-  """Every process calls it at the same point with its own ``failure`` (None: none): when any
-  process failed, the one that did raises its error and every other one ``elsewhere`` (which
-  says another process failed), so that all of them stop, none left waiting in a collective
-  for one that stopped. Nothing when no process failed (one process: ``failure``, if any)."""
-  if agree_any(np.array([failure is not None]))[0]:
-    raise failure or elsewhere
 
 
 class StepGuard:

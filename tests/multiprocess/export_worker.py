@@ -6,6 +6,8 @@ Sets the DLLM_* variables a multi-process launch gives each process (coordinator
 count, this process's id), runs ``python -m dllm_rl.convert`` in-process with the arguments
 listed in ``convert.json`` of its working directory, and writes ``{"rc": its exit status,
 "process_count": jax.process_count() after it, "stdout": what it printed}`` to OUT.json.
+With ``file_size_limit.json`` there (``{"process": P, "bytes": N}``), process P may write no
+file past N bytes (RLIMIT_FSIZE, as a full disk: a write past it fails with EFBIG).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import contextlib
 import io
 import json
 import os
+import resource
+import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -27,6 +31,12 @@ def main(coordinator: str, num_processes: int, process_id: int, out_path: str) -
   from dllm_rl import convert
   with open("convert.json") as f:
     argv = json.load(f)
+  if os.path.exists("file_size_limit.json"):
+    with open("file_size_limit.json") as f:
+      limit = json.load(f)
+    if limit["process"] == process_id:
+      signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an OSError, not the signal's exit
+      resource.setrlimit(resource.RLIMIT_FSIZE, (limit["bytes"], limit["bytes"]))
   printed = io.StringIO()
   with contextlib.redirect_stdout(printed):
     rc = convert.main(argv)
