@@ -11,6 +11,7 @@ import os
 import jax
 import numpy as np
 import pytest
+from safetensors import safe_open
 
 import dllm_rl
 from dllm_rl import convert as convert_cli
@@ -216,6 +217,25 @@ def test_a_write_failed_in_process_0_stops_the_others_naming_the_folder(monkeypa
   with pytest.raises(convert_cli.ConfigError, match=r"^--hf_dir: process 0 failed to write the"
                      r" export folder /out/hf \(its own error says why\)"):
     hf.Process0Writes("/out/hf").agree()
+
+
+def test_process_0_write_failures_are_agreed_per_file_and_gigabyte_not_per_tensor(tmp_path,
+                                                                                monkeypatch):
+  """One collective per agreement: an MoE's 15k tensors would double the export's collectives.
+  The tiny model's file: one agreement at its start and one at the end; with a 1-byte
+  interval, one per tensor as well."""
+  scratch_run_checkpoints(tmp_path / "w", {"rl": [3]})
+  calls = []
+  agree = hf.Process0Writes.agree
+  monkeypatch.setattr(hf.Process0Writes, "agree", lambda self: calls.append(1) or agree(self))
+  export_run(str(tmp_path / "w"), str(tmp_path / "hf"))
+  assert len(calls) == 2
+  with safe_open(str(tmp_path / "hf" / "model.safetensors"), "np") as f:
+    tensors = len(list(f.keys()))
+  calls.clear()
+  monkeypatch.setattr(hf, "_AGREE_EVERY_BYTES", 1)
+  export_run(str(tmp_path / "w"), str(tmp_path / "hf2"))
+  assert tensors > 2 and len(calls) == tensors + 1
 
 
 def _hf_run_checkpoint(workdir, source, step: int = 2):

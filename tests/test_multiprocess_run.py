@@ -20,7 +20,7 @@ def _run(tmp_path, workdir, mode: str, overrides=None):
   (tmp_path / "run.json").write_text(json.dumps(
       {"workdir": str(workdir), "mode": mode, "overrides": overrides or {}}))
   outs, _, codes, report = harness.run_workers(WORKER, tmp_path, out_suffix=".json",
-                                               devices=1, timeout=20)
+                                               devices=1, timeout=90)
   assert codes == [0, 0], report
   return [json.loads(out.read_text()) for out in outs]
 
@@ -98,7 +98,7 @@ def test_a_failed_write_in_process_0_stops_every_process_of_the_export(tmp_path)
                                                   devices=2, timeout=60)
   assert codes == [1, 0], report  # process 0: its error raised; process 1: convert's exit 2
   assert "OSError: [Errno 27] File too large" in logs[0].read_text(), report
-  assert "in _write_safetensors" in logs[0].read_text(), report  # its own traceback
+  assert "f.write(w.reshape" in logs[0].read_text(), report  # its own traceback: the write
   assert not outs[0].exists()
   result = json.loads(outs[1].read_text())
   assert result["rc"] == 2, report

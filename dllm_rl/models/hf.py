@@ -67,6 +67,11 @@ from dllm_rl.types import DTYPES
 ST_DTYPES = {"F16": np.float16, "BF16": ml_dtypes.bfloat16, "F32": np.float32, "F64": np.float64}
 _ST_RANK = {code: i for i, code in enumerate(ST_DTYPES)}
 _ST_CODE = {np.dtype(v).name: k for k, v in ST_DTYPES.items()}
+# A multi-process export agrees on process 0's write failures at each file's start and then
+# after about this many gathered bytes: a collective per agreement (~ms) rather than per tensor
+# (15k tensors in an MoE); after a failure process 0 skips its writes and goes on gathering, so
+# none waits on it, and the others learn of it within this many bytes.
+_AGREE_EVERY_BYTES = 1 << 30
 
 
 class LoadedModel(NamedTuple):
@@ -391,11 +396,12 @@ def _to_host(x: jax.Array) -> np.ndarray:
 
 class Process0Writes:
   """Process 0's writes into the export folder ``out_dir``, each tried (the other processes
-  skip them; none runs after process 0's first failure). Every process calls :meth:`agree`
-  at the same points, before each collective that follows a write and after the last one:
-  when process 0 failed, it raises its own error there (its traceback kept) and every other
-  process a ConfigError naming ``--hf_dir`` and the folder, so that none is left waiting in a
-  collective for a process that stopped (one process: its error at the next :meth:`agree`)."""
+  skip them; none runs after process 0's first failure, and process 0 goes on taking part in
+  the collectives). Every process calls :meth:`agree` at the same points (at each file's start,
+  every ~1 GiB gathered, and after the last write): when process 0 failed, it raises its own
+  error there (its traceback kept) and every other process a ConfigError naming ``--hf_dir``
+  and the folder, so that none is left waiting in a collective for a process that stopped
+  (one process: its error at the next :meth:`agree`)."""
 
   def __init__(self, out_dir: str):
     self.out_dir = out_dir
@@ -422,7 +428,8 @@ def _write_safetensors(path: str, entries: list, pure: dict, np_dtype,
                        writes: Process0Writes) -> None:
   """One safetensors file, header first, then tensor by tensor (a single gathered
   parameter on the host at a time), written by process 0 (``writes``); every process
-  gathers, each gather preceded by ``writes.agree()``."""
+  gathers, and agrees (``writes.agree()``) before the first gather and then every
+  ``_AGREE_EVERY_BYTES`` gathered."""
   code = _ST_CODE[np.dtype(np_dtype).name]
   entries = sorted(entries, key=lambda e: (-_ST_RANK[code], e[0]))
   header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
@@ -436,12 +443,16 @@ def _write_safetensors(path: str, entries: list, pure: dict, np_dtype,
   f = writes(open, path, "wb")
   try:
     writes(lambda: f.write(struct.pack("<Q", len(blob)) + blob))
+    since = None  # bytes gathered since the last agreement
     for t in entries:
-      writes.agree()  # the gathers below are collectives in a multi-process export
+      if since is None or since >= _AGREE_EVERY_BYTES:
+        writes.agree()
+        since = 0
       pieces = [to_hf(_to_host(_lookup(pure, p.path) if p.index is None
                                else _lookup(pure, p.path)[p.index]), p.kind) for p in t.parts]
       w = np.ascontiguousarray(pieces[0] if len(pieces) == 1 else np.concatenate(pieces),
                                dtype=np_dtype)
+      since += w.nbytes
       writes(lambda: f.write(w.reshape(-1).view(np.uint8).data))
     if f is not None:
       writes(f.close)  # the buffer's last bytes: a full disk may show only here
@@ -497,7 +508,7 @@ def export_checkpoint(params: nnx.State, model_cfg: ModelConfig, token_ids: Toke
   so that a folder with one is complete (a failed write leaves none: no loader reads it).
   In a multi-process run every process must call this (parameters are gathered
   collectively); process 0 writes, and a write failing there stops every process
-  (:class:`Process0Writes`), each before its next collective.
+  (:class:`Process0Writes`) at the next agreement.
   """
   if family not in FAMILIES:
     raise ValueError(f"unknown family {family!r}; supported: {sorted(FAMILIES)}")
