@@ -202,6 +202,10 @@ def test_a_failed_write_leaves_no_config_json_and_no_loadable_folder(tmp_path):
   assert not (tmp_path / "hf" / "config.json").exists()
   with pytest.raises(FileNotFoundError, match="config.json"):
     dllm_rl.load_pretrained(str(tmp_path / "hf"))
+  (tmp_path / "hf" / "tokenizer.json").rmdir()
+  with pytest.raises(convert_cli.ConfigError, match=r"holds \*.safetensors without config.json: an "
+                     r"unfinished export .*; delete the folder or use a new one"):
+    export_run(str(tmp_path / "w"), str(tmp_path / "hf"))  # refused, named as unfinished
 
 
 def test_a_write_failed_in_process_0_stops_the_others_naming_the_folder(monkeypatch):

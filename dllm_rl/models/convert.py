@@ -112,6 +112,10 @@ def check_new_hf_dir(hf_dir: str) -> None:
   if not os.path.isdir(above):
     raise NotADirectoryError(f"{hf_dir}: {above} is a file, not a folder")
   if _holds_hf(hf_dir):
+    if not os.path.isfile(os.path.join(hf_dir, "config.json")):  # written last by an export
+      raise FileExistsError(f"{hf_dir} holds *.safetensors without config.json: an unfinished"
+                            " export (its write failed or was cut short); delete the folder"
+                            " or use a new one")
     raise FileExistsError(f"{hf_dir} already holds an HF checkpoint; use a new folder")
   if os.path.isfile(os.path.join(hf_dir, "model.json")):
     raise FileExistsError(f"{hf_dir} holds a `convert import` checkpoint (model.json), which"
