@@ -114,7 +114,7 @@ def build_programs(config, devices) -> tuple[list[Program], object, transformer.
     fn = make_rl_step(graphdef, optimizer, schedule, step_cfg, mesh=mesh,
                       state_sharding=sharding)
     hyper = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated(mesh)),
-                         StepHyper.of(r.lr))  # traced, as in the RL loop
+                         StepHyper.of(r.lr, r))  # traced, as in the RL loop
     b, g = r.batch_prompts, r.group_size
     batch = _batch(mesh, {"prompt_BP": ((b, p), jnp.int32), "prompt_valid_BP": ((b, p), bool),
                           "completion_BGL": ((b, g, l), jnp.int32),

@@ -91,19 +91,25 @@ def _log_mean_exp(e_xG: jax.Array) -> jax.Array:
   return jnp.where(m > _LSE_SWITCH, large, small)
 
 
-def _rs(r_own: jax.Array, r_grp_xG: jax.Array, beta: jax.Array) -> jax.Array:
+def _rs(r_own: jax.Array, r_grp_xG: jax.Array, beta: jax.Array, *,
+        reciprocal: bool = False) -> jax.Array:
   """Risk-sensitive advantage of ``r_own`` in group ``r_grp_xG`` at ``beta``.
 
   ``r_own`` and ``beta`` have the output shape; ``r_grp_xG`` broadcasts against
   it with the group appended. With r̄ the group mean and e_j = β(r_j − r̄),
   β(r_i − Z) = e_i − log mean_j exp(e_j), so A = expm1(e_i − lme(e)) / β.
+
+  ``reciprocal``: A = expm1(·)·(1/β) instead, the arithmetic XLA compiles x / β into
+  when β is a constant (it rewrites x / c as x·(1/c)): a β passed as an input then
+  gives the advantages of the same β compiled in, bit for bit (:func:`risk_sensitive`).
   """
   mean = _group_mean(r_grp_xG)
   small = jnp.abs(beta) < _SMALL_BETA
   safe_beta = jnp.where(small, 1.0, beta)
   e_xG = safe_beta[..., None] * (r_grp_xG - mean[..., None])
   e_own = safe_beta * (r_own - mean)
-  adv = jnp.expm1(e_own - _log_mean_exp(e_xG)) / safe_beta
+  expm1_own = jnp.expm1(e_own - _log_mean_exp(e_xG))
+  adv = expm1_own * (1.0 / safe_beta) if reciprocal else expm1_own / safe_beta
   return jnp.where(small, r_own - mean, adv)
 
 
@@ -117,10 +123,14 @@ def risk_sensitive(rewards_BG: ArrayLike, beta: ArrayLike) -> jax.Array:
   prompt b is transformed with β[b, g] (its normaliser Z uses that β over the
   whole group). |β| < 1e-6 returns :func:`centered` (the β → 0 limit; exact at
   β = 0, NaN-free gradients). Zero-sum within a group for every β.
+
+  The last step multiplies by 1/β rather than dividing by β: the two round differently,
+  and the first is what XLA made of the RL step's β when it was a compiled-in constant,
+  so the step's β as an input (``dllm_rl.rl.step.StepHyper``) reproduces those runs.
   """
   r = jnp.asarray(rewards_BG, jnp.float32)
   beta_BG = jnp.broadcast_to(jnp.asarray(beta, jnp.float32), r.shape)
-  return _rs(r, r[..., None, :], beta_BG)
+  return _rs(r, r[..., None, :], beta_BG, reciprocal=True)
 
 
 @jax.jit
@@ -158,6 +168,11 @@ def beta_schedule(progress: ArrayLike, beta_start: ArrayLike, beta_end: ArrayLik
 
   g(u) = u ("linear"), (1 − cos πu)/2 ("cosine") or 1[u ≥ 0.5] ("step");
   u = 0 is the first (most-masked) denoising state.
+
+  g is computed apart from the endpoints (an optimization barrier): with β_start and
+  β_end as inputs of a program, XLA would otherwise fold β_end − β_start into the
+  constant factor 1/(S − 1) of u = s/(S − 1) and round β differently from the program
+  with the endpoints compiled in (β 2 → 0 over 16 states: −1e-7, not 0, at the last).
   """
   if schedule not in BETA_SCHEDULES:
     raise ValueError(f"unknown beta schedule {schedule!r}; choices: {', '.join(BETA_SCHEDULES)}")
@@ -168,6 +183,7 @@ def beta_schedule(progress: ArrayLike, beta_start: ArrayLike, beta_end: ArrayLik
     g = 0.5 * (1.0 - jnp.cos(jnp.pi * u))
   else:
     g = (u >= 0.5).astype(jnp.float32)
+  g = jax.lax.optimization_barrier(g)
   b0 = jnp.asarray(beta_start, jnp.float32)
   b1 = jnp.asarray(beta_end, jnp.float32)
   return b0 + (b1 - b0) * g
@@ -343,7 +359,9 @@ ADVANTAGES: Registry[AdvantageFn] = Registry("advantage")
 
 @dataclasses.dataclass(frozen=True)
 class AdvantageConfig:
-  """Static options (from ``config.advantage``); each advantage reads what it needs."""
+  """Options (from ``config.advantage``); each advantage reads what it needs. The RL step
+  replaces ``beta``, ``beta_start`` and ``beta_end`` with its traced inputs
+  (``dllm_rl.rl.step.StepHyper``): there the numbers are float32 scalars, not constants."""
 
   beta: float = 1.0             # risk_sensitive: β
   beta_start: float = 0.0       # steprs*: β at the first (most-masked) state

@@ -66,19 +66,34 @@ class RolloutBatch:
 @struct.dataclass
 class StepHyper:
   """Hyperparameters the jitted step takes as traced float32 scalars, not constants: runs that
-  differ only in them (a learning-rate grid) share one compiled program, and the persistent
-  compilation cache serves every run after the first.
+  differ only in them (a learning-rate grid, StepRS's β schedules) share one compiled
+  program, and the persistent compilation cache serves every run after the first.
 
   ``lr`` is the peak learning rate, passed to the optimizer's ``update`` as the extra
   argument ``lr`` (``dllm_rl.train.optim.make_optimizer``): the same arithmetic as the lr
-  compiled in (the embedded default's RL metrics are bit-identical). StepRS's β stays a
-  constant: as an input it changed the advantages in the last bits, and the runs after."""
+  compiled in (the embedded default's RL metrics are bit-identical). ``beta``,
+  ``beta_start`` and ``beta_end`` replace those numbers of ``RLStepConfig.advantage_cfg``
+  (its ``beta_schedule`` stays static); the advantages are computed so that β as an input
+  gives those of the same β compiled in, bit for bit (``dllm_rl.rl.advantages``)."""
 
   lr: jax.Array
+  beta: jax.Array
+  beta_start: jax.Array
+  beta_end: jax.Array
 
   @classmethod
-  def of(cls, lr: float) -> "StepHyper":
-    return cls(lr=jnp.asarray(lr, jnp.float32))
+  def of(cls, lr: float, advantage_cfg) -> "StepHyper":
+    """``lr`` and the ``beta``, ``beta_start`` and ``beta_end`` of ``advantage_cfg`` (an
+    ``AdvantageConfig``, or the config's ``rl`` section) as float32 scalars."""
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    a = advantage_cfg
+    return cls(lr=f32(lr), beta=f32(a.beta), beta_start=f32(a.beta_start),
+               beta_end=f32(a.beta_end))
+
+  def advantage_config(self, advantage_cfg):
+    """``advantage_cfg`` (an ``AdvantageConfig``) with this step's β numbers."""
+    return dataclasses.replace(advantage_cfg, beta=self.beta, beta_start=self.beta_start,
+                               beta_end=self.beta_end)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,9 +179,11 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
   """Build the jitted ``rl_step(state, batch, key, hyper=None)`` (state donated). With a
   ``mesh``, the new state keeps ``state_sharding`` and the metrics are replicated.
 
-  ``hyper`` (:class:`StepHyper`): the learning rate as a traced input; ``optimizer`` must
-  then take ``update(..., lr=)`` and ``schedule(step, lr)`` (``train.optim``). None: the
-  optimizer and schedule as given, the lr compiled in."""
+  ``hyper`` (:class:`StepHyper`): the learning rate and the advantages' β numbers as traced
+  inputs (``cfg.advantage_cfg``'s are then unused: the program does not depend on them);
+  ``optimizer`` must then take ``update(..., lr=)`` and ``schedule(step, lr)``
+  (``train.optim``). None: the optimizer and schedule as given and ``cfg``'s β, compiled in
+  as constants."""
   estimator = ESTIMATORS.get(cfg.estimator)
   loss_fn_ = LOSSES.get(cfg.loss)
   advantage_fn = adv_lib.ADVANTAGES.get(cfg.advantage)
@@ -178,6 +195,7 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
               hyper: StepHyper | None = None):
     b, g, l = batch.completion_BGL.shape
     opt_args = {} if hyper is None else {"lr": hyper.lr}
+    adv_cfg = cfg.advantage_cfg if hyper is None else hyper.advantage_config(cfg.advantage_cfg)
     seqs = flatten_groups(batch, cfg.eos_id)
     n_micro = b * g // cfg.micro_batch if cfg.micro_batch else 0
 
@@ -203,7 +221,7 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
     else:
       progress_BGL = adv_lib.progress_from_unmask_step(batch.unmask_step_BGL, cfg.num_states)
     rewards_BG = batch.rewards_BG.astype(jnp.float32)
-    adv_BGL = advantage_fn(rewards_BG, progress_BGL, mask_BGL, cfg.advantage_cfg)
+    adv_BGL = advantage_fn(rewards_BG, progress_BGL, mask_BGL, adv_cfg)
     lengths_BG = mask_BGL.sum(-1).astype(jnp.float32)
     k_old, k_inner = jax.random.split(key)
     keys_M = jax.random.split(k_inner, cfg.inner_steps)

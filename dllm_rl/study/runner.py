@@ -474,10 +474,10 @@ def _prefetcher(name: str, arms: list[Arm], workdir: str, seeds: range, size: Si
                 enabled: bool | None):
   """The started :class:`~dllm_rl.study.prefetch.Prefetcher` of the arms not yet run of the
   first seed that has any (the programs do not depend on the seed; an arm calibrated from
-  another's result is left out: its β is known only then, and so is a run from an HF
-  checkpoint, dllm_rl.train.precompile), or None: ``enabled`` False (or
-  None on the CPU backend), no study compilation cache (nowhere to keep the programs), more
-  than one process, or nothing to run."""
+  another's result is left out: its β is known only then, and β being an input, its rl_step
+  is that arm's; so is a run from an HF checkpoint, dllm_rl.train.precompile), or None:
+  ``enabled`` False (or None on the CPU backend), no study compilation cache (nowhere to keep
+  the programs), more than one process, or nothing to run."""
   if enabled is False or _STUDY_CACHE is None:
     return None
   for seed in seeds:

@@ -124,9 +124,11 @@ def update_step(ctx: Context, graphdef, optimizer, schedule, state_sharding):
 
 
 def step_hyper(ctx: Context) -> StepHyper:
-  """The rl_step's traced hyperparameters (the lr: runs that differ only in it share the
-  compiled step), replicated on the mesh."""
-  return put_replicated(ctx.mesh, StepHyper.of(ctx.config.rl.lr))
+  """The rl_step's traced hyperparameters, replicated on the mesh: ``rl.lr`` and the
+  advantages' ``rl.beta``, ``rl.beta_start`` and ``rl.beta_end``, so runs that differ only in
+  them (the study's lr grid, StepRS's β schedules) share the compiled step."""
+  r = ctx.config.rl
+  return put_replicated(ctx.mesh, StepHyper.of(r.lr, r))
 
 
 def rollout_batch(ctx: Context, batch: dict, completions, unmask_steps, rewards,

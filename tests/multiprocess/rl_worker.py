@@ -5,7 +5,7 @@
 Initialises jax.distributed (explicit mode), builds a data × fsdp = 2 × 2 mesh
 over both processes' devices, initialises a tiny model sharded on it, and runs
 two RL steps (StableDRL, StepRS advantages, ELBO, μ = 2) on a fixed rollout
-batch, with the RL loop's optimizer and its lr passed as a replicated input
+batch, with the RL loop's optimizer and its lr and β passed as a replicated input
 (``StepHyper``). Writes the losses and the final parameters (gathered) to OUT.npz.
 """
 
@@ -52,7 +52,7 @@ def two_rl_steps(mesh):
   state, sharding = shard.init_state_sharded(params, opt, jax.random.key(1), mesh)
   step = make_rl_step(graphdef, opt, schedule, STEP, mesh=mesh, state_sharding=sharding)
   batch = shard.put_global(mesh, rollout_batch())
-  hyper = shard.put_replicated(mesh, StepHyper.of(1e-2))
+  hyper = shard.put_replicated(mesh, StepHyper.of(1e-2, STEP.advantage_cfg))
   losses = []
   for i in range(2):
     state, metrics = step(state, batch, jax.random.key(10 + i), hyper)
