@@ -101,6 +101,12 @@ def _staged_names(dst: str) -> set[str]:
   return set(files) if isinstance(files, dict) else set()
 
 
+def _inside(dst: str, rel: str) -> str | None:
+  """``dst``/``rel``, or None when ``rel`` leads outside ``dst`` (an object name with "..")."""
+  path = os.path.normpath(os.path.join(dst, rel))
+  return path if path.startswith(os.path.join(os.path.normpath(dst), "")) else None
+
+
 def _remove(path: str) -> None:
   try:
     os.remove(path)
@@ -150,7 +156,10 @@ def stage(url: str, *, cache: str | None = None, config_only: bool = False) -> s
   dst = staging_dir(url, cache)
   _remove_orphans(dst)
   for rel, (size, mtime) in sorted(listing.items()):
-    local = os.path.join(dst, rel)
+    local = _inside(dst, rel)
+    if local is None:
+      raise WeightsUnavailable(f"{url}: the object {rel!r} would be copied outside the staging"
+                               f" folder {dst}; rename it in the bucket")
     if _is_copy_of(local, size, mtime):
       continue
     os.makedirs(os.path.dirname(local), exist_ok=True)
@@ -168,8 +177,8 @@ def stage(url: str, *, cache: str | None = None, config_only: bool = False) -> s
     # a file an earlier stage copied that the source no longer has (a sharded checkpoint
     # replaced by one model.safetensors: the loader would read the stale index and shards)
     for rel in sorted(_staged_names(dst) - set(listing)):
-      gone = os.path.normpath(os.path.join(dst, rel))
-      if gone.startswith(os.path.join(dst, "")):
+      gone = _inside(dst, rel)
+      if gone is not None:
         _remove(gone)
     files = {rel: {"size": size, "mtime": mtime} for rel, (size, mtime) in listing.items()}
     tmp = os.path.join(dst, f"{MARKER}.tmp-{os.getpid()}")

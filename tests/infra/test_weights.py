@@ -309,3 +309,17 @@ def test_staged_gs_checkpoint_loads(fake_gcs, tmp_path, monkeypatch):
   model = dllm_rl.load_pretrained("gs://bucket/llada")
   assert model.family == "llada"
   assert model.path == weights.staging_dir("gs://bucket/llada")
+
+
+def test_an_object_name_leading_outside_the_staging_folder_is_refused(fake_gcs, tmp_path,
+                                                                      monkeypatch):
+  """An object named with ".." would be copied (or removed) outside the cache folder."""
+  monkeypatch.setenv("DLLM_RL_CACHE", str(tmp_path / "cache"))
+  _put(fake_gcs, "bucket/m/config.json", b"{}", mtime=1_700_000_000)
+  listing = weights._listing
+  monkeypatch.setattr(weights, "_listing", lambda root: {**listing(root),
+                                                         "../../x.json": (2, 1_700_000_000)})
+  with pytest.raises(weights.WeightsUnavailable, match=r"the object '\.\./\.\./x\.json' would be "
+                     r"copied outside the staging folder"):
+    weights.resolve_checkpoint("gs://bucket/m")
+  assert not os.path.exists(tmp_path / "cache" / "weights" / "gs" / "x.json")
