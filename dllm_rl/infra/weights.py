@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import stat
 from typing import Callable
 
@@ -124,13 +125,22 @@ def _pid_alive(pid: int) -> bool:
   return True
 
 
+def _tmp(path: str) -> str:
+  """The temporary name ``path`` is written under before its rename:
+  ``<path>.tmp-<host>-<pid>`` (concurrent stagers never see a half-written file; the host
+  tells whose stager it was on a cache shared between hosts)."""
+  return f"{path}.tmp-{socket.gethostname()}-{os.getpid()}"
+
+
 def _remove_orphans(dst: str) -> None:
-  """Remove the ``*.tmp-<pid>`` files under ``dst`` whose stager is no longer running on this
-  host (killed mid-copy: up to a shard's size each). The cache is per host, so are the pids."""
+  """Remove the :func:`_tmp` files under ``dst`` written on this host by a stager that is no
+  longer running (killed mid-copy: up to a shard's size each). Other hosts' are left alone."""
+  host = socket.gethostname()
   for folder, _, names in os.walk(dst):
     for name in names:
-      head, sep, pid = name.rpartition(".tmp-")
-      if sep and head and pid.isdigit() and not _pid_alive(int(pid)):
+      head, sep, owner = name.rpartition(".tmp-")
+      owner_host, _, pid = owner.rpartition("-")
+      if sep and head and owner_host == host and pid.isdigit() and not _pid_alive(int(pid)):
         _remove(os.path.join(folder, name))
 
 
@@ -163,7 +173,7 @@ def stage(url: str, *, cache: str | None = None, config_only: bool = False) -> s
     if _is_copy_of(local, size, mtime):
       continue
     os.makedirs(os.path.dirname(local), exist_ok=True)
-    tmp = f"{local}.tmp-{os.getpid()}"  # concurrent stagers never see a half-written file
+    tmp = _tmp(local)
     try:
       with src.joinpath(rel).open("rb") as fin, open(tmp, "wb") as fout:
         for chunk in iter(lambda: fin.read(_CHUNK), b""):
@@ -181,7 +191,7 @@ def stage(url: str, *, cache: str | None = None, config_only: bool = False) -> s
       if gone is not None:
         _remove(gone)
     files = {rel: {"size": size, "mtime": mtime} for rel, (size, mtime) in listing.items()}
-    tmp = os.path.join(dst, f"{MARKER}.tmp-{os.getpid()}")
+    tmp = _tmp(os.path.join(dst, MARKER))
     with open(tmp, "w") as f:
       json.dump({"source": url, "files": files}, f, indent=1, sort_keys=True)
     os.replace(tmp, os.path.join(dst, MARKER))

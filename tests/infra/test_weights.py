@@ -5,6 +5,7 @@ gs:// store of tests/fake_gcs.py."""
 
 import json
 import os
+import socket
 import subprocess
 from datetime import datetime, timezone
 from unittest import mock
@@ -236,8 +237,9 @@ def test_an_interrupted_stage_is_finished_by_the_next(fake_gcs, tmp_path, monkey
 
 def test_partial_copies_are_removed_by_the_failing_stage_or_the_next(fake_gcs, tmp_path,
                                                                      monkeypatch):
-  """A copy that fails removes its temporary file; one left by a stager killed mid-copy (its
-  pid gone) is removed by the next stage; a running stager's is left alone."""
+  """A copy that fails removes its temporary file; one left on this host by a stager killed
+  mid-copy (its pid gone) is removed by the next stage; a running stager's, and another
+  host's (a cache shared between hosts: its pids are not this host's), are left alone."""
   monkeypatch.setenv("DLLM_RL_CACHE", str(tmp_path / "cache"))
   for name in ("a.safetensors", "config.json"):
     _put(fake_gcs, f"bucket/m/{name}", b"v1", mtime=1_700_000_000)
@@ -248,13 +250,15 @@ def test_partial_copies_are_removed_by_the_failing_stage_or_the_next(fake_gcs, t
   assert not [n for n in os.listdir(local) if ".tmp-" in n]
   dead = subprocess.Popen(["true"])
   dead.wait()  # a pid that has exited
-  orphan = os.path.join(local, f"a.safetensors.tmp-{dead.pid}")
-  live = os.path.join(local, f"config.json.tmp-{os.getppid()}")  # a running process's
-  for path in (orphan, live):
+  host = socket.gethostname()
+  orphan = os.path.join(local, f"a.safetensors.tmp-{host}-{dead.pid}")
+  live = os.path.join(local, f"config.json.tmp-{host}-{os.getppid()}")  # a running process's
+  other = os.path.join(local, f"a.safetensors.tmp-{host}x-{dead.pid}")  # another host's
+  for path in (orphan, live, other):
     with open(path, "wb") as f:
       f.write(b"partial")
   weights.resolve_checkpoint("gs://bucket/m")
-  assert not os.path.exists(orphan) and os.path.exists(live)
+  assert not os.path.exists(orphan) and os.path.exists(live) and os.path.exists(other)
   assert _read(local, "a.safetensors") == b"v1"
 
 
