@@ -70,7 +70,8 @@ def curves_figure(records, panels: Sequence[str | Panel], *, phase: str | None =
     axes[0, 0].text(0.5, 0.5, f"no data for {[p.keys for p in map(Panel.of, panels)]}",
                     ha="center", va="center")
   axes[-1, 0].set_xlabel("step")
-  _fixed_margins(fig, n)
+  fixed_margins(fig, n, 1, left=_LEFT_IN, right=_RIGHT_IN, top=_TOP_IN, bottom=_BOTTOM_IN,
+                hgap=_GAP_IN)
   return fig
 
 
@@ -78,14 +79,16 @@ _WIDTH_IN, _PANEL_IN = 6.0, 2.2  # figure width; height per panel (inches)
 _LEFT_IN, _RIGHT_IN, _TOP_IN, _BOTTOM_IN, _GAP_IN = 1.0, 0.15, 0.15, 0.55, 0.4
 
 
-def _fixed_margins(fig, n: int) -> None:
-  """Margins in inches (room for tick labels and a small-font y label): the same page as
+def fixed_margins(fig, rows: int, cols: int, *, left: float, top: float, bottom: float,
+                  hgap: float, wgap: float = 0.0, right: float = 0.2) -> None:
+  """The figure's margins and the gaps between its ``rows`` × ``cols`` panels in inches (room
+  for tick labels, axis labels, panel titles and a suptitle): the same page as
   ``tight_layout``, which measures every text box and took ~40% of a plot's time."""
-  height = _PANEL_IN * n
-  axes_in = (height - _TOP_IN - _BOTTOM_IN - (n - 1) * _GAP_IN) / n
-  fig.subplots_adjust(left=_LEFT_IN / _WIDTH_IN, right=1 - _RIGHT_IN / _WIDTH_IN,
-                      bottom=_BOTTOM_IN / height, top=1 - _TOP_IN / height,
-                      hspace=_GAP_IN / axes_in)
+  width, height = fig.get_size_inches()
+  axes_h = (height - top - bottom - (rows - 1) * hgap) / rows
+  axes_w = (width - left - right - (cols - 1) * wgap) / cols
+  fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height,
+                      top=1 - top / height, hspace=hgap / axes_h, wspace=wgap / axes_w)
 
 
 def plot_metrics(metrics_path: str, out_png: str, panels: Sequence[str | Panel], *,

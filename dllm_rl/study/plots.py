@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 
+from dllm_rl.infra.plots import fixed_margins
 from dllm_rl.study import stats
 
 
@@ -50,21 +51,8 @@ def _band(ax, steps, values, label, log: bool = False):
                     alpha=0.2)
 
 
-def _fixed_margins(fig, rows: int, cols: int, *, left: float, top: float, bottom: float,
-                   hgap: float, wgap: float = 0.0, right: float = 0.2) -> None:
-  """The figure's margins and the gaps between its ``rows`` × ``cols`` panels in inches (room
-  for tick labels, axis labels, panel titles and the suptitle, set at the top edge): the page
-  ``tight_layout`` made, without measuring every text box, which took about a third of a
-  plot's time (as dllm_rl.infra.plots for the training curves)."""
-  width, height = fig.get_size_inches()
-  axes_h = (height - top - bottom - (rows - 1) * hgap) / rows
-  axes_w = (width - left - right - (cols - 1) * wgap) / cols
-  fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height,
-                      top=1 - top / height, hspace=hgap / axes_h, wspace=wgap / axes_w)
-
-
 def _suptitle(fig, text: str) -> None:
-  """``text`` over the panels, 0.1 in below the figure's top edge (``_fixed_margins``' ``top``
+  """``text`` over the panels, 0.1 in below the figure's top edge (``fixed_margins``' ``top``
   leaves it room at any height)."""
   fig.suptitle(text, y=1 - 0.1 / fig.get_size_inches()[1], va="top")
 
@@ -95,7 +83,7 @@ def curves(study: dict, out_png: str,
   axes[0, 0].legend(fontsize="x-small", ncol=2)
   axes[-1, 0].set_xlabel("RL step")
   _suptitle(fig, f"{study['study']}: mean over {study['seeds']} seed(s), 95% t-band")
-  _fixed_margins(fig, len(panels), 1, left=1.0, top=0.5, bottom=0.55, hgap=0.4)
+  fixed_margins(fig, len(panels), 1, left=1.0, top=0.5, bottom=0.55, hgap=0.4)
   os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
   fig.savefig(out_png, dpi=72)
   plt.close(fig)
@@ -128,7 +116,7 @@ def spikes(study: dict, out_png: str) -> str:
     axes[j // cols, j % cols].axis("off")
   _suptitle(fig, "grad norm (pre-clip, max over inner steps) / run median; dashed: spike"
             " threshold")
-  _fixed_margins(fig, rows, cols, left=0.7, top=0.65, bottom=0.35, hgap=0.55, wgap=0.3)
+  fixed_margins(fig, rows, cols, left=0.7, top=0.65, bottom=0.35, hgap=0.55, wgap=0.3)
   fig.savefig(out_png, dpi=72)
   plt.close(fig)
   return out_png
