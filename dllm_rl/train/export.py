@@ -21,7 +21,7 @@ initialises ``jax.distributed`` from the DLLM_* / cluster environment, as ``dllm
 does) they are split over every process's devices, each tensor gathered in turn, and process 0
 alone writes the folder; the others wait until it is written. A problem with the output
 folders found in any process stops every process (:func:`agreed`), and so does a write that
-fails in process 0 (a full disk), before the next gather (``hf.Process0Writes``). config.json
+fails in process 0 (a full disk), at the next agreement (``hf.Process0Writes``). config.json
 is written last: a folder without one is an unfinished export. ``dllm_rl_export.json``
 records the run, phase and step (SFT steps, RL rollout batches) the folder came from.
 """
