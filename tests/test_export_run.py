@@ -223,6 +223,18 @@ def test_a_write_failed_in_process_0_stops_the_others_naming_the_folder(monkeypa
     hf.Process0Writes("/out/hf").agree()
 
 
+def test_a_failed_config_json_write_leaves_no_partial_config_json(tmp_path):
+  """config.json marks an export folder as finished: a write that fails midway (here the
+  JSON encoder, after the first keys) leaves no config.json at all, so the folder still reads
+  as an unfinished export."""
+  path = tmp_path / "config.json"
+  with pytest.raises(TypeError):
+    hf._write_json(str(path), {"a": 1, "z": object()})
+  assert not path.exists()
+  hf._write_json(str(path), {"b": [1, 2], "a": 1})
+  assert path.read_text() == '{\n  "a": 1,\n  "b": [\n    1,\n    2\n  ]\n}\n'
+
+
 def test_process_0_write_failures_are_agreed_per_file_and_gigabyte_not_per_tensor(tmp_path,
                                                                                 monkeypatch):
   """One collective per agreement: an MoE's 15k tensors would double the export's collectives.

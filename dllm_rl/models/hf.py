@@ -60,6 +60,7 @@ from dllm_rl.models.transformer import ModelConfig, abstract_model
 from dllm_rl.parallel.distributed import raise_agreed
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.parallel.shard import param_shardings
+from dllm_rl.paths import write_atomic
 from dllm_rl.types import DTYPES
 
 # safetensors dtype code → numpy dtype; the order is safetensors' own (files are
@@ -463,9 +464,10 @@ def _write_safetensors(path: str, entries: list, pure: dict, np_dtype,
 
 
 def _write_json(path: str, value: dict) -> None:
-  with open(path, "w") as f:
-    json.dump(value, f, indent=2, sort_keys=True)
-    f.write("\n")
+  """``value`` as JSON at ``path``, whole or not at all (:func:`paths.write_atomic`): the
+  export's last file, config.json, is what marks its folder as a finished checkpoint, so a
+  failed write must not leave a partial one."""
+  write_atomic(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
 
 
 def config_differences(hf_config: dict, cfg: ModelConfig,
