@@ -14,9 +14,10 @@ with :func:`dllm_rl.tasks.code_exec.format_score` (1 / 0.5 / 0) and the test cas
 run only when the format score is 1 (0 otherwise, as ``code_reward`` skips the rest; 0 too
 when a case runs out of time, as the official script dies then). A
 completion is ``correct`` when it passes every case (DiffuCoder's ``binary_code_reward``:
-pass rate > 0.99); ``parsed`` is its code, None (malformed) without a ```` ```python ````
-block. Special-token markers the decoded completion ends with (``<|im_end|>``) are removed
-first: the official decode skips special tokens.
+pass rate > 0.99); ``parsed`` is its code in :func:`normal_form` (comments and formatting
+dropped, so they alone never make two answers distinct), None (malformed) without a
+```` ```python ```` block. Special-token markers the decoded completion ends with
+(``<|im_end|>``) are removed first: the official decode skips special tokens.
 
 Running the completion's code is what this task does: see :mod:`dllm_rl.tasks.code_exec` for
 the limits it runs under, and run it in a container when the data or the model is untrusted.
@@ -24,6 +25,7 @@ the limits it runs under, and run it in a container when the data or the model i
 
 from __future__ import annotations
 
+import ast
 from typing import Any, Mapping
 
 from dllm_rl.tasks import code_exec
@@ -36,6 +38,20 @@ MAX_CASES = 1000
 def fenced(code: str) -> str:
   """``code`` as the one fenced block the format reward asks for (the SFT target)."""
   return f"```python\n{code.strip()}\n```\n"
+
+
+def normal_form(code: str) -> str:
+  """``ast.unparse(ast.parse(code))`` where ``code`` parses as Python (never run): comments,
+  blank lines, spacing and quote styles gone. A normal form of notation, not of meaning: two
+  programs that compute the same thing differently stay distinct. ``code`` itself where it
+  does not parse, is over ``code_exec.MAX_CODE_CHARS`` characters, or is too deeply nested
+  for the parser or unparser (RecursionError, MemoryError)."""
+  if len(code) > code_exec.MAX_CODE_CHARS:
+    return code
+  try:
+    return ast.unparse(ast.parse(code))
+  except (SyntaxError, ValueError, RecursionError, MemoryError):  # ValueError: a null byte
+    return code
 
 
 def code_result(completion: str, cases: list[str], exec_weight: float, format_weight: float,
@@ -54,7 +70,8 @@ def code_result(completion: str, cases: list[str], exec_weight: float, format_we
     info["reason"] = ("the block does not parse" if form else
                       "not the format: prose, one ```python block, nothing after it")
   return VerifyResult(reward=exec_weight * rate + format_weight * form,
-                      correct=form == 1.0 and rate > 0.99, parsed=code, info=info)
+                      correct=form == 1.0 and rate > 0.99, parsed=normal_form(code),
+                      info=info)
 
 
 @TASKS.register("code")

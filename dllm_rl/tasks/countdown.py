@@ -17,10 +17,7 @@ from fractions import Fraction
 import numpy as np
 
 from dllm_rl.tasks.base import TASKS, Example, Task, VerifyResult, malformed
-from dllm_rl.tasks.safe_arith import ParseError, parse_expression
-
-_PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
-_ATOM_PREC = 3
+from dllm_rl.tasks.safe_arith import ATOM_PREC, PREC, ParseError, join, parse_expression
 
 
 def combine(lhs: tuple[Fraction, str, int], op: str,
@@ -28,11 +25,10 @@ def combine(lhs: tuple[Fraction, str, int], op: str,
   """(value, text, precedence) of ``lhs op rhs``; None for inexact/zero division.
 
   Parentheses are added only where needed under left-to-right evaluation with
-  the usual precedence: the right operand of '-' or '/' keeps them at equal
-  precedence.
+  the usual precedence (``safe_arith.join``: the right operand of '-' or '/' keeps them at
+  equal precedence), so the text is its own canonical form.
   """
   (a, at, ap), (b, bt, bp) = lhs, rhs
-  p = _PREC[op]
   if op == "+":
     value = a + b
   elif op == "-":
@@ -43,9 +39,7 @@ def combine(lhs: tuple[Fraction, str, int], op: str,
     if b == 0 or (a / b).denominator != 1:
       return None
     value = a / b
-  left = f"({at})" if ap < p else at
-  right = f"({bt})" if bp < p or (bp == p and op in "-/") else bt
-  return value, f"{left}{op}{right}", p
+  return value, join(at, ap, op, bt, bp), PREC[op]
 
 
 @TASKS.register("countdown")
@@ -70,7 +64,7 @@ class CountdownTask(Task):
 
   def sample(self, rng: np.random.Generator) -> Example | None:
     numbers = [int(x) for x in rng.integers(1, self.max_number + 1, size=self.num_numbers)]
-    items = [(Fraction(x), str(x), _ATOM_PREC) for x in numbers]
+    items = [(Fraction(x), str(x), ATOM_PREC) for x in numbers]
     while len(items) > 1:
       i, j = (int(k) for k in rng.choice(len(items), size=2, replace=False))
       # Random op order; '/' is skipped when the division is not exact.
@@ -98,9 +92,11 @@ class CountdownTask(Task):
 def grade_expression(text: str, numbers, target) -> VerifyResult:
   """Reward 1 iff ``text`` parses (safe parser, never eval), uses each of ``numbers``
   exactly once and equals ``target``; otherwise 0 with the reason in ``info``. ``parsed`` is
-  the expression without whitespace, so spacing alone never makes two answers distinct."""
+  the expression's canonical text (``safe_arith``: no whitespace, no redundant parentheses), so
+  spacing or parentheses that change nothing never make two answers distinct; ``1+2`` and
+  ``2+1`` are different expressions and stay distinct."""
   try:
-    value, literals = parse_expression(text)
+    value, literals, canonical = parse_expression(text)
   except ParseError as e:
     return malformed(f"parse error: {e}")
   numbers = [int(x) for x in numbers]
@@ -111,5 +107,5 @@ def grade_expression(text: str, numbers, target) -> VerifyResult:
   elif value != target:
     info["reason"] = "wrong value"
   correct = "reason" not in info
-  return VerifyResult(reward=float(correct), correct=correct, parsed="".join(text.split()),
+  return VerifyResult(reward=float(correct), correct=correct, parsed=canonical,
                       info=info)

@@ -11,6 +11,15 @@ No unary minus, no "**", no other characters. Evaluation is exact
 (``fractions.Fraction``). Input over ``MAX_CHARS`` characters, nesting deeper than
 ``MAX_DEPTH`` and division by zero raise ``ParseError``; with these bounds every
 call is fast (values stay below ~10**200).
+
+Alongside the value the parser writes the expression's canonical text: the literals and
+operators in their written order, without whitespace, and with the fewest parentheses that
+denote the same function of the literals under exact rational arithmetic (the same value, and
+division by zero for the same literals). Parentheses are redundant around a left operand
+except a +/- operand of * or /, and around a right operand of + ("a+(b-c)" is "a+b-c"); a
+right operand of - or * keeps them iff it is a + or -, one of / iff it is any operation
+("a*(b/c)" is "a*b/c", "a/(b*c)" stays). It is a normal form of notation, not of algebra:
+"1+2" and "2+1", or "a/(b*c)" and "a/b/c", are different expressions and stay distinct.
 """
 
 from __future__ import annotations
@@ -21,6 +30,9 @@ from typing import NamedTuple
 MAX_CHARS = 200
 MAX_DEPTH = 32
 MAX_LITERAL_DIGITS = 9
+# Precedence of an expression's top-level operation in its canonical text (an atom: a literal).
+PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
+ATOM_PREC = 3
 _WHITESPACE = " \t\n\r"
 _DIGITS = "0123456789"
 _SYMBOLS = "+-*/()"
@@ -31,9 +43,29 @@ class ParseError(ValueError):
 
 
 class Parsed(NamedTuple):
-  """Value and integer literals (in reading order) of an expression."""
+  """Value, integer literals (in reading order) and canonical text (module docstring) of an
+  expression."""
   value: Fraction
   literals: list[int]
+  canonical: str
+
+
+def join(lhs: str, lhs_prec: int, op: str, rhs: str, rhs_prec: int) -> str:
+  """Canonical text of ``lhs op rhs`` from its operands' canonical texts and precedences
+  (``PREC``, ``ATOM_PREC``): each operand parenthesised only where dropping the parentheses
+  would change the function (module docstring), as left-to-right evaluation with the usual
+  precedence reads it."""
+  p = PREC[op]
+  left = f"({lhs})" if lhs_prec < p else lhs
+  right = f"({rhs})" if rhs_prec < p or (rhs_prec == p and op in "-/") else rhs
+  return f"{left}{op}{right}"
+
+
+class _Node(NamedTuple):
+  """A parsed sub-expression: its value, canonical text and top-level precedence."""
+  value: Fraction
+  text: str
+  prec: int
 
 
 def _tokenize(text: str) -> list[tuple[str, int]]:
@@ -65,7 +97,8 @@ def _tokenize(text: str) -> list[tuple[str, int]]:
 
 
 class _Parser:
-  """Recursive descent over the token list, evaluating as it goes."""
+  """Recursive descent over the token list, evaluating (and writing the canonical text) as it
+  goes."""
 
   def __init__(self, tokens: list[tuple[str, int]], length: int):
     self.tokens = tokens
@@ -79,30 +112,32 @@ class _Parser:
   def where(self) -> int:
     return self.tokens[self.pos][1] if self.pos < len(self.tokens) else self.length
 
-  def expr(self, depth: int) -> Fraction:
-    value = self.term(depth)
+  def expr(self, depth: int) -> _Node:
+    node = self.term(depth)
     while self.peek() in ("+", "-"):
       op = self.tokens[self.pos][0]
       self.pos += 1
       rhs = self.term(depth)
-      value = value + rhs if op == "+" else value - rhs
-    return value
+      value = node.value + rhs.value if op == "+" else node.value - rhs.value
+      node = _Node(value, join(node.text, node.prec, op, rhs.text, rhs.prec), PREC[op])
+    return node
 
-  def term(self, depth: int) -> Fraction:
-    value = self.factor(depth)
+  def term(self, depth: int) -> _Node:
+    node = self.factor(depth)
     while self.peek() in ("*", "/"):
       op, at = self.tokens[self.pos]
       self.pos += 1
       rhs = self.factor(depth)
       if op == "*":
-        value = value * rhs
-      elif rhs == 0:
+        value = node.value * rhs.value
+      elif rhs.value == 0:
         raise ParseError(f"division by zero at position {at}")
       else:
-        value = value / rhs
-    return value
+        value = node.value / rhs.value
+      node = _Node(value, join(node.text, node.prec, op, rhs.text, rhs.prec), PREC[op])
+    return node
 
-  def factor(self, depth: int) -> Fraction:
+  def factor(self, depth: int) -> _Node:
     tok = self.peek()
     if tok is None:
       raise ParseError("unexpected end of input")
@@ -111,20 +146,21 @@ class _Parser:
         raise ParseError(f"parentheses nested deeper than {MAX_DEPTH} "
                          f"at position {self.where()}")
       self.pos += 1
-      value = self.expr(depth + 1)
+      node = self.expr(depth + 1)  # its parentheses are the parent's to keep or drop
       if self.peek() != ")":
         raise ParseError(f"expected ')' at position {self.where()}")
       self.pos += 1
-      return value
+      return node
     if tok[0] in _DIGITS:
       self.pos += 1
       self.literals.append(int(tok))
-      return Fraction(int(tok))
+      return _Node(Fraction(int(tok)), tok, ATOM_PREC)
     raise ParseError(f"unexpected {tok!r} at position {self.where()}")
 
 
 def parse_expression(text: str) -> Parsed:
-  """Evaluates ``text`` exactly; ParseError if it is not in the grammar above."""
+  """Evaluates ``text`` exactly and writes its canonical text; ParseError if it is not in the
+  grammar above."""
   if not isinstance(text, str):
     raise ParseError(f"expected a string, got {type(text).__name__}")
   if len(text) > MAX_CHARS:
@@ -133,7 +169,7 @@ def parse_expression(text: str) -> Parsed:
   if not tokens:
     raise ParseError("empty expression")
   parser = _Parser(tokens, len(text))
-  value = parser.expr(depth=0)
+  node = parser.expr(depth=0)
   if parser.pos != len(tokens):
     raise ParseError(f"unexpected {parser.peek()!r} at position {parser.where()}")
-  return Parsed(value=value, literals=parser.literals)
+  return Parsed(value=node.value, literals=parser.literals, canonical=node.text)

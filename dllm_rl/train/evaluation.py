@@ -170,8 +170,9 @@ def sampled_metrics(sample_fn, params, *, task, tokenizer, examples, arrays: dic
   """n samples per prompt: unbiased pass@k for each k, mean sample accuracy, answer
   diversity (distinct answers per prompt, malformed outputs by their text) and distinct
   correct answers per prompt (by the verifier's normalised answer: on countdown, distinct
-  expressions that hit the target), and the fraction of samples the verifier could not parse
-  (format collapse: malformed outputs score as a wrong answer does)."""
+  expressions that hit the target, spacing and redundant parentheses aside), and the fraction
+  of samples the verifier could not parse (format collapse: malformed outputs score as a wrong
+  answer does)."""
   n = num_samples
   prompts = np.repeat(arrays["prompt_BP"], n, axis=0)
   valid = np.repeat(arrays["prompt_valid_BP"], n, axis=0)

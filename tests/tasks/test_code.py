@@ -11,7 +11,7 @@ import time
 import pytest
 
 from dllm_rl.tasks import code_exec, make_task
-from dllm_rl.tasks.code import code_result, fenced
+from dllm_rl.tasks.code import code_result, fenced, normal_form
 
 ADD = "def add(a, b):\n    return a + b\n"
 CASES = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 5"]
@@ -83,15 +83,58 @@ def test_the_spawner_writes_its_marker_when_nothing_kills_its_child(tmp_path):
 def test_the_reward_is_two_times_the_pass_rate_plus_half_the_format():
   good = code_result(f"Sure.\n```python\n{ADD}```\n<|im_end|>", CASES, 2.0, 0.5, 5.0)
   assert good.reward == pytest.approx(2.0 * 2 / 3 + 0.5) and not good.correct
-  assert good.parsed == ADD and good.info["pass_rate"] == pytest.approx(2 / 3)
+  assert good.parsed == ADD.rstrip() and good.info["pass_rate"] == pytest.approx(2 / 3)
   solved = code_result(f"```python\n{ADD}```\n", CASES[:2], 2.0, 0.5, 5.0)
   assert solved.reward == 2.5 and solved.correct
   broken = code_result("```python\ndef add(a, b:\n```\n", CASES, 2.0, 0.5, 5.0)
   assert (broken.reward, broken.correct) == (0.25, False)  # not run: 0.5 × format only
   assert broken.info["reason"] == "the block does not parse"
   late = code_result(f"```python\n{ADD}```\nDone.", CASES[:2], 2.0, 0.5, 5.0)
-  assert late.reward == 0.0 and late.parsed == ADD  # the format fails: not run
+  assert late.reward == 0.0 and late.parsed == ADD.rstrip()  # the format fails: not run
   assert code_result("no block", CASES, 2.0, 0.5, 5.0).parsed is None  # malformed
+
+
+def test_programs_differing_only_in_comments_and_spacing_are_one_answer():
+  """distinct_correct and diversity count distinct parsed answers: the code's ast.unparse
+  normal form, so comments, blank lines and spacing alone are not a new program; a block that
+  does not parse keeps its text (not malformed, as before)."""
+  variants = [ADD, "# adds\ndef add(a,b):\n\n    return a+b  # the sum\n",
+              "def add( a, b ):\n  return (a + b)\n",
+              "def add(b, a):\n    return b + a\n"]  # another program (names)
+  results = [code_result(f"```python\n{v}```\n", CASES[:1], 2.0, 0.5, 5.0) for v in variants]
+  assert all(r.correct for r in results)
+  assert [r.parsed for r in results[:3]] == ["def add(a, b):\n    return a + b"] * 3
+  assert len({r.parsed for r in results}) == 2
+  broken = "def add(a, b:\n  # unfinished\n"
+  r = code_result(f"```python\n{broken}```\n", CASES, 2.0, 0.5, 5.0)
+  assert (r.parsed, r.reward) == (broken, 0.25)  # as before: its text, a format score of 0.5
+
+
+DEEP_FOR_UNPARSE = "x = " + "a + " * 400 + "a\n"  # parses; too deep for ast.unparse
+
+
+@pytest.mark.parametrize("code", [
+    DEEP_FOR_UNPARSE,  # RecursionError
+    "x = " + "(" * 5000 + "1" + ")" * 5000,  # too many nested parentheses (SyntaxError)
+    "x = " + "not " * 3000 + "x",  # too deep for the parser (MemoryError)
+    "x = " + "a + " * 3000 + "a",  # too deep for the parser (RecursionError)
+    "x = 1\0  # a null byte",  # ValueError
+    "  indented = 1\n",  # does not parse as it would run
+    "x  =  1\n" * 10_000,  # over code_exec.MAX_CODE_CHARS: not parsed
+])
+def test_code_too_deep_long_or_broken_to_normalise_is_kept_as_written(code):
+  assert normal_form(code) == code
+
+
+def test_a_block_too_deep_to_unparse_is_scored_and_kept_as_written():
+  r = code_result(f"```python\n{DEEP_FOR_UNPARSE}```\n", CASES[:1], 2.0, 0.5, 5.0)
+  assert (r.reward, r.parsed) == (0.5, DEEP_FOR_UNPARSE)  # the format; NameError in the case
+
+
+def test_the_normal_form_drops_comments_and_spacing_only():
+  code = "import os  # unused\n\n\nx = {'a': [1,2]}\nif x :\n        y = \"s\"\n"
+  assert normal_form(code) == "import os\nx = {'a': [1, 2]}\nif x:\n    y = 's'"
+  assert normal_form(normal_form(code)) == normal_form(code)
 
 
 def _write(path, records):

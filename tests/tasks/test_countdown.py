@@ -31,8 +31,9 @@ def test_generated_examples(num_numbers):
     assert 1 <= target <= 100
     assert ex.prompt == ",".join(map(str, nums)) + f">{target}="
     assert " " not in ex.answer
-    value, literals = parse_expression(ex.answer)
+    value, literals, canonical = parse_expression(ex.answer)
     assert value == target and Counter(literals) == Counter(nums)
+    assert canonical == ex.answer  # minimal parentheses: the answer is its own canonical form
     tok.encode(ex.prompt + ex.answer)
     assert task.verify(ex, ex.answer).correct
 
@@ -85,6 +86,26 @@ def test_parsed_answer_ignores_spacing():
   ex = _ex([3, 5, 7], 22)
   parsed = {task.verify(ex, text).parsed for text in ("3*5+7", " 3 * 5 + 7 ", "3*5 +\n7")}
   assert parsed == {"3*5+7"}
+
+
+def test_answers_differing_only_in_redundant_parentheses_count_once():
+  """distinct_correct (and diversity) count distinct parsed answers: the canonical text, so
+  parentheses that change nothing are not a new expression; another order of the numbers is."""
+  from dllm_rl.tasks.countdown import grade_expression
+  from dllm_rl.tasks.verifiers import countdown_reward
+  from dllm_rl.train.evaluation import distinct_correct
+  rows = [["(1+2)*3", "((1+2))*3", "(1+2)*(3)", " ( 1 + 2 ) * 3", "3*(1+2)", "1+2*3"],
+          ["1+(2+3)", "1+2+3", "(1+2)+3", "((1)+2)+(3)", "3+2+1", "1+2*3"]]
+  targets = [9, 6]
+  results = [[grade_expression(t, [1, 2, 3], target) for t in row]
+             for row, target in zip(rows, targets)]
+  parsed = [[r.parsed for r in row] for row in results]
+  correct = [[r.correct for r in row] for row in results]
+  assert correct == [[True] * 5 + [False]] * 2
+  assert parsed[0][:5] == ["(1+2)*3"] * 4 + ["3*(1+2)"] and parsed[1][:4] == ["1+2+3"] * 4
+  assert distinct_correct(parsed, correct) == 2.0  # (1+2)*3, 3*(1+2) | 1+2+3, 3+2+1
+  assert [len(set(row)) for row in parsed] == [3, 3]  # diversity: the wrong 1+2*3 too
+  assert countdown_reward("<answer>((1+2))*(3) = 9</answer>", [1, 2, 3], 9).parsed == "(1+2)*3"
 
 
 def test_hostile_completions_score_zero_quickly():

@@ -67,6 +67,7 @@ def test_parser_returns_or_raises_parse_error_only(text, no_code_execution):
   assert time.perf_counter() - t0 < BOUND_S
   if parsed is not None:
     assert all(0 <= x < 10**9 for x in parsed.literals)
+    assert parse_expression(parsed.canonical) == parsed  # same value, literals; a fixed point
 
 
 @PROPERTY

@@ -1,5 +1,8 @@
-"""safe_arith: exact values, literals, and bounded rejection of everything else."""
+"""safe_arith: exact values, literals, canonical text, and bounded rejection of everything
+else."""
 
+import random
+import re
 import time
 from fractions import Fraction
 
@@ -26,8 +29,117 @@ def test_values_and_literals(text, value, literals):
   parsed = parse_expression(text)
   assert parsed.value == value and isinstance(parsed.value, Fraction)
   assert parsed.literals == literals
-  v, lits = parsed  # unpacks like a tuple
-  assert (v, lits) == (parsed.value, parsed.literals)
+  v, lits, canonical = parsed  # unpacks like a tuple
+  assert (v, lits, canonical) == (parsed.value, parsed.literals, parsed.canonical)
+
+
+@pytest.mark.parametrize("texts,canonical", [
+    (["(1+2)*3", "((1+2))*3", "(1+2)*(3)", " ( 1 + 2 ) *\n3"], "(1+2)*3"),
+    (["1+(2+3)", "1+2+3", "(1+2)+3", "((1)+2)+(3)"], "1+2+3"),
+    (["2+1"], "2+1"),  # the literals' order is the expression's: not 1+2
+    (["3*(1+2)"], "3*(1+2)"),
+    (["8+(4-2)"], "8+4-2"),
+    (["8-(4*2)", "(8)-4*2"], "8-4*2"),
+    (["8-(4-2)"], "8-(4-2)"),
+    (["8-(4+2)"], "8-(4+2)"),
+    (["(8-4)-2"], "8-4-2"),
+    (["8*(4/2)", "(8*4)/2"], "8*4/2"),  # exact rationals: the same value, 0 divisors alike
+    (["(8/4)*2"], "8/4*2"),
+    (["8*(4*2)", "(8*4)*2"], "8*4*2"),
+    (["8/(4*2)"], "8/(4*2)"),  # not 8/4/2: another operation, though the same function
+    (["8/(4/2)"], "8/(4/2)"),
+    (["(8+4)/2"], "(8+4)/2"),
+    (["8/(4+2)"], "8/(4+2)"),
+    (["(8*4)+(2/1)"], "8*4+2/1"),
+    (["((((7))))"], "7"),
+])
+def test_canonical_text_drops_redundant_parentheses_only(texts, canonical):
+  for text in texts:
+    assert parse_expression(text).canonical == canonical, text
+  assert parse_expression(canonical).canonical == canonical
+
+
+_PREC = {"+": 1, "-": 1, "*": 2, "/": 2, None: 3}
+
+
+def _tree(rng: random.Random, leaves: int):
+  """A random expression tree with ``leaves`` leaves: None for a leaf, else (op, lhs, rhs)."""
+  if leaves == 1:
+    return None
+  k = rng.randint(1, leaves - 1)
+  return (rng.choice("+-*/"), _tree(rng, k), _tree(rng, leaves - k))
+
+
+def _leaves(tree) -> int:
+  return 1 if tree is None else _leaves(tree[1]) + _leaves(tree[2])
+
+
+def _render(rng: random.Random, tree, literals: list[int]) -> str:
+  """``tree`` as text with ``literals`` (consumed in order): the parentheses its grouping
+  needs under left-to-right evaluation, and random redundant ones (nested, spaced)."""
+  if tree is None:
+    text = str(literals.pop(0))
+  else:
+    op, lhs, rhs = tree
+    left, right = _render(rng, lhs, literals), _render(rng, rhs, literals)
+    op_prec = _PREC[op]
+    left = f"({left})" if _PREC[lhs and lhs[0]] < op_prec else left
+    right = f"({right})" if _PREC[rhs and rhs[0]] <= op_prec else right
+    text = left + rng.choice(["", " "]) + op + right
+  while rng.random() < 0.25:
+    text = f"({text})"
+  return text
+
+
+def _outcome(text: str):
+  """(value, literals) of ``text``, or "division by zero"."""
+  try:
+    parsed = parse_expression(text)
+  except ParseError as e:
+    return "division by zero" if "division by zero" in str(e) else str(e)
+  return parsed.value, parsed.literals
+
+
+def _template(text: str) -> str:
+  """``text`` with its literals replaced by ``{}``: ``.format`` writes other ones."""
+  return re.sub(r"\d+", "{}", text)
+
+
+def test_canonical_text_is_the_same_function_a_fixed_point_and_minimal():
+  """Random trees written with random redundant parentheses: the canonical text has the same
+  literals in the same order and is the same function of them (the same value, division by
+  zero for the same literals, which substitutions with zeros probe), is its own canonical
+  form, is never longer than the input, and is another function when any one pair of its
+  parentheses is dropped (the fewest)."""
+  rng = random.Random(0)
+  checked, changed = 0, 0
+  while checked < 400:
+    tree = _tree(rng, rng.randint(1, 6))
+    n = _leaves(tree)
+    text = _render(rng, tree, [rng.randint(1, 10**6) for _ in range(n)])
+    if len(text) > safe_arith.MAX_CHARS:
+      continue
+    parsed = parse_expression(text)
+    canonical = parsed.canonical
+    assert parse_expression(canonical) == parsed, text  # value, literals, and a fixed point
+    assert " " not in canonical and len(canonical) <= len(text.replace(" ", ""))
+    changed += canonical != text
+    template = _template(canonical)
+    for _ in range(4):  # other literals, zeros included: the same function
+      other = [rng.randint(0, 3) for _ in range(n)]
+      expected = _outcome(_render(rng, tree, list(other)))
+      assert _outcome(template.format(*other)) == expected, (text, canonical, other)
+    for start in [i for i, ch in enumerate(canonical) if ch == "("]:  # each pair is needed
+      depth, end = 1, start + 1
+      while depth:
+        depth += {"(": 1, ")": -1}.get(canonical[end], 0)
+        end += 1
+      dropped = _template(canonical[:start] + canonical[start + 1:end - 1] + canonical[end:])
+      probes = [[rng.randint(1, 10**6) for _ in range(n)] for _ in range(3)]
+      assert any(_outcome(dropped.format(*p)) != _outcome(template.format(*p))
+                 for p in probes), (canonical, start)
+    checked += 1
+  assert changed > 200  # most inputs had parentheses or spaces to drop
 
 
 @pytest.mark.parametrize("text,match", [
