@@ -3,7 +3,8 @@ a format score and the pass rate of test cases run against the completion's code
 
 * :func:`format_score` (``code_format_reward``): the completion is prose without a fence, one
   ```` ```python ```` block, and nothing after its closing fence but a newline: 1.0 when the
-  block parses as Python, 0.5 when it does not, 0.0 for any other shape.
+  block parses as Python, 0.5 when it does not (nested too deeply for the parser included),
+  0.0 for any other shape.
 * :func:`pass_rate` (``code_reward``'s evaluation script): each test case (an ``assert`` line,
   or a test body) runs as ``python -c "{code}\\n{case}"`` in its own process with a 5 s limit;
   a case passes iff that process exits 0, and a case that runs out of time makes the rate 0
@@ -64,7 +65,9 @@ def format_score(text: str) -> float:
     return 0.0
   try:
     ast.parse(extract_code(text).strip())
-  except (SyntaxError, ValueError):  # ValueError: a null byte in the source
+  # ValueError: a null byte; RecursionError / MemoryError: nested too deeply for CPython's
+  # parser (3,000 unary minuses), which could not run it either
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
     return 0.5
   return 1.0
 

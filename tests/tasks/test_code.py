@@ -126,6 +126,17 @@ def test_code_too_deep_long_or_broken_to_normalise_is_kept_as_written(code):
   assert normal_form(code) == code
 
 
+@pytest.mark.parametrize("code", ["x = " + "-" * 3000 + "1", "x = " + "a + " * 3000 + "a",
+                                  "x = " + "not " * 3000 + "x"])
+def test_a_block_too_deep_for_the_parser_scores_as_one_that_does_not_parse(code):
+  """ast.parse raises RecursionError or MemoryError on these (3 KB of unary minuses): that
+  was raised out of the verifier, ending the run; CPython cannot run them either."""
+  text = f"```python\n{code}\n```\n"
+  assert code_exec.format_score(text) == 0.5
+  r = code_result(text, CASES, 2.0, 0.5, 5.0)
+  assert (r.reward, r.parsed, r.info["reason"]) == (0.25, f"{code}\n", "the block does not parse")
+
+
 def test_a_block_too_deep_to_unparse_is_scored_and_kept_as_written():
   r = code_result(f"```python\n{DEEP_FOR_UNPARSE}```\n", CASES[:1], 2.0, 0.5, 5.0)
   assert (r.reward, r.parsed) == (0.5, DEEP_FOR_UNPARSE)  # the format; NameError in the case
