@@ -476,13 +476,32 @@ def _kernel_kind(impl: str) -> str:
 
 @functools.cache
 def triton_missing() -> str | None:
-  """Why Pallas' Triton backend (the GPU kernel's) cannot be imported, or None. JAX 0.11
-  deprecates it ("will be removed in a future version of JAX")."""
+  """Why Pallas' Triton backend (the GPU kernel's) cannot be used, or None. JAX 0.11
+  deprecates it ("will be removed in a future version of JAX"): it is unusable where its
+  module no longer imports, and where JAX has turned the deprecation into an error
+  (``jax-pallas-triton`` accelerated: the module imports, but lowering raises ValueError)."""
   try:
     from jax.experimental.pallas import triton  # noqa: F401
   except ImportError as err:
     return f"{type(err).__name__}: {err}"
+  if _TRITON_DEPRECATION in _enforced_deprecations():
+    return (f"this JAX makes its deprecation ({_TRITON_DEPRECATION!r}) an error: lowering a"
+            " Triton kernel raises")
   return None
+
+
+_TRITON_DEPRECATION = "jax-pallas-triton"
+
+
+def _enforced_deprecations() -> frozenset[str]:
+  """The JAX deprecation ids (of those this module checks) that JAX now raises on instead of
+  warning. JAX keeps them in a private module; where it or the id is absent (JAX 0.10, which
+  does not deprecate the Triton backend) none is."""
+  try:
+    from jax._src import deprecations
+    return frozenset(d for d in (_TRITON_DEPRECATION,) if deprecations.is_accelerated(d))
+  except (ImportError, AttributeError, ValueError):  # ValueError: the id is not registered
+    return frozenset()
 
 
 def default_block_sizes(impl: str = "auto") -> tuple[int, int]:
@@ -533,7 +552,7 @@ def staircase_attention(q_BNHQ, k_BNJQ, v_BNJQ, *, prompt_len: int, block_size: 
                      f" backend, which this JAX lacks ({missing}); use 'auto' (the dense"
                      " reference there) or 'reference'")
   if missing:
-    _warn_once(f"staircase attention: Pallas' Triton backend is missing ({missing}); the dense"
+    _warn_once(f"staircase attention: Pallas' Triton backend is unusable ({missing}); the dense"
                " reference runs instead (the same values, O(N²) memory)")
   if impl == "reference" or (impl == "auto" and (target == "cpu" or missing)):
     return staircase_attention_reference(

@@ -221,20 +221,29 @@ def test_kernels_lower_for_tpu_and_gpu(platform, kind, call):
   assert exported.mlir_module().count(f"@{call}(") == 3  # forward, dQ, dK/dV
 
 
-def test_a_gpu_without_pallas_triton_falls_back_to_the_reference(monkeypatch):
-  """JAX 0.11 deprecates Pallas' Triton backend: where it is gone, ``auto`` on GPU runs the
-  dense reference with a warning, and an explicit ``pallas`` is an error naming the key."""
+@pytest.mark.parametrize("how", ["gone", "deprecation_enforced"])
+def test_a_gpu_without_pallas_triton_falls_back_to_the_reference(monkeypatch, how):
+  """JAX 0.11 deprecates Pallas' Triton backend: where it is gone (its module does not import)
+  or its deprecation is made an error (the module imports, lowering raises), ``auto`` on GPU
+  runs the dense reference with a warning, and an explicit ``pallas`` is an error naming the
+  key."""
   import sys
 
+  from jax._src import deprecations
   from jax.experimental import pallas
-  monkeypatch.setitem(sys.modules, "jax.experimental.pallas.triton", None)  # import fails
-  monkeypatch.delattr(pallas, "triton", raising=False)
+  if how == "gone":
+    monkeypatch.setitem(sys.modules, "jax.experimental.pallas.triton", None)  # import fails
+    monkeypatch.delattr(pallas, "triton", raising=False)
+    reason = "ModuleNotFoundError"
+  else:  # as `deprecations.accelerate("jax-pallas-triton")` does on a JAX that registers it
+    monkeypatch.setattr(deprecations, "is_accelerated", lambda d: d == "jax-pallas-triton")
+    reason = "makes its deprecation \\('jax-pallas-triton'\\) an error"
   monkeypatch.setattr(sc, "target_platform", lambda: "gpu")
   sc.triton_missing.cache_clear()
   sc._warn_once.cache_clear()
   try:
     q, k, v, _ = _inputs(1, 5, 8, 2, 2)
-    with pytest.warns(UserWarning, match="Triton backend is missing"):
+    with pytest.warns(UserWarning, match=f"Triton backend is unusable \\(.*{reason}"):
       out = sc.staircase_attention(q, k, v, prompt_len=5, block_size=4)
     want = sc.staircase_attention_reference(q, k, v, prompt_len=5, block_size=4)
     np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
