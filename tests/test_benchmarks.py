@@ -153,3 +153,15 @@ def test_sampler_init_random_refuses_a_folder_whose_weights_were_cut_short(tmp_p
       str(tmp_path), args)
   weights.unlink()
   assert "a write was cut short" in sampler.init_random_problem(str(tmp_path), args)
+
+
+def test_staircase_prints_a_failing_kernel_and_times_the_others(capsys):
+  """--impl mosaic_gpu on a CPU host cannot build (it needs a GPU target): its row is the
+  error, and the dense reference is still timed with its max error against float32."""
+  from dllm_rl.benchmarks import staircase
+  staircase.main(["--lengths", "32", "--prompt", "0", "--heads", "1", "--kv-heads", "1",
+                  "--head-dim", "16", "--impl", "mosaic_gpu"])
+  out = capsys.readouterr().out
+  assert "kernel [mosaic_gpu]      FAILED ValueError: impl='mosaic_gpu'" in out
+  row = next(line for line in out.splitlines() if "reference (dense mask)" in line).split()
+  assert float(row[-1]) < 1e-5 and len(row) == 11, row  # float32: the reference itself

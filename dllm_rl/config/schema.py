@@ -209,7 +209,7 @@ def base_config() -> ml_collections.ConfigDict:
   x.spg_omega = 0.5
   x.spg_block_len = 32
   x.trajectory_shrink = 1  # trajectory: distinct denoising steps per forward pass (TraceRL shrink)
-  x.attention_impl = "auto"  # block_elbo staircase attention: auto | pallas | interpret | reference
+  x.attention_impl = "auto"  # block_elbo staircase attention: auto | pallas | mosaic_gpu | interpret | reference
 
   c.eval = e = ml_collections.ConfigDict()
   e.batch_size = 128

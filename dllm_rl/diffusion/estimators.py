@@ -69,7 +69,7 @@ class EstimatorConfig:
   spg_omega: float = 0.5      # spg_block: EUBO weight ω for negative advantages
   spg_block_len: int = 32     # spg_block: block length of the block-wise masking
   block_size: int = 0         # block_elbo, trajectory: model.block_size (0 = bidirectional model)
-  attention_impl: str = "auto"  # block_elbo: staircase attention auto | pallas | interpret | reference
+  attention_impl: str = "auto"  # block_elbo: staircase attention auto | pallas | mosaic_gpu | interpret | reference
   prompt_block_causal: bool = False  # block_elbo: block-causal prompt attention (SDAR)
   logits_chunk: int = 0       # rows per vocabulary slab of the scorer (config.model.logits_chunk)
   trajectory_shrink: int = 1  # trajectory: distinct denoising steps per forward pass (TraceRL shrink)

@@ -44,11 +44,12 @@ from jax.experimental import pallas as pl
 
 from dllm_rl.kernels.block_mask import block_causal, block_ids
 
-ATTENTION_IMPLS = ("auto", "pallas", "interpret", "reference")
+ATTENTION_IMPLS = ("auto", "pallas", "mosaic_gpu", "interpret", "reference")
 _NEG = -1e30  # finite "minus infinity": masked scores, never exp'ed unmasked
 _NT = (((1,), (1,)), ((), ()))  # a @ b.T
 _NN = (((1,), (0,)), ((), ()))  # a @ b
-_DEFAULT_TILES = {"tpu": (128, 128), "gpu": (64, 64), "interpret": (32, 32)}
+_DEFAULT_TILES = {"tpu": (128, 128), "gpu": (64, 64), "interpret": (32, 32),
+                  "mosaic_gpu": (64, 64), "mosaic_gpu_interpret": (64, 64)}
 
 
 # ----------------------------------------------------------------------------
@@ -122,7 +123,8 @@ class _Layout:
   block_k: int
   n: int  # padded total length, a multiple of block_q and block_k
   scale: float = 1.0
-  kind: str = "interpret"  # or "gpu" (Triton), "tpu" (Mosaic): compiled
+  kind: str = "interpret"  # or "gpu" (Triton), "tpu" (Mosaic), "mosaic_gpu": compiled;
+  # "mosaic_gpu_interpret": the Mosaic GPU kernels in JAX's Mosaic GPU interpreter (tests)
 
   @property
   def interpret(self) -> bool:
@@ -424,22 +426,28 @@ def _backward(q, k, v, valid, o, lse, do, lay):
   return dq, group_sum(dk), group_sum(dv)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _flash(q, k, v, valid, lay):
-  return _forward(q, k, v, valid, lay)[0]
+def _flash_vjp(forward, backward):
+  """flash(q, k, v, valid, lay) -> o with a custom VJP from the kernels' ``forward`` (-> o,
+  lse) and ``backward`` (q, k, v, valid, o, lse, do, lay -> dq, dk, dv); shared by the
+  Pallas (Triton/Mosaic TPU/interpret) and Mosaic GPU (``staircase_mgpu``) builds."""
+
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+  def flash(q, k, v, valid, lay):
+    return forward(q, k, v, valid, lay)[0]
+
+  def flash_fwd(q, k, v, valid, lay):
+    o, lse = forward(q, k, v, valid, lay)
+    return o, (q, k, v, valid, o, lse)
+
+  def flash_bwd(lay, res, do):
+    q, k, v, valid, o, lse = res
+    return (*backward(q, k, v, valid, o, lse, do, lay), None)
+
+  flash.defvjp(flash_fwd, flash_bwd)
+  return flash
 
 
-def _flash_fwd(q, k, v, valid, lay):
-  o, lse = _forward(q, k, v, valid, lay)
-  return o, (q, k, v, valid, o, lse)
-
-
-def _flash_bwd(lay, res, do):
-  q, k, v, valid, o, lse = res
-  return (*_backward(q, k, v, valid, o, lse, do, lay), None)
-
-
-_flash.defvjp(_flash_fwd, _flash_bwd)
+_flash = _flash_vjp(_forward, _backward)
 
 
 # ----------------------------------------------------------------------------
@@ -468,10 +476,27 @@ def _kernel_kind(impl: str) -> str:
   target = target_platform()
   if impl == "interpret" or (impl == "auto" and target == "cpu"):
     return "interpret"
+  if impl == "mosaic_gpu":
+    return _mosaic_gpu_kind(target)
   if target == "cpu":
     raise ValueError("impl='pallas' (estimator.attention_impl) needs a GPU or TPU target;"
                      " on CPU use 'auto' (the dense reference) or 'interpret'")
   return "tpu" if target == "tpu" else "gpu"
+
+
+def _mosaic_gpu_kind(target: str) -> str:
+  """"mosaic_gpu" where the target is a GPU and this JAX has Pallas Mosaic GPU, else a
+  ValueError naming the config key."""
+  if target != "gpu":
+    raise ValueError(f"impl='mosaic_gpu' (estimator.attention_impl) needs a GPU target"
+                     f" (Mosaic GPU, sm_90: H100/H200), not {target}; on CPU use 'auto' (the"
+                     " dense reference) or 'interpret'")
+  from dllm_rl.kernels.staircase_mgpu import mosaic_gpu_missing
+  missing = mosaic_gpu_missing()
+  if missing:
+    raise ValueError(f"impl='mosaic_gpu' (estimator.attention_impl): {missing}; use 'auto'"
+                     " or 'pallas' (Triton) there")
+  return "mosaic_gpu"
 
 
 @functools.cache
@@ -517,6 +542,9 @@ def _check_tiles(block_q: int, block_k: int, backend: str) -> None:
       raise ValueError(f"{name}={t} must be a multiple of 8 on TPU")
     if backend == "gpu" and (t < 16 or t & (t - 1)):
       raise ValueError(f"{name}={t} must be a power of two ≥ 16 on GPU (Triton)")
+    if backend.startswith("mosaic_gpu") and t % 64:
+      raise ValueError(f"{name}={t} must be a multiple of 64 for impl='mosaic_gpu' (one"
+                       " warpgroup's wgmma rows)")
 
 
 def staircase_attention(q_BNHQ, k_BNJQ, v_BNJQ, *, prompt_len: int, block_size: int,
@@ -527,7 +555,8 @@ def staircase_attention(q_BNHQ, k_BNJQ, v_BNJQ, *, prompt_len: int, block_size: 
 
   ``impl``: "auto" (compiled Pallas for GPU/TPU; the dense reference on CPU,
   where the Pallas interpreter is far too slow to train with), "pallas"
-  (compiled: Mosaic for TPU, Triton for GPU), "interpret" (the Pallas
+  (compiled: Mosaic for TPU, Triton for GPU), "mosaic_gpu" (Pallas Mosaic GPU
+  for sm_90, ``staircase_mgpu``: opt-in, not yet run on a GPU), "interpret" (the Pallas
   interpreter: tests on CPU) or "reference" (dense jnp). The platform is the
   one the program compiles for (:func:`target_platform`: the traced mesh's
   devices, so a CPU process planning for TPU builds the Mosaic kernel).
@@ -574,11 +603,23 @@ def _kernel_attention(q_BNHQ, k_BNJQ, v_BNJQ, key_valid_BN, prompt_len, block_si
   lay, front = _make_layout(prompt_len, (n - prompt_len) // 2, block_size,
                             prompt_block_causal, block_q, block_k,
                             scale=1.0 / math.sqrt(qd), kind=kind)
-  qd_pad = qd if kind != "gpu" else max(16, pl.next_power_of_2(qd))
+  mosaic_gpu = kind.startswith("mosaic_gpu")
+  if kind == "gpu":
+    qd_pad = max(16, pl.next_power_of_2(qd))
+  else:
+    qd_pad = qd + (-qd % 64 if mosaic_gpu else 0)
   pad = ((0, 0), (front, lay.n - front - n), (0, 0), (0, qd_pad - qd))
   to_kernel = lambda x: jnp.pad(x, pad).transpose(0, 2, 1, 3)  # [B, H|K, N', Q']
   valid = jnp.ones((b, n), bool) if key_valid_BN is None else key_valid_BN.astype(bool)
-  valid = jnp.pad(valid, pad[:2]).astype(jnp.int32).reshape(b, lay.n // block_k, 1,
-                                                            block_k)
-  o = _flash(to_kernel(q_BNHQ), to_kernel(k_BNJQ), to_kernel(v_BNJQ), valid, lay)
+  valid = jnp.pad(valid, pad[:2]).astype(jnp.int32)  # [B, N']
+  if mosaic_gpu:
+    from dllm_rl.kernels import staircase_mgpu
+    missing = staircase_mgpu.mosaic_gpu_missing(kind == staircase_mgpu.INTERPRET)
+    if missing:
+      raise ValueError(f"impl='mosaic_gpu' (estimator.attention_impl): {missing}")
+    staircase_mgpu.check_dtype(q_BNHQ.dtype)
+    flash = staircase_mgpu.flash
+  else:
+    flash, valid = _flash, valid.reshape(b, lay.n // block_k, 1, block_k)
+  o = flash(to_kernel(q_BNHQ), to_kernel(k_BNJQ), to_kernel(v_BNJQ), valid, lay)
   return o.transpose(0, 2, 1, 3)[:, front:front + n, :, :qd]
