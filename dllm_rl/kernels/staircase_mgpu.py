@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from dllm_rl.kernels.staircase import (
+from dllm_rl.kernels.staircase_index import (
     _NEG,
     _Layout,
     _div,
