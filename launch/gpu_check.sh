@@ -5,7 +5,8 @@
 #   bash launch/gpu_check.sh [OUT_DIR]        (GPU_CHECK_LIMIT_S=540 by default)
 #   GPU_CHECK_PARTS=study GPU_CHECK_LIMIT_S=590 bash launch/gpu_check.sh [OUT_DIR]  (the study)
 #
-# 1. staircase attention: compiled Pallas kernel vs dense reference vs
+# 1. staircase attention: compiled Pallas kernels (Triton and Mosaic GPU:
+#    GPU_CHECK_STAIRCASE_IMPLS, default 'pallas mosaic_gpu') vs dense reference vs
 #    jax.nn.dot_product_attention, forward and forward+backward, L = 1k..16k, bfloat16;
 # 2. masked sampler tokens/s per sampler.cache mode at ~1B shapes (random checkpoint);
 # 3. RL step MFU at ~1B shapes;
@@ -54,8 +55,12 @@ declare -A WEIGHT=([staircase]=3 [sampler]=4 [rl_step_mfu]=3)
 WEIGHTS=0
 for name in "${!WEIGHT[@]}"; do part "$name" && WEIGHTS=$((WEIGHTS + WEIGHT[$name])); done
 share() { echo $((LIMIT * WEIGHT[$1] / (WEIGHTS > 0 ? WEIGHTS : 1))); }
+# The staircase kernels timed: Triton (pallas) and the Mosaic GPU port (never yet run on a
+# GPU; a kernel that fails prints its error and the others still run).
+read -r -a STAIRCASE_IMPLS <<< "${GPU_CHECK_STAIRCASE_IMPLS:-pallas mosaic_gpu}"
 part staircase && run staircase "$(share staircase)" "$PY" -m dllm_rl.benchmarks.staircase \
-  --lengths 1024 2048 4096 8192 16384 --impl pallas --dtype bfloat16 --repeats 5
+  --lengths 1024 2048 4096 8192 16384 --impl "${STAIRCASE_IMPLS[@]}" --dtype bfloat16 \
+  --repeats 5
 part sampler && run sampler "$(share sampler)" "$PY" -m dllm_rl.benchmarks.sampler \
   --checkpoint "$OUT/llada_1b" --init-random --d-model 2048 --layers 16 --heads 16 \
   --mlp 5632 --vocab 32768 --batch 32 --prompt 256 --gen 256 --steps 128 --block 32 \

@@ -428,6 +428,7 @@ def test_gpu_check_writes_a_relative_out_dir_where_it_was_given(tmp_path):
   res = subprocess.run(["bash", GPU_CHECK, "rel_out"], env=env, capture_output=True, text=True,
                        timeout=60, cwd=tmp_path)
   assert res.returncode == 0, res.stderr
-  assert "stub -m dllm_rl.benchmarks.staircase" in (tmp_path / "rel_out" / "staircase.log"
-                                                   ).read_text()
+  log = (tmp_path / "rel_out" / "staircase.log").read_text()
+  assert "stub -m dllm_rl.benchmarks.staircase" in log
+  assert "--impl pallas mosaic_gpu --dtype" in log  # both GPU kernels timed by default
   assert (tmp_path / "rel_out" / "summary.txt").exists()
