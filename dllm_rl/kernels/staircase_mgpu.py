@@ -79,14 +79,16 @@ def _plgpu():
   return plgpu
 
 
-def _kernel(body, lay: _Layout, *, out_type, grid, scratch):
-  """``plgpu.kernel`` over grid (b, h, t) with Warpgroup lowering (explicit: jax 0.10's
+def _kernel(body, lay: _Layout, *, name, out_type, grid, scratch):
+  """``plgpu.kernel`` ``name`` (the Triton kernel's: it names the kernel's compiler dumps,
+  benchmarks/gpu_compile.py) over grid (b, h, t) with Warpgroup lowering (explicit: jax 0.10's
   default Lane semantics cannot lower these kernels)."""
   plgpu = _plgpu()
   interpret = plgpu.InterpretGPUParams() if lay.kind == INTERPRET else None
   params = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
   return plgpu.kernel(body, out_type=out_type, grid=grid, grid_names=("b", "h", "t"),
-                      scratch_types=scratch, compiler_params=params, interpret=interpret)
+                      kernel_name=name, scratch_types=scratch, compiler_params=params,
+                      interpret=interpret)
 
 
 def _program():
@@ -191,8 +193,8 @@ def _forward(q, k, v, valid, lay: _Layout):
              lse_ref.at[bi, hi, pl.ds(q0, bq)])])
 
   out = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, n), jnp.float32)]
-  return _kernel(body, lay, out_type=out, grid=(b, h, n // bq), scratch=scratch)(
-      q, k, v, valid)
+  return _kernel(body, lay, name="staircase_fwd", out_type=out, grid=(b, h, n // bq),
+                 scratch=scratch)(q, k, v, valid)
 
 
 # ----------------------------------------------------------------------------
@@ -235,8 +237,9 @@ def _dq(q, k, v, valid, do, lse, delta, lay: _Layout):
     dq = lax.fori_loop(0, n1 + n2, step, jnp.zeros((bq, d), jnp.float32))
     _store([(dq * lay.scale, q_s, dq_ref.at[bi, hi, tile])])
 
-  return _kernel(body, lay, out_type=jax.ShapeDtypeStruct(q.shape, q.dtype),
-                 grid=(b, h, n // bq), scratch=scratch)(q, k, v, valid, do, lse, delta)
+  return _kernel(body, lay, name="staircase_dq",
+                 out_type=jax.ShapeDtypeStruct(q.shape, q.dtype), grid=(b, h, n // bq),
+                 scratch=scratch)(q, k, v, valid, do, lse, delta)
 
 
 def _dkdv(q, k, v, valid, do, lse, delta, lay: _Layout, out_dtype):
@@ -286,8 +289,8 @@ def _dkdv(q, k, v, valid, do, lse, delta, lay: _Layout, out_dtype):
     _store([(dv, out_s, dv_ref.at[bi, hi, tile])])
 
   out = jax.ShapeDtypeStruct(q.shape, out_dtype)
-  return _kernel(body, lay, out_type=[out, out], grid=(b, h, n // bk), scratch=scratch)(
-      q, k, v, valid, do, lse, delta)
+  return _kernel(body, lay, name="staircase_dkdv", out_type=[out, out],
+                 grid=(b, h, n // bk), scratch=scratch)(q, k, v, valid, do, lse, delta)
 
 
 def _backward(q, k, v, valid, o, lse, do, lay: _Layout):
