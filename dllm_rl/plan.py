@@ -5,6 +5,10 @@ or topology (every config problem printed as ``error: config.<key>: ...``).
 
     python -m dllm_rl.plan --config=configs/llada_tpu.py --topology=v5p-64 \\
         --config.model.hf_checkpoint=PATH_WITH_CONFIG_JSON [--json=plan.json] [--config.x=y ...]
+
+It compiles for devices this host does not have, so JAX runs on the CPU (JAX_PLATFORMS=cpu:
+always for h100-N / h200-N, whose CUDA plugin builds compile-only GPUs only then; otherwise
+unless JAX_PLATFORMS is set).
 """
 
 import os
@@ -18,7 +22,8 @@ from dllm_rl.planning import planner
 
 _CONFIG = flags.DEFINE_string("config", None, "ml_collections config file.")
 _TOPOLOGY = flags.DEFINE_string(
-    "topology", None, "v4-N, v5e-N (or v5litepod-N), v5p-N, v6e-N, GEN:AxBxC or cpu:N")
+    "topology", None,
+    "v4-N, v5e-N (or v5litepod-N), v5p-N, v6e-N, GEN:AxBxC, h100-N, h200-N or cpu:N")
 _JSON = flags.DEFINE_string("json", None, "Write the plan as JSON to this path.")
 _MEMORY = flags.DEFINE_float("device_memory_gib", None,
                              "Override the memory per device (cpu:N default: 80 GiB).")
@@ -29,18 +34,34 @@ _TFLOPS = flags.DEFINE_float("peak_tflops", None,
 _overrides: list[tuple[str, str]] = []
 
 
+def _cpu_platform(force: bool) -> None:
+  """JAX_PLATFORMS=cpu unless it is set and not ``force``: compile-only TPU devices need no
+  TPU backend, and JAX's CUDA plugin (``force``: a GPU topology) registers its compile-only
+  topology only when CUDA is not asked for (else it looks for a GPU). JAX is imported by
+  now (the config's checks) but has started no backend, so its config is set too."""
+  if force or "JAX_PLATFORMS" not in os.environ:
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    if "jax" in sys.modules:
+      sys.modules["jax"].config.update("jax_platforms", "cpu")
+
+
 def main(argv):
   if len(argv) > 1:
     raise cli.usage_error(f"unexpected arguments: {argv[1:]}")
   if _CONFIG.value is None or not _TOPOLOGY.value:
     raise cli.usage_error("--config and --topology are required")
-  from dllm_rl.parallel.topology import cpu_device_count
+  from dllm_rl.parallel.topology import cpu_device_count, gpu_topology_name
   n = cpu_device_count(_TOPOLOGY.value)
   problems = [ConfigError(f"--{flag}", f"must be positive, got {value}") for flag, value in
               (("device_memory_gib", _MEMORY.value), ("peak_tflops", _TFLOPS.value))
               if value is not None and not value > 0]
   if n == 0:
     problems.append(ConfigError("--topology", "cpu:N needs N >= 1 devices, got cpu:0"))
+  try:
+    gpu = gpu_topology_name(_TOPOLOGY.value)
+  except ValueError as err:
+    gpu = None
+    problems.append(ConfigError("--topology", str(err)))
   if _JSON.value:  # found before the compile, which takes minutes at 8B
     problems += planner.json_path_problems(_JSON.value)
 
@@ -56,7 +77,7 @@ def main(argv):
   if n is not None:  # before JAX starts: N simulated devices
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + f" --xla_force_host_platform_device_count={n}").strip()
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile-only TPU devices need no TPU backend
+  _cpu_platform(force=gpu is not None)
   try:
     code = planner.run_plan(config, _TOPOLOGY.value, json_path=_JSON.value,
                             device_memory_gib=_MEMORY.value, peak_tflops=_TFLOPS.value,

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from dllm_rl.benchmarks import gpu_compile as gc
+from dllm_rl.parallel import gpu_target as gt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,7 +43,7 @@ def test_target_config_text_carries_the_device_facts(gpu, memory, bandwidth, nam
   """No Python class of XLA's GpuTargetConfigProto ships with jaxlib or the plugin, so the text
   is checked here as protobuf text (one field per line, balanced braces); the real compile test
   below has the CUDA plugin parse it."""
-  text = gc.target_config_text(gc.GPUS[gpu])
+  text = gt.target_config_text(gt.GPUS[gpu])
   for fact in ("cuda_compute_capability { major: 9 minor: 0 }", "core_count: 132",
                "shared_memory_per_block_optin: 232448", "shared_memory_per_core: 233472",
                "registers_per_core_limit: 65536", "registers_per_block_limit: 65536",
@@ -82,11 +83,11 @@ def test_new_kernel_dumps_reads_each_new_kernel_once_in_dump_order(tmp_path):
 
 
 def test_setup_error_names_the_install_and_the_platform():
-  missing = gc.setup_error("cpu", False, "0.10.2")
+  missing = gt.setup_error("cpu", False, "0.10.2")
   assert 'pip install "jax[cuda12]==0.10.2"' in missing and "JAX_PLATFORMS=cpu" in missing
-  assert "JAX_PLATFORMS=cpu" in gc.setup_error("cuda,cpu", True, "0.10.2")
-  assert "JAX_PLATFORMS is None" in gc.setup_error(None, True, "0.10.2")
-  assert gc.setup_error("cpu", True, "0.10.2") is None
+  assert "JAX_PLATFORMS=cpu" in gt.setup_error("cuda,cpu", True, "0.10.2")
+  assert "JAX_PLATFORMS is None" in gt.setup_error(None, True, "0.10.2")
+  assert gt.setup_error("cpu", True, "0.10.2") is None
 
 
 def test_no_plugin_is_a_usage_error_before_anything_compiles(monkeypatch, capsys):

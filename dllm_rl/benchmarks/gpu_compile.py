@@ -4,8 +4,8 @@
         [--impl pallas mosaic_gpu] [--head-dims 64 128] [--tiles 64 128] [--dump-dir DIR]
 
 Needs JAX's CUDA plugin (``pip install "jax[cuda12]==<this jax version>"``), no GPU: the plugin
-builds a compile-only device from a GPU target config, which this module writes from a few
-device facts per GPU (``GPUS``), and compiles for it; ``JAX_PLATFORMS=cpu`` keeps the plugin
+builds a compile-only device from a GPU target config, written from a few device facts per
+GPU (``GPUS`` in dllm_rl.parallel.gpu_target), and compiles for it; ``JAX_PLATFORMS=cpu`` keeps the plugin
 from looking for a GPU. For each ``--impl`` ("pallas": Triton, "mosaic_gpu"), ``--head-dims``
 value and ``--tiles`` value (block_q = block_k; default: each kernel's own tiles) it compiles
 the forward and the forward+backward (``jax.grad``) of ``staircase_attention`` at a small fixed
@@ -26,85 +26,20 @@ plugin / JAX_PLATFORMS is not cpu, before anything compiles).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import re
 import sys
 import tempfile
 
 from dllm_rl.benchmarks.common import check_flags
+from dllm_rl.parallel.gpu_target import GPUS, cuda_topology_desc, plugin_found, setup_error
 
-# Device facts per GPU (NVIDIA's datasheets and the CUDA occupancy tables): compute capability,
-# streaming multiprocessors (SMs), shared memory (per block without / with the opt-in, per SM),
-# registers, thread limits, FP32 lanes per SM, memory, its bandwidth, boost clock, L2 cache.
-_H100 = dict(
-    name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0), sms=132,
-    smem_per_block=48 * 1024, smem_per_block_optin=227 * 1024, smem_per_sm=228 * 1024,
-    registers_per_sm=65536, registers_per_block=65536, threads_per_block=1024,
-    threads_per_sm=2048, threads_per_warp=32, fp32_lanes_per_sm=128,
-    memory_bytes=80 * 10**9, memory_bandwidth=3.35e12, clock_ghz=1.98, l2_bytes=50 * 2**20)
-GPUS = {
-    "h100": _H100,  # H100 SXM
-    "h200": {**_H100, "name": "NVIDIA H200", "memory_bytes": 141 * 10**9,
-             "memory_bandwidth": 4.8e12},  # the same SM as the H100, more and faster HBM3e
-}
 LAYOUT = dict(batch=1, heads=4, kv_heads=2, prompt=64, completion=96, block=32, front_pad=3)
 IMPLS = ("pallas", "mosaic_gpu")
-_PLUGINS = ("jax_plugins.xla_cuda12", "jax_cuda12_plugin")
 # Mosaic GPU's kernel dumps (its C++ reads these at each compile). With MOSAIC_GPU_DUMP_TO it
 # also tries SASS, which needs nvdisasm: JAX's CUDA wheels lack it, so each kernel prints
 # "nvdisasm invocation failed" to stderr (harmless; "0" does not turn it off).
 _DUMP_ENV = {"MOSAIC_GPU_DUMP_PTX": "1", "MOSAIC_GPU_DUMP_PTXAS": "1"}
-
-
-def target_config_text(facts: dict) -> str:
-  """The GPU target config (XLA's ``GpuTargetConfigProto`` in protobuf text format) of a GPU
-  with ``facts`` (an entry of ``GPUS``): what the CUDA plugin compiles for without a device."""
-  major, minor = facts["compute_capability"]
-  info = [
-      ("threads_per_block_limit", facts["threads_per_block"]),
-      ("threads_per_warp", facts["threads_per_warp"]),
-      ("shared_memory_per_block", facts["smem_per_block"]),
-      ("shared_memory_per_core", facts["smem_per_sm"]),
-      ("threads_per_core_limit", facts["threads_per_sm"]),
-      ("core_count", facts["sms"]),
-      ("fpus_per_core", facts["fp32_lanes_per_sm"]),
-      ("block_dim_limit_x", 2**31 - 1),
-      ("block_dim_limit_y", 65535),
-      ("block_dim_limit_z", 65535),
-      ("memory_bandwidth", int(facts["memory_bandwidth"])),
-      ("l2_cache_size", facts["l2_bytes"]),
-      ("clock_rate_ghz", facts["clock_ghz"]),
-      ("device_memory_size", facts["memory_bytes"]),
-      ("shared_memory_per_block_optin", facts["smem_per_block_optin"]),
-      ("registers_per_core_limit", facts["registers_per_sm"]),
-      ("registers_per_block_limit", facts["registers_per_block"]),
-  ]
-  lines = ["gpu_device_info {", *(f"  {k}: {v}" for k, v in info),
-           f"  cuda_compute_capability {{ major: {major} minor: {minor} }}", "}",
-           'platform_name: "CUDA"', f'device_description_str: "{facts["name"]}"']
-  return "\n".join(lines) + "\n"
-
-
-def setup_error(platforms: str | None, plugin_found: bool, jax_version: str) -> str | None:
-  """Why this process cannot compile for an absent GPU, or None: the CUDA plugin must be
-  installed (``plugin_found``) and JAX must not look for a GPU (``platforms``, the
-  JAX_PLATFORMS value, must be cpu: the plugin then registers its compile-only topology
-  without initialising CUDA)."""
-  if not plugin_found:
-    return (f"no CUDA plugin for JAX ({' / '.join(_PLUGINS)} does not import): "
-            f'pip install "jax[cuda12]=={jax_version}" (it needs no GPU), then run with '
-            "JAX_PLATFORMS=cpu")
-  if platforms != "cpu":
-    return (f"JAX_PLATFORMS is {platforms!r}: run with JAX_PLATFORMS=cpu (the CUDA plugin "
-            "then compiles for the target GPU without looking for one)")
-  return None
-
-
-def plugin_found() -> bool:
-  """Whether JAX's CUDA plugin is installed (either of its module names)."""
-  return any(importlib.util.find_spec(p.split(".")[0]) is not None
-             and importlib.util.find_spec(p) is not None for p in _PLUGINS)
 
 
 def parse_ptxas(text: str) -> dict:
@@ -162,9 +97,7 @@ def new_kernel_dumps(dump_dir: str, seen: set[str]) -> list[tuple[str, dict | No
 def gpu_mesh(gpu: str):
   """A one-device mesh ("x") of a compile-only ``gpu`` (a key of ``GPUS``)."""
   from jax.experimental import topologies
-  topo = topologies.get_topology_desc(platform="cuda", topology="1x1x1",
-                                      target_config=target_config_text(GPUS[gpu]))
-  return topologies.make_mesh(topo, (1,), ("x",))
+  return topologies.make_mesh(cuda_topology_desc(gpu, "1x1x1"), (1,), ("x",))
 
 
 def compile_for(mesh, fn, *avals):

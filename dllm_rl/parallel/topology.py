@@ -4,9 +4,14 @@
   ``v5e-N`` / ``v6e-N`` (N chips), or an explicit ``v5p:2x4x4``: compile-only TPU devices
   from ``jax.experimental.topologies`` (needs libtpu: ``pip install -r requirements-tpu.txt``;
   no TPU is touched).
+* ``h100-N`` / ``h200-N`` (N GPUs, 8 per host: ``h100-16`` is 2 hosts): compile-only CUDA
+  devices from JAX's CUDA plugin and a GPU target config (dllm_rl.parallel.gpu_target),
+  compiled by the real XLA GPU compiler (needs ``pip install "jax[cuda12]==<this jax>"`` and
+  ``JAX_PLATFORMS=cpu``, which ``python -m dllm_rl.plan`` sets; no GPU is touched).
 * ``cpu:N``: N simulated CPU devices (``--xla_force_host_platform_device_count``, set
   before JAX starts). The CPU compiler's buffer assignment stands in for a GPU's, so a
-  ``cpu:N`` plan is an *estimate*, against ``device_memory_gib`` per device.
+  ``cpu:N`` plan is an *estimate*, against ``device_memory_gib`` per device: prefer
+  ``h100-N`` where the CUDA plugin installs.
 
 Chip figures are the public specifications (HBM per chip, peak dense bf16 FLOP/s).
 """
@@ -16,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+
+from dllm_rl.parallel import gpu_target
 
 GIB = 1024 ** 3
 
@@ -30,6 +37,7 @@ _CORES_PER_CHIP = {"v4": 2, "v5p": 2, "v5e": 1, "v6e": 1}  # what N counts in "v
 # cpu:N stands in for N GPUs of this size (an 80 GB H100; override on the command line).
 CPU_DEFAULT_MEMORY_GIB = 80.0
 CPU_DEFAULT_PEAK_TFLOPS = 989.0
+GPUS_PER_HOST = 8  # h100-N with N > 8: N / 8 hosts of 8 (an HGX / DGX node)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +69,7 @@ def tpu_topology_name(name: str) -> tuple[str, str]:
   m = re.fullmatch(r"(v4|v5e|v5p|v6e|v5litepod)([-:])([0-9x]+)", name)
   if not m:
     raise ValueError(f"topology {name!r}: expected v4-N, v5e-N, v5p-N, v6e-N, "
-                     f"GEN:AxBxC or cpu:N")
+                     f"GEN:AxBxC, h100-N, h200-N or cpu:N")
   gen, sep, rest = m.groups()
   gen = "v5e" if gen == "v5litepod" else gen
   if sep == ":":
@@ -83,6 +91,42 @@ def cpu_device_count(name: str) -> int | None:
   return int(m.group(1)) if m else None
 
 
+def gpu_topology_name(name: str) -> tuple[str, str] | None:
+  """(GPU, CUDA topology "<slices>x<hosts>x<GPUs per host>") for ``h100-N`` / ``h200-N``
+  (N GPUs, ``GPUS_PER_HOST`` per host), else None: h100-8 → ("h100", "1x1x8"), h100-2 →
+  ("h100", "1x1x2"), h200-16 → ("h200", "1x2x8")."""
+  m = re.fullmatch(f"({'|'.join(gpu_target.GPUS)})-([0-9]+)", name)
+  if not m:
+    return None
+  gpu, n = m.group(1), int(m.group(2))
+  if n < 1 or (n > GPUS_PER_HOST and n % GPUS_PER_HOST):
+    raise ValueError(f"topology {name!r}: {gpu}-N needs N from 1 to {GPUS_PER_HOST} (one "
+                     f"host) or a multiple of {GPUS_PER_HOST} (hosts of {GPUS_PER_HOST})")
+  per_host = min(n, GPUS_PER_HOST)
+  return gpu, f"1x{n // per_host}x{per_host}"
+
+
+def _gpu_topology(name: str, gpu: str, cuda_name: str, memory_gib, peak_tflops) -> Topology:
+  """Compile-only CUDA devices of ``gpu`` laid out as ``cuda_name`` (gpu_topology_name)."""
+  import jax
+
+  error = gpu_target.setup_error(jax.config.jax_platforms, gpu_target.plugin_found(),
+                                 jax.__version__)
+  if error:
+    raise ValueError(f"--topology={name}: {error}")
+  try:
+    devices = gpu_target.cuda_topology_desc(gpu, cuda_name).devices
+  except (RuntimeError, ValueError, NotImplementedError) as err:
+    raise ValueError(f"--topology={name} ({cuda_name}): the CUDA plugin could not describe "
+                     f"it ({err}); JAX_PLATFORMS=cpu must be set before JAX starts (before "
+                     "its first backend)") from err
+  facts = gpu_target.GPUS[gpu]
+  return Topology(name, tuple(devices),
+                  int(memory_gib * GIB) if memory_gib else facts["memory_bytes"],
+                  peak_tflops * 1e12 if peak_tflops else facts["peak_bf16_flops"],
+                  estimate=False, chips=len(devices))
+
+
 def get_topology(name: str, *, device_memory_gib: float | None = None,
                  peak_tflops: float | None = None) -> Topology:
   """Compile-only devices and per-device budgets for a topology name."""
@@ -97,6 +141,9 @@ def get_topology(name: str, *, device_memory_gib: float | None = None,
     return Topology(name, tuple(devices[:n]),
                     int((device_memory_gib or CPU_DEFAULT_MEMORY_GIB) * GIB),
                     (peak_tflops or CPU_DEFAULT_PEAK_TFLOPS) * 1e12, estimate=True, chips=n)
+  gpu = gpu_topology_name(name)
+  if gpu is not None:
+    return _gpu_topology(name, *gpu, device_memory_gib, peak_tflops)
   gen, tpu_name = tpu_topology_name(name)
   import os
   # Compile-only: let several processes load libtpu (its lockfile guards a real TPU).
