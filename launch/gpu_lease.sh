@@ -63,9 +63,13 @@ fi
 # same SFT start (a lease keeps nothing: an SFT start retrained on 2026-12-04 reached test
 # 0.469 against the first's 0.320 at the same step). Checked first: a flag XLA does not know
 # aborts every jax program, so it is dropped, and said so, if a tiny program fails with it.
+# The program is a bf16 matmul and its gradient: deterministic mode changes how XLA picks
+# GEMM kernels (compiling for an absent H100 with the flag, no GEMM config was found:
+# README "Next lease"), so a GPU whose GEMMs it cannot compile drops the flag here too.
 if [ "${GPU_LEASE_DETERMINISTIC:-0}" = 1 ]; then
   export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_deterministic_ops=true"
-  "$PYTHON" -c "import jax.numpy as jnp; jnp.ones(4).sum().block_until_ready()" 2>/dev/null \
+  "$PYTHON" -c "import jax, jax.numpy as jnp; x = jnp.ones((256, 256), jnp.bfloat16)
+jax.grad(lambda w: (x @ w).astype(jnp.float32).sum())(x).block_until_ready()" 2>/dev/null \
     || { echo "XLA rejected --xla_gpu_deterministic_ops: running without it";
          export XLA_FLAGS="${XLA_FLAGS% --xla_gpu_deterministic_ops=true}"; }
 fi
