@@ -28,6 +28,7 @@ import tempfile
 import jax
 
 from dllm_rl import paths
+from dllm_rl.parallel.gpu_target import GPUS
 from dllm_rl.parallel.topology import TPU_CHIPS
 
 # jax Device.device_kind → generation in dllm_rl.parallel.topology.TPU_CHIPS (v4 and v5p devices are
@@ -35,8 +36,9 @@ from dllm_rl.parallel.topology import TPU_CHIPS
 TPU_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5": "v5p",
              "TPU v5p": "v5p", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}
 # Peak dense bf16 FLOP/s of NVIDIA parts, matched by name in the device kind
-# (e.g. "NVIDIA H100 80GB HBM3"; SXM figures).
-GPU_PEAKS = (("H100", 989e12), ("H200", 989e12), ("A100", 312e12))
+# (e.g. "NVIDIA H100 80GB HBM3"; SXM figures): the planner's GPUs (gpu_target.GPUS) and A100.
+GPU_PEAKS = (*((gpu.upper(), facts["peak_bf16_flops"]) for gpu, facts in GPUS.items()),
+             ("A100", 312e12))
 GIB = 1024 ** 3
 
 
