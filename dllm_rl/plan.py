@@ -18,6 +18,7 @@ from absl import app, flags
 
 from dllm_rl.config import cli
 from dllm_rl.errors import ConfigError, each, raise_all
+from dllm_rl.parallel import topology
 from dllm_rl.planning import planner
 
 _CONFIG = flags.DEFINE_string("config", None, "ml_collections config file.")
@@ -34,31 +35,19 @@ _TFLOPS = flags.DEFINE_float("peak_tflops", None,
 _overrides: list[tuple[str, str]] = []
 
 
-def _cpu_platform(force: bool) -> None:
-  """JAX_PLATFORMS=cpu unless it is set and not ``force``: compile-only TPU devices need no
-  TPU backend, and JAX's CUDA plugin (``force``: a GPU topology) registers its compile-only
-  topology only when CUDA is not asked for (else it looks for a GPU). JAX is imported by
-  now (the config's checks) but has started no backend, so its config is set too."""
-  if force or "JAX_PLATFORMS" not in os.environ:
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    if "jax" in sys.modules:
-      sys.modules["jax"].config.update("jax_platforms", "cpu")
-
-
 def main(argv):
   if len(argv) > 1:
     raise cli.usage_error(f"unexpected arguments: {argv[1:]}")
   if _CONFIG.value is None or not _TOPOLOGY.value:
     raise cli.usage_error("--config and --topology are required")
-  from dllm_rl.parallel.topology import cpu_device_count, gpu_topology_name
-  n = cpu_device_count(_TOPOLOGY.value)
+  n = topology.cpu_device_count(_TOPOLOGY.value)
   problems = [ConfigError(f"--{flag}", f"must be positive, got {value}") for flag, value in
               (("device_memory_gib", _MEMORY.value), ("peak_tflops", _TFLOPS.value))
               if value is not None and not value > 0]
   if n == 0:
     problems.append(ConfigError("--topology", "cpu:N needs N >= 1 devices, got cpu:0"))
   try:
-    gpu = gpu_topology_name(_TOPOLOGY.value)
+    gpu = topology.gpu_topology_name(_TOPOLOGY.value)
   except ValueError as err:
     gpu = None
     problems.append(ConfigError("--topology", str(err)))
@@ -77,7 +66,7 @@ def main(argv):
   if n is not None:  # before JAX starts: N simulated devices
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + f" --xla_force_host_platform_device_count={n}").strip()
-  _cpu_platform(force=gpu is not None)
+  topology.compile_on_cpu(force=gpu is not None)
   try:
     code = planner.run_plan(config, _TOPOLOGY.value, json_path=_JSON.value,
                             device_memory_gib=_MEMORY.value, peak_tflops=_TFLOPS.value,

@@ -10,7 +10,6 @@ import sys
 import jax
 import pytest
 
-from dllm_rl import plan as plan_cli
 from dllm_rl.parallel import gpu_target, topology
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,19 +73,20 @@ def test_jax_platforms_other_than_cpu_is_named(monkeypatch):
 
 
 def test_plan_sets_jax_platforms_to_cpu_for_a_gpu_topology(monkeypatch):
-  """plan.py forces cpu for h100-N (the plugin's topology exists only then) and, for other
-  topologies, only fills it in when unset; JAX is imported by then, so its config too."""
+  """The planner forces cpu for h100-N (the plugin's topology exists only then) and, for other
+  topologies, only fills it in when unset; JAX is imported by then, so its config too. (Not
+  through dllm_rl.plan: importing it defines absl flags that dllm_rl.main defines too.)"""
   before = jax.config.jax_platforms
   try:
     monkeypatch.setenv("JAX_PLATFORMS", "cuda")
     jax.config.update("jax_platforms", "cuda")
-    plan_cli._cpu_platform(force=False)
+    topology.compile_on_cpu(force=False)
     assert os.environ["JAX_PLATFORMS"] == "cuda" and jax.config.jax_platforms == "cuda"
-    plan_cli._cpu_platform(force=True)
+    topology.compile_on_cpu(force=True)
     assert os.environ["JAX_PLATFORMS"] == "cpu" and jax.config.jax_platforms == "cpu"
     monkeypatch.delenv("JAX_PLATFORMS")
     jax.config.update("jax_platforms", None)
-    plan_cli._cpu_platform(force=False)
+    topology.compile_on_cpu(force=False)
     assert os.environ["JAX_PLATFORMS"] == "cpu" and jax.config.jax_platforms == "cpu"
   finally:
     jax.config.update("jax_platforms", before)

@@ -127,6 +127,20 @@ def _gpu_topology(name: str, gpu: str, cuda_name: str, memory_gib, peak_tflops) 
                   estimate=False, chips=len(devices))
 
 
+def compile_on_cpu(force: bool) -> None:
+  """JAX_PLATFORMS=cpu unless it is set and not ``force``, for a process that compiles for
+  devices it does not have (the planner): compile-only TPU devices need no TPU backend, and
+  JAX's CUDA plugin (``force``: a GPU topology) registers its compile-only topology only when
+  CUDA is not asked for (else it looks for a GPU). Call it before JAX starts a backend; JAX
+  may be imported already (the config's checks), so its config is set too."""
+  import os
+  import sys
+  if force or "JAX_PLATFORMS" not in os.environ:
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    if "jax" in sys.modules:
+      sys.modules["jax"].config.update("jax_platforms", "cpu")
+
+
 def get_topology(name: str, *, device_memory_gib: float | None = None,
                  peak_tflops: float | None = None) -> Topology:
   """Compile-only devices and per-device budgets for a topology name."""
