@@ -1,9 +1,12 @@
 """The package's shape: every top-level unit sits in a layer of the import-linter contract,
 the layers hold (lazy imports included), no module is part of an import cycle, and at most 8
-modules sit loose at the top of ``dllm_rl/``."""
+modules sit loose at the top of ``dllm_rl/``, and the test files import at most one absl CLI
+in-process."""
 
+import ast
 import configparser
 import os
+import re
 import subprocess
 import sys
 
@@ -107,3 +110,47 @@ def test_measured_slow_list_names_collected_tests(request):
                           text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
     collected = {l.strip() for l in proc.stdout.splitlines() if "::" in l}
   assert listed and not listed - collected, sorted(listed - collected)[:10]
+
+
+def _absl_flag_modules() -> set[str]:
+  """dllm_rl modules that define absl flags at import (the CLIs run with absl.app)."""
+  found = set()
+  for dirpath, _, names in os.walk(PACKAGE):
+    for name in names:
+      if name.endswith(".py"):
+        path = os.path.join(dirpath, name)
+        with open(path, encoding="utf-8") as fh:
+          if re.search(r"\bflags\.DEFINE_|config_flags\.DEFINE", fh.read()):
+            rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+            found.add(rel)
+  return found
+
+
+def _imported_modules(tree: ast.AST) -> set[str]:
+  out = set()
+  for node in ast.walk(tree):  # function-level imports too: they run in the worker's process
+    if isinstance(node, ast.Import):
+      out.update(a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      out.add(node.module)
+      out.update(f"{node.module}.{a.name}" for a in node.names)
+  return out
+
+
+def test_at_most_one_absl_cli_is_imported_in_the_test_processes():
+  """absl flags are process-global: two CLI modules that define the same flag (dllm_rl.main's
+  and dllm_rl.plan's --config) imported by test files that pytest-xdist's --dist loadfile puts
+  in one worker fail every test after the second import (32 test_errors failures once). Test
+  files run such CLIs in subprocesses; at most one of them may be imported in-process."""
+  clis = _absl_flag_modules()
+  assert {"dllm_rl.main", "dllm_rl.plan"} <= clis, sorted(clis)
+  users: dict[str, list[str]] = {}
+  for dirpath, _, names in os.walk(os.path.join(ROOT, "tests")):
+    for name in names:
+      if name.endswith(".py"):
+        path = os.path.join(dirpath, name)
+        with open(path, encoding="utf-8") as fh:
+          tree = ast.parse(fh.read())
+        for module in _imported_modules(tree) & clis:
+          users.setdefault(module, []).append(os.path.relpath(path, ROOT))
+  assert len(users) <= 1, users
