@@ -5,9 +5,11 @@ in float32: the T·K (token, slot) rows are sorted by expert, the three SwiGLU m
 as grouped matmuls (``jax.lax.ragged_dot``) over the contiguous expert groups, and the
 rows go back to their tokens. A row whose expert is out of range (``idx >= E``, the
 experts held elsewhere under expert parallelism, dllm_rl.models.moe_ep) joins no group
-and contributes exactly zero. On TPU and GPU ``ragged_dot`` lowers to XLA's ragged-dot
-instruction (only the routed rows are multiplied); on CPU jax lowers it to its reference,
-a dense dot over every group with masked rows (E× the FLOPs: tests only).
+and contributes exactly zero. On TPU ``ragged_dot`` lowers to XLA's ragged-dot instruction
+(only the routed rows are multiplied); on CPU jax lowers it to its reference, a dense dot over
+every group with masked rows (E× the FLOPs: tests only), and XLA's GPU compiler (jax 0.11.2,
+compiled for an absent H100) expands it the same way, with [E, rows, D] masks far beyond a
+GPU's memory at LLaDA2-mini size (README "Model-zoo plans"): no GPU dispatch yet.
 """
 
 from __future__ import annotations
