@@ -68,6 +68,19 @@ def check_pallas_backend(ap, impl: str, backend: str) -> None:
     ap.error("--impl pallas compiles the kernel for a GPU or TPU; on CPU use auto or interpret")
 
 
+def kernel_tiles(impl: str) -> tuple[int, int]:
+  """(block_q, block_k) the staircase kernel ``impl`` uses on the current target
+  (``staircase.default_block_sizes``), or the Mosaic GPU tiles where ``impl`` cannot be
+  built there (``mosaic_gpu`` off a GPU): the benchmark then prints that method's error in
+  its rows."""
+  from dllm_rl.kernels import staircase as sc
+  from dllm_rl.kernels.staircase_mgpu import TILE
+  try:
+    return sc.default_block_sizes(impl)
+  except ValueError:
+    return TILE, TILE
+
+
 def check_model_sizes(ap, args) -> None:
   """``ap.error`` for a random model that cannot be built: ``--vocab`` below 3 (mask, EOS and
   a prompt token) or ``--d-model`` not a multiple of ``--heads``."""

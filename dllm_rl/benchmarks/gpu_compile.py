@@ -31,7 +31,7 @@ import re
 import sys
 import tempfile
 
-from dllm_rl.benchmarks.common import check_flags
+from dllm_rl.benchmarks.common import check_flags, kernel_tiles
 from dllm_rl.parallel.gpu_target import GPUS, cuda_topology_desc, plugin_found, setup_error
 
 LAYOUT = dict(batch=1, heads=4, kv_heads=2, prompt=64, completion=96, block=32, front_pad=3)
@@ -165,16 +165,10 @@ def _row(impl, d, tiles, program, kernel, status, res) -> str:
 
 
 def _own_tiles(mesh, impl: str) -> int:
-  """The kernel's default block_q for ``mesh``'s GPU (64 where ``impl`` cannot be built: its
-  rows print why)."""
+  """The kernel's default block_q for ``mesh``'s GPU (``common.kernel_tiles``)."""
   import jax
-
-  from dllm_rl.kernels import staircase as sc
-  try:
-    with jax.set_mesh(mesh):
-      return sc.default_block_sizes(impl)[0]
-  except ValueError:
-    return 64
+  with jax.set_mesh(mesh):
+    return kernel_tiles(impl)[0]
 
 
 def main(argv=None) -> int:

@@ -28,7 +28,12 @@ import statistics
 import sys
 import time
 
-from dllm_rl.benchmarks.common import check_flags, check_lengths, check_pallas_backend
+from dllm_rl.benchmarks.common import (
+    check_flags,
+    check_lengths,
+    check_pallas_backend,
+    kernel_tiles,
+)
 
 
 def _mask_density(p: int, l: int, bs: int) -> float:
@@ -111,10 +116,7 @@ def main(argv=None) -> None:
   interpret = "interpret" in kernels
   tiles = {}
   for impl in kernels:
-    try:  # mosaic_gpu off a GPU: its error is printed in its rows
-      bq, bk = sc.default_block_sizes(impl)
-    except ValueError:
-      bq, bk = 64, 64
+    bq, bk = kernel_tiles(impl)
     tiles[impl] = args.block_q or bq, args.block_k or bk
   bq, bk = tiles[kernels[0]]
   dtype = jnp.dtype(args.dtype if args.dtype != "auto" else
