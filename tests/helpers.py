@@ -6,6 +6,8 @@ repository root is on sys.path via tests/conftest.py).
   config (``dllm_rl.config.defaults.get_config``) shrunk for end-to-end runs;
 * :func:`rl_step_config`: an ``RLStepConfig`` with the defaults the tests share;
 * :func:`random_rollout_batch`: a random ``RolloutBatch``;
+* :func:`staircase_inputs` / :func:`left_pad_valid`: staircase-attention q, k, v, cotangent
+  and key validity (the kernel tests);
 * :func:`assert_test_figures`: a finished run's test figures against its metrics.jsonl;
 * :func:`hf_fixture_with_tokenizer`: a parity fixture with a character-level HF tokenizer;
 * :func:`scratch_run_checkpoints`: checkpoints of a run trained from scratch (fixture-sized).
@@ -244,6 +246,22 @@ def random_rollout_batch(seed: int, b: int, g: int, p: int, l: int, vocab_size: 
 
 
 # ----------------------------------------------------------------------- run outputs
+
+
+def staircase_inputs(b: int, p: int, l: int, h: int, kh: int, qd: int = 16,
+                     dtype=jnp.float32, seed: int = 0):
+  """(q [B, N, H, Q], k, v [B, N, K, Q] in ``dtype``, a float32 cotangent like q) of a
+  staircase layout with N = p + 2l, from ``seed``."""
+  n = p + 2 * l
+  ks = jax.random.split(jax.random.key(seed), 4)
+  q, k, v = (jax.random.normal(key, (b, n, heads, qd), jnp.float32).astype(dtype)
+             for key, heads in zip(ks[:3], (h, kh, kh)))
+  return q, k, v, jax.random.normal(ks[3], (b, n, h, qd), jnp.float32)
+
+
+def left_pad_valid(n: int, pads):
+  """bool [B, n] key validity: row b's first ``pads[b]`` keys are padding."""
+  return jnp.arange(n)[None, :] >= jnp.asarray(pads)[:, None]
 
 
 def assert_test_figures(summary: Mapping[str, Any], workdir, phase: str, test_size: int = 32):

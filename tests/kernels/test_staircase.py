@@ -9,21 +9,8 @@ import numpy as np
 import pytest
 
 from dllm_rl.kernels import staircase as sc
-
-
-def _inputs(b, p, l, h, kh, qd=16, dtype=jnp.float32, seed=0):
-  n = p + 2 * l
-  ks = jax.random.split(jax.random.key(seed), 4)
-  q = jax.random.normal(ks[0], (b, n, h, qd), jnp.float32).astype(dtype)
-  k = jax.random.normal(ks[1], (b, n, kh, qd), jnp.float32).astype(dtype)
-  v = jax.random.normal(ks[2], (b, n, kh, qd), jnp.float32).astype(dtype)
-  cot = jax.random.normal(ks[3], (b, n, h, qd), jnp.float32)
-  return q, k, v, cot
-
-
-def _left_pad_valid(n, pads):
-  return jnp.arange(n)[None, :] >= jnp.asarray(pads)[:, None]
-
+from tests.helpers import left_pad_valid as _left_pad_valid
+from tests.helpers import staircase_inputs as _inputs
 
 # ---------------------------------------------------------------------------
 # The dense mask, row by row.

@@ -11,21 +11,11 @@ import pytest
 
 from dllm_rl.kernels import staircase as sc
 from dllm_rl.kernels import staircase_mgpu as mg
+from tests.helpers import left_pad_valid as _left_pad_valid
+from tests.helpers import staircase_inputs as _inputs
 
 NO_MGPU = mg.mosaic_gpu_missing()
 NO_INTERPRETER = mg.mosaic_gpu_missing(interpret=True)
-
-
-def _inputs(b, p, l, h, kh, qd, dtype=jnp.bfloat16, seed=0):
-  n = p + 2 * l
-  ks = jax.random.split(jax.random.key(seed), 4)
-  q, k, v = (jax.random.normal(key, (b, n, heads, qd), jnp.float32).astype(dtype)
-             for key, heads in zip(ks[:3], (h, kh, kh)))
-  return q, k, v, jax.random.normal(ks[3], (b, n, h, qd), jnp.float32)
-
-
-def _valid(n, pads):
-  return jnp.arange(n)[None, :] >= jnp.asarray(pads)[:, None]
 
 
 def _fwd_and_grads(attn, q, k, v, cot):
@@ -47,8 +37,8 @@ def test_forward_and_grad_lower_for_cuda():
   front padding (prompt 16 → 64) and a head dim padded 40 → 64."""
   from jax import export
   p, l, bs = 16, 64, 16
-  q, k, v, _ = _inputs(1, p, l, 4, 2, 40)
-  attn = _kernel("mosaic_gpu", _valid(p + 2 * l, (3,)), p, bs, True)
+  q, k, v, _ = _inputs(1, p, l, 4, 2, 40, dtype=jnp.bfloat16)
+  attn = _kernel("mosaic_gpu", _left_pad_valid(p + 2 * l, (3,)), p, bs, True)
   loss = lambda q, k, v: jnp.sum(attn(q, k, v).astype(jnp.float32))
   for fn, calls in ((attn, 1), (jax.grad(loss, argnums=(0, 1, 2)), 3)):
     module = export.export(jax.jit(fn), platforms=["cuda"])(q, k, v).mlir_module()
@@ -64,8 +54,8 @@ def test_sharded_wrapper_lowers_it_inside_shard_map():
 
   from dllm_rl.kernels import sharded
   p, l, bs = 16, 64, 16
-  q, k, v, _ = _inputs(4, p, l, 4, 2, 64)
-  valid = _valid(p + 2 * l, (0, 3, 0, 1))
+  q, k, v, _ = _inputs(4, p, l, 4, 2, 64, dtype=jnp.bfloat16)
+  valid = _left_pad_valid(p + 2 * l, (0, 3, 0, 1))
   gpu = jax.sharding.AbstractDevice(device_kind="NVIDIA H100", num_cores=None, platform="gpu")
   auto = (jax.sharding.AxisType.Auto,) * 3  # jax 0.11's default is Explicit
   mesh = jax.sharding.AbstractMesh((2, 2, 1), ("data", "fsdp", "tensor"), abstract_device=gpu,
@@ -105,8 +95,8 @@ def test_interpreter_matches_reference(case):
   2^-9 each, summed over up to N keys), measured ≤ 6e-3·max|ref|; a wrong mask or tile range
   errs by O(max|ref|)."""
   b, p, l, bs, h, kh, qd, pbc, pads = case
-  q, k, v, cot = _inputs(b, p, l, h, kh, qd)
-  valid = _valid(p + 2 * l, pads)
+  q, k, v, cot = _inputs(b, p, l, h, kh, qd, dtype=jnp.bfloat16)
+  valid = _left_pad_valid(p + 2 * l, pads)
   got = _fwd_and_grads(_kernel(mg.INTERPRET, valid, p, bs, pbc), q, k, v, cot)
   ref = lambda q, k, v: sc.staircase_attention_reference(
       q, k, v, prompt_len=p, block_size=bs, key_valid_BN=valid, prompt_block_causal=pbc)
@@ -123,7 +113,7 @@ def test_interpreter_matches_reference(case):
 # Dispatch.
 
 def test_mosaic_gpu_on_a_cpu_target_is_an_error_naming_the_key():
-  q, k, v, _ = _inputs(1, 4, 8, 2, 1, 64)
+  q, k, v, _ = _inputs(1, 4, 8, 2, 1, 64, dtype=jnp.bfloat16)
   for call in (lambda: sc.default_block_sizes("mosaic_gpu"),
                lambda: sc.staircase_attention(q, k, v, prompt_len=4, block_size=4,
                                               impl="mosaic_gpu")):
@@ -145,7 +135,7 @@ def test_mosaic_gpu_without_the_backend_is_an_error(monkeypatch, gpu_target):
   from jax.experimental import pallas
   monkeypatch.setitem(sys.modules, "jax.experimental.pallas.mosaic_gpu", None)
   monkeypatch.delattr(pallas, "mosaic_gpu", raising=False)
-  q, k, v, _ = _inputs(1, 4, 8, 2, 1, 64)
+  q, k, v, _ = _inputs(1, 4, 8, 2, 1, 64, dtype=jnp.bfloat16)
   with pytest.raises(ValueError, match=r"impl='mosaic_gpu' \(estimator\.attention_impl\): "
                      "jax.experimental.pallas.mosaic_gpu does not import"):
     sc.staircase_attention(q, k, v, prompt_len=4, block_size=4, impl="mosaic_gpu")
