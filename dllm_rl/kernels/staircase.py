@@ -41,6 +41,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
+from dllm_rl.kernels import staircase_mgpu as mgpu
 from dllm_rl.kernels.block_mask import block_causal, block_ids
 from dllm_rl.kernels.staircase_index import (
     _NEG,
@@ -59,7 +60,7 @@ ATTENTION_IMPLS = ("auto", "pallas", "mosaic_gpu", "interpret", "reference")
 _NT = (((1,), (1,)), ((), ()))  # a @ b.T
 _NN = (((1,), (0,)), ((), ()))  # a @ b
 _DEFAULT_TILES = {"tpu": (128, 128), "gpu": (64, 64), "interpret": (32, 32),
-                  "mosaic_gpu": (64, 64), "mosaic_gpu_interpret": (64, 64)}
+                  "mosaic_gpu": (mgpu.TILE, mgpu.TILE), mgpu.INTERPRET: (mgpu.TILE, mgpu.TILE)}
 
 
 # ----------------------------------------------------------------------------
@@ -358,8 +359,7 @@ def _mosaic_gpu_kind(target: str) -> str:
     raise ValueError(f"impl='mosaic_gpu' (estimator.attention_impl) needs a GPU target"
                      f" (Mosaic GPU, sm_90: H100/H200), not {target}; on CPU use 'auto' (the"
                      " dense reference) or 'interpret'")
-  from dllm_rl.kernels.staircase_mgpu import mosaic_gpu_missing
-  missing = mosaic_gpu_missing()
+  missing = mgpu.mosaic_gpu_missing()
   if missing:
     raise ValueError(f"impl='mosaic_gpu' (estimator.attention_impl): {missing}; use 'auto'"
                      " or 'pallas' (Triton) there")
@@ -409,7 +409,7 @@ def _check_tiles(block_q: int, block_k: int, backend: str) -> None:
       raise ValueError(f"{name}={t} must be a multiple of 8 on TPU")
     if backend == "gpu" and (t < 16 or t & (t - 1)):
       raise ValueError(f"{name}={t} must be a power of two ≥ 16 on GPU (Triton)")
-    if backend.startswith("mosaic_gpu") and t % 64:
+    if backend.startswith("mosaic_gpu") and t % mgpu.TILE:
       raise ValueError(f"{name}={t} must be a multiple of 64 for impl='mosaic_gpu' (one"
                        " warpgroup's wgmma rows)")
 
@@ -474,18 +474,17 @@ def _kernel_attention(q_BNHQ, k_BNJQ, v_BNJQ, key_valid_BN, prompt_len, block_si
   if kind == "gpu":
     qd_pad = max(16, pl.next_power_of_2(qd))
   else:
-    qd_pad = qd + (-qd % 64 if mosaic_gpu else 0)
+    qd_pad = qd + (-qd % mgpu.TILE if mosaic_gpu else 0)
   pad = ((0, 0), (front, lay.n - front - n), (0, 0), (0, qd_pad - qd))
   to_kernel = lambda x: jnp.pad(x, pad).transpose(0, 2, 1, 3)  # [B, H|K, N', Q']
   valid = jnp.ones((b, n), bool) if key_valid_BN is None else key_valid_BN.astype(bool)
   valid = jnp.pad(valid, pad[:2]).astype(jnp.int32)  # [B, N']
   if mosaic_gpu:
-    from dllm_rl.kernels import staircase_mgpu
-    missing = staircase_mgpu.mosaic_gpu_missing(kind == staircase_mgpu.INTERPRET)
+    missing = mgpu.mosaic_gpu_missing(kind == mgpu.INTERPRET)
     if missing:
       raise ValueError(f"impl='mosaic_gpu' (estimator.attention_impl): {missing}")
-    staircase_mgpu.check_dtype(q_BNHQ.dtype)
-    flash = staircase_mgpu.flash
+    mgpu.check_dtype(q_BNHQ.dtype)
+    flash = mgpu.flash
   else:
     flash, valid = _flash, valid.reshape(b, lay.n // block_k, 1, block_k)
   o = flash(to_kernel(q_BNHQ), to_kernel(k_BNJQ), to_kernel(v_BNJQ), valid, lay)
