@@ -24,6 +24,30 @@ def matmul_peak(n: int = 1024, repeats: int = 7, dtype=None) -> float:
   return 2 * n ** 3 / statistics.median(times)
 
 
+def measure(fn, args, repeats: int):
+  """(median seconds, temp bytes or None, compile seconds) of jit(fn)(*args): compiled once,
+  run once to warm up, then timed ``repeats`` times; temp from XLA's memory_analysis."""
+  import jax
+  t0 = time.perf_counter()
+  compiled = jax.jit(fn).lower(*args).compile()
+  compile_s = time.perf_counter() - t0
+  try:
+    temp = compiled.memory_analysis().temp_size_in_bytes
+  except Exception:  # noqa: BLE001 - backends without memory analysis
+    temp = None
+  jax.block_until_ready(compiled(*args))  # warm-up
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times), temp, compile_s
+
+
+def fmt_mem(x) -> str:
+  return "n/a" if x is None else f"{x / 2**20:.1f} MiB"
+
+
 def sharded_rl_step(config, model_cfg, mesh, *, mask_id: int, eos_id: int):
   """(jitted rl_step, fresh sharded TrainState) with ``config``'s RL options for a freshly
   initialised ``model_cfg`` on ``mesh`` — what the RL loop builds, without data or weights."""

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -32,7 +31,9 @@ from dllm_rl.benchmarks.common import (
     check_flags,
     check_lengths,
     check_pallas_backend,
+    fmt_mem,
     kernel_tiles,
+    measure,
 )
 
 
@@ -43,29 +44,6 @@ def _mask_density(p: int, l: int, bs: int) -> float:
     allowed += bs * (p + (b + 1) * bs)  # clean block b
     allowed += bs * (p + b * bs + bs)  # noisy block b
   return allowed / (p + 2 * l) ** 2
-
-
-def _measure(fn, args, repeats: int):
-  """(median seconds, temp bytes or None, compile seconds) of jit(fn)(*args)."""
-  import jax
-  t0 = time.perf_counter()
-  compiled = jax.jit(fn).lower(*args).compile()
-  compile_s = time.perf_counter() - t0
-  try:
-    temp = compiled.memory_analysis().temp_size_in_bytes
-  except Exception:  # noqa: BLE001 - backends without memory analysis
-    temp = None
-  jax.block_until_ready(compiled(*args))  # warm-up
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(compiled(*args))
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times), temp, compile_s
-
-
-def _fmt_mem(x):
-  return "n/a" if x is None else f"{x / 2**20:.1f} MiB"
 
 
 def _kernel_impl(impl: str, backend: str) -> str:
@@ -178,8 +156,8 @@ def main(argv=None) -> None:
       loss = lambda q, k, v, attn=attn, cot=cot: jnp.sum(attn(q, k, v).astype(jnp.float32) * cot)
       t0 = time.perf_counter()
       try:  # one method failing (not built, out of memory) must not lose the others
-        t_f, m_f, c_f = _measure(attn, (q, k, v), repeats)
-        t_b, m_b, c_b = _measure(jax.grad(loss, argnums=(0, 1, 2)), (q, k, v), repeats)
+        t_f, m_f, c_f = measure(attn, (q, k, v), repeats)
+        t_b, m_b, c_b = measure(jax.grad(loss, argnums=(0, 1, 2)), (q, k, v), repeats)
         err = _max_error(jax.jit(attn)(q, k, v), ref)
       except Exception as e:  # noqa: BLE001 - printed, and the next method runs
         print(f"{'':>14}{name:<24} FAILED {type(e).__name__}: {str(e)[:300]}")
@@ -187,7 +165,7 @@ def main(argv=None) -> None:
       if impl == "interpret":
         prev[impl] = (time.perf_counter() - t0, visited)
       print(f"{'':>14}{name:<24} {1e3 * t_f:>10.2f} {1e3 * t_b:>11.2f} "
-            f"{_fmt_mem(m_f):>11} {_fmt_mem(m_b):>11} {f'{c_f:.1f}/{c_b:.1f}':>11} {err:>9}")
+            f"{fmt_mem(m_f):>11} {fmt_mem(m_b):>11} {f'{c_f:.1f}/{c_b:.1f}':>11} {err:>9}")
     del q, k, v, cot, ref
 
 
