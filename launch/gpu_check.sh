@@ -10,7 +10,10 @@
 #    jax.nn.dot_product_attention, forward and forward+backward, L = 1k..16k, bfloat16;
 # 2. masked sampler tokens/s per sampler.cache mode at ~1B shapes (random checkpoint);
 # 3. RL step MFU at ~1B shapes;
-# 4. (only when GPU_CHECK_PARTS names it: it needs the whole limit) the study's main arms at
+# 4. the MoE experts' grouped matmul (model.moe_dispatch) at one LLaDA2.0-mini layer's shapes,
+#    bfloat16: the tiled dispatch (never yet run on a GPU) against XLA's ragged dot (its dense
+#    expansion is expected to fail out of memory there: the row then says so);
+# 5. (only when GPU_CHECK_PARTS names it: it needs the whole limit) the study's main arms at
 #    --scale=gpu --quick (dllm_rl/config/testbeds.py: gpu; ~85M parameters, 128-token
 #    completions in blocks of 32, the official estimator; on one H200 the 11 main arms take
 #    ~11 min and the 7 at the default lr 8 min by the times measured there: python -m
@@ -24,14 +27,14 @@ case ${1:-} in -h|--help) sed -n '2,/^set -u/{/^#/p}' "$0" | cut -c3-; exit 0 ;;
 OUT=${1:-${OUT:-/tmp/gpu_check}}
 LIMIT=${GPU_CHECK_LIMIT_S:-540}
 PY=${PYTHON:-python}
-PARTS=" ${GPU_CHECK_PARTS:-staircase sampler rl_step_mfu} "
+PARTS=" ${GPU_CHECK_PARTS:-staircase sampler rl_step_mfu moe} "
 # Checked before anything runs: a typo would otherwise spend a lease doing nothing.
 [[ $LIMIT =~ ^[1-9][0-9]*$ ]] || {  # no leading 0: bash arithmetic reads 08 as octal
   echo "gpu_check.sh: GPU_CHECK_LIMIT_S must be whole seconds > 0, got '$LIMIT'" >&2; exit 2; }
 for name in $PARTS; do
-  case $name in staircase|sampler|rl_step_mfu|study) ;;
+  case $name in staircase|sampler|rl_step_mfu|moe|study) ;;
     *) echo "gpu_check.sh: GPU_CHECK_PARTS: unknown part '$name' (staircase, sampler," \
-            "rl_step_mfu, study; separated by spaces)" >&2; exit 2 ;;
+            "rl_step_mfu, moe, study; separated by spaces)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 1  # absolute: the script cd's below
@@ -51,7 +54,7 @@ STEPRS_ARMS=${GPU_CHECK_STEPRS_ARMS:-'centered,steprs,steprs_calibrated'}
 read -r -a STUDY_FLAGS <<< "${GPU_CHECK_STUDY_FLAGS:-}"
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 # The benchmarks share the limit by weight among the parts named: one part alone gets all of it.
-declare -A WEIGHT=([staircase]=3 [sampler]=4 [rl_step_mfu]=3)
+declare -A WEIGHT=([staircase]=3 [sampler]=4 [rl_step_mfu]=3 [moe]=1)
 WEIGHTS=0
 for name in "${!WEIGHT[@]}"; do part "$name" && WEIGHTS=$((WEIGHTS + WEIGHT[$name])); done
 share() { echo $((LIMIT * WEIGHT[$1] / (WEIGHTS > 0 ? WEIGHTS : 1))); }
@@ -66,6 +69,8 @@ part sampler && run sampler "$(share sampler)" "$PY" -m dllm_rl.benchmarks.sampl
   --mlp 5632 --vocab 32768 --batch 32 --prompt 256 --gen 256 --steps 128 --block 32 \
   --repeats 3 --dtype bfloat16 --out "$OUT/sampler.json"
 part rl_step_mfu && run rl_step_mfu "$(share rl_step_mfu)" "$PY" -m dllm_rl.benchmarks.rl_step_mfu --steps 5
+part moe && run moe "$(share moe)" "$PY" -m dllm_rl.benchmarks.grouped_matmul --rows 32768 \
+  --experts 256 --d-model 2048 --hidden 512 --dtype bfloat16 --dispatch tiled ragged_dot
 # GPU_CHECK_STEPRS_ARMS=none: the stability study alone, with the whole limit
 STABILITY_S=$((LIMIT * 3 / 4)); [ "$STEPRS_ARMS" = none ] && STABILITY_S=$LIMIT
 part study && run study_stability "$STABILITY_S" "$PY" -m dllm_rl.study stability \

@@ -36,8 +36,8 @@ for secs in "$STUDY_S" "$BENCH_S"; do
 done
 for var in GPU_CHECK_PARTS GPU_LEASE_PARTS; do
   for name in ${!var:-}; do
-    case $name in staircase|sampler|rl_step_mfu|study) ;;
-      *) usage "$var: unknown part '$name' (staircase, sampler, rl_step_mfu, study)" ;;
+    case $name in staircase|sampler|rl_step_mfu|moe|study) ;;
+      *) usage "$var: unknown part '$name' (staircase, sampler, rl_step_mfu, moe, study)" ;;
     esac
   done
 done
@@ -87,8 +87,8 @@ nproc >> "$STATE/env.txt"; lscpu | grep -m1 "Model name" >> "$STATE/env.txt"
 export GPU_CHECK_STABILITY_ARMS=${GPU_CHECK_STABILITY_ARMS:-'grpo@lr1e-5,stabledrl@lr1e-5,clip_only@*,selfnorm_only@*'}
 # The arms are worth running only from an SFT start that reached its target (the Countdown
 # start never did, README "GPU (H200)"): once the shared start's summary appears, a start
-# below sft.target_accuracy stops the study and hands its time to the benchmarks, the
-# sampler first (its timed rounds were cut on the first lease), unless GPU_LEASE_PARTS is set.
+# below sft.target_accuracy stops the study and hands its time to the benchmarks (the sampler,
+# the staircase kernels and the MoE grouped matmul), unless GPU_LEASE_PARTS is set.
 SFT_SUMMARY="$STATE/study_check/study/sft/seed0/summary.json"
 T0=$SECONDS
 if [ "$STUDY_S" -gt 0 ]; then
@@ -111,7 +111,7 @@ print('ok' if val is not None and val >= target else f'weak {val} < {target}')
         # the whole session: timeout(1) puts the study in a process group of its own
         pkill -TERM -s "$STUDY_PID"; sleep 5; pkill -KILL -s "$STUDY_PID"
         BENCH_S=$((BENCH_S + STUDY_S - (SECONDS - T0)))
-        export GPU_CHECK_PARTS=${GPU_LEASE_PARTS:-sampler staircase}
+        export GPU_CHECK_PARTS=${GPU_LEASE_PARTS:-sampler staircase moe}
       fi
     fi
     sleep 5

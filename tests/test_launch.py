@@ -432,3 +432,18 @@ def test_gpu_check_writes_a_relative_out_dir_where_it_was_given(tmp_path):
   assert "stub -m dllm_rl.benchmarks.staircase" in log
   assert "--impl pallas mosaic_gpu --dtype" in log  # both GPU kernels timed by default
   assert (tmp_path / "rel_out" / "summary.txt").exists()
+
+
+def test_gpu_check_times_the_moe_dispatch_at_llada2_mini_shapes(tmp_path):
+  """The moe part: the grouped-matmul benchmark at one LLaDA2.0-mini layer (4096 tokens ×
+  top-8 rows, 256 experts, D 2048, F 512), bfloat16, the tiled dispatch first."""
+  python = tmp_path / "py"
+  python.write_text("#!/bin/sh\necho stub \"$@\"\n")
+  python.chmod(0o755)
+  env = {**os.environ, "PYTHON": str(python), "GPU_CHECK_PARTS": "moe", "GPU_CHECK_LIMIT_S": "5"}
+  res = subprocess.run(["bash", GPU_CHECK, str(tmp_path / "out")], env=env, capture_output=True,
+                       text=True, timeout=60)
+  assert res.returncode == 0, res.stderr
+  log = " ".join((tmp_path / "out" / "moe.log").read_text().split())
+  assert ("stub -m dllm_rl.benchmarks.grouped_matmul --rows 32768 --experts 256 --d-model 2048"
+          " --hidden 512 --dtype bfloat16 --dispatch tiled ragged_dot") in log

@@ -69,7 +69,7 @@ def test_settings_the_run_reads_and_other_modes_are_quiet():
 
 # the model keys a run from model.hf_checkpoint still reads (the rest is config.json's)
 READ_WITH_HF = {"hf_checkpoint", "block_size", "prompt_block_causal", "dtype", "param_dtype",
-                "scan_layers", "remat", "logits_chunk"}
+                "scan_layers", "remat", "logits_chunk", "moe_dispatch"}
 
 
 def test_the_architecture_keys_are_not_read_with_an_hf_checkpoint():

@@ -474,11 +474,12 @@ def config_differences(hf_config: dict, cfg: ModelConfig,
                        ids: TokenIds) -> list[tuple[str, Any, Any]]:
   """(field, config.json's value, the model's value) for each ModelConfig / TokenIds field
   where ``hf_config`` (a config.json) does not describe ``cfg`` / ``ids`` (dtypes, init,
-  scan / remat and LoRA adapter options aside)."""
+  scan / remat, the MoE dispatch and LoRA adapter options aside)."""
   got_cfg, got_ids = model_config_from_hf(hf_config)
   got_cfg = dataclasses.replace(got_cfg, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                                 init_std=cfg.init_std, scan_layers=cfg.scan_layers,
-                                remat=cfg.remat, lora_rank=cfg.lora_rank,  # adapters: not HF
+                                remat=cfg.remat, moe_dispatch=cfg.moe_dispatch,
+                                lora_rank=cfg.lora_rank,  # adapters: not HF
                                 lora_alpha=cfg.lora_alpha, lora_targets=cfg.lora_targets)
   return [(f.name, getattr(a, f.name), getattr(b, f.name))
           for a, b in ((got_cfg, cfg), (got_ids, ids)) for f in dataclasses.fields(a)

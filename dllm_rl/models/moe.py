@@ -15,7 +15,8 @@ semantics"), on the normed hidden state n of each token:
 
 Dispatch is dropless and touches only the chosen experts (dllm_rl.models.moe_local):
 the (token, slot) pairs are sorted by expert, the three expert matmuls run as grouped
-matmuls (``jax.lax.ragged_dot``) over the sorted rows, then the rows go back to their
+matmuls over the sorted rows (``model.moe_dispatch``, dllm_rl.kernels.grouped_matmul: XLA's
+ragged dot on TPU, a tiled grouped matmul on GPU and CPU), then the rows go back to their
 tokens and are combined with their weights in float32. On a mesh
 (dllm_rl.parallel.rules) it runs in ``shard_map``: with ``mesh.expert`` = 1 per batch
 shard (tokens never leave their device; the expert weights are gathered like FSDP
@@ -77,9 +78,11 @@ def route(x_TD: jax.Array, w_gate_DE: jax.Array, bias_E: jax.Array, *, top_k: in
   return Routing(idx_TK.astype(jnp.int32), weight_TK * scaling, logits_TE)
 
 
-def routed_experts(x_BND, idx_BNK, weight_BNK, gate_EDF, up_EDF, down_EFD) -> jax.Array:
+def routed_experts(x_BND, idx_BNK, weight_BNK, gate_EDF, up_EDF, down_EFD,
+                   dispatch: str = "auto") -> jax.Array:
   """float32 [B, N, D] routed-expert output (step 4 without the shared expert); per
-  batch shard, or expert-parallel, on a mesh with the framework's axes (module docstring)."""
+  batch shard, or expert-parallel, on a mesh with the framework's axes (module docstring).
+  ``dispatch``: the grouped matmuls' (``model.moe_dispatch``)."""
   b, n, d = x_BND.shape
   k = idx_BNK.shape[-1]
   axes = shard_axes(b, (gate_EDF.shape[-1],))
@@ -87,18 +90,18 @@ def routed_experts(x_BND, idx_BNK, weight_BNK, gate_EDF, up_EDF, down_EFD) -> ja
   if expert and gate_EDF.shape[0] % axes.mesh.shape["expert"]:
     raise ValueError(f"mesh.expert = {axes.mesh.shape['expert']} must divide the"
                      f" {gate_EDF.shape[0]} experts")
-  dispatch, psum_axes = grouped_experts, ()
+  experts, psum_axes = grouped_experts, ()
   if expert and axes.batch:  # tokens split over 'expert': rows travel by all-to-all
-    dispatch = moe_ep.expert_parallel
+    experts = moe_ep.expert_parallel
   elif expert:  # tokens replicated over 'expert': each device adds its experts' share
-    dispatch, psum_axes = moe_ep.local_experts_only, ("expert",)
+    experts, psum_axes = moe_ep.local_experts_only, ("expert",)
   if axes is not None and axes.tensor is not None:  # the experts' width split over 'tensor'
     psum_axes += (axes.tensor,)
 
   def local(x, idx, w, g, u, dn):
     bl = x.shape[0]
-    y = dispatch(x.reshape(bl * n, d), idx.reshape(bl * n, k), w.reshape(bl * n, k),
-                 g, u, dn).reshape(bl, n, d)
+    y = experts(x.reshape(bl * n, d), idx.reshape(bl * n, k), w.reshape(bl * n, k),
+                g, u, dn, dispatch).reshape(bl, n, d)
     return jax.lax.psum(y, psum_axes) if psum_axes else y
 
   args = (x_BND, idx_BNK, weight_BNK, gate_EDF, up_EDF, down_EFD)
@@ -143,7 +146,7 @@ class MoE(nnx.Module):
     r = self.route(x_BND)
     y = routed_experts(x_BND, r.idx_TK.reshape(b, n, -1), r.weight_TK.reshape(b, n, -1),
                        self.gate_proj[...].astype(dt), self.up_proj[...].astype(dt),
-                       self.down_proj[...].astype(dt)).astype(x_BND.dtype)
+                       self.down_proj[...].astype(dt), self.cfg.moe_dispatch).astype(x_BND.dtype)
     if self.cfg.n_shared_experts:
       y = y + self.shared(x_BND)
     return y, r

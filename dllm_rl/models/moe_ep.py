@@ -93,9 +93,11 @@ def _ragged_exchange(x_RD, send_P, recv_counts_PE, compute):
                                    axis_name=AXIS)
 
 
-def expert_parallel(x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD) -> jax.Array:
+def expert_parallel(x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD,
+                    dispatch: str = "auto") -> jax.Array:
   """float32 [T, D] = Σ_k w_k · expert_{idx_k}(x) for this device's tokens, its E_l
-  experts' weights ``gate_EDF`` … local (E_l = E/ep); inside ``shard_map`` over 'expert'."""
+  experts' weights ``gate_EDF`` … local (E_l = E/ep); inside ``shard_map`` over 'expert'.
+  ``dispatch``: the grouped matmuls' (``model.moe_dispatch``)."""
   t, k = idx_TK.shape
   n_local = gate_EDF.shape[0]
   ep = jax.lax.axis_size(AXIS)
@@ -108,7 +110,7 @@ def expert_parallel(x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD) -> jax.
 
   def compute(rows_MD, local_M):
     y = grouped_experts(rows_MD, local_M[:, None], jnp.ones((rows_MD.shape[0], 1), jnp.float32),
-                        gate_EDF, up_EDF, down_EFD)
+                        gate_EDF, up_EDF, down_EFD, dispatch)
     return y.astype(rows_MD.dtype)  # one slot of weight 1: exact in the activation dtype
 
   exchange = lambda fn: (lambda x: fn(x, send_P, recv_counts_PE, compute))
@@ -118,10 +120,11 @@ def expert_parallel(x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD) -> jax.
   return jnp.einsum("tkd,tk->td", y_TKD.astype(jnp.float32), weight_TK, precision=_HIGHEST)
 
 
-def local_experts_only(x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD) -> jax.Array:
+def local_experts_only(x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD,
+                       dispatch: str = "auto") -> jax.Array:
   """The same sum when the tokens are replicated over 'expert' (a batch 'expert' does not
   divide): each device adds its own experts' share; the caller sums over 'expert'."""
   n_local = gate_EDF.shape[0]
   rel_TK = idx_TK - jax.lax.axis_index(AXIS) * n_local
   local_TK = jnp.where((rel_TK >= 0) & (rel_TK < n_local), rel_TK, n_local)
-  return grouped_experts(x_TD, local_TK, weight_TK, gate_EDF, up_EDF, down_EFD)
+  return grouped_experts(x_TD, local_TK, weight_TK, gate_EDF, up_EDF, down_EFD, dispatch)

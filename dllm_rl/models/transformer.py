@@ -70,6 +70,7 @@ class ModelConfig:
   topk_groups: int = 1         # groups kept per token
   routed_scaling: float = 1.0  # combine weights sum to this
   first_dense_layers: int = 0  # layers [0, first_dense_layers) keep the dense SwiGLU
+  moe_dispatch: str = "auto"   # the experts' grouped matmuls (dllm_rl.kernels.grouped_matmul)
   rotary_dim: int = 0          # rotated dims per head (partial RoPE); 0 = head_dim
   # LoRA adapters (dllm_rl.models.lora; set from config.lora): rank 0 = none.
   lora_rank: int = 0
@@ -101,7 +102,7 @@ class ModelConfig:
 _MOE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
                  if f.name in ("n_experts", "experts_per_token", "moe_hidden", "n_shared_experts",
                                "n_expert_groups", "topk_groups", "routed_scaling",
-                               "first_dense_layers", "rotary_dim")}
+                               "first_dense_layers", "rotary_dim", "moe_dispatch")}
 
 
 def moe_problems(cfg, head_dim: int) -> list[tuple[str, str]]:

@@ -92,11 +92,11 @@ def checkpoint_folder(spec: str, *, config_only: bool = False) -> str:
 
 
 def hf_model_config(path: str, dtype: str, param_dtype: str, *, scan_layers: bool = False,
-                    remat: str = "none") -> HFArchitecture:
+                    remat: str = "none", moe_dispatch: str = "auto") -> HFArchitecture:
   """The architecture of a HF checkpoint dir or of its ``convert import`` output (its
   config.json, or the copy in model.json), compute in ``dtype`` and parameters (hence the
   optimizer moments) stored in ``param_dtype`` whatever the file holds; ``scan_layers`` /
-  ``remat`` as ``config.model`` asks."""
+  ``remat`` / ``moe_dispatch`` as ``config.model`` asks."""
   from dllm_rl.models import convert, hf
 
   if not os.path.isdir(path):
@@ -109,7 +109,8 @@ def hf_model_config(path: str, dtype: str, param_dtype: str, *, scan_layers: boo
     text = str(err)  # a message naming a file of the folder (its config.json) names it once
     raise ConfigError("model.hf_checkpoint",
                       text if text.startswith(path) else f"{path}: {text}") from err
-  model_cfg = dataclasses.replace(model_cfg, scan_layers=scan_layers, remat=remat)
+  model_cfg = dataclasses.replace(model_cfg, scan_layers=scan_layers, remat=remat,
+                                  moe_dispatch=moe_dispatch)
   return HFArchitecture(model_cfg, ids, family)
 
 
@@ -149,7 +150,7 @@ def check_block_size(path: str, family: str, ids, block_size: int) -> None:
 
 def load_hf_source(path: str, dtype: str, block_size: int = 0,
                    param_dtype: str = "float32", *, scan_layers: bool = False,
-                   remat: str = "none") -> HFSource:
+                   remat: str = "none", moe_dispatch: str = "auto") -> HFSource:
   """Architecture, token ids and tokenizer of a HF checkpoint dir, or of its
   ``python -m dllm_rl.convert import`` output (weights are read later, onto the mesh, by
   :func:`init_params`; an HF folder's safetensors headers are read now, so a truncated or
@@ -159,7 +160,7 @@ def load_hf_source(path: str, dtype: str, block_size: int = 0,
   from dllm_rl.models.convert import is_imported, load_tokenizer, source_hf_config
 
   model_cfg, ids, family = hf_model_config(path, dtype, param_dtype, scan_layers=scan_layers,
-                                           remat=remat)
+                                           remat=remat, moe_dispatch=moe_dispatch)
   if not is_imported(path):
     try:  # a truncated download, a missing shard, a tensor config.json does not describe
       # (the headers' names and shapes only, no tensor data), named before the build
@@ -444,7 +445,7 @@ def build_context(config, workdir: str, mesh=None) -> Context:
     m = config.model
     checkpoint = checkpoint_folder(m.hf_checkpoint)
     hf = load_hf_source(checkpoint, m.dtype, m.block_size, param_dtype=m.param_dtype,
-                        scan_layers=m.scan_layers, remat=m.remat)
+                        scan_layers=m.scan_layers, remat=m.remat, moe_dispatch=m.moe_dispatch)
     tokenizer = hf.tokenizer
   else:
     tokenizer = tasks_lib.CharTokenizer()

@@ -20,6 +20,7 @@ from dllm_rl.diffusion import estimators
 from dllm_rl.config.overrides import did_you_mean
 from dllm_rl.errors import ConfigError, raise_all
 from dllm_rl.infra import writers
+from dllm_rl.kernels import grouped_matmul
 from dllm_rl.kernels.staircase import ATTENTION_IMPLS
 from dllm_rl.models import lora, transformer
 from dllm_rl.models.scan import REMAT_POLICIES
@@ -115,6 +116,8 @@ def _model(config, check: "_Checks") -> None:
   check(m.remat in REMAT_POLICIES, "model.remat",
          f"must be one of {sorted(REMAT_POLICIES)}, got {m.remat!r}")
   check(m.logits_chunk >= 0, "model.logits_chunk", f"must be >= 0, got {m.logits_chunk}")
+  check(m.moe_dispatch in grouped_matmul.DISPATCHES, "model.moe_dispatch",
+         f"must be one of {grouped_matmul.DISPATCHES}, got {m.moe_dispatch!r}")
   for key in ("rope_theta", "rms_norm_eps", "init_std"):
     check(m[key] > 0, f"model.{key}", f"must be positive, got {m[key]}")
   if m.n_heads > 0 and m.head_dim >= 0 and m.d_model > 0:

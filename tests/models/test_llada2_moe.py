@@ -87,6 +87,22 @@ def test_logits_and_routing_match_the_reference(tiny, expected):
     np.testing.assert_allclose(r.logits_TE, e["router_logits"][layer].reshape(-1, 16), atol=1e-5)
 
 
+@pytest.mark.parametrize("dispatch", ["ragged_dot", "tiled"])
+def test_moe_dispatch_reaches_the_experts_and_matches_the_reference(tiny, expected, dispatch):
+  """``model.moe_dispatch`` picks the experts' grouped matmuls (the tiled one lowers to while
+  loops: its scan and searchsorted; XLA's ragged dot to none on this CPU); both give the
+  official logits."""
+  cfg = dataclasses.replace(tiny.model_cfg, moe_dispatch=dispatch)
+  graphdef, _ = T.abstract_model(cfg)
+  m = tiny._replace(model_cfg=cfg, graphdef=graphdef)
+  tokens, positions, mask = _inputs(expected)
+  logits, _ = _routing(m, tokens, positions, mask)
+  assert float(np.abs(np.asarray(logits) - expected["logits"]).max()) <= LOGIT_TOL
+  text = jax.jit(T.apply_routing, static_argnums=0).lower(
+      graphdef, tiny.params, tokens, positions, mask).as_text()
+  assert ("stablehlo.while" in text) == (dispatch == "tiled")
+
+
 def test_hidden_states_match_the_reference(tiny, expected):
   tokens, positions, mask = _inputs(expected)
   model = nnx.merge(tiny.graphdef, tiny.params)
@@ -211,7 +227,8 @@ def _dense_reference(x_TD, idx_TK, w_TK, gate_EDF, up_EDF, down_EFD):
   return jnp.einsum("ted,te->td", y_TED, combine_TE)
 
 
-def test_grouped_dispatch_equals_the_dense_reference():
+@pytest.mark.parametrize("dispatch", ["ragged_dot", "tiled"])
+def test_grouped_dispatch_equals_the_dense_reference(dispatch):
   t, d, e, f, top = 40, 16, 8, 12, 3
 
   @jax.jit  # one program for the data, the routing and both passes (eager: 3x the CPU)
@@ -227,7 +244,8 @@ def test_grouped_dispatch_equals_the_dense_reference():
     def loss(fn, x, w, *ws):
       return jnp.sum(fn(x, r.idx_TK, w, *ws) * cot)
 
-    ragged = lambda x, i, w, *ws: moe.routed_experts(x[None], i[None], w[None], *ws)[0]
+    ragged = lambda x, i, w, *ws: moe.routed_experts(x[None], i[None], w[None], *ws,
+                                                     dispatch=dispatch)[0]
     got = jax.value_and_grad(lambda *a: loss(ragged, *a), argnums=(0, 1, 2, 3, 4))(
         x, r.weight_TK, *weights)
     want = jax.value_and_grad(lambda *a: loss(_dense_reference, *a), argnums=(0, 1, 2, 3, 4))(
@@ -325,6 +343,11 @@ def test_config_keys_build_the_moe_and_bad_values_name_their_key():
     with pytest.raises(ConfigError) as err:
       validate(set_dotted(base_config(), {**moe_keys, **bad}))
     assert err.value.key == key
+  # the dispatch is a run option, not architecture: kept with an HF checkpoint's config.json
+  from dllm_rl.train.context import hf_model_config
+  arch = hf_model_config(TINY, "float32", "float32", moe_dispatch="ragged_dot")
+  assert arch.model_cfg.moe_dispatch == "ragged_dot"
+  assert hf.config_differences(hf.read_hf_config(TINY), arch.model_cfg, arch.token_ids) == []
 
 
 def test_partial_rotary_leaves_the_tail_unrotated():
