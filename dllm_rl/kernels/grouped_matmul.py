@@ -67,7 +67,7 @@ def tiled_matmul(x_RD: jax.Array, w_EDF: jax.Array, sizes_E: jax.Array,
   r, d = x_RD.shape
   e, _, f = w_EDF.shape
   tile = tile or tile_rows(r, e)
-  n_tiles = -(-r // tile) + e - 1        # Σ_e ⌈s_e / tile⌉ ≤ ⌈R / tile⌉ + E − 1
+  n_tiles = max(1, -(-r // tile) + e - 1)  # Σ_e ⌈s_e / tile⌉ ≤ ⌈R / tile⌉ + E − 1
   per_tile = d * f * jnp.dtype(w_EDF.dtype).itemsize
   chunk = min(n_tiles, chunk or max(1, CHUNK_BYTES // per_tile))
   n_tiles = -(-n_tiles // chunk) * chunk

@@ -42,8 +42,9 @@ def _experts_impl(x_TD, idx_TK, weight_TK, gate_EDF, up_EDF, down_EFD, *, dispat
 
 
 # ``ragged_dot`` cannot be vmapped with unbatched weights (the samplers vmap the model over
-# the G completions of a prompt), so the dispatch carries its own rules: under vmap the
-# forward folds the mapped axis into the tokens (it is token-wise); the backward (a
+# the G completions of a prompt), so the dispatch carries its own rules (for the tiled
+# matmul too: folded lanes share its tiles, so less padding): under vmap the forward folds
+# the mapped axis into the tokens (it is token-wise); the backward (a
 # custom VJP, which recomputes the expert forward) maps over it. ``custom_vmap`` has no
 # autodiff of its own, hence the custom VJP around both.
 

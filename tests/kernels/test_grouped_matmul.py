@@ -38,6 +38,7 @@ CASES = [  # rows, D, F, group sizes (empty groups, rows past Σ sizes: experts 
     (300, 32, 8, (0, 41, 37, 0, 90, 3, 60, 52)),
     (5, 8, 8, (0, 0, 5)),
     (40, 8, 16, (0, 0, 0, 0)),  # no row routed here
+    (0, 8, 8, (0,)),  # no row at all
 ]
 
 
