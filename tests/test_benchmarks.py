@@ -38,6 +38,7 @@ TINY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     ("rl_step_mfu", ["--d-model", "100", "--heads", "16"], "--d-model 100 is not a multiple"),
     ("scale_out", ["--steps", "0"], "--steps must be >= 1, got 0"),
     ("grouped_matmul", ["--experts", "0"], "--experts must be >= 1, got 0"),
+    ("grouped_matmul", ["--tiles", "64", "0"], "--tiles must be >= 1, got 0"),
     ("scale_out", ["--devices", "3"], "--devices 3 must divide the step's 8 prompts"),
 ])
 def test_bad_flag_is_named_before_anything_compiles(monkeypatch, capsys, name, argv, message):
@@ -173,7 +174,10 @@ def test_grouped_matmul_times_each_dispatch_against_float32(capsys):
   tiled run (0 for the tiled one itself; rounding for XLA's ragged dot)."""
   from dllm_rl.benchmarks import grouped_matmul
   assert grouped_matmul.main(["--rows", "96", "--experts", "4", "--d-model", "16", "--hidden",
-                              "8", "--repeats", "1"]) == 0
-  rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
-  assert set(rows) == {"ragged_dot", "tiled"} and all(len(r) == 10 for r in rows.values()), rows
+                              "8", "--repeats", "1", "--tiles", "8"]) == 0
+  lines = capsys.readouterr().out.splitlines()[2:]
+  assert [line.split()[0] for line in lines] == ["ragged_dot", "tiled", "tiled[8]"], lines
+  rows = {line.split()[0]: line.split() for line in lines}
+  assert all(len(r) == 10 for r in rows.values()), rows
   assert float(rows["tiled"][-1]) == 0.0 and float(rows["ragged_dot"][-1]) < 1e-5
+  assert float(rows["tiled[8]"][-1]) < 1e-5  # another tile size: the same matmul

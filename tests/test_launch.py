@@ -327,7 +327,7 @@ def recording_tools(tmp_path, scripts: dict[str, str]) -> dict[str, str]:
 
 
 def test_default_gpu_job_divides_the_gpu_config_batch(sandbox, tmp_path):
-  """One node of 8 GPUs by default: 8 devices divide configs/llada_gpu.py's batches."""
+  """One node of 8 GPUs by default: 8 devices divide the GPU configs' batches."""
   from dllm_rl.config import load_config_file
   res = run_script(SLURM, ["--dry-run", "--config", "configs/llada_gpu.py", "--workdir", "/w"],
                    sandbox, tmp_path)
@@ -335,9 +335,10 @@ def test_default_gpu_job_divides_the_gpu_config_batch(sandbox, tmp_path):
   sbatch = commands(res.stdout)[0]
   nodes = int(next(a for a in sbatch if a.startswith("--nodes=")).split("=")[1])
   gpus = int(next(a for a in sbatch if a.startswith("--gpus-per-node=")).split("=")[1])
-  c = load_config_file(os.path.join(REPO, "configs", "llada_gpu.py"))
-  for batch in (c.rl.batch_prompts, c.eval.batch_size, c.data.batch_size):
-    assert batch % (nodes * gpus) == 0, (batch, nodes, gpus)
+  for name in ("llada_gpu", "sdar_gpu", "llada2_gpu"):
+    c = load_config_file(os.path.join(REPO, "configs", f"{name}.py"))
+    for batch in (c.rl.batch_prompts, c.eval.batch_size, c.data.batch_size):
+      assert batch % (nodes * gpus) == 0, (name, batch, nodes, gpus)
 
 
 def test_tpu_runs_exactly_what_it_prints(tmp_path):
@@ -446,4 +447,4 @@ def test_gpu_check_times_the_moe_dispatch_at_llada2_mini_shapes(tmp_path):
   assert res.returncode == 0, res.stderr
   log = " ".join((tmp_path / "out" / "moe.log").read_text().split())
   assert ("stub -m dllm_rl.benchmarks.grouped_matmul --rows 32768 --experts 256 --d-model 2048"
-          " --hidden 512 --dtype bfloat16 --dispatch tiled ragged_dot") in log
+          " --hidden 512 --dtype bfloat16 --dispatch tiled ragged_dot --tiles 256 512") in log

@@ -1,14 +1,15 @@
 """Benchmark: the MoE experts' grouped matmul, each ``model.moe_dispatch`` implementation.
 
     python -m dllm_rl.benchmarks.grouped_matmul [--rows 8192] [--experts 64] [--d-model 512]
-        [--hidden 256] [--dispatch ragged_dot tiled] [--dtype float32]
+        [--hidden 256] [--dispatch ragged_dot tiled] [--tiles 64 256] [--dtype float32]
 
 One grouped matmul y[r] = x[r] @ w[expert of r] (dllm_rl.kernels.grouped_matmul) over
 ``--rows`` routed rows spread uniformly at random over ``--experts`` experts (sorted, as the
 MoE layer sorts them). For each ``--dispatch`` prints the median time of the jitted forward and
 forward+backward (gradients of x and w), the compiled temp memory (XLA memory_analysis), the
 compile seconds and the max |error| of the forward against a float32 tiled run on the same
-inputs, relative to max |y|. LLaDA2.0-mini's layer: ``--rows 32768 --experts 256 --d-model 2048
+inputs, relative to max |y|. ``--tiles``: the tiled dispatch again at each of these tile
+sizes (rows a tile; the dispatch's own choice is ``tile_rows``), timed right after it. LLaDA2.0-mini's layer: ``--rows 32768 --experts 256 --d-model 2048
 --hidden 512 --dtype bfloat16`` (4096 tokens × top-8). A dispatch that fails (e.g. ragged_dot's
 dense expansion out of memory on a GPU) prints its error and the others still run. Prints
 measured figures only; asserts nothing.
@@ -17,6 +18,7 @@ measured figures only; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 from dllm_rl.benchmarks.common import check_flags, fmt_mem, measure
@@ -31,11 +33,12 @@ def main(argv=None) -> int:
   ap.add_argument("--hidden", type=int, default=256)
   ap.add_argument("--dispatch", nargs="+", default=["ragged_dot", "tiled"],
                   choices=["auto", "ragged_dot", "tiled"])
+  ap.add_argument("--tiles", type=int, nargs="*", default=[])
   ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--seed", type=int, default=0)
   args = ap.parse_args(argv)
-  check_flags(ap, args, positive=("rows", "experts", "d-model", "hidden", "repeats"))
+  check_flags(ap, args, positive=("rows", "experts", "d-model", "hidden", "repeats", "tiles"))
 
   import jax
   import jax.numpy as jnp
@@ -55,10 +58,16 @@ def main(argv=None) -> int:
   print(f"backend {jax.default_backend()} ({jax.devices()[0].device_kind}); rows {r}, experts"
         f" {e} (largest group {int(sizes_E.max())}), D {d}, F {f}, {args.dtype}; tiled: tile"
         f" {gmm.tile_rows(r, e)} rows; useful work {flops / 1e9:.2f} GFLOP forward")
-  print(f"{'dispatch':>10} {'fwd ms':>9} {'fwd+bwd ms':>11} {'fwd TFLOP/s':>11} {'fwd temp':>11}"
+  print(f"{'dispatch':>12} {'fwd ms':>9} {'fwd+bwd ms':>11} {'fwd TFLOP/s':>11} {'fwd temp':>11}"
         f" {'bwd temp':>11} {'compile s':>11} {'rel err':>9}")
+  tiles = [(f"tiled[{t}]", functools.partial(gmm.tiled_matmul, sizes_E=sizes_E, tile=t))
+           for t in args.tiles]
+  runs = []  # the --tiles runs right after "tiled" (at the end without it)
   for name in args.dispatch:
-    fwd = lambda x, w, name=name: gmm.grouped_matmul(x, w, sizes_E, name)
+    runs.append((name, functools.partial(gmm.grouped_matmul, sizes_E=sizes_E, dispatch=name)))
+    runs += tiles if name == "tiled" else []
+  runs += [] if "tiled" in args.dispatch else tiles
+  for name, fwd in runs:
     loss = lambda x, w, fwd=fwd: jnp.sum(fwd(x, w).astype(jnp.float32) ** 2)
     try:
       t_f, m_f, c_f = measure(fwd, (x, w), args.repeats)
@@ -66,9 +75,9 @@ def main(argv=None) -> int:
       got = np.asarray(jax.jit(fwd)(x, w), np.float32)
       err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
     except Exception as exc:  # noqa: BLE001 - one dispatch failing (OOM) must not end the rest
-      print(f"{name:>10} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+      print(f"{name:>12} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
       continue
-    print(f"{name:>10} {t_f * 1e3:>9.2f} {t_b * 1e3:>11.2f} {flops / t_f / 1e12:>11.3f}"
+    print(f"{name:>12} {t_f * 1e3:>9.2f} {t_b * 1e3:>11.2f} {flops / t_f / 1e12:>11.3f}"
           f" {fmt_mem(m_f):>11} {fmt_mem(m_b):>11} {f'{c_f:.1f}/{c_b:.1f}':>11} {err:>9.1e}")
   return 0
 
