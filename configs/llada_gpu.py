@@ -14,6 +14,7 @@ launch/slurm_gpu.sh --config configs/llada_gpu.py ... (one process per node).
 import os
 
 from dllm_rl.config import load_config_file, locked
+from dllm_rl.config.layouts import gpu_node
 
 
 def _tpu_config():
@@ -23,7 +24,5 @@ def _tpu_config():
 def get_config():
   c = _tpu_config()
   c.unlock()
-  c.rl.batch_prompts = 8
-  c.eval.batch_size = 32
-  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
+  gpu_node(c)
   return locked(c)

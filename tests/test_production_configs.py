@@ -81,6 +81,22 @@ def _tiny(config, hf_dir, data):
 STABLEDRL_PROMPT = ("llada_tpu", "llada_gpu")
 
 
+@pytest.mark.parametrize("gpu, tpu", [("llada_gpu", "llada_tpu"), ("sdar_gpu", "sdar_tpu"),
+                                      ("llada2_gpu", "llada2_tpu")])
+def test_a_gpu_config_is_its_tpu_config_in_the_gpu_node_layout(gpu, tpu):
+  """The GPU configs change the layout alone (dllm_rl.config.layouts.gpu_node: prompts a step,
+  eval batch), never the experiment; the tiny runs below cover their TPU configs."""
+  def flat(tree, prefix=""):
+    return {k: v for key, value in tree.items() for k, v in (
+        flat(value, f"{prefix}{key}.").items() if isinstance(value, dict)
+        else [(f"{prefix}{key}", value)])}
+  got, want = (flat(_load_config(name).to_dict()) for name in (gpu, tpu))
+  assert set(got) == set(want)
+  changed = {key for key in want if got[key] != want[key]}
+  assert changed == {"rl.batch_prompts", "eval.batch_size"}, changed
+  assert (got["rl.batch_prompts"], got["eval.batch_size"]) == (8, 32)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["llada_tpu", "llada_gpu", "sdar_tpu", "dream_tpu"])
 def test_production_config_runs_one_rl_step_at_tiny_size(tmp_path, name):
