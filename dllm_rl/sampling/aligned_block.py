@@ -40,6 +40,7 @@ import numpy as np
 
 from dllm_rl.kernels.block_mask import block_causal
 from dllm_rl.models import transformer
+from dllm_rl.parallel.topk import top_k as partitioned_top_k
 from dllm_rl.sampling.sampler import transfer_schedule
 from dllm_rl.sampling.step import block_of, descending_rank
 
@@ -70,7 +71,7 @@ def filter_logits(logits_BTV, *, top_k: int = 0, top_p: float = 1.0):
   nucleus keeps the most probable tokens up to and including the one whose cumulative
   probability first exceeds ``top_p``."""
   if top_k > 0:
-    kth_BT1 = jax.lax.top_k(logits_BTV, top_k)[0][..., -1:]
+    kth_BT1 = partitioned_top_k(logits_BTV, top_k)[0][..., -1:]
     logits_BTV = jnp.where(logits_BTV < kth_BT1, _NEG, logits_BTV)
   if top_p < 1.0:
     order_BTV = jnp.argsort(-logits_BTV, axis=-1, stable=True)

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dllm_rl.parallel.topk import top_k as partitioned_top_k
 from dllm_rl.registry import Registry
 from dllm_rl.sampling.step import descending_rank
 
@@ -123,7 +124,7 @@ def filter_logits(logits_BLV, *, temperature: float, top_p: float | None, top_k:
     drop_BLV = jnp.take_along_axis(drop_BLV, jnp.argsort(order_BLV, axis=-1), axis=-1)
     logits_BLV = jnp.where(drop_BLV, low, logits_BLV)
   if top_k is not None:
-    kth_BL1 = jax.lax.top_k(logits_BLV, min(top_k, logits_BLV.shape[-1]))[0][..., -1:]
+    kth_BL1 = partitioned_top_k(logits_BLV, min(top_k, logits_BLV.shape[-1]))[0][..., -1:]
     logits_BLV = jnp.where(logits_BLV < kth_BL1, low, logits_BLV)
   return logits_BLV
 
@@ -157,7 +158,7 @@ def maskgit_plus(probs_BLV, x0_BL):
 def topk_margin(probs_BLV, x0_BL):
   """Top-1 minus top-2 probability."""
   del x0_BL
-  top2_BL2 = jax.lax.top_k(probs_BLV, 2)[0]
+  top2_BL2 = partitioned_top_k(probs_BLV, 2)[0]
   return top2_BL2[..., 0] - top2_BL2[..., 1]
 
 

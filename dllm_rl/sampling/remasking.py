@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from dllm_rl.parallel.topk import top_k
 from dllm_rl.registry import Registry
 
 REMASKING: Registry = Registry("remasking policy")
@@ -34,7 +35,7 @@ def random(logits_BLV, x0_BL, key):
 def margin(logits_BLV, x0_BL, key):
   """Top-1 minus top-2 probability (margin-based unmasking)."""
   del x0_BL, key
-  top2 = jax.lax.top_k(jax.nn.softmax(logits_BLV, axis=-1), 2)[0]
+  top2 = top_k(jax.nn.softmax(logits_BLV, axis=-1), 2)[0]  # partitioned under vmap
   return top2[..., 0] - top2[..., 1]
 
 
