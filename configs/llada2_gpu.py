@@ -17,12 +17,8 @@ prompts × 16 completions a step, one prompt per GPU, FSDP over the job's GPUs
 
 import os
 
-from dllm_rl.config import load_config_file, locked
-from dllm_rl.config.layouts import gpu_node
+from dllm_rl.config.layouts import gpu_node_config
 
 
 def get_config():
-  c = load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "llada2_tpu.py"))
-  c.unlock()
-  gpu_node(c)
-  return locked(c)
+  return gpu_node_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), "llada2_tpu.py"))

@@ -13,16 +13,8 @@ launch/slurm_gpu.sh --config configs/llada_gpu.py ... (one process per node).
 
 import os
 
-from dllm_rl.config import load_config_file, locked
-from dllm_rl.config.layouts import gpu_node
-
-
-def _tpu_config():
-  return load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "llada_tpu.py"))
+from dllm_rl.config.layouts import gpu_node_config
 
 
 def get_config():
-  c = _tpu_config()
-  c.unlock()
-  gpu_node(c)
-  return locked(c)
+  return gpu_node_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), "llada_tpu.py"))

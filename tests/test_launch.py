@@ -335,7 +335,7 @@ def test_default_gpu_job_divides_the_gpu_config_batch(sandbox, tmp_path):
   sbatch = commands(res.stdout)[0]
   nodes = int(next(a for a in sbatch if a.startswith("--nodes=")).split("=")[1])
   gpus = int(next(a for a in sbatch if a.startswith("--gpus-per-node=")).split("=")[1])
-  for name in ("llada_gpu", "sdar_gpu", "llada2_gpu"):
+  for name in ("llada_gpu", "sdar_gpu", "llada2_gpu", "dream_gpu"):
     c = load_config_file(os.path.join(REPO, "configs", f"{name}.py"))
     for batch in (c.rl.batch_prompts, c.eval.batch_size, c.data.batch_size):
       assert batch % (nodes * gpus) == 0, (name, batch, nodes, gpus)

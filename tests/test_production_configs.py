@@ -82,7 +82,7 @@ STABLEDRL_PROMPT = ("llada_tpu", "llada_gpu")
 
 
 @pytest.mark.parametrize("gpu, tpu", [("llada_gpu", "llada_tpu"), ("sdar_gpu", "sdar_tpu"),
-                                      ("llada2_gpu", "llada2_tpu")])
+                                      ("llada2_gpu", "llada2_tpu"), ("dream_gpu", "dream_tpu")])
 def test_a_gpu_config_is_its_tpu_config_in_the_gpu_node_layout(gpu, tpu):
   """The GPU configs change the layout alone (dllm_rl.config.layouts.gpu_node: prompts a step,
   eval batch), never the experiment; the tiny runs below cover their TPU configs."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from dllm_rl.config.schema import load_config_file, locked
+
 
 def gpu_node(config: ml_collections.ConfigDict) -> None:
   """One node of 8 GPUs (or more, launch/slurm_gpu.sh): 8 prompts × ``rl.group_size``
@@ -12,3 +14,11 @@ def gpu_node(config: ml_collections.ConfigDict) -> None:
   config.rl.batch_prompts = 8
   config.eval.batch_size = 32
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, -1, 1
+
+
+def gpu_node_config(tpu_config_file: str) -> ml_collections.ConfigDict:
+  """The experiment of a TPU config file in the :func:`gpu_node` layout, locked."""
+  config = load_config_file(tpu_config_file)
+  config.unlock()
+  gpu_node(config)
+  return locked(config)
