@@ -141,9 +141,11 @@ def sample_blocks(graphdef, params, prompt_BP, prompt_valid_BP, key, *,
         block_open=lambda cs: block_has_mask(cs[0][0], block, block_len=bl, mask_id=mask_id))
     x_BL, unmask_BL = fill_finished(x_BL, unmask_BL, step, cfg=cfg, mask_id=mask_id,
                                     eos_id=eos_id)
-    # Write the finished block's clean keys/values, unless no block follows.
-    state = jax.lax.cond(more_blocks(x_BL, block + 1, cfg=cfg, eos_id=eos_id),
-                         lambda s: model.commit(s, x_BL, block), lambda s: s, state)
+    # Write the finished block's clean keys/values (after the last block too: no
+    # ``lax.cond`` on "a block follows", whose predicate is batched under the group vmap, so
+    # that JAX would broadcast every weight the commit closes over to [G, ...]; for the MoE
+    # experts that materialised G copies, 8 GiB each at LLaDA2.0-mini size).
+    state = model.commit(state, x_BL, block)
     return ((x_BL, unmask_BL, step, traj_SBL), state), block + 1
 
   x0, u0, traj0 = initial_buffers(b, cfg=cfg, mask_id=mask_id)

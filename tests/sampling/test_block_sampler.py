@@ -218,3 +218,19 @@ def test_bad_shape_rejected(model):
   with pytest.raises(ValueError, match="block_len"):
     BS.sample_blocks(g, params, prompt, valid, jax.random.key(0), cfg=cfg, mask_id=MASK,
                      eos_id=EOS)
+
+
+def test_group_rollouts_never_copy_the_weights_per_completion():
+  """Under the group vmap nothing broadcasts a weight to [G, ...]: a ``lax.cond`` whose
+  predicate differs per completion (the KV commit after each block once was one) makes JAX
+  broadcast every value its branches close over, the weights included, and the MoE dispatch
+  then ran each completion with its own copy of the experts (8 GiB a matrix at LLaDA2.0-mini
+  size). A tiny MoE model (3 experts of width 5, d_model 32): no [G=7, 3, 32, 5] value."""
+  cfg = small_model(n_experts=3, experts_per_token=2, moe_hidden=5)
+  g, params = nnx.split(T.Transformer(cfg, nnx.Rngs(0)))
+  prompt, valid = _prompts()
+  fn = lambda k: BS.sample_block_groups(g, params, prompt, valid, k, group_size=7,
+                                        cfg=_cfg("eos_temp"), mask_id=MASK, eos_id=EOS)
+  text = str(jax.make_jaxpr(fn)(jax.random.key(0)))
+  assert "[7,3,32,5]" not in text and "[7,3,5,32]" not in text
+  assert "[3,32,5]" in text  # the experts are in the program (the check looks at real shapes)
