@@ -24,8 +24,9 @@ recipe of configs/llada_tpu.py.
 
 What you should see: the per-step metrics of configs/llada_tpu.py. The plan above
 (v5p-64: 32 chips of 95 GiB, FSDP over all of them, experts E/32 = 8 per chip; measured
-2026-12-02 through libtpu) peaks per chip at 27.9 GiB for rl_step (29 %), 56.9 GiB for
-the rollout sampler (60 %) and 32.2 GiB for the greedy sampler (34 %).
+2026-12-02 through libtpu; the rollout sampler on 2026-12-07) peaks per chip at 27.9 GiB for
+rl_step (29 %), 32.7 GiB for the rollout sampler (34 %) and 32.2 GiB for the greedy sampler
+(34 %).
 """
 
 import os
