@@ -169,15 +169,13 @@ def test_staircase_prints_a_failing_kernel_and_times_the_others(capsys):
   assert float(row[-1]) < 1e-5 and len(row) == 11, row  # float32: the reference itself
 
 
-def test_grouped_matmul_times_each_dispatch_against_float32(capsys):
-  """Each dispatch's row: times, memory, compile seconds and its error against the float32
-  tiled run (0 for the tiled one itself; rounding for XLA's ragged dot)."""
+def test_grouped_matmul_times_each_dispatch_against_numpy(capsys):
+  """Each dispatch's row (and the tiled one at another tile size): times, memory, compile
+  seconds and its error against numpy's expert-by-expert product, float32 rounding only."""
   from dllm_rl.benchmarks import grouped_matmul
   assert grouped_matmul.main(["--rows", "96", "--experts", "4", "--d-model", "16", "--hidden",
                               "8", "--repeats", "1", "--tiles", "8"]) == 0
   lines = capsys.readouterr().out.splitlines()[2:]
   assert [line.split()[0] for line in lines] == ["ragged_dot", "tiled", "tiled[8]"], lines
   rows = {line.split()[0]: line.split() for line in lines}
-  assert all(len(r) == 10 for r in rows.values()), rows
-  assert float(rows["tiled"][-1]) == 0.0 and float(rows["ragged_dot"][-1]) < 1e-5
-  assert float(rows["tiled[8]"][-1]) < 1e-5  # another tile size: the same matmul
+  assert all(len(r) == 10 and float(r[-1]) < 1e-5 for r in rows.values()), rows

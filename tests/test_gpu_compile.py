@@ -189,8 +189,9 @@ for d in ("ragged_dot", "tiled", "auto"):
 def test_moe_dispatch_compiled_for_an_absent_h100():
   """XLA's GPU compiler expands ragged_dot into a dense dot over every expert ([E, R, ·]
   buffers: 268 MB of temp here, 4096 rows over 64 experts, D = F = 256, bf16, gradients of x
-  and w); the tiled dispatch compiles for sm_90 in under a tenth of that (25 MB), and "auto"
-  picks it for the GPU target (the mesh's devices, in this CPU process)."""
+  and w); the tiled dispatch compiles for sm_90 in under a fourth of that (54 MB, its float32
+  weight-gradient sums included), and "auto" picks it for the GPU target (the mesh's devices,
+  in this CPU process)."""
   env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
   env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   run = subprocess.run([sys.executable, "-c", _MOE_SCRIPT], env=env, capture_output=True,
@@ -198,7 +199,7 @@ def test_moe_dispatch_compiled_for_an_absent_h100():
   assert run.returncode == 0, run.stderr[-3000:]
   temp = {name: int(n) for name, n in (line.split() for line in run.stdout.splitlines())}
   assert temp["ragged_dot"] >= 64 * 4096 * 256 * 4  # one f32 [E, R, D] buffer at least
-  assert temp["auto"] == temp["tiled"] and temp["tiled"] * 10 < temp["ragged_dot"], temp
+  assert temp["auto"] == temp["tiled"] and temp["tiled"] * 4 < temp["ragged_dot"], temp
 
 
 _TOPK_SCRIPT = """

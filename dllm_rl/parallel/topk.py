@@ -1,15 +1,17 @@
 """``lax.top_k`` over the last axis that stays partitioned under ``vmap``.
 
 The samplers vmap the model over the G completions of a prompt, so a sampler's [B, L, V]
-logits are [G, B, L, V] inside, with B split over the mesh's batch axes. XLA's GPU (and CPU)
-compiler lowers ``top_k`` through a [G·B·L, V] reshape, and a sharded B inside that merged
-axis cannot be represented: the SPMD partitioner all-gathers B first, so every device ran
-the top-k (and held the logits) of the whole global batch. Measured for an absent 8-H100 mesh:
+logits are [G, B, L, V] inside, with B split over the mesh's batch axes. XLA's GPU compiler
+lowers ``top_k`` through a [G·B·L, V] reshape, and a sharded B inside that merged axis cannot
+be represented: the SPMD partitioner all-gathers B first, so every device ran the top-k (and
+held the logits) of the whole global batch. Measured for an absent 8-H100 mesh:
 Dream-7B's rollout sampler (8 prompts × 16, top-k 50) planned to 62.6 GiB a device, with
 f32[16, 8, 256, 152064] buffers (all 8 prompts on each device). Under ``vmap`` this
 :func:`top_k` moves the mapped axis after the leading (batch) axis first, [B, G, L, V], which
 partitions; values and indices are the same (tests/parallel/test_topk.py). TPU lowers
-``top_k`` natively and was not affected. Not differentiable (``custom_vmap``): for sampling.
+``top_k`` natively and was not affected; XLA's CPU compiler all-gathers a sharded ``top_k``
+with or without vmap (multi-device CPU is for tests). Not differentiable (``custom_vmap``):
+for sampling.
 """
 
 from __future__ import annotations

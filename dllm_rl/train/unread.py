@@ -23,9 +23,9 @@ from dllm_rl.config.schema import base_config
 
 _STEPRS = ("steprs", "steprs_rms_matched", "steprs_mass_matched")
 # The model keys an HF checkpoint's config.json replaces (dllm_rl.train.context.hf_model_config
-# keeps only the dtypes, scan_layers, remat and moe_dispatch of config.model; block_size is checked against
-# the checkpoint, prompt_block_causal (block models) and logits_chunk are read by the samplers
-# and scorers).
+# keeps only the dtypes, scan_layers, remat and moe_dispatch of config.model; block_size is
+# checked against the checkpoint, prompt_block_causal (block models) and logits_chunk are read
+# by the samplers and scorers).
 HF_ARCHITECTURE = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
                    "mlp_hidden", "rope_theta", "rms_norm_eps", "tie_embeddings", "qk_norm",
                    "qkv_bias", "logit_shift", "init_std", "n_experts", "experts_per_token",

@@ -109,3 +109,18 @@ def test_auto_picks_the_ragged_dot_only_for_tpu(platform, want):
 def test_unknown_dispatch_names_the_config_key():
   with pytest.raises(ValueError, match="model.moe_dispatch='megablox'"):
     gmm.resolve("megablox")
+
+
+def test_bfloat16_weight_gradient_sums_an_experts_tiles_in_float32():
+  """A bf16 expert's weight gradient summed over its 256 tiles: as close to the float32 one as
+  XLA's ragged dot gets (summed in bf16, tile by tile, it was 8x further: 2.3e-2 against 2.7e-3)."""
+  r, d, f, sizes = 4096, 16, 8, (2048, 2048)
+  x, w, sizes_E, ct = _problem(r, d, f, sizes, seed=1)
+  dw = lambda fn, dt: jax.jit(jax.grad(lambda w: jnp.sum(
+      fn(x.astype(dt), w).astype(jnp.float32) * ct)))(w.astype(dt)).astype(jnp.float32)
+  exact = dw(lambda x, w: gmm.tiled_matmul(x, w, sizes_E, 8), jnp.float32)
+  err = lambda got: float(jnp.abs(got - exact).max() / jnp.abs(exact).max())
+  ragged = err(dw(lambda x, w: gmm.grouped_matmul(x, w, sizes_E, "ragged_dot"), jnp.bfloat16))
+  tiled = err(dw(lambda x, w: gmm.tiled_matmul(x, w, sizes_E, 8), jnp.bfloat16))
+  print(f"bf16 dW error: tiled {tiled:.2e}, ragged_dot {ragged:.2e}")
+  assert tiled <= 1.5 * ragged + 1e-3, (tiled, ragged)

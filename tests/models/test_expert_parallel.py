@@ -6,6 +6,7 @@ gradients as one device, each device holding E/expert experts (never gathered ov
 'expert') while the rows travel by all-to-all; the rules and the config checks.
 """
 
+import functools
 import os
 
 import jax
@@ -86,10 +87,10 @@ def test_logits_routing_and_gradients_equal_one_device(tiny, one_device, shape):
     np.testing.assert_allclose(a, b, atol=TOL * scale, err_msg=jax.tree_util.keystr(path))
 
 
-def _dispatch_grads(x, idx, w, ws, mesh=None):
+def _dispatch_grads(x, idx, w, ws, mesh=None, dispatch="auto"):
   """(loss, grads) of sum(sin(routed experts)); a leading lane axis (5-D ``x``) is vmapped,
   as the samplers vmap the model over the G completions of a prompt."""
-  fn = moe.routed_experts
+  fn = functools.partial(moe.routed_experts, dispatch=dispatch)
   if x.ndim == 4:
     fn = jax.vmap(fn, (0, 0, 0, None, None, None))
   loss = lambda x, w, *ws: jnp.sum(jnp.sin(fn(x, idx, w, *ws)))
@@ -101,10 +102,11 @@ def _dispatch_grads(x, idx, w, ws, mesh=None):
     return grad(*args)
 
 
-@pytest.mark.parametrize("shape, lead", [((1, 2, 2, 2), (8,)), ((2, 1, 4, 1), (2,)),
-                                         ((1, 1, 4, 1), (3, 4))],
-                         ids=["all_to_all-tensor2", "replicated-rows", "vmapped"])
-def test_dispatch_and_its_gradients_on_the_expert_axis(shape, lead):
+@pytest.mark.parametrize("shape, lead, dispatch", [
+    ((1, 2, 2, 2), (8,), "auto"), ((2, 1, 4, 1), (2,), "auto"), ((1, 1, 4, 1), (3, 4), "auto"),
+    ((1, 1, 4, 1), (3, 4), "ragged_dot")],  # TPU's dispatch (auto is tiled on this CPU)
+    ids=["all_to_all-tensor2", "replicated-rows", "vmapped", "vmapped-ragged_dot"])
+def test_dispatch_and_its_gradients_on_the_expert_axis(shape, lead, dispatch):
   """all-to-all with the experts' width over tensor; a batch the expert axis does not
   divide (each device adds its own experts' share, summed over 'expert'); under vmap."""
   k = jax.random.split(jax.random.key(0), 6)
@@ -114,8 +116,8 @@ def test_dispatch_and_its_gradients_on_the_expert_axis(shape, lead):
         ((1, (e, d, f)), (2, (e, d, f)), (3, (e, f, d)))]
   idx = jax.random.randint(k[4], (*lead, n, top), 0, e)
   w = jax.random.uniform(k[5], (*lead, n, top))
-  got = _dispatch_grads(x, idx, w, ws, make_mesh(dict(zip(AXES, shape))))
-  want = _dispatch_grads(x, idx, w, ws)
+  got = _dispatch_grads(x, idx, w, ws, make_mesh(dict(zip(AXES, shape))), dispatch)
+  want = _dispatch_grads(x, idx, w, ws, dispatch=dispatch)
   np.testing.assert_allclose(got[0], want[0], rtol=TOL)
   for a, b in zip(got[1], want[1]):  # measured: 1.2e-5 absolute, 3.4e-6 relative
     np.testing.assert_allclose(a, b, rtol=TOL, atol=TOL)

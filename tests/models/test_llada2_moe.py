@@ -369,7 +369,8 @@ def test_flops_count_the_active_experts_only():
   assert flops.forward_flops(cfg, 5) == per_layer(0) + per_layer(1) + 2 * 16 * 13 * 5
 
 
-def test_dispatch_under_vmap_and_its_gradients():
+@pytest.mark.parametrize("dispatch", ["ragged_dot", "tiled"])
+def test_dispatch_under_vmap_and_its_gradients(dispatch):
   """The samplers vmap the model over G completions: the dispatch folds the mapped axis
   into its tokens; gradients through the vmapped dispatch equal the per-lane loop."""
   k = jax.random.split(jax.random.key(1), 6)
@@ -379,7 +380,8 @@ def test_dispatch_under_vmap_and_its_gradients():
         ((1, (e, d, f)), (2, (e, d, f)), (3, (e, f, d)))]
   idx = jax.random.randint(k[4], (g, t, top), 0, e)
   w = jax.random.uniform(k[5], (g, t, top))
-  ragged = lambda x, i, w, *ws: moe.routed_experts(x[None], i[None], w[None], *ws)[0]
+  ragged = lambda x, i, w, *ws: moe.routed_experts(x[None], i[None], w[None], *ws,
+                                                   dispatch=dispatch)[0]
   loss = lambda fn, x, w, *ws: jnp.sum(jnp.sin(fn(x, idx, w, *ws)))
   vmapped = lambda x, i, w, *ws: jax.vmap(ragged, (0, 0, 0, None, None, None))(x, i, w, *ws)
   looped = lambda x, i, w, *ws: jnp.stack([ragged(x[j], i[j], w[j], *ws) for j in range(g)])
