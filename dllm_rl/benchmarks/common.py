@@ -25,8 +25,9 @@ def matmul_peak(n: int = 1024, repeats: int = 7, dtype=None) -> float:
 
 
 def measure(fn, args, repeats: int):
-  """(median seconds, temp bytes or None, compile seconds) of jit(fn)(*args): compiled once,
-  run once to warm up, then timed ``repeats`` times; temp from XLA's memory_analysis."""
+  """(median seconds, temp bytes or None, compile seconds, output) of jit(fn)(*args):
+  compiled once, run once to warm up (its output is returned, for error checks without a
+  second compile), then timed ``repeats`` times; temp from XLA's memory_analysis."""
   import jax
   t0 = time.perf_counter()
   compiled = jax.jit(fn).lower(*args).compile()
@@ -35,13 +36,13 @@ def measure(fn, args, repeats: int):
     temp = compiled.memory_analysis().temp_size_in_bytes
   except Exception:  # noqa: BLE001 - backends without memory analysis
     temp = None
-  jax.block_until_ready(compiled(*args))  # warm-up
+  out = jax.block_until_ready(compiled(*args))  # warm-up
   times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
     jax.block_until_ready(compiled(*args))
     times.append(time.perf_counter() - t0)
-  return statistics.median(times), temp, compile_s
+  return statistics.median(times), temp, compile_s, out
 
 
 def fmt_mem(x) -> str:
