@@ -299,3 +299,11 @@ def malformed_table_rows(markdown: str) -> list[str]:
     else:
       i += 1
   return bad
+
+
+def fresh_jax_env(**extra: str) -> dict:
+  """This process's environment for a fresh Python process: every JAX_* / XLA_* variable
+  dropped (the 8 simulated CPU devices, the compilation cache), the repository importable,
+  then ``extra`` (e.g. JAX_PLATFORMS="cpu")."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+  return {**env, "PYTHONPATH": ROOT, **extra}

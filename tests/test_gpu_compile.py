@@ -13,6 +13,7 @@ import pytest
 
 from dllm_rl.benchmarks import gpu_compile as gc
 from dllm_rl.parallel import gpu_target as gt
+from tests.helpers import fresh_jax_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -150,8 +151,7 @@ def test_compiles_the_kernels_for_an_absent_h200(tmp_path):
   """The real thing, in a fresh process (JAX_PLATFORMS=cpu, no compilation cache: a cached
   executable writes no kernel dumps): tiles 96 fail to build for both kernels, 64 compile,
   and the Mosaic GPU kernels' ptxas register counts for sm_90a are read from the dumps."""
-  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
-  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  env = fresh_jax_env(JAX_PLATFORMS="cpu")
   run = subprocess.run(
       [sys.executable, "-m", "dllm_rl.benchmarks.gpu_compile", "--gpu", "h200",
        "--head-dims", "64", "--tiles", "96", "64", "--dump-dir", str(tmp_path)],
@@ -192,8 +192,7 @@ def test_moe_dispatch_compiled_for_an_absent_h100():
   and w); the tiled dispatch compiles for sm_90 in under a fourth of that (54 MB, its float32
   weight-gradient sums included), and "auto" picks it for the GPU target (the mesh's devices,
   in this CPU process)."""
-  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
-  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  env = fresh_jax_env(JAX_PLATFORMS="cpu")
   run = subprocess.run([sys.executable, "-c", _MOE_SCRIPT], env=env, capture_output=True,
                        text=True, timeout=300, cwd=ROOT)
   assert run.returncode == 0, run.stderr[-3000:]
@@ -227,8 +226,7 @@ def test_top_k_under_vmap_stays_partitioned_for_absent_h100s():
   """XLA's GPU compiler all-gathers the sharded batch of a vmapped lax.top_k ([G, B, L, V]
   reshaped to [G·B·L, V]); dllm_rl.parallel.topk.top_k compiles without an all-gather, in
   less temp memory (8 compile-only H100s, B split over them)."""
-  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
-  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  env = fresh_jax_env(JAX_PLATFORMS="cpu")
   run = subprocess.run([sys.executable, "-c", _TOPK_SCRIPT], env=env, capture_output=True,
                        text=True, timeout=300, cwd=ROOT)
   assert run.returncode == 0, run.stderr[-3000:]

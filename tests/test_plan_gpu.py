@@ -11,6 +11,7 @@ import jax
 import pytest
 
 from dllm_rl.parallel import gpu_target, topology
+from tests.helpers import fresh_jax_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "llada_tiny")
@@ -112,8 +113,7 @@ def test_plan_for_two_absent_h100s(tmp_path):
   """The real thing, in a fresh process with JAX_PLATFORMS unset (plan.py sets it): rl_step
   compiled by XLA's GPU compiler for 2 compile-only H100s, not an estimate, and the FSDP
   halves of the fixture's fp32 params + Adam moments are per-device arguments."""
-  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
-  env["PYTHONPATH"] = ROOT
+  env = fresh_jax_env()
   out = tmp_path / "plan.json"
   run = _plan("--topology=h100-2", "--programs=rl_step", f"--json={out}", env=env)
   assert run.returncode == 0, run.stderr[-3000:]
