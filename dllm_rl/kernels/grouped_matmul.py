@@ -52,10 +52,12 @@ def grouped_matmul(x_RD: jax.Array, w_EDF: jax.Array, sizes_E: jax.Array,
                    dispatch: str = "auto") -> jax.Array:
   """[R, F] (x and w's promoted dtype): row r of group e times ``w_EDF[e]``; 0 past
   Σ ``sizes_E`` (≤ R)."""
-  if resolve(dispatch) == "ragged_dot":  # rows past Σ sizes: masked in and out (and so their
-    grouped_R1 = (jnp.arange(x_RD.shape[0]) < sizes_E.sum())[:, None]  # gradient), whatever
-    y_RF = jax.lax.ragged_dot(jnp.where(grouped_R1, x_RD, 0), w_EDF, sizes_E)  # ragged_dot
-    return jnp.where(grouped_R1, y_RF, 0)  # leaves there
+  if resolve(dispatch) == "ragged_dot":
+    # Rows past Σ sizes are masked in and out (and so is their gradient), whatever a
+    # backend's ragged dot leaves there.
+    grouped_R1 = (jnp.arange(x_RD.shape[0]) < sizes_E.sum())[:, None]
+    y_RF = jax.lax.ragged_dot(jnp.where(grouped_R1, x_RD, 0), w_EDF, sizes_E)
+    return jnp.where(grouped_R1, y_RF, 0)
   return tiled_matmul(x_RD, w_EDF, sizes_E)
 
 
