@@ -42,8 +42,7 @@ def model_and_tokens(config):
     m = config.model
     folder = setup.checkpoint_folder(m.hf_checkpoint, config_only=True)
     model_cfg, ids, family = setup.hf_model_config(folder, m.dtype, m.param_dtype,
-                                                   scan_layers=m.scan_layers, remat=m.remat,
-                                                   moe_dispatch=m.moe_dispatch)
+                                                   **setup.hf_run_options(m))
     setup.check_block_size(folder, family, ids, m.block_size)  # as the run checks it
     return model_cfg, ids.mask_id, ids.eos_id if ids.eos_id is not None else ids.pad_id
   from dllm_rl.tasks import CharTokenizer

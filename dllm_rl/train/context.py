@@ -91,6 +91,14 @@ def checkpoint_folder(spec: str, *, config_only: bool = False) -> str:
     raise ConfigError("model.hf_checkpoint", str(err)) from err
 
 
+def hf_run_options(model: ml_collections.ConfigDict) -> dict:
+  """The ``config.model`` keys a run keeps with an HF checkpoint beyond the dtypes (its
+  config.json gives the rest): keyword arguments of :func:`hf_model_config` /
+  :func:`load_hf_source`, one list for the run and the planner."""
+  return {"scan_layers": model.scan_layers, "remat": model.remat,
+          "moe_dispatch": model.moe_dispatch}
+
+
 def hf_model_config(path: str, dtype: str, param_dtype: str, *, scan_layers: bool = False,
                     remat: str = "none", moe_dispatch: str = "auto") -> HFArchitecture:
   """The architecture of a HF checkpoint dir or of its ``convert import`` output (its
@@ -445,7 +453,7 @@ def build_context(config, workdir: str, mesh=None) -> Context:
     m = config.model
     checkpoint = checkpoint_folder(m.hf_checkpoint)
     hf = load_hf_source(checkpoint, m.dtype, m.block_size, param_dtype=m.param_dtype,
-                        scan_layers=m.scan_layers, remat=m.remat, moe_dispatch=m.moe_dispatch)
+                        **hf_run_options(m))
     tokenizer = hf.tokenizer
   else:
     tokenizer = tasks_lib.CharTokenizer()

@@ -23,7 +23,7 @@ from dllm_rl.config.schema import base_config
 
 _STEPRS = ("steprs", "steprs_rms_matched", "steprs_mass_matched")
 # The model keys an HF checkpoint's config.json replaces (dllm_rl.train.context.hf_model_config
-# keeps only the dtypes, scan_layers, remat and moe_dispatch of config.model; block_size is
+# keeps only the dtypes and hf_run_options: scan_layers, remat, moe_dispatch; block_size is
 # checked against the checkpoint, prompt_block_causal (block models) and logits_chunk are read
 # by the samplers and scorers).
 HF_ARCHITECTURE = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
