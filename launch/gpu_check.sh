@@ -11,9 +11,9 @@
 # 2. masked sampler tokens/s per sampler.cache mode at ~1B shapes (random checkpoint);
 # 3. RL step MFU at ~1B shapes;
 # 4. the MoE experts' grouped matmul (model.moe_dispatch) at one LLaDA2.0-mini layer's shapes,
-#    bfloat16: the tiled dispatch (never yet run on a GPU; also at tiles of 256 and 512 rows)
-#    against XLA's ragged dot (its dense expansion is expected to fail out of memory there:
-#    the row then says so);
+#    bfloat16: the tiled dispatch (never yet run on a GPU; also at tiles of 256 and 512 rows),
+#    JAX's Mosaic GPU kernels (mosaic_gpu, never yet run on a GPU) and XLA's ragged dot (its
+#    dense expansion is expected to fail out of memory there: the row then says so);
 # 5. (only when GPU_CHECK_PARTS names it: it needs the whole limit) the study's main arms at
 #    --scale=gpu --quick (dllm_rl/config/testbeds.py: gpu; ~85M parameters, 128-token
 #    completions in blocks of 32, the official estimator; on one H200 the 11 main arms take
@@ -71,8 +71,8 @@ part sampler && run sampler "$(share sampler)" "$PY" -m dllm_rl.benchmarks.sampl
   --repeats 3 --dtype bfloat16 --out "$OUT/sampler.json"
 part rl_step_mfu && run rl_step_mfu "$(share rl_step_mfu)" "$PY" -m dllm_rl.benchmarks.rl_step_mfu --steps 5
 part moe && run moe "$(share moe)" "$PY" -m dllm_rl.benchmarks.grouped_matmul --rows 32768 \
-  --experts 256 --d-model 2048 --hidden 512 --dtype bfloat16 --dispatch tiled ragged_dot \
-  --tiles 256 512
+  --experts 256 --d-model 2048 --hidden 512 --dtype bfloat16 --dispatch tiled mosaic_gpu \
+  ragged_dot --tiles 256 512
 # GPU_CHECK_STEPRS_ARMS=none: the stability study alone, with the whole limit
 STABILITY_S=$((LIMIT * 3 / 4)); [ "$STEPRS_ARMS" = none ] && STABILITY_S=$LIMIT
 part study && run study_stability "$STABILITY_S" "$PY" -m dllm_rl.study stability \

@@ -76,6 +76,7 @@ def test_the_estimator_must_suit_the_model_only_where_rl_scores_with_it():
     ({"rl__malformed_reward": float("nan")}, "rl.malformed_reward"),
     ({"model__logits_chunk": -1}, "model.logits_chunk"),
     ({"model__moe_dispatch": "megablox"}, "model.moe_dispatch"),
+    ({"model__moe_dispatch": "mosaic_gpu"}, "model.moe_dispatch"),  # float32 compute: no wgmma
     ({"profile__steps": "3:2"}, "profile.steps"),
     ({"profile__steps": "0:2"}, "profile.steps"),
     ({"profile__steps": "2"}, "profile.steps"),

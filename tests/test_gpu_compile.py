@@ -172,15 +172,22 @@ def test_compiles_the_kernels_for_an_absent_h200(tmp_path):
 
 
 _MOE_SCRIPT = """
+import types
 import jax, jax.numpy as jnp
 from dllm_rl.benchmarks.gpu_compile import gpu_mesh, compile_for
 from dllm_rl.kernels import grouped_matmul as gmm
 x, w = (jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((4096, 256), (64, 256, 256)))
 sizes = jax.ShapeDtypeStruct((64,), jnp.int32)
-for d in ("ragged_dot", "tiled", "auto"):
+real_devices = jax.devices
+for d in ("ragged_dot", "tiled", "auto", "mosaic_gpu"):
   loss = lambda x, w, s, d=d: gmm.grouped_matmul(x, w, s, d).astype(jnp.float32).sum()
-  c = compile_for(gpu_mesh("h100"), jax.grad(loss, argnums=(0, 1)), x, w, sizes)
-  print(d, c.memory_analysis().temp_size_in_bytes)
+  # JAX's Mosaic GPU weight-gradient kernel reads the SM count off jax.devices()[0]: 132
+  jax.devices = lambda *a: [types.SimpleNamespace(core_count=132, platform="gpu")]
+  try:
+    c = compile_for(gpu_mesh("h100"), jax.grad(loss, argnums=(0, 1)), x, w, sizes)
+  finally:
+    jax.devices = real_devices
+  print(d, c.memory_analysis().temp_size_in_bytes, c.as_text().count("mosaic_gpu"))
 """
 
 
@@ -191,14 +198,19 @@ def test_moe_dispatch_compiled_for_an_absent_h100():
   buffers: 268 MB of temp here, 4096 rows over 64 experts, D = F = 256, bf16, gradients of x
   and w); the tiled dispatch compiles for sm_90 in under a fourth of that (54 MB, its float32
   weight-gradient sums included), and "auto" picks it for the GPU target (the mesh's devices,
-  in this CPU process)."""
+  in this CPU process). "mosaic_gpu" compiles JAX's Mosaic GPU kernels (forward, dx, dw) for
+  sm_90 and needs no gathered weights (2 MB)."""
   env = fresh_jax_env(JAX_PLATFORMS="cpu")
   run = subprocess.run([sys.executable, "-c", _MOE_SCRIPT], env=env, capture_output=True,
                        text=True, timeout=300, cwd=ROOT)
   assert run.returncode == 0, run.stderr[-3000:]
-  temp = {name: int(n) for name, n in (line.split() for line in run.stdout.splitlines())}
+  rows = {name: (int(n), int(k)) for name, n, k in (line.split() for line in
+                                                     run.stdout.splitlines())}
+  temp = {name: n for name, (n, _) in rows.items()}
   assert temp["ragged_dot"] >= 64 * 4096 * 256 * 4  # one f32 [E, R, D] buffer at least
   assert temp["auto"] == temp["tiled"] and temp["tiled"] * 4 < temp["ragged_dot"], temp
+  assert rows["mosaic_gpu"][1] > 0 and rows["tiled"][1] == 0, rows  # Mosaic GPU custom calls
+  assert temp["mosaic_gpu"] * 4 < temp["tiled"], temp
 
 
 _TOPK_SCRIPT = """

@@ -1,7 +1,7 @@
 """Benchmark: the MoE experts' grouped matmul, each ``model.moe_dispatch`` implementation.
 
     python -m dllm_rl.benchmarks.grouped_matmul [--rows 8192] [--experts 64] [--d-model 512]
-        [--hidden 256] [--dispatch ragged_dot tiled] [--tiles 64 256] [--dtype float32]
+        [--hidden 256] [--dispatch ragged_dot tiled mosaic_gpu] [--tiles 64 256] [--dtype float32]
 
 One grouped matmul y[r] = x[r] @ w[expert of r] (dllm_rl.kernels.grouped_matmul) over
 ``--rows`` routed rows spread uniformly at random over ``--experts`` experts (sorted, as the
@@ -12,8 +12,8 @@ expert, on the same inputs, relative to max |y|. ``--tiles``: the tiled dispatch
 of these tile sizes (rows a tile; the dispatch's own choice is ``tile_rows``), timed right
 after it. LLaDA2.0-mini's layer: ``--rows 32768 --experts 256 --d-model 2048 --hidden 512
 --dtype bfloat16`` (4096 tokens × top-8). A dispatch that fails (e.g. ragged_dot's dense
-expansion out of memory on a GPU) prints its error and the others still run. Prints
-measured figures only; asserts nothing.
+expansion out of memory on a GPU, ``mosaic_gpu`` off a Hopper GPU) prints its error and the
+others still run. Prints measured figures only; asserts nothing.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
   ap.add_argument("--d-model", type=int, default=512)
   ap.add_argument("--hidden", type=int, default=256)
   ap.add_argument("--dispatch", nargs="+", default=["ragged_dot", "tiled"],
-                  choices=["auto", "ragged_dot", "tiled"])
+                  choices=["auto", "ragged_dot", "tiled", "mosaic_gpu"])
   ap.add_argument("--tiles", type=int, nargs="*", default=[])
   ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   ap.add_argument("--repeats", type=int, default=5)

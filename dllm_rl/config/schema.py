@@ -70,7 +70,8 @@ def base_config() -> ml_collections.ConfigDict:
   m.first_dense_layers = 0  # layers before this one keep the dense SwiGLU (mlp_hidden)
   m.rotary_dim = 0          # partial RoPE: dims rotated per head (0 = head_dim)
   # The experts' grouped matmuls (dllm_rl/kernels/grouped_matmul.py): auto (TPU: XLA's ragged
-  # dot; GPU and CPU: tiled) | ragged_dot | tiled. Not an architecture key: kept with HF models.
+  # dot; GPU and CPU: tiled) | ragged_dot | tiled | mosaic_gpu (JAX's Mosaic GPU kernels, Hopper,
+  # bfloat16; opt-in). Not an architecture key: kept with HF models.
   m.moe_dispatch = "auto"
 
   # LoRA (dllm_rl/models/lora.py; README "LoRA"): adapters A [in, r], B [r, out] on the chosen

@@ -16,6 +16,9 @@ group e (groups contiguous, in order, ``sizes_E`` rows each) and 0 for the rows 
   weights; its own VJP gathers them again rather than storing them, and sums each expert's
   weight gradient in float32. Plain XLA: the same program on CPU, GPU and TPU.
 
+* ``"mosaic_gpu"``: JAX's Pallas Mosaic GPU grouped-matmul kernels (Hopper; opt-in, not yet
+  run on a GPU): :mod:`dllm_rl.kernels.grouped_matmul_mgpu`.
+
 ``"auto"``: ragged_dot when the program compiles for TPU, tiled for GPU and CPU (the platform of
 the traced mesh's devices: :func:`dllm_rl.kernels.staircase.target_platform`).
 """
@@ -26,19 +29,30 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from dllm_rl.kernels import grouped_matmul_mgpu as mgpu
 from dllm_rl.kernels.staircase import target_platform
 
-DISPATCHES = ("auto", "ragged_dot", "tiled")
+DISPATCHES = ("auto", "ragged_dot", "tiled", "mosaic_gpu")
 TILE = 128                      # rows a tile at most (fewer when groups are small)
 CHUNK_BYTES = 256 * 1024 ** 2   # gathered weights a scan step at most
 
 
 def resolve(dispatch: str) -> str:
-  """The implementation ``dispatch`` runs for the target platform (module docstring)."""
+  """The implementation ``dispatch`` runs for the target platform (module docstring);
+  ``mgpu.INTERPRET`` (tests) runs the Mosaic GPU kernels in JAX's interpreter."""
+  if dispatch == mgpu.INTERPRET:
+    mgpu.check_build(interpret=True)
+    return dispatch
   if dispatch not in DISPATCHES:
     raise ValueError(f"model.moe_dispatch={dispatch!r} not in {DISPATCHES}")
+  target = target_platform()
   if dispatch == "auto":
-    return "ragged_dot" if target_platform() == "tpu" else "tiled"
+    return "ragged_dot" if target == "tpu" else "tiled"
+  if dispatch == "mosaic_gpu":
+    if target != "gpu":
+      raise ValueError(f"model.moe_dispatch='mosaic_gpu' needs a GPU target (Hopper: H100/H200),"
+                       f" not {target}; use 'auto'")
+    mgpu.check_build(interpret=False)
   return dispatch
 
 
@@ -52,7 +66,10 @@ def grouped_matmul(x_RD: jax.Array, w_EDF: jax.Array, sizes_E: jax.Array,
                    dispatch: str = "auto") -> jax.Array:
   """[R, F] (x and w's promoted dtype): row r of group e times ``w_EDF[e]``; 0 past
   Σ ``sizes_E`` (≤ R)."""
-  if resolve(dispatch) == "ragged_dot":
+  impl = resolve(dispatch)
+  if impl in ("mosaic_gpu", mgpu.INTERPRET):
+    return mgpu.mgpu_matmul(x_RD, w_EDF, sizes_E, interpret=impl == mgpu.INTERPRET)
+  if impl == "ragged_dot":
     # Rows past Σ sizes are masked in and out (and so is their gradient), whatever a
     # backend's ragged dot leaves there.
     grouped_R1 = (jnp.arange(x_RD.shape[0]) < sizes_E.sum())[:, None]

@@ -118,6 +118,8 @@ def _model(config, check: "_Checks") -> None:
   check(m.logits_chunk >= 0, "model.logits_chunk", f"must be >= 0, got {m.logits_chunk}")
   check(m.moe_dispatch in grouped_matmul.DISPATCHES, "model.moe_dispatch",
          f"must be one of {grouped_matmul.DISPATCHES}, got {m.moe_dispatch!r}")
+  check(m.moe_dispatch != "mosaic_gpu" or m.dtype == "bfloat16", "model.moe_dispatch",
+        f"'mosaic_gpu' multiplies bfloat16 operands (wgmma); model.dtype is {m.dtype!r}")
   for key in ("rope_theta", "rms_norm_eps", "init_std"):
     check(m[key] > 0, f"model.{key}", f"must be positive, got {m[key]}")
   if m.n_heads > 0 and m.head_dim >= 0 and m.d_model > 0:
