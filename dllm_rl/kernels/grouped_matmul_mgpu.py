@@ -56,11 +56,14 @@ def _block(dim: int, name: str) -> int:
   return 128 if dim % 128 == 0 else 64
 
 
-def _check_dtype(dtype) -> None:
-  if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+def _check_dtype(x_dtype, w_dtype) -> None:
+  """ValueError unless x and w promote to a 16-bit float (bf16 with f16 promotes to f32)."""
+  dtype = jnp.promote_types(x_dtype, w_dtype)
+  if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     raise ValueError(f"{_KEY} needs bfloat16 or float16 activations and expert weights"
-                     f" (wgmma operands), got {jnp.dtype(dtype).name}: set model.dtype, or"
-                     " use 'tiled'")
+                     f" (wgmma operands), got x {jnp.dtype(x_dtype).name} and w"
+                     f" {jnp.dtype(w_dtype).name} (promoted: {dtype.name}): set model.dtype,"
+                     " or use 'tiled'")
 
 
 def sm_count() -> int:
@@ -81,7 +84,7 @@ def mgpu_matmul(x_RD: jax.Array, w_EDF: jax.Array, sizes_E: jax.Array, *,
   """[R, F] in the promoted dtype of x and w: the grouped matmul by JAX's Mosaic GPU kernels
   (module docstring); 0 past Σ ``sizes_E`` (≤ R)."""
   dtype = jnp.promote_types(x_RD.dtype, w_EDF.dtype)
-  _check_dtype(dtype)
+  _check_dtype(x_RD.dtype, w_EDF.dtype)
   _block(w_EDF.shape[1], "the experts' input width D")
   _block(w_EDF.shape[2], "the experts' output width F")
   check_build(interpret)

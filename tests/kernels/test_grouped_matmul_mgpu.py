@@ -107,13 +107,17 @@ def test_auto_never_picks_it():
 
 @pytest.mark.parametrize("dtype,d,f,match", [
     (jnp.float32, 64, 64, "bfloat16 or float16"),
+    ((jnp.bfloat16, jnp.float32), 64, 64, "x bfloat16 and w float32 \\(promoted: float32\\)"),
+    ((jnp.float16, jnp.bfloat16), 64, 64, "x float16 and w bfloat16 \\(promoted: float32\\)"),
     (jnp.bfloat16, 96, 64, "D = 96 to be a multiple of 64"),
     (jnp.bfloat16, 64, 32, "F = 32 to be a multiple of 64"),
-])
+], ids=["float32", "bf16_x_f32_w", "f16_x_bf16_w", "d96", "f32"])
 def test_unsupported_operands_name_the_config_key(dtype, d, f, match):
+  """Mixed operands name both dtypes: bf16 × f16 promote to float32, which no wgmma takes."""
+  x_dtype, w_dtype = dtype if isinstance(dtype, tuple) else (dtype, dtype)
   x, w, sizes_E, _ = _problem(16, d, f, (8, 8))
   with pytest.raises(ValueError, match=match) as err:
-    gm.mgpu_matmul(x.astype(dtype), w.astype(dtype), sizes_E)
+    gm.mgpu_matmul(x.astype(x_dtype), w.astype(w_dtype), sizes_E)
   assert "model.moe_dispatch='mosaic_gpu'" in str(err.value)
 
 
