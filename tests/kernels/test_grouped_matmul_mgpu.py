@@ -70,6 +70,33 @@ def test_matches_the_ragged_dot_values_and_gradients(case, sm_count):
 
 
 @needs_interpreter
+def test_rows_past_the_groups_may_hold_nan(sm_count):
+  """Rows past Σ sizes may hold anything: NaN there in x (the weight-gradient kernel zeroes a
+  group's last partial block by multiplying, and NaN · 0 is NaN) reaches neither y nor a
+  gradient; the custom VJP on its own (no outer mask) turns a NaN cotangent there into no
+  NaN, in dw or dx, whose rows the kernel leaves unwritten."""
+  r, d, f, sizes = 200, 64, 64, (70, 0, 57)  # 127 rows grouped: a partial block of 64
+  x, w, sizes_E, ct = _problem(r, d, f, sizes)
+  xb, wb = _bf16(x, w)
+  past_R1 = (jnp.arange(r) >= sum(sizes))[:, None]
+  nan_x, nan_ct = jnp.where(past_R1, jnp.nan, xb), jnp.where(past_R1, jnp.nan, ct)
+  want = _value_and_grads(lambda x, w: gmm.grouped_matmul(x, w, sizes_E, "ragged_dot"),
+                          xb.astype(jnp.float32), wb.astype(jnp.float32), ct)
+  got = _value_and_grads(lambda x, w: gmm.grouped_matmul(x, w, sizes_E, gm.INTERPRET).astype(
+      jnp.float32), nan_x, wb, ct)
+  for a, b in zip(got, want):
+    assert np.all(np.isfinite(np.asarray(a, np.float32))) and _rel(a, b) < 1e-2, _rel(a, b)
+  zero_x = jnp.where(past_R1, 0, xb)  # as mgpu_matmul hands it on
+  y, vjp = jax.jit(lambda x, w: jax.vjp(lambda x, w: gm._matmul(x, w, sizes_E, True), x, w))(
+      zero_x, wb)
+  dx, dw = jax.jit(vjp)(nan_ct.astype(y.dtype))
+  assert dx.dtype == dw.dtype == jnp.bfloat16
+  assert not np.any(np.asarray(dx, np.float32)[sum(sizes):])
+  for a, b in zip((dx, dw), want[1:]):
+    assert np.all(np.isfinite(np.asarray(a, np.float32))) and _rel(a, b) < 1e-2, _rel(a, b)
+
+
+@needs_interpreter
 def test_the_experts_under_the_samplers_vmap_match_the_tiled_dispatch(sm_count):
   """The MoE experts (sort, three grouped matmuls, unsort, combine) vmapped over 2 lanes with
   shared weights, value and gradients: the Mosaic GPU dispatch = the tiled one within bf16
