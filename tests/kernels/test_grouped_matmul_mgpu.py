@@ -121,6 +121,37 @@ def test_the_experts_under_the_samplers_vmap_match_the_tiled_dispatch(sm_count):
     assert _rel(a, b) < 2e-2, (_rel(a, b), a.shape)
 
 
+@pytest.mark.skipif(gm.mosaic_gpu_missing() is not None, reason="no Mosaic GPU in this JAX")
+def test_the_experts_lower_for_cuda_inside_the_expert_parallel_shard_map(monkeypatch):
+  """On an 8-GPU (abstract) mesh, data 2 × expert 2 × tensor 2, the routed experts' gradient
+  lowers for CUDA: the dispatch resolves to the GPU build inside ``shard_map`` (the target is
+  the traced mesh's device), the rows travel by all-to-all and the 12 grouped matmuls (3
+  forward, 3 recomputed, 3 dx, 3 dw) are Mosaic GPU calls at the experts' local width (F = 128
+  over tensor 2: 64). The interpreter cannot run this: on several simulated devices its
+  end-of-kernel check sees another device's barriers (jax 0.11.2)."""
+  from jax import export
+
+  from dllm_rl.models import moe
+  monkeypatch.setattr(jax, "devices", lambda *a: [types.SimpleNamespace(core_count=132,
+                                                                          platform="gpu")])
+  gpu = jax.sharding.AbstractDevice(device_kind="NVIDIA H100", num_cores=None, platform="gpu")
+  mesh = jax.sharding.AbstractMesh((2, 1, 2, 2), ("data", "fsdp", "expert", "tensor"),
+                                   abstract_device=gpu,
+                                   axis_types=(jax.sharding.AxisType.Auto,) * 4)
+  b, n, d, e, f, k = 8, 16, 128, 8, 128, 2
+  spec = lambda *s: jax.ShapeDtypeStruct(s[:-1], s[-1])
+  args = (spec(b, n, d, jnp.bfloat16), spec(b, n, k, jnp.float32), spec(e, d, f, jnp.bfloat16),
+          spec(e, d, f, jnp.bfloat16), spec(e, f, d, jnp.bfloat16), spec(b, n, k, jnp.int32))
+  loss = lambda x, w, g, u, dn, idx: jnp.sum(moe.routed_experts(x, idx, w, g, u, dn,
+                                                                "mosaic_gpu"))
+  grad = jax.grad(loss, argnums=(0, 1, 2, 3, 4))
+  with jax.sharding.use_abstract_mesh(mesh):
+    assert "shard_map" in {q.primitive.name for q in jax.make_jaxpr(grad)(*args).jaxpr.eqns}
+    module = export.export(jax.jit(grad), platforms=["cuda"], disabled_checks=[
+        export.DisabledSafetyCheck.custom_call("ragged_all_to_all")])(*args).mlir_module()
+  assert module.count("@mosaic_gpu_v2(") == 12 and "ragged_all_to_all" in module
+
+
 @pytest.mark.parametrize("platform", ["cpu", "tpu"])
 def test_needs_a_gpu_target(platform):
   with _under(platform), pytest.raises(ValueError, match="moe_dispatch='mosaic_gpu' needs a GPU"):
