@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -42,10 +43,22 @@ _KEY = "model.moe_dispatch='mosaic_gpu'"
 
 
 def check_build(interpret: bool) -> None:
-  """ValueError unless this JAX can build (or, ``interpret``, interpret) the kernels."""
-  missing = mosaic_gpu_missing(interpret)
+  """ValueError unless this JAX can build (or, ``interpret``, interpret) the kernels: Pallas
+  Mosaic GPU, and JAX's grouped-matmul kernels in it."""
+  missing = mosaic_gpu_missing(interpret) or _kernels_missing()
   if missing:
     raise ValueError(f"{_KEY}: {missing}; use 'tiled' there")
+
+
+@functools.cache
+def _kernels_missing() -> str | None:
+  for name in ("ragged_dot_mgpu", "transposed_ragged_dot_mgpu"):
+    module = f"jax.experimental.pallas.ops.gpu.{name}"
+    try:
+      importlib.import_module(module)
+    except ImportError as err:
+      return f"jax {jax.__version__} has no {module} ({type(err).__name__}: {err})"
+  return None
 
 
 def _block(dim: int, name: str) -> int:

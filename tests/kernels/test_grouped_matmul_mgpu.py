@@ -158,6 +158,26 @@ def test_needs_a_gpu_target(platform):
     gmm.resolve("mosaic_gpu")
 
 
+def test_a_jax_without_the_kernels_is_named(monkeypatch):
+  """The staircase kernels' Pallas Mosaic GPU APIs present, JAX's grouped-matmul kernel modules
+  absent: resolving the dispatch says which module is missing, before anything is traced."""
+  real = gm.importlib.import_module
+
+  def without_ops(name, *args):
+    if name.startswith("jax.experimental.pallas.ops.gpu."):
+      raise ImportError(f"No module named {name!r}")
+    return real(name, *args)
+
+  monkeypatch.setattr(gm.importlib, "import_module", without_ops)
+  gm._kernels_missing.cache_clear()
+  try:
+    with _under("gpu"), pytest.raises(ValueError, match=r"has no jax\.experimental\.pallas\.ops"
+                                                         r"\.gpu\.ragged_dot_mgpu.*'tiled'"):
+      gmm.resolve("mosaic_gpu")
+  finally:
+    gm._kernels_missing.cache_clear()
+
+
 def test_auto_never_picks_it():
   with _under("gpu"):
     assert gmm.resolve("auto") == "tiled"
