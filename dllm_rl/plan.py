@@ -32,6 +32,9 @@ _PROGRAMS = flags.DEFINE_list("programs", None,
                               "Compile only these programs (default: every program of the mode).")
 _TFLOPS = flags.DEFINE_float("peak_tflops", None,
                              "Override the peak bf16 TFLOP/s per device (cpu:N default: 989).")
+_SLICES = flags.DEFINE_integer(
+    "slices", 1, "TPU multislice: this many slices of --topology over the data-center network"
+    " (the mesh's data axis spans them: mesh.data must be a multiple).")
 _overrides: list[tuple[str, str]] = []
 
 
@@ -51,6 +54,9 @@ def main(argv):
   except ValueError as err:
     gpu = None
     problems.append(ConfigError("--topology", str(err)))
+  if _SLICES.value < 1 or (_SLICES.value > 1 and (n is not None or gpu is not None)):
+    problems.append(ConfigError("--slices", f"{_SLICES.value}: must be >= 1, and 1 unless"
+                                f" --topology is a TPU slice (multislice), got {_TOPOLOGY.value}"))
   if _JSON.value:  # found before the compile, which takes minutes at 8B
     problems += planner.json_path_problems(_JSON.value)
 
@@ -70,7 +76,7 @@ def main(argv):
   try:
     code = planner.run_plan(config, _TOPOLOGY.value, json_path=_JSON.value,
                             device_memory_gib=_MEMORY.value, peak_tflops=_TFLOPS.value,
-                            programs=_PROGRAMS.value)
+                            programs=_PROGRAMS.value, slices=_SLICES.value)
   except (ConfigError, ValueError) as err:  # each problem on its own line
     for one in each(err) if isinstance(err, ConfigError) else [err]:
       print(f"error: {one}", file=sys.stderr)

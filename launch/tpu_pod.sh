@@ -12,10 +12,19 @@
 #       --config.task.options.test_file=gs://my-bucket/gsm8k/test.jsonl
 #     (configs/llada_tpu.py's three REQUIRED values: the weights and the two JSONL files)
 #   launch/tpu_pod.sh --dry-run --name my-v4 --zone us-central2-b --workdir gs://b/run
+#   launch/tpu_pod.sh --name ms --zone us-east5-a --accelerator-type v5p-64 --slices 2 \
+#       --create --setup --workdir gs://my-bucket/ms -- --config.mesh.data=2 \
+#       --config.rl.batch_prompts=64 ...
+#     (multislice: 2 v5p-64 slices over the data-center network; the mesh's data axis spans
+#     them, so mesh.data must be a multiple of 2; plan it first with python -m dllm_rl.plan
+#     --topology=v5p-64 --slices=2 and the same overrides)
 #
 # Steps, each printed as "+ command" before it runs (with --dry-run only printed; gcloud is
 # then not needed):
-#   1. --create  gcloud compute tpus tpu-vm create NAME --zone --accelerator-type --version
+#   1. --create  gcloud compute tpus tpu-vm create NAME --zone --accelerator-type --version;
+#                with --slices N > 1 (multislice needs queued resources): gcloud compute tpus
+#                queued-resources create NAME --node-count N --node-prefix NAME (slices NAME-0
+#                .. NAME-<N-1>), then its state is read every 30 s until ACTIVE
 #   2. --setup   tar this checkout, gcloud ... scp it to every worker (--worker=all), unpack it
 #                into REMOTE_DIR and build REMOTE_DIR/.venv on Python >= 3.11 (the TPU VM
 #                image's python3 may be 3.10): python3 -m pip install --user uv, then
@@ -31,6 +40,8 @@
 #                HF_HUB_OFFLINE=1, so no worker reaches the hub while the slice waits
 #   4. run       gcloud compute tpus tpu-vm ssh NAME --worker=all --command="cd REMOTE_DIR &&
 #                PYTHON -m dllm_rl.main --config=CONFIG --workdir=WORKDIR OVERRIDES..."
+#   Steps 2-4 run on every slice (NAME-0 .. with --slices N > 1; step 4 on all at once: the
+#   job starts when every worker of every slice has joined it).
 #
 # Options (environment variable in brackets; a flag wins over its variable):
 #   --name NAME              TPU name                                [TPU_NAME]   required
@@ -55,6 +66,8 @@
 #   --python-version V       the venv's Python for --setup (>= 3.11) [DLLM_PYTHON_VERSION] 3.11
 #   --create                 create the slice first
 #   --spot                   with --create: a Spot slice
+#   --slices N               TPU multislice: N slices of --accelerator-type  [TPU_SLICES] 1
+#                            (NAME is then the queued resource, the slices NAME-0 ..)
 #   --setup                  copy this checkout to every worker and build its venv (step 2)
 #   --stage-weights SPEC     fetch checkpoint SPEC on every worker first (step 3)
 #                                                                    [DLLM_STAGE_WEIGHTS]
@@ -64,8 +77,10 @@
 #
 # All workers run the same command. config.distributed.initialize=auto (the default) detects the
 # Cloud TPU VM and calls jax.distributed.initialize(), which reads the slice's workers and this
-# worker's index from the TPU metadata server. Delete the slice when done:
+# worker's index from the TPU metadata server (and, multislice, the slices from the MEGASCALE_*
+# variables the queued resource sets). Delete the slice when done:
 #   gcloud compute tpus tpu-vm delete NAME --zone ZONE
+#   (multislice: gcloud compute tpus queued-resources delete NAME --zone ZONE --force)
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
@@ -86,6 +101,8 @@ PYTHON=${DLLM_PYTHON:-.venv/bin/python}
 PYTHON_VERSION=${DLLM_PYTHON_VERSION:-3.11}
 UV_SPEC=uv==0.13.9  # installed with the worker's python3 to build the venv
 STAGE_WEIGHTS=${DLLM_STAGE_WEIGHTS:-}
+SLICES=${TPU_SLICES:-1}
+POLL_S=${TPU_POLL_SECONDS:-30}  # how often a queued resource's state is read (tests: 0)
 CREATE=0 SPOT=0 SETUP=0 DRY_RUN=0
 OVERRIDES=()
 
@@ -104,6 +121,7 @@ while [[ $# -gt 0 ]]; do
     --python-version) need "$@"; PYTHON_VERSION=$2; shift 2 ;;
     --create) CREATE=1; shift ;;
     --spot) SPOT=1; shift ;;
+    --slices) need "$@"; SLICES=$2; shift 2 ;;
     --setup) SETUP=1; shift ;;
     --stage-weights) need "$@"; STAGE_WEIGHTS=$2; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
@@ -118,6 +136,7 @@ done
 [[ -n $WORKDIR ]] || die "--workdir (or DLLM_WORKDIR) is required"
 [[ $PYTHON_VERSION =~ ^3\.(1[1-9]|[2-9][0-9])(\.[0-9]+)?$ ]] \
     || die "--python-version $PYTHON_VERSION: dllm_rl needs Python >= 3.11 (e.g. 3.11, 3.12)"
+[[ $SLICES =~ ^[1-9][0-9]*$ ]] || die "--slices $SLICES: a positive number of slices"
 [[ $WORKDIR == gs://* ]] || echo "tpu_pod.sh: warning: --workdir=$WORKDIR is not gs://...;" \
     "every worker then writes its own local copy" >&2
 
@@ -145,10 +164,34 @@ fi
 GCLOUD_LOCATION=(--zone="$ZONE")
 [[ -z $PROJECT ]] || GCLOUD_LOCATION+=(--project="$PROJECT")
 
-if [[ $CREATE == 1 ]]; then
+NODES=("$NAME")  # the slices: one, or NAME-0 .. NAME-<SLICES-1> of the queued resource
+if [[ $SLICES -gt 1 ]]; then
+  NODES=()
+  for ((i = 0; i < SLICES; i++)); do NODES+=("$NAME-$i"); done
+fi
+
+if [[ $CREATE == 1 && $SLICES == 1 ]]; then
   CREATE_ARGS=(--accelerator-type="$ACCELERATOR_TYPE" --version="$RUNTIME_VERSION")
   [[ $SPOT == 0 ]] || CREATE_ARGS+=(--spot)
   run gcloud compute tpus tpu-vm create "$NAME" "${GCLOUD_LOCATION[@]}" "${CREATE_ARGS[@]}"
+elif [[ $CREATE == 1 ]]; then
+  CREATE_ARGS=(--accelerator-type="$ACCELERATOR_TYPE" --runtime-version="$RUNTIME_VERSION"
+               --node-count="$SLICES" --node-prefix="$NAME")
+  [[ $SPOT == 0 ]] || CREATE_ARGS+=(--spot)
+  run gcloud compute tpus queued-resources create "$NAME" "${GCLOUD_LOCATION[@]}" \
+      "${CREATE_ARGS[@]}"
+  STATE_CMD=(gcloud compute tpus queued-resources describe "$NAME" "${GCLOUD_LOCATION[@]}"
+             --format="value(state.state)")
+  echo "+ $(quote_all "${STATE_CMD[@]}")  (every 30 s until ACTIVE)"
+  while [[ $DRY_RUN == 0 ]]; do
+    STATE=$("${STATE_CMD[@]}") || die "could not read the state of queued resource $NAME"
+    case $STATE in
+      ACTIVE) break ;;
+      FAILED|SUSPENDED|SUSPENDING) die "queued resource $NAME is $STATE (gcloud compute tpus" \
+          "queued-resources describe $NAME says why)" ;;
+    esac
+    sleep "$POLL_S"
+  done
 fi
 
 if [[ $SETUP == 1 ]]; then
@@ -157,8 +200,10 @@ if [[ $SETUP == 1 ]]; then
   run tar -czf "$TARBALL" --exclude=.git --exclude=.venv --exclude=__pycache__ \
       --exclude=./runs --exclude='./workdir*' --exclude=./.whl --exclude=./build \
       --exclude=.pytest_cache --exclude=.import_linter_cache --exclude='*.egg-info' -C "$REPO" .
-  run gcloud compute tpus tpu-vm scp "$TARBALL" "$NAME:dllm_rl.tgz" "${GCLOUD_LOCATION[@]}" \
-      --worker=all
+  for node in "${NODES[@]}"; do
+    run gcloud compute tpus tpu-vm scp "$TARBALL" "$node:dllm_rl.tgz" "${GCLOUD_LOCATION[@]}" \
+        --worker=all
+  done
   SETUP_CMD="mkdir -p $(quote "$REMOTE_DIR") && tar -xzf dllm_rl.tgz -C $(quote "$REMOTE_DIR")"
   SETUP_CMD+=" && cd $(quote "$REMOTE_DIR")"
   SETUP_CMD+=" && python3 -m pip install -q --user $(quote "$UV_SPEC")"
@@ -166,21 +211,41 @@ if [[ $SETUP == 1 ]]; then
   SETUP_CMD+=" && python3 -m uv pip install -q --python .venv/bin/python"
   SETUP_CMD+=" -r requirements-tpu.txt -r requirements-gcs.txt -e $(quote ".[tpu,gcs]")"
   SETUP_CMD+=" && .venv/bin/python -c $(quote "import sys, dllm_rl; assert sys.version_info >= (3, 11), sys.version")"
-  run gcloud compute tpus tpu-vm ssh "$NAME" "${GCLOUD_LOCATION[@]}" --worker=all \
-      --command "$SETUP_CMD"
+  for node in "${NODES[@]}"; do
+    run gcloud compute tpus tpu-vm ssh "$node" "${GCLOUD_LOCATION[@]}" --worker=all \
+        --command "$SETUP_CMD"
+  done
 fi
 
 RUN_ENV=()
 if [[ -n $STAGE_WEIGHTS ]]; then
   STAGE_CMD="cd $(quote "$REMOTE_DIR") && $(quote_all "$PYTHON" -m dllm_rl.data weights \
       "$STAGE_WEIGHTS")"
-  run gcloud compute tpus tpu-vm ssh "$NAME" "${GCLOUD_LOCATION[@]}" --worker=all \
-      --command "$STAGE_CMD"
+  for node in "${NODES[@]}"; do
+    run gcloud compute tpus tpu-vm ssh "$node" "${GCLOUD_LOCATION[@]}" --worker=all \
+        --command "$STAGE_CMD"
+  done
   OVERRIDES=(--config.model.hf_checkpoint="$STAGE_WEIGHTS" ${OVERRIDES[@]+"${OVERRIDES[@]}"})
   RUN_ENV=(HF_HUB_OFFLINE=1)
 fi
 
 MAIN_CMD="cd $(quote "$REMOTE_DIR") && $(quote_all ${RUN_ENV[@]+"${RUN_ENV[@]}"} "$PYTHON" \
     -m dllm_rl.main --config="$CONFIG" --workdir="$WORKDIR" ${OVERRIDES[@]+"${OVERRIDES[@]}"})"
-run gcloud compute tpus tpu-vm ssh "$NAME" "${GCLOUD_LOCATION[@]}" --worker=all \
-    --command "$MAIN_CMD"
+if [[ $SLICES == 1 ]]; then
+  run gcloud compute tpus tpu-vm ssh "$NAME" "${GCLOUD_LOCATION[@]}" --worker=all \
+      --command "$MAIN_CMD"
+  exit
+fi
+PIDS=()  # every slice at once (each waits in jax.distributed for the others), then each status
+for node in "${NODES[@]}"; do
+  SSH=(gcloud compute tpus tpu-vm ssh "$node" "${GCLOUD_LOCATION[@]}" --worker=all
+       --command "$MAIN_CMD")
+  echo "+ $(quote_all "${SSH[@]}") &"
+  if [[ $DRY_RUN == 0 ]]; then "${SSH[@]}" & PIDS+=($!); fi
+done
+STATUS=0
+for i in "${!PIDS[@]}"; do
+  wait "${PIDS[$i]}" || { code=$?; echo "tpu_pod.sh: slice ${NODES[$i]} exited $code" >&2
+                          [[ $STATUS != 0 ]] || STATUS=$code; }
+done
+exit "$STATUS"

@@ -341,6 +341,46 @@ def test_default_gpu_job_divides_the_gpu_config_batch(sandbox, tmp_path):
       assert batch % (nodes * gpus) == 0, (name, batch, nodes, gpus)
 
 
+def test_tpu_multislice_dry_run(sandbox, tmp_path):
+  """--slices 2: a queued resource of 2 slices (multislice needs one), its state polled, then
+  setup, staging and the run on each slice NAME-0, NAME-1; the runs started together."""
+  res = run_script(TPU, ["--dry-run", "--create", "--setup", "--slices", "2", "--name", "ms",
+                         "--zone", "z", "--accelerator-type", "v5p-64", "--workdir", "gs://b/r",
+                         "--stage-weights", "GSAI-ML/LLaDA-8B-Instruct", "--",
+                         "--config.mesh.data=2"], sandbox, tmp_path)
+  assert res.returncode == 0, res.stderr
+  create, poll, tar, *rest = commands(res.stdout)
+  assert create[:5] == ["gcloud", "compute", "tpus", "queued-resources", "create"]
+  assert {"ms", "--node-count=2", "--node-prefix=ms", "--accelerator-type=v5p-64",
+          "--runtime-version=v2-alpha-tpuv5"} <= set(create)
+  assert poll[3:6] == ["queued-resources", "describe", "ms"] and tar[0] == "tar"
+  assert [w[5] for w in rest if w[4] == "ssh"] == ["ms-0", "ms-1"] * 3  # setup, stage, run
+  assert [w[6].split(":")[0] for w in rest if w[4] == "scp"] == ["ms-0", "ms-1"]
+  runs = [w for w in rest if w[4] == "ssh" and "dllm_rl.main" in w[w.index("--command") + 1]]
+  assert [w[-1] for w in runs] == ["&", "&"]  # in the background, together
+  assert all("--config.mesh.data=2" in w[w.index("--command") + 1] for w in runs)
+
+
+def test_tpu_multislice_waits_for_the_slices_and_names_a_failed_one(tmp_path):
+  """A real (not dry) run with a fake gcloud: the queued resource is PROVISIONING twice, then
+  ACTIVE; slice ms-1's run fails (exit 5) while ms-0's succeeds: the script waits for both and
+  exits 5 naming ms-1."""
+  count = tmp_path / "polls"
+  env = recording_tools(tmp_path, {"gcloud": f"""case "$*" in
+  *"queued-resources describe"*) echo x >> '{count}'
+    [ "$(wc -l < '{count}')" -ge 3 ] && echo ACTIVE || echo PROVISIONING ;;
+  *"ssh ms-1"*) sleep 1; exit 5 ;;
+  *) exit 0 ;;
+esac"""})
+  env["TPU_POLL_SECONDS"] = "0"
+  res = run_script(TPU, ["--create", "--slices", "2", "--name", "ms", "--zone", "z",
+                         "--workdir", "gs://b/r", "--config", "configs/tiny_cpu.py"], env,
+                   tmp_path)
+  assert res.returncode == 5, (res.stdout, res.stderr)
+  assert count.read_text().count("x") == 3
+  assert "slice ms-1 exited 5" in res.stderr and "ms-0 exited" not in res.stderr
+
+
 def test_tpu_runs_exactly_what_it_prints(tmp_path):
   log = tmp_path / "gcloud.log"
   env = recording_tools(tmp_path, {"gcloud": f"printf '%s\\n' \"$@\" > '{log}'"})

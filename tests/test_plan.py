@@ -156,6 +156,8 @@ def test_bad_topology_and_config_are_named(tmp_path):
     plan.run_plan(_config(), "cpu:64")
   with pytest.raises(ValueError, match="--programs"):
     plan.run_plan(_config(), "cpu:8", programs=["nope"])
+  with pytest.raises(ValueError, match="multislice is a TPU topology's"):
+    plan.run_plan(_config(), "cpu:8", slices=2)
   config = _config()
   config.rl.batch_prompts = 3
   with pytest.raises(ConfigError, match="rl.batch_prompts"):

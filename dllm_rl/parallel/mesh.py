@@ -1,4 +1,12 @@
-"""Device mesh from config: axes ('data', 'fsdp', 'expert', 'tensor'), sizes may be -1 (fill)."""
+"""Device mesh from config: axes ('data', 'fsdp', 'expert', 'tensor'), sizes may be -1 (fill).
+
+TPU multislice (devices of several slices, each with its ``slice_index``): the slices talk over
+the data-center network (DCN), far slower than the chips' own links (ICI), so the ``data`` axis
+alone spans them — each slice holds ``data / slices`` of it and the whole of ``fsdp``,
+``expert`` and ``tensor``, whose all-gathers and all-to-alls run every layer — and only the
+gradient all-reduce crosses DCN (``mesh_utils.create_hybrid_device_mesh``). ``data`` must then be
+a multiple of the slice count: a ValueError says so (``mesh.data = 1`` with ``fsdp = -1``, the
+8B configs' layout, would shard every weight over DCN)."""
 
 from __future__ import annotations
 
@@ -39,12 +47,39 @@ def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
   (single process only: debugging and tests)."""
   devices = list(jax.devices() if devices is None else devices)
   sizes = (mesh_cfg["data"], mesh_cfg["fsdp"], mesh_cfg.get("expert", 1), mesh_cfg["tensor"])
-  if -1 not in sizes and 0 < math.prod(sizes) < len(devices) and jax.process_count() == 1:
+  slices = slice_count(devices)
+  if (-1 not in sizes and 0 < math.prod(sizes) < len(devices) and jax.process_count() == 1
+      and slices == 1):
     devices = devices[:math.prod(sizes)]
   shape = resolve_shape(sizes, len(devices))
+  if slices > 1:
+    return Mesh(_multislice_grid(shape, devices, slices), AXES)
   try:
     from jax.experimental import mesh_utils
     grid = mesh_utils.create_device_mesh(shape, devices=devices)
   except (ValueError, NotImplementedError, AssertionError):
     grid = np.asarray(devices).reshape(shape)
   return Mesh(grid, AXES)
+
+
+def slice_count(devices: Sequence[jax.Device]) -> int:
+  """How many TPU slices ``devices`` come from (1 unless a multislice job's)."""
+  return len({getattr(d, "slice_index", 0) for d in devices})
+
+
+def _multislice_grid(shape: tuple[int, ...], devices, slices: int) -> np.ndarray:
+  """``data`` split into ``slices`` × ``data / slices`` (DCN × ICI), every other axis within a
+  slice (module docstring)."""
+  data = shape[0]
+  if data % slices:
+    raise ValueError(f"mesh.data = {data}: a job of {slices} TPU slices needs mesh.data to be a"
+                     f" multiple of {slices} (the data axis alone spans the slices, over the"
+                     f" data-center network; fsdp, expert and tensor stay within a slice), e.g."
+                     f" mesh.data = {slices} with mesh.fsdp = -1")
+  per_slice = len(devices) // slices
+  if any(sum(getattr(d, "slice_index", 0) == s for d in devices) != per_slice
+         for s in {getattr(d, "slice_index", 0) for d in devices}):
+    raise ValueError(f"{len(devices)} devices over {slices} slices of unequal sizes")
+  from jax.experimental import mesh_utils
+  return mesh_utils.create_hybrid_device_mesh((data // slices, *shape[1:]),
+                                              (slices, 1, 1, 1), devices=devices)

@@ -8,6 +8,10 @@
   devices from JAX's CUDA plugin and a GPU target config (dllm_rl.parallel.gpu_target),
   compiled by the real XLA GPU compiler (needs ``pip install "jax[cuda12]==<this jax>"`` and
   ``JAX_PLATFORMS=cpu``, which ``python -m dllm_rl.plan`` sets; no GPU is touched).
+* TPU multislice: ``slices`` > 1 copies of a TPU slice joined over the data-center network
+  (``python -m dllm_rl.plan --topology=v5p-64 --slices=2``; ``jax.experimental.topologies``'
+  ``num_slices``): each device carries its ``slice_index``, and the run's mesh spans the slices
+  with its ``data`` axis (dllm_rl.parallel.mesh).
 * ``cpu:N``: N simulated CPU devices (``--xla_force_host_platform_device_count``, set
   before JAX starts). The CPU compiler's buffer assignment stands in for a GPU's, so a
   ``cpu:N`` plan is an *estimate*, against ``device_memory_gib`` per device: prefer
@@ -142,9 +146,14 @@ def compile_on_cpu(force: bool) -> None:
 
 
 def get_topology(name: str, *, device_memory_gib: float | None = None,
-                 peak_tflops: float | None = None) -> Topology:
-  """Compile-only devices and per-device budgets for a topology name."""
+                 peak_tflops: float | None = None, slices: int = 1) -> Topology:
+  """Compile-only devices and per-device budgets for a topology name (``slices`` of it:
+  TPU only)."""
   import jax
+
+  if slices < 1 or (slices > 1 and (cpu_device_count(name) is not None
+                                    or gpu_topology_name(name) is not None)):
+    raise ValueError(f"{slices} slices of {name!r}: multislice is a TPU topology's (slices >= 1)")
 
   n = cpu_device_count(name)
   if n is not None:
@@ -164,14 +173,17 @@ def get_topology(name: str, *, device_memory_gib: float | None = None,
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies
   try:
-    devices = topologies.get_topology_desc(platform="tpu", topology_name=tpu_name).devices
+    extra = {"num_slices": slices} if slices > 1 else {}
+    devices = topologies.get_topology_desc(platform="tpu", topology_name=tpu_name,
+                                           **extra).devices
   except (RuntimeError, ValueError, NotImplementedError) as err:
     raise ValueError(f"topology {name!r} ({tpu_name}): libtpu could not describe it ({err});"
                      " install it with `pip install -r requirements-tpu.txt`") from err
   hbm, flops, _ = TPU_CHIPS[gen]
-  chips = math.prod(int(d) for d in tpu_name.split(":")[1].split("x"))
+  chips = slices * math.prod(int(d) for d in tpu_name.split(":")[1].split("x"))
   per_chip = len(devices) / chips  # devices per chip (cores exposed separately on some)
   hbm = device_memory_gib * GIB if device_memory_gib else hbm / per_chip
-  return Topology(name, tuple(devices), int(hbm),
+  label = f"{slices} × {name}" if slices > 1 else name
+  return Topology(label, tuple(devices), int(hbm),
                   (peak_tflops * 1e12) if peak_tflops else flops / per_chip, estimate=False,
                   chips=chips)

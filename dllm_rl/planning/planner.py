@@ -243,12 +243,14 @@ def json_path_problems(json_path: str) -> list[ConfigError]:
 
 def run_plan(config, topology: str, *, json_path: str | None = None,
              device_memory_gib: float | None = None, peak_tflops: float | None = None,
-             programs: list[str] | None = None) -> int:
-  """Plan, print the table (and write the JSON); the exit status (0 fits, 3 does not)."""
+             programs: list[str] | None = None, slices: int = 1) -> int:
+  """Plan, print the table (and write the JSON); the exit status (0 fits, 3 does not).
+  ``slices``: that many copies of a TPU ``topology`` (multislice)."""
   from dllm_rl.parallel.topology import get_topology
 
   validated(config)
-  topo = get_topology(topology, device_memory_gib=device_memory_gib, peak_tflops=peak_tflops)
+  topo = get_topology(topology, device_memory_gib=device_memory_gib, peak_tflops=peak_tflops,
+                      slices=slices)
   out, problems = plan(config, topo, programs)
   print(table(topo, out["programs"]), flush=True)
   if json_path:

@@ -43,7 +43,7 @@ from dllm_rl.infra.checkpoint import LayoutMismatch
 from dllm_rl.models import convert, hf, lora, peft
 from dllm_rl.models.transformer import ModelConfig, abstract_model
 from dllm_rl.parallel.distributed import is_primary, raise_agreed
-from dllm_rl.parallel.mesh import make_mesh
+from dllm_rl.parallel.mesh import make_mesh, slice_count
 from dllm_rl.tasks.tokenizer import CharTokenizer
 from dllm_rl.train import lora_checkpoint, run_checkpoints
 from dllm_rl.train.context import checkpoint_folder, hf_model_config, model_config
@@ -156,10 +156,11 @@ def agreed(failure: BaseException | None, flag: str, what: str) -> None:
 
 def export_mesh():
   """The mesh the parameters are restored onto: one device in a single process; in several,
-  every device (``fsdp``), so that each tensor is gathered to process 0 in turn."""
+  every device (``fsdp``; a copy per slice of a TPU multislice job, whose ``data`` axis must
+  span its slices), so that each tensor is gathered to process 0 in turn."""
   if jax.process_count() == 1:
     return make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
-  return make_mesh({"data": 1, "fsdp": -1, "tensor": 1})
+  return make_mesh({"data": slice_count(jax.devices()), "fsdp": -1, "tensor": 1})
 
 
 def check_outside_checkpoints(workdir: str, folders: dict[str, str | None]) -> None:
