@@ -1,12 +1,13 @@
 """Device mesh from config: axes ('data', 'fsdp', 'expert', 'tensor'), sizes may be -1 (fill).
 
-TPU multislice (devices of several slices, each with its ``slice_index``): the slices talk over
-the data-center network (DCN), far slower than the chips' own links (ICI), so the ``data`` axis
-alone spans them — each slice holds ``data / slices`` of it and the whole of ``fsdp``,
+TPU multislice (TPU devices of several slices, each with its ``slice_index``): the slices talk
+over the data-center network (DCN), far slower than the chips' own links (ICI), so the ``data``
+axis alone spans them — each slice holds ``data / slices`` of it and the whole of ``fsdp``,
 ``expert`` and ``tensor``, whose all-gathers and all-to-alls run every layer — and only the
-gradient all-reduce crosses DCN (``mesh_utils.create_hybrid_device_mesh``). ``data`` must then be
-a multiple of the slice count: a ValueError says so (``mesh.data = 1`` with ``fsdp = -1``, the
-8B configs' layout, would shard every weight over DCN)."""
+gradient all-reduce crosses DCN (the layout of ``mesh_utils.create_hybrid_device_mesh``).
+``data`` must then be a multiple of the slice count: a ValueError says so (``mesh.data = 1``
+with ``fsdp = -1``, the 8B configs' layout, would shard every weight over DCN). GPU and CPU
+devices' ``slice_index`` (one per host) is no slice: see :func:`slice_count`."""
 
 from __future__ import annotations
 
@@ -54,32 +55,44 @@ def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
   shape = resolve_shape(sizes, len(devices))
   if slices > 1:
     return Mesh(_multislice_grid(shape, devices, slices), AXES)
-  try:
-    from jax.experimental import mesh_utils
-    grid = mesh_utils.create_device_mesh(shape, devices=devices)
-  except (ValueError, NotImplementedError, AssertionError):
-    grid = np.asarray(devices).reshape(shape)
-  return Mesh(grid, AXES)
+  return Mesh(_slice_grid(shape, devices), AXES)
 
 
 def slice_count(devices: Sequence[jax.Device]) -> int:
-  """How many TPU slices ``devices`` come from (1 unless a multislice job's)."""
-  return len({getattr(d, "slice_index", 0) for d in devices})
+  """How many TPU slices ``devices`` come from (1 unless a multislice job's).
+
+  Only TPU devices count: XLA's GPU and CPU clients give every device a ``slice_index`` too,
+  one per host (its boot id), so a job of several GPU nodes is not a multislice one (its mesh
+  stays the one the config asks for, e.g. FSDP over every GPU of the job)."""
+  return len({d.slice_index for d in devices
+              if getattr(d, "platform", None) == "tpu" and hasattr(d, "slice_index")} or {0})
+
+
+def _slice_grid(shape: tuple[int, ...], devices) -> np.ndarray:
+  """``devices`` (one slice's, or one process's) as an array of ``shape``: in the chips' ring
+  order where ``mesh_utils`` finds one for ``shape``, else in the given order."""
+  try:
+    from jax.experimental import mesh_utils
+    return mesh_utils.create_device_mesh(shape, devices=devices)
+  except (ValueError, NotImplementedError, AssertionError):
+    return np.asarray(devices).reshape(shape)
 
 
 def _multislice_grid(shape: tuple[int, ...], devices, slices: int) -> np.ndarray:
   """``data`` split into ``slices`` × ``data / slices`` (DCN × ICI), every other axis within a
-  slice (module docstring)."""
+  slice (module docstring): each slice's grid (:func:`_slice_grid`) stacked along ``data`` in
+  slice order, as ``mesh_utils.create_hybrid_device_mesh`` with DCN shape (slices, 1, 1, 1)
+  builds it, but with the same fallback as one slice where no ring order fits the shape."""
   data = shape[0]
   if data % slices:
     raise ValueError(f"mesh.data = {data}: a job of {slices} TPU slices needs mesh.data to be a"
                      f" multiple of {slices} (the data axis alone spans the slices, over the"
                      f" data-center network; fsdp, expert and tensor stay within a slice), e.g."
                      f" mesh.data = {slices} with mesh.fsdp = -1")
-  per_slice = len(devices) // slices
-  if any(sum(getattr(d, "slice_index", 0) == s for d in devices) != per_slice
-         for s in {getattr(d, "slice_index", 0) for d in devices}):
+  by_slice: dict[int, list] = {}
+  for d in devices:
+    by_slice.setdefault(d.slice_index, []).append(d)
+  if len({len(own) for own in by_slice.values()}) > 1:
     raise ValueError(f"{len(devices)} devices over {slices} slices of unequal sizes")
-  from jax.experimental import mesh_utils
-  return mesh_utils.create_hybrid_device_mesh((data // slices, *shape[1:]),
-                                              (slices, 1, 1, 1), devices=devices)
+  per_slice = (data // slices, *shape[1:])
+  return np.concatenate([_slice_grid(per_slice, by_slice[s]) for s in sorted(by_slice)])

@@ -4,6 +4,8 @@ within one slice's chips, in their ring order — a ``data`` that cannot span th
 error (``mesh_utils`` asserts on such devices, and the old fallback reshaped them, FSDP across
 the slices), and the planner compiles a run's program for them."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -52,6 +54,44 @@ def test_a_data_axis_that_cannot_span_the_slices_is_named(two_slices):
     mesh_lib.make_mesh({"data": 1, "fsdp": -1, "tensor": 1}, devices=two_slices.devices)
   with pytest.raises(ValueError, match="unequal sizes"):
     mesh_lib.make_mesh({"data": 2, "fsdp": -1, "tensor": 1}, devices=two_slices.devices[:6])
+
+
+@needs_libtpu
+def test_a_shape_without_a_ring_order_falls_back_within_each_slice():
+  """2 × v5p-32 (2x2x4 chips each): data 2 × fsdp 2 × expert 2 × tensor 4 has no ring order in
+  a slice (``mesh_utils`` raises NotImplementedError, which the hybrid mesh let through): each
+  slice then gets the grid one slice of its own devices gets, as a single slice falls back."""
+  devices = topology.get_topology("v5p-32", slices=2).devices
+  mesh = mesh_lib.make_mesh({"data": 2, "fsdp": 2, "expert": 2, "tensor": 4}, devices=devices)
+  assert mesh.devices.shape == (2, 2, 2, 4)
+  ids = np.vectorize(lambda d: d.id)
+  for s in range(2):
+    own = [d for d in devices if d.slice_index == s]
+    alone = mesh_lib.make_mesh({"data": 1, "fsdp": 2, "expert": 2, "tensor": 4}, devices=own)
+    assert (_slice_of(mesh)[s] == s).all()
+    assert (ids(mesh.devices[s]) == ids(alone.devices[0])).all()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Device:
+  """What make_mesh and mesh_utils read of a device."""
+  id: int
+  platform: str
+  slice_index: int
+  device_kind: str = "NVIDIA H100 80GB HBM3"
+
+
+def test_gpu_hosts_are_not_slices():
+  """XLA gives GPU (and CPU) devices a ``slice_index`` per host: a job of two GPU nodes is not
+  a multislice one, and its mesh is the config's (``data = 1``, FSDP over every GPU), not a
+  'TPU slices' error."""
+  import jax
+  nodes = [_Device(i, "gpu", i // 4) for i in range(8)]
+  assert mesh_lib.slice_count(nodes) == 1 and mesh_lib.slice_count(jax.devices()) == 1
+  mesh = mesh_lib.make_mesh({"data": 1, "fsdp": -1, "tensor": 1}, devices=nodes)
+  assert mesh.devices.shape == (1, 8, 1, 1)
+  assert [d.id for d in mesh.devices.flat] == list(range(8))
+  assert mesh_lib.slice_count([_Device(i, "tpu", i // 4) for i in range(8)]) == 2
 
 
 def test_one_slice_is_unchanged():
