@@ -81,11 +81,12 @@ def test_help_prints_the_usage_and_exits_0(flag, capsys):
 
 
 def test_plan_flags_are_checked_before_the_compile(tmp_path):
-  """A --json path that cannot be written, a non-positive memory or cpu:0 are found before the
-  plan compiles (minutes at 8B), all at once with the config's problems, exit 2."""
+  """A --json path that cannot be written, a non-positive memory, cpu:0 or --slices of a topology
+  that is no TPU slice are found before the plan compiles (minutes at 8B), all at once with the
+  config's problems, exit 2."""
   (tmp_path / "a_file").write_text("")
   proc = subprocess.run([sys.executable, "-m", "dllm_rl.plan", "--config=configs/tiny_cpu.py",
-                         "--topology=cpu:0", "--device_memory_gib=-5",
+                         "--topology=cpu:0", "--device_memory_gib=-5", "--slices=2",
                          f"--json={tmp_path}/a_file/plan.json", "--config.rl.steps=many"],
                         cwd=ROOT, capture_output=True, text=True, timeout=300,
                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
@@ -94,5 +95,7 @@ def test_plan_flags_are_checked_before_the_compile(tmp_path):
       "error: config.rl.steps: expected int, got 'many'",  # the config's and the flags' at once
       "error: --device_memory_gib: must be positive, got -5.0",
       "error: --topology: cpu:N needs N >= 1 devices, got cpu:0",
+      "error: --slices: 2: must be >= 1, and 1 unless --topology is a TPU slice (multislice),"
+      " got cpu:0",
       f"error: --json: {tmp_path}/a_file is not an existing folder"]
   assert json_path_problems(str(tmp_path)) and not json_path_problems(f"{tmp_path}/plan.json")
