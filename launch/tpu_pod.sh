@@ -41,7 +41,7 @@
 #   4. run       gcloud compute tpus tpu-vm ssh NAME --worker=all --command="cd REMOTE_DIR &&
 #                PYTHON -m dllm_rl.main --config=CONFIG --workdir=WORKDIR OVERRIDES..."
 #   Steps 2-4 run on every slice (NAME-0 .. with --slices N > 1; step 4 on all at once: the
-#   job starts when every worker of every slice has joined it).
+#   job starts when every worker of every slice has joined it; Ctrl-C stops them all).
 #
 # Options (environment variable in brackets; a flag wins over its variable):
 #   --name NAME              TPU name                                [TPU_NAME]   required
@@ -182,7 +182,7 @@ elif [[ $CREATE == 1 ]]; then
       "${CREATE_ARGS[@]}"
   STATE_CMD=(gcloud compute tpus queued-resources describe "$NAME" "${GCLOUD_LOCATION[@]}"
              --format="value(state.state)")
-  echo "+ $(quote_all "${STATE_CMD[@]}")  (every 30 s until ACTIVE)"
+  echo "+ $(quote_all "${STATE_CMD[@]}")  (every $POLL_S s until ACTIVE)"
   while [[ $DRY_RUN == 0 ]]; do
     STATE=$("${STATE_CMD[@]}") || die "could not read the state of queued resource $NAME"
     case $STATE in
@@ -237,11 +237,23 @@ if [[ $SLICES == 1 ]]; then
   exit
 fi
 PIDS=()  # every slice at once (each waits in jax.distributed for the others), then each status
+# Each slice's session in its own process group (set -m): a script's background commands ignore
+# SIGINT otherwise, so Ctrl-C left them running and the script waiting for them. Ctrl-C (or
+# SIGTERM) now stops every session, whole (gcloud and its ssh processes), and exits 130.
+# shellcheck disable=SC2329  # run by the trap below
+stop_slices() {
+  trap - INT TERM
+  echo "tpu_pod.sh: interrupted: stopping the slices' sessions" >&2
+  for pid in ${PIDS[@]+"${PIDS[@]}"}; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+  exit 130
+}
+trap stop_slices INT TERM
+set -m
 for node in "${NODES[@]}"; do
   SSH=(gcloud compute tpus tpu-vm ssh "$node" "${GCLOUD_LOCATION[@]}" --worker=all
        --command "$MAIN_CMD")
   echo "+ $(quote_all "${SSH[@]}") &"
-  if [[ $DRY_RUN == 0 ]]; then "${SSH[@]}" & PIDS+=($!); fi
+  if [[ $DRY_RUN == 0 ]]; then "${SSH[@]}" </dev/null & PIDS+=($!); fi
 done
 STATUS=0
 for i in "${!PIDS[@]}"; do

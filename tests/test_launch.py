@@ -6,8 +6,10 @@ import glob
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -379,6 +381,53 @@ esac"""})
   assert res.returncode == 5, (res.stdout, res.stderr)
   assert count.read_text().count("x") == 3
   assert "slice ms-1 exited 5" in res.stderr and "ms-0 exited" not in res.stderr
+
+
+def test_tpu_multislice_ctrl_c_stops_every_slice(tmp_path):
+  """Ctrl-C (SIGINT to the launcher's process group) while the slices run: every slice's
+  session is stopped and the script exits 130 at once. Before, a script's background jobs
+  ignored SIGINT: the sessions ran on and the script waited for them (hours, in a run)."""
+  pids = tmp_path / "pids"
+  env = recording_tools(tmp_path, {"gcloud": f"""case "$*" in
+  *ssh*) echo $$ >> '{pids}'; exec sleep 60 ;;
+esac"""})
+  proc = subprocess.Popen(["bash", TPU, "--slices", "2", "--name", "ms", "--zone", "z",
+                           "--workdir", "gs://b/r", "--config", "configs/tiny_cpu.py"], env=env,
+                          cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True)
+  started = []
+  try:
+    deadline = time.monotonic() + 20
+    while len(started) < 2 and time.monotonic() < deadline:
+      time.sleep(0.05)
+      started = pids.read_text().split() if pids.exists() else []
+    assert len(started) == 2, started
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 130 and "interrupted" in err, err
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_alive(int(pid)) for pid in started):
+      time.sleep(0.05)
+    assert not any(_alive(int(pid)) for pid in started), started
+  finally:
+    for pid in started:  # what the script left running, if it did
+      if _alive(int(pid)):
+        os.kill(int(pid), signal.SIGKILL)
+    proc.kill()
+    proc.communicate()
+
+
+def _alive(pid: int) -> bool:
+  """``pid`` runs (a zombie, which init has yet to reap, does not)."""
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except OSError:  # no /proc (macOS): os.kill's answer
+    return True
 
 
 def test_tpu_runs_exactly_what_it_prints(tmp_path):
