@@ -57,6 +57,26 @@ def test_mode_eval_of_a_checkpoint_runs_on_every_process(tmp_path):
   assert report["test_size"] == 4
 
 
+def test_sft_with_the_tensor_axis_across_the_processes_matches_one_process(tmp_path):
+  """``mesh.tensor = 2`` over 2 processes of one device each: every batch row is replicated on
+  both. Each device now takes its rows from the global batch; before, each process passed its
+  half (``host_rows``) for the same replicated rows, so the two devices trained on different
+  data. The 2-process SFT run's losses equal the 1-process run's on the same 2-device mesh."""
+  overrides = {"mesh.tensor": 2, "sft.steps": 4, "sft.eval_every": 0, "sft.log_every": 1}
+  outs = _run(tmp_path, tmp_path / "two", "sft", overrides)
+  assert [o["error"] for o in outs] == [None, None]
+  from dllm_rl.train import modes
+  one = modes.run(helpers.tiny_run_config("sft", {**overrides, "mesh.data": 1}),
+                  str(tmp_path / "one"))
+
+  def losses(workdir):
+    with open(workdir / "metrics.jsonl") as fh:
+      return [r["loss"] for r in map(json.loads, fh) if r.get("phase") == "sft" and "loss" in r]
+
+  assert len(losses(tmp_path / "one")) == 4, one
+  assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "one"), rel=1e-5)
+
+
 def test_convert_export_over_two_processes_is_written_once_by_process_0(tmp_path):
   """``convert export --workdir`` started by a 2-process launch (the DLLM_* variables set):
   both processes join jax.distributed, process 0 alone writes the folder, which equals a

@@ -95,7 +95,10 @@ def shard_batch(mesh: Mesh, batch: Any) -> Any:
   """Host-local rows → global arrays sharded over the batch axes.
 
   Each process passes the rows it loaded (``distributed.host_rows``); in a
-  single process that is the whole batch.
+  single process that is the whole batch. Right only where each process's devices hold one
+  contiguous block of rows in process order — not with a batch-replicating axis (``tensor``)
+  across processes: the framework's batches, which every process holds whole, go through
+  :func:`put_global` instead.
   """
   return jax.tree.map(
       lambda a: jax.make_array_from_process_local_data(batch_sharding(mesh, np.ndim(a)),

@@ -18,10 +18,9 @@ from dllm_rl.config.choices import RL_MODES, SFT_MODES
 from dllm_rl.errors import raise_all
 from dllm_rl.models import lora, transformer
 from dllm_rl.models.transformer import init_params_sharded
-from dllm_rl.parallel.distributed import host_rows
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.parallel.rules import batch_size_divisor
-from dllm_rl.parallel.shard import shard_batch
+from dllm_rl.parallel.shard import put_global
 from dllm_rl.sampling.block_sampler import BlockSamplerConfig
 from dllm_rl.sampling.configs import sampler_config
 from dllm_rl.sampling.sampler import SamplerConfig
@@ -524,8 +523,9 @@ def frozen_base(ctx: Context) -> nnx.State:
 
 
 def to_device(ctx: Context, global_batch: dict, cls):
-  """A global numpy batch (identical on every process) → the batch pytree,
-  sharded over the batch axes; each process contributes only its own rows."""
-  n = len(next(iter(global_batch.values())))
-  rows = host_rows(n)
-  return shard_batch(ctx.mesh, cls(**{k: np.asarray(v)[rows] for k, v in global_batch.items()}))
+  """A global numpy batch (identical on every process) → the batch pytree, sharded over the
+  batch axes: each device takes its own rows of it (``put_global``), whatever the mesh's device
+  order. (Each process passing the contiguous block ``host_rows`` names assumed that a
+  process's devices hold one such block: a ``tensor`` axis across processes replicates rows on
+  several of them, which then passed different rows for the same replicas.)"""
+  return put_global(ctx.mesh, cls(**{k: np.asarray(v) for k, v in global_batch.items()}))
