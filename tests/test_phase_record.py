@@ -4,6 +4,8 @@ record is said and read as none."""
 
 import json
 
+import pytest
+
 from dllm_rl.train import phase_record
 from tests.helpers import tiny_run_config
 
@@ -92,3 +94,31 @@ def test_sft_reuses_its_record_across_the_estimator_keys_it_does_not_read(tmp_pa
   dense = tiny_run_config("pipeline", {"estimator.attention_impl": "reference"})
   assert phase_record.read(str(tmp_path), "sft", 20, dense, keys) is None
   assert not capsys.readouterr().err
+
+
+def test_every_process_looks_for_the_checkpoints_before_any_creates_them(tmp_path, monkeypatch):
+  """``run_phase`` meets the other processes at a barrier after looking for the phase's
+  checkpoint folder (``_recorded``) and before opening it for writing: a process that looked
+  after process 0 had made the folder opened it read-only, and its collectives met process
+  0's creating ones (a 2-process SFT run on a fresh workdir stopped with "sync_global_devices
+  name mismatch" in CI)."""
+  from types import SimpleNamespace
+
+  from dllm_rl.train import phases
+  calls = []
+
+  class Stop(Exception):
+    pass
+
+  def opened(ctx, name):
+    calls.append(("open", name))
+    raise Stop
+
+  monkeypatch.setattr(phases, "sync", lambda name: calls.append(("sync", name)))
+  monkeypatch.setattr(phases, "available_steps",
+                      lambda workdir, name: calls.append(("look", name)) or [])
+  monkeypatch.setattr(phases, "open_checkpointer", opened)
+  phase_cls = type("P", (), {"name": "sft", "unrelated_keys": (), "__init__": lambda s, c: None})
+  with pytest.raises(Stop):
+    phases.run_phase(phase_cls, SimpleNamespace(workdir=str(tmp_path), config=None))
+  assert [c[0] for c in calls] == ["look", "sync", "open"], calls

@@ -41,7 +41,7 @@ from dllm_rl import paths
 from dllm_rl.infra.checkpoint import Checkpointer
 from dllm_rl.infra.observability import MetricsLogger, phase_summary, postfix, progress
 from dllm_rl.infra.plots import Panel, plot_metrics
-from dllm_rl.parallel.distributed import is_primary
+from dllm_rl.parallel.distributed import is_primary, sync
 from dllm_rl.train import evaluation, layout_errors, phase_record
 from dllm_rl.train.context import Context
 from dllm_rl.train.lora_checkpoint import base_pointer, restore_checkpoint, saved_state
@@ -324,6 +324,11 @@ def run_phase(phase_cls: type[Phase], ctx: Context) -> dict:
   recorded = _recorded(phase_cls, ctx)
   if recorded is not None:  # the plot where this workdir has it now (it may have moved)
     return {**recorded, f"{name}_plot": curves_path(ctx.workdir, name)}
+  # Every process has looked for the phase's checkpoint folder before any creates it below: a
+  # process that found the folder process 0 had just made opened it read-only, whose
+  # collectives then met process 0's creating ones (a multi-process run on a fresh workdir
+  # stopped with "sync_global_devices name mismatch").
+  sync(f"{name}: looked for its checkpoints")
   phase = phase_cls(ctx)
   ckpt = open_checkpointer(ctx, name)
   state, meta, step = _restore(phase, ckpt)
