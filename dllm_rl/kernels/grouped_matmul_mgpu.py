@@ -69,14 +69,16 @@ def _block(dim: int, name: str) -> int:
   return 128 if dim % 128 == 0 else 64
 
 
-def _check_dtype(x_dtype, w_dtype) -> None:
-  """ValueError unless x and w promote to a 16-bit float (bf16 with f16 promotes to f32)."""
+def _operand_dtype(x_dtype, w_dtype) -> jnp.dtype:
+  """The dtype x and w promote to; a ValueError unless a 16-bit float (bf16 with f16 promotes
+  to f32)."""
   dtype = jnp.promote_types(x_dtype, w_dtype)
   if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     raise ValueError(f"{_KEY} needs bfloat16 or float16 activations and expert weights"
                      f" (wgmma operands), got x {jnp.dtype(x_dtype).name} and w"
                      f" {jnp.dtype(w_dtype).name} (promoted: {dtype.name}): set model.dtype,"
                      " or use 'tiled'")
+  return dtype
 
 
 def sm_count() -> int:
@@ -96,8 +98,7 @@ def mgpu_matmul(x_RD: jax.Array, w_EDF: jax.Array, sizes_E: jax.Array, *,
                 interpret: bool = False) -> jax.Array:
   """[R, F] in the promoted dtype of x and w: the grouped matmul by JAX's Mosaic GPU kernels
   (module docstring); 0 past Σ ``sizes_E`` (≤ R)."""
-  dtype = jnp.promote_types(x_RD.dtype, w_EDF.dtype)
-  _check_dtype(x_RD.dtype, w_EDF.dtype)
+  dtype = _operand_dtype(x_RD.dtype, w_EDF.dtype)
   _block(w_EDF.shape[1], "the experts' input width D")
   _block(w_EDF.shape[2], "the experts' output width F")
   check_build(interpret)
@@ -117,10 +118,10 @@ def _mode(interpret: bool):
 
 def _ragged_dot(lhs_RK, rhs_EKN, sizes_E, interpret, *, transpose_rhs=False):
   from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
-  n = rhs_EKN.shape[1 if transpose_rhs else 2]
+  n, name = (rhs_EKN.shape[1], "D") if transpose_rhs else (rhs_EKN.shape[2], "F")
   with _mode(interpret):
     return ragged_dot_mgpu.ragged_dot(
-        lhs_RK, rhs_EKN, group_sizes=sizes_E, block_m=BLOCK_ROWS, block_n=_block(n, "F"),
+        lhs_RK, rhs_EKN, group_sizes=sizes_E, block_m=BLOCK_ROWS, block_n=_block(n, name),
         block_k=BLOCK_K, max_concurrent_steps=CONCURRENT_STEPS, grid_block_n=1,
         transpose_rhs=transpose_rhs)
 
