@@ -10,7 +10,9 @@
 # Usage:
 #   launch/slurm_gpu.sh --config FILE --workdir DIR [options] [-- OVERRIDES...]
 #       outside an allocation: submits this script with sbatch (the options below become sbatch
-#       options); inside one (sbatch, salloc): starts the processes with srun
+#       options), after checking the config file and the overrides with PYTHON (python -m
+#       dllm_rl.config.preflight: every key exists and parses; skipped, saying so, where PYTHON
+#       cannot import dllm_rl); inside one (sbatch, salloc): starts the processes with srun
 #   sbatch [sbatch options] launch/slurm_gpu.sh --config FILE --workdir DIR [-- OVERRIDES...]
 #       the same, with the #SBATCH defaults above
 #
@@ -180,6 +182,9 @@ if [[ -n ${SLURM_JOB_ID:-} ]]; then
   srun_step "$SLURM_JOB_NODELIST" "${PORT:-$((20000 + SLURM_JOB_ID % 10000))}"
 else
   [[ $DRY_RUN == 1 ]] || command -v sbatch >/dev/null || die "sbatch not found (not a SLURM host?)"
+  # The config and the overrides, checked before the job waits in the queue (hours, may be).
+  [[ ! -f $REPO/$CONFIG ]] || preflight "$PYTHON" "$REPO" "$CONFIG" 1 \
+      ${OVERRIDES[@]+"${OVERRIDES[@]}"}
   # shellcheck disable=SC2054  # --export=ALL,VAR=value: one sbatch option, commas and all
   SBATCH=(sbatch --nodes="$NODES" --gpus-per-node="$GPUS_PER_NODE"
           --ntasks-per-node="$TASKS_PER_NODE" --export=ALL,DLLM_REPO="$REPO"

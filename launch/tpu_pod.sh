@@ -25,6 +25,7 @@
 #                with --slices N > 1 (multislice needs queued resources): gcloud compute tpus
 #                queued-resources create NAME --node-count N --node-prefix NAME (slices NAME-0
 #                .. NAME-<N-1>), then its state is read every 30 s until ACTIVE
+#                [TPU_POLL_SECONDS] (up to 5 failed reads in a row [TPU_POLL_TRIES])
 #   2. --setup   tar this checkout, gcloud ... scp it to every worker (--worker=all), unpack it
 #                into REMOTE_DIR and build REMOTE_DIR/.venv on Python >= 3.11 (the TPU VM
 #                image's python3 may be 3.10): python3 -m pip install --user uv, then
@@ -41,7 +42,12 @@
 #   4. run       gcloud compute tpus tpu-vm ssh NAME --worker=all --command="cd REMOTE_DIR &&
 #                PYTHON -m dllm_rl.main --config=CONFIG --workdir=WORKDIR OVERRIDES..."
 #   Steps 2-4 run on every slice (NAME-0 .. with --slices N > 1; step 4 on all at once: the
-#   job starts when every worker of every slice has joined it; Ctrl-C stops them all).
+#   job starts when every worker of every slice has joined it; Ctrl-C stops them all; the
+#   first slice to fail is named and its status is the script's; the others' sessions are
+#   stopped TPU_FAIL_GRACE_SECONDS (600) later if JAX has not ended their runs by then).
+#   Before step 1, the config file and the overrides are checked here with DLLM_LOCAL_PYTHON
+#   (default: this checkout's .venv/bin/python; python -m dllm_rl.config.preflight): every
+#   key exists and parses, and mesh.data is a multiple of --slices.
 #
 # Options (environment variable in brackets; a flag wins over its variable):
 #   --name NAME              TPU name                                [TPU_NAME]   required
@@ -103,6 +109,9 @@ UV_SPEC=uv==0.13.9  # installed with the worker's python3 to build the venv
 STAGE_WEIGHTS=${DLLM_STAGE_WEIGHTS:-}
 SLICES=${TPU_SLICES:-1}
 POLL_S=${TPU_POLL_SECONDS:-30}  # how often a queued resource's state is read (tests: 0)
+POLL_TRIES=${TPU_POLL_TRIES:-5}  # reads of the state that may fail in a row (network, quota)
+FAIL_GRACE_S=${TPU_FAIL_GRACE_SECONDS:-600}  # after a slice fails, the others' time to end
+LOCAL_PYTHON=${DLLM_LOCAL_PYTHON:-}  # default: this checkout's .venv/bin/python (below)
 CREATE=0 SPOT=0 SETUP=0 DRY_RUN=0
 OVERRIDES=()
 
@@ -141,9 +150,15 @@ done
     "every worker then writes its own local copy" >&2
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+LOCAL_PYTHON=${LOCAL_PYTHON:-$REPO/.venv/bin/python}
 if [[ $DRY_RUN == 0 ]]; then
   command -v gcloud >/dev/null || die "gcloud not found (install the Google Cloud CLI)"
   [[ -f $REPO/$CONFIG ]] || die "config file $REPO/$CONFIG not found"
+fi
+# The config and the overrides, checked here before any slice is created or reached (a typo'd
+# key, or a mesh.data the slices do not divide, would otherwise stop the workers after setup).
+if [[ -f $REPO/$CONFIG ]]; then
+  preflight "$LOCAL_PYTHON" "$REPO" "$CONFIG" "$SLICES" ${OVERRIDES[@]+"${OVERRIDES[@]}"}
 fi
 
 # The TPU software version Cloud TPU documents for each generation (cloud.google.com/tpu/docs/
@@ -183,8 +198,19 @@ elif [[ $CREATE == 1 ]]; then
   STATE_CMD=(gcloud compute tpus queued-resources describe "$NAME" "${GCLOUD_LOCATION[@]}"
              --format="value(state.state)")
   echo "+ $(quote_all "${STATE_CMD[@]}")  (every $POLL_S s until ACTIVE)"
+  FAILED_READS=0
   while [[ $DRY_RUN == 0 ]]; do
-    STATE=$("${STATE_CMD[@]}") || die "could not read the state of queued resource $NAME"
+    if ! STATE=$("${STATE_CMD[@]}"); then
+      FAILED_READS=$((FAILED_READS + 1))
+      [[ $FAILED_READS -lt $POLL_TRIES ]] || die "could not read the state of queued resource" \
+          "$NAME ($FAILED_READS tries in a row); it may still be provisioning: see gcloud" \
+          "compute tpus queued-resources describe $NAME, then rerun without --create"
+      echo "tpu_pod.sh: could not read the state of $NAME (try $FAILED_READS of" \
+          "$POLL_TRIES); reading it again in $POLL_S s" >&2
+      sleep "$POLL_S"
+      continue
+    fi
+    FAILED_READS=0
     case $STATE in
       ACTIVE) break ;;
       FAILED|SUSPENDED|SUSPENDING) die "queued resource $NAME is $STATE (gcloud compute tpus" \
@@ -255,9 +281,36 @@ for node in "${NODES[@]}"; do
   echo "+ $(quote_all "${SSH[@]}") &"
   if [[ $DRY_RUN == 0 ]]; then "${SSH[@]}" </dev/null & PIDS+=($!); fi
 done
-STATUS=0
-for i in "${!PIDS[@]}"; do
-  wait "${PIDS[$i]}" || { code=$?; echo "tpu_pod.sh: slice ${NODES[$i]} exited $code" >&2
-                          [[ $STATUS != 0 ]] || STATUS=$code; }
+# The sessions as they end (not in slice order): the first slice to fail is named first, and
+# its status is the script's. The other slices' processes then stop on their own once JAX's
+# distributed service notices the lost one (its heartbeat timeout, 100 s by default), so each
+# has FAIL_GRACE_S to end and show its error; a session still open after that is stopped.
+STATUS=0 FAILED_AT=0 LEFT=${#PIDS[@]}
+ENDED=()
+while [[ $LEFT -gt 0 ]]; do
+  for i in "${!PIDS[@]}"; do
+    [[ -z ${ENDED[$i]:-} ]] && ! kill -0 "${PIDS[$i]}" 2>/dev/null || continue
+    code=0; wait "${PIDS[$i]}" || code=$?
+    ENDED[$i]=1; LEFT=$((LEFT - 1))
+    [[ $code != 0 ]] || continue
+    echo "tpu_pod.sh: slice ${NODES[$i]} exited $code" >&2
+    if [[ $STATUS == 0 ]]; then
+      STATUS=$code FAILED_AT=$SECONDS
+      [[ $LEFT == 0 ]] || echo "tpu_pod.sh: the other slices' runs get $FAIL_GRACE_S s to end" \
+          "(TPU_FAIL_GRACE_SECONDS); their sessions are stopped after that" >&2
+    fi
+  done
+  if [[ $STATUS != 0 && $LEFT -gt 0 && $((SECONDS - FAILED_AT)) -ge $FAIL_GRACE_S ]]; then
+    for i in "${!PIDS[@]}"; do
+      [[ -z ${ENDED[$i]:-} ]] || continue
+      kill -TERM -- "-${PIDS[$i]}" 2>/dev/null || true
+      echo "tpu_pod.sh: stopped slice ${NODES[$i]}'s session $FAIL_GRACE_S s after the" \
+          "failure; if its processes still run: gcloud compute tpus tpu-vm ssh ${NODES[$i]}" \
+          "--zone=$ZONE --worker=all --command='pkill -f dllm_rl.main'" >&2
+    done
+    wait || true
+    break
+  fi
+  [[ $LEFT == 0 ]] || sleep 1
 done
 exit "$STATUS"

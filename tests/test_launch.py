@@ -417,6 +417,86 @@ esac"""})
     proc.communicate()
 
 
+def test_tpu_checks_the_config_before_creating_anything(sandbox, tmp_path):
+  """--slices 2 with the TPU config's mesh.data = 1, and a typo'd key: both named, exit 2, and
+  gcloud never called (before, the workers found the mesh.data problem after the slices were
+  created, set up and staged). Without a local Python the script says the workers check."""
+  env = {**sandbox, "DLLM_LOCAL_PYTHON": sys.executable}
+  res = run_script(TPU, ["--create", "--setup", "--slices", "2", "--name", "ms", "--zone", "z",
+                         "--workdir", "gs://b/r", "--", "--config.rl.nosuch=1"], env, tmp_path)
+  assert res.returncode == 2, (res.stdout, res.stderr)
+  assert "error: config.rl.nosuch: unknown key" in res.stderr
+  assert not list(tmp_path.glob("called-*")) and "nothing was created" in res.stderr
+  res = run_script(TPU, ["--dry-run", "--slices", "2", "--name", "ms", "--zone", "z",
+                         "--workdir", "gs://b/r"], env, tmp_path)
+  assert res.returncode == 2 and "config.mesh.data: 1 is not a multiple of the 2 slices" in (
+      res.stderr), res.stderr
+  env["DLLM_LOCAL_PYTHON"] = str(tmp_path / "no-python")
+  res = run_script(TPU, ["--dry-run", "--slices", "2", "--name", "ms", "--zone", "z",
+                         "--workdir", "gs://b/r"], env, tmp_path)
+  assert res.returncode == 0 and "checked on the workers only" in res.stderr, res.stderr
+
+
+def test_slurm_checks_the_config_before_submitting(sandbox, tmp_path):
+  """A typo'd key stops the submission (exit 2, sbatch never called) instead of failing on the
+  nodes after the job waited in the queue."""
+  env = {**sandbox, "DLLM_PYTHON": sys.executable}
+  res = run_script(SLURM, ["--config", "configs/llada_gpu.py", "--workdir", "/w", "--",
+                           "--config.rl.lr=abc"], env, tmp_path)
+  assert res.returncode == 2, (res.stdout, res.stderr)
+  assert "error: config.rl.lr: expected float, got 'abc'" in res.stderr
+  assert "nothing was created or submitted" in res.stderr
+  assert not list(tmp_path.glob("called-*"))
+
+
+def test_tpu_multislice_retries_a_failed_state_read(tmp_path):
+  """Reading the queued resource's state fails twice (a network blip), then it is ACTIVE: the
+  script goes on; 3 failed reads in a row with TPU_POLL_TRIES=3 stop it, naming the resource
+  (before, the first failed read stopped it)."""
+  count = tmp_path / "polls"
+  env = recording_tools(tmp_path, {"gcloud": f"""case "$*" in
+  *"queued-resources describe"*) echo x >> '{count}'
+    [ "$(wc -l < '{count}')" -ge 3 ] && echo ACTIVE || exit 1 ;;
+  *) exit 0 ;;
+esac"""})
+  env.update(TPU_POLL_SECONDS="0", TPU_POLL_TRIES="3", DLLM_LOCAL_PYTHON=sys.executable)
+  args = ["--create", "--slices", "2", "--name", "ms", "--zone", "z", "--workdir", "gs://b/r",
+          "--", "--config.mesh.data=2"]
+  res = run_script(TPU, args, env, tmp_path)
+  assert res.returncode == 0, (res.stdout, res.stderr)
+  assert count.read_text().count("x") == 3 and "try 2 of 3" in res.stderr
+  count.write_text("")
+  env["TPU_POLL_TRIES"] = "2"
+  res = run_script(TPU, args, env, tmp_path)
+  assert res.returncode == 2 and "could not read the state of queued resource ms (2 tries" in (
+      res.stderr), res.stderr
+
+
+def test_tpu_multislice_names_the_first_slice_to_fail_and_stops_the_others(tmp_path):
+  """ms-1 fails at once (exit 7) while ms-0 runs on: ms-1 is named and its status is the
+  script's, and ms-0's session is stopped TPU_FAIL_GRACE_SECONDS after the failure, with the
+  command that ends what may still run there. Before, the script reported in slice order and
+  waited for ms-0 (for as long as its run hung)."""
+  pids = tmp_path / "pids"
+  env = recording_tools(tmp_path, {"gcloud": f"""case "$*" in
+  *"ssh ms-0"*) echo $$ >> '{pids}'; exec sleep 60 ;;
+  *"ssh ms-1"*) exit 7 ;;
+esac"""})
+  env.update(TPU_FAIL_GRACE_SECONDS="1", DLLM_LOCAL_PYTHON=sys.executable)
+  start = time.monotonic()
+  res = run_script(TPU, ["--slices", "2", "--name", "ms", "--zone", "z", "--workdir",
+                         "gs://b/r", "--", "--config.mesh.data=2"], env, tmp_path)
+  assert res.returncode == 7, (res.stdout, res.stderr)
+  assert time.monotonic() - start < 15
+  assert res.stderr.index("slice ms-1 exited 7") < res.stderr.index("stopped slice ms-0")
+  assert "--command='pkill -f dllm_rl.main'" in res.stderr
+  (pid,) = pids.read_text().split()
+  deadline = time.monotonic() + 5
+  while time.monotonic() < deadline and _alive(int(pid)):
+    time.sleep(0.05)
+  assert not _alive(int(pid))
+
+
 def _alive(pid: int) -> bool:
   """``pid`` runs (a zombie, which init has yet to reap, does not)."""
   try:

@@ -1,0 +1,60 @@
+"""``python -m dllm_rl.config.preflight``: the launchers' config check before any machine."""
+
+import os
+import subprocess
+import sys
+
+from dllm_rl.config.preflight import main, problems
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TPU_CONFIG = os.path.join(REPO, "configs", "llada_tpu.py")
+
+
+def _messages(errors) -> list[str]:
+  return [str(e) for e in errors]
+
+
+def test_mesh_data_must_be_a_multiple_of_the_slices():
+  """The data axis alone spans the slices: mesh.data 1 (the TPU config's) or 4 over 3 slices
+  is named; 2 or 4 over 2 slices, and any mesh.data on one slice, pass."""
+  (msg,) = _messages(problems(TPU_CONFIG, 2, []))
+  assert msg.startswith("config.mesh.data: 1 is not a multiple of the 2 slices"), msg
+  assert "4 is not a multiple of the 3 slices" in _messages(
+      problems(TPU_CONFIG, 3, ["--config.mesh.data=4"]))[0]
+  for slices, data in ((2, 2), (2, 4), (1, 1), (1, 3)):
+    assert problems(TPU_CONFIG, slices, [f"--config.mesh.data={data}"]) == [], (slices, data)
+
+
+def test_mesh_data_minus_one_is_left_to_the_workers():
+  """-1 takes the devices the other axes leave: only the workers know how many."""
+  assert problems(TPU_CONFIG, 2, ["--config.mesh.data=-1", "--config.mesh.fsdp=8"]) == []
+
+
+def test_every_override_problem_is_named_at_once():
+  assert _messages(problems(TPU_CONFIG, 1, ["--config.rl.nosuch=1", "--config.rl.lr=abc",
+                                            "--steps=3"])) == [
+      "config.overrides: '--steps=3' is not a --config.KEY=VALUE override (the workers'"
+      " dllm_rl.main takes only those after --)",
+      "config.rl.nosuch: unknown key", "config.rl.lr: expected float, got 'abc'"]
+
+
+def test_cli_status_and_messages(tmp_path, capsys):
+  assert main([TPU_CONFIG, "2", "--config.mesh.data=2"]) == 0
+  broken = tmp_path / "broken.py"
+  broken.write_text("def get_config():\n  return 1 / 0\n")
+  assert main([str(broken), "1"]) == 2
+  assert f"error: --config={broken}, line 2: ZeroDivisionError" in capsys.readouterr().err
+  assert main([TPU_CONFIG, "0"]) == 2 and "usage:" in capsys.readouterr().err
+
+
+def test_runs_as_a_module_without_the_training_stack():
+  """What the launchers run: a subprocess that imports neither jax nor flax (fast, and it
+  works on a workstation whose venv has no accelerator)."""
+  code = ("import sys, runpy; sys.argv = ['preflight', sys.argv[1], '2'];"
+          "\ntry: runpy.run_module('dllm_rl.config.preflight', run_name='__main__')"
+          "\nexcept SystemExit as e: print('status', e.code)"
+          "\nprint(sorted(m for m in ('jax', 'flax') if m in sys.modules))")
+  res = subprocess.run([sys.executable, "-c", code, TPU_CONFIG], capture_output=True, text=True,
+                       cwd=REPO, timeout=60)
+  assert res.stdout.split("\n")[:2] == ["status 2", "[]"], (res.stdout, res.stderr)
+  assert "config.mesh.data: 1 is not a multiple of the 2 slices" in res.stderr
