@@ -45,8 +45,12 @@ MATH_VERIFY_TIMEOUT_S = 1
 # optional "/denominator". The first character picks the branch and every later part is
 # optional, so matching never backtracks far; commas that are not thousands separators
 # split the match (``_numbers``). A '.' with no digit after it (a full stop, "...") is no
-# number, and a run of digits right after a '.' ("1.2.3", "wait...5") starts none.
-_NUMBER_RE = re.compile(r"(?<![\w.)])-?(?:\d+(?:,\d+)*(?:\.\d+)?|\.\d+)(?:/\d+)?")
+# number, and a run of digits right after a '.' that follows a digit ("1.2.3") starts none.
+# After a full stop glued to a letter or after an ellipsis, the digits (or a sign and
+# digits) do start one, led by a digit: "apples.5" and "wait...5" are 5, not 0.5 (the
+# second alternative; both lookbehinds are two characters wide).
+_NUMBER_RE = re.compile(r"(?:(?<![\w.)])|(?<=[^\W\d_]\.|\.\.)(?=-?\d))"
+                        r"-?(?:\d+(?:,\d+)*(?:\.\d+)?|\.\d+)(?:/\d+)?")
 _THOUSANDS_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?:/\d+)?")
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE_RE = re.compile(r"(?<!\\)[{}]")
@@ -122,8 +126,9 @@ def _to_fraction(number: str) -> Fraction | None:
   digits = sum(ch.isdigit() for ch in number)
   if digits > MAX_NUMBER_DIGITS:
     return None
-  try:
-    return Fraction(number.replace(",", ""))
+  numerator, _, denominator = number.replace(",", "").partition("/")
+  try:  # "0.5/2" is 0.25: Fraction's own parser takes no decimal over a denominator
+    return Fraction(numerator) / Fraction(denominator or 1)
   except (ValueError, ZeroDivisionError):
     return None
 
@@ -207,9 +212,16 @@ def gsm8k_answer(text: str) -> str | None:
   the digits, not after a letter, digit, '.' or ')' (U+2212 then "5" → -5; "5", U+2013, "10"
   is the range 5 and 10; a dash with a space after it is no sign; the em dash never is). A
   decimal may lack its leading zero (".5" → 0.5, "-.5" → -0.5), while a full stop or an
-  ellipsis is no number ("is 5." → 5). A plain space is no thousands separator: "3 000" is
-  two numbers (the last one 0), since English text writes separate numbers that way ("scores
-  5 120 340", "3 100-metre races") and groups thousands with commas, as GSM8K's answers do.
+  ellipsis is no number ("is 5." → 5). Nor is either a decimal point when glued to a number
+  after a letter or a '.': "apples.5" and "so it is...5" are 5, as d1's GSM8K evaluation
+  reads them (its last-number regex takes the digits after any '.'; lm-eval-harness's
+  flexible-extract keeps the strings ".5" and "...5", which equal no GSM8K answer as written),
+  while "1.2.3" is 1.2 and "costs $3.So he has" holds 3. A fraction's numerator may be a
+  decimal: ".5/2" and "0.5/2" are 0.25, as "1/2" is 0.5. A plain space is no thousands
+  separator: "3 000" is two numbers (the last one 0), since English text writes separate
+  numbers that way ("scores 5 120 340", "3 100-metre races") and groups thousands with commas,
+  as GSM8K's answers do; so a comma is never a decimal point either: "3,5" is the numbers 3 and
+  5 (→ 5), "3,500" is 3500.
   """
   value = _gsm8k_value(text)
   return None if value is None else _canonical(value)

@@ -85,6 +85,42 @@ def test_gsm8k_answer_reads_typographic_numbers(text, expected):
   assert V.gsm8k_answer(text) == expected
 
 
+# Small-model slips: no space after a full stop or an ellipsis, a decimal over a denominator.
+@pytest.mark.parametrize("text, expected", [
+    ("so the answer is...5", "5"),  # an ellipsis is no decimal point
+    ("#### ...12", "12"),
+    ("wait...-5", "-5"),
+    ("he has 3 apples.5", "5"),  # a full stop glued to a word: 5, as d1's evaluation reads it
+    ("No.7", "7"),
+    ("so 2..5", "5"),
+    ("apples.5,000 of them", "5000"),
+    ("costs $3.So he has 5 left", "5"),  # a sentence end glued to a word stays a full stop
+    ("it costs $3.So", "3"),
+    ("version 1.2.3", "1.2"),  # still no number right after a digit and '.'
+    ("x1.5", None),
+    ("answer: .5/2", "0.25"),  # a decimal over a denominator, as "1/2" is 0.5
+    ("answer: 0.5/2", "0.25"),
+    ("#### -.5/2", "-0.25"),
+    ("\\boxed{\\frac{1.5}{3}}", "0.5"),
+    ("\\boxed{2\\frac{1.5}{2}}", "2.75"),
+    ("1/0 and .5/0", None),
+])
+def test_gsm8k_answer_reads_glued_stops_and_decimal_fractions(text, expected):
+  assert V.gsm8k_answer(text) == expected
+
+
+# Thousands: commas and typographic spaces group; a plain space separates numbers; a comma is
+# never a decimal point ("3,5" is 3 and 5, its last number 5; the first after "####").
+@pytest.mark.parametrize("text, expected", [
+    ("5\u2009120", "5120"), ("5\u202f120", "5120"),
+    ("scores 5\u2009120\u2009340", "5120340"), ("scores 5\u202f120\u202f340", "5120340"),
+    ("scores 5 120 340", "340"),
+    ("it is 3,5", "5"), ("it is 3,50", "50"), ("#### 3,5", "3"), ("it is 3,500", "3500"),
+])
+def test_gsm8k_answer_groups_thousands_but_never_reads_a_decimal_comma(text, expected):
+  assert V.gsm8k_answer(text) == expected
+
+
 SEPARATORS = [",", "\u00a0", "\u2007", "\u2009", "\u202f", "{,}", "\\,"]
 MINUS_SIGNS = ["-", "\u2212", "\u2013", "\uff0d", "\ufe63"]
 PLACES = ["The answer is {}.", "#### {} apples", "\\boxed{{{}}}", "so {}, then 7 more\n#### {}"]
@@ -286,13 +322,18 @@ def _hostile(canary_name):
 
 
 def test_gsm8k_signs_separators_and_dots_stay_linear():
-  for text in ["." * 60_000 + "5", "-." * 30_000 + "5", "\u2212" * 60_000 + "5",
+  for text in ["-." * 30_000 + "5", "\u2212" * 60_000 + "5",
                ".5" * 30_000, "\u202f000" * 16_000, "1\u00a0" * 30_000, "1 000" * 12_000,
-               "-.-" * 20_000, "#### " + "\u20131\u2009" * 12_000]:
+               "-.-" * 20_000, "#### " + "\u20131\u2009" * 12_000, "a.-" * 20_000]:
     start = time.monotonic()
     r = V.gsm8k_result(text, "#### 5")
     assert time.monotonic() - start < 3.0, text[:40]  # no super-linear blow-up
     assert r.reward == 0.0 and not r.correct
+  for text in ["." * 60_000 + "5", "a." * 30_000 + "5", "a.." * 20_000 + "5"]:
+    start = time.monotonic()
+    r = V.gsm8k_result(text, "#### 5")  # an ellipsis or a glued full stop is no decimal point
+    assert time.monotonic() - start < 3.0, text[:40]
+    assert r.correct, text[:40]
 
 
 def test_hostile_completions_are_cheap_and_inert(tmp_path, monkeypatch):
