@@ -36,6 +36,7 @@ import numpy as np
 
 from dllm_rl import paths
 from dllm_rl.tasks import prompts, verifiers
+from dllm_rl.tasks.timed_verifier import TimedVerifier
 from dllm_rl.tasks.base import (TASKS, Example, Task, VerifyResult, check_split, malformed,
                                 split_of)
 from dllm_rl.tasks.sudoku import is_valid_solution
@@ -121,7 +122,7 @@ class JsonlTask(Task):
   completion without one scores 0); None = the preset's choice for the task (False without
   one; d1: MATH reads no span, it needs a ``\\boxed{}`` answer anywhere instead);
   ``verify_timeout``: seconds per verification in a worker process
-  (``verifiers.TimedVerifier``), 0 = in process, None = the task's default;
+  (``timed_verifier.TimedVerifier``), 0 = in process, None = the task's default;
   ``test_fraction``: without ``test_file``, the share of ``train_file`` held out
   as the test split (default 0.1; with a ``test_file`` it is an error to give it);
   ``wrong_reward`` (in [-1, 0]): the reward of a parsed wrong answer that earns nothing
@@ -195,7 +196,7 @@ class JsonlTask(Task):
     self.skip_reasons: list[str] = []
     paths = dict.fromkeys(p for p in (self.train_file, self.test_file) if p)
     self._records = {path: self._load(path) for path in paths}  # each file read once
-    self._timed: verifiers.TimedVerifier | None = None
+    self._timed: TimedVerifier | None = None
     self._timed_lock = threading.Lock()
 
   # --- loading --------------------------------------------------------------
@@ -373,8 +374,7 @@ class JsonlTask(Task):
       return fn(completion, *args)
     with self._timed_lock:  # one worker, also when verify runs on threads (parallel_verify)
       if self._timed is None:
-        self._timed = verifiers.TimedVerifier(fn, self.verify_timeout,
-                                              preload=self.preload)
+        self._timed = TimedVerifier(fn, self.verify_timeout, preload=self.preload)
     return self._timed(completion, *args)
 
   def close(self) -> None:

@@ -288,8 +288,8 @@ def test_threads_verifying_at_once_share_one_timed_worker(tmp_path):
   task = make_task("code", test_file=path, verify_timeout=30.0)
   ex = task.generate("test", -1, seed=0)[0]
   made = []
-  from dllm_rl.tasks import verifiers
-  original = verifiers.TimedVerifier.__init__
+  from dllm_rl.tasks.timed_verifier import TimedVerifier
+  original = TimedVerifier.__init__
 
   def counting(self, *args, **kwargs):  # slow: the threads all ask while it is made
     import time
@@ -297,13 +297,13 @@ def test_threads_verifying_at_once_share_one_timed_worker(tmp_path):
     time.sleep(0.3)
     original(self, *args, **kwargs)
 
-  verifiers.TimedVerifier.__init__ = counting
+  TimedVerifier.__init__ = counting
   try:
     text = "```python\ndef f():\n    return 1\n```\n"
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
       results = list(pool.map(lambda _: task.verify(ex, text), range(4)))
   finally:
-    verifiers.TimedVerifier.__init__ = original
+    TimedVerifier.__init__ = original
     task.close()
   assert len(made) == 1 and all(r.correct for r in results)
 
@@ -325,14 +325,13 @@ def test_a_timed_worker_killed_on_its_deadline_kills_the_cases_it_started(tmp_pa
   no CPU, so its CPU limit would never end it."""
   import functools
 
-  from dllm_rl.tasks import verifiers
+  from dllm_rl.tasks.timed_verifier import TimedVerifier
   pids = tmp_path / "pids"
   case = ("import os, subprocess, sys, time\n"
           "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
           f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{p.pid}}')\n"
           "time.sleep(60)")
-  with verifiers.TimedVerifier(functools.partial(code_exec.case_outcome, timeout_s=60.0),
-                               3.0) as timed:
+  with TimedVerifier(functools.partial(code_exec.case_outcome, timeout_s=60.0), 3.0) as timed:
     timed.start()._worker.wait_ready(60.0)
     assert timed("", case).info["reason"] == "timeout"
   found = [int(p) for p in pids.read_text().split()]

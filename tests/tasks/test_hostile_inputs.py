@@ -15,6 +15,7 @@ from dllm_rl.tasks.base import VerifyResult
 from dllm_rl.tasks.jsonl import (CountdownJsonlTask, GSM8KTask, Math500Task,
                                  SudokuJsonlTask)
 from dllm_rl.tasks.safe_arith import ParseError, parse_expression
+from dllm_rl.tasks.timed_verifier import TimedVerifier
 
 # Deterministic in CI (no example database, fixed seed); time is bounded by hand below.
 PROPERTY = settings(derandomize=True, database=None, deadline=None, max_examples=200,
@@ -40,11 +41,11 @@ ANY_TEXT = st.one_of(st.text(max_size=400), ARITH, CODE,
 def no_code_execution(monkeypatch):
   """eval / exec / compile / __import__ raise if the task modules call them (module globals
   shadow the builtins for the code of that module)."""
-  from dllm_rl.tasks import base, countdown, jsonl, safe_arith, sudoku
+  from dllm_rl.tasks import base, countdown, jsonl, safe_arith, sudoku, timed_verifier
 
   def forbidden(*args, **kwargs):
     raise AssertionError("code execution attempted")
-  for module in (base, countdown, jsonl, safe_arith, sudoku, verifiers):
+  for module in (base, countdown, jsonl, safe_arith, sudoku, timed_verifier, verifiers):
     for name in ("eval", "exec", "compile", "__import__"):
       monkeypatch.setattr(module, name, forbidden, raising=False)
 
@@ -89,7 +90,7 @@ def test_answer_extractors_never_raise(text, reference, numbers, target, no_code
 
 @pytest.fixture(scope="module")
 def math_checker():
-  with verifiers.TimedVerifier(verifiers.math_result, 3.0, preload=("math_verify",)) as check:
+  with TimedVerifier(verifiers.math_result, 3.0, preload=("math_verify",)) as check:
     yield check
 
 

@@ -10,7 +10,7 @@ from fractions import Fraction
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from dllm_rl.tasks import verifiers as V
+from dllm_rl.tasks import timed_verifier as T, verifiers as V
 
 pytest.importorskip("math_verify")
 
@@ -354,7 +354,7 @@ def test_hostile_completions_are_cheap_and_inert(tmp_path, monkeypatch):
 def test_hostile_math_under_the_hard_timeout(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)  # the worker inherits it: the canary's relative path lands here
   canary = tmp_path / "pwned"
-  with V.TimedVerifier(V.math_result, 5.0, preload=("math_verify",)) as timed:
+  with T.TimedVerifier(V.math_result, 5.0, preload=("math_verify",)) as timed:
     for text in _hostile(canary.name) + ["\\boxed{9^{9^{9^{9}}}}", "\\boxed{10^{10^{10}}}"]:
       start = time.monotonic()
       r = timed(text, "5")
@@ -365,7 +365,7 @@ def test_hostile_math_under_the_hard_timeout(tmp_path, monkeypatch):
 
 
 def test_timeout_kills_and_restarts():
-  timed = V.with_timeout(time.sleep, 0.5)
+  timed = T.with_timeout(time.sleep, 0.5)
   assert timed(0) is None  # starts the worker (start-up is not on the clock)
   pid = timed._worker.proc.pid
   start = time.monotonic()
@@ -382,10 +382,10 @@ def test_timeout_kills_and_restarts():
 
 def test_timeout_on_a_slow_real_verifier():
   # A normal comparison passes under a generous limit (timing-independent on a loaded CI box).
-  with V.TimedVerifier(V.math_result, 30.0, preload=("math_verify",)) as timed:
+  with T.TimedVerifier(V.math_result, 30.0, preload=("math_verify",)) as timed:
     assert timed("\\boxed{\\frac{2}{4}}", "0.5").correct
   # math-verify's own 1 s limit would stop this comparison later; the hard limit first.
-  with V.TimedVerifier(V.math_result, 0.3, preload=("math_verify",)) as timed:
+  with T.TimedVerifier(V.math_result, 0.3, preload=("math_verify",)) as timed:
     start = time.monotonic()
     r = timed("\\boxed{9^{9^{9}}}", "5")
     assert r.info["reason"] == "timeout" and time.monotonic() - start < 10.0  # loaded CI box
@@ -393,15 +393,15 @@ def test_timeout_on_a_slow_real_verifier():
 
 def test_worker_errors():
   with pytest.raises(TypeError, match="picklable"):
-    V.TimedVerifier(lambda s: s, 1.0)
+    T.TimedVerifier(lambda s: s, 1.0)
   with pytest.raises(ValueError, match="seconds"):
-    V.TimedVerifier(len, 0)
-  with V.TimedVerifier(math.sqrt, 2.0, max_memory_mb=1024) as timed:
+    T.TimedVerifier(len, 0)
+  with T.TimedVerifier(math.sqrt, 2.0, max_memory_mb=1024) as timed:
     assert timed(4.0) == 2.0
-    with pytest.raises(V.VerifierError, match="math domain error"):
+    with pytest.raises(T.VerifierError, match="math domain error"):
       timed(-1.0)
     assert timed(9.0) == 3.0
-  with V.TimedVerifier(bytearray, 2.0, max_memory_mb=1024) as timed:
+  with T.TimedVerifier(bytearray, 2.0, max_memory_mb=1024) as timed:
     r = timed(4 << 30)  # 4 GiB under a 1 GiB address-space cap
     assert r.reward == 0.0 and "MemoryError" in r.info["reason"]
     assert timed(3) == bytearray(3)
