@@ -23,7 +23,8 @@ from dllm_rl import paths
 from dllm_rl.errors import short_reason
 from dllm_rl.data.recipes import RECIPES, Recipe, Skip, Source
 from dllm_rl.tasks import make_task
-from dllm_rl.tasks.jsonl import not_jsonl, not_utf8, record_problem, surrogate_problem
+from dllm_rl.tasks.jsonl import (invalid_json, not_jsonl, not_utf8, record_problem,
+                                 surrogate_problem)
 
 MANIFEST = "dataset.json"
 _BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -173,11 +174,11 @@ def check_local_file(path: str, ext: str) -> None:
       rows += 1
       if ext != ".jsonl":
         break  # one row is enough: datasets' CSV / JSON readers name their own problems
+      text = line.rstrip(b"\r\n")  # a cut line is an unterminated string, not a control character
       try:
-        row = json.loads(line.removeprefix(codecs.BOM_UTF8) if line_no == 1 else line)
+        row = json.loads(text.removeprefix(codecs.BOM_UTF8) if line_no == 1 else text)
       except json.JSONDecodeError as err:
-        raise DataError(f"{path}:{line_no}: invalid JSON ({err.msg} at column {err.colno})"
-                        ) from None
+        raise DataError(f"{path}:{line_no}: {invalid_json(err)}") from None
       problem = surrogate_problem(row)
       if problem:
         raise DataError(f"{path}:{line_no}: {problem}")

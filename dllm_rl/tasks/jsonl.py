@@ -250,7 +250,7 @@ class JsonlTask(Task):
         try:
           record = json.loads(text)
         except json.JSONDecodeError as err:
-          raise _BadRecord(f"invalid JSON ({err.msg} at column {err.colno})") from err
+          raise _BadRecord(invalid_json(err)) from err
         if not isinstance(record, dict):
           raise _BadRecord(f"expected a JSON object, got {type(record).__name__}")
         fields, answer, meta = self._fields(record)
@@ -403,6 +403,14 @@ def not_jsonl(raw: bytes, path: str, convert: str) -> str | None:
       return (f"{what}, not JSON Lines text: "
               + todo.format(file=path, convert=convert.format(path), convert_folder=folder))
   return None
+
+
+def invalid_json(err: json.JSONDecodeError) -> str:
+  """``err`` (one line's parse error) as "invalid JSON (WHAT at column N)". Some of json's
+  messages already end in "at" ("Unterminated string starting at", "Invalid control
+  character at"): the column follows them directly, not as "at at column N"."""
+  where = "column" if err.msg.endswith(" at") else "at column"
+  return f"invalid JSON ({err.msg} {where} {err.colno})"
 
 
 def not_utf8(line: bytes) -> str | None:

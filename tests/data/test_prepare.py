@@ -390,3 +390,20 @@ def test_a_json_lines_source_is_checked_by_its_own_lines(tmp_path):
     assert str(err.value).startswith(f"{tmp_path / name}:{line}: {what}"), str(err.value)
   (tmp_path / "fine.json").write_text(f"{sep}\n{sep}\n", encoding="utf-8")
   prep.check_json_file(str(tmp_path / "fine.json"))
+
+
+def test_a_cut_line_reads_the_same_to_prepare_and_to_the_task(tmp_path):
+  """A line cut short inside a string (an interrupted copy) was "invalid JSON (Invalid control
+  character at at column 40)" to prepare, which parsed the line with its newline, and
+  "(Unterminated string starting at at column 22)" to the trainer's task: json's message
+  already ends in "at". Both now name the unterminated string and its column once."""
+  good = '{"question": "q", "answer": "#### 1"}'
+  path = tmp_path / "cut.jsonl"
+  path.write_text(f"{good}\n{good[:-5]}\n{good}\n")
+  what = f"{path}:2: invalid JSON (Unterminated string starting at column 29)"
+  with pytest.raises(prep.DataError) as err:
+    prep.load_rows(prep.parse_source(f"train={path}")[1], cache_dir=str(tmp_path / "cache"))
+  assert str(err.value) == what
+  with pytest.raises(ValueError) as err:
+    make_task("gsm8k", train_file=str(path))
+  assert str(err.value).endswith(what), str(err.value)
