@@ -179,3 +179,23 @@ def test_grouped_matmul_times_each_dispatch_against_numpy(capsys):
   assert [line.split()[0] for line in lines] == ["ragged_dot", "tiled", "tiled[8]"], lines
   rows = {line.split()[0]: line.split() for line in lines}
   assert all(len(r) == 10 and float(r[-1]) < 1e-5 for r in rows.values()), rows
+
+
+@pytest.mark.parametrize("argv, code, message", [
+    (["--help"], 0, None),
+    ([], 2, "error: expected SOURCE_DIR CHECKPOINT_DIR THREADS, got 0 argument(s)"),
+    (["src", "ckpt", "two"], 2, "error: THREADS must be a positive integer, got 'two'"),
+])
+def test_official_llada_driver_says_its_usage(monkeypatch, capsys, argv, code, message):
+  """`python -m dllm_rl.benchmarks.official_llada_driver --help` (it sits beside the
+  benchmarks) was an IndexError traceback; a bad THREADS a ValueError. Both print the usage,
+  and a wrong call says what is wrong, before torch is imported."""
+  from dllm_rl.benchmarks import official_llada_driver as driver
+  monkeypatch.setattr("sys.argv", ["official_llada_driver.py", *argv])
+  with pytest.raises(SystemExit) as exit_:
+    driver.main()
+  assert exit_.value.code == code
+  out = capsys.readouterr()
+  assert "SOURCE_DIR CHECKPOINT_DIR THREADS" in (out.out if code == 0 else out.err)
+  if message:
+    assert out.err.rstrip().endswith(message), out.err

@@ -17,8 +17,27 @@ import sys
 import time
 
 
+def _arguments(argv: list[str]) -> tuple[str, str, int]:
+  """SOURCE_DIR, CHECKPOINT_DIR and THREADS from ``argv`` (``sys.argv``). ``--help`` prints
+  this module's docstring and exits 0; other arguments than those three print it with the
+  problem on stderr and exit 2 (was: an IndexError / ValueError traceback)."""
+  args = argv[1:]
+  if any(a in ("-h", "--help") for a in args):
+    print(__doc__)
+    raise SystemExit(0)
+  problem = None
+  if len(args) != 3:
+    problem = f"expected SOURCE_DIR CHECKPOINT_DIR THREADS, got {len(args)} argument(s)"
+  elif not args[2].isdigit() or int(args[2]) < 1:
+    problem = f"THREADS must be a positive integer, got {args[2]!r}"
+  if problem:
+    print(f"{__doc__}\nerror: {problem}", file=sys.stderr)
+    raise SystemExit(2)
+  return args[0], args[1], int(args[2])
+
+
 def main() -> None:
-  source, checkpoint, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
+  source, checkpoint, threads = _arguments(sys.argv)
   sys.path.insert(0, source)
   import torch
 
