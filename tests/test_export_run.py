@@ -483,3 +483,37 @@ def test_loading_a_workdir_or_a_peft_folder_says_what_to_load_instead(tmp_path):
     dllm_rl.load_pretrained(str(tmp_path / "w"))
   with pytest.raises(FileNotFoundError, match="is a PEFT adapter folder: load the merged"):
     dllm_rl.load_pretrained(str(tmp_path / "peft"))
+
+
+def test_loading_a_folder_of_a_runs_checkpoints_names_the_export_that_reads_it(tmp_path):
+  """A run's checkpoint step (WORKDIR/checkpoints/sft/4, as a Hugging Face Trainer's
+  checkpoint-500 folder would be loaded) given to load_pretrained / model.hf_checkpoint, or to
+  `convert export --ckpt`, was only "config.json not found" / "model.json not found": each
+  now names the run and the export command for that phase and step."""
+  from dllm_rl.models import convert
+  step = tmp_path / "w" / "checkpoints" / "sft" / "4"
+  (step / "state").mkdir(parents=True)
+  export = f"`python -m dllm_rl.convert export --workdir {tmp_path / 'w'}"
+  for path, said in (
+      (step, f"is a training run's sft checkpoint (Orbax), not an HF folder: export it with"
+             f" {export} --phase sft --step 4 --hf_dir OUT` and load OUT"),
+      (step / "state", f"lies in a training run's checkpoint (Orbax), not an HF folder: export"
+                       f" it with {export} --phase sft --step 4 --hf_dir OUT`"),
+      (step.parent, f"holds a training run's sft checkpoints (Orbax), not an HF folder: export"
+                    f" the newest with {export} --phase sft --hf_dir OUT`"),
+      (step.parent.parent, f"export the newest with {export} --hf_dir OUT`")):
+    with pytest.raises(FileNotFoundError) as err:
+      dllm_rl.load_pretrained(str(path))
+    assert f"{path}/config.json not found" in str(err.value) and said in str(err.value)
+    with pytest.raises(FileNotFoundError) as err:
+      convert.read_meta(str(path))
+    assert said in str(err.value)
+  other = tmp_path / "runs" / "checkpoints" / "best"  # not a phase: no run is named
+  other.mkdir(parents=True)
+  with pytest.raises(FileNotFoundError) as err:
+    dllm_rl.load_pretrained(str(other))
+  assert "export" not in str(err.value)
+  (tmp_path / "hf").mkdir()
+  (tmp_path / "hf" / "config.json").write_text("{}")
+  with pytest.raises(FileNotFoundError, match=r"hf is an HF folder already \(config.json\)"):
+    convert.read_meta(str(tmp_path / "hf"))

@@ -155,7 +155,11 @@ def read_meta(ckpt_dir: str) -> dict[str, Any]:
   family, hf_config, source."""
   path = os.path.join(ckpt_dir, "model.json")
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"{path} not found (not a folder written by `convert import`)")
+    instead = (f"; {ckpt_dir} is an HF folder already (config.json)"
+               if os.path.isfile(os.path.join(ckpt_dir, "config.json")) else
+               hf.not_a_model(ckpt_dir))
+    raise FileNotFoundError(f"{path} not found (not a folder written by `convert import`)"
+                            + instead)
   with open(path) as f:
     meta = json.load(f)
   if meta.get("format") != FORMAT:

@@ -205,12 +205,40 @@ def _lookup(tree: Any, path: tuple) -> Any:
 
 # ----------------------------------------------------------------------------- import
 
-def _not_a_model(ckpt_dir: str) -> str:
+def _in_run(ckpt_dir: str) -> tuple[str, str, str] | None:
+  """(workdir, export flags, what ``ckpt_dir`` is) where it lies in a training run's
+  ``checkpoints/`` folder (``checkpoints``, ``checkpoints/<phase>``,
+  ``checkpoints/<phase>/<step>`` as Orbax writes them, or a folder of a step); None
+  elsewhere."""
+  parts = os.path.normpath(os.path.abspath(ckpt_dir)).split(os.sep)
+  for depth in range(min(3, len(parts) - 2) + 1):
+    if parts[-1 - depth] != "checkpoints":
+      continue
+    workdir, below = os.sep.join(parts[:-1 - depth]) or os.sep, parts[len(parts) - depth:]
+    if (below and below[0] not in ("sft", "rl")) or (len(below) > 1 and not below[1].isdigit()):
+      return None
+    flags = "".join(f" --{k} {v}" for k, v in zip(("phase", "step"), below))
+    what = ["holds a training run's checkpoints (Orbax)",
+            f"holds a training run's {below[0] if below else ''} checkpoints (Orbax)",
+            f"is a training run's {below[0] if below else ''} checkpoint (Orbax)",
+            "lies in a training run's checkpoint (Orbax)"][depth]
+    return workdir, flags, what
+  return None
+
+
+def not_a_model(ckpt_dir: str) -> str:
   """What else ``ckpt_dir`` (a folder without config.json) is, and what to load instead: a
-  training run's workdir or a PEFT adapter folder; "" for anything else."""
+  training run's workdir, a folder in its ``checkpoints/`` (an Orbax step, not an HF folder)
+  or a PEFT adapter folder; "" for anything else."""
   if os.path.isdir(os.path.join(ckpt_dir, "checkpoints")):
     return (f"; {ckpt_dir} is a training run's --workdir: export its checkpoint with `python -m"
             f" dllm_rl.convert export --workdir {ckpt_dir} --hf_dir OUT` and load OUT")
+  run = _in_run(ckpt_dir)
+  if run:
+    workdir, flags, what = run
+    which = "it" if "--step" in flags else "the newest"
+    return (f"; {ckpt_dir} {what}, not an HF folder: export {which} with `python -m"
+            f" dllm_rl.convert export --workdir {workdir}{flags} --hf_dir OUT` and load OUT")
   if os.path.isfile(os.path.join(ckpt_dir, "adapter_config.json")):
     return (f"; {ckpt_dir} is a PEFT adapter folder: load the merged export of its run"
             " (`convert export --hf_dir`), or its base with the adapter in PEFT")
@@ -223,7 +251,7 @@ def read_hf_config(ckpt_dir: str) -> dict:
   path = os.path.join(ckpt_dir, "config.json")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} not found (an HF checkpoint folder needs config.json)"
-                            + _not_a_model(ckpt_dir))
+                            + not_a_model(ckpt_dir))
   try:
     with open(path, encoding="utf-8") as f:
       config = json.load(f)
