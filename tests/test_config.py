@@ -522,6 +522,22 @@ def test_a_broken_config_file_is_one_error_naming_its_line(tmp_path, capsys, bod
   assert re.fullmatch(rf"error: --config={re.escape(str(path))}{expected}\n", err), err
 
 
+def test_a_variant_of_a_config_without_variants_says_so(capsys):
+  """``--config=configs/tiny_cpu.py:tiny`` (the baselines' ``:tiny`` on a file without
+  variants) was "TypeError: get_config() takes 0 positional arguments but 1 was given",
+  which names neither the suffix nor the fix."""
+  from dllm_rl.config import cli
+  tiny = os.path.join(ROOT, "configs", "tiny_cpu.py")
+  with pytest.raises(SystemExit) as stop:
+    cli.load(f"{tiny}:tiny", [], check=validate)
+  assert stop.value.code == 2
+  assert capsys.readouterr().err == (
+      f"error: --config={tiny}:tiny: TypeError: {tiny}'s get_config() takes no argument, so"
+      f" ':tiny' names no variant of it: pass --config={tiny}\n")
+  wd1 = os.path.join(ROOT, "configs", "wd1.py")
+  assert load_config_file(f"{wd1}:tiny").rl.loss == "wd1"  # a file with variants
+
+
 def test_a_config_path_outside_the_checkout_says_where_the_file_is(tmp_path, monkeypatch, capsys):
   """``--config=configs/wd1.py:tiny`` run from another folder: the error names the folder it
   was read from and the checkout's file; an install without the checkout (a wheel) is told

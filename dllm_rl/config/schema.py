@@ -306,12 +306,27 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
   spec.loader.exec_module(module)
   if not callable(getattr(module, "get_config", None)):
     raise AttributeError(f"{path} defines no get_config()")
+  if args and not _takes_an_argument(module.get_config):
+    raise TypeError(f"{path}'s get_config() takes no argument, so ':{args[0]}' names no"
+                    f" variant of it: pass --config={path}")
   config = module.get_config(*args)
   if not isinstance(config, ml_collections.ConfigDict):
     raise TypeError(f"get_config() returned {type(config).__name__}, not an"
                     " ml_collections.ConfigDict (a missing `return`? start it from"
                     " dllm_rl.config.base_config())")
   return with_defaults(config)
+
+
+def _takes_an_argument(fn) -> bool:
+  """Whether ``fn`` (a config file's get_config) accepts one positional argument."""
+  import inspect
+  try:
+    inspect.signature(fn).bind("x")
+  except TypeError:
+    return False
+  except ValueError:  # no signature to read: let the call say
+    return True
+  return True
 
 
 def missing_config(path: str, args: tuple = (), *, cwd: str | None = None,
