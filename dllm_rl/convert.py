@@ -146,6 +146,10 @@ def _export(args) -> None:
 
 
 def _roundtrip(args) -> int:
+  try:
+    convert.check_new_folder(args.tmp)
+  except (FileExistsError, NotADirectoryError) as err:
+    raise ConfigError("--tmp", str(err)) from None
   os.makedirs(args.tmp, exist_ok=True)
   work = tempfile.mkdtemp(prefix="roundtrip_", dir=args.tmp)
   ckpt, out = os.path.join(work, "ckpt"), os.path.join(work, "hf")
@@ -165,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
   try:
     if args.command == "import":
       one_process("import")
+      try:  # a file there or on the way, a checkpoint there: named as the flag, before reading
+        convert.check_new_import_dir(args.out)
+      except (FileExistsError, NotADirectoryError) as err:
+        raise ConfigError("--out", str(err)) from None
       _report("import", convert.import_hf(args.hf_dir, args.out, dtype=args.dtype))
     elif args.command == "export":
       _export(args)

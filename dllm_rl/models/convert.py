@@ -60,12 +60,9 @@ def _meta(cfg: ModelConfig, ids: hf.TokenIds, family: str, hf_config: dict, sour
 
 
 def import_hf(hf_dir: str, out_dir: str, *, dtype: str = "float32", mesh=None) -> dict[str, Any]:
-  """HF folder → imported checkpoint in ``out_dir``; returns timing stats."""
-  if os.path.exists(os.path.join(out_dir, "model.json")):
-    raise FileExistsError(f"{out_dir} already holds an imported checkpoint; use a new folder")
-  if _holds_hf(out_dir):  # one folder, one checkpoint: which would load is not obvious
-    raise FileExistsError(f"{out_dir} holds an HF checkpoint (config.json / safetensors); "
-                          "import into a new folder")
+  """HF folder → imported checkpoint in ``out_dir``; returns timing stats. ``out_dir`` is
+  checked before anything is read (:func:`check_new_import_dir`)."""
+  check_new_import_dir(out_dir)
   hf_config = hf.read_hf_config(hf_dir)
   t0 = time.perf_counter()
   cfg, ids, _, params, family = hf.load_checkpoint(hf_dir, mesh=mesh, dtype=dtype)  # LoadedModel
@@ -80,6 +77,35 @@ def import_hf(hf_dir: str, out_dir: str, *, dtype: str = "float32", mesh=None) -
     json.dump(meta, f, indent=2)
   return {"family": family, "bytes": tensor_bytes(hf_dir), "load_s": t1 - t0,
           "total_s": time.perf_counter() - t0}
+
+
+def check_new_folder(folder: str) -> None:
+  """FileExistsError when ``folder`` (an output folder to be made) is a file;
+  NotADirectoryError when a file stands on the way to it."""
+  if os.path.exists(folder) and not os.path.isdir(folder):
+    raise FileExistsError(f"{folder} is a file, not a folder; name a new folder")
+  above = os.path.dirname(os.path.abspath(folder))
+  while not os.path.exists(above):
+    above = os.path.dirname(above)
+  if not os.path.isdir(above):
+    raise NotADirectoryError(f"{folder}: {above} is a file, not a folder")
+
+
+def check_new_import_dir(out_dir: str) -> None:
+  """FileExistsError when ``out_dir`` already holds a checkpoint (imported, HF, or the
+  ``params/`` of an import cut short before its model.json: its step would be kept and the
+  new model.json written beside it, describing another model) or is a file;
+  NotADirectoryError when a file stands on the way to it."""
+  check_new_folder(out_dir)
+  if os.path.exists(os.path.join(out_dir, "model.json")):
+    raise FileExistsError(f"{out_dir} already holds an imported checkpoint; use a new folder")
+  if os.path.exists(os.path.join(out_dir, "params")):
+    raise FileExistsError(f"{out_dir} holds params/ without model.json: an unfinished import"
+                          " (cut short, or its write failed); delete the folder or use a new"
+                          " one")
+  if _holds_hf(out_dir):  # one folder, one checkpoint: which would load is not obvious
+    raise FileExistsError(f"{out_dir} holds an HF checkpoint (config.json / safetensors); "
+                          "import into a new folder")
 
 
 def extra_files(hf_dir: str) -> list[str]:
@@ -104,13 +130,7 @@ def copy_files(files: list[str], out_dir: str) -> None:
 def check_new_hf_dir(hf_dir: str) -> None:
   """FileExistsError when ``hf_dir`` already holds an HF checkpoint (never overwritten) or is a
   file; NotADirectoryError when a file stands on the way to it."""
-  if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
-    raise FileExistsError(f"{hf_dir} is a file, not a folder; name a new folder")
-  above = os.path.dirname(os.path.abspath(hf_dir))
-  while not os.path.exists(above):
-    above = os.path.dirname(above)
-  if not os.path.isdir(above):
-    raise NotADirectoryError(f"{hf_dir}: {above} is a file, not a folder")
+  check_new_folder(hf_dir)
   if _holds_hf(hf_dir):
     if not os.path.isfile(os.path.join(hf_dir, "config.json")):  # written last by an export
       raise FileExistsError(f"{hf_dir} holds *.safetensors without config.json: an unfinished"

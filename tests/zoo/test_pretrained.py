@@ -284,6 +284,33 @@ def test_a_folder_never_holds_an_import_and_an_hf_checkpoint(tmp_path):
     dllm_rl.load_pretrained(imported)
 
 
+def test_an_import_cut_short_is_never_completed_with_another_models_description(
+    tmp_path, monkeypatch, capsys):
+  """An import cut short before its model.json leaves params/ behind. Rerun into that folder
+  (here with another model), Orbax kept the old step ("already exists ... not overwriting")
+  and the new model.json described the new source: "import [sdar]" reported success, and the
+  folder then loaded the other model's weights. It is refused, as a file for --out (or on
+  the way to it) is, before the source is read; the CLI names --out."""
+  from dllm_rl import convert as cli
+  from dllm_rl.models import hf
+  cut = tmp_path / "cut"
+  convert.import_hf(LLADA, str(cut))
+  os.remove(cut / "model.json")
+  (tmp_path / "file").write_text("")
+  monkeypatch.setattr(hf, "load_checkpoint", lambda *a, **k: pytest.fail("the source was read"))
+  with pytest.raises(FileExistsError, match="holds params/ without model.json: an unfinished"):
+    convert.import_hf(SDAR, str(cut))
+  assert not (cut / "model.json").exists()
+  file = tmp_path / "file"
+  for out, said in ((cut, f"{cut} holds params/ without model.json"),
+                    (file, f"{file} is a file, not a folder"),
+                    (file / "x", f"{file / 'x'}: {file} is a file, not a folder")):
+    assert cli.main(["import", "--hf_dir", SDAR, "--out", str(out)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --out: {said}"), out
+  assert cli.main(["roundtrip", "--hf_dir", SDAR, "--tmp", str(tmp_path / "file")]) == 2
+  assert capsys.readouterr().err.startswith(f"error: --tmp: {tmp_path / 'file'} is a file")
+
+
 def test_sequences_past_the_checkpoints_maximum_length_are_warned_about(llada):
   """llada_tiny's config.json: max_sequence_length 64. Logits of 65 tokens, or a generation
   whose sequences reach 72, get a warning naming the key; 64 tokens none."""
