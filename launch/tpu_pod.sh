@@ -75,6 +75,8 @@
 #   --slices N               TPU multislice: N slices of --accelerator-type  [TPU_SLICES] 1
 #                            (NAME is then the queued resource, the slices NAME-0 ..)
 #   --setup                  copy this checkout to every worker and build its venv (step 2)
+#   --env VAR=VALUE          set VAR for the run on every worker (step 4; repeatable), e.g.
+#                            --env LIBTPU_INIT_ARGS=--xla_tpu_enable_collective_pipeliner=false
 #   --stage-weights SPEC     fetch checkpoint SPEC on every worker first (step 3)
 #                                                                    [DLLM_STAGE_WEIGHTS]
 #   --dry-run                print the commands, run nothing
@@ -114,6 +116,7 @@ FAIL_GRACE_S=${TPU_FAIL_GRACE_SECONDS:-600}  # after a slice fails, the others' 
 LOCAL_PYTHON=${DLLM_LOCAL_PYTHON:-}  # default: this checkout's .venv/bin/python (below)
 CREATE=0 SPOT=0 SETUP=0 DRY_RUN=0
 OVERRIDES=()
+USER_ENV=()  # --env VAR=VALUE, for the run on every worker
 
 need() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value"; }
 while [[ $# -gt 0 ]]; do
@@ -133,6 +136,10 @@ while [[ $# -gt 0 ]]; do
     --slices) need "$@"; SLICES=$2; shift 2 ;;
     --setup) SETUP=1; shift ;;
     --stage-weights) need "$@"; STAGE_WEIGHTS=$2; shift 2 ;;
+    --env) need "$@"
+      [[ $2 =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--env $2: expected VAR=VALUE (a variable name," \
+          "then '=')"
+      USER_ENV+=("$2"); shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; OVERRIDES=("$@"); break ;;
@@ -255,8 +262,13 @@ if [[ -n $STAGE_WEIGHTS ]]; then
   RUN_ENV=(HF_HUB_OFFLINE=1)
 fi
 
-MAIN_CMD="cd $(quote "$REMOTE_DIR") && $(quote_all ${RUN_ENV[@]+"${RUN_ENV[@]}"} "$PYTHON" \
-    -m dllm_rl.main --config="$CONFIG" --workdir="$WORKDIR" ${OVERRIDES[@]+"${OVERRIDES[@]}"})"
+RUN_ENV+=(${USER_ENV[@]+"${USER_ENV[@]}"})  # after HF_HUB_OFFLINE=1: an --env of it wins
+ENV_WORDS=""  # VAR=value assignments before the command; only the value quoted, so they stay ones
+for assignment in ${RUN_ENV[@]+"${RUN_ENV[@]}"}; do
+  ENV_WORDS+="${assignment%%=*}=$(quote "${assignment#*=}") "
+done
+MAIN_CMD="cd $(quote "$REMOTE_DIR") && $ENV_WORDS$(quote_all "$PYTHON" -m dllm_rl.main \
+    --config="$CONFIG" --workdir="$WORKDIR" ${OVERRIDES[@]+"${OVERRIDES[@]}"})"
 if [[ $SLICES == 1 ]]; then
   run gcloud compute tpus tpu-vm ssh "$NAME" "${GCLOUD_LOCATION[@]}" --worker=all \
       --command "$MAIN_CMD"

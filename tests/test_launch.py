@@ -449,6 +449,29 @@ def test_slurm_checks_the_config_before_submitting(sandbox, tmp_path):
   assert not list(tmp_path.glob("called-*"))
 
 
+def test_tpu_env_reaches_the_run_as_assignments(sandbox, tmp_path):
+  """--env VAR=VALUE (repeatable) sets VAR for dllm_rl.main on every worker: the printed
+  --command, run by a shell, gives the program each value whole (spaces and quotes too), and
+  an --env HF_HUB_OFFLINE wins over --stage-weights' own. A word without '=' is refused."""
+  show = tmp_path / "show"
+  show.write_text('#!/bin/sh\nprintf "%s|%s|%s\\n" "$LIBTPU_INIT_ARGS" "$QUOTED" "$HF_HUB_OFFLINE"\n')
+  show.chmod(0o755)
+  res = run_script(TPU, ["--dry-run", "--name", "n", "--zone", "z", "--workdir", "gs://b/r",
+                         "--remote-dir", str(tmp_path), "--python", str(show),
+                         "--stage-weights", "org/model",
+                         "--env", "LIBTPU_INIT_ARGS=--xla_a=false --xla_b=1",
+                         "--env", "QUOTED=it's \"x\" $HOME", "--env", "HF_HUB_OFFLINE=0"],
+                   sandbox, tmp_path)
+  assert res.returncode == 0, res.stderr
+  run = commands(res.stdout)[-1]
+  out = subprocess.run(["bash", "-c", run[run.index("--command") + 1]], capture_output=True,
+                       text=True, timeout=10)
+  assert out.stdout == "--xla_a=false --xla_b=1|it's \"x\" $HOME|0\n", (out.stdout, out.stderr)
+  res = run_script(TPU, ["--dry-run", "--name", "n", "--zone", "z", "--workdir", "gs://b/r",
+                         "--env", "NOEQUALS"], sandbox, tmp_path)
+  assert res.returncode == 2 and "--env NOEQUALS: expected VAR=VALUE" in res.stderr
+
+
 def test_tpu_multislice_retries_a_failed_state_read(tmp_path):
   """Reading the queued resource's state fails twice (a network blip), then it is ACTIVE: the
   script goes on; 3 failed reads in a row with TPU_POLL_TRIES=3 stop it, naming the resource
