@@ -22,12 +22,11 @@ from dllm_rl.errors import ConfigError
 
 def problems(path: str, slices: int, argv: list[str]) -> list[ConfigError]:
   """The problems of config file ``path`` under the ``--config.`` overrides in ``argv`` for a
-  run on ``slices`` TPU slices (empty when there are none)."""
-  rest, overrides = split_overrides(argv)
-  errors = [ConfigError("overrides", f"{arg!r} is not a --config.KEY=VALUE override (the "
-                        "workers' dllm_rl.main takes only those after --)") for arg in rest]
+  run on ``slices`` TPU slices (empty when there are none). Other words of ``argv`` are left
+  to ``dllm_rl.main`` (it takes absl's own flags too, e.g. ``--verbosity``)."""
+  _, overrides = split_overrides(argv)  # other flags (absl's --verbosity, ...): main's to judge
   config = load_config_file(path)
-  errors += apply_overrides(config, overrides, [])
+  errors = apply_overrides(config, overrides, [])
   data = config.mesh.data  # -1 (the devices the other axes leave) is resolved on the workers
   if slices > 1 and not errors and data != -1 and (data < 1 or data % slices):
     errors.append(ConfigError(
