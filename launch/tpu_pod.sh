@@ -282,7 +282,9 @@ PIDS=()  # every slice at once (each waits in jax.distributed for the others), t
 stop_slices() {
   trap - INT TERM
   echo "tpu_pod.sh: interrupted: stopping the slices' sessions" >&2
-  for pid in ${PIDS[@]+"${PIDS[@]}"}; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+  for i in ${PIDS[@]+"${!PIDS[@]}"}; do  # not the ended ones: their ids may be another's now
+    [[ -n ${ENDED[$i]:-} ]] || kill -TERM -- "-${PIDS[$i]}" 2>/dev/null || true
+  done
   exit 130
 }
 trap stop_slices INT TERM
@@ -323,6 +325,9 @@ while [[ $LEFT -gt 0 ]]; do
     wait || true
     break
   fi
-  [[ $LEFT == 0 ]] || sleep 1
+  # Slept in the background and waited for: under set -m a foreground command takes the
+  # terminal, so Ctrl-C would reach the sleep alone and bash would exit without the trap,
+  # leaving every session running; the wait builtin returns at once for the trap instead.
+  if [[ $LEFT -gt 0 ]]; then sleep 1 & wait $! || true; fi
 done
 exit "$STATUS"

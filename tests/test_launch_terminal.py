@@ -1,0 +1,77 @@
+"""launch/tpu_pod.sh under a terminal (a pseudo-terminal): what Ctrl-C typed there does."""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import sys
+import time
+
+import pytest
+
+from tests.test_launch import TPU, _alive, recording_tools
+
+pty = pytest.importorskip("pty")
+
+
+def _read_until_exit(pid: int, fd: int, timeout: float) -> tuple[int | None, str]:
+  """(exit status of child ``pid``, or None after ``timeout`` s; what it wrote to the terminal
+  ``fd``), the terminal drained as it goes so the child never blocks on it."""
+  out, status, deadline = b"", None, time.monotonic() + timeout
+  while status is None and time.monotonic() < deadline:
+    if select.select([fd], [], [], 0.05)[0]:
+      try:
+        out += os.read(fd, 4096)
+      except OSError:  # the terminal's last process is gone
+        pass
+    done, code = os.waitpid(pid, os.WNOHANG)
+    if done:
+      status = os.waitstatus_to_exitcode(code)
+  return status, out.decode(errors="replace")
+
+
+def test_tpu_multislice_ctrl_c_typed_in_the_terminal_stops_every_slice(tmp_path):
+  """Ctrl-C typed in the terminal goes to its foreground process group: the launcher's, while
+  the slices run, so its trap stops every session and it exits 130. Before, the wait loop's
+  `sleep 1` ran in the foreground under set -m, which gave it the terminal: Ctrl-C reached
+  the sleep alone, bash exited 130 without the trap and every slice's session ran on."""
+  pids = tmp_path / "pids"
+  env = recording_tools(tmp_path, {"gcloud": f"""case "$*" in
+  *ssh*) echo $$ >> '{pids}'; exec sleep 60 ;;
+esac"""})
+  env["DLLM_LOCAL_PYTHON"] = sys.executable
+  bash = shutil.which("bash")
+  argv = [bash, TPU, "--slices", "2", "--name", "ms", "--zone", "z", "--workdir", "gs://b/r",
+          "--config", "configs/tiny_cpu.py"]
+  pid, fd = pty.fork()
+  if pid == 0:  # the launcher, the pseudo-terminal its controlling terminal
+    try:
+      os.chdir(tmp_path)
+      os.execve(bash, argv, env)
+    finally:
+      os._exit(127)
+  started, status = [], None
+  try:
+    deadline = time.monotonic() + 20
+    while status is None and len(started) < 2 and time.monotonic() < deadline:
+      status, out = _read_until_exit(pid, fd, 0.05)
+      started = pids.read_text().split() if pids.exists() else []
+    assert status is None and len(started) == 2, (status, started)
+    _read_until_exit(pid, fd, 0.3)  # the script waits in its loop now
+    os.write(fd, b"\x03")  # Ctrl-C
+    status, out = _read_until_exit(pid, fd, 10)
+    assert status == 130 and "interrupted: stopping the slices' sessions" in out, (status, out)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_alive(int(p)) for p in started):
+      time.sleep(0.05)
+    assert not any(_alive(int(p)) for p in started), started
+  finally:
+    for p in started:  # what the script left running, if it did
+      if _alive(int(p)):
+        os.kill(int(p), signal.SIGKILL)
+    if status is None:
+      os.kill(pid, signal.SIGKILL)
+      os.waitpid(pid, 0)
+    os.close(fd)
