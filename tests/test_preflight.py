@@ -31,11 +31,33 @@ def test_mesh_data_minus_one_is_left_to_the_workers():
 
 
 def test_every_override_problem_is_named_at_once():
-  """Every override problem at once; a flag that is no override (absl's --verbosity, which
-  dllm_rl.main takes) is left to main."""
   assert _messages(problems(TPU_CONFIG, 1, ["--config.rl.nosuch=1", "--config.rl.lr=abc",
-                                            "--verbosity=1"])) == [
+                                            "--steps=3"])) == [
+      "config.overrides: '--steps=3' is neither a --config.KEY=VALUE override nor a flag of"
+      " the workers' dllm_rl.main",
       "config.rl.nosuch: unknown key", "config.rl.lr: expected float, got 'abc'"]
+
+
+def test_the_flags_dllm_rl_main_takes_pass():
+  """absl's own flags, which dllm_rl.main takes after the launchers' --, are no problem (before,
+  every argument but an override stopped the launch); a bad value of one is named."""
+  for flag in (["--alsologtostderr"], ["--verbosity=1"], ["--verbosity", "1"], ["--help"],
+               ["--workdir=gs://b/other"]):
+    assert problems(TPU_CONFIG, 1, flag) == [], flag
+  (msg,) = _messages(problems(TPU_CONFIG, 1, ["--verbosity=abc"]))
+  assert msg.startswith("config.overrides: flag --verbosity=abc: invalid literal"), msg
+  assert "'extra' is neither" in _messages(problems(TPU_CONFIG, 1, ["extra"]))[0]
+
+
+def test_main_flags_are_dllm_rl_mains_own():
+  """MAIN_FLAGS (the config layer may not import dllm_rl.main) names every flag main defines;
+  read in a subprocess: absl's flags are process-global (tests/test_architecture.py)."""
+  from dllm_rl.config.preflight import MAIN_FLAGS
+  code = ("import dllm_rl.main; from absl import flags;"
+          "print(sorted(f.name for f in flags.FLAGS.get_flags_for_module('dllm_rl.main')))")
+  res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                       timeout=60)
+  assert res.stdout.strip() == str(sorted(MAIN_FLAGS)), (res.stdout, res.stderr)
 
 
 def test_cli_status_and_messages(tmp_path, capsys):

@@ -540,7 +540,7 @@ def problems(cmd: Command) -> list[str]:
       found.append(f"{cmd.module} takes no positional arguments: {positional}")
     if cmd.module == "dllm_rl.plan":
       found += plan_problems(flags)
-  elif "ArgumentParser" in source:
+  elif "argparse.ArgumentParser(" in source:  # not absl's flags.ArgumentParser
     found = argparse_problems(cmd.module, rest)
     if cmd.module == "dllm_rl.study.branch":
       found += branch_problems(rest)

@@ -3,7 +3,8 @@
 ``python -m dllm_rl.config.preflight CONFIG SLICES [--config.KEY=VALUE ...]`` loads the config
 file, applies the overrides and checks what needs no accelerator and no import of the training
 stack (a fraction of a second): the file loads, every override names a key and parses as its
-type, and with ``SLICES`` > 1 (TPU multislice) ``mesh.data`` is a multiple of the slice count —
+type, the other arguments are flags ``dllm_rl.main`` takes (absl's own, such as
+``--alsologtostderr``), and with ``SLICES`` > 1 (TPU multislice) ``mesh.data`` is a multiple of the slice count —
 the mesh's data axis alone spans the slices (``dllm_rl.parallel.mesh``), which the workers
 would otherwise find only after the slices were created, set up and staged. Every problem is
 printed as ``error: config.<key>: ...`` and the status is 2; 0 when all is well. The full
@@ -12,21 +13,50 @@ validation (``dllm_rl.train.validate``) still runs on the workers, before anythi
 
 from __future__ import annotations
 
+import copy
 import sys
 
-from dllm_rl.config.cli import EXIT_CONFIG, config_line, fail, split_overrides
+from absl import flags
+
+from dllm_rl.config.cli import EXIT_CONFIG, HELP, config_line, fail, split_overrides
 from dllm_rl.config.overrides import apply_overrides
 from dllm_rl.config.schema import load_config_file
 from dllm_rl.errors import ConfigError
 
+# dllm_rl.main's own flags beside absl's (dllm_rl.config may not import dllm_rl.main;
+# tests/test_preflight.py checks that these are all it defines).
+MAIN_FLAGS = ("config", "workdir")
+
+
+def _flag_problems(rest: list[str]) -> list[ConfigError]:
+  """The arguments in ``rest`` (no ``--config.`` override) that the workers' ``dllm_rl.main``
+  would refuse, as its absl parser (on a copy of the flags: none is set here) reads them:
+  absl's own flags (``--alsologtostderr``, ``--verbosity=1``) pass, as a help flag does."""
+  rest = [arg for arg in rest if arg not in HELP]  # main prints its usage for those
+  if not rest:
+    return []
+  parser = copy.deepcopy(flags.FLAGS)  # absl's own flags (app, logging), and main's below
+  for name in MAIN_FLAGS:
+    if name not in parser:  # a string flag, as main's are
+      parser[name] = flags.Flag(flags.ArgumentParser(), flags.ArgumentSerializer(), name, None,
+                                "dllm_rl.main's")
+  try:
+    extra = parser(["dllm_rl.main", *rest])[1:]
+  except flags.UnrecognizedFlagError as e:
+    extra = [e.flagvalue or f"--{e.flagname}"]
+  except flags.Error as e:
+    return [ConfigError("overrides", f"{e} (a flag of the workers' dllm_rl.main)")]
+  return [ConfigError("overrides", f"{arg!r} is neither a --config.KEY=VALUE override nor a flag"
+                      " of the workers' dllm_rl.main") for arg in extra]
+
 
 def problems(path: str, slices: int, argv: list[str]) -> list[ConfigError]:
   """The problems of config file ``path`` under the ``--config.`` overrides in ``argv`` for a
-  run on ``slices`` TPU slices (empty when there are none). Other words of ``argv`` are left
-  to ``dllm_rl.main`` (it takes absl's own flags too, e.g. ``--verbosity``)."""
-  _, overrides = split_overrides(argv)  # other flags (absl's --verbosity, ...): main's to judge
+  run on ``slices`` TPU slices (empty when there are none)."""
+  rest, overrides = split_overrides(argv)
+  errors = _flag_problems(rest)
   config = load_config_file(path)
-  errors = apply_overrides(config, overrides, [])
+  errors += apply_overrides(config, overrides, [])
   data = config.mesh.data  # -1 (the devices the other axes leave) is resolved on the workers
   if slices > 1 and not errors and data != -1 and (data < 1 or data % slices):
     errors.append(ConfigError(
