@@ -357,6 +357,21 @@ class AdvantageFn(Protocol):
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage")
 
 
+def checked_output(name: str, adv_BGL, mask_BGL) -> jax.Array:
+  """``adv_BGL`` of the registered advantage ``name`` (``rl.advantage``), checked against the
+  contract of this module's docstring: float32, the shape of ``mask_BGL`` ([B, G, L]: a
+  sequence-level advantage is broadcast over the tokens, :func:`_per_token`). Checked when
+  the step is traced, with a TypeError naming ``rl.advantage`` (a [B, G] array otherwise
+  fails inside the loss as a broadcasting error, and a bfloat16 one is accepted silently)."""
+  if jnp.shape(adv_BGL) != jnp.shape(mask_BGL) or jnp.result_type(adv_BGL) != jnp.float32:
+    raise TypeError(
+        f"rl.advantage={name!r} (registered in ADVANTAGES, dllm_rl/rl/advantages.py) returned"
+        f" {jnp.result_type(adv_BGL)} of shape {jnp.shape(adv_BGL)}; it must be float32 of"
+        f" the mask's shape [B, G, L] = {jnp.shape(mask_BGL)} (broadcast a sequence-level"
+        " advantage over the tokens, 0 off the mask)")
+  return adv_BGL
+
+
 @dataclasses.dataclass(frozen=True)
 class AdvantageConfig:
   """Options (from ``config.advantage``); each advantage reads what it needs. The RL step

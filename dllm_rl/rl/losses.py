@@ -282,6 +282,28 @@ def grpo_clipped(ratio, adv, eps: float):
   return ((adv > 0) & (ratio > 1 + eps)) | ((adv < 0) & (ratio < 1 - eps))
 
 
+def checked_output(name: str, out):
+  """The ``(loss, metrics)`` of the registered loss ``name`` (``rl.loss``), checked against
+  the contract of this module's docstring: a pair, a float32 scalar loss (the mean over the
+  batch: the step differentiates it) and a dict of metrics holding ``clip_fraction``. Shapes
+  and dtypes are static, so a loss that breaks it fails when the step is traced, with a
+  TypeError naming ``rl.loss`` instead of an error from deep inside JAX's grad."""
+  where = f"rl.loss={name!r} (registered in LOSSES, dllm_rl/rl/losses.py)"
+  if not (isinstance(out, tuple) and len(out) == 2):
+    raise TypeError(f"{where} returned {type(out).__name__}; a registered loss returns a"
+                    " (loss, metrics) pair")
+  loss, metrics = out
+  if jnp.shape(loss) != () or jnp.result_type(loss) != jnp.float32:
+    raise TypeError(f"{where} returned a {jnp.result_type(loss)} loss of shape"
+                    f" {jnp.shape(loss)}; it must be a float32 scalar (reduce over B, G and L"
+                    " inside the loss)")
+  if not isinstance(metrics, dict) or "clip_fraction" not in metrics:
+    got = sorted(metrics) if isinstance(metrics, dict) else type(metrics).__name__
+    raise TypeError(f"{where} returned metrics {got}; they must be a dict holding"
+                    " 'clip_fraction' (zeros for a loss without a clip)")
+  return loss, metrics
+
+
 @LOSSES.register("grpo")
 def _grpo(lik, lik_old, adv_BGL, mask_BGL, lengths_BG, cfg: LossConfig):
   del lengths_BG

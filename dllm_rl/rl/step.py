@@ -47,6 +47,7 @@ from dllm_rl.rl import advantages as adv_lib
 from dllm_rl.rl import micro
 from dllm_rl.rl.losses import (LOSSES, LossConfig, kl_penalty, kl_penalty_tokens,
                                ratio_metrics)
+from dllm_rl.rl.losses import checked_output as checked_loss_output
 from dllm_rl.types import SequenceBatch, TrainState
 
 
@@ -221,7 +222,8 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
     else:
       progress_BGL = adv_lib.progress_from_unmask_step(batch.unmask_step_BGL, cfg.num_states)
     rewards_BG = batch.rewards_BG.astype(jnp.float32)
-    adv_BGL = advantage_fn(rewards_BG, progress_BGL, mask_BGL, adv_cfg)
+    adv_BGL = adv_lib.checked_output(
+        cfg.advantage, advantage_fn(rewards_BG, progress_BGL, mask_BGL, adv_cfg), mask_BGL)
     lengths_BG = mask_BGL.sum(-1).astype(jnp.float32)
     k_old, k_inner = jax.random.split(key)
     keys_M = jax.random.split(k_inner, cfg.inner_steps)
@@ -240,7 +242,8 @@ def make_rl_step(graphdef, optimizer: optax.GradientTransformation, schedule: op
 
     def objective(lik, lik_old, m):
       """(loss, metrics) of the [B, G]-grouped estimate ``lik`` at inner step m."""
-      loss, aux = loss_fn_(lik, lik_old, adv_BGL, mask_BGL, lengths_BG, cfg.loss_cfg)
+      loss, aux = checked_loss_output(
+          cfg.loss, loss_fn_(lik, lik_old, adv_BGL, mask_BGL, lengths_BG, cfg.loss_cfg))
       # the loss's own metrics win: its bypass_fraction where it clips another ratio (ESPO)
       aux = {**ratio_metrics(lik.seq_B - lik_old.seq_B, adv_BGL, mask_BGL, cfg.loss_cfg.eps),
              **aux}

@@ -10,6 +10,7 @@ import pytest
 
 from dllm_rl.diffusion.estimators import EstimatorConfig
 from dllm_rl.models import transformer as T
+from dllm_rl.rl import advantages as adv_lib
 from dllm_rl.rl import losses
 from dllm_rl.rl.losses import LOSSES
 from dllm_rl.diffusion.spg_block import spg_block_masks
@@ -108,6 +109,35 @@ def test_a_loss_that_reports_its_own_bypass_fraction_keeps_it(monkeypatch):
   _, metrics = step_fn(state, _batch(), jax.random.key(3))
   assert float(metrics["bypass_fraction"]) == 0.375
 
+
+
+_GRPO = LOSSES.get("grpo")
+BAD_LOSSES = {  # what a new loss may get wrong → the words of the step's error
+    "per_sequence_loss": (lambda lik, *a: (-lik.seq_B, _GRPO(lik, *a)[1]), r"float32 scalar"),
+    "bare_loss": (lambda *a: _GRPO(*a)[0], r"\(loss, metrics\) pair"),
+    "bf16_loss": (lambda *a: (_GRPO(*a)[0].astype(jnp.bfloat16), _GRPO(*a)[1]), "bfloat16"),
+    "no_clip_fraction": (lambda *a: (_GRPO(*a)[0], {}), "'clip_fraction'"),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_LOSSES))
+def test_a_loss_that_breaks_the_contract_is_named_when_the_step_is_traced(monkeypatch, bad):
+  fn, words = BAD_LOSSES[bad]
+  monkeypatch.setitem(LOSSES._items, "mine", fn)
+  step_fn, state = _step("mine", inner=1)
+  with pytest.raises(TypeError, match=rf"rl\.loss='mine'.*{words}"):
+    jax.eval_shape(step_fn, state, _batch(), jax.random.key(3))
+
+
+@pytest.mark.parametrize("bad, words", [
+    (lambda r, p, m, c: adv_lib.centered(r), r"shape \(2, 4\).*\(2, 4, 8\)"),
+    (lambda r, p, m, c: adv_lib.ADVANTAGES.get("centered")(r, p, m, c).astype(jnp.bfloat16),
+     "bfloat16")], ids=["per_sequence", "bf16"])
+def test_an_advantage_of_the_wrong_shape_or_dtype_is_named(monkeypatch, bad, words):
+  monkeypatch.setitem(adv_lib.ADVANTAGES._items, "mine", bad)
+  step_fn, state = _step("grpo", advantage="mine", inner=1)
+  with pytest.raises(TypeError, match=rf"rl\.advantage='mine'.*{words}"):
+    jax.eval_shape(step_fn, state, _batch(), jax.random.key(3))
 
 CASES = [("stabledrl", "centered", None, False), ("grpo", "grpo", None, False),
          ("grpo_token", "centered", None, False), ("spg", "centered", None, False),
