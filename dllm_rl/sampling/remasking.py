@@ -16,6 +16,19 @@ from dllm_rl.registry import Registry
 REMASKING: Registry = Registry("remasking policy")
 
 
+def confidence(name: str, logits_BLV, x0_BL, key):
+  """The registered policy ``name``'s (``sampler.remasking``) confidence_BL, checked to have
+  ``x0_BL``'s shape when traced: a policy that returns one row per position ([L]) or per
+  sequence ([B]) would otherwise be broadcast over the batch silently, or fail as a
+  broadcasting error that names no policy."""
+  conf_BL = REMASKING.get(name)(logits_BLV, x0_BL, key)
+  if jnp.shape(conf_BL) != jnp.shape(x0_BL):
+    raise TypeError(f"sampler.remasking={name!r} (registered in REMASKING,"
+                    f" dllm_rl/sampling/remasking.py) returned shape {jnp.shape(conf_BL)}; a"
+                    f" policy returns one confidence per position, x0_BL's shape"
+                    f" {jnp.shape(x0_BL)}")
+  return conf_BL
+
 @REMASKING.register("low_confidence")
 def low_confidence(logits_BLV, x0_BL, key):
   """LLaDA: probability of the proposed token under softmax(logits)."""

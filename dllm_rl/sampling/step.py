@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from dllm_rl.sampling.remasking import REMASKING
+from dllm_rl.sampling.remasking import confidence
 
 _NEG = -jnp.inf
 
@@ -53,7 +53,7 @@ def select_commits(logits_BLV, open_BL, key, k_commit, *, cfg, mask_id: int):
     logits_BLV = logits_BLV.at[..., mask_id].set(_NEG)
   k_prop, k_conf = jax.random.split(key)
   x0_BL = _propose(logits_BLV, k_prop, cfg.temperature)
-  conf_BL = jnp.where(open_BL, REMASKING.get(cfg.remasking)(logits_BLV, x0_BL, k_conf), _NEG)
+  conf_BL = jnp.where(open_BL, confidence(cfg.remasking, logits_BLV, x0_BL, k_conf), _NEG)
   rank_BL = descending_rank(conf_BL)
   if cfg.threshold > 0:
     picked_BL = (conf_BL > cfg.threshold) | (rank_BL == 0)

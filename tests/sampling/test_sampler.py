@@ -76,6 +76,18 @@ def test_commits_scheduled_tokens_per_step_and_never_remasks(model, remasking):
   np.testing.assert_array_equal(unmask, first_seen)
 
 
+
+@pytest.mark.parametrize("bad, shape", [
+    (lambda logits_BLV, x0_BL, key: logits_BLV.max(-1)[0], r"\(4,\)"),  # [L]: row 0's
+    (lambda logits_BLV, x0_BL, key: logits_BLV.max((-2, -1)), r"\(3,\)")],  # [B]
+    ids=["per_position", "per_sequence"])
+def test_a_remasking_policy_of_the_wrong_shape_is_named(model, monkeypatch, bad, shape):
+  monkeypatch.setitem(REMASKING._items, "mine", bad)
+  cfg = S.SamplerConfig(completion_len=8, steps=4, block_len=4, temperature=0.7,
+                        remasking="mine")
+  with pytest.raises(TypeError, match=rf"sampler\.remasking='mine'.*{shape}.*\(3, 4\)"):
+    _run(model, cfg)
+
 def test_same_seed_same_output_and_different_seed_differs(model):
   cfg = S.SamplerConfig(completion_len=8, steps=4, block_len=4, temperature=1.0, stop_at_eos=False)
   a, b, c = _run(model, cfg, key=3), _run(model, cfg, key=3), _run(model, cfg, key=4)
