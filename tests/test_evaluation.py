@@ -54,6 +54,25 @@ def test_verify_groups_marks_malformed_completions_which_score_as_wrong_answers(
   assert graded.parsed[0][:2] == ["23+23", "33+14"] and graded.parsed[0][2:] == texts[0][2:]
 
 
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_verifier_that_returns_no_verify_result_is_named(parallel):
+  """A new task's verify returning a bool is named at the first verification, with its class
+  and module, not as an AttributeError of the code that reads the result."""
+  from dllm_rl.tasks import make_task
+
+  class BoolVerifier(type(make_task("sum_split"))):
+    parallel_verify = parallel
+
+    def verify(self, example, completion):
+      return completion == example.answer
+
+  task = BoolVerifier(num_digits=2)
+  ex = task.generate("train", 1, 0)[0]
+  with pytest.raises(TypeError, match=r"task.name='sum_split': BoolVerifier.verify \(tests\."
+                     r"test_evaluation\) returned bool; .*VerifyResult"):
+    evaluation.verify_all(task, [(ex, ex.answer), (ex, "")])
+
 def test_greedy_completions_do_not_depend_on_the_batch_size_unless_the_order_is_random():
   """README "Evaluate": greedy figures do not depend on eval.batch_size (padded last batch
   included); with sampler.remasking=random the order is drawn from each batch's key, so they

@@ -16,6 +16,7 @@ from dllm_rl.parallel.constraints import jit_sharded
 from dllm_rl.parallel.shard import replicated
 from dllm_rl.sampling import block_sampler, dream_rollout
 from dllm_rl.sampling import sampler as sampler_lib
+from dllm_rl.tasks.base import VerifyResult
 from dllm_rl.tasks.data import trim_to_bucket
 from dllm_rl.train.resilience import raise_if_eval_stopped
 
@@ -73,10 +74,22 @@ def verify_all(task, pairs: Sequence[tuple[Any, str]]) -> list:
   whose verifier waits on child processes (``parallel_verify``: the code task runs each
   completion's test cases) on up to min(CPUs, 32) threads at once."""
   if not getattr(task, "parallel_verify", False) or len(pairs) < 2:
-    return [task.verify(ex, text) for ex, text in pairs]
+    return [_checked(task, task.verify(ex, text)) for ex, text in pairs]
   workers = min(os.cpu_count() or 1, MAX_VERIFY_THREADS, len(pairs))
   with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-    return list(pool.map(lambda pair: task.verify(*pair), pairs))
+    return [_checked(task, r) for r in pool.map(lambda pair: task.verify(*pair), pairs)]
+
+
+def _checked(task, result):
+  """``result`` of ``task.verify``; a TypeError naming the task's class and module when it is
+  not a VerifyResult (a task's verifier returning a bool failed later as "'bool' object has no
+  attribute 'correct'", after the SFT phase had trained)."""
+  if not isinstance(result, VerifyResult):
+    cls = type(task)
+    raise TypeError(f"task.name={task.name!r}: {cls.__name__}.verify ({cls.__module__})"
+                    f" returned {type(result).__name__}; a task's verify returns a"
+                    " dllm_rl.tasks.base.VerifyResult(reward, correct, parsed, info)")
+  return result
 
 
 def verify_each(task, tokenizer, examples: Sequence[Any], completions_NL: np.ndarray) -> list:
