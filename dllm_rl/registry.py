@@ -19,6 +19,14 @@ def unknown_message(kind: str, name: object, choices) -> str:
   return f"unknown {kind} {name!r}; available: {', '.join(sorted(choices))}.{hint}"
 
 
+def _where(obj: object) -> str:
+  """``module.qualname`` of a registered function or class; "" for anything else (an
+  instance such as an ``Estimator``, whose repr would be its whole docstring)."""
+  qualname = getattr(obj, "__qualname__", None)
+  module = getattr(obj, "__module__", None)
+  return f"{module}.{qualname}" if isinstance(qualname, str) and module else ""
+
+
 class Registry(Generic[T]):
   """A name → object mapping with helpful errors for unknown names."""
 
@@ -31,7 +39,10 @@ class Registry(Generic[T]):
 
     def deco(obj: T) -> T:
       if name in self._items:
-        raise ValueError(f"{self.kind} {name!r} is already registered")
+        first = _where(self._items[name])
+        raise ValueError(f"{self.kind} {name!r} is already registered"
+                         + (f" (by {first})" if first else "")
+                         + f": register {_where(obj) or 'this one'} under another name")
       self._items[name] = obj
       return obj
 
