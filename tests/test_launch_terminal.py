@@ -6,6 +6,7 @@ import os
 import select
 import shutil
 import signal
+import subprocess
 import sys
 import time
 
@@ -13,11 +14,14 @@ import pytest
 
 from tests.test_launch import TPU, _alive, recording_tools
 
-pty = pytest.importorskip("pty")
+# util-linux's setsid -c: a new session whose controlling terminal is its stdin (the
+# pseudo-terminal), started by subprocess's spawn, not by a fork of this multithreaded (JAX)
+# process, which pty.fork would be.
+SETSID = shutil.which("setsid")
 
 
-def _read_until_exit(pid: int, fd: int, timeout: float) -> tuple[int | None, str]:
-  """(exit status of child ``pid``, or None after ``timeout`` s; what it wrote to the terminal
+def _read_until_exit(proc: subprocess.Popen, fd: int, timeout: float) -> tuple[int | None, str]:
+  """(exit status of ``proc``, or None after ``timeout`` s; what it wrote to the terminal
   ``fd``), the terminal drained as it goes so the child never blocks on it."""
   out, status, deadline = b"", None, time.monotonic() + timeout
   while status is None and time.monotonic() < deadline:
@@ -26,12 +30,11 @@ def _read_until_exit(pid: int, fd: int, timeout: float) -> tuple[int | None, str
         out += os.read(fd, 4096)
       except OSError:  # the terminal's last process is gone
         pass
-    done, code = os.waitpid(pid, os.WNOHANG)
-    if done:
-      status = os.waitstatus_to_exitcode(code)
+    status = proc.poll()
   return status, out.decode(errors="replace")
 
 
+@pytest.mark.skipif(SETSID is None, reason="no setsid (util-linux) to give bash a terminal")
 def test_tpu_multislice_ctrl_c_typed_in_the_terminal_stops_every_slice(tmp_path):
   """Ctrl-C typed in the terminal goes to its foreground process group: the launcher's, while
   the slices run, so its trap stops every session and it exits 130. Before, the wait loop's
@@ -45,23 +48,20 @@ esac"""})
   bash = shutil.which("bash")
   argv = [bash, TPU, "--slices", "2", "--name", "ms", "--zone", "z", "--workdir", "gs://b/r",
           "--config", "configs/tiny_cpu.py"]
-  pid, fd = pty.fork()
-  if pid == 0:  # the launcher, the pseudo-terminal its controlling terminal
-    try:
-      os.chdir(tmp_path)
-      os.execve(bash, argv, env)
-    finally:
-      os._exit(127)
+  fd, tty = os.openpty()
+  proc = subprocess.Popen([SETSID, "-c", *argv], stdin=tty, stdout=tty, stderr=tty, env=env,
+                          cwd=tmp_path)
+  os.close(tty)
   started, status = [], None
   try:
     deadline = time.monotonic() + 20
     while status is None and len(started) < 2 and time.monotonic() < deadline:
-      status, out = _read_until_exit(pid, fd, 0.05)
+      status, out = _read_until_exit(proc, fd, 0.05)
       started = pids.read_text().split() if pids.exists() else []
     assert status is None and len(started) == 2, (status, started)
-    _read_until_exit(pid, fd, 0.3)  # the script waits in its loop now
+    _read_until_exit(proc, fd, 0.3)  # the script waits in its loop now
     os.write(fd, b"\x03")  # Ctrl-C
-    status, out = _read_until_exit(pid, fd, 10)
+    status, out = _read_until_exit(proc, fd, 10)
     assert status == 130 and "interrupted: stopping the slices' sessions" in out, (status, out)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and any(_alive(int(p)) for p in started):
@@ -72,6 +72,6 @@ esac"""})
       if _alive(int(p)):
         os.kill(int(p), signal.SIGKILL)
     if status is None:
-      os.kill(pid, signal.SIGKILL)
-      os.waitpid(pid, 0)
+      proc.kill()
+      proc.wait()
     os.close(fd)
