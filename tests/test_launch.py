@@ -454,7 +454,8 @@ def test_tpu_env_reaches_the_run_as_assignments(sandbox, tmp_path):
   --command, run by a shell, gives the program each value whole (spaces and quotes too), and
   an --env HF_HUB_OFFLINE wins over --stage-weights' own. A word without '=' is refused."""
   show = tmp_path / "show"
-  show.write_text('#!/bin/sh\nprintf "%s|%s|%s\\n" "$LIBTPU_INIT_ARGS" "$QUOTED" "$HF_HUB_OFFLINE"\n')
+  show.write_text('#!/bin/sh\n'
+                  'printf "%s|%s|%s\\n" "$LIBTPU_INIT_ARGS" "$QUOTED" "$HF_HUB_OFFLINE"\n')
   show.chmod(0o755)
   res = run_script(TPU, ["--dry-run", "--name", "n", "--zone", "z", "--workdir", "gs://b/r",
                          "--remote-dir", str(tmp_path), "--python", str(show),
