@@ -15,17 +15,20 @@ run() {
 }
 # The config file and the overrides checked with PYTHON (python -m dllm_rl.config.preflight, a
 # fraction of a second: keys, types, mesh.data against SLICES) before anything is created or
-# queued; problems stop the script (status 2). A PYTHON that cannot import dllm_rl here leaves
-# the checks to the workers, saying so. Usage: preflight PYTHON REPO CONFIG SLICES OVERRIDES...
+# queued; problems stop the script (status 2). A PYTHON that cannot run the check here (missing,
+# or no dllm_rl to import: any status but 0 and 2) leaves the checks to the workers, saying so.
+# Usage: preflight PYTHON REPO CONFIG SLICES OVERRIDES...
 preflight() {
-  local python=$1 repo=$2 config=$3 slices=$4
+  local python=$1 repo=$2 config=$3 slices=$4 said status=0
   shift 4
-  if ! (cd "$repo" && "$python" -c "import dllm_rl.config.preflight") >/dev/null 2>&1; then
-    echo "${0##*/}: note: $python cannot import dllm_rl here: the config and overrides are" \
-        "checked on the workers only" >&2
-    return 0
-  fi
-  (cd "$repo" && "$python" -m dllm_rl.config.preflight "$config" "$slices" "$@") || die \
-      "$config with these overrides: see the errors above ($python -m" \
-      "dllm_rl.config.preflight); nothing was created or submitted"
+  said=$(cd "$repo" && "$python" -m dllm_rl.config.preflight "$config" "$slices" "$@" 2>&1) \
+      || status=$?
+  case $status in
+    0) ;;
+    2) echo "$said" >&2
+       die "$config with these overrides: see the errors above ($python -m" \
+           "dllm_rl.config.preflight); nothing was created or submitted" ;;
+    *) echo "${0##*/}: note: $python cannot import dllm_rl here: the config and overrides are" \
+           "checked on the workers only" >&2 ;;
+  esac
 }

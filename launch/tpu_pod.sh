@@ -113,7 +113,6 @@ SLICES=${TPU_SLICES:-1}
 POLL_S=${TPU_POLL_SECONDS:-30}  # how often a queued resource's state is read (tests: 0)
 POLL_TRIES=${TPU_POLL_TRIES:-5}  # reads of the state that may fail in a row (network, quota)
 FAIL_GRACE_S=${TPU_FAIL_GRACE_SECONDS:-600}  # after a slice fails, the others' time to end
-LOCAL_PYTHON=${DLLM_LOCAL_PYTHON:-}  # default: this checkout's .venv/bin/python (below)
 CREATE=0 SPOT=0 SETUP=0 DRY_RUN=0
 OVERRIDES=()
 USER_ENV=()  # --env VAR=VALUE, for the run on every worker
@@ -157,7 +156,7 @@ done
     "every worker then writes its own local copy" >&2
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-LOCAL_PYTHON=${LOCAL_PYTHON:-$REPO/.venv/bin/python}
+LOCAL_PYTHON=${DLLM_LOCAL_PYTHON:-$REPO/.venv/bin/python}  # runs the config check (preflight)
 if [[ $DRY_RUN == 0 ]]; then
   command -v gcloud >/dev/null || die "gcloud not found (install the Google Cloud CLI)"
   [[ -f $REPO/$CONFIG ]] || die "config file $REPO/$CONFIG not found"
@@ -275,6 +274,18 @@ if [[ $SLICES == 1 ]]; then
   exit
 fi
 PIDS=()  # every slice at once (each waits in jax.distributed for the others), then each status
+# Stops the session (process group) of every slice whose run has not ended (not the ended ones:
+# their ids may be another's now); with arguments, a line per slice says so, ending with them
+# (NODE in them: the slice's name).
+stop_open_sessions() {
+  local note="$*"
+  for i in ${PIDS[@]+"${!PIDS[@]}"}; do
+    [[ -z ${ENDED[$i]:-} ]] || continue
+    kill -TERM -- "-${PIDS[$i]}" 2>/dev/null || true
+    [[ $# == 0 ]] || echo "tpu_pod.sh: stopped slice ${NODES[$i]}'s session" \
+        "${note//NODE/${NODES[$i]}}" >&2
+  done
+}
 # Each slice's session in its own process group (set -m): a script's background commands ignore
 # SIGINT otherwise, so Ctrl-C left them running and the script waiting for them. Ctrl-C (or
 # SIGTERM) now stops every session, whole (gcloud and its ssh processes), and exits 130.
@@ -282,9 +293,7 @@ PIDS=()  # every slice at once (each waits in jax.distributed for the others), t
 stop_slices() {
   trap - INT TERM
   echo "tpu_pod.sh: interrupted: stopping the slices' sessions" >&2
-  for i in ${PIDS[@]+"${!PIDS[@]}"}; do  # not the ended ones: their ids may be another's now
-    [[ -n ${ENDED[$i]:-} ]] || kill -TERM -- "-${PIDS[$i]}" 2>/dev/null || true
-  done
+  stop_open_sessions
   exit 130
 }
 trap stop_slices INT TERM
@@ -315,13 +324,9 @@ while [[ $LEFT -gt 0 ]]; do
     fi
   done
   if [[ $STATUS != 0 && $LEFT -gt 0 && $((SECONDS - FAILED_AT)) -ge $FAIL_GRACE_S ]]; then
-    for i in "${!PIDS[@]}"; do
-      [[ -z ${ENDED[$i]:-} ]] || continue
-      kill -TERM -- "-${PIDS[$i]}" 2>/dev/null || true
-      echo "tpu_pod.sh: stopped slice ${NODES[$i]}'s session $FAIL_GRACE_S s after the" \
-          "failure; if its processes still run: gcloud compute tpus tpu-vm ssh ${NODES[$i]}" \
-          "--zone=$ZONE --worker=all --command='pkill -f dllm_rl.main'" >&2
-    done
+    stop_open_sessions "$FAIL_GRACE_S s after the failure; if its processes still run:" \
+        "gcloud compute tpus tpu-vm ssh NODE --zone=$ZONE --worker=all" \
+        "--command='pkill -f dllm_rl.main'"
     wait || true
     break
   fi
