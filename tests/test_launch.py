@@ -405,14 +405,9 @@ esac"""})
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=10)
     assert proc.returncode == 130 and "interrupted" in err, err
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(_alive(int(pid)) for pid in started):
-      time.sleep(0.05)
-    assert not any(_alive(int(pid)) for pid in started), started
+    assert not still_running(started), started
   finally:
-    for pid in started:  # what the script left running, if it did
-      if _alive(int(pid)):
-        os.kill(int(pid), signal.SIGKILL)
+    kill_all(started)  # what the script left running, if it did
     proc.kill()
     proc.communicate()
 
@@ -515,10 +510,7 @@ esac"""})
   assert res.stderr.index("slice ms-1 exited 7") < res.stderr.index("stopped slice ms-0")
   assert "--command='pkill -f dllm_rl.main'" in res.stderr
   (pid,) = pids.read_text().split()
-  deadline = time.monotonic() + 5
-  while time.monotonic() < deadline and _alive(int(pid)):
-    time.sleep(0.05)
-  assert not _alive(int(pid))
+  assert not still_running([pid])
 
 
 def _alive(pid: int) -> bool:
@@ -532,6 +524,22 @@ def _alive(pid: int) -> bool:
       return f.read().rsplit(")", 1)[1].split()[0] != "Z"
   except OSError:  # no /proc (macOS): os.kill's answer
     return True
+
+
+def still_running(pids: list[str], within: float = 5.0) -> list[str]:
+  """Those of ``pids`` (process ids as text) that still run after up to ``within`` s of
+  waiting for them all to end."""
+  deadline = time.monotonic() + within
+  while time.monotonic() < deadline and any(_alive(int(pid)) for pid in pids):
+    time.sleep(0.05)
+  return [pid for pid in pids if _alive(int(pid))]
+
+
+def kill_all(pids: list[str]) -> None:
+  """SIGKILL to those of ``pids`` that still run (a test's leftovers)."""
+  for pid in pids:
+    if _alive(int(pid)):
+      os.kill(int(pid), signal.SIGKILL)
 
 
 def test_tpu_runs_exactly_what_it_prints(tmp_path):

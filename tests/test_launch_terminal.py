@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import select
 import shutil
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
-from tests.test_launch import TPU, _alive, recording_tools
+from tests.test_launch import TPU, kill_all, recording_tools, still_running
 
 # util-linux's setsid -c: a new session whose controlling terminal is its stdin (the
 # pseudo-terminal), started by subprocess's spawn, not by a fork of this multithreaded (JAX)
@@ -63,14 +62,9 @@ esac"""})
     os.write(fd, b"\x03")  # Ctrl-C
     status, out = _read_until_exit(proc, fd, 10)
     assert status == 130 and "interrupted: stopping the slices' sessions" in out, (status, out)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(_alive(int(p)) for p in started):
-      time.sleep(0.05)
-    assert not any(_alive(int(p)) for p in started), started
+    assert not still_running(started), started
   finally:
-    for p in started:  # what the script left running, if it did
-      if _alive(int(p)):
-        os.kill(int(p), signal.SIGKILL)
+    kill_all(started)  # what the script left running, if it did
     if status is None:
       proc.kill()
       proc.wait()
