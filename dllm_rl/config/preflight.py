@@ -6,9 +6,10 @@ stack (a fraction of a second): the file loads, every override names a key and p
 type, the other arguments are flags ``dllm_rl.main`` takes (absl's own, such as
 ``--alsologtostderr``), and with ``SLICES`` > 1 (TPU multislice) ``mesh.data`` is a multiple
 of the slice count — the mesh's data axis alone spans the slices (``dllm_rl.parallel.mesh``),
-which the workers would otherwise find only after the slices were created, set up and staged. Every problem is
-printed as ``error: config.<key>: ...`` and the status is 2; 0 when all is well. The full
-validation (``dllm_rl.train.validate``) still runs on the workers, before anything compiles.
+which the workers would otherwise find only after the slices were created, set up and staged.
+Every problem is printed as ``error: config.<key>: ...`` and the status is 2; 0 when all is
+well. The full validation (``dllm_rl.train.validate``) still runs on the workers, before
+anything compiles.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ def confidence(name: str, logits_BLV, x0_BL, key):
                     f" {jnp.shape(x0_BL)}")
   return conf_BL
 
+
 @REMASKING.register("low_confidence")
 def low_confidence(logits_BLV, x0_BL, key):
   """LLaDA: probability of the proposed token under softmax(logits)."""
