@@ -11,7 +11,7 @@
 The experiment of configs/llada2_tpu.py (see there) in the layout of configs/llada_gpu.py: 8
 prompts × 16 completions a step, one prompt per GPU, FSDP over the job's GPUs
 (dllm_rl.config.layouts.gpu_node). The experts' grouped matmuls run tiled on GPU
-(``model.moe_dispatch=auto``; XLA's GPU ragged dot is a dense dot over every expert: README
+(``model.moe_dispatch=auto``; XLA's GPU ragged dot is a dense dot over every expert: docs/scale.md,
 "Model-zoo plans"). Multi-node: launch/slurm_gpu.sh --config configs/llada2_gpu.py ...
 """
 

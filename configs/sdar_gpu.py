@@ -8,7 +8,7 @@
     JAX_PLATFORMS=cpu python -m dllm_rl.plan --config=configs/sdar_gpu.py --topology=h100-8 \\
         --config.model.hf_checkpoint=/tmp/sdar_8b
 
-(/tmp/sdar_8b: the planner's SDAR-8B config.json, written as README "8B plans" says.)
+(/tmp/sdar_8b: the planner's SDAR-8B config.json, written as docs/scale.md "8B plans" says.)
 
 The experiment of configs/sdar_tpu.py (see there: block_elbo through the staircase
 attention kernel, Pallas Triton on GPU, the KV-cache block sampler) in the layout of

@@ -40,7 +40,7 @@ update has θ = θ_old, where k3 and its gradient are 0. Its filter that drops g
 accuracy > 0.8 or < 0.2 is not reproduced. Its z-score (``z_score_normalize``: the
 population std, no ε) is ``rl.advantage=zscore``. The estimator at 8B is the expensive one:
 64 state passes per estimate against spg_block's 2, so the rl_step is micro-batched
-(``rl.micro_batch``: one draw of 64 sequences per backward); see README "Planning".
+(``rl.micro_batch``: one draw of 64 sequences per backward); see docs/scale.md "Planning an 8B run".
 """
 
 import os

@@ -12,7 +12,7 @@ def version_problem(jax_version: str, flax_version: str) -> str | None:
   """Why this jax / flax pair cannot run dllm_rl, or None. flax < 0.12.10 fails on importing
   ``flax.nnx`` under jax ≥ 0.11 (``jax.experimental.hijax.HiPrimitive`` is gone): seen with
   flax 0.12.8 (the Python 3.11 pin) on jax 0.11.2 on the GPU machine, where flax 0.12.10 runs
-  the study (README "GPU"); flax ≥ 0.12.9 needs Python ≥ 3.12."""
+  the study (docs/gpu.md); flax ≥ 0.12.9 needs Python ≥ 3.12."""
   import re
 
   def key(v: str) -> tuple[int, ...]:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Single-GPU check (issue 12), one script under one time limit. First run on a lent H200
-# on 2026-12-04 (through launch/gpu_lease.sh): README "GPU (H200)".
+# on 2026-12-04 (through launch/gpu_lease.sh): docs/gpu.md.
 #
 #   bash launch/gpu_check.sh [OUT_DIR]        (GPU_CHECK_LIMIT_S=540 by default)
 #   GPU_CHECK_PARTS=study GPU_CHECK_LIMIT_S=590 bash launch/gpu_check.sh [OUT_DIR]  (the study)

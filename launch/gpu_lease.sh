@@ -11,7 +11,7 @@
 #
 # Wheels: the lent machine (Python 3.12) has jax 0.11.2, flax 0.12.10, optax, orbax and chex
 # but no registry. Its own flax must be used: our flax 0.12.8 pin fails to import on jax 0.11.2
-# (README "GPU (H200)"). The pinned pure-Python packages it lacks travel as wheels in .whl/
+# (docs/gpu.md). The pinned pure-Python packages it lacks travel as wheels in .whl/
 # (git-ignored; carry it), fetched here with
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl \
 #     ml-collections==1.1.0 math-verify==0.9.0 latex2sympy2_extended==1.11.0 \
@@ -65,7 +65,7 @@ fi
 # aborts every jax program, so it is dropped, and said so, if a tiny program fails with it.
 # The program is a bf16 matmul and its gradient: deterministic mode changes how XLA picks
 # GEMM kernels (compiling for an absent H100 with the flag, no GEMM config was found:
-# README "Next lease"), so a GPU whose GEMMs it cannot compile drops the flag here too.
+# docs/gpu.md "Next lease"), so a GPU whose GEMMs it cannot compile drops the flag here too.
 if [ "${GPU_LEASE_DETERMINISTIC:-0}" = 1 ]; then
   export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_deterministic_ops=true"
   "$PYTHON" -c "import jax, jax.numpy as jnp; x = jnp.ones((256, 256), jnp.bfloat16)
@@ -86,7 +86,7 @@ nproc >> "$STATE/env.txt"; lscpu | grep -m1 "Model name" >> "$STATE/env.txt"
 # study adds the lr grid's other two values), resumed from finished arms on a second call.
 export GPU_CHECK_STABILITY_ARMS=${GPU_CHECK_STABILITY_ARMS:-'grpo@lr1e-5,stabledrl@lr1e-5,clip_only@*,selfnorm_only@*'}
 # The arms are worth running only from an SFT start that reached its target (the Countdown
-# start never did, README "GPU (H200)"): once the shared start's summary appears, a start
+# start never did, docs/gpu.md): once the shared start's summary appears, a start
 # below sft.target_accuracy stops the study and hands its time to the benchmarks (the sampler,
 # the staircase kernels and the MoE grouped matmul), unless GPU_LEASE_PARTS is set.
 SFT_SUMMARY="$STATE/study_check/study/sft/seed0/summary.json"

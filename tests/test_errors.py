@@ -88,7 +88,7 @@ def _cases(tmp_path):
                                f"--config.task.options.train_file={parquet}"],
        [rf"error: config\.task\.options: task 'gsm8k': {re.escape(str(parquet))}: a Parquet"
         r" file, not JSON Lines text: convert it to JSON Lines with dllm-rl-data prepare gsm8k"
-        rf" --out DIR --source train={re.escape(str(parquet))} \(README, \"Data\"\), then give"
+        rf" --out DIR --source train={re.escape(str(parquet))} \(docs/data\.md\), then give"
         r" DIR/train\.jsonl"]),
       ("a data file that is one JSON array", [f"--workdir={w}", *gsm8k,
                                               f"--config.task.options.train_file={array}"],
@@ -96,7 +96,7 @@ def _cases(tmp_path):
         r" starts a JSON array \('\['\), not JSON Lines \(one JSON object per line\): write each"
         rf" object on its own line \(jq -c '\.\[\]' {re.escape(str(array))}\) or convert it"
         rf" with dllm-rl-data prepare gsm8k --out DIR --source train={re.escape(str(array))}"
-        r" \(README, \"Data\"\), then give DIR/train\.jsonl"]),
+        r" \(docs/data\.md\), then give DIR/train\.jsonl"]),
       ("a data file that is a directory", [f"--workdir={w}", *gsm8k,
                                            f"--config.task.options.train_file={tmp_path}"],
        [rf"error: config\.task\.options: task 'gsm8k': data file '{re.escape(str(tmp_path))}'"

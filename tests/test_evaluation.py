@@ -74,9 +74,9 @@ def test_a_verifier_that_returns_no_verify_result_is_named(parallel):
     evaluation.verify_all(task, [(ex, ex.answer), (ex, "")])
 
 def test_greedy_completions_do_not_depend_on_the_batch_size_unless_the_order_is_random():
-  """README "Evaluate": greedy figures do not depend on eval.batch_size (padded last batch
+  """docs/models.md "Evaluate": greedy figures do not depend on eval.batch_size (padded last batch
   included); with sampler.remasking=random the order is drawn from each batch's key, so they
-  may (the README says so)."""
+  may (docs/models.md says so)."""
   import jax
 
   from dllm_rl.models import transformer as T

@@ -67,7 +67,7 @@ def test_a_run_from_scratch_exports_a_complete_llada_folder(tmp_path):
 ])
 def test_a_model_the_family_cannot_describe_is_refused_before_writing(tmp_path, overrides,
                                                                        family, named):
-  """The refusal names the config keys and the values that export (README "Export")."""
+  """The refusal names the config keys and the values that export (docs/models.md "Export")."""
   scratch_run_checkpoints(tmp_path / "w", {"sft": [2]}, overrides)
   with pytest.raises(ValueError) as err:
     export_run(str(tmp_path / "w"), str(tmp_path / "hf"))

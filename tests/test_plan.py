@@ -119,7 +119,7 @@ def test_rl_plan_needs_only_config_json_and_a_misfit_exits_3(tmp_path, capsys):
 
 
 def test_llada_8b_arch_fixture_is_llada_8b_instruct():
-  """tests/fixtures/arch/llada_8b_instruct, the folder of the README's LLaDA-8B plan commands
+  """tests/fixtures/arch/llada_8b_instruct, the folder of docs/scale.md's LLaDA-8B plan commands
   (config.json only): it loads through the planner's code to LLaDA-8B-Instruct's sizes, token
   ids and 8.02 B parameters."""
   import jax

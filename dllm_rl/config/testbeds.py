@@ -180,7 +180,7 @@ def gpu() -> ml_collections.ConfigDict:
   study's arms set it too), 8 prompts × 16 completions, μ = 2, one SFT start shared by the
   seeds (as ``chain``): the CPU testbed's claims at 80× the parameters and 2.7× the completion.
 
-  Countdown, the profile's first task, was run on an H200 (README "GPU (H200)"): its SFT start
+  Countdown, the profile's first task, was run on an H200 (docs/gpu.md): its SFT start
   never learned it (validation ≤ 1/128 at every evaluation, test 0.031 after all 1500 steps),
   so no arm had anything to learn. ``chain``'s warm-up reached validation 0.44 at step 1900 at
   1.1M parameters on CPU; a 9-number chain (62-character answers) was still at 0.06 after 3000

@@ -8,8 +8,7 @@ schedule (every block, as without ``stop_at_eos``): an upper bound.
 
 ``python -m dllm_rl.study.sizing [TESTBED] [--quick]`` prints the estimate;
 ``--measured=DIR`` adds the projection from a study directory's recorded wall times
-(:func:`measured`: what one H200 took for the profile's SFT start and each arm, README
-"GPU (H200)").
+(:func:`measured`: what one H200 took for the profile's SFT start and each arm, docs/gpu.md).
 """
 
 from __future__ import annotations

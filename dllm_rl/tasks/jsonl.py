@@ -220,8 +220,8 @@ class JsonlTask(Task):
     with file.open("rb") as f:  # bytes: a line that is not UTF-8 is named (or skipped) like
       raw = f.read()  # any other; splitlines splits at \n, \r\n and \r, as text mode does
     split = "train" if path == self.train_file else "test"
-    convert = (f"dllm-rl-data prepare {self.recipe} --out DIR --source {split}={{}} (README,"
-               f" \"Data\"), then give DIR/{split}.jsonl")
+    convert = (f"dllm-rl-data prepare {self.recipe} --out DIR --source {split}={{}} (docs/data.md),"
+               f" then give DIR/{split}.jsonl")
     problem = not_jsonl(raw, path, convert)
     if problem:  # the whole file, whatever on_error says: no line of it is a record
       raise ValueError(f"task {self.name!r}: {path}: {problem}")

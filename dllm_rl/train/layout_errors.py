@@ -78,7 +78,7 @@ def layout_error(err: LayoutMismatch, trained, config) -> ConfigError:
   note = ""
   if any(k == "lora.rank" and was == 0 for k, was, _ in changes):
     note = (" A LoRA phase continues the LoRA adapters of its workdir: a full-fine-tuned"
-            " checkpoint cannot be its base (README, \"LoRA\").")
+            " checkpoint cannot be its base (docs/models.md, \"LoRA\").")
   return ConfigError(changes[0][0], f"the checkpoint was trained with {said}: pass {fix} (or the"
                      f" --config file it was trained with).{note} ({err})")
 

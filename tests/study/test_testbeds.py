@@ -86,7 +86,7 @@ def test_testbed_meets_the_issue_sizes_and_every_arm_validates(name):
 def test_gpu_profile_flop_estimate_counts_the_sft_start_and_each_main_arm():
   """The quick stability + StepRS study's main arms on the GPU profile, by the analytic FLOPs
   at the assumed 25% MFU of an H200's bf16 peak. (The one H200 run took longer than this
-  estimate, README "GPU (H200)": `sizing --measured` projects from recorded times instead.)"""
+  estimate, docs/gpu.md: `sizing --measured` projects from recorded times instead.)"""
   e = sizing.estimate("gpu", ["stability", "steprs"], quick=True, group="main")
   assert e.mfu == 0.25 and e.peak == pytest.approx(989e12)
   assert e.seconds == pytest.approx(e.flops["total"] / (0.25 * 989e12))

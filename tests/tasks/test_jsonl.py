@@ -215,7 +215,7 @@ def _zip(data):
 
 
 PREPARE = r"dllm-rl-data prepare gsm8k --out DIR --source train="
-THEN = r" \(README, \"Data\"\), then give DIR/train\.jsonl"
+THEN = r" \(docs/data\.md\), then give DIR/train\.jsonl"
 
 
 @pytest.mark.parametrize("name, make, what, todo", [
