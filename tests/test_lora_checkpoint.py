@@ -347,9 +347,9 @@ def test_a_taken_peft_dir_is_refused_before_anything_is_written(tmp_path, capsys
 
 
 def test_a_peft_dir_in_a_multi_process_export_is_refused(tmp_path, monkeypatch, capsys):
-  """The PEFT folder is a single-process export (docs/models.md): with several processes --peft_dir is
-  an error naming the flag before anything is read, not a hang in the base's collective write
-  (process 0 alone wrote it) or a failure on arrays other processes hold."""
+  """The PEFT folder is a single-process export (docs/models.md): with several processes
+  --peft_dir is an error naming the flag before anything is read, not a hang in the base's
+  collective write (process 0 alone wrote it) or a failure on arrays other processes hold."""
   from dllm_rl import convert as convert_cli
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   out, peft_dir = tmp_path / "hf", tmp_path / "peft"

@@ -74,7 +74,7 @@ def base_config() -> ml_collections.ConfigDict:
   # bfloat16; opt-in). Not an architecture key: kept with HF models.
   m.moe_dispatch = "auto"
 
-  # LoRA (dllm_rl/models/lora.py; docs/models.md "LoRA"): adapters A [in, r], B [r, out] on the chosen
+  # LoRA (dllm_rl/models/lora.py; docs/models.md): adapters A [in, r], B [r, out] on the chosen
   # projections, h = x·W + (alpha / rank)·(x·A)·B. rank 0 = off (full fine-tuning). On: only the
   # adapters train and hold optimizer state; the base is frozen and stored in base_dtype;
   # adapters are float32; checkpoints hold the adapters only (the base is rebuilt from
