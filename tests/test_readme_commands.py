@@ -184,7 +184,8 @@ def parse_command(line: int, text: str) -> Command | None:
 
 def doc_commands(text: str) -> list[Command]:
   """Every command of a markdown text, and a run of ``--config...`` words alone (the
-  Baselines table of docs/algorithms.md: the flags of ``python -m dllm_rl.main --workdir=DIR <flags>``)."""
+  Baselines table of docs/algorithms.md: the flags of ``python -m dllm_rl.main --workdir=DIR
+  <flags>``)."""
   found = []
   for line, code in code_texts(text):
     cmd = parse_command(line, code)
