@@ -13,10 +13,21 @@ run() {
   echo "+ $(quote_all "$@")"
   if [[ $DRY_RUN == 0 ]]; then "$@"; fi
 }
+# The file that --config CONFIG names, as dllm_rl.main reads it from REPO: CONFIG (relative to
+# REPO unless absolute), or FILE of FILE:ARG (ml_collections' convention: get_config("ARG"))
+# where no file is named CONFIG itself, as dllm_rl.config.load_config_file decides.
+# Usage: config_file REPO CONFIG
+config_file() {
+  local repo=$1 config=$2
+  [[ $config == /* ]] || config=$repo/$config
+  if [[ ! -e $config && $2 == *:* ]]; then config=${config%:*}; fi
+  echo "$config"
+}
 # The config file and the overrides checked with PYTHON (python -m dllm_rl.config.preflight, a
 # fraction of a second: keys, types, mesh.data against SLICES) before anything is created or
 # queued; problems stop the script (status 2). A PYTHON that cannot run the check here (missing,
-# or no dllm_rl to import: any status but 0 and 2) leaves the checks to the workers, saying so.
+# no dllm_rl to import, or a config file importing a package it lacks: any status but 0 and 2)
+# leaves the checks to the workers, saying so and why (the check's last line).
 # Usage: preflight PYTHON REPO CONFIG SLICES OVERRIDES...
 preflight() {
   local python=$1 repo=$2 config=$3 slices=$4 said status=0
@@ -28,7 +39,9 @@ preflight() {
     2) echo "$said" >&2
        die "$config with these overrides: see the errors above ($python -m" \
            "dllm_rl.config.preflight); nothing was created or submitted" ;;
-    *) echo "${0##*/}: note: $python cannot import dllm_rl here: the config and overrides are" \
-           "checked on the workers only" >&2 ;;
+    *) said=${said%$'\n'}
+       said=${said##*$'\n'}  # the last line: why
+       echo "${0##*/}: note: the config and overrides are checked on the workers only: $python" \
+            "cannot check them here (${said#note: })" >&2 ;;
   esac
 }

@@ -31,7 +31,10 @@
 #     [--config.distributed.local_device_ids=$SLURM_LOCALID  (per-gpu only)]  OVERRIDES...
 #
 # Options (environment variable in brackets; a flag wins over its variable):
-#   --config FILE          config file, relative to the checkout     [DLLM_CONFIG]  required
+#   --config FILE          config file, relative to the checkout (or absolute, on a filesystem
+#                          the nodes share)                           [DLLM_CONFIG]  required
+#                          (FILE:ARG: its get_config(ARG), as dllm_rl.main reads it, e.g.
+#                          configs/wd1.py:tiny)
 #   --workdir DIR          run directory on a filesystem all nodes share  [DLLM_WORKDIR]  required
 #   --nodes N              nodes                       [DLLM_NODES] the allocation's, else 1
 #                          (nodes x GPUs must divide rl.batch_prompts, eval.batch_size and
@@ -106,17 +109,23 @@ done
 
 [[ -n $CONFIG ]] || die "--config (or DLLM_CONFIG) is required, e.g. --config configs/llada_tpu.py"
 [[ -n $WORKDIR ]] || die "--workdir (or DLLM_WORKDIR) is required (on a filesystem all nodes share)"
-[[ $NODES =~ ^[1-9][0-9]*$ ]] || die "--nodes must be a positive integer, got '$NODES'"
-[[ $GPUS_PER_NODE =~ ^[1-9][0-9]*$ ]] \
-    || die "--gpus-per-node must be a positive integer, got '$GPUS_PER_NODE'"
-[[ $MEM_FRACTION =~ ^(0?\.[0-9]+|1(\.0*)?)$ ]] || die "--mem-fraction must be in (0, 1], got '$MEM_FRACTION'"
+# Each numeric setting checked before use (bash arithmetic reads a word as 0).
+[[ $NODES =~ ^[1-9][0-9]*$ ]] || die "--nodes (or DLLM_NODES) must be a positive integer, got" \
+    "'$NODES'"
+[[ $GPUS_PER_NODE =~ ^[1-9][0-9]*$ ]] || die "--gpus-per-node (or DLLM_GPUS_PER_NODE) must be a" \
+    "positive integer, got '$GPUS_PER_NODE'"
+[[ $MEM_FRACTION =~ ^(0?\.[0-9]+|1(\.0*)?)$ ]] || die "--mem-fraction (or" \
+    "XLA_PYTHON_CLIENT_MEM_FRACTION) must be in (0, 1], got '$MEM_FRACTION'"
+[[ -z $PORT || ($PORT =~ ^[1-9][0-9]{0,4}$ && $PORT -le 65535) ]] || die "--port (or" \
+    "DLLM_PORT) must be a port number from 1 to 65535, got '$PORT'"
 case $PROCS in
   per-node) TASKS_PER_NODE=1 ;;
   per-gpu) TASKS_PER_NODE=$GPUS_PER_NODE ;;
   *) die "--procs must be per-node or per-gpu, got '$PROCS'" ;;
 esac
 [[ -z $CPUS_PER_TASK || $CPUS_PER_TASK =~ ^[1-9][0-9]*$ ]] \
-    || die "--cpus-per-task must be a positive integer, got '$CPUS_PER_TASK'"
+    || die "--cpus-per-task (or DLLM_CPUS_PER_TASK) must be a positive integer, got" \
+           "'$CPUS_PER_TASK'"
 
 if [[ -n ${DLLM_REPO:-} ]]; then
   REPO=$DLLM_REPO
@@ -129,7 +138,9 @@ else
 fi
 # shellcheck source=launch/common.sh
 source "$REPO/launch/common.sh"  # quote, quote_all, run
-[[ $DRY_RUN == 1 || -f $REPO/$CONFIG ]] || die "config file $REPO/$CONFIG not found"
+CONFIG_FILE=$(config_file "$REPO" "$CONFIG")  # FILE of FILE:ARG; an absolute path as it is
+[[ $DRY_RUN == 1 || -f $CONFIG_FILE ]] || die "config file $CONFIG_FILE not found (--config" \
+    "$CONFIG)"
 
 # The first host of a SLURM node list: scontrol, or (dry run) a parse of "gpu[007-008],gpu010".
 first_host() {
@@ -183,7 +194,7 @@ if [[ -n ${SLURM_JOB_ID:-} ]]; then
 else
   [[ $DRY_RUN == 1 ]] || command -v sbatch >/dev/null || die "sbatch not found (not a SLURM host?)"
   # The config and the overrides, checked before the job waits in the queue (hours, may be).
-  [[ ! -f $REPO/$CONFIG ]] || preflight "$PYTHON" "$REPO" "$CONFIG" 1 \
+  [[ ! -f $CONFIG_FILE ]] || preflight "$PYTHON" "$REPO" "$CONFIG" 1 \
       ${OVERRIDES[@]+"${OVERRIDES[@]}"}
   # shellcheck disable=SC2054  # --export=ALL,VAR=value: one sbatch option, commas and all
   SBATCH=(sbatch --nodes="$NODES" --gpus-per-node="$GPUS_PER_NODE"

@@ -65,6 +65,8 @@
 #                                                                    required
 #   --config FILE            config file, relative to the checkout   [DLLM_CONFIG]
 #                                                                    configs/llada_tpu.py
+#                            (FILE:ARG: its get_config(ARG), as dllm_rl.main reads it, e.g.
+#                            configs/wd1.py:tiny)
 #   --remote-dir DIR         checkout on the workers (relative to home)  [DLLM_REMOTE_DIR] dllm_rl
 #   --python BIN             Python that runs dllm_rl on the workers, relative to REMOTE_DIR
 #                            or absolute                             [DLLM_PYTHON] .venv/bin/python
@@ -118,6 +120,12 @@ OVERRIDES=()
 USER_ENV=()  # --env VAR=VALUE, for the run on every worker
 
 need() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value"; }
+# Stops unless VALUE, setting NAME's, is a whole number >= LEAST (0): bash arithmetic would read
+# a word as a variable (unset: a crash under set -u once the slices run) and 08 as bad octal.
+whole_number() {  # NAME VALUE [LEAST]
+  [[ $2 =~ ^(0|[1-9][0-9]{0,8})$ && $2 -ge ${3:-0} ]] \
+      || die "$1: expected a whole number >= ${3:-0}, got '$2'"
+}
 while [[ $# -gt 0 ]]; do
   case $1 in
     --name) need "$@"; NAME=$2; shift 2 ;;
@@ -151,19 +159,26 @@ done
 [[ -n $WORKDIR ]] || die "--workdir (or DLLM_WORKDIR) is required"
 [[ $PYTHON_VERSION =~ ^3\.(1[1-9]|[2-9][0-9])(\.[0-9]+)?$ ]] \
     || die "--python-version $PYTHON_VERSION: dllm_rl needs Python >= 3.11 (e.g. 3.11, 3.12)"
-[[ $SLICES =~ ^[1-9][0-9]*$ ]] || die "--slices $SLICES: a positive number of slices"
+[[ $SLICES =~ ^[1-9][0-9]*$ ]] || die "--slices (or TPU_SLICES) $SLICES: a positive number of" \
+    "slices"
+whole_number TPU_POLL_SECONDS "$POLL_S"
+whole_number TPU_POLL_TRIES "$POLL_TRIES" 1
+whole_number TPU_FAIL_GRACE_SECONDS "$FAIL_GRACE_S"
+[[ $CONFIG != /* ]] || die "--config $CONFIG: name it relative to the checkout (the workers read" \
+    "it from their copy of it, --remote-dir)"
 [[ $WORKDIR == gs://* ]] || echo "tpu_pod.sh: warning: --workdir=$WORKDIR is not gs://...;" \
     "every worker then writes its own local copy" >&2
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 LOCAL_PYTHON=${DLLM_LOCAL_PYTHON:-$REPO/.venv/bin/python}  # runs the config check (preflight)
+CONFIG_FILE=$(config_file "$REPO" "$CONFIG")  # FILE of FILE:ARG
 if [[ $DRY_RUN == 0 ]]; then
   command -v gcloud >/dev/null || die "gcloud not found (install the Google Cloud CLI)"
-  [[ -f $REPO/$CONFIG ]] || die "config file $REPO/$CONFIG not found"
+  [[ -f $CONFIG_FILE ]] || die "config file $CONFIG_FILE not found (--config $CONFIG)"
 fi
 # The config and the overrides, checked here before any slice is created or reached (a typo'd
 # key, or a mesh.data the slices do not divide, would otherwise stop the workers after setup).
-if [[ -f $REPO/$CONFIG ]]; then
+if [[ -f $CONFIG_FILE ]]; then
   preflight "$LOCAL_PYTHON" "$REPO" "$CONFIG" "$SLICES" ${OVERRIDES[@]+"${OVERRIDES[@]}"}
 fi
 

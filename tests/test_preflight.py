@@ -80,3 +80,17 @@ def test_runs_as_a_module_without_the_training_stack():
                        cwd=REPO, timeout=60)
   assert res.stdout.split("\n")[:2] == ["status 2", "[]"], (res.stdout, res.stderr)
   assert "config.mesh.data: 1 is not a multiple of the 2 slices" in res.stderr
+
+
+def test_a_config_importing_a_package_this_python_lacks_is_not_checked_here(tmp_path, capsys):
+  """Status 3 and a note (the launchers go on: the workers check it), not 2 (before, such a
+  config stopped the launch); a missing module of dllm_rl's own is still a problem."""
+  config = tmp_path / "workers_only.py"
+  config.write_text("import numpy\nimport a_package_of_the_workers_only  # noqa\n")
+  assert main([str(config), "1"]) == 3  # preflight.EXIT_UNCHECKED
+  err = capsys.readouterr().err
+  assert err.startswith(f"note: --config={config}, line 2: ModuleNotFoundError: No module named"
+                        " 'a_package_of_the_workers_only' (not dllm_rl's"), err
+  config.write_text("from dllm_rl.config import no_such_name  # noqa\n")
+  assert main([str(config), "1"]) == 2
+  assert "error: --config=" in capsys.readouterr().err

@@ -8,8 +8,12 @@ type, the other arguments are flags ``dllm_rl.main`` takes (absl's own, such as
 of the slice count — the mesh's data axis alone spans the slices (``dllm_rl.parallel.mesh``),
 which the workers would otherwise find only after the slices were created, set up and staged.
 Every problem is printed as ``error: config.<key>: ...`` and the status is 2; 0 when all is
-well. The full validation (``dllm_rl.train.validate``) still runs on the workers, before
-anything compiles.
+well. ``CONFIG`` may be ``FILE:ARG`` (``get_config("ARG")``), read as ``dllm_rl.main`` reads it.
+A config file importing a package this Python lacks (one installed on the workers only, say)
+cannot be checked here: a ``note:`` says so and the status is 3 (:data:`EXIT_UNCHECKED`), which
+the launchers take as "the workers check it"; dllm_rl's own missing modules are problems. The
+full validation (``dllm_rl.train.validate``) still runs on the workers, before anything
+compiles.
 """
 
 from __future__ import annotations
@@ -27,6 +31,11 @@ from dllm_rl.errors import ConfigError
 # dllm_rl.main's own flags beside absl's (dllm_rl.config may not import dllm_rl.main;
 # tests/test_preflight.py checks that these are all it defines).
 MAIN_FLAGS = ("config", "workdir")
+EXIT_UNCHECKED = 3  # the config file cannot be loaded here (launch/common.sh: any status but 0, 2)
+
+
+class Unchecked(Exception):
+  """The config file imports a package (not dllm_rl's) this Python lacks: not checkable here."""
 
 
 def _flag_problems(rest: list[str]) -> list[ConfigError]:
@@ -56,7 +65,14 @@ def problems(path: str, slices: int, argv: list[str]) -> list[ConfigError]:
   run on ``slices`` TPU slices (empty when there are none)."""
   rest, overrides = split_overrides(argv)
   errors = _flag_problems(rest)
-  config = load_config_file(path)
+  try:
+    config = load_config_file(path)
+  except ImportError as e:  # a missing module of dllm_rl's own is a problem (status 2)
+    if not e.name or e.name.partition(".")[0] == "dllm_rl":
+      raise
+    raise Unchecked(f"--config={path}{config_line(e, path)}: {type(e).__name__}: {e} (not"
+                    f" dllm_rl's: a package {sys.executable} lacks, that the workers may"
+                    " have); not checked here") from e
   errors += apply_overrides(config, overrides, [])
   data = config.mesh.data  # -1 (the devices the other axes leave) is resolved on the workers
   if slices > 1 and not errors and data != -1 and (data < 1 or data % slices):
@@ -75,6 +91,9 @@ def main(argv: list[str]) -> int:
     return EXIT_CONFIG
   try:
     errors = problems(argv[0], int(argv[1]), argv[2:])
+  except Unchecked as e:
+    print(f"note: {e}", file=sys.stderr)
+    return EXIT_UNCHECKED
   except Exception as e:  # noqa: BLE001 - a broken config file: its line, no traceback
     print(f"error: --config={argv[0]}{config_line(e, argv[0])}: {type(e).__name__}: {e}",
           file=sys.stderr)
