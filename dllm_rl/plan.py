@@ -22,9 +22,7 @@ from dllm_rl.parallel import topology
 from dllm_rl.planning import planner
 
 _CONFIG = flags.DEFINE_string("config", None, "ml_collections config file.")
-_TOPOLOGY = flags.DEFINE_string(
-    "topology", None,
-    "v4-N, v5e-N (or v5litepod-N), v5p-N, v6e-N, GEN:AxBxC, h100-N, h200-N or cpu:N")
+_TOPOLOGY = flags.DEFINE_string("topology", None, topology.FORMS)
 _JSON = flags.DEFINE_string("json", None, "Write the plan as JSON to this path.")
 _MEMORY = flags.DEFINE_float("device_memory_gib", None,
                              "Override the memory per device (cpu:N default: 80 GiB).")
@@ -41,8 +39,12 @@ _overrides: list[tuple[str, str]] = []
 def main(argv):
   if len(argv) > 1:
     raise cli.usage_error(f"unexpected arguments: {argv[1:]}")
-  if _CONFIG.value is None or not _TOPOLOGY.value:
-    raise cli.usage_error("--config and --topology are required")
+  missing = [ConfigError(f"--{flag}", f"required: {what}") for flag, value, what in (
+      ("config", _CONFIG.value, "the config file to plan, e.g. --config=configs/llada_tpu.py"),
+      ("topology", _TOPOLOGY.value,
+       f"the devices to plan for: {topology.FORMS} (e.g. --topology=v5p-64)")) if not value]
+  if missing:  # the problem alone, not absl's usage text (every flag's help) before it
+    cli.fail(missing)
   n = topology.cpu_device_count(_TOPOLOGY.value)
   problems = [ConfigError(f"--{flag}", f"must be positive, got {value}") for flag, value in
               (("device_memory_gib", _MEMORY.value), ("peak_tflops", _TFLOPS.value))

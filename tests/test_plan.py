@@ -255,3 +255,13 @@ def test_remedies_name_only_options_that_are_off():
   assert fixes[3].startswith("--config.rl.micro_batch=8")
   assert not any("micro_batch" in f for f in plan.remedies(config, "sft_step", 8))
   assert plan.remedies(config, "greedy_sampler", 8) == ["a smaller eval.batch_size"]
+
+
+def test_cli_names_a_missing_topology_alone():
+  """Without --topology: one line naming it and its forms, status 2 (before, absl's usage text,
+  every flag's help, came first). A subprocess: dllm_rl.plan defines absl flags."""
+  res = subprocess.run([sys.executable, "-m", "dllm_rl.plan", "--config=configs/tiny_cpu.py"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+  assert res.returncode == 2 and not res.stdout, res
+  assert res.stderr.splitlines() == [f"error: --topology: required: the devices to plan for:"
+                                     f" {topology.FORMS} (e.g. --topology=v5p-64)"]

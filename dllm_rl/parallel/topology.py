@@ -66,14 +66,17 @@ def torus_shape(chips: int, rank: int) -> tuple[int, ...]:
   return tuple(grown + [1] * (rank - len(grown)))
 
 
+# The --topology names python -m dllm_rl.plan takes (its flag's help and its errors).
+FORMS = "v4-N, v5e-N (or v5litepod-N), v5p-N, v6e-N, GEN:AxBxC, h100-N, h200-N or cpu:N"
+
+
 def tpu_topology_name(name: str) -> tuple[str, str]:
   """(generation, libtpu topology name) for ``v5p-64`` or ``v5p:2x4x4``; ``v5litepod-N``
   (gcloud's accelerator type for v5e, what ``launch/tpu_pod.sh --accelerator-type`` takes)
   is ``v5e-N``."""
   m = re.fullmatch(r"(v4|v5e|v5p|v6e|v5litepod)([-:])([0-9x]+)", name)
   if not m:
-    raise ValueError(f"topology {name!r}: expected v4-N, v5e-N, v5p-N, v6e-N, "
-                     f"GEN:AxBxC, h100-N, h200-N or cpu:N")
+    raise ValueError(f"topology {name!r}: expected {FORMS}")
   gen, sep, rest = m.groups()
   gen = "v5e" if gen == "v5litepod" else gen
   if sep == ":":
