@@ -23,3 +23,27 @@ def test_every_table_row_has_its_tables_cell_count(path):
 def test_the_checker_finds_an_unescaped_pipe():
   table = "| arm | what |\n| --- | --- |\n| a | Σ|A| |\n| b | Σ\\|A\\| |\n"
   assert malformed_table_rows(table) == ["| a | Σ|A| |"]
+
+
+def _links(text: str) -> list[str]:
+  """The relative targets of a markdown text's ``[text](target)`` links, anchors dropped."""
+  import re
+  return [m.split("#")[0] for m in re.findall(r"\]\(([^)\s]+)\)", text)
+          if not re.match(r"[a-z]+://|#", m)]
+
+
+def test_every_guide_is_linked_from_the_readme_and_every_link_resolves():
+  """The README is the front page: each guide in docs/ (the study reports, linked from
+  docs/study.md and docs/claims.md, aside) is in its "Documentation" table, and no relative
+  link of the README or a guide points at a file that is not there."""
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
+    readme = fh.read()
+  guides = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))
+                  if not os.path.basename(p).startswith("results"))
+  assert len(guides) >= 8
+  assert [g for g in guides if g not in _links(readme)] == []
+  for doc in ["README.md", *guides]:
+    with open(os.path.join(ROOT, doc), encoding="utf-8") as fh:
+      base = os.path.dirname(os.path.join(ROOT, doc))
+      missing = [t for t in _links(fh.read()) if t and not os.path.exists(os.path.join(base, t))]
+    assert missing == [], doc
