@@ -16,6 +16,7 @@ from safetensors import safe_open
 import dllm_rl
 from dllm_rl import convert as convert_cli
 from dllm_rl.models import hf
+from dllm_rl.parallel import distributed
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.tasks.tokenizer import CharTokenizer
 from dllm_rl.train import modes, run_checkpoints
@@ -129,7 +130,7 @@ def test_convert_export_joins_the_launchs_processes_before_anything_else(tmp_pat
     raise convert_cli.ConfigError("distributed.process_id", "required with initialize='auto':"
                                   " set it or the env var DLLM_PROCESS_ID")
 
-  monkeypatch.setattr(convert_cli.distributed, "initialize", initialize)
+  monkeypatch.setattr(distributed, "initialize", initialize)
   a_file = tmp_path / "a_file"
   a_file.write_text("")
   assert convert_cli.main(["export", "--workdir", str(tmp_path), "--hf_dir", str(a_file)]) == 2
@@ -151,7 +152,7 @@ def test_the_single_process_commands_refuse_a_multi_process_launch(tmp_path, mon
   """import, roundtrip and export --ckpt write their whole folder from each process: under a
   multi-process launch each exits 2 saying so, before anything is read or written, and without
   joining jax.distributed (which would wait for the other processes)."""
-  monkeypatch.setattr(convert_cli.distributed, "initialize", lambda dist_cfg: 1 / 0)
+  monkeypatch.setattr(distributed, "initialize", lambda dist_cfg: 1 / 0)
   for k, v in env.items():
     monkeypatch.setenv(k, v)
   source = hf_fixture_with_tokenizer(tmp_path / "src")
@@ -170,7 +171,7 @@ def test_the_single_process_commands_refuse_a_multi_process_launch(tmp_path, mon
 def test_the_single_process_commands_run_alone_on_a_tpu_slice_worker(tmp_path, monkeypatch):
   """A multi-host TPU slice's own variables (every worker has them) are no launch: import runs
   on one worker alone, without jax.distributed (joining it would wait for the other workers)."""
-  monkeypatch.setattr(convert_cli.distributed, "initialize", lambda dist_cfg: 1 / 0)
+  monkeypatch.setattr(distributed, "initialize", lambda dist_cfg: 1 / 0)
   monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "w0,w1,w2,w3")
   source = hf_fixture_with_tokenizer(tmp_path / "src")
   assert convert_cli.main(["import", "--hf_dir", str(source), "--out", str(tmp_path / "o")]) == 0
@@ -517,3 +518,20 @@ def test_loading_a_folder_of_a_runs_checkpoints_names_the_export_that_reads_it(t
   (tmp_path / "hf" / "config.json").write_text("{}")
   with pytest.raises(FileNotFoundError, match=r"hf is an HF folder already \(config.json\)"):
     convert.read_meta(str(tmp_path / "hf"))
+
+
+@pytest.mark.parametrize("argv, status", [(["--help"], 0), (["export", "--hf_dir", "o"], 2),
+                                          (["import", "--hf_dir", "h"], 2)])
+def test_help_and_usage_errors_answer_before_the_training_stack_is_imported(argv, status):
+  """`convert --help` and a usage error (here: no --workdir/--ckpt, no --out) need no JAX,
+  Orbax or model code: the commands import them after parsing (was ~2 s before any answer)."""
+  import subprocess
+  import sys
+  code = ("import sys, runpy; sys.argv = ['convert', *sys.argv[1:]]"
+          "\ntry: runpy.run_module('dllm_rl.convert', run_name='__main__')"
+          "\nexcept SystemExit as e: print('status', e.code)"
+          "\nprint(sorted(m for m in ('jax', 'flax', 'orbax') if m in sys.modules))")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  res = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                       cwd=root, timeout=60)
+  assert res.stdout.split("\n")[-3:-1] == [f"status {status}", "[]"], (res.stdout, res.stderr)

@@ -22,12 +22,9 @@ from dllm_rl.infra.checkpoint import Checkpointer, LayoutMismatch
 from dllm_rl.models import lora
 from dllm_rl.models.transformer import ModelConfig, abstract_params_sharded
 from dllm_rl.train import layout_errors
+from dllm_rl.train.checkpoint_choice import AUTO, LATEST, PHASES  # noqa: F401 (re-exported)
 from dllm_rl.train.lora_checkpoint import check_base
 from dllm_rl.train.phases import available_steps, checkpoint_dir
-
-PHASES = ("sft", "rl")  # training order: the newest last
-AUTO = "auto"  # the newest phase that has a checkpoint
-LATEST = -1  # the newest step of the phase
 
 
 @dataclasses.dataclass(frozen=True)
