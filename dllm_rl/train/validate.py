@@ -147,9 +147,12 @@ def _data(config, check: "_Checks") -> None:
   for key in ("prompt_len", "completion_len", "batch_size"):
     check(d[key] > 0, f"data.{key}", f"must be positive, got {d[key]}")
   buckets = tuple(d.prompt_buckets)
-  check(all(isinstance(w, int) and 0 < w <= d.prompt_len for w in buckets)
-         and list(buckets) == sorted(set(buckets)), "data.prompt_buckets",
-         f"must be increasing positive ints <= data.prompt_len={d.prompt_len}, got {buckets}")
+  increasing = (all(isinstance(w, int) and w > 0 for w in buckets)
+                and list(buckets) == sorted(set(buckets)))
+  message = f"must be increasing positive ints <= data.prompt_len={d.prompt_len}, got {buckets}"
+  check(increasing, "data.prompt_buckets", message)
+  check(not increasing or all(w <= d.prompt_len for w in buckets), "data.prompt_buckets",
+        message, given=("data.prompt_len",))
   # data.batch_size is the SFT batch: rl and eval never read it (rl.batch_prompts: _rl)
   check(config.mode not in SFT_MODES or config.task.train_size >= d.batch_size,
         "task.train_size", f"{config.task.train_size} is smaller than data.batch_size ="
@@ -171,18 +174,22 @@ def _sampler(config, check: "_Checks") -> None:
   if s.block_len > 0 and d.completion_len > 0:
     check(d.completion_len % s.block_len == 0, "sampler.block_len",
            f"data.completion_len={d.completion_len} is not a multiple of sampler.block_len={s.block_len}")
-    check(s.steps > 0 and s.steps % num_blocks == 0, "sampler.steps",
-           f"{s.steps} must be a positive multiple of the number of blocks ({num_blocks})")
+    multiple = f"{s.steps} must be a positive multiple of the number of blocks ({num_blocks})"
+    check(s.steps > 0, "sampler.steps", multiple)
+    check(s.steps <= 0 or s.steps % num_blocks == 0, "sampler.steps", multiple,
+          given=("sampler.block_len",))  # the number of blocks of a valid block length
     check(s.steps // num_blocks <= s.block_len or s.kind == "dream", "sampler.steps",
            f"{s.steps // num_blocks} steps per block exceed sampler.block_len={s.block_len}"
-           " (some steps would commit nothing)")  # Dream's own sampler allows it
+           " (some steps would commit nothing)",  # Dream's own sampler allows it
+           given=("sampler.block_len",))
   check(s.temperature == 0, "sampler.temperature", f"is not read, got {s.temperature}:"
         " validation and test decode greedily, pass@k samples at eval.temperature and RL"
         " rollouts at rl.temperature: set those")
   check(0 <= s.threshold < 1, "sampler.threshold", "must be in [0, 1)")
   check(s.threshold == 0 or s.remasking != "entropy" or s.kind == "dream", "sampler.threshold",
         f"{s.threshold} with sampler.remasking=entropy commits one token per step: the entropy"
-        " confidence (-H) is never above 0, so no token passes the threshold")
+        " confidence (-H) is never above 0, so no token passes the threshold",
+        given=("sampler.threshold",))
   check(s.cache in open_block.CACHES, "sampler.cache", open_block.CACHES.unknown_message(s.cache))
   check(s.cache_refresh >= 0, "sampler.cache_refresh", "must be >= 0 (0 = block starts only)")
   check(s.cache_refresh == 0 or s.cache != "none", "sampler.cache_refresh",
@@ -193,10 +200,10 @@ def _sampler(config, check: "_Checks") -> None:
     check(s.cache_refresh < per_block, "sampler.cache_refresh",
           f"{s.cache_refresh} refreshes nothing: a block runs at most {per_block} steps ({what}),"
           " numbered from 0, and step 0 already runs on a fresh cache: the same as 0; set it"
-          f" below {per_block}")
+          f" below {per_block}", given=("sampler.steps", "sampler.block_len", "sampler.threshold"))
   check(s.cache == "none" or not config.model.block_size, "sampler.cache",
          "a block-diffusion model (model.block_size > 0) decodes with its own KV cache:"
-         " leave sampler.cache = 'none'")
+         " leave sampler.cache = 'none'", given=("model.block_size",))
   check(s.kind in sampler_configs.KINDS, "sampler.kind",
         unknown_message("sampler kind", s.kind, sampler_configs.KINDS))
   if s.kind == "dream":
@@ -205,7 +212,7 @@ def _sampler(config, check: "_Checks") -> None:
     for key, off in (("top_p", 1.0), ("top_k", 0)):
       check(s[key] == off, f"sampler.{key}", f"{s[key]}: only Dream's sampler filters its"
             " proposals (sampler.kind=dream); the masked sampler draws from the whole"
-            f" distribution: leave it at {off}")
+            f" distribution: leave it at {off}", given=("sampler.kind",))
 
 
 def _dream_sampler(config, check: "_Checks") -> None:
@@ -217,7 +224,8 @@ def _dream_sampler(config, check: "_Checks") -> None:
         " sampler.kind = 'masked'")
   check(s.block_len == d.completion_len, "sampler.block_len",
         f"{s.block_len}: Dream's sampler decodes the whole completion as one block (sampler."
-        f"kind=dream): set it to data.completion_len = {d.completion_len}")
+        f"kind=dream): set it to data.completion_len = {d.completion_len}",
+        given=("data.completion_len",))
   algs = dream_rollout.DREAM_ALGS
   name = dream_rollout.DREAM_NAME_OF.get(s.remasking)
   check(s.remasking in algs, "sampler.remasking",
@@ -242,9 +250,11 @@ def _sft(config, check: "_Checks") -> None:
   check(f.schedule in LR_SCHEDULES, "sft.schedule",
          f"must be one of {LR_SCHEDULES}, got {f.schedule!r}")
   check(0 <= f.min_lr_ratio <= 1, "sft.min_lr_ratio", f"must be in [0, 1], got {f.min_lr_ratio}")
-  check(0 <= f.warmup_steps <= max(f.steps, 0), "sft.warmup_steps",
-        f"must be in [0, sft.steps] = [0, {max(f.steps, 0)}], got {f.warmup_steps} (for a run"
-        " this short set sft.warmup_steps=0)")
+  message = (f"must be in [0, sft.steps] = [0, {max(f.steps, 0)}], got {f.warmup_steps} (for a"
+             " run this short set sft.warmup_steps=0)")
+  check(f.warmup_steps >= 0, "sft.warmup_steps", message)
+  check(f.warmup_steps < 0 or f.warmup_steps <= f.steps, "sft.warmup_steps", message,
+        given=("sft.steps",))
   check(0 < f.t_eps < 1, "sft.t_eps", "must be in (0, 1)")
   check(f.log_every > 0, "sft.log_every", "must be positive")
   check(f.eval_every >= 0, "sft.eval_every", "must be >= 0")
@@ -296,23 +306,29 @@ def _rl(config, check: "_Checks") -> None:
         " rl.ref_sync_every at 0 (as TRL refuses sync_ref_model with PEFT)")
   check(r.schedule in LR_SCHEDULES, "rl.schedule", f"must be one of {LR_SCHEDULES}")
   check(0 <= r.min_lr_ratio <= 1, "rl.min_lr_ratio", f"must be in [0, 1], got {r.min_lr_ratio}")
-  check(0 <= r.warmup_steps <= r.steps * r.inner_steps, "rl.warmup_steps",
-         f"must be in [0, rl.steps * rl.inner_steps] = [0, {r.steps * r.inner_steps}] (it"
-         " counts optimizer updates; for a run this short set rl.warmup_steps=0)")
+  updates = r.steps * r.inner_steps
+  message = (f"must be in [0, rl.steps * rl.inner_steps] = [0, {updates}] (it counts optimizer"
+             " updates; for a run this short set rl.warmup_steps=0)")
+  check(r.warmup_steps >= 0, "rl.warmup_steps", message)
+  check(r.warmup_steps < 0 or r.warmup_steps <= updates, "rl.warmup_steps", message,
+        given=("rl.steps", "rl.inner_steps"))
   check(r.temperature >= 0, "rl.temperature", f"must be >= 0, got {r.temperature}: a negative"
         " temperature samples from softmax(−logits / |T|): it favours the least likely tokens")
   check(r.temperature != 0 or config.sampler.remasking in _RANDOM_ORDER, "rl.temperature",
         f"must be positive, got {r.temperature}: at 0 the rollouts are greedy, so with"
         f" sampler.remasking={config.sampler.remasking!r} every completion of a group is the"
-        " same, its group-relative advantages are 0 and RL learns nothing")
+        " same, its group-relative advantages are 0 and RL learns nothing",
+        given=("sampler.remasking",))
   check(r.eval_every >= 0, "rl.eval_every", "must be >= 0")
   check(config.mode not in ("rl", "pipeline") or r.batch_prompts <= config.task.train_size,
         "rl.batch_prompts", f"{r.batch_prompts} is larger than task.train_size ="
         f" {config.task.train_size}: a rollout batch draws that many distinct training prompts")
   n_seq = r.batch_prompts * r.group_size
-  check(r.micro_batch >= 0 and (r.micro_batch == 0 or n_seq % r.micro_batch == 0),
-         "rl.micro_batch", f"must be 0 (off) or divide rl.batch_prompts × rl.group_size ="
-         f" {n_seq}, got {r.micro_batch}")
+  message = (f"must be 0 (off) or divide rl.batch_prompts × rl.group_size = {n_seq}, got"
+             f" {r.micro_batch}")
+  check(r.micro_batch >= 0, "rl.micro_batch", message)
+  check(r.micro_batch <= 0 or n_seq % r.micro_batch == 0, "rl.micro_batch", message,
+        given=("rl.batch_prompts", "rl.group_size"))
 
 
 def _estimator(config, check: "_Checks") -> None:
@@ -320,7 +336,8 @@ def _estimator(config, check: "_Checks") -> None:
   x, r, s = config.estimator, config.rl, config.sampler
   check(x.num_samples > 0, "estimator.num_samples", "must be positive")
   check(not x.coupled or x.num_samples % 2 == 0, "estimator.num_samples",
-         f"coupled masks come in pairs: needs an even number, got {x.num_samples}")
+         f"coupled masks come in pairs: needs an even number, got {x.num_samples}",
+         given=("estimator.num_samples",))
   check(0 <= x.prompt_mask_prob < 1, "estimator.prompt_mask_prob", "must be in [0, 1)")
   check(0 < x.t_eps < 1, "estimator.t_eps", "must be in (0, 1)")
   check(x.reduction in estimators.REDUCTIONS, "estimator.reduction",
@@ -328,7 +345,8 @@ def _estimator(config, check: "_Checks") -> None:
   per_token_sum = x.name in estimators.REDUCIBLE and x.reduction == "sum"
   check(r.loss != "grpo_token" or per_token_sum, "rl.loss",
          "grpo_token (d1 per-token ratios) needs per-token sums: estimator.name=mean_field"
-         " (d1), elbo (DiffuCoder) or trajectory (TraceRL) with estimator.reduction=sum")
+         " (d1), elbo (DiffuCoder) or trajectory (TraceRL) with estimator.reduction=sum",
+         given=("estimator.name", "estimator.reduction"))
   check(r.loss != "grpo_token" or x.name != "elbo" or x.antithetic, "estimator.antithetic",
         "must be True with rl.loss=grpo_token on estimator.name=elbo: the loss compares each"
         " token's log-prob under θ and θ_old, and with independent masks a token masked in one"
@@ -337,12 +355,13 @@ def _estimator(config, check: "_Checks") -> None:
   check(r.loss != "espo" or per_token_sum, "rl.loss",
          "espo divides the sequence ELBO by the generated length itself (its per-token"
          " ratio normalisation): needs estimator.name=elbo (or mean_field, trajectory) with"
-         " estimator.reduction=sum")
+         " estimator.reduction=sum", given=("estimator.name", "estimator.reduction"))
   check(r.kl_level != "token" or r.kl_coef == 0 or per_token_sum, "rl.kl_level",
         "token: a KL per action token needs per-token log-probabilities: estimator.name="
-        "mean_field, elbo or trajectory with estimator.reduction=sum")
+        "mean_field, elbo or trajectory with estimator.reduction=sum",
+        given=("estimator.name", "estimator.reduction"))
   check(not x.full_mask_term or x.name == "elbo", "estimator.full_mask_term",
-         f"is an option of estimator.name=elbo, not {x.name!r}")
+         f"is an option of estimator.name=elbo, not {x.name!r}", given=("estimator.name",))
   check(x.spg_block_len > 0, "estimator.spg_block_len", "must be positive")
   check(x.spg_beta > 0, "estimator.spg_beta", f"must be > 0, got {x.spg_beta}: the EUBO is"
         " (1/β)·log mean_k p^β / t_k (0 divides by zero: every loss NaN, every update skipped)")
@@ -356,7 +375,8 @@ def _estimator(config, check: "_Checks") -> None:
   check(bs >= 0, "model.block_size", "must be >= 0 (0 = bidirectional masked diffusion)")
   if bs > 0:
     check(config.data.completion_len % bs == 0, "model.block_size",
-           f"data.completion_len={config.data.completion_len} is not a multiple of {bs}")
+           f"data.completion_len={config.data.completion_len} is not a multiple of {bs}",
+           given=("data.completion_len",))
     check(s.block_len == bs, "sampler.block_len",
            f"a block-diffusion model decodes its own blocks: must equal model.block_size={bs}")
     check(not scores or x.name in ("block_elbo", "trajectory"), "estimator.name",
@@ -370,7 +390,7 @@ def _estimator(config, check: "_Checks") -> None:
   check(x.attention_impl in ATTENTION_IMPLS, "estimator.attention_impl",
          f"must be one of {ATTENTION_IMPLS}, got {x.attention_impl!r}")
   check(r.loss != "spg" or x.name == "spg_block", "rl.loss",
-         "spg needs estimator.name=spg_block (it uses the EUBO)")
+         "spg needs estimator.name=spg_block (it uses the EUBO)", given=("estimator.name",))
 
 
 def _eval(config, check: "_Checks") -> None:
@@ -378,14 +398,18 @@ def _eval(config, check: "_Checks") -> None:
   e = config.eval
   check(e.batch_size > 0, "eval.batch_size", "must be positive")
   check(e.num_samples > 0, "eval.num_samples", "must be positive")
-  check(len(e.pass_k) > 0 and all(isinstance(k, int) and 0 < k <= e.num_samples
-                                   for k in e.pass_k), "eval.pass_k",
-         f"every k must be in [1, eval.num_samples={e.num_samples}], got {tuple(e.pass_k)}")
+  ks = tuple(e.pass_k)
+  message = f"every k must be in [1, eval.num_samples={e.num_samples}], got {ks}"
+  positive = len(ks) > 0 and all(isinstance(k, int) and k > 0 for k in ks)
+  check(positive, "eval.pass_k", message)
+  check(not positive or all(k <= e.num_samples for k in ks), "eval.pass_k", message,
+        given=("eval.num_samples",))
   check(e.temperature >= 0, "eval.temperature", f"must be >= 0, got {e.temperature}")
   check(e.temperature != 0 or e.num_samples == 1 or config.sampler.remasking in _RANDOM_ORDER,
         "eval.temperature", f"0 with eval.num_samples={e.num_samples} draws identical samples"
         " (greedy, and the unmasking order is not random): pass@k would equal pass@1 and the"
-        " diversity 1; set a temperature > 0, or eval.num_samples=1 with eval.pass_k=1")
+        " diversity 1; set a temperature > 0, or eval.num_samples=1 with eval.pass_k=1",
+        given=("eval.num_samples", "sampler.remasking"))
   check(e.phase in EVAL_PHASES, "eval.phase", unknown_message("eval phase", e.phase, EVAL_PHASES))
   check(e.checkpoint_step >= -1, "eval.checkpoint_step",
         f"must be a saved step or -1 (the newest), got {e.checkpoint_step}")
@@ -423,7 +447,7 @@ def _runtime(config, check: "_Checks") -> None:
     check(window is None or config.mode not in ("rl", "pipeline")
           or window[0] <= config.rl.steps, "profile.steps",
           f"{config.profile.steps!r} starts past rl.steps={config.rl.steps}: no trace would be"
-          " written")
+          " written", given=("rl.steps",))
   # --- preemption and faults ---
   check(config.checkpoint.save_every_seconds >= 0, "checkpoint.save_every_seconds",
          "must be >= 0 (0 = step-based saving only)")
@@ -433,17 +457,30 @@ def _runtime(config, check: "_Checks") -> None:
 
 
 class _Checks:
-  """Collects problems: ``check(cond, key, message)`` records one when ``cond`` is False."""
+  """Collects problems: ``check(cond, key, message)`` records one when ``cond`` is False.
+  ``given``: the other keys a check derives its bound from (``rl.warmup_steps`` is bounded by
+  ``rl.steps * rl.inner_steps``); where one of them is itself reported, the derived problem
+  is dropped (:meth:`kept`): it restates that key's problem under another key (once:
+  ``rl.steps=-1`` also said ``rl.warmup_steps: must be in [0, -2]``)."""
 
   def __init__(self, errors: list[ConfigError]):
     self.errors = errors
+    self.given: dict[int, tuple[str, ...]] = {}  # id of a derived problem -> its given keys
 
-  def __call__(self, cond: bool, key: str, message: str) -> None:
+  def __call__(self, cond: bool, key: str, message: str, *, given: tuple[str, ...] = ()) -> None:
     if not cond:
-      self.errors.append(ConfigError(key, message))
+      self.errors.append(err := ConfigError(key, message))
+      if given:
+        self.given[id(err)] = given
 
   def error(self, err: ConfigError) -> None:
     self.errors.append(err)
+
+  def kept(self) -> list[ConfigError]:
+    """The problems, in order, without the derived ones whose given keys are reported (by a
+    check of their own: a derived problem does not silence another)."""
+    reported = {e.key for e in self.errors if id(e) not in self.given}
+    return [e for e in self.errors if not reported.intersection(self.given.get(id(e), ()))]
 
 
 REQUIRED_PREFIX = "REQUIRED:"  # a config file's placeholder for a value the user must give
@@ -485,5 +522,5 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   check = _Checks(errors)
   for section in _SECTIONS:
     section(clean, check)
-  raise_all(errors)
+  raise_all(check.kept())
   return config
