@@ -201,7 +201,7 @@ def plan(config, topo, only: list[str] | None = None) -> tuple[dict, list[str]]:
 
 def validated(config):
   """``config`` validated with the task swapped for the built-in arithmetic task (the plan
-  reads no data file); the task's name and option names are still checked (a typo in
+  reads no data file); the task's name, contract and option names are still checked (a typo in
   ``--config.task.options.KEY`` is an error here too). Every problem at once."""
   import ml_collections
 
@@ -216,6 +216,8 @@ def validated(config):
     except ValueError as err:
       errors.append(ConfigError("task.name" if t.name not in tasks.TASKS else "task.options",
                                 str(err)))
+    if t.name in tasks.TASKS and (problem := tasks.contract_problem(t.name)) is not None:
+      errors.append(ConfigError("task.name", problem))
   check = ml_collections.ConfigDict(config.to_dict())
   check.task.name = "arithmetic"
   check.task.options = ml_collections.ConfigDict()

@@ -171,6 +171,19 @@ def check_options(name: str, options: Mapping[str, Any]) -> None:
                      f"accepted: {accepted}")
 
 
+def contract_problem(name: str) -> str | None:
+  """What the registered task ``name``'s class leaves out of the :class:`Task` contract (an
+  abstract method it does not implement: ``sample``, ``canonical`` or ``verify``), or None.
+  Read from the class: nothing is built."""
+  cls = TASKS.get(name)
+  missing = sorted(getattr(cls, "__abstractmethods__", ()))
+  if not missing:
+    return None
+  return (f"{name!r}: {cls.__name__} ({cls.__module__}) does not implement"
+          f" {', '.join(missing)}; a task subclasses dllm_rl.tasks.base.Task and implements"
+          " sample, canonical and verify")
+
+
 def make_task(name: str, **kwargs: Any) -> Task:
   """Builds the registered task ``name``; ValueError on unknown names or kwargs."""
   check_options(name, kwargs)

@@ -78,13 +78,16 @@ def _walk(schema, config, prefix, errors):
 
 
 def _names(config, check: "_Checks") -> None:
-  """Registry names: mode, task (and its options), remasking policy."""
+  """Registry names: mode, task (its contract, its options), remasking policy."""
   check(config.mode in RUN_MODES, "mode", unknown_message("mode", config.mode, RUN_MODES))
-  check(config.task.name in tasks.TASKS, "task.name", tasks.TASKS.unknown_message(config.task.name))
+  known = config.task.name in tasks.TASKS
+  check(known, "task.name", tasks.TASKS.unknown_message(config.task.name))
+  problem = tasks.contract_problem(config.task.name) if known else None
+  check(problem is None, "task.name", problem or "")  # not building it: not its options' fault
   options = task_options(config)  # mode=eval: no train file beside a test file
   placeholder = any(isinstance(v, str) and v.startswith(REQUIRED_PREFIX) for v in options.values())
   try:
-    if config.task.name in tasks.TASKS and not placeholder:  # placeholders: _required says so
+    if known and problem is None and not placeholder:  # placeholders: _required says so
       task = tasks.make_task(config.task.name, **options)
       check(config.mode == "eval" or task.has_split("train"), "task.options.train_file",
             f"task {config.task.name!r} has no train split (only a test file): mode="

@@ -91,3 +91,36 @@ def test_bad_generate_arguments():
   with pytest.raises(ValueError, match="test_fraction"):
     make_task("arithmetic", test_fraction=1.0)
   assert task.generate("test", 0, 0) == []
+
+
+class _NoVerify(Task):
+  """A new task that forgot ``verify``."""
+  name = "no_verify"
+
+  def sample(self, rng):
+    return Example(prompt="1", answer="1")
+
+  def canonical(self, example):
+    return example.prompt
+
+
+def test_a_task_without_verify_is_named_under_task_name(monkeypatch):
+  """A task class that leaves out a method of the contract is its task.name's problem (as a
+  verify returning no VerifyResult is), said before anything is built; it was reported as
+  ``config.task.options: Can't instantiate abstract class ...``, its options' fault."""
+  from dllm_rl.config import ConfigError, base_config
+  from dllm_rl.planning.planner import validated
+  from dllm_rl.train.validate import validate
+
+  monkeypatch.setitem(TASKS._items, "no_verify", _NoVerify)
+  config = base_config()
+  config.task.name = "no_verify"
+  for check in (validate, validated):  # the run's validation and the planner's
+    with pytest.raises(ConfigError) as err:
+      check(config)
+    assert [(e.key, e.message) for e in getattr(err.value, "errors", [err.value])] == [
+        ("task.name", "'no_verify': _NoVerify (tests.tasks.test_base) does not implement"
+         " verify; a task subclasses dllm_rl.tasks.base.Task and implements sample, canonical"
+         " and verify")]
+  from dllm_rl.tasks import contract_problem
+  assert contract_problem("arithmetic") is None
