@@ -1,6 +1,6 @@
 """Remasking (confidence) policies, registered by name.
 
-Each policy maps (float32 logits_BLV, proposed tokens x0_BL, key) to a
+Each policy maps (float32 logits_BLV, proposed tokens x0_BL, key) to a float32
 confidence_BL; the sampler commits the most confident masked positions of the
 current block. Higher = commit earlier.
 """
@@ -17,16 +17,17 @@ REMASKING: Registry = Registry("remasking policy")
 
 
 def confidence(name: str, logits_BLV, x0_BL, key):
-  """The registered policy ``name``'s (``sampler.remasking``) confidence_BL, checked to have
-  ``x0_BL``'s shape when traced: a policy that returns one row per position ([L]) or per
-  sequence ([B]) would otherwise be broadcast over the batch silently, or fail as a
-  broadcasting error that names no policy."""
+  """The registered policy ``name``'s (``sampler.remasking``) confidence_BL, checked to be
+  float32 of ``x0_BL``'s shape when traced: a policy that returns one row per position ([L])
+  or per sequence ([B]) would otherwise be broadcast over the batch silently, or fail as a
+  broadcasting error that names no policy; integer confidences (a rounded score) tie where
+  the scores differed and are compared with the float ``sampler.threshold`` as they are."""
   conf_BL = REMASKING.get(name)(logits_BLV, x0_BL, key)
-  if jnp.shape(conf_BL) != jnp.shape(x0_BL):
+  if jnp.shape(conf_BL) != jnp.shape(x0_BL) or jnp.result_type(conf_BL) != jnp.float32:
     raise TypeError(f"sampler.remasking={name!r} (registered in REMASKING,"
-                    f" dllm_rl/sampling/remasking.py) returned shape {jnp.shape(conf_BL)}; a"
-                    f" policy returns one confidence per position, x0_BL's shape"
-                    f" {jnp.shape(x0_BL)}")
+                    f" dllm_rl/sampling/remasking.py) returned {jnp.result_type(conf_BL)} of"
+                    f" shape {jnp.shape(conf_BL)}; a policy returns one float32 confidence per"
+                    f" position, x0_BL's shape {jnp.shape(x0_BL)}")
   return conf_BL
 
 

@@ -77,15 +77,20 @@ def test_commits_scheduled_tokens_per_step_and_never_remasks(model, remasking):
 
 
 
-@pytest.mark.parametrize("bad, shape", [
-    (lambda logits_BLV, x0_BL, key: logits_BLV.max(-1)[0], r"\(4,\)"),  # [L]: row 0's
-    (lambda logits_BLV, x0_BL, key: logits_BLV.max((-2, -1)), r"\(3,\)")],  # [B]
-    ids=["per_position", "per_sequence"])
-def test_a_remasking_policy_of_the_wrong_shape_is_named(model, monkeypatch, bad, shape):
+@pytest.mark.parametrize("bad, got", [
+    (lambda logits_BLV, x0_BL, key: logits_BLV.max(-1)[0], r"float32 of shape \(4,\)"),  # [L]
+    (lambda logits_BLV, x0_BL, key: logits_BLV.max((-2, -1)), r"float32 of shape \(3,\)"),  # [B]
+    # integer confidences (a rounded score: ties) and half-precision ones: not float32
+    (lambda logits_BLV, x0_BL, key: jnp.round(10 * logits_BLV.max(-1)).astype(jnp.int32),
+     r"int32 of shape \(3, 4\)"),
+    (lambda logits_BLV, x0_BL, key: logits_BLV.max(-1).astype(jnp.bfloat16),
+     r"bfloat16 of shape \(3, 4\)")],
+    ids=["per_position", "per_sequence", "int32", "bfloat16"])
+def test_a_remasking_policy_of_the_wrong_shape_or_dtype_is_named(model, monkeypatch, bad, got):
   monkeypatch.setitem(REMASKING._items, "mine", bad)
   cfg = S.SamplerConfig(completion_len=8, steps=4, block_len=4, temperature=0.7,
                         remasking="mine")
-  with pytest.raises(TypeError, match=rf"sampler\.remasking='mine'.*{shape}.*\(3, 4\)"):
+  with pytest.raises(TypeError, match=rf"sampler\.remasking='mine'.*{got}.*float32.*\(3, 4\)"):
     _run(model, cfg)
 
 def test_same_seed_same_output_and_different_seed_differs(model):
