@@ -290,6 +290,22 @@ def arm_stats(records: list[dict], evals: list[dict], num_val: int) -> dict:
   }
 
 
+def arm_line(name: str, seed: int, arm_name: str, rec: dict, size: Size) -> str:
+  """The study log's line of a finished arm: test accuracy, validation start → final,
+  collapse, spikes, time. Validation runs at step 0 and every ``size.eval_every`` steps, so
+  with ``--rl_steps`` below ``--eval_every`` none runs after the start: the line says so, and
+  that collapse (judged on validation) could not be, instead of "→ None | collapsed False"."""
+  s = rec["stats"]
+  if s["final_val_accuracy"] is None:
+    val = (f"val {s['start_val_accuracy']} at step 0, none after it (validation every"
+           f" {size.eval_every} steps, {size.rl_steps} run) | collapsed n/a")
+  else:
+    val = (f"val {s['start_val_accuracy']} → {s['final_val_accuracy']}"
+           f" | collapsed {s['collapsed']}")
+  return (f"[study] {name} seed {seed} {arm_name}: test {rec['summary'].get('rl_accuracy'):.3f}"
+          f" | {val} | spikes {s['grad_spikes']} | {rec['wall_seconds']:.0f}s")
+
+
 def calibrated_beta_end(source: dict) -> float:
   """β_end = the calibrated β of the source arm's starting policy (w_β(p̄) = 1, p̄ its first
   rollout batch's training accuracy; that batch is the same for every arm of a seed). When
@@ -546,11 +562,7 @@ def _run_seeds(name: str, arms: list[Arm], workdir: str, seeds: range, size: Siz
       calibrated[arm.name] = {"calibrated_beta": rec["summary"].get("calibrated_beta"),
                               "base_train_accuracy": rec["summary"].get("base_train_accuracy"),
                               "rollouts": r.batch_prompts * r.group_size}
-      s = rec["stats"]
-      log(f"[study] {name} seed {seed} {arm.name}: test {rec['summary'].get('rl_accuracy'):.3f}"
-          f" | val {s['start_val_accuracy']} → {s['final_val_accuracy']}"
-          f" | collapsed {s['collapsed']} | spikes {s['grad_spikes']}"
-          f" | {rec['wall_seconds']:.0f}s")
+      log(arm_line(name, seed, arm.name, rec, size))
       runs.append(rec)
       _stop_if_requested(name, seed, f"arm {arm.name}")
   return {"study": name, "testbed": testbed, "base_config": json.loads(base.to_json()),

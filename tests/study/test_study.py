@@ -311,3 +311,19 @@ def test_copy_sft_start_cut_short_leaves_no_start_and_a_rerun_copies_it_whole(tm
   copied = tmp_path / "arm" / "checkpoints"
   assert sorted(p.name for p in copied.iterdir()) == ["sft"]
   assert (copied / "sft" / "200" / "a").read_text() == "200/a"
+
+
+def test_the_arm_line_says_when_no_validation_ran_after_the_start():
+  """`--rl_steps 3` under `--eval_every 20`: validation ran at step 0 only; the line said
+  `val 0.0 → None | collapsed False` (collapse is judged on validation: not judged)."""
+  from dllm_rl.study.runner import arm_line, arm_stats
+
+  size = arms_lib.Size(rl_steps=3, eval_every=20, seeds=1)
+  rec = {"summary": {"rl_accuracy": 0.25}, "wall_seconds": 12.0,
+         "stats": arm_stats([], [{"step": 0, "val_accuracy": 0.0}], num_val=128)}
+  line = arm_line("stabledrl", 0, "grpo", rec, size)
+  assert line == ("[study] stabledrl seed 0 grpo: test 0.250 | val 0.0 at step 0, none after it"
+                  " (validation every 20 steps, 3 run) | collapsed n/a | spikes 0 | 12s")
+  rec["stats"] = arm_stats([], [{"step": 0, "val_accuracy": 0.0},
+                                {"step": 20, "val_accuracy": 0.5}], num_val=128)
+  assert "| val 0.0 → 0.5 | collapsed False |" in arm_line("stabledrl", 0, "grpo", rec, size)
