@@ -150,6 +150,18 @@ def staging_dir(url: str, cache: str | None = None) -> str:
   return os.path.join(cache or cache_root(), "weights", scheme, *rest.strip("/").split("/"))
 
 
+def staged_source(path: str, cache: str | None = None) -> str | None:
+  """The URL whose :func:`staging_dir` copy ``path`` is or lies in (``CACHE/weights/gs/b/run``
+  → ``gs://b/run``), None for a path outside the staging folders: what a message about a
+  staged folder names, since the copy is not where the user's files are."""
+  root = os.path.join(os.path.abspath(cache or cache_root()), "weights")
+  rel = os.path.relpath(os.path.abspath(path), root)
+  scheme, *rest = rel.split(os.sep)
+  if rel.startswith(os.pardir) or not rest or scheme == os.curdir:
+    return None
+  return f"{scheme}://{'/'.join(rest)}"
+
+
 def stage(url: str, *, cache: str | None = None, config_only: bool = False) -> str:
   """Copy the folder at ``url`` to :func:`staging_dir` (only files that are not already a copy
   of the source's version, :func:`_is_copy_of`), remove the files the last marker lists that

@@ -60,7 +60,7 @@ from dllm_rl.models.transformer import ModelConfig, abstract_model
 from dllm_rl.parallel.distributed import raise_agreed
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.parallel.shard import param_shardings
-from dllm_rl.paths import write_atomic
+from dllm_rl.paths import is_url, write_atomic
 from dllm_rl.types import DTYPES
 
 # safetensors dtype code → numpy dtype; the order is safetensors' own (files are
@@ -209,12 +209,18 @@ def _in_run(ckpt_dir: str) -> tuple[str, str, str] | None:
   """(workdir, export flags, what ``ckpt_dir`` is) where it lies in a training run's
   ``checkpoints/`` folder (``checkpoints``, ``checkpoints/<phase>``,
   ``checkpoints/<phase>/<step>`` as Orbax writes them, or a folder of a step); None
-  elsewhere."""
-  parts = os.path.normpath(os.path.abspath(ckpt_dir)).split(os.sep)
-  for depth in range(min(3, len(parts) - 2) + 1):
+  elsewhere. Read from the path's names alone; a URL's (``gs://b/run/checkpoints/rl/8``)
+  workdir is a URL too (``gs://b/run``), not a local folder made of it."""
+  url = is_url(ckpt_dir)
+  if url:
+    scheme, rest = os.fspath(ckpt_dir).split("://", 1)
+    head, parts = f"{scheme}://", [p for p in rest.split("/") if p]
+  else:
+    head, parts = "/", [p for p in os.path.normpath(os.path.abspath(ckpt_dir)).split(os.sep) if p]
+  for depth in range(min(3, len(parts) - 1 - url) + 1):  # a URL keeps its bucket
     if parts[-1 - depth] != "checkpoints":
       continue
-    workdir, below = os.sep.join(parts[:-1 - depth]) or os.sep, parts[len(parts) - depth:]
+    workdir, below = head + "/".join(parts[:-1 - depth]), parts[len(parts) - depth:]
     if (below and below[0] not in ("sft", "rl")) or (len(below) > 1 and not below[1].isdigit()):
       return None
     flags = "".join(f" --{k} {v}" for k, v in zip(("phase", "step"), below))
@@ -229,18 +235,21 @@ def _in_run(ckpt_dir: str) -> tuple[str, str, str] | None:
 def not_a_model(ckpt_dir: str) -> str:
   """What else ``ckpt_dir`` (a folder without config.json) is, and what to load instead: a
   training run's workdir, a folder in its ``checkpoints/`` (an Orbax step, not an HF folder)
-  or a PEFT adapter folder; "" for anything else."""
+  or a PEFT adapter folder; "" for anything else. A gs:// folder's local copy
+  (:func:`dllm_rl.infra.weights.staged_source`) is named by its URL, which export reads."""
+  from dllm_rl.infra.weights import staged_source
+  source = staged_source(ckpt_dir) or ckpt_dir
   if os.path.isdir(os.path.join(ckpt_dir, "checkpoints")):
-    return (f"; {ckpt_dir} is a training run's --workdir: export its checkpoint with `python -m"
-            f" dllm_rl.convert export --workdir {ckpt_dir} --hf_dir OUT` and load OUT")
-  run = _in_run(ckpt_dir)
+    return (f"; {source} is a training run's --workdir: export its checkpoint with `python -m"
+            f" dllm_rl.convert export --workdir {source} --hf_dir OUT` and load OUT")
+  run = _in_run(source)
   if run:
     workdir, flags, what = run
     which = "it" if "--step" in flags else "the newest"
-    return (f"; {ckpt_dir} {what}, not an HF folder: export {which} with `python -m"
+    return (f"; {source} {what}, not an HF folder: export {which} with `python -m"
             f" dllm_rl.convert export --workdir {workdir}{flags} --hf_dir OUT` and load OUT")
   if os.path.isfile(os.path.join(ckpt_dir, "adapter_config.json")):
-    return (f"; {ckpt_dir} is a PEFT adapter folder: load the merged export of its run"
+    return (f"; {source} is a PEFT adapter folder: load the merged export of its run"
             " (`convert export --hf_dir`), or its base with the adapter in PEFT")
   return ""
 

@@ -327,3 +327,27 @@ def test_an_object_name_leading_outside_the_staging_folder_is_refused(fake_gcs, 
                      r"copied outside the staging folder"):
     weights.resolve_checkpoint("gs://bucket/m")
   assert not os.path.exists(tmp_path / "cache" / "weights" / "gs" / "x.json")
+
+
+def test_a_gs_folder_of_a_runs_checkpoints_names_the_run_by_its_url(fake_gcs, tmp_path,
+                                                                    monkeypatch):
+  """model.hf_checkpoint / load_pretrained on a gs:// run folder or checkpoint step: the hint
+  named the local staging copy (CACHE/weights/gs/bucket/run) as the run to export, which holds
+  no run; it names the bucket's run, which `convert export --workdir` reads."""
+  monkeypatch.setenv("DLLM_RL_CACHE", str(tmp_path / "cache"))
+  _put(fake_gcs, "bucket/run/checkpoints/sft/4/state/data", b"x", mtime=1_700_000_000)
+  export = "`python -m dllm_rl.convert export --workdir gs://bucket/run"
+  for url, said in (
+      ("gs://bucket/run/checkpoints/sft/4", "; gs://bucket/run/checkpoints/sft/4 is a training"
+       f" run's sft checkpoint (Orbax), not an HF folder: export it with {export} --phase sft"
+       " --step 4 --hf_dir OUT` and load OUT"),
+      ("gs://bucket/run", f"; gs://bucket/run is a training run's --workdir: export its"
+       f" checkpoint with {export} --hf_dir OUT` and load OUT")):
+    with pytest.raises(FileNotFoundError) as err:
+      dllm_rl.load_pretrained(url)
+    assert str(err.value).endswith(said)
+  from dllm_rl.models import convert  # the URL itself (a `convert import` folder's check)
+  with pytest.raises(FileNotFoundError, match=f"export it with {export} --phase sft --step 4 "):
+    convert.read_meta("gs://bucket/run/checkpoints/sft/4")
+  assert weights.staged_source(weights.staging_dir("gs://bucket/run") + "/x") == "gs://bucket/run/x"
+  assert weights.staged_source(str(tmp_path / "elsewhere")) is None
