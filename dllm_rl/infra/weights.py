@@ -166,17 +166,27 @@ def stage(url: str, *, cache: str | None = None, config_only: bool = False) -> s
   """Copy the folder at ``url`` to :func:`staging_dir` (only files that are not already a copy
   of the source's version, :func:`_is_copy_of`), remove the files the last marker lists that
   the source no longer has, and return it. ``config_only``: the top-level ``*.json`` files
-  only; nothing removed, no marker."""
+  only; nothing removed, no marker. A folder without ``config.json`` or ``model.json`` on top
+  (no model) is staged in outline: its top-level ``*.json`` files and its folders, empty."""
   paths.check_backend(url)
   src = paths.resolve(url)
   if not src.is_dir():
     raise WeightsUnavailable(f"{url} is not a folder (expected a checkpoint folder with "
                              "config.json and *.safetensors, or a `convert import` output)")
   listing = _listing(src)
-  if config_only:
+  folders = sorted({k.split("/", 1)[0] for k in listing if "/" in k})
+  # Not a model folder (neither config.json nor a `convert import`'s model.json on top: a run's
+  # workdir, one of its Orbax steps, a PEFT folder, a wrong prefix): the top-level JSON files
+  # and folder names are all the loader reads to say what it is instead; a run's checkpoints
+  # could take hours to copy before that message.
+  outline = not config_only and not {"config.json", "model.json"} & set(listing)
+  if config_only or outline:
     listing = {k: v for k, v in listing.items() if "/" not in k and k.endswith(".json")}
   dst = staging_dir(url, cache)
   _remove_orphans(dst)
+  for name in folders if outline else ():
+    if _inside(dst, name) is not None:
+      os.makedirs(_inside(dst, name), exist_ok=True)
   for rel, (size, mtime) in sorted(listing.items()):
     local = _inside(dst, rel)
     if local is None:
@@ -195,7 +205,7 @@ def stage(url: str, *, cache: str | None = None, config_only: bool = False) -> s
     except BaseException:
       _remove(tmp)  # a failed copy leaves no partial file of up to a shard's size behind
       raise
-  if not config_only:
+  if not (config_only or outline):
     # a file an earlier stage copied that the source no longer has (a sharded checkpoint
     # replaced by one model.safetensors: the loader would read the stale index and shards)
     for rel in sorted(_staged_names(dst) - set(listing)):

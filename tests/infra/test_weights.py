@@ -351,3 +351,21 @@ def test_a_gs_folder_of_a_runs_checkpoints_names_the_run_by_its_url(fake_gcs, tm
     convert.read_meta("gs://bucket/run/checkpoints/sft/4")
   assert weights.staged_source(weights.staging_dir("gs://bucket/run") + "/x") == "gs://bucket/run/x"
   assert weights.staged_source(str(tmp_path / "elsewhere")) is None
+
+
+def test_a_gs_folder_that_holds_no_model_is_staged_in_outline(fake_gcs, tmp_path, monkeypatch):
+  """A run's workdir given as model.hf_checkpoint: its checkpoints (an 8B run's: hundreds of
+  GB) were all copied before the loader said it is a run; now only its top-level JSON files
+  and its folders' names are, enough for that message, and no marker claims a full copy."""
+  monkeypatch.setenv("DLLM_RL_CACHE", str(tmp_path / "cache"))
+  for name in ("summary.json", "metrics.jsonl", "checkpoints/rl/8/state/data"):
+    _put(fake_gcs, f"bucket/run/{name}", b"{}", mtime=1_700_000_000)
+  with pytest.raises(FileNotFoundError, match="gs://bucket/run is a training run's --workdir"):
+    dllm_rl.load_pretrained("gs://bucket/run")
+  local = weights.staging_dir("gs://bucket/run")
+  assert sorted(os.listdir(local)) == ["checkpoints", "summary.json"]
+  assert os.listdir(os.path.join(local, "checkpoints")) == []
+  _put(fake_gcs, "bucket/run/config.json", b"{}")  # a model after all: staged in full
+  weights.resolve_checkpoint("gs://bucket/run")
+  assert os.path.isfile(os.path.join(local, "checkpoints", "rl", "8", "state", "data"))
+  assert os.path.isfile(os.path.join(local, weights.MARKER))
