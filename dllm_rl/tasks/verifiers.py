@@ -30,16 +30,18 @@ MATH_VERIFY_TIMEOUT_S = 1
 
 # A number: optional sign (not right after a word character, '.' or ')'), digit
 # groups joined by commas and optional decimals, or a bare decimal part (".5"), then an
-# optional "/denominator". The first character picks the branch and every later part is
+# optional "/denominator", itself digits with optional decimals or a bare decimal part
+# ("1/2.5" is 0.4, "1/.5" is 2). The first character picks the branch and every later part is
 # optional, so matching never backtracks far; commas that are not thousands separators
 # split the match (``_numbers``). A '.' with no digit after it (a full stop, "...") is no
 # number, and a run of digits right after a '.' that follows a digit ("1.2.3") starts none.
 # After a full stop glued to a letter or after an ellipsis, the digits (or a sign and
 # digits) do start one, led by a digit: "apples.5" and "wait...5" are 5, not 0.5 (the
 # second alternative; both lookbehinds are two characters wide).
+_DENOMINATOR = r"(?:/(?:\d+(?:\.\d+)?|\.\d+))?"
 _NUMBER_RE = re.compile(r"(?:(?<![\w.)])|(?<=[^\W\d_]\.|\.\.)(?=-?\d))"
-                        r"-?(?:\d+(?:,\d+)*(?:\.\d+)?|\.\d+)(?:/\d+)?")
-_THOUSANDS_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?:/\d+)?")
+                        r"-?(?:\d+(?:,\d+)*(?:\.\d+)?|\.\d+)" + _DENOMINATOR)
+_THOUSANDS_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?" + _DENOMINATOR)
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE_RE = re.compile(r"(?<!\\)[{}]")
 # \frac{a}{b}, after an optional whole part: "2\frac{1}{2}" is the mixed number 2.5.
@@ -204,12 +206,13 @@ def gsm8k_answer(text: str) -> str | None:
   after a letter or a '.': "apples.5" and "so it is...5" are 5, as d1's GSM8K evaluation
   reads them (its last-number regex takes the digits after any '.'; lm-eval-harness's
   flexible-extract keeps the strings ".5" and "...5", which equal no GSM8K answer as written),
-  while "1.2.3" is 1.2 and "costs $3.So he has" holds 3. A fraction's numerator may be a
-  decimal: ".5/2" and "0.5/2" are 0.25, as "1/2" is 0.5. A plain space is no thousands
-  separator: "3 000" is two numbers (the last one 0), since English text writes separate
-  numbers that way ("scores 5 120 340", "3 100-metre races") and groups thousands with commas,
-  as GSM8K's answers do; so a comma is never a decimal point either: "3,5" is the numbers 3 and
-  5 (→ 5), "3,500" is 3500.
+  while "1.2.3" is 1.2 and "costs $3.So he has" holds 3. A fraction's numerator and
+  denominator may be decimals: ".5/2" and "0.5/2" are 0.25, as "1/2" is 0.5, and "1/2.5",
+  "1/.5" and ``\\frac{1}{2.5}`` (``\\dfrac``, ``\\tfrac``) are 0.4, 2 and 0.4. A plain
+  space is no thousands separator: "3 000" is two numbers (the last one 0), since English
+  text writes separate numbers that way ("scores 5 120 340", "3 100-metre races") and groups
+  thousands with commas, as GSM8K's answers do; so a comma is never a decimal point either:
+  "3,5" is the numbers 3 and 5 (→ 5), "3,500" is 3500.
   """
   value = _gsm8k_value(text)
   return None if value is None else _canonical(value)

@@ -104,6 +104,12 @@ def test_gsm8k_answer_reads_typographic_numbers(text, expected):
     ("\\boxed{\\frac{1.5}{3}}", "0.5"),
     ("\\boxed{2\\frac{1.5}{2}}", "2.75"),
     ("1/0 and .5/0", None),
+    ("the ratio is 1/2.5", "0.4"),  # a decimal denominator: not 1/2 then ".5"
+    ("1/.5", "2"), ("#### 3/1.5 hours", "2"), ("#### -1.5/2.5", "-0.6"),
+    ("it is 1,000/2.5", "400"), ("1/2.5.6", "0.4"), ("1/2. Then 3/4.5", "2/3"),
+    ("\\boxed{\\frac{1}{2.5}}", "0.4"), ("\\boxed{\\dfrac{1.5}{2.5}}", "0.6"),
+    ("\\boxed{\\tfrac{1}{.5}}", "2"), ("\\boxed{2\\frac{1}{2.5}}", "2.4"),
+    ("1/0.0", None),
 ])
 def test_gsm8k_answer_reads_glued_stops_and_decimal_fractions(text, expected):
   assert V.gsm8k_answer(text) == expected
@@ -324,7 +330,8 @@ def _hostile(canary_name):
 def test_gsm8k_signs_separators_and_dots_stay_linear():
   for text in ["-." * 30_000 + "5", "\u2212" * 60_000 + "5",
                ".5" * 30_000, "\u202f000" * 16_000, "1\u00a0" * 30_000, "1 000" * 12_000,
-               "-.-" * 20_000, "#### " + "\u20131\u2009" * 12_000, "a.-" * 20_000]:
+               "-.-" * 20_000, "#### " + "\u20131\u2009" * 12_000, "a.-" * 20_000,
+               "1/." * 20_000, "/.5" * 20_000, "1/2." * 15_000, "1.5/2.5" * 8_500]:
     start = time.monotonic()
     r = V.gsm8k_result(text, "#### 5")
     assert time.monotonic() - start < 3.0, text[:40]  # no super-linear blow-up
