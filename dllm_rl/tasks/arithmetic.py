@@ -57,6 +57,7 @@ class ArithmeticTask(Task):
   """a op b with operands uniform in [0, 10**num_digits) and op uniform over ``ops``."""
 
   name = "arithmetic"
+  size_options = ("num_digits", "ops")
 
   def __init__(self, num_digits: int = 3, ops: str = "+", reverse_answer: bool = True,
                pad_operands: bool = True, reverse_operands: bool = False,

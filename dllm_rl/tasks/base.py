@@ -79,7 +79,8 @@ class Task(abc.ABC):
   ``generate`` draws instances with ``sample`` from a numpy Generator seeded by
   (seed, split), keeps those whose ``split_of(split_key)`` is the requested
   split, and drops duplicates (by canonical string). It gives up with a
-  ValueError after ``max_draws(n)`` draws.
+  ValueError after ``max_draws(n)`` draws, or sooner, after ``stall_draws()`` draws in a row
+  that found no new instance (the split is exhausted: ``stall_draws``).
   """
 
   name: str = ""
@@ -91,6 +92,9 @@ class Task(abc.ABC):
   # written elsewhere (GSM8K's '####', MATH's LaTeX), which needs model.hf_checkpoint's
   # tokenizer: a run without one is told so, not only which character failed.
   char_text: bool = True
+  # The constructor options that set how many distinct instances there are: a config asking
+  # for more than the task can make is told to change them (``enlarge_hint``).
+  size_options: tuple[str, ...] = ()
 
   def __init__(self, test_fraction: float = 0.1):
     if not 0.0 < test_fraction < 1.0:
@@ -126,6 +130,20 @@ class Task(abc.ABC):
     per_hit = 1.0 / min(self.test_fraction, 1.0 - self.test_fraction)
     return int(1000 + 20 * per_hit * n)
 
+  def stall_draws(self) -> int:
+    """Draws in a row without a new instance after which ``generate`` gives up: the draws
+    ``max_draws`` allows 100 instances (21,000 at test_fraction 0.1). When every new instance
+    is at least as likely as ``max_draws`` assumes (one in 20 / min(test_fraction,
+    1 - test_fraction) draws), so many draws without one have a chance below e**-100: the
+    split is exhausted. The shipped configs and study testbeds never went 400 draws without
+    one (seeds 0-19), so it stops none of them."""
+    return self.max_draws(100)
+
+  def enlarge_hint(self) -> str:
+    """The end of the config error for a split with too few instances: what gives more."""
+    options = " or ".join(f"task.options.{o}" for o in self.size_options) or "task.options"
+    return f"change {options} for more distinct instances"
+
   def generate(self, split: str, n: int, seed: int) -> list[Example]:
     """n distinct examples of ``split``; same arguments → same list."""
     split_idx = check_split(split)
@@ -134,10 +152,11 @@ class Task(abc.ABC):
     rng = np.random.default_rng([seed, split_idx])
     seen: set[str] = set()
     out: list[Example] = []
-    budget = self.max_draws(n)
-    for _ in range(budget):
-      if len(out) == n:
-        break
+    budget, stall = self.max_draws(n), self.stall_draws()
+    draws = since_new = 0
+    while len(out) < n and draws < budget and since_new < stall:
+      draws += 1
+      since_new += 1
       ex = self.sample(rng)
       if ex is None:
         continue
@@ -146,11 +165,12 @@ class Task(abc.ABC):
         continue
       seen.add(key)
       out.append(ex)
+      since_new = 0
     if len(out) < n:
-      raise ValueError(
-          f"task {self.name!r}: found only {len(out)} distinct {split!r} instances "
-          f"of the {n} requested after {budget} draws; the instance space of this "
-          "config is too small (ask for fewer examples or enlarge the task)")
+      why = (f"none new in the last {since_new} of {draws} draws, so its options give no more"
+             if since_new >= stall else f"its budget of {budget} draws ran out")
+      raise ValueError(f"task {self.name!r}: found only {len(out)} distinct {split!r} "
+                       f"instances of the {n} requested ({why})")
     return out
 
 

@@ -70,6 +70,7 @@ class ChainTask(Task):
   its reverse, or a random order (``answer_order``)."""
 
   name = "chain"
+  size_options = ("num_numbers", "num_digits")
   many_answers = True  # any order of the operands
 
   ANSWER_ORDERS = ("prompt", "rotation", "prompt_or_reverse", "random")

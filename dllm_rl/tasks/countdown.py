@@ -47,6 +47,7 @@ class CountdownTask(Task):
   """``num_numbers`` numbers in [1, max_number], positive integer target ≤ max_target."""
 
   name = "countdown"
+  size_options = ("num_numbers", "max_number", "max_target")
   many_answers = True  # every expression that uses the numbers once and hits the target
 
   def __init__(self, num_numbers: int = 3, max_number: int = 20, max_target: int = 100,

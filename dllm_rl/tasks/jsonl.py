@@ -314,6 +314,9 @@ class JsonlTask(Task):
   def canonical(self, example: Example) -> str:
     return example.meta["key"]
 
+  def enlarge_hint(self) -> str:
+    return "give a larger file"
+
   def generate(self, split: str, n: int, seed: int) -> list[Example]:
     """The first n examples of ``split`` after a shuffle seeded by (seed, split);
     n = -1 for all of them. ValueError if the split has fewer than n."""

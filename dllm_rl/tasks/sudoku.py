@@ -133,6 +133,7 @@ class SudokuTask(Task):
   """Uniquely solvable 4×4 sudoku with ``num_holes`` blanks (1..12)."""
 
   name = "sudoku"
+  size_options = ("num_holes",)
 
   def __init__(self, num_holes: int = 6, test_fraction: float = 0.1):
     super().__init__(test_fraction)

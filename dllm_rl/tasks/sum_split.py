@@ -35,6 +35,7 @@ class SumSplitTask(Task):
   splits (module docstring)."""
 
   name = "sum_split"
+  size_options = ("num_digits",)
   many_answers = True  # every x in [max(0, T − 10**d + 1), min(T, 10**d − 1)]
 
   def __init__(self, num_digits: int = 3, reverse: bool = True, test_fraction: float = 0.1):

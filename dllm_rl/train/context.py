@@ -375,11 +375,13 @@ def task_options(config) -> dict:
 
 
 def _generate(task, split: str, n: int, seed: int, key: str, asked: str):
-  """``task.generate``; too few examples (a small data file) → a ConfigError naming the keys."""
+  """``task.generate``; too few examples (a small data file, a generated task's options that
+  make fewer distinct instances) → a ConfigError naming the size keys and what else to change
+  (``Task.enlarge_hint``)."""
   try:
     return task.generate(split, n, seed)
   except ValueError as err:
-    raise ConfigError(key, f"{err} ({asked}): lower it or give a larger file") from err
+    raise ConfigError(key, f"{err} ({asked}): lower it or {task.enlarge_hint()}") from err
 
 
 def check_writable(workdir: str) -> None:

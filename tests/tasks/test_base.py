@@ -1,5 +1,6 @@
 """Task registry, make_task errors, split assignment."""
 
+import inspect
 import json
 
 import pytest
@@ -51,6 +52,34 @@ def test_every_generated_task_keeps_the_task_contract(name):
       for junk in ("", "?", ex.answer + ex.answer):
         graded = task.verify(ex, junk)
         assert isinstance(graded, VerifyResult) and not graded.correct
+  params = inspect.signature(type(task)).parameters
+  assert set(task.size_options) <= set(params), "size_options must name constructor options"
+
+
+def test_an_exhausted_split_gives_up_after_stall_draws_not_the_whole_budget():
+  """1-digit addition has ~50 training instances at test_fraction 0.5: asked for 2000,
+  generation stops ``stall_draws()`` (5,000) draws after the last new one, not after
+  ``max_draws(2000)`` (81,000); the message names the task, the count found and why."""
+  from dllm_rl.tasks.arithmetic import ArithmeticTask
+
+  class Counted(ArithmeticTask):
+    draws = 0
+
+    def sample(self, rng):
+      Counted.draws += 1
+      return super().sample(rng)
+
+  task = Counted(num_digits=1, test_fraction=0.5)
+  assert task.stall_draws() == 5_000 and task.max_draws(2000) == 81_000
+  with pytest.raises(ValueError, match=r"task 'arithmetic': found only (\d+) distinct 'train' "
+                     r"instances of the 2000 requested \(none new in the last 5000 of") as err:
+    task.generate("train", 2000, 0)
+  found = int(err.value.args[0].split("found only ")[1].split()[0])
+  assert 35 < found < 65 and 5_000 < Counted.draws < 6_000
+  assert Counted.draws == int(str(err.value).split(" of ")[2].split()[0])
+  assert task.enlarge_hint() == ("change task.options.num_digits or task.options.ops for more"
+                                 " distinct instances")
+
 
 def test_unknown_name_and_kwargs():
   with pytest.raises(ValueError, match="unknown task 'arithmetik'.*Did you mean 'arithmetic'"):
