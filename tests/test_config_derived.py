@@ -43,6 +43,8 @@ def test_a_negative_rl_steps_of_the_embedded_default_is_one_error():
      ["sampler.block_len"]),
     ({"sampler.kind": "dream", "sampler.remasking": "entropy", "data.completion_len": -1},
      ["data.completion_len"]),
+    ({"task.train_size": -5}, ["task.train_size"]),
+    ({"mode": "rl", "task.train_size": 0}, ["task.train_size"]),
 ], ids=lambda v: ",".join(v) if isinstance(v, list) else None)
 def test_a_check_derived_from_an_invalid_key_adds_no_error(updates, keys):
   assert _problems(set_dotted(base_config(), updates)) == keys
@@ -54,6 +56,8 @@ def test_a_check_derived_from_an_invalid_key_adds_no_error(updates, keys):
     ({"data.completion_len": 10, "sampler.block_len": 4, "sampler.steps": -1},
      ["sampler.block_len", "sampler.steps"]),
     ({"rl.steps": -1, "rl.warmup_steps": -1}, ["rl.steps", "rl.warmup_steps"]),
+    ({"mode": "rl", "task.train_size": 4}, ["rl.batch_prompts"]),
+    ({"task.train_size": 10}, ["task.train_size"]),
 ], ids=lambda v: ",".join(v) if isinstance(v, list) else None)
 def test_a_derived_check_still_reports_its_own_problem(updates, keys):
   """Against valid keys it reports as before; a value wrong whatever the bound (a negative

@@ -14,7 +14,7 @@ import math
 import ml_collections
 
 from dllm_rl import tasks
-from dllm_rl.config.choices import EVAL_PHASES, LR_SCHEDULES, RUN_MODES, SFT_MODES
+from dllm_rl.config.choices import EVAL_PHASES, LR_SCHEDULES, RL_MODES, RUN_MODES, SFT_MODES
 from dllm_rl.config.schema import base_config
 from dllm_rl.diffusion import estimators
 from dllm_rl.config.overrides import did_you_mean
@@ -157,9 +157,14 @@ def _data(config, check: "_Checks") -> None:
   check(not increasing or all(w <= d.prompt_len for w in buckets), "data.prompt_buckets",
         message, given=("data.prompt_len",))
   # data.batch_size is the SFT batch: rl and eval never read it (rl.batch_prompts: _rl)
+  trains = config.mode in SFT_MODES or config.mode in RL_MODES
+  check(not trains or config.task.train_size > 0, "task.train_size",
+        f"must be positive when the run trains (mode={config.mode}), got"
+        f" {config.task.train_size}")
   check(config.mode not in SFT_MODES or config.task.train_size >= d.batch_size,
         "task.train_size", f"{config.task.train_size} is smaller than data.batch_size ="
-        f" {d.batch_size}, the SFT batch (mode={config.mode})")
+        f" {d.batch_size}, the SFT batch (mode={config.mode})",
+        given=("task.train_size", "data.batch_size"))
   check(config.task.test_size > 0, "task.test_size", "must be positive")
   check(config.task.val_size > 0, "task.val_size", "must be positive")
 
@@ -325,7 +330,8 @@ def _rl(config, check: "_Checks") -> None:
   check(r.eval_every >= 0, "rl.eval_every", "must be >= 0")
   check(config.mode not in ("rl", "pipeline") or r.batch_prompts <= config.task.train_size,
         "rl.batch_prompts", f"{r.batch_prompts} is larger than task.train_size ="
-        f" {config.task.train_size}: a rollout batch draws that many distinct training prompts")
+        f" {config.task.train_size}: a rollout batch draws that many distinct training prompts",
+        given=("task.train_size",))
   n_seq = r.batch_prompts * r.group_size
   message = (f"must be 0 (off) or divide rl.batch_prompts × rl.group_size = {n_seq}, got"
              f" {r.micro_batch}")
