@@ -254,3 +254,20 @@ def test_weights_trained_with_other_policy_settings_are_said(tmp_path):
                          " evaluation's (model.rope_theta: ")
   assert "task.name: 'arithmetic' → 'sum_split'" in line and "rl.lr" not in line
   assert line.endswith("to evaluate it as trained") and "--config.model.rope_theta=" in line
+
+
+def test_settings_that_do_not_change_the_policy_are_not_said(tmp_path):
+  """How the policy is computed (remat, scan, logits chunks, MoE dispatch) and, without
+  LoRA, the unread lora.alpha / targets are no other policy: no warning to pass the training
+  run's values (docs/models.md, "Evaluate"); the dtype still is."""
+  from dllm_rl.train.eval_mode import trained_otherwise
+  w = str(tmp_path)
+  config, _ = scratch_run_checkpoints(w, {"sft": [2]})
+  ref = run_checkpoints.find_checkpoint(w, "sft")
+  config.model.remat, config.model.scan_layers = "full", True
+  config.model.logits_chunk, config.model.moe_dispatch = 8, "tiled"
+  config.lora.alpha, config.lora.targets = 32.0, ("q", "v")
+  assert trained_otherwise(ref, config) == []
+  config.model.dtype = "bfloat16"
+  [line] = trained_otherwise(ref, config)
+  assert "(model.dtype: 'float32' → 'bfloat16')" in line

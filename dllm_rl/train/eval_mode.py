@@ -109,16 +109,28 @@ def load_policy(ctx: Context, ref: CheckpointRef | None):
 # and how its prompts are written.
 POLICY_KEYS = ("model", "lora", "task.name", "task.options.prompt_preset",
                "task.options.prompt_template", "data.system_prompt")
+# Keys in those sections that change how the policy is computed (memory, compilation), never
+# what it computes: another value is no other policy.
+COMPUTE_KEYS = ("model.scan_layers", "model.remat", "model.logits_chunk", "model.moe_dispatch")
+
+
+def policy_keys(config) -> tuple[str, ...]:
+  """:data:`POLICY_KEYS` for ``config``: the ``model`` section's keys but
+  :data:`COMPUTE_KEYS`, and no ``lora`` keys without LoRA (``lora.rank`` 0 here and, since
+  the shapes fit, in the checkpoint: ``lora.alpha`` / ``targets`` are then never read)."""
+  model = tuple(f"model.{key}" for key in config.model if f"model.{key}" not in COMPUTE_KEYS)
+  rest = tuple(k for k in POLICY_KEYS if k != "model" and (k != "lora" or config.lora.rank))
+  return model + rest
 
 
 def trained_otherwise(ref: CheckpointRef, config) -> list[str]:
   """One line when the config the checkpoint ``ref`` was trained with differs from this
-  evaluation's in a :data:`POLICY_KEYS` key, naming each (a LoRA run evaluated at another
+  evaluation's in a :func:`policy_keys` key, naming each (a LoRA run evaluated at another
   ``lora.alpha``, another task than it learned): the evaluation runs, on a policy or task
   the training run did not have; keys whose shapes differ are errors already
   (layout_errors). [] when they agree or the meta holds no config."""
   return layout_errors.trained_with_other(
-      run_checkpoints.meta_for_notes(ref), config, POLICY_KEYS,
+      run_checkpoints.meta_for_notes(ref), config, policy_keys(config),
       f"{ref.directory}/{ref.step} was trained with other settings than this evaluation's",
       "training run's", "evaluate it as trained")
 
