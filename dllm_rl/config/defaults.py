@@ -13,7 +13,8 @@ least-significant digit first, so answer digit i sits at a fixed offset from ope
   reach it, in 550–1425 steps (README "Results: the embedded default over seeds").
 * RL: StableDRL (unconditional clip C = 5 + self-normalisation), centered advantages, a
   1-draw ELBO with the official independent masks, μ = 2, 8 prompts × 16 completions, 600
-  rollout batches at lr 2e-4 with a 50-batch warm-up and a cosine decay to 0. Chosen by a
+  rollout batches at lr 2e-4 with a warm-up of 50 optimizer updates (``rl.warmup_steps`` counts
+  updates: 25 rollout batches) and a cosine decay to 0. Chosen by a
   sweep judged on validation accuracy from the same SFT starts (seeds 0, 1, 2 and the weakest,
   4), against 300 batches at a constant 1e-4 (the previous default: +5.9 / +21.5 / +11.7),
   600 batches at a constant 1e-4 (validation swings by ±15 points and ends where it started),
@@ -52,8 +53,8 @@ def get_config():
   c.rl.group_size = 16
   c.rl.inner_steps = 2
   c.rl.lr = 2e-4
-  c.rl.schedule = "cosine"      # 50-batch warm-up, then cosine decay to 0 (module docstring)
-  c.rl.warmup_steps = 50
+  c.rl.schedule = "cosine"      # warm-up, then cosine decay to 0 (module docstring)
+  c.rl.warmup_steps = 50        # optimizer updates: 25 rollout batches at inner_steps = 2
   c.rl.temperature = 1.0
   c.rl.loss = "stabledrl"
   c.rl.advantage = "centered"
