@@ -37,8 +37,20 @@ def raise_all(errors: list[ConfigError]) -> None:
     raise ConfigErrors(errors)
 
 
+# Orbax's wrapper of a failed array read: its spec (kilobytes) follows, tensorstore's own
+# error (the file and what is wrong with it) is the exception's cause.
+_TENSORSTORE_SPEC = " See full TensorStore details"
+
+
 def short_reason(err: BaseException, limit: int = 200) -> str:
   """``err`` in one short line: its type and the start of its first line (a tensorstore
-  error's first line carries kilobytes of JSON spec; a network stack's, a page)."""
+  error's first line carries kilobytes of JSON spec; a network stack's, a page). Orbax's
+  "Encountered error while reading array index" is cut before its spec and followed by its
+  cause's reason, which names the file and the damage."""
   text = str(err).splitlines()[0] if str(err) else ""
-  return f"{type(err).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
+  cause = ""
+  if _TENSORSTORE_SPEC in text:
+    text = text[:text.index(_TENSORSTORE_SPEC)]
+    if err.__cause__ is not None and err.__cause__ is not err:
+      cause = f" ({short_reason(err.__cause__, limit)})"
+  return f"{type(err).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}{cause}"

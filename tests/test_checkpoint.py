@@ -310,11 +310,44 @@ def test_a_damaged_step_silences_only_the_closed_loop_callbacks(monkeypatch):
   def elsewhere():
     raise RuntimeError("Event loop is closed")
 
+  def _read_array_index_and_device_put():  # orbax's read of another array of the step
+    raise Exception("Encountered error while reading array index: (slice(0, 4, 1),)")
+
   sys.unraisablehook(raised(call_soon_threadsafe))
+  sys.unraisablehook(raised(_read_array_index_and_device_put))
   other, real = raised(elsewhere), raised(lambda: 1 / 0)
   sys.unraisablehook(other)
   sys.unraisablehook(real)
   assert seen == [other, real]
+  # the same reads' gathering futures, collected with their exceptions never retrieved
+  import logging
+  log, sibling = logging.getLogger("asyncio"), raised(_read_array_index_and_device_put)
+  assert [f for f in log.filters if isinstance(f, ck._SiblingReadFailures)] != []
+  def record(err):
+    return log.makeRecord("asyncio", logging.ERROR, "x", 1, "_GatheringFuture exception was"
+                          " never retrieved", (), (type(err), err, err.__traceback__))
+  assert not log.filter(record(sibling.exc_value)) and log.filter(record(real.exc_value))
+
+
+def test_a_failed_array_read_is_said_with_its_cause_not_its_spec():
+  """Orbax's "Encountered error while reading array index" carries tensorstore's spec
+  (kilobytes) and not the damage: the short reason cuts the spec and says its cause."""
+  from dllm_rl.errors import short_reason
+  try:
+    try:
+      raise ValueError('FAILED_PRECONDITION: Error reading "params.w/0.0" in OCDBT database at'
+                       ' local file "/w/checkpoints/sft/4/state/": Truncated Zstd stream')
+    except ValueError as cause:
+      raise Exception("Encountered error while reading array index: (slice(0, 4, 1),). See"
+                      " full TensorStore details: <bound method spec of TensorStore({\n"
+                      "  'driver': 'zarr', ...})>") from cause
+  except Exception as err:  # noqa: BLE001
+    said = short_reason(err)
+  assert said == ("Exception: Encountered error while reading array index: (slice(0, 4, 1),)."
+                  ' (ValueError: FAILED_PRECONDITION: Error reading "params.w/0.0" in OCDBT'
+                  ' database at local file "/w/checkpoints/sft/4/state/": Truncated Zstd'
+                  " stream)")
+  assert short_reason(ValueError("x" * 300)).endswith("x...")
 
 
 def test_the_closed_loop_filter_is_on_before_the_first_read(tmp_path, monkeypatch):

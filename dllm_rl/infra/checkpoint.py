@@ -195,11 +195,31 @@ def _from_stored(value: Any, template: Any, kind: str, saved: dict[str, Any]) ->
   return value
 
 
+# Orbax's coroutine that reads one array of a restore (orbax-checkpoint 0.11.x).
+_ARRAY_READ = "_read_array_index_and_device_put"
+
+
+def _in_array_read(err: BaseException | None) -> bool:
+  """Whether ``err`` was raised by (or through) orbax's read of one array."""
+  return err is not None and any(
+      f.name == _ARRAY_READ for f in traceback.extract_tb(err.__traceback__))
+
+
+class _SiblingReadFailures(logging.Filter):
+  """asyncio's "exception was never retrieved" for the other arrays' reads of a restore that
+  failed: each is the same damage, already reported with the step."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.exc_info and _in_array_read(record.exc_info[1]))
+
+
 def _quiet_closed_loop_callbacks() -> None:
-  """Tensorstore reads still in flight when a damaged step's restore fails finish after orbax
-  has closed their asyncio loop; each callback's ``RuntimeError('Event loop is closed')``
-  reaches ``sys.unraisablehook``, a traceback per array with nothing to act on (the damage
-  itself is reported). Drop those; everything else goes to the previous hook."""
+  """When a damaged step's restore fails, the other arrays' reads still in flight fail or
+  finish after orbax has closed their asyncio loop: each callback's ``RuntimeError('Event
+  loop is closed')`` and each read's own exception (a coroutine or gathering future whose
+  exception nobody retrieves, reported when it is collected) would print a traceback per
+  array, hundreds of lines with nothing to act on (the damage itself is reported). Drop
+  those; everything else goes to the previous hook and to asyncio's log."""
   previous = sys.unraisablehook
   if getattr(previous, "quiet_closed_loop", False):
     return
@@ -208,11 +228,14 @@ def _quiet_closed_loop_callbacks() -> None:
     err, frames = unraisable.exc_value, traceback.extract_tb(unraisable.exc_traceback)
     closed = (isinstance(err, RuntimeError) and str(err) == "Event loop is closed"
               and any(f.name == "call_soon_threadsafe" for f in frames))
-    if not closed:  # only a callback scheduled onto a closed loop, the pattern above
+    if not (closed or _in_array_read(err)):  # only the patterns above
       previous(unraisable)
 
   hook.quiet_closed_loop = True
   sys.unraisablehook = hook
+  asyncio_log = logging.getLogger("asyncio")
+  if not any(isinstance(f, _SiblingReadFailures) for f in asyncio_log.filters):
+    asyncio_log.addFilter(_SiblingReadFailures())
 
 
 class CheckpointError(FileNotFoundError):
