@@ -32,6 +32,9 @@ def _cases(tmp_path):
       "  c.data.batch_size = c.rl.batch_prompts = c.eval.batch_size = 8\n  return c\n")
   gsm8k = [f"--config={gsm8k_file}"]
   w = str(tmp_path / "w")
+  stray = tmp_path / "stray" / "checkpoints"  # a run folder whose RL checkpoints are a file
+  stray.mkdir(parents=True)
+  (stray / "rl").write_text("")
   latin1 = tmp_path / "latin1.jsonl"  # the 40 rows with "Café" in Latin-1 on line 11
   rows = _gsm8k(tmp_path).read_bytes().splitlines(keepends=True)
   latin1.write_bytes(b"".join(rows[:10] + [rows[10].replace(b"What", b"Caf\xe9")] + rows[11:]))
@@ -175,6 +178,10 @@ def _cases(tmp_path):
       ("a workdir that is a file", [f"--workdir={_file(tmp_path)}/run", *SMALL],
        [rf"error: --workdir: {re.escape(str(tmp_path))}/a_file/run is not a folder: .*"]),
       ("no workdir", [*SMALL], [r"error: --workdir: required: .*"]),
+      ("a phase's checkpoint folder that is a file", [f"--workdir={stray.parent}",
+                                                      "--config.mode=rl", *SMALL],
+       [rf"error: --workdir: {re.escape(str(stray))}/rl is a file, not a folder: the run keeps"
+        r" its checkpoints there .*"]),
       ("a workdir that cannot be created", ["--workdir=/proc/dllm_rl_none/run", *SMALL],
        [r"error: --workdir: /proc/dllm_rl_none/run: cannot create it \(.*\)"]),
       ("a pipeline with no SFT steps and nothing RL could start from",
@@ -223,6 +230,7 @@ NAMES = ["data file smaller than train_size", "mode=rl with neither an SFT nor a
          "gs:// data file without gcsfs", "llada_tpu.py without its three required values",
          "a misspelt key another framework spells out", "several problems at once",
          "a nan learning rate", "a workdir that is a file", "no workdir",
+         "a phase's checkpoint folder that is a file",
          "a workdir that cannot be created",
          "a pipeline with no SFT steps and nothing RL could start from",
          "a mesh that cannot fill the devices",

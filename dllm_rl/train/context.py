@@ -400,6 +400,26 @@ def check_writable(workdir: str) -> None:
     raise ConfigError("--workdir", f"{workdir}: cannot write in it ({err})") from None
 
 
+# where the phases keep their checkpoints (train/phases.py: checkpoint_dir)
+CHECKPOINT_FOLDERS = ("checkpoints", "checkpoints/sft", "checkpoints/rl")
+
+
+def check_checkpoint_folders(workdir: str) -> None:
+  """A ConfigError naming ``--workdir`` when ``workdir/checkpoints`` or a phase's folder in it
+  is a file (a stray copy, a mistaken ``> checkpoints/rl``): before anything is read or
+  compiled. Else the phase trained until its first save, which then failed (every step since
+  the start lost), and a reader took the file for "no checkpoint". A URL is not probed."""
+  from dllm_rl import paths
+  if paths.is_url(workdir):
+    return
+  for name in CHECKPOINT_FOLDERS:
+    path = os.path.join(paths.resolve(workdir), name)
+    if os.path.lexists(path) and not os.path.isdir(path):
+      raise ConfigError("--workdir", f"{path} is a file, not a folder: the run keeps its"
+                        " checkpoints there (checkpoints/<phase>/<step>/); move the file"
+                        " away, or use another --workdir")
+
+
 def check_local_source(m) -> None:
   """``model.hf_checkpoint`` a local path (``m``: config.model): a ConfigError when it is no
   folder or its config.json is missing or bad (e.g. a run's --workdir given), before --workdir
@@ -415,7 +435,7 @@ def prepare_workdir(config, workdir: str):
   """The part of :func:`build_context` that reads no data: the mesh (returned), the checks it
   needs no data for (batch sizes over the mesh, the kernel's backend, a local
   ``model.hf_checkpoint``'s config.json), then ``workdir`` made and probed for writing (a
-  uniquely named file, removed at once). Nothing else is written there, so a training run takes
+  uniquely named file, removed at once) and its checkpoint folders checked (no file there). Nothing else is written there, so a training run takes
   the workdir's lock (train/modes.py) right after it, before the task data and the HF source
   are read."""
   try:
@@ -439,6 +459,7 @@ def prepare_workdir(config, workdir: str):
   except OSError as err:  # no such parent on a read-only or virtual file system, no rights
     raise ConfigError("--workdir", f"{workdir}: cannot create it ({err})") from None
   check_writable(workdir)
+  check_checkpoint_folders(workdir)
   return mesh
 
 
