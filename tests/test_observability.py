@@ -232,6 +232,32 @@ def test_a_line_cut_short_is_never_glued_to_the_next_record(tmp_path):
   assert json.loads(lines[-1])["step"] == 2
 
 
+class _FullDisk:
+  """A metric writer on a full disk: its flush fails (TensorBoard's, after a checkpoint write
+  failed for the same reason)."""
+
+  def scalars(self, phase, step, numbers):
+    pass
+
+  def flush(self):
+    raise OSError(28, "No space left on device")
+
+
+def test_a_close_that_fails_during_an_error_leaves_that_error_to_be_seen(tmp_path, capsys):
+  """A phase stopped by an error (a checkpoint write that failed on a full disk) closes its
+  logger on the way out; the close's own OSError (the same full disk) is said on stderr and
+  the phase's error goes on, not replaced by it. Without an error in flight it is raised."""
+  with pytest.raises(RuntimeError, match="^saving checkpoint step 12 failed$"):
+    with MetricsLogger(str(tmp_path), tensorboard=False, writers=[_FullDisk()]) as logger:
+      logger.log(1, {"loss": 1.0}, phase="rl")
+      raise RuntimeError("saving checkpoint step 12 failed")
+  assert (f"warning: closing {tmp_path}/metrics.jsonl failed too (OSError: [Errno 28] No space"
+          " left on device)") in capsys.readouterr().err
+  with pytest.raises(OSError, match="No space left"):
+    with MetricsLogger(str(tmp_path), tensorboard=False, writers=[_FullDisk()]):
+      pass
+
+
 # --- throughput, MFU, memory and the profiler window (dllm_rl/train/throughput.py) ---
 
 def test_peak_flops_per_device_from_the_kind_or_the_override():

@@ -41,6 +41,7 @@ import numpy as np
 import tqdm
 
 from dllm_rl import paths
+from dllm_rl.errors import short_reason
 from dllm_rl.infra import samples as samples_lib
 from dllm_rl.infra.writers import TensorBoardWriter
 
@@ -244,8 +245,15 @@ class MetricsLogger:
   def __enter__(self) -> MetricsLogger:
     return self
 
-  def __exit__(self, *exc: object) -> None:
-    self.close()
+  def __exit__(self, exc_type, exc, tb) -> None:
+    if exc is None:
+      self.close()
+      return
+    try:  # the error in flight is the one to see: a full disk that failed a checkpoint write
+      self.close()  # fails the last flush too, whose OSError replaced it (a bare traceback)
+    except OSError as err:
+      print(f"warning: closing {self.path} failed too ({short_reason(err)})", file=sys.stderr,
+            flush=True)
 
 
 def _numbers(record: Mapping[str, Any]) -> dict[str, int | float]:
