@@ -21,13 +21,15 @@ Exit status (``-h`` / ``--help`` / ``--helpfull``: the usage, 0):
   exits at once with 128 + the signal number (143 for SIGTERM, 130 for SIGINT);
 * 1: the run failed: e.g. ``train.max_consecutive_nonfinite`` non-finite updates in a row,
   no readable checkpoint, a checkpoint that could not be written (``error: ...`` names the
-  step / the checkpoint).
+  step / the checkpoint), another write the disk refused (full, over quota, read-only:
+  metrics, curves, summary; ``error: a write failed (...)``).
 
 Re-running with the same ``--workdir`` resumes from the latest checkpoint.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 
@@ -42,6 +44,9 @@ _CONFIG = flags.DEFINE_string("config", None,
                               "ml_collections config file (default: the embedded tiny CPU config).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, summary.")
 _overrides: list[tuple[str, str]] = []
+# what a write the disk refused raises (full, over quota, remounted read-only, a file-size
+# limit): outside a checkpoint save, which names its step (CheckpointWriteError)
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 
 
 def load(path: str | None, overrides: list[tuple[str, str]]):
@@ -77,6 +82,13 @@ def main(argv):
   except (BackendMissing, FileNotFoundError) as err:  # --workdir=gs://... without gcsfs; a
     print(f"error: {err}", file=sys.stderr)  # missing input, named in the message
     sys.exit(cli.EXIT_CONFIG)
+  except OSError as err:  # metrics.jsonl, TensorBoard, the curves, a summary on a full disk
+    if err.errno not in _DISK_ERRNOS:
+      raise
+    print(f"error: a write failed ({err}); the checkpoints committed before it stand: free"
+          " space or fix the folder's rights, then rerun the same command to resume from the"
+          " newest", file=sys.stderr)
+    sys.exit(1)
   print(json.dumps(summary, indent=2))
 
 

@@ -403,3 +403,33 @@ def test_a_workdir_in_use_by_another_training_run_is_named_and_left_alone(tmp_pa
   for _ in range(2):  # the lock ends with its run: the next run in this process takes it
     with workdir_lock(str(w), enabled=True):
       assert "pid" in (w / ".dllm_rl.lock").read_text()
+
+
+def test_a_write_the_full_disk_refuses_outside_a_checkpoint_is_one_error_line(tmp_path,
+                                                                              monkeypatch,
+                                                                              capsys):
+  """A full disk met by a metrics line, TensorBoard's flush, the curves or a summary (the
+  checkpoint's own write names its step): exit 1 and one ``error:`` line saying what stands
+  and that a rerun resumes, not a traceback. Another OSError keeps its traceback."""
+  import errno
+
+  from dllm_rl.train import modes
+
+  def full(config, workdir, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device", f"{workdir}/metrics.jsonl")
+
+  monkeypatch.setattr(modes, "run", full)
+  code = _run_main([f"--workdir={tmp_path}", *SMALL], monkeypatch)
+  err = capsys.readouterr().err
+  assert code == 1 and "Traceback" not in err, err
+  assert [line for line in err.splitlines() if line.startswith("error:")] == [
+      f"error: a write failed ([Errno 28] No space left on device: '{tmp_path}/metrics.jsonl');"
+      " the checkpoints committed before it stand: free space or fix the folder's rights, then"
+      " rerun the same command to resume from the newest"]
+
+  def failing_disk(config, workdir, **kwargs):
+    raise OSError(errno.EIO, "Input/output error")
+
+  monkeypatch.setattr(modes, "run", failing_disk)
+  with pytest.raises(OSError, match="Input/output error"):
+    _run_main([f"--workdir={tmp_path}", *SMALL], monkeypatch)
