@@ -111,7 +111,8 @@ class _PolicyState:
 def test_restore_part_reads_the_params_alone_onto_new_shardings(tmp_path):
   """A state saved with its optimizer moments; its ``params`` restored alone (what eval and
   export read) onto a new sharding, equal to the saved ones; a template leaf the checkpoint
-  lacks is a LayoutMismatch naming it; a read-only Checkpointer creates nothing, never saves."""
+  lacks is a LayoutMismatch naming it, and so is a saved one the template lacks but with
+  ``subset``; a read-only Checkpointer creates nothing, never saves."""
   from dllm_rl.infra.checkpoint import LayoutMismatch
   params = {"embed": np.arange(12, dtype=np.float32).reshape(4, 3), "head": {"bias": np.ones(3)}}
   state = _PolicyState(params=params, opt_state={"mu": {"embed": np.zeros((4, 3), np.float32)}})
@@ -121,8 +122,10 @@ def test_restore_part_reads_the_params_alone_onto_new_shardings(tmp_path):
   target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                         {"embed": params["embed"]})
   with Checkpointer(str(tmp_path / "ckpt"), read_only=True) as ckpt:
-    restored, meta = ckpt.restore_part(target, "params", 4)
+    restored, meta = ckpt.restore_part(target, "params", 4, subset=True)
     assert meta == ckpt.meta(4) == {"phase": "rl"}
+    with pytest.raises(LayoutMismatch, match=r"the template has no leaf params\.head\.bias"):
+      ckpt.restore_part(target, "params", 4)  # a saved leaf left out: only with subset
     with pytest.raises(FileNotFoundError, match=r"step 5 .*available steps: \[4\]"):
       ckpt.restore_part(target, "params", 5)
     with pytest.raises(LayoutMismatch, match=r"no saved leaf params\.extra"):
@@ -134,6 +137,24 @@ def test_restore_part_reads_the_params_alone_onto_new_shardings(tmp_path):
   with Checkpointer(str(tmp_path / "none"), read_only=True) as ckpt:
     assert ckpt.all_steps() == []
   assert not os.path.exists(tmp_path / "none")
+
+
+def test_a_read_leaving_a_field_out_reads_all_of_the_others(tmp_path):
+  """``restore(leave_out=...)`` (a resume with the KL reference turned off) reads every saved
+  leaf of the other fields: a template without one (a model with tied embeddings against an
+  untied checkpoint) is a LayoutMismatch naming it, not a state whose trained head and its
+  moments are dropped without a word."""
+  from dllm_rl.infra.checkpoint import LayoutMismatch
+  params = {"embed": np.ones((4, 3), np.float32), "lm_head": np.ones((3, 4), np.float32)}
+  with Checkpointer(str(tmp_path / "ckpt"), async_save=False) as ckpt:
+    ckpt.save(2, _PolicyState(params=params, opt_state={"count": np.zeros(())}), {})
+  both = _PolicyState(params=params, opt_state={"count": np.zeros(())})
+  tied = _PolicyState(params={"embed": params["embed"]}, opt_state={"count": np.zeros(())})
+  with Checkpointer(str(tmp_path / "ckpt"), read_only=True) as ckpt:
+    state, _ = ckpt.restore(both, leave_out=("opt_state",))
+    assert set(state.params) == {"embed", "lm_head"}
+    with pytest.raises(LayoutMismatch, match=r"the template has no leaf params\.lm_head"):
+      ckpt.restore(tied, leave_out=("opt_state",))
 
 
 def test_keep_latest_and_specific_step(tmp_path):

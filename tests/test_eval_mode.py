@@ -187,6 +187,20 @@ def test_a_config_that_does_not_fit_the_checkpoint_names_the_keys_it_was_trained
   assert "a full-fine-tuned checkpoint cannot be its base" in text
 
 
+def test_tied_embeddings_against_an_untied_checkpoint_name_the_key(tmp_path):
+  """``model.tie_embeddings`` changes the saved parameters (no lm_head): a ConfigError naming
+  it, as another size is, not an evaluation of the embedding as the output head with the
+  trained lm_head dropped."""
+  w = str(tmp_path)
+  config, _ = scratch_run_checkpoints(w, {"sft": [2]})
+  config.mode, config.model.tie_embeddings = "eval", True
+  with pytest.raises(ConfigError) as err:
+    modes.run(config, w)
+  assert err.value.key == "model.tie_embeddings"
+  assert ("the checkpoint was trained with model.tie_embeddings=False (this config: True)"
+          in str(err.value)), err.value
+
+
 def test_a_damaged_newest_step_is_read_as_the_one_before(tmp_path, caplog):
   """run_checkpoints.read_readable: the newest asked for falls back, with a warning; a step
   asked for is not replaced; nothing readable names every step."""

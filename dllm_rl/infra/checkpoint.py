@@ -277,9 +277,11 @@ def _check_layout(saved: list[dict[str, Any]], wanted: list[dict[str, Any]], whe
 
 
 def _matching_entries(saved: list[dict[str, Any]], wanted: list[dict[str, Any]],
-                      where: str) -> list[dict[str, Any]]:
+                      where: str, subset: bool = False) -> list[dict[str, Any]]:
   """The saved layout entry of each wanted leaf, found by its path parts and renamed as
-  the template names it (for :func:`_check_layout`); LayoutMismatch when one is absent."""
+  the template names it (for :func:`_check_layout`); LayoutMismatch when one is absent, or,
+  unless ``subset``, when a field read holds a saved leaf the template lacks (a model with
+  tied embeddings read from an untied checkpoint: its trained lm_head dropped unsaid)."""
   by_parts = {tuple(s["parts"]): s for s in saved}
   out = []
   for w in wanted:
@@ -288,6 +290,11 @@ def _matching_entries(saved: list[dict[str, Any]], wanted: list[dict[str, Any]],
       raise LayoutMismatch(f"State structure mismatch with checkpoint {where}: no saved leaf "
                            f"{'.'.join(w['parts'])} (template {w['name']})")
     out.append(dict(s, name=w["name"]))
+  fields, read = {w["parts"][0] for w in wanted}, {tuple(w["parts"]) for w in wanted}
+  extra = [s for s in saved if s["parts"][0] in fields and tuple(s["parts"]) not in read]
+  if extra and not subset:
+    raise LayoutMismatch(f"State structure mismatch with checkpoint {where}: the template has no"
+                         f" leaf {'.'.join(extra[0]['parts'])} (checkpoint {extra[0]['name']})")
   return out
 
 
@@ -445,18 +452,20 @@ class Checkpointer:
         f"No readable checkpoint in {self.directory}: "
         + "; ".join(f"step {s}: {why}" for s, why in failures) + f". {hint}")
 
-  def restore_part(self, abstract_part: Any, name: str,
-                   step: int) -> tuple[Any, dict[str, Any]]:
+  def restore_part(self, abstract_part: Any, name: str, step: int, *,
+                   subset: bool = False) -> tuple[Any, dict[str, Any]]:
     """Restores only the field ``name`` of the saved state (e.g. ``"params"`` of a
     ``TrainState``: no optimizer moments are read) at ``step``, into the structure of
-    ``abstract_part``; returns ``(part, meta)``. Same errors as :meth:`restore` with a step."""
+    ``abstract_part``; returns ``(part, meta)``. Same errors as :meth:`restore` with a step.
+    ``subset``: ``abstract_part`` may leave out saved leaves of the field (LoRA adapters of
+    targets no longer adapted); else a saved leaf it lacks is a LayoutMismatch too."""
     self.wait()
     self._manager.reload()
     if step not in self.all_steps():
       raise FileNotFoundError(
           f"No checkpoint for step {step} in {self.directory}; available steps: "
           f"{self.all_steps()}")
-    state, meta = self._restore_step({name: abstract_part}, step, partial=True)
+    state, meta = self._restore_step({name: abstract_part}, step, partial=True, subset=subset)
     return state[name], meta
 
   def meta(self, step: int) -> dict[str, Any]:
@@ -466,16 +475,17 @@ class Checkpointer:
       raise ValueError(f"{self.directory}/{step}: meta is not a JSON object")
     return dict(out["meta"])
 
-  def _restore_step(self, abstract_state: Any, step: int,
-                    partial: bool = False) -> tuple[Any, dict[str, Any]]:
-    """``partial``: ``abstract_state`` holds some of the saved leaves, matched by their
-    path parts (a dict ``{field: subtree}`` for a dataclass's field)."""
+  def _restore_step(self, abstract_state: Any, step: int, partial: bool = False,
+                    subset: bool = False) -> tuple[Any, dict[str, Any]]:
+    """``partial``: ``abstract_state`` holds some of the saved fields, its leaves matched by
+    their path parts (a dict ``{field: subtree}`` for a dataclass's field); all of each
+    field's saved leaves but with ``subset`` (:func:`_matching_entries`)."""
     where = f"{self.directory}/{step}"
     saved = self._manager.restore(step, args=ocp.args.Composite(layout=ocp.args.JsonRestore()))
     saved_entries = saved["layout"]["leaves"]
     entries, leaves, treedef = _describe(abstract_state, "restore template")
     if partial:
-      saved_entries = _matching_entries(saved_entries, entries, where)
+      saved_entries = _matching_entries(saved_entries, entries, where, subset)
     _check_layout(saved_entries, entries, where)
     targets = [_restore_target(x, e["kind"], s)
                for x, e, s in zip(leaves, entries, saved_entries)]

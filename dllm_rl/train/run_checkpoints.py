@@ -131,8 +131,10 @@ def read_params(ref: CheckpointRef, model_cfg: ModelConfig, mesh, *, fall_back: 
   _, target = abstract_params_sharded(model_cfg, mesh)  # the template: not part of the read
   if model_cfg.lora_rank:
     target = lora.split_adapters(target)[0]
-  return read_readable(ref, lambda ckpt, s: ckpt.restore_part(target, "params", s),
-                       fall_back=fall_back)
+  # adapters of targets left out since (lora.targets) are dropped, said by the callers; any
+  # other saved leaf the model lacks is a LayoutMismatch (model.tie_embeddings)
+  return read_readable(ref, lambda ckpt, s: ckpt.restore_part(
+      target, "params", s, subset=bool(model_cfg.lora_rank)), fall_back=fall_back)
 
 
 def restore_params(ref: CheckpointRef, model_cfg: ModelConfig, mesh, *,
