@@ -31,22 +31,28 @@ MATH_VERIFY_TIMEOUT_S = 1
 # A number: optional sign (not right after a word character, '.' or ')'), digit
 # groups joined by commas and optional decimals, or a bare decimal part (".5"), then an
 # optional "/denominator", itself digits with optional decimals or a bare decimal part
-# ("1/2.5" is 0.4, "1/.5" is 2). The first character picks the branch and every later part is
+# ("1/2.5" is 0.4, "1/.5" is 2), its thousands grouped by commas too ("1/2,000" is 0.0005;
+# groups of exactly three digits, not followed by a digit or '/': "1/2,3/4" is two fractions,
+# "1/2,0001" is 0.5 then 1). The first character picks the branch and every later part is
 # optional, so matching never backtracks far; commas that are not thousands separators
 # split the match (``_numbers``). A '.' with no digit after it (a full stop, "...") is no
 # number, and a run of digits right after a '.' that follows a digit ("1.2.3") starts none.
 # After a full stop glued to a letter or after an ellipsis, the digits (or a sign and
 # digits) do start one, led by a digit: "apples.5" and "wait...5" are 5, not 0.5 (the
 # second alternative; both lookbehinds are two characters wide).
-_DENOMINATOR = r"(?:/(?:\d+(?:\.\d+)?|\.\d+))?"
+_DENOMINATOR = r"(?:/(?:\d{1,3}(?:,\d{3})+(?![\d/])(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+))?"
 _NUMBER_RE = re.compile(r"(?:(?<![\w.)])|(?<=[^\W\d_]\.|\.\.)(?=-?\d))"
                         r"-?(?:\d+(?:,\d+)*(?:\.\d+)?|\.\d+)" + _DENOMINATOR)
-_THOUSANDS_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?" + _DENOMINATOR)
+_THOUSANDS_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")  # a numerator with commas
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE_RE = re.compile(r"(?<!\\)[{}]")
-# \frac{a}{b}, after an optional whole part: "2\frac{1}{2}" is the mixed number 2.5.
-_FRAC_RE = re.compile(r"(?:(?<![\w.])(-?\d+)\s*)?"
+# \frac{a}{b}, after an optional whole part ("2\frac{1}{2}" is the mixed number 2.5) or a
+# minus sign where '-' is one ("-\frac{1}{2}"); a and b may carry a sign ("\frac{1}{-2}").
+_FRAC_RE = re.compile(r"(?:(?<![\w.])(-?\d+)\s*|(?<![\w.)])(-))?"
                       r"\\[dt]?frac\s*\{\s*(-?[\d.,]+)\s*\}\s*\{\s*(-?[\d.,]+)\s*\}")
+# One numerator or denominator of a \frac: a sign, then digits (grouped by commas in threes or
+# not at all) with optional decimals, or a bare decimal part.
+_FRAC_PART_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)")
 # Thousands separators between a digit and a group of exactly three digits, read as commas:
 # LaTeX's ("1{,}000", "1\\,000", MATH's "1,\\!000") and the typographic spaces (no-break
 # U+00A0, figure U+2007, thin U+2009, narrow no-break U+202F: "1", any of them, "000" is 1000).
@@ -146,7 +152,8 @@ def _numbers(text: str) -> list[Fraction]:
   pieces = []
   for m in _NUMBER_RE.finditer(text):
     number = m.group()
-    if "," in number and not _THOUSANDS_RE.fullmatch(number):
+    numerator = number.partition("/")[0]  # a denominator's commas are groups of three
+    if "," in numerator and not _THOUSANDS_RE.fullmatch(numerator):
       pieces.extend(number.split(","))
     else:
       pieces.append(number)
@@ -154,15 +161,22 @@ def _numbers(text: str) -> list[Fraction]:
 
 
 def _frac_text(m: re.Match) -> str:
-  """A ``_FRAC_RE`` match as a number ``_numbers`` reads: "a/b", or a mixed number's value
-  (its whole part and the fraction apart, the whole part first, when they do not parse)."""
-  whole, num, den = m.groups()
+  """A ``_FRAC_RE`` match as a number ``_numbers`` reads, set apart by spaces (so a letter or
+  digit glued to it does not join it: "x\\frac{1}{2}" is 0.5): "-a/b" or "a/b" with the
+  signs of a, b and a leading minus combined and the commas dropped, or a mixed number's
+  value. A part that is not one number ("3,5"), or a mixed number whose fraction does not
+  parse or is negative, is left as written (the whole part first)."""
+  whole, minus, num, den = m.groups()
+  if not (_FRAC_PART_RE.fullmatch(num) and _FRAC_PART_RE.fullmatch(den)):
+    return f" {whole} {num}/{den} " if whole else f" {minus or ''}{num}/{den} "
+  negative = ((minus is not None) + num.startswith("-") + den.startswith("-")) % 2 == 1
+  fraction = ("-" if negative else "") + f"{num.lstrip('-')}/{den.lstrip('-')}".replace(",", "")
   if whole is None:
-    return f"{num}/{den}"
-  w, part = _to_fraction(whole), _to_fraction(f"{num}/{den}")
+    return f" {fraction} "
+  w, part = _to_fraction(whole), _to_fraction(fraction)
   if w is None or part is None or part < 0:
-    return f"{whole} {num}/{den}"
-  return _canonical(w - part if whole.startswith("-") else w + part)
+    return f" {whole} {fraction} "
+  return f" {_canonical(w - part if whole.startswith('-') else w + part)} "
 
 
 def _gsm8k_value(text: str) -> Fraction | None:
@@ -170,6 +184,7 @@ def _gsm8k_value(text: str) -> Fraction | None:
   if len(text) > MAX_COMPLETION_CHARS:
     return None
   text = _GROUP_SEPARATOR_RE.sub(",", text.translate(_MINUS_SIGNS))
+  text = _FRAC_RE.sub(_frac_text, text)
   marker = text.rfind("####")
   if marker >= 0:
     line = text[marker + 4:].split("\n", 1)[0]
@@ -178,7 +193,6 @@ def _gsm8k_value(text: str) -> Fraction | None:
       return found[0]
   boxed = last_boxed(text)
   if boxed is not None:
-    boxed = _FRAC_RE.sub(_frac_text, boxed)
     found = _numbers(_LATEX_NOISE_RE.sub(" ", boxed).replace("$", " "))
     if found:
       return found[0]
@@ -190,10 +204,12 @@ def gsm8k_answer(text: str) -> str | None:
   """Normalised final answer of a GSM8K-style text, or None.
 
   In order: the first number after the last ``####``; the first number in the
-  last ``\\boxed{...}`` (``\\frac{a}{b}`` read as a/b, the mixed number ``2\\frac{1}{2}`` as
-  2.5); the last number in the text. Commas (LaTeX's ``{,}``, ``\\,`` and ``,\\!`` between
-  digit groups too), ``$``, units and trailing periods are dropped and the value is written
-  canonically ("3.0" → "3", "1/2" and "0.50" → "0.5").
+  last ``\\boxed{...}``; the last number in the text. ``\\frac{a}{b}`` (``\\dfrac``,
+  ``\\tfrac``) is the number a/b wherever it stands, its signs combined and apart from a letter
+  glued to it: ``\\frac{1}{-2.5}`` is -0.4, ``-\\frac{1}{-2}`` 0.5, ``x\\frac{1}{2}`` 0.5, the
+  mixed number ``2\\frac{1}{2}`` 2.5, "is $\\frac{3}{4}$." 0.75. Commas (LaTeX's ``{,}``,
+  ``\\,`` and ``,\\!`` between digit groups too), ``$``, units and trailing periods are
+  dropped and the value is written canonically ("3.0" → "3", "1/2" and "0.50" → "0.5").
 
   Typographic forms read as their ASCII ones. A no-break, figure, thin or narrow no-break
   space (U+00A0, U+2007, U+2009, U+202F) before a group of exactly three digits is a thousands
@@ -208,7 +224,9 @@ def gsm8k_answer(text: str) -> str | None:
   flexible-extract keeps the strings ".5" and "...5", which equal no GSM8K answer as written),
   while "1.2.3" is 1.2 and "costs $3.So he has" holds 3. A fraction's numerator and
   denominator may be decimals: ".5/2" and "0.5/2" are 0.25, as "1/2" is 0.5, and "1/2.5",
-  "1/.5" and ``\\frac{1}{2.5}`` (``\\dfrac``, ``\\tfrac``) are 0.4, 2 and 0.4. A plain
+  "1/.5" and ``\\frac{1}{2.5}`` are 0.4, 2 and 0.4. A denominator groups thousands as a
+  numerator does: "1/2,000" and ``\\frac{1}{1{,}000}`` are 0.0005 and 0.001 (a list of
+  fractions stays apart: "1/2,3/4" is 0.5 and 0.75). A plain
   space is no thousands separator: "3 000" is two numbers (the last one 0), since English
   text writes separate numbers that way ("scores 5 120 340", "3 100-metre races") and groups
   thousands with commas, as GSM8K's answers do; so a comma is never a decimal point either:

@@ -115,6 +115,28 @@ def test_gsm8k_answer_reads_glued_stops_and_decimal_fractions(text, expected):
   assert V.gsm8k_answer(text) == expected
 
 
+# Fractions: a denominator's thousands groups and sign, \frac anywhere in the text (not only
+# boxed), apart from a letter glued to it, and the signs of its parts combined.
+@pytest.mark.parametrize("text, expected", [
+    ("\\boxed{\\frac{1}{1{,}000}}", "0.001"), ("\\boxed{\\frac{1}{-2.5}}", "-0.4"),
+    ("it is 1/2,000", "0.0005"), ("#### 1/2,000", "0.0005"), ("\\boxed{1/2,000}", "0.0005"),
+    ("2/1,000 of it", "0.002"), ("1,000/2,000", "0.5"), ("\\boxed{\\frac{1,000}{2,000}}", "0.5"),
+    ("1/1,000,000", "0.000001"), ("#### 3/1,000.5", "2/667"),
+    ("1/2,3/4", "0.75"), ("#### 1/2,345/678", "0.5"),  # lists of fractions stay two
+    ("1/2,0001", "1"), ("1/2345,000", "0"),  # not groups of three: the numbers apart, as before
+    ("\\boxed{\\frac{-1}{-2}}", "0.5"), ("\\boxed{-\\frac{1}{-2}}", "0.5"),
+    ("\\boxed{-\\frac{1}{2}}", "-0.5"), ("\\boxed{5-\\frac{1}{2}}", "5"),
+    ("\\boxed{x\\frac{1}{2}}", "0.5"), ("\\boxed{\\frac{1}{2}3}", "0.5"),
+    ("\\boxed{2\\frac{1}{2}}", "2.5"), ("\\boxed{2\\frac{1}{-2}}", "2"),
+    ("\\boxed{\\frac{3,5}{2}}", "3"),  # "3,5" is no one number: 3 and 5/2, as before
+    ("The answer is $\\frac{3}{4}$.", "0.75"), ("#### \\frac{3}{4}", "0.75"),
+    ("so x\\frac{1}{2}", "0.5"), ("he ran 2\\frac{1}{2} miles", "2.5"),
+    ("\\frac{1}{1{,}000}", "0.001"), ("so it is -\\dfrac{1}{-2.5}", "0.4"),
+])
+def test_gsm8k_answer_reads_fraction_denominators_and_signs(text, expected):
+  assert V.gsm8k_answer(text) == expected
+
+
 # Thousands: commas and typographic spaces group; a plain space separates numbers; a comma is
 # never a decimal point ("3,5" is 3 and 5, its last number 5; the first after "####").
 @pytest.mark.parametrize("text, expected", [
@@ -341,6 +363,18 @@ def test_gsm8k_signs_separators_and_dots_stay_linear():
     r = V.gsm8k_result(text, "#### 5")  # an ellipsis or a glued full stop is no decimal point
     assert time.monotonic() - start < 3.0, text[:40]
     assert r.correct, text[:40]
+
+
+def test_gsm8k_fractions_stay_linear():
+  # denominators' thousands groups, \frac with signs, a whole part or a minus before it
+  for text in ["1/2,000" * 4_500, "1/2,000," * 4_000, "1/2" + ",000" * 8_000 + "1",
+               "\\frac{1}{-2}" * 2_500, "-\\frac{1,000}{-2{,}000}" * 1_300,
+               "x\\frac{1}{2}" * 2_500, "1 " * 15_000, "- " * 15_000, "\\frac{" * 5_000,
+               "\\frac{" + "1," * 15_000, "1" * 30_000 + "\\frac"]:
+    start = time.monotonic()
+    r = V.gsm8k_result(text, "#### 5")
+    assert time.monotonic() - start < 3.0, text[:40]  # no super-linear blow-up
+    assert r.reward == 0.0 and not r.correct
 
 
 def test_hostile_completions_are_cheap_and_inert(tmp_path, monkeypatch):
