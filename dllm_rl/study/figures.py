@@ -56,14 +56,50 @@ def gain_over_start(study: dict, arm: str) -> dict:
   return stats.paired(by_seed(study, arm, held_out_accuracy), by_seed(study, arm, sft_start(study)))
 
 
+NOT_JUDGED = "not judged (no validation after step 0)"
+
+
+def judged(r: dict) -> bool:
+  """Whether collapse can be judged for run ``r``: it validated after step 0. A run shorter
+  than its validation interval (``--rl_steps`` below ``--eval_every``) did not: its stats
+  record ``final_val_accuracy`` None, and their ``collapsed`` False says nothing. (Stats
+  without the field at all, as a constructed record may be, are taken at their word.)"""
+  s = r.get("stats") or {}
+  return "final_val_accuracy" not in s or s["final_val_accuracy"] is not None
+
+
 def collapses(study: dict, arm: str) -> tuple[int, int]:
-  of_arm = runs(study, arm)
+  """(seeds in which ``arm`` collapsed, seeds in which collapse could be judged: :func:`judged`)."""
+  of_arm = [r for r in runs(study, arm) if judged(r)]
   return sum(bool((r.get("stats") or {}).get("collapsed")) for r in of_arm), len(of_arm)
 
 
 def collapsed(study: dict, arm: str) -> str:
-  """"k/n": the seeds in which ``arm`` collapsed, of its seeds."""
-  return "/".join(map(str, collapses(study, arm)))
+  """"k/n": the seeds in which ``arm`` collapsed, of its seeds; :data:`NOT_JUDGED` when none
+  of its runs validated after step 0, and "k/m (n − m not judged: ...)" when some did not."""
+  k, m = collapses(study, arm)
+  n = len(runs(study, arm))
+  if m == 0 and n > 0:
+    return NOT_JUDGED
+  if m < n:
+    return f"{k}/{m} ({n - m} not judged: no validation after step 0)"
+  return f"{k}/{m}"
+
+
+def unjudged_note(study: dict) -> str | None:
+  """A bold warning when some runs validated only at step 0 (``--rl_steps`` below
+  ``--eval_every``): their collapse is not judged and their final validation accuracy is n/a,
+  so the collapse counts and the reasons built on them rest on the other runs only; None when
+  every run was judged."""
+  unjudged = [r for r in study["runs"] if not judged(r)]
+  if not unjudged:
+    return None
+  size, n = study["size"], len(study["runs"])
+  rest = ("the collapse columns and verdicts below say \"not judged\"" if len(unjudged) == n
+          else "the collapse counts below are of the other runs")
+  why = (f" (--rl_steps={size['rl_steps']} is below --eval_every={size['eval_every']})"
+         if size["rl_steps"] < size["eval_every"] else "")
+  return (f"**{len(unjudged)} of {n} runs validated only at step 0{why}: their collapse is not judged and their final validation accuracy is n/a; {rest}.**")
 
 
 def spikes(study: dict, arm: str) -> float:

@@ -41,16 +41,14 @@ def stability_table(study: dict) -> str:
           " ρ̂ > 1 + ε) |", "|" + " --- |" * 9]
   for a in study["arms"]:
     n = a["name"]
-    runs = fig.runs(study, n)
     st = lambda key: fig.interval(study, n, lambda r: r["stats"][key])
     quantile = lambda name: fig.fmt_g(fig.interval(study, n,
                                                    lambda r: fig.abs_log_ratio(r, name)))
     q = lambda when: " / ".join(quantile(f"{k}_{when}") for k in ("p50", "p90", "p99", "max"))
-    collapsed = sum(r["stats"]["collapsed"] for r in runs)
     rows.append(
         f"| {n} | {_group(a)} | {fig.fmt(fig.interval(study, n, fig.held_out_accuracy))} |"
         f" {fig.fmt(st('start_val_accuracy'))}"
-        f" → {fig.fmt(st('final_val_accuracy'))} | {collapsed}/{len(runs)} |"
+        f" → {fig.fmt(st('final_val_accuracy'))} | {fig.collapsed(study, n)} |"
         f" {fig.fmt(st('grad_spikes'), 1)} | {q('first')} | {q('all')} |"
         f" {fig.fmt(st('bypass_fraction_mean'), 4)} |")
   return "\n".join(rows)
@@ -148,8 +146,14 @@ def _collapse_reason(other: str, collapses: tuple[int, int, int, int], if_stable
   """How StableDRL's collapses compare with the ``other`` arm's; ``collapses``: (other
   collapsed, other seeds, StableDRL collapsed, StableDRL seeds); ``if_stable`` follows the
   statement that the other arm never collapsed, ``if_rare`` the statement that it collapsed
-  rarely: in at most one seed or a tenth of them, and no more often than StableDRL did + 1."""
+  rarely: in at most one seed or a tenth of them, and no more often than StableDRL did + 1.
+  The counts are of the seeds whose collapse could be judged (figures.collapses): with none
+  of an arm, collapse is not judged, and no statement about it is made."""
   oc, on, sc, sn = collapses
+  if on == 0 or sn == 0:
+    unjudged = " and ".join(arm for arm, n in ((other, on), ("StableDRL", sn)) if n == 0)
+    return (f"collapse {fig.NOT_JUDGED} for {unjudged}: the runs are shorter than the"
+            " validation interval (--rl_steps below --eval_every)")
   if oc == 0:
     return f"{other} did not collapse in any seed (0/{on}){if_stable}"
   if oc == on and sc == sn:
@@ -236,9 +240,8 @@ def stability_verdicts(study: dict) -> list[tuple[str, str, str]]:
     p = fig.paired_difference(study, name, grpo, fig.held_out_accuracy)
     verdict = stats.verdict(p, MIN_EFFECT, "StableDRL's accuracy")
     collapses = (*fig.collapses(study, grpo), *fig.collapses(study, name))
-    gc, gn, sc, sn = collapses
-    evidence = (f"test accuracy StableDRL − GRPO {fig.fmt_paired(p)}; collapsed: GRPO {gc}/{gn},"
-                f" StableDRL {sc}/{sn}")
+    evidence = (f"test accuracy StableDRL − GRPO {fig.fmt_paired(p)}; collapsed: GRPO"
+                f" {fig.collapsed(study, grpo)}, StableDRL {fig.collapsed(study, name)}")
     if verdict != "reproduced":
       evidence += f". Likely reason: {_stability_reason(study, name, grpo, collapses)}"
     out.append((f"{name} vs {grpo} ({_group(a)})", verdict, evidence))
@@ -285,9 +288,9 @@ def ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
       p = fig.paired_difference(study, full, a["name"], fig.held_out_accuracy)
       verdict = stats.verdict(p, MIN_EFFECT, "StableDRL's accuracy")
       collapses = (*fig.collapses(study, a["name"]), *fig.collapses(study, full))
-      ac, an, fc, fn = collapses
       evidence = (f"test accuracy StableDRL − {a['name']} {fig.fmt_paired(p)}; collapsed:"
-                  f" {a['name']} {ac}/{an}, StableDRL {fc}/{fn}")
+                  f" {a['name']} {fig.collapsed(study, a['name'])}, StableDRL"
+                  f" {fig.collapsed(study, full)}")
       if verdict != "reproduced":
         evidence += (". Likely reason: "
                      + _ablation_reason(study, a["name"], full, ABLATIONS[prefix], collapses))
@@ -379,8 +382,8 @@ def _steprs_reason(study: dict, arm: str = "steprs", opposite: bool = False,
                    " weights cost accuracy, not only exploration")
   fell = {a: fig.collapses(study, a) for a in (arm, base)}
   if any(k for k, _ in fell.values()):
-    reasons.append(f"runs collapsed ({arm} {'/'.join(map(str, fell[arm]))} seeds, {base}"
-                   f" {'/'.join(map(str, fell[base]))}: validation accuracy fell below the SFT"
+    reasons.append(f"runs collapsed ({arm} {fig.collapsed(study, arm)} seeds, {base}"
+                   f" {fig.collapsed(study, base)}: validation accuracy fell below the SFT"
                    " start and stayed there): those seeds' differences measure the collapse,"
                    " not the weights' effect on exploration" + _stuck_note(study, (arm, base)))
   weak = weak_start(study)
@@ -601,6 +604,8 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
             f" per arm, validation every {study['size']['eval_every']} steps; compute recorded"
             f" for its arms {sum(r['wall_seconds'] for r in study['runs']):.0f} s (mean RL step"
             f" {_mean_step_ms(study):.0f} ms).", ""]
+    if note := fig.unjudged_note(study):
+      out += [note, ""]
     if study.get("overrides"):
       out += [f"Extra overrides: `{study['overrides']}`.", ""]
     out += ["| arm | what | overrides |", "| --- | --- | --- |"]

@@ -36,6 +36,26 @@ def chosen_arms(names: list[str], base, patterns: list[str] | None,
   return {n: a for n, a in chosen.items() if a}, [n for n, a in chosen.items() if not a]
 
 
+def short_run_warning(size: arms_lib.Size, rl_steps: int | None, eval_every: int | None,
+                      testbed: str, quick: bool) -> str | None:
+  """The warning, said before anything trains, when the arms run fewer RL steps than the
+  validation interval: validation runs at step 0 and every ``size.eval_every`` steps, so
+  none runs after the start, collapse (judged on validation) is not judged and the final
+  validation accuracy is n/a in every arm. Names both flags, their values and where each
+  came from (``rl_steps`` / ``eval_every``: the flags as given, None for the testbed's);
+  None when some validation runs after step 0."""
+  if size.rl_steps >= size.eval_every:
+    return None
+  where = f"the testbed {testbed}'s{' --quick' if quick else ''} default"
+  steps = f"--rl_steps={size.rl_steps}" + ("" if rl_steps is not None else f" ({where})")
+  every = f"--eval_every={size.eval_every}" + ("" if eval_every is not None else f" ({where})")
+  return (f"warning: {steps} is below {every}: validation runs at step 0 and every"
+          f" {size.eval_every} steps, so no arm validates after step 0; the report's collapse"
+          " counts and final validation accuracy will say \"not judged\" and n/a, and the"
+          f" verdicts rest on test accuracy alone. Give --rl_steps of at least {size.eval_every}"
+          f" or --eval_every of at most {size.rl_steps} to judge collapse.")
+
+
 def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
           overrides: dict[str, object],
           results_md: str, command: str, rl_steps: int | None = None,
@@ -99,6 +119,8 @@ def study(names: list[str], workdir: str, seeds: int | None, quick: bool,
       print(f"[study] reused {reused[name]['line']}", flush=True)
     runner.check_finished_runs(name, arms, workdir, size.seeds, size, overrides, base,
                                first_seed)
+  if (warning := short_run_warning(size, rl_steps, eval_every, testbed, quick)) is not None:
+    print(warning, file=sys.stderr, flush=True)
   started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
   t0, load_start = time.monotonic(), _load()
   os.makedirs(workdir, exist_ok=True)

@@ -216,3 +216,41 @@ def test_an_unknown_testbed_or_arm_pattern_is_one_error_line(flag, line, tmp_pat
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith(line), proc.stderr
   assert not (tmp_path / "w").exists()
+
+
+def test_a_run_shorter_than_the_validation_interval_is_a_warning_before_anything_trains(
+    tmp_path, monkeypatch, capsys):
+  """``--rl_steps=3`` under the testbed's 20-step validation: no arm validates after step 0,
+  so collapse cannot be judged; the study said nothing and reported every arm "not
+  collapsed". Now a warning naming both flags and their values comes before any run."""
+  from dllm_rl.study import runner
+
+  def fake_run_study(*args, **kwargs):
+    raise KeyboardInterrupt  # stop there: nothing trains in this test
+  monkeypatch.setattr(runner, "run_study", fake_run_study)
+  with pytest.raises(KeyboardInterrupt):
+    study(["steprs"], str(tmp_path / "w"), 1, False, {}, str(tmp_path / "r.md"), "test",
+          rl_steps=3, arm_patterns=["centered"])
+  err = capsys.readouterr().err
+  assert ("warning: --rl_steps=3 is below --eval_every=20 (the testbed arithmetic's default):"
+          " validation runs at step 0 and every 20 steps, so no arm validates after step 0"
+          in err), err
+  with pytest.raises(KeyboardInterrupt):  # validation at step 5: no warning
+    study(["steprs"], str(tmp_path / "w"), 1, False, {}, str(tmp_path / "r.md"), "test",
+          rl_steps=5, eval_every=5, arm_patterns=["centered"])
+  assert "warning" not in capsys.readouterr().err
+
+
+def test_the_short_run_warning_names_where_each_value_came_from():
+  from dllm_rl.config import testbeds
+  from dllm_rl.study import arms as arms_lib
+  from dllm_rl.study.studies import short_run_warning
+  got = short_run_warning(arms_lib.Size(10, 20, 1), None, 20, "chain", True)
+  assert got.startswith("warning: --rl_steps=10 (the testbed chain's --quick default) is below"
+                        " --eval_every=20: ")
+  assert got.endswith("Give --rl_steps of at least 20 or --eval_every of at most 10 to judge"
+                      " collapse.")
+  assert short_run_warning(arms_lib.Size(20, 20, 1), 20, 20, "chain", False) is None
+  for name in testbeds.TESTBEDS.names():  # --quick and the full sizes validate after step 0
+    for quick in (True, False):
+      assert short_run_warning(arms_lib.size(name, quick), None, None, name, quick) is None

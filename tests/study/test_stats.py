@@ -568,3 +568,32 @@ def test_holm_never_rejects_a_nan_p_value_and_keeps_the_others_order():
   assert holm([0.01, nan, 0.001], 0.025) == [True, False, True]
   assert holm([nan, 0.001], 0.025) == [False, True]
   assert holm([nan], 0.025) == [False]
+
+
+def test_runs_without_validation_after_step_0_are_not_judged_not_counted_as_not_collapsed():
+  """``--rl_steps`` below ``--eval_every``: every run's stats say collapsed False with
+  final_val_accuracy None. The report counted them "0/5 collapsed" and reasoned "GRPO did not
+  collapse in any seed"; now the column, the evidence and the reason say not judged."""
+  from dllm_rl.study import figures as fig
+  from dllm_rl.study.report import stability_table, stability_verdicts
+  grpo = [0.30, 0.40, 0.35, 0.20, 0.25]
+  study = _study({"grpo@a": grpo, "stabledrl@a": grpo})
+  study["size"] = {"rl_steps": 3, "eval_every": 20}
+  for r in study["runs"]:
+    r["stats"].update(start_val_accuracy=0.3, final_val_accuracy=None)
+  assert fig.collapses(study, "grpo@a") == (0, 0)
+  assert fig.collapsed(study, "grpo@a") == "not judged (no validation after step 0)"
+  assert "| not judged (no validation after step 0) |" in stability_table(study)
+  (_, verdict, evidence), = stability_verdicts(study)
+  assert "did not collapse" not in evidence and "0/5" not in evidence
+  assert ("collapsed: GRPO not judged (no validation after step 0), StableDRL not judged"
+          in evidence)
+  assert ("Likely reason: collapse not judged (no validation after step 0) for GRPO and"
+          " StableDRL: the runs are shorter than the validation interval" in evidence)
+  assert fig.unjudged_note(study).startswith(
+      "**10 of 10 runs validated only at step 0 (--rl_steps=3 is below --eval_every=20)")
+  study["runs"][0]["stats"]["final_val_accuracy"] = 0.5  # one run judged: counted apart
+  assert fig.collapsed(study, "grpo@a") == "0/1 (4 not judged: no validation after step 0)"
+  for r in study["runs"]:
+    r["stats"]["final_val_accuracy"] = 0.5
+  assert fig.collapsed(study, "grpo@a") == "0/5" and fig.unjudged_note(study) is None
