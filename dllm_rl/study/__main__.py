@@ -52,7 +52,9 @@ _SCALE = flags.DEFINE_string("scale", None, "The issue's spelling of --testbed=g
 _RESULTS = flags.DEFINE_string("results", None, "Markdown report to write (default DIR/results.md;"
                                " the committed report is docs/results.md).")
 _STEPS = flags.DEFINE_integer("rl_steps", None, "RL steps per arm (default: the study size).")
-_EVAL_EVERY = flags.DEFINE_integer("eval_every", None, "Validation every N RL steps.")
+_EVAL_EVERY = flags.DEFINE_integer("eval_every", None, "Validation every N RL steps (default:"
+                                   " the testbed's; collapse is judged on validation, so keep"
+                                   " it at most --rl_steps).")
 _FIRST_SEED = flags.DEFINE_integer("first_seed", 0, "The first seed: the study runs --seeds"
                                    " seeds from it (e.g. --first_seed=20 --seeds=20: seeds"
                                    " 20-39, a fresh set to confirm a result of seeds 0-19 on"
