@@ -388,3 +388,46 @@ def test_a_peft_dir_for_a_full_fine_tuned_run_is_refused_before_its_parameters_a
   with pytest.raises(ValueError, match=r"^--peft_dir: sft2 is not a LoRA run \(lora.rank = 0\)"):
     export_run(str(tmp_path / "w"), str(tmp_path / "hf"), peft_dir=str(tmp_path / "peft"))
   assert not (tmp_path / "hf").exists() and not (tmp_path / "peft").exists()
+
+
+def test_eval_of_adapters_on_their_base_moved_elsewhere_says_no_other_settings(tmp_path):
+  """mode=eval of a LoRA run whose HF base folder has moved: the base at its new path holds
+  the weights the adapters were trained on (their fingerprint), so the other
+  model.hf_checkpoint is no other policy and not said (its fix would name the old path, gone);
+  other weights there (or no fingerprint to compare) still are."""
+  from dllm_rl.train import run_checkpoints
+  from dllm_rl.train.eval_mode import trained_otherwise
+  config, pointer, source = _hf_base_meta(tmp_path)
+  config.lora.alpha = 8.0
+  with Checkpointer(str(tmp_path / "w" / "checkpoints" / "sft"), async_save=False) as ckpt:
+    ckpt.save(1, {"params": {"x": np.zeros(2)}}, {"phase": "sft", **pointer,
+                                                  "config": config.to_json()})
+  moved = tmp_path / "moved"
+  shutil.move(str(source), moved)
+  config.model.hf_checkpoint = str(moved)
+  ref = run_checkpoints.CheckpointRef(str(tmp_path / "w"), "sft", 1)
+  assert trained_otherwise(ref, config, str(moved)) == []
+  config.lora.alpha = 16.0  # another policy setting is still said, alone
+  [line] = trained_otherwise(ref, config, str(moved))
+  assert "(lora.alpha: 8.0 → 16.0)" in line and "hf_checkpoint" not in line
+  config.lora.alpha = 8.0
+  rewrite(moved, lambda name, w: w[::-1].copy())  # other weights there: said
+  [line] = trained_otherwise(ref, config, str(moved))
+  assert f"model.hf_checkpoint: '{source}' → '{moved}'" in line
+
+
+def test_a_run_without_lora_on_a_lora_checkpoint_says_how_to_fully_fine_tune_it():
+  """LoRA SFT, then RL (or eval) with lora.rank=0 in the same workdir: the layout error names
+  lora.rank with the value to pass and, since a full fine-tune cannot start from adapters,
+  the merged export that it can start from (the reverse direction has its own note)."""
+  from dllm_rl.config import base_config
+  trained, now = base_config(), base_config()
+  trained.lora.rank = 8
+  err = layout_errors.layout_error(ValueError("x"), trained, now)
+  assert err.key == "lora.rank" and "pass --config.lora.rank=8" in str(err)
+  assert ("to fully fine-tune (or evaluate without LoRA) the policy it learned, export it"
+          " merged (python -m dllm_rl.convert export --workdir RUN --hf_dir OUT) and point"
+          " model.hf_checkpoint at OUT in a new --workdir") in str(err)
+  assert "full-fine-tuned checkpoint cannot be its base" not in str(err)
+  now.lora.rank = 4  # another rank: no note either way
+  assert "export it merged" not in str(layout_errors.layout_error(ValueError("x"), trained, now))

@@ -37,7 +37,7 @@ from dllm_rl.errors import ConfigError
 from dllm_rl.infra.checkpoint import CheckpointError
 from dllm_rl.models import transformer
 from dllm_rl.parallel.distributed import is_primary
-from dllm_rl.train import evaluation, layout_errors, run_checkpoints
+from dllm_rl.train import evaluation, layout_errors, lora_checkpoint, run_checkpoints
 from dllm_rl.train.context import Context, frozen_base, init_params
 from dllm_rl.train.run_checkpoints import CheckpointRef, NoCheckpoint
 
@@ -123,14 +123,21 @@ def policy_keys(config) -> tuple[str, ...]:
   return model + rest
 
 
-def trained_otherwise(ref: CheckpointRef, config) -> list[str]:
+def trained_otherwise(ref: CheckpointRef, config, base_folder: str | None = None) -> list[str]:
   """One line when the config the checkpoint ``ref`` was trained with differs from this
   evaluation's in a :func:`policy_keys` key, naming each (a LoRA run evaluated at another
   ``lora.alpha``, another task than it learned): the evaluation runs, on a policy or task
   the training run did not have; keys whose shapes differ are errors already
-  (layout_errors). [] when they agree or the meta holds no config."""
+  (layout_errors). [] when they agree or the meta holds no config. ``base_folder``: the local
+  folder of this evaluation's ``model.hf_checkpoint``; a LoRA base found there with the
+  weights the adapters were trained on (lora_checkpoint.same_base: a moved folder) is no
+  other policy, so its other path is not said (the path it was trained at may be gone)."""
+  meta = run_checkpoints.meta_for_notes(ref)
+  keys = policy_keys(config)
+  if config.lora.rank and lora_checkpoint.same_base(meta, base_folder):
+    keys = tuple(k for k in keys if k != "model.hf_checkpoint")
   return layout_errors.trained_with_other(
-      run_checkpoints.meta_for_notes(ref), config, policy_keys(config),
+      meta, config, keys,
       f"{ref.directory}/{ref.step} was trained with other settings than this evaluation's",
       "training run's", "evaluate it as trained")
 
@@ -154,7 +161,7 @@ def run_eval(ctx: Context) -> dict:
   ref, graphdef, params = load_policy(ctx, ref)
   # every process reads the meta: opening a checkpoint manager is a collective (Orbax syncs
   # all processes), so a read in process 0 alone waits for the others forever
-  notes = trained_otherwise(ref, config) if ref is not None else []
+  notes = trained_otherwise(ref, config, ctx.hf_checkpoint) if ref is not None else []
   if is_primary():
     for line in notes:
       print(f"[eval] warning: {line}", file=sys.stderr, flush=True)

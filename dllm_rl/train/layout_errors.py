@@ -79,6 +79,12 @@ def layout_error(err: LayoutMismatch, trained, config) -> ConfigError:
   if any(k == "lora.rank" and was == 0 for k, was, _ in changes):
     note = (" A LoRA phase continues the LoRA adapters of its workdir: a full-fine-tuned"
             " checkpoint cannot be its base (docs/models.md, \"LoRA\").")
+  elif any(k == "lora.rank" and was and not now for k, was, now in changes):
+    note = (" A LoRA checkpoint holds its adapters only, not the whole model a run without"
+            " LoRA reads: to fully fine-tune (or evaluate without LoRA) the policy it learned,"
+            " export it merged (python -m dllm_rl.convert export --workdir RUN --hf_dir OUT)"
+            " and point model.hf_checkpoint at OUT in a new --workdir (docs/models.md,"
+            " \"LoRA\").")
   return ConfigError(changes[0][0], f"the checkpoint was trained with {said}: pass {fix} (or the"
                      f" --config file it was trained with).{note} ({err})")
 

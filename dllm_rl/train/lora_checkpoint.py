@@ -156,6 +156,18 @@ def check_base(meta, config, where: str, *, key: str = "model.hf_checkpoint") ->
                  " (%s): right only if it holds the same weights", where, saved, ours, key)
 
 
+def same_base(meta: dict, folder: str | None) -> bool:
+  """Whether the HF base in local ``folder`` holds the very weights the adapters of a LoRA
+  checkpoint (``meta``) were trained on, by the fingerprint saved there (the folder moved or
+  copied since, as :func:`check_base` lets pass without a word). False without a saved
+  fingerprint, without ``folder`` or where they differ or cannot be compared."""
+  recorded = meta.get(FINGERPRINT)
+  if not recorded or not folder:
+    return False
+  now = base_fingerprint(folder)
+  return now is not None and hf_fingerprint.compare(recorded, now) == hf_fingerprint.SAME
+
+
 def _verdict(recorded: dict, spec: str) -> tuple[str, dict | None, str]:
   """(hf_fingerprint.compare of ``recorded`` with the weights ``spec`` resolves to here, their
   fingerprint, that folder); UNKNOWN where they cannot be fingerprinted (their load says
