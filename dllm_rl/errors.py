@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import re
+
 
 class ConfigError(ValueError):
   """A config problem; the message starts with the offending key (``config.<key>``), or with
@@ -54,3 +57,29 @@ def short_reason(err: BaseException, limit: int = 200) -> str:
     if err.__cause__ is not None and err.__cause__ is not err:
       cause = f" ({short_reason(err.__cause__, limit)})"
   return f"{type(err).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}{cause}"
+
+
+# What a write the disk or the folder refused raises: full, over quota, a file-size limit,
+# a folder remounted read-only, no rights (EACCES, EPERM).
+REFUSED_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES,
+                        errno.EPERM)
+# tensorstore's errors end with the OS error's number: "... No space left on device
+# [os_error_code='28']"
+_TENSORSTORE_ERRNO = re.compile(r"\[os_error_code='(\d+)'\]")
+
+
+def refused_write(err: BaseException | None) -> int | None:
+  """The errno of a write the disk or the folder refused (`REFUSED_WRITE_ERRNOS`) that
+  ``err``, its cause or its context is: an OSError, or tensorstore's ValueError naming the OS
+  error; None for anything else."""
+  seen: set[int] = set()
+  while err is not None and id(err) not in seen:
+    seen.add(id(err))
+    code = err.errno if isinstance(err, OSError) else None
+    if code is None and isinstance(err, ValueError):
+      found = _TENSORSTORE_ERRNO.search(str(err))
+      code = int(found.group(1)) if found else None
+    if code in REFUSED_WRITE_ERRNOS:
+      return code
+    err = err.__cause__ or err.__context__
+  return None

@@ -21,8 +21,9 @@ Exit status (``-h`` / ``--help`` / ``--helpfull``: the usage, 0):
   exits at once with 128 + the signal number (143 for SIGTERM, 130 for SIGINT);
 * 1: the run failed: e.g. ``train.max_consecutive_nonfinite`` non-finite updates in a row,
   no readable checkpoint, a checkpoint that could not be written (``error: ...`` names the
-  step / the checkpoint), another write the disk refused (full, over quota, read-only:
-  metrics, curves, summary; ``error: a write failed (...)``).
+  step / the checkpoint), another write the disk refused (full, over quota, read-only, or a
+  file in the workdir without write rights: metrics, curves, summary; ``error: a write failed
+  (...)``). Orbax's and TensorBoard's tracebacks of such a write are not printed.
 
 Re-running with the same ``--workdir`` resumes from the latest checkpoint.
 """
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import sys
 
 from absl import app, flags, logging
@@ -47,6 +49,18 @@ _overrides: list[tuple[str, str]] = []
 # what a write the disk refused raises (full, over quota, remounted read-only, a file-size
 # limit): outside a checkpoint save, which names its step (CheckpointWriteError)
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+# no rights: a refused write when the file is in the workdir (an input's is not a write)
+_RIGHTS_ERRNOS = (errno.EACCES, errno.EPERM)
+
+
+def _refused_write(err: OSError, workdir: str) -> bool:
+  """Whether ``err`` is a write in ``workdir`` that the disk or the folder's rights refused."""
+  if err.errno in _DISK_ERRNOS:
+    return True
+  if err.errno not in _RIGHTS_ERRNOS or not isinstance(err.filename, (str, bytes)):
+    return False
+  inside = os.path.abspath(os.fsdecode(err.filename)) + os.sep
+  return inside.startswith(os.path.abspath(workdir) + os.sep)
 
 
 def load(path: str | None, overrides: list[tuple[str, str]]):
@@ -83,7 +97,7 @@ def main(argv):
     print(f"error: {err}", file=sys.stderr)  # missing input, named in the message
     sys.exit(cli.EXIT_CONFIG)
   except OSError as err:  # metrics.jsonl, TensorBoard, the curves, a summary on a full disk
-    if err.errno not in _DISK_ERRNOS:
+    if not _refused_write(err, _WORKDIR.value):
       raise
     print(f"error: a write failed ({err}); the checkpoints committed before it stand: free"
           " space or fix the folder's rights, then rerun the same command to resume from the"

@@ -417,3 +417,126 @@ def test_a_failed_write_is_named_and_the_earlier_steps_stand(tmp_path, monkeypat
     restored, meta = ckpt.restore(good)
   assert meta == {"at": 1}
   np.testing.assert_array_equal(restored["w"], np.ones(3))
+
+
+def test_a_refused_write_is_found_in_an_oserror_or_tensorstore_s_text():
+  """Full, over quota, read-only or no rights: the errno of an OSError, of tensorstore's
+  ValueError ("... [os_error_code='28']"), or of either as a cause; anything else is None."""
+  import errno
+
+  from dllm_rl.errors import refused_write
+  tensorstore = ValueError('RESOURCE_EXHAUSTED: Error writing local file "/w/8/_sharding":'
+                           " Failed to write 15439 bytes to file 18: No space left on device"
+                           " [os_error_code='28']")
+  try:
+    try:
+      raise PermissionError(errno.EACCES, "Permission denied", "/w/8.orbax-checkpoint-tmp")
+    except PermissionError as cause:
+      raise RuntimeError("the save failed") from cause
+  except RuntimeError as err:
+    wrapped = err
+  assert refused_write(tensorstore) == errno.ENOSPC and refused_write(wrapped) == errno.EACCES
+  assert refused_write(OSError(errno.EIO, "Input/output error")) is None
+  assert refused_write(ValueError("DATA_LOSS: [os_error_code='5']")) is None
+
+
+def test_orbax_s_tracebacks_of_a_refused_write_are_dropped_and_no_others(tmp_path):
+  """Each thread of a save that a full disk refused logs the same error with its traceback
+  through absl (some 300 lines before the run's one error line): a writing Checkpointer
+  drops those records, orbax's and only for a refused write; another error, or another
+  module's record of a full disk, still logs."""
+  import errno
+  import logging
+  import sys
+
+  import orbax.checkpoint as ocp
+  Checkpointer(str(tmp_path / "ckpt"), keep=1, async_save=False).close()
+  log = logging.getLogger("absl")
+  in_orbax = os.path.join(os.path.dirname(ocp.__file__), "_src", "futures", "future.py")
+
+  def record(err, pathname=in_orbax):
+    try:
+      raise err
+    except Exception:  # noqa: BLE001
+      info = sys.exc_info()
+    return log.makeRecord("absl", logging.ERROR, pathname, 387, "_SignalingThread.run() raised"
+                          " an exception: %s", (err,), info)
+
+  full = ValueError("RESOURCE_EXHAUSTED: ... No space left on device [os_error_code='28']")
+  assert not log.filter(record(full))
+  assert not log.filter(record(PermissionError(errno.EACCES, "Permission denied")))
+  assert log.filter(record(OSError(errno.EIO, "Input/output error")))
+  assert log.filter(record(full, pathname=__file__))
+
+
+def test_a_refused_write_s_error_line_says_why_when_tensorstore_s_text_is_cut(tmp_path):
+  """tensorstore's message names the file twice before the OS error: cut to 200 characters
+  it lost "No space left on device"; the error line now says it first."""
+  from dllm_rl.infra.checkpoint import CheckpointWriteError
+  long_path = "/w/checkpoints/rl/8.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/_sharding"
+  tensorstore = ValueError(f'RESOURCE_EXHAUSTED: Error writing local file "{long_path}": Failed'
+                           f' writing: "{long_path}.__lock": Failed to write 15439 bytes to'
+                           " file 18: No space left on device [os_error_code='28']")
+  with Checkpointer(str(tmp_path / "ckpt"), keep=1, async_save=False) as ckpt:
+    ckpt._writing = 8
+    said = str(ckpt._write_failed(tensorstore))
+    assert isinstance(ckpt._write_failed(tensorstore), CheckpointWriteError)
+  assert said.startswith(f"saving checkpoint step 8 in {tmp_path}/ckpt failed ([Errno 28] No"
+                         " space left on device; ValueError: RESOURCE_EXHAUSTED: "), said
+
+
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
+def test_a_step_folder_that_cannot_be_made_leaves_no_thread_waiting(tmp_path, monkeypatch):
+  """An asynchronous save whose step folder the disk refuses (no rights, full): orbax's other
+  commit threads waited 300 s for the folder's signal, and the process could not exit until
+  they gave up (then each logged a TimeoutError). They end with the error now."""
+  import errno
+  import threading
+  import time
+
+  from orbax.checkpoint._src.futures import future
+
+  from dllm_rl.infra.checkpoint import CheckpointWriteError
+  real_makedirs = os.makedirs
+
+  def refuse(path, *args, **kwargs):
+    if ".orbax-checkpoint-tmp" in os.fspath(path):
+      raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
+    return real_makedirs(path, *args, **kwargs)
+
+  with Checkpointer(str(tmp_path / "ckpt"), keep=1, async_save=True) as ckpt:
+    monkeypatch.setattr(os, "makedirs", refuse)
+    with pytest.raises(CheckpointWriteError, match=r"^saving checkpoint step 2 in .*Permission"
+                                                   " denied"):
+      ckpt.save(2, {"w": jnp.ones(3)}, {"at": 2})
+      ckpt.wait()
+    monkeypatch.undo()
+  deadline = time.monotonic() + 1.0
+  waiting = lambda: [t for t in threading.enumerate()
+                     if isinstance(t, future._SignalingThread) and t.is_alive()]
+  while waiting() and time.monotonic() < deadline:
+    time.sleep(0.02)
+  assert waiting() == []
+  import gc
+  gc.collect()  # the cancelled commits' coroutines, never run, warn here (filtered above)
+
+
+def test_a_damaged_step_that_cannot_be_deleted_is_a_write_error(tmp_path, monkeypatch):
+  """Replacing a damaged step in a folder made read-only (or without our rights): its
+  deletion's PermissionError is the one-line CheckpointWriteError naming the step and the
+  folder, not a traceback."""
+  import errno
+
+  from dllm_rl.infra.checkpoint import CheckpointWriteError
+  with Checkpointer(str(tmp_path / "ckpt"), keep=2, async_save=False) as ckpt:
+    ckpt.save(2, {"w": jnp.ones(3)}, {"at": 2})
+    ckpt._damaged.add(2)  # as first_readable marks a step it could not read
+
+    def refuse(step):
+      raise PermissionError(errno.EACCES, "Permission denied", f"{ckpt.directory}/{step}")
+
+    monkeypatch.setattr(ckpt._manager, "delete", refuse)
+    with pytest.raises(CheckpointWriteError, match=rf"^replacing damaged checkpoint step 2 in"
+                                                   rf" {tmp_path}/ckpt failed \(PermissionError"
+                                                   r": .*; the steps committed before it stand"):
+      ckpt.save(2, {"w": jnp.full(3, 2.0)}, {"at": 2})

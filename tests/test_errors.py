@@ -433,3 +433,30 @@ def test_a_write_the_full_disk_refuses_outside_a_checkpoint_is_one_error_line(tm
   monkeypatch.setattr(modes, "run", failing_disk)
   with pytest.raises(OSError, match="Input/output error"):
     _run_main([f"--workdir={tmp_path}", *SMALL], monkeypatch)
+
+
+def test_a_write_refused_for_want_of_rights_in_the_workdir_is_one_error_line(tmp_path,
+                                                                           monkeypatch,
+                                                                           capsys):
+  """A file of the workdir whose write the folder's rights refuse mid-run (EACCES, EPERM: a
+  folder chmod-ed, another user's file) is the same one ``error: a write failed`` line and exit
+  1 as a full disk; a file outside the workdir (an input) keeps its traceback."""
+  import errno
+
+  from dllm_rl.train import modes
+  denied = tmp_path / "w" / "tb" / "rl" / "events.out"
+
+  def refused(config, workdir, **kwargs):
+    raise PermissionError(errno.EACCES, "Permission denied", os.fspath(denied))
+
+  monkeypatch.setattr(modes, "run", refused)
+  code = _run_main([f"--workdir={tmp_path / 'w'}", *SMALL], monkeypatch)
+  err = capsys.readouterr().err
+  assert code == 1 and "Traceback" not in err, err
+  assert [line for line in err.splitlines() if line.startswith("error:")] == [
+      f"error: a write failed ([Errno 13] Permission denied: '{denied}'); the checkpoints"
+      " committed before it stand: free space or fix the folder's rights, then rerun the same"
+      " command to resume from the newest"]
+  denied = tmp_path / "data" / "train.jsonl"  # beside the workdir: not one of its writes
+  with pytest.raises(PermissionError):
+    _run_main([f"--workdir={tmp_path / 'w'}", *SMALL], monkeypatch)

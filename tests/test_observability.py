@@ -258,6 +258,29 @@ def test_a_close_that_fails_during_an_error_leaves_that_error_to_be_seen(tmp_pat
       pass
 
 
+def test_a_full_disk_at_close_still_shuts_tensorboard_so_nothing_retries_at_exit(tmp_path,
+                                                                                monkeypatch):
+  """metrics.jsonl's last flush refused (a full disk) does not leave TensorBoard open, and
+  TensorBoard's own refused flush still stops its event thread and closes its file: left open,
+  tensorboardX's exit hook flushed again and its thread read a queue that exit closed, two
+  tracebacks after the run's error line. The first OSError is raised."""
+  from tensorboardX import record_writer
+  logger = MetricsLogger(str(tmp_path))
+  logger.log(1, {"loss": 1.0}, phase="rl")
+  events = logger._tensorboard._writers["rl"].file_writer.event_writer
+  worker = events._worker
+
+  def full(self):
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(logger._metrics, "close", lambda: full(None))
+  monkeypatch.setattr(record_writer.RecordWriter, "flush", full)
+  with pytest.raises(OSError, match="No space left"):
+    logger.close()
+  assert events._closed and not worker.is_alive()
+  events.close()  # what the exit hook calls: nothing left to flush
+
+
 # --- throughput, MFU, memory and the profiler window (dllm_rl/train/throughput.py) ---
 
 def test_peak_flops_per_device_from_the_kind_or_the_override():

@@ -33,7 +33,9 @@ called, so an unserialisable leaf or meta raises `TypeError` synchronously and n
 written or deleted. Orbax only prunes old steps (``keep`` = ``max_to_keep``) after a new step
 has been committed, so a failed save never deletes older checkpoints. With ``async_save`` the
 arrays are copied to host before `save` returns (the caller may donate/overwrite its buffers);
-errors raised by the background write surface in `wait`, `close` or the next `save`.
+errors raised by the background write surface in `wait`, `close` or the next `save`. A write
+the disk or the folder refuses (full, read-only, no rights) is `CheckpointWriteError`, its
+step and folder named; orbax's logged tracebacks of it are dropped (`_RefusedWriteLogs`).
 
 Readers: ``Checkpointer(directory, read_only=True)`` neither creates the folder nor cleans
 uncommitted tmp folders (a training run may be writing one) and refuses to save;
@@ -57,7 +59,9 @@ import json
 import logging
 import os
 import sys
+import threading
 import traceback
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -66,7 +70,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from dllm_rl import paths
-from dllm_rl.errors import short_reason
+from dllm_rl.errors import refused_write, short_reason
 
 _LAYOUT_FORMAT = "dllm_rl.infra.checkpoint/1"
 
@@ -238,6 +242,48 @@ def _quiet_closed_loop_callbacks() -> None:
     asyncio_log.addFilter(_SiblingReadFailures())
 
 
+_ORBAX_DIR = os.path.dirname(ocp.__file__) + os.sep
+
+
+class _RefusedWriteLogs(logging.Filter):
+  """Orbax's ERROR records (absl's logger) of a checkpoint write that the disk or the folder
+  refused (`dllm_rl.errors.refused_write`: full, read-only, no rights): each thread of the
+  save logs the same error with its traceback, some 300 lines, and `Checkpointer` raises it
+  as one CheckpointWriteError naming the step. Orbax's other records, and any other error's,
+  pass."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.exc_info and record.pathname.startswith(_ORBAX_DIR)
+                and refused_write(record.exc_info[1]) is not None)
+
+
+def _quiet_refused_writes() -> None:
+  """Installs `_RefusedWriteLogs` on absl's logger (once)."""
+  absl_log = logging.getLogger("absl")
+  if not any(isinstance(f, _RefusedWriteLogs) for f in absl_log.filters):
+    absl_log.addFilter(_RefusedWriteLogs())
+
+
+def _release_stalled_commits() -> None:
+  """A save whose step folder could not be made (no rights, a full disk) leaves orbax's other
+  commit threads waiting for the "folder made" signal until orbax's coordination timeout
+  (300 s), and the process cannot exit before they end: cancel each and give it its signals,
+  so that it ends at once without writing (its coroutines, never run, would each warn "never
+  awaited" at exit: that warning is off from then on). Only with orbax's in-process signals
+  (a single process; orbax 0.12's ``_SignalingThread``): elsewhere other hosts wait on them
+  too."""
+  from orbax.checkpoint._src.futures import future, signaling_client
+  thread_type = getattr(future, "_SignalingThread", None)
+  if thread_type is None or not isinstance(signaling_client.get_signaling_client(),
+                                           signaling_client.ThreadSafeKeyValueSignalingClient):
+    return
+  for thread in threading.enumerate():
+    if isinstance(thread, thread_type) and thread.is_alive():
+      thread.cancel()
+      future.set_signals(thread._receive_signals, operation_id=thread._operation_id)
+      warnings.filterwarnings("ignore", r"coroutine '.*' was never awaited", RuntimeWarning)
+
+
 class CheckpointError(FileNotFoundError):
   """No readable checkpoint (every step is damaged)."""
 
@@ -330,15 +376,23 @@ class Checkpointer:
         create=not read_only,
     )
     self.read_only = read_only
+    if not read_only:
+      _quiet_refused_writes()
     self._manager = ocp.CheckpointManager(self.directory, options=options)
     self._damaged: set[int] = set()  # steps this process found unreadable
     self._writing: int | None = None  # the step of the newest save (its write may be pending)
 
-  def _write_failed(self, err: Exception) -> CheckpointWriteError:
+  def _write_failed(self, err: Exception, what: str = "saving") -> CheckpointWriteError:
+    """The error to raise for ``err``, a failed write of step ``self._writing`` (``what``:
+    "saving" it, "replacing damaged"); the save's stalled threads are released."""
+    _release_stalled_commits()
+    reason, code = short_reason(err), refused_write(err)
+    if code is not None and os.strerror(code) not in reason:  # tensorstore's, cut short
+      reason = f"[Errno {code}] {os.strerror(code)}; {reason}"
     return CheckpointWriteError(
-        f"saving checkpoint step {self._writing} in {self.directory} failed"
-        f" ({short_reason(err)}); the steps committed before it stand: free space or fix the"
-        " folder's rights, then rerun the same command to resume from the newest")
+        f"{what} checkpoint step {self._writing} in {self.directory} failed ({reason}); the"
+        " steps committed before it stand: free space or fix the folder's rights, then rerun"
+        " the same command to resume from the newest")
 
   def all_steps(self) -> list[int]:
     """Committed checkpoint steps, ascending."""
@@ -359,7 +413,11 @@ class Checkpointer:
       raise ValueError(f"save(step={step}): {self.directory} was opened read-only")
     if step in self._damaged:  # unreadable: replaced by this fresh save of the same step
       _log.warning("Replacing damaged checkpoint step %d in %s.", step, self.directory)
-      self._manager.delete(step)
+      self._writing = step
+      try:
+        self._manager.delete(step)
+      except _WRITE_ERRORS as err:  # a folder made read-only, or without our rights
+        raise self._write_failed(err, "replacing damaged") from err
       self._damaged.discard(step)
     if step in self._manager.all_steps():
       _log.warning("Checkpoint step %d already exists in %s; not overwriting.", step,

@@ -121,9 +121,9 @@ class _LineFile:
       self._file.flush()
 
   def close(self) -> None:
-    if self._file is not None:
-      self._file.close()
-      self._file = None
+    file, self._file = self._file, None
+    if file is not None:
+      file.close()  # a refused flush raises, and the file is closed all the same
 
 
 class MetricsLogger:
@@ -232,15 +232,23 @@ class MetricsLogger:
 
   def close(self) -> None:
     """Flushes and closes (TensorBoard too; other writers are only flushed); later calls to
-    `log` fail (except when disabled)."""
+    `log` fail (except when disabled). A part that fails (a full disk) does not keep the
+    others open; the first OSError is raised."""
     if self._closed:
       return
-    self.flush()
-    self._metrics.close()
-    self._samples.close()
+    failed = None
+    others = [w for w in self._writers if w is not self._tensorboard]
+    closes = [self._metrics.close, self._samples.close, *(w.flush for w in others)]
     if self._tensorboard is not None:
-      self._tensorboard.close()
+      closes.append(self._tensorboard.close)
+    for close in closes:  # each, even when one before it fails (a full disk): nothing is
+      try:  # left for an exit hook to flush again
+        close()
+      except OSError as err:
+        failed = failed or err
     self._writers, self._tensorboard, self._closed = [], None, True
+    if failed is not None:
+      raise failed
 
   def __enter__(self) -> MetricsLogger:
     return self

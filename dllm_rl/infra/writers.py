@@ -17,6 +17,7 @@ W&B's own step must only grow); samples as a table; the run's summary at the end
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import time
@@ -85,9 +86,35 @@ class TensorBoardWriter:
       writer.flush()
 
   def close(self) -> None:
+    """Closes each phase's writer; one whose close fails (a full disk refuses its last flush)
+    is shut all the same (:func:`_shut`), and the first error is raised."""
+    failed = None
     for writer in self._writers.values():
-      writer.close()
+      try:
+        writer.close()
+      except OSError as err:
+        failed = failed or err
+        _shut(writer)
     self._writers = {}
+    if failed is not None:
+      raise failed
+
+
+def _shut(writer) -> None:
+  """Shuts a tensorboardX (2.6) SummaryWriter whose close failed, writing nothing more: its
+  close stops at the first flush that fails, so each event file's thread would go on reading a
+  queue that exit closes, and tensorboardX's exit hook would flush again (a traceback each).
+  Each event file's thread is stopped and its file closed; what it could not write is lost."""
+  for file_writer in (getattr(writer, "all_writers", None) or {}).values():
+    events = file_writer.event_writer
+    if events._closed:
+      continue
+    events._worker.stop()
+    with contextlib.suppress(OSError):  # the same refused flush: the file is closed anyway
+      events._ev_writer._py_recordio_writer.close()
+    events._event_queue.close()
+    events._closed = True  # the exit hook's close does nothing
+  writer.file_writer = writer.all_writers = None
 
 
 class WandbWriter:
