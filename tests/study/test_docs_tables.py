@@ -47,3 +47,25 @@ def test_every_guide_is_linked_from_the_readme_and_every_link_resolves():
       base = os.path.dirname(os.path.join(ROOT, doc))
       missing = [t for t in _links(fh.read()) if t and not os.path.exists(os.path.join(base, t))]
     assert missing == [], doc
+
+
+def test_the_study_guides_testbed_table_lists_every_testbed_with_its_run_lengths():
+  """docs/study.md's "Testbeds" table has a row per registered testbed (``--testbed``), and its
+  "full study" and ``--quick`` columns (RL steps / eval every / seeds) are the registry's
+  (``dllm_rl/config/testbeds.py``): the lengths a reader plans a study by."""
+  import re
+
+  from dllm_rl.config import testbeds
+  with open(os.path.join(ROOT, "docs", "study.md"), encoding="utf-8") as fh:
+    text = fh.read()
+  header = next(line for line in text.split("\n") if line.startswith("| testbed | task |"))
+  after = text.split(header + "\n", 1)[1].split("\n")[1:]  # the delimiter row dropped
+  rows = after[:next(i for i, r in enumerate(after) if not r.startswith("|"))]
+  lengths = lambda cell: tuple(int(n) for n in re.findall(r"\d+", cell))
+  table = {}
+  for row in rows:
+    cells = [c.strip() for c in row.strip().strip("|").split(" | ")]
+    name = re.match(r"`([^`]+)`", cells[0]).group(1)
+    table[name] = (lengths(cells[-2]), lengths(cells[-1]))
+  assert table == {n: (testbeds.testbed(n).full, testbeds.testbed(n).quick)
+                   for n in testbeds.TESTBEDS.names()}
