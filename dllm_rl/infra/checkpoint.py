@@ -55,13 +55,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import json
 import logging
 import os
 import sys
 import threading
 import traceback
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -268,10 +268,9 @@ def _release_stalled_commits() -> None:
   """A save whose step folder could not be made (no rights, a full disk) leaves orbax's other
   commit threads waiting for the "folder made" signal until orbax's coordination timeout
   (300 s), and the process cannot exit before they end: cancel each and give it its signals,
-  so that it ends at once without writing (its coroutines, never run, would each warn "never
-  awaited" at exit: that warning is off from then on). Only with orbax's in-process signals
-  (a single process; orbax 0.12's ``_SignalingThread``): elsewhere other hosts wait on them
-  too."""
+  so that it ends at once without writing (`_close_released` then closes the coroutines it
+  never ran). Only with orbax's in-process signals (a single process; orbax 0.12's
+  ``_SignalingThread``): elsewhere other hosts wait on them too."""
   from orbax.checkpoint._src.futures import future, signaling_client
   thread_type = getattr(future, "_SignalingThread", None)
   if thread_type is None or not isinstance(signaling_client.get_signaling_client(),
@@ -281,7 +280,46 @@ def _release_stalled_commits() -> None:
     if isinstance(thread, thread_type) and thread.is_alive():
       thread.cancel()
       future.set_signals(thread._receive_signals, operation_id=thread._operation_id)
-      warnings.filterwarnings("ignore", r"coroutine '.*' was never awaited", RuntimeWarning)
+      _RELEASED.append(thread)
+
+
+_RELEASED: list[threading.Thread] = []  # commit threads `_release_stalled_commits` cancelled
+
+
+def _close_released() -> None:
+  """Closes the coroutines that the commit threads `_release_stalled_commits` cancelled hold
+  and never ran (each would warn "coroutine ... was never awaited" when collected, a dozen
+  lines at exit), once each thread has ended."""
+  while _RELEASED:
+    thread = _RELEASED.pop()
+    threading.Thread.join(thread, timeout=5.0)  # orbax's join re-raises its CancelledError
+    if not thread.is_alive():  # ended without running its target (Thread.run drops a run one)
+      _close_unstarted(getattr(thread, "_target", None))
+
+
+def _close_unstarted(fn, depth: int = 0) -> None:
+  """Closes the coroutines, not yet started, that callable ``fn`` holds in its closure (a few
+  levels of wrapped callables deep), and the unstarted coroutines passed to them as
+  arguments first (closing the outer one would drop those unclosed)."""
+  for cell in getattr(fn, "__closure__", None) or ():
+    try:
+      value = cell.cell_contents
+    except ValueError:  # an empty cell
+      continue
+    if inspect.iscoroutine(value):
+      _close_coroutine(value, depth)
+    elif callable(value) and depth < 4:
+      _close_unstarted(value, depth + 1)
+
+
+def _close_coroutine(coro, depth: int) -> None:
+  if inspect.getcoroutinestate(coro) != inspect.CORO_CREATED:
+    return
+  for arg in (coro.cr_frame.f_locals.values() if depth < 6 else ()):
+    for item in (arg if isinstance(arg, (list, tuple)) else (arg,)):
+      if inspect.iscoroutine(item):
+        _close_coroutine(item, depth + 1)
+  coro.close()
 
 
 class CheckpointError(FileNotFoundError):
@@ -575,6 +613,8 @@ class Checkpointer:
       with contextlib.suppress(*_WRITE_ERRORS):  # the same failure again
         self._manager.close()
       raise
+    finally:
+      _close_released()
     self._manager.close()
 
   def __enter__(self) -> Checkpointer:
