@@ -104,17 +104,19 @@ def _shut(writer) -> None:
   """Shuts a tensorboardX (2.6) SummaryWriter whose close failed, writing nothing more: its
   close stops at the first flush that fails, so each event file's thread would go on reading a
   queue that exit closes, and tensorboardX's exit hook would flush again (a traceback each).
-  Each event file's thread is stopped and its file closed; what it could not write is lost."""
-  for file_writer in (getattr(writer, "all_writers", None) or {}).values():
-    events = file_writer.event_writer
-    if events._closed:
-      continue
-    events._worker.stop()
-    with contextlib.suppress(OSError):  # the same refused flush: the file is closed anyway
-      events._ev_writer._py_recordio_writer.close()
-    events._event_queue.close()
-    events._closed = True  # the exit hook's close does nothing
-  writer.file_writer = writer.all_writers = None
+  Each event file's thread is stopped and its file closed; what it could not write is lost.
+  Another tensorboardX, whose internals differ, is left as it is (its exit hook may print)."""
+  with contextlib.suppress(AttributeError):
+    for file_writer in (getattr(writer, "all_writers", None) or {}).values():
+      events = file_writer.event_writer
+      if events._closed:
+        continue
+      events._worker.stop()
+      with contextlib.suppress(OSError):  # the same refused flush: the file is closed anyway
+        events._ev_writer._py_recordio_writer.close()
+      events._event_queue.close()
+      events._closed = True  # the exit hook's close does nothing
+    writer.file_writer = writer.all_writers = None
 
 
 class WandbWriter:
