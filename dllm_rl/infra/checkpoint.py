@@ -271,10 +271,14 @@ def _release_stalled_commits() -> None:
   so that it ends at once without writing (`_close_released` then closes the coroutines it
   never ran). Only with orbax's in-process signals (a single process; orbax 0.12's
   ``_SignalingThread``): elsewhere other hosts wait on them too."""
-  from orbax.checkpoint._src.futures import future, signaling_client
-  thread_type = getattr(future, "_SignalingThread", None)
-  if thread_type is None or not isinstance(signaling_client.get_signaling_client(),
-                                           signaling_client.ThreadSafeKeyValueSignalingClient):
+  try:  # another orbax's internals: its threads wait out its timeout, as before
+    from orbax.checkpoint._src.futures import future, signaling_client
+    thread_type = future._SignalingThread
+    in_process = isinstance(signaling_client.get_signaling_client(),
+                            signaling_client.ThreadSafeKeyValueSignalingClient)
+  except (ImportError, AttributeError):
+    return
+  if not in_process:
     return
   for thread in threading.enumerate():
     if isinstance(thread, thread_type) and thread.is_alive():
