@@ -2,9 +2,11 @@
 [--config.key=value ...]``
 
 NAME: ``stability``, ``steprs``, ``baselines``, a comma-separated list of them
-(``stability,steprs``) or ``all`` (every registered study). Trains one SFT checkpoint per seed,
-runs every arm from it, writes ``DIR/<study>.json`` (every run, per-step
-records, per-arm summaries), ``DIR/<study>_curves.png`` / ``_spikes.png``, and
+(``stability,steprs``) or ``all`` (every registered study). Trains one SFT checkpoint per seed
+(one for every seed on the testbeds whose seeds share a start: ``chain``, ``chain_orders``,
+``sum_split``, ``gpu``), runs every arm from it, writes ``DIR/<study>.json`` (every run,
+per-step records, per-arm summaries), ``DIR/<study>_curves.png`` (stability also
+``_spikes.png``), and
 ``--results`` (default ``DIR/results.md``, plots and JSON copied to ``DIR/results/``; pass
 ``--results=docs/results.md`` to replace the committed report) from that JSON. ``--config.KEY=VALUE`` (or the older spelling
 ``--set=KEY=VALUE``) overrides a config key of every run (e.g. tiny sizes for tests; a key every chosen arm sets
