@@ -265,9 +265,9 @@ def test_rl_starts_from_the_sft_params_alone(monkeypatch, sft_run, lora_rank):
     reads.append((os.path.basename(self.directory), "state"))
     return restore(self, *args, **kwargs)
 
-  def spy_part(self, abstract_part, name, step):
+  def spy_part(self, abstract_part, name, step, **kwargs):
     reads.append((os.path.basename(self.directory), name))
-    return restore_part(self, abstract_part, name, step)
+    return restore_part(self, abstract_part, name, step, **kwargs)
 
   monkeypatch.setattr(Checkpointer, "restore", spy_restore)
   monkeypatch.setattr(Checkpointer, "restore_part", spy_part)
