@@ -60,9 +60,10 @@ def short_reason(err: BaseException, limit: int = 200) -> str:
 
 
 # What a write the disk or the folder refused raises: full, over quota, a file-size limit,
-# a folder remounted read-only, no rights (EACCES, EPERM).
-REFUSED_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES,
-                        errno.EPERM)
+# a folder remounted read-only; no rights.
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+RIGHTS_ERRNOS = (errno.EACCES, errno.EPERM)
+REFUSED_WRITE_ERRNOS = DISK_ERRNOS + RIGHTS_ERRNOS
 # tensorstore's errors end with the OS error's number: "... No space left on device
 # [os_error_code='28']"
 _TENSORSTORE_ERRNO = re.compile(r"\[os_error_code='(\d+)'\]")

@@ -30,7 +30,6 @@ Re-running with the same ``--workdir`` resumes from the latest checkpoint.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import sys
@@ -39,25 +38,22 @@ from absl import app, flags, logging
 
 from dllm_rl.config import cli
 from dllm_rl.config.defaults import get_config as default_config
-from dllm_rl.errors import ConfigError
+from dllm_rl.errors import DISK_ERRNOS, RIGHTS_ERRNOS, ConfigError
 from dllm_rl.paths import BackendMissing
 
 _CONFIG = flags.DEFINE_string("config", None,
                               "ml_collections config file (default: the embedded tiny CPU config).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, summary.")
 _overrides: list[tuple[str, str]] = []
-# what a write the disk refused raises (full, over quota, remounted read-only, a file-size
-# limit): outside a checkpoint save, which names its step (CheckpointWriteError)
-_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
-# no rights: a refused write when the file is in the workdir (an input's is not a write)
-_RIGHTS_ERRNOS = (errno.EACCES, errno.EPERM)
 
 
 def _refused_write(err: OSError, workdir: str) -> bool:
-  """Whether ``err`` is a write in ``workdir`` that the disk or the folder's rights refused."""
-  if err.errno in _DISK_ERRNOS:
+  """Whether ``err`` is a write in ``workdir`` that the disk or the folder's rights refused
+  (outside a checkpoint save, which names its step: CheckpointWriteError); no rights count
+  only for a file in the workdir (an input's is not a write)."""
+  if err.errno in DISK_ERRNOS:
     return True
-  if err.errno not in _RIGHTS_ERRNOS or not isinstance(err.filename, (str, bytes)):
+  if err.errno not in RIGHTS_ERRNOS or not isinstance(err.filename, (str, bytes)):
     return False
   inside = os.path.abspath(os.fsdecode(err.filename)) + os.sep
   return inside.startswith(os.path.abspath(workdir) + os.sep)
