@@ -356,53 +356,57 @@ def run_phase(phase_cls: type[Phase], ctx: Context) -> dict:
                    disable=not (config.log.progress and is_primary()))
     shown: dict = {}  # the newest value of each metric, for the bar's fields
     finished = phase.stopped or step >= phase.steps
-    while not finished:
-      profile.before(step + 1)
-      clock.start()
-      state, metrics, cost = phase.step(state, step)
-      step += 1
-      # The skip counters are read from the device at most once a step: every step when the
-      # step syncs anyway, else only at a log line or a save.
-      skipped = guard.skipped(state.opt_state, step) if phase.sync_every_step else None
-      clock.stop(state, cost)
-      profile.after(step, state)
-      window.append(metrics)
-      bar.update(1)
-      if step % phase.log_every == 0:
-        logged = _log_window(logger, phase, step, window, skipped, guard, state, clock, timer)
-        window, skipped = [], logged["skipped_steps"]
-        shown.update(logged)
-        bar.set_postfix(postfix(shown, phase.postfix), refresh=False)
-      if phase.eval_every and step % phase.eval_every == 0:
-        val = clock.paused(state, lambda: phase.evaluate(state, step))
-        _log_val(logger, phase, step, val)
-        phase.evaluated(val)
-        shown.update({f"val_{k}": v for k, v in val.items()})
-        bar.set_postfix(postfix(shown, phase.postfix), refresh=False)
-      if samples_every and step % samples_every == 0:  # every host: SFT's may sample
-        logger.log_samples(step, clock.paused(state, lambda: phase.samples(state, step)),
-                           phase=name)
-      finished = phase.stopped or step >= phase.steps
-      if finished and window:  # the last steps since the previous line get theirs too
-        logged = _log_window(logger, phase, step, window, skipped, guard, state, clock, timer)
-        window, skipped = [], logged["skipped_steps"]
-        shown.update(logged)
-        bar.set_postfix(postfix(shown, phase.postfix), refresh=False)
-      save, stop = guard.poll(step)  # step- or time-based save; a stop signal (all hosts agree)
-      if finished or save:
-        if skipped is None:
-          guard.skipped(state.opt_state, step)  # never save after a non-finite run
-        clock.paused(state, lambda: ckpt.save(step, saved_state(state), {
-            "phase": name, **phase.meta(), **pointer, "config": config.to_json(),
-            "metric_lines": logger.lines(name), "metrics_window": window_to_meta(window),
-            "wall_seconds": time.monotonic() - phase.wall0}))
-        guard.saved(step)
-        phase.saved(step)
-      if stop and not finished:
-        bar.close()
-        ckpt.close()  # waits for the write
-        logger.flush()
-        raise Preempted(name, step)
+    try:
+      while not finished:
+        profile.before(step + 1)
+        clock.start()
+        state, metrics, cost = phase.step(state, step)
+        step += 1
+        # The skip counters are read from the device at most once a step: every step when the
+        # step syncs anyway, else only at a log line or a save.
+        skipped = guard.skipped(state.opt_state, step) if phase.sync_every_step else None
+        clock.stop(state, cost)
+        profile.after(step, state)
+        window.append(metrics)
+        bar.update(1)
+        if step % phase.log_every == 0:
+          logged = _log_window(logger, phase, step, window, skipped, guard, state, clock, timer)
+          window, skipped = [], logged["skipped_steps"]
+          shown.update(logged)
+          bar.set_postfix(postfix(shown, phase.postfix), refresh=False)
+        if phase.eval_every and step % phase.eval_every == 0:
+          val = clock.paused(state, lambda: phase.evaluate(state, step))
+          _log_val(logger, phase, step, val)
+          phase.evaluated(val)
+          shown.update({f"val_{k}": v for k, v in val.items()})
+          bar.set_postfix(postfix(shown, phase.postfix), refresh=False)
+        if samples_every and step % samples_every == 0:  # every host: SFT's may sample
+          logger.log_samples(step, clock.paused(state, lambda: phase.samples(state, step)),
+                             phase=name)
+        finished = phase.stopped or step >= phase.steps
+        if finished and window:  # the last steps since the previous line get theirs too
+          logged = _log_window(logger, phase, step, window, skipped, guard, state, clock, timer)
+          window, skipped = [], logged["skipped_steps"]
+          shown.update(logged)
+          bar.set_postfix(postfix(shown, phase.postfix), refresh=False)
+        save, stop = guard.poll(step)  # step- or time-based save; a stop signal (all hosts agree)
+        if finished or save:
+          if skipped is None:
+            guard.skipped(state.opt_state, step)  # never save after a non-finite run
+          clock.paused(state, lambda: ckpt.save(step, saved_state(state), {
+              "phase": name, **phase.meta(), **pointer, "config": config.to_json(),
+              "metric_lines": logger.lines(name), "metrics_window": window_to_meta(window),
+              "wall_seconds": time.monotonic() - phase.wall0}))
+          guard.saved(step)
+          phase.saved(step)
+        if stop and not finished:
+          bar.close()
+          ckpt.close()  # waits for the write
+          logger.flush()
+          raise Preempted(name, step)
+    except BaseException:  # an error or a stop: the bar's last line before its message
+      bar.close()
+      raise
     bar.close()
     clock.close(state)
     ckpt.wait()
