@@ -53,7 +53,9 @@ _SCALE = flags.DEFINE_string("scale", None, "The issue's spelling of --testbed=g
                              " (cpu = the default testbed).")
 _RESULTS = flags.DEFINE_string("results", None, "Markdown report to write (default DIR/results.md;"
                                " the committed report is docs/results.md).")
-_STEPS = flags.DEFINE_integer("rl_steps", None, "RL steps per arm (default: the study size).")
+_STEPS = flags.DEFINE_integer("rl_steps", None, "RL steps per arm (default: the testbed's, its"
+                              " full study's or with --quick its quick length:"
+                              " dllm_rl/config/testbeds.py).")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", None, "Validation every N RL steps (default:"
                                    " the testbed's; collapse is judged on validation, so keep"
                                    " it at most --rl_steps).")
