@@ -413,26 +413,28 @@ def test_a_write_the_full_disk_refuses_outside_a_checkpoint_is_one_error_line(tm
   and that a rerun resumes, not a traceback. Another OSError keeps its traceback."""
   import errno
 
-  from dllm_rl.train import modes
-
-  def full(config, workdir, **kwargs):
-    raise OSError(errno.ENOSPC, "No space left on device", f"{workdir}/metrics.jsonl")
-
-  monkeypatch.setattr(modes, "run", full)
-  code = _run_main([f"--workdir={tmp_path}", *SMALL], monkeypatch)
-  err = capsys.readouterr().err
+  full = OSError(errno.ENOSPC, "No space left on device", f"{tmp_path}/metrics.jsonl")
+  code, err = _main_raising(full, tmp_path, monkeypatch, capsys)
   assert code == 1 and "Traceback" not in err, err
   assert [line for line in err.splitlines() if line.startswith("error:")] == [
       f"error: a write failed ([Errno 28] No space left on device: '{tmp_path}/metrics.jsonl');"
       " the checkpoints committed before it stand: free space or fix the folder's rights, then"
       " rerun the same command to resume from the newest"]
-
-  def failing_disk(config, workdir, **kwargs):
-    raise OSError(errno.EIO, "Input/output error")
-
-  monkeypatch.setattr(modes, "run", failing_disk)
   with pytest.raises(OSError, match="Input/output error"):
-    _run_main([f"--workdir={tmp_path}", *SMALL], monkeypatch)
+    _main_raising(OSError(errno.EIO, "Input/output error"), tmp_path, monkeypatch, capsys)
+
+
+def _main_raising(err: OSError, workdir, monkeypatch, capsys) -> tuple[int, str]:
+  """(exit status, stderr) of dllm_rl.main on ``workdir`` whose run raises ``err`` (an error
+  main does not turn into a status propagates)."""
+  from dllm_rl.train import modes
+
+  def run(config, workdir, **kwargs):
+    raise err
+
+  monkeypatch.setattr(modes, "run", run)
+  code = _run_main([f"--workdir={workdir}", *SMALL], monkeypatch)
+  return code, capsys.readouterr().err
 
 
 def test_a_write_refused_for_want_of_rights_in_the_workdir_is_one_error_line(tmp_path,
@@ -443,20 +445,16 @@ def test_a_write_refused_for_want_of_rights_in_the_workdir_is_one_error_line(tmp
   1 as a full disk; a file outside the workdir (an input) keeps its traceback."""
   import errno
 
-  from dllm_rl.train import modes
+  def refused(path):
+    return PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
+
   denied = tmp_path / "w" / "tb" / "rl" / "events.out"
-
-  def refused(config, workdir, **kwargs):
-    raise PermissionError(errno.EACCES, "Permission denied", os.fspath(denied))
-
-  monkeypatch.setattr(modes, "run", refused)
-  code = _run_main([f"--workdir={tmp_path / 'w'}", *SMALL], monkeypatch)
-  err = capsys.readouterr().err
+  code, err = _main_raising(refused(denied), tmp_path / "w", monkeypatch, capsys)
   assert code == 1 and "Traceback" not in err, err
   assert [line for line in err.splitlines() if line.startswith("error:")] == [
       f"error: a write failed ([Errno 13] Permission denied: '{denied}'); the checkpoints"
       " committed before it stand: free space or fix the folder's rights, then rerun the same"
       " command to resume from the newest"]
-  denied = tmp_path / "data" / "train.jsonl"  # beside the workdir: not one of its writes
+  beside = tmp_path / "data" / "train.jsonl"  # beside the workdir: not one of its writes
   with pytest.raises(PermissionError):
-    _run_main([f"--workdir={tmp_path / 'w'}", *SMALL], monkeypatch)
+    _main_raising(refused(beside), tmp_path / "w", monkeypatch, capsys)

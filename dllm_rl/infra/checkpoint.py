@@ -237,9 +237,14 @@ def _quiet_closed_loop_callbacks() -> None:
 
   hook.quiet_closed_loop = True
   sys.unraisablehook = hook
-  asyncio_log = logging.getLogger("asyncio")
-  if not any(isinstance(f, _SiblingReadFailures) for f in asyncio_log.filters):
-    asyncio_log.addFilter(_SiblingReadFailures())
+  _filter_once("asyncio", _SiblingReadFailures)
+
+
+def _filter_once(logger: str, kind: type[logging.Filter]) -> None:
+  """Adds a ``kind`` filter to the logger named ``logger`` unless it has one."""
+  log = logging.getLogger(logger)
+  if not any(isinstance(f, kind) for f in log.filters):
+    log.addFilter(kind())
 
 
 _ORBAX_DIR = os.path.dirname(ocp.__file__) + os.sep
@@ -255,13 +260,6 @@ class _RefusedWriteLogs(logging.Filter):
   def filter(self, record: logging.LogRecord) -> bool:
     return not (record.exc_info and record.pathname.startswith(_ORBAX_DIR)
                 and refused_write(record.exc_info[1]) is not None)
-
-
-def _quiet_refused_writes() -> None:
-  """Installs `_RefusedWriteLogs` on absl's logger (once)."""
-  absl_log = logging.getLogger("absl")
-  if not any(isinstance(f, _RefusedWriteLogs) for f in absl_log.filters):
-    absl_log.addFilter(_RefusedWriteLogs())
 
 
 def _release_stalled_commits() -> None:
@@ -419,7 +417,7 @@ class Checkpointer:
     )
     self.read_only = read_only
     if not read_only:
-      _quiet_refused_writes()
+      _filter_once("absl", _RefusedWriteLogs)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
     self._damaged: set[int] = set()  # steps this process found unreadable
     self._writing: int | None = None  # the step of the newest save (its write may be pending)

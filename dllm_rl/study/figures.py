@@ -99,7 +99,8 @@ def unjudged_note(study: dict) -> str | None:
           else "the collapse counts below are of the other runs")
   why = (f" (--rl_steps={size['rl_steps']} is below --eval_every={size['eval_every']})"
          if size["rl_steps"] < size["eval_every"] else "")
-  return (f"**{len(unjudged)} of {n} runs validated only at step 0{why}: their collapse is not judged and their final validation accuracy is n/a; {rest}.**")
+  return (f"**{len(unjudged)} of {n} runs validated only at step 0{why}: their collapse is not"
+          f" judged and their final validation accuracy is n/a; {rest}.**")
 
 
 def spikes(study: dict, arm: str) -> float:
