@@ -185,8 +185,8 @@ def stage(url: str, *, cache: str | None = None, config_only: bool = False) -> s
   dst = staging_dir(url, cache)
   _remove_orphans(dst)
   for name in folders if outline else ():
-    if _inside(dst, name) is not None:
-      os.makedirs(_inside(dst, name), exist_ok=True)
+    if (local := _inside(dst, name)) is not None:
+      os.makedirs(local, exist_ok=True)
   for rel, (size, mtime) in sorted(listing.items()):
     local = _inside(dst, rel)
     if local is None:

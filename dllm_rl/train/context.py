@@ -27,6 +27,7 @@ from dllm_rl.sampling.sampler import SamplerConfig
 from dllm_rl.tasks import data as data_lib
 from dllm_rl.tasks.base import Task
 from dllm_rl.tasks.prompts import chat_prompt
+from dllm_rl.train.checkpoint_choice import PHASES
 from dllm_rl.train.evaluation import Decoding, EvalOptions, Split
 
 
@@ -401,7 +402,7 @@ def check_writable(workdir: str) -> None:
 
 
 # where the phases keep their checkpoints (train/phases.py: checkpoint_dir)
-CHECKPOINT_FOLDERS = ("checkpoints", "checkpoints/sft", "checkpoints/rl")
+CHECKPOINT_FOLDERS = ("checkpoints", *(f"checkpoints/{phase}" for phase in PHASES))
 
 
 def check_checkpoint_folders(workdir: str) -> None:
@@ -435,9 +436,9 @@ def prepare_workdir(config, workdir: str):
   """The part of :func:`build_context` that reads no data: the mesh (returned), the checks it
   needs no data for (batch sizes over the mesh, the kernel's backend, a local
   ``model.hf_checkpoint``'s config.json), then ``workdir`` made and probed for writing (a
-  uniquely named file, removed at once) and its checkpoint folders checked (no file there). Nothing else is written there, so a training run takes
-  the workdir's lock (train/modes.py) right after it, before the task data and the HF source
-  are read."""
+  uniquely named file, removed at once) and its checkpoint folders checked (no file there).
+  Nothing else is written there, so a training run takes the workdir's lock (train/modes.py)
+  right after it, before the task data and the HF source are read."""
   try:
     mesh = make_mesh(config.mesh)
   except ValueError as err:
