@@ -40,10 +40,12 @@ MATH_VERIFY_TIMEOUT_S = 1
 # After a full stop glued to a letter or after an ellipsis, the digits (or a sign and
 # digits) do start one, led by a digit: "apples.5" and "wait...5" are 5, not 0.5 (the
 # second alternative; both lookbehinds are two characters wide).
-_DENOMINATOR = r"(?:/(?:\d{1,3}(?:,\d{3})+(?![\d/])(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+))?"
+_GROUPED = r"\d{1,3}(?:,\d{3})+"  # digits in comma-separated groups of three
+_PLAIN = r"\d+(?:\.\d+)?|\.\d+"  # digits with optional decimals, or a bare decimal part
+_DENOMINATOR = rf"(?:/(?:{_GROUPED}(?![\d/])(?:\.\d+)?|{_PLAIN}))?"
 _NUMBER_RE = re.compile(r"(?:(?<![\w.)])|(?<=[^\W\d_]\.|\.\.)(?=-?\d))"
                         r"-?(?:\d+(?:,\d+)*(?:\.\d+)?|\.\d+)" + _DENOMINATOR)
-_THOUSANDS_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")  # a numerator with commas
+_THOUSANDS_RE = re.compile(rf"-?{_GROUPED}(?:\.\d+)?")  # a numerator with commas
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE_RE = re.compile(r"(?<!\\)[{}]")
 # \frac{a}{b}, after an optional whole part ("2\frac{1}{2}" is the mixed number 2.5) or a
@@ -52,7 +54,7 @@ _FRAC_RE = re.compile(r"(?:(?<![\w.])(-?\d+)\s*|(?<![\w.)])(-))?"
                       r"\\[dt]?frac\s*\{\s*(-?[\d.,]+)\s*\}\s*\{\s*(-?[\d.,]+)\s*\}")
 # One numerator or denominator of a \frac: a sign, then digits (grouped by commas in threes or
 # not at all) with optional decimals, or a bare decimal part.
-_FRAC_PART_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)")
+_FRAC_PART_RE = re.compile(rf"-?(?:{_GROUPED}(?:\.\d+)?|{_PLAIN})")
 # Thousands separators between a digit and a group of exactly three digits, read as commas:
 # LaTeX's ("1{,}000", "1\\,000", MATH's "1,\\!000") and the typographic spaces (no-break
 # U+00A0, figure U+2007, thin U+2009, narrow no-break U+202F: "1", any of them, "000" is 1000).
