@@ -30,8 +30,8 @@ MATH_VERIFY_TIMEOUT_S = 1
 
 # A number: optional sign (not right after a word character, '.' or ')'), digit
 # groups joined by commas and optional decimals, or a bare decimal part (".5"), then an
-# optional "/denominator", itself digits with optional decimals or a bare decimal part
-# ("1/2.5" is 0.4, "1/.5" is 2), its thousands grouped by commas too ("1/2,000" is 0.0005;
+# optional "/denominator", itself a sign, then digits with optional decimals or a bare decimal
+# part ("1/2.5" is 0.4, "1/.5" is 2, "1/-2" is -0.5), its thousands grouped by commas too ("1/2,000" is 0.0005;
 # groups of exactly three digits, not followed by a digit or '/': "1/2,3/4" is two fractions,
 # "1/2,0001" is 0.5 then 1). The first character picks the branch and every later part is
 # optional, so matching never backtracks far; commas that are not thousands separators
@@ -42,7 +42,7 @@ MATH_VERIFY_TIMEOUT_S = 1
 # second alternative; both lookbehinds are two characters wide).
 _GROUPED = r"\d{1,3}(?:,\d{3})+"  # digits in comma-separated groups of three
 _PLAIN = r"\d+(?:\.\d+)?|\.\d+"  # digits with optional decimals, or a bare decimal part
-_DENOMINATOR = rf"(?:/(?:{_GROUPED}(?![\d/])(?:\.\d+)?|{_PLAIN}))?"
+_DENOMINATOR = rf"(?:/-?(?:{_GROUPED}(?![\d/])(?:\.\d+)?|{_PLAIN}))?"
 _NUMBER_RE = re.compile(r"(?:(?<![\w.)])|(?<=[^\W\d_]\.|\.\.)(?=-?\d))"
                         r"-?(?:\d+(?:,\d+)*(?:\.\d+)?|\.\d+)" + _DENOMINATOR)
 _THOUSANDS_RE = re.compile(rf"-?{_GROUPED}(?:\.\d+)?")  # a numerator with commas
@@ -228,7 +228,8 @@ def gsm8k_answer(text: str) -> str | None:
   denominator may be decimals: ".5/2" and "0.5/2" are 0.25, as "1/2" is 0.5, and "1/2.5",
   "1/.5" and ``\\frac{1}{2.5}`` are 0.4, 2 and 0.4. A denominator groups thousands as a
   numerator does: "1/2,000" and ``\\frac{1}{1{,}000}`` are 0.0005 and 0.001 (a list of
-  fractions stays apart: "1/2,3/4" is 0.5 and 0.75). A plain
+  fractions stays apart: "1/2,3/4" is 0.5 and 0.75), and may carry a sign: "1/-2" is -0.5,
+  "-1/-2" 0.5. A plain
   space is no thousands separator: "3 000" is two numbers (the last one 0), since English
   text writes separate numbers that way ("scores 5 120 340", "3 100-metre races") and groups
   thousands with commas, as GSM8K's answers do; so a comma is never a decimal point either:

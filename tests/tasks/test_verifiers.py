@@ -132,6 +132,8 @@ def test_gsm8k_answer_reads_glued_stops_and_decimal_fractions(text, expected):
     ("The answer is $\\frac{3}{4}$.", "0.75"), ("#### \\frac{3}{4}", "0.75"),
     ("so x\\frac{1}{2}", "0.5"), ("he ran 2\\frac{1}{2} miles", "2.5"),
     ("\\frac{1}{1{,}000}", "0.001"), ("so it is -\\dfrac{1}{-2.5}", "0.4"),
+    ("1/-2", "-0.5"), ("#### -1/-2", "0.5"), ("1/-2,000", "-0.0005"),  # a signed denominator
+    ("\\boxed{3/-1.5}", "-2"), ("it is 1/-.5", "-2"), ("1/- 2", "2"), ("5/-x", "5"),
 ])
 def test_gsm8k_answer_reads_fraction_denominators_and_signs(text, expected):
   assert V.gsm8k_answer(text) == expected
