@@ -30,12 +30,17 @@ LIMIT=${GPU_CHECK_LIMIT_S:-540}
 PY=${PYTHON:-python}
 PARTS=" ${GPU_CHECK_PARTS:-staircase sampler rl_step_mfu moe} "
 # Checked before anything runs: a typo would otherwise spend a lease doing nothing.
-[[ $LIMIT =~ ^[1-9][0-9]*$ ]] || {  # no leading 0: bash arithmetic reads 08 as octal
-  echo "gpu_check.sh: GPU_CHECK_LIMIT_S must be whole seconds > 0, got '$LIMIT'" >&2; exit 2; }
+bad() { echo "gpu_check.sh: $*" >&2; exit 2; }
+# (an option was taken for OUT_DIR, and mkdir failed on it; a second argument was dropped)
+[[ $OUT != -* ]] || bad "unknown option '$OUT': OUT_DIR is the only argument, and the" \
+    "settings are GPU_CHECK_* variables (see --help)"
+[ $# -le 1 ] || bad "got $# arguments: OUT_DIR is the only one (see --help)"
+# no leading 0: bash arithmetic reads 08 as octal
+[[ $LIMIT =~ ^[1-9][0-9]*$ ]] || bad "GPU_CHECK_LIMIT_S must be whole seconds > 0, got '$LIMIT'"
 for name in $PARTS; do
   case $name in staircase|sampler|rl_step_mfu|moe|study) ;;
-    *) echo "gpu_check.sh: GPU_CHECK_PARTS: unknown part '$name' (staircase, sampler," \
-            "rl_step_mfu, moe, study; separated by spaces)" >&2; exit 2 ;;
+    *) bad "GPU_CHECK_PARTS: unknown part '$name' (staircase, sampler, rl_step_mfu, moe," \
+           "study; separated by spaces)" ;;
   esac
 done
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 1  # absolute: the script cd's below
@@ -69,7 +74,8 @@ part sampler && run sampler "$(share sampler)" "$PY" -m dllm_rl.benchmarks.sampl
   --checkpoint "$OUT/llada_1b" --init-random --d-model 2048 --layers 16 --heads 16 \
   --mlp 5632 --vocab 32768 --batch 32 --prompt 256 --gen 256 --steps 128 --block 32 \
   --repeats 3 --dtype bfloat16 --out "$OUT/sampler.json"
-part rl_step_mfu && run rl_step_mfu "$(share rl_step_mfu)" "$PY" -m dllm_rl.benchmarks.rl_step_mfu --steps 5
+part rl_step_mfu && run rl_step_mfu "$(share rl_step_mfu)" "$PY" \
+  -m dllm_rl.benchmarks.rl_step_mfu --steps 5
 part moe && run moe "$(share moe)" "$PY" -m dllm_rl.benchmarks.grouped_matmul --rows 32768 \
   --experts 256 --d-model 2048 --hidden 512 --dtype bfloat16 --dispatch tiled mosaic_gpu \
   ragged_dot --tiles 256 512

@@ -34,6 +34,9 @@ for secs in "$STUDY_S" "$BENCH_S"; do
   # no leading 0: bash arithmetic reads 08 as octal (an error after the install)
   [[ $secs =~ ^(0|[1-9][0-9]*)$ ]] || usage "'$secs' is not a whole number of seconds"
 done
+# (anything but 1 ran without deterministic ops, silently: "true" too)
+[[ ${GPU_LEASE_DETERMINISTIC:-0} =~ ^[01]$ ]] \
+  || usage "GPU_LEASE_DETERMINISTIC must be 0 or 1, got '$GPU_LEASE_DETERMINISTIC'"
 for var in GPU_CHECK_PARTS GPU_LEASE_PARTS; do
   for name in ${!var:-}; do
     case $name in staircase|sampler|rl_step_mfu|moe|study) ;;
@@ -84,7 +87,8 @@ cat "$STATE/env.txt"
 nproc >> "$STATE/env.txt"; lscpu | grep -m1 "Model name" >> "$STATE/env.txt"
 # The lease-sized study: the main arms at the profile's default lr (rl.lr = 1e-5; the full
 # study adds the lr grid's other two values), resumed from finished arms on a second call.
-export GPU_CHECK_STABILITY_ARMS=${GPU_CHECK_STABILITY_ARMS:-'grpo@lr1e-5,stabledrl@lr1e-5,clip_only@*,selfnorm_only@*'}
+LEASE_ARMS='grpo@lr1e-5,stabledrl@lr1e-5,clip_only@*,selfnorm_only@*'
+export GPU_CHECK_STABILITY_ARMS=${GPU_CHECK_STABILITY_ARMS:-$LEASE_ARMS}
 # The arms are worth running only from an SFT start that reached its target (the Countdown
 # start never did, docs/gpu.md): once the shared start's summary appears, a start
 # below sft.target_accuracy stops the study and hands its time to the benchmarks (the sampler,

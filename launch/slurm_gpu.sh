@@ -15,6 +15,9 @@
 #       cannot import dllm_rl); inside one (sbatch, salloc): starts the processes with srun
 #   sbatch [sbatch options] launch/slurm_gpu.sh --config FILE --workdir DIR [-- OVERRIDES...]
 #       the same, with the #SBATCH defaults above
+# A config file that is not there, a flag without a value or given twice, --dry-run, --config
+# or --workdir after `--`, or a number that is not one (the allocation's SLURM_* included)
+# stop the script (status 2, naming it) before sbatch or srun, dry runs too.
 #
 # Examples:
 #   launch/slurm_gpu.sh --nodes 4 --partition gpu --config configs/llada_gpu.py \
@@ -64,6 +67,21 @@ set -euo pipefail
 usage() { sed -n '/^# Run dllm_rl/,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 die() { echo "slurm_gpu.sh: $*" >&2; exit 2; }
 
+# The checkout: DLLM_REPO (submission sets it: sbatch runs a spooled copy of this script), else
+# this script's parent folder, else the folder sbatch was called from.
+if [[ -n ${DLLM_REPO:-} ]]; then
+  REPO=$DLLM_REPO
+  [[ -f $REPO/dllm_rl/main.py && -f $REPO/launch/common.sh ]] || die "DLLM_REPO=$REPO is not a" \
+      "dllm_rl checkout (no dllm_rl/main.py there): unset it, or name the checkout"
+elif [[ -f $(dirname "${BASH_SOURCE[0]}")/../dllm_rl/main.py ]]; then
+  REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+elif [[ -f ${SLURM_SUBMIT_DIR:-.}/dllm_rl/main.py ]]; then
+  REPO=$SLURM_SUBMIT_DIR
+else
+  die "cannot find the dllm_rl checkout: set DLLM_REPO"
+fi
+# shellcheck source=launch/common.sh
+source "$REPO/launch/common.sh"  # quote, run, need, whole_number, ...
 
 CONFIG=${DLLM_CONFIG:-}
 WORKDIR=${DLLM_WORKDIR:-}
@@ -85,7 +103,6 @@ for ((i = 0; i < ${#ALL_ARGS[@]}; i++)); do
   [[ ${ALL_ARGS[i]} == --dry-run ]] || SUBMIT_ARGS+=("${ALL_ARGS[i]}")
 done
 
-need() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value"; }
 while [[ $# -gt 0 ]]; do
   case $1 in
     --config) need "$@"; CONFIG=$2; shift 2 ;;
@@ -109,12 +126,17 @@ done
 
 [[ -n $CONFIG ]] || die "--config (or DLLM_CONFIG) is required, e.g. --config configs/llada_tpu.py"
 [[ -n $WORKDIR ]] || die "--workdir (or DLLM_WORKDIR) is required (on a filesystem all nodes share)"
-# Each numeric setting checked before use (bash arithmetic reads a word as 0).
-[[ $NODES =~ ^[1-9][0-9]*$ ]] || die "--nodes (or DLLM_NODES) must be a positive integer, got" \
-    "'$NODES'"
-[[ $GPUS_PER_NODE =~ ^[1-9][0-9]*$ ]] || die "--gpus-per-node (or DLLM_GPUS_PER_NODE) must be a" \
-    "positive integer, got '$GPUS_PER_NODE'"
-[[ $MEM_FRACTION =~ ^(0?\.[0-9]+|1(\.0*)?)$ ]] || die "--mem-fraction (or" \
+launcher_flags_before_separator ${OVERRIDES[@]+"${OVERRIDES[@]}"}
+# Each numeric setting checked before use, named as what set it: the flag (or its variable),
+# else the allocation's variable.
+set_by() {  # FLAG VAR SLURM_VAR: what set FLAG's value (FLAG, VAR, else SLURM_VAR), named
+  if given "$1" >/dev/null || [[ -n ${!2:-} || -z ${!3:-} ]]; then echo "$1 (or $2)"
+  else echo "$3 (the allocation's; $1 overrides it)"; fi
+}
+whole_number "$(set_by --nodes DLLM_NODES SLURM_JOB_NUM_NODES)" "$NODES" 1
+whole_number "$(set_by --gpus-per-node DLLM_GPUS_PER_NODE SLURM_GPUS_PER_NODE)" \
+    "$GPUS_PER_NODE" 1
+[[ $MEM_FRACTION =~ ^(0?\.[0-9]*[1-9][0-9]*|1(\.0*)?)$ ]] || die "--mem-fraction (or" \
     "XLA_PYTHON_CLIENT_MEM_FRACTION) must be in (0, 1], got '$MEM_FRACTION'"
 [[ -z $PORT || ($PORT =~ ^[1-9][0-9]{0,4}$ && $PORT -le 65535) ]] || die "--port (or" \
     "DLLM_PORT) must be a port number from 1 to 65535, got '$PORT'"
@@ -123,24 +145,18 @@ case $PROCS in
   per-gpu) TASKS_PER_NODE=$GPUS_PER_NODE ;;
   *) die "--procs must be per-node or per-gpu, got '$PROCS'" ;;
 esac
-[[ -z $CPUS_PER_TASK || $CPUS_PER_TASK =~ ^[1-9][0-9]*$ ]] \
-    || die "--cpus-per-task (or DLLM_CPUS_PER_TASK) must be a positive integer, got" \
-           "'$CPUS_PER_TASK'"
-
-if [[ -n ${DLLM_REPO:-} ]]; then
-  REPO=$DLLM_REPO
-elif [[ -f $(dirname "${BASH_SOURCE[0]}")/../dllm_rl/main.py ]]; then
-  REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-elif [[ -f ${SLURM_SUBMIT_DIR:-.}/dllm_rl/main.py ]]; then
-  REPO=$SLURM_SUBMIT_DIR
-else
-  die "cannot find the dllm_rl checkout: set DLLM_REPO"
+if [[ -n $CPUS_PER_TASK ]]; then
+  whole_number "--cpus-per-task (or DLLM_CPUS_PER_TASK)" "$CPUS_PER_TASK" 1
+elif [[ -n ${SLURM_CPUS_ON_NODE:-} ]]; then
+  whole_number "SLURM_CPUS_ON_NODE (the node's cores; --cpus-per-task overrides it)" \
+      "$SLURM_CPUS_ON_NODE" 1
 fi
-# shellcheck source=launch/common.sh
-source "$REPO/launch/common.sh"  # quote, quote_all, run
+if [[ -z $PORT && -n ${SLURM_JOB_ID:-} ]]; then
+  whole_number "SLURM_JOB_ID (the port is 20000 + it % 10000 unless --port)" "$SLURM_JOB_ID"
+fi
+
 CONFIG_FILE=$(config_file "$REPO" "$CONFIG")  # FILE of FILE:ARG; an absolute path as it is
-[[ $DRY_RUN == 1 || -f $CONFIG_FILE ]] || die "config file $CONFIG_FILE not found (--config" \
-    "$CONFIG)"
+config_file_exists "$CONFIG_FILE" "$CONFIG"
 
 # The first host of a SLURM node list: scontrol, or (dry run) a parse of "gpu[007-008],gpu010".
 first_host() {

@@ -47,7 +47,9 @@
 #   stopped TPU_FAIL_GRACE_SECONDS (600) later if JAX has not ended their runs by then).
 #   Before step 1, the config file and the overrides are checked here with DLLM_LOCAL_PYTHON
 #   (default: this checkout's .venv/bin/python; python -m dllm_rl.config.preflight): every
-#   key exists and parses, and mesh.data is a multiple of --slices.
+#   key exists and parses, and mesh.data is a multiple of --slices. A config file that is not
+#   in this checkout, a flag without a value or given twice, --dry-run, --config or --workdir
+#   after `--`, or a number that is not one stop the script (status 2, naming it), dry runs too.
 #
 # Options (environment variable in brackets; a flag wins over its variable):
 #   --name NAME              TPU name                                [TPU_NAME]   required
@@ -97,7 +99,7 @@ usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 die() { echo "tpu_pod.sh: $*" >&2; exit 2; }
 
 # shellcheck source=launch/common.sh
-source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # quote, quote_all, run
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # quote, run, need, whole_number, ...
 
 NAME=${TPU_NAME:-}
 ZONE=${TPU_ZONE:-}
@@ -119,13 +121,6 @@ CREATE=0 SPOT=0 SETUP=0 DRY_RUN=0
 OVERRIDES=()
 USER_ENV=()  # --env VAR=VALUE, for the run on every worker
 
-need() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value"; }
-# Stops unless VALUE, setting NAME's, is a whole number >= LEAST (0): bash arithmetic would read
-# a word as a variable (unset: a crash under set -u once the slices run) and 08 as bad octal.
-whole_number() {  # NAME VALUE [LEAST]
-  [[ $2 =~ ^(0|[1-9][0-9]{0,8})$ && $2 -ge ${3:-0} ]] \
-      || die "$1: expected a whole number >= ${3:-0}, got '$2'"
-}
 while [[ $# -gt 0 ]]; do
   case $1 in
     --name) need "$@"; NAME=$2; shift 2 ;;
@@ -143,7 +138,7 @@ while [[ $# -gt 0 ]]; do
     --slices) need "$@"; SLICES=$2; shift 2 ;;
     --setup) SETUP=1; shift ;;
     --stage-weights) need "$@"; STAGE_WEIGHTS=$2; shift 2 ;;
-    --env) need "$@"
+    --env) need_value "$@"  # repeatable
       [[ $2 =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--env $2: expected VAR=VALUE (a variable name," \
           "then '=')"
       USER_ENV+=("$2"); shift 2 ;;
@@ -159,11 +154,11 @@ done
 [[ -n $WORKDIR ]] || die "--workdir (or DLLM_WORKDIR) is required"
 [[ $PYTHON_VERSION =~ ^3\.(1[1-9]|[2-9][0-9])(\.[0-9]+)?$ ]] \
     || die "--python-version $PYTHON_VERSION: dllm_rl needs Python >= 3.11 (e.g. 3.11, 3.12)"
-[[ $SLICES =~ ^[1-9][0-9]*$ ]] || die "--slices (or TPU_SLICES) $SLICES: a positive number of" \
-    "slices"
+whole_number "--slices (or TPU_SLICES)" "$SLICES" 1
 whole_number TPU_POLL_SECONDS "$POLL_S"
 whole_number TPU_POLL_TRIES "$POLL_TRIES" 1
 whole_number TPU_FAIL_GRACE_SECONDS "$FAIL_GRACE_S"
+launcher_flags_before_separator ${OVERRIDES[@]+"${OVERRIDES[@]}"}
 [[ $CONFIG != /* ]] || die "--config $CONFIG: name it relative to the checkout (the workers read" \
     "it from their copy of it, --remote-dir)"
 [[ $WORKDIR == gs://* ]] || echo "tpu_pod.sh: warning: --workdir=$WORKDIR is not gs://...;" \
@@ -172,15 +167,17 @@ whole_number TPU_FAIL_GRACE_SECONDS "$FAIL_GRACE_S"
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 LOCAL_PYTHON=${DLLM_LOCAL_PYTHON:-$REPO/.venv/bin/python}  # runs the config check (preflight)
 CONFIG_FILE=$(config_file "$REPO" "$CONFIG")  # FILE of FILE:ARG
-if [[ $DRY_RUN == 0 ]]; then
-  command -v gcloud >/dev/null || die "gcloud not found (install the Google Cloud CLI)"
-  [[ -f $CONFIG_FILE ]] || die "config file $CONFIG_FILE not found (--config $CONFIG)"
-fi
+config_file_exists "$CONFIG_FILE" "$CONFIG"
+# The workers read it from their copy of this checkout (--setup's tarball): ../x.py is not there.
+CONFIG_DIR=$(cd "$(dirname "$CONFIG_FILE")" && pwd -P)
+[[ $CONFIG_DIR/ == "$(cd "$REPO" && pwd -P)"/* ]] || die "--config $CONFIG:" \
+    "$CONFIG_DIR/${CONFIG_FILE##*/} is outside the checkout, which is what the workers get:" \
+    "move it into the checkout"
+[[ $DRY_RUN == 1 ]] || command -v gcloud >/dev/null \
+    || die "gcloud not found (install the Google Cloud CLI)"
 # The config and the overrides, checked here before any slice is created or reached (a typo'd
 # key, or a mesh.data the slices do not divide, would otherwise stop the workers after setup).
-if [[ -f $CONFIG_FILE ]]; then
-  preflight "$LOCAL_PYTHON" "$REPO" "$CONFIG" "$SLICES" ${OVERRIDES[@]+"${OVERRIDES[@]}"}
-fi
+preflight "$LOCAL_PYTHON" "$REPO" "$CONFIG" "$SLICES" ${OVERRIDES[@]+"${OVERRIDES[@]}"}
 
 # The TPU software version Cloud TPU documents for each generation (cloud.google.com/tpu/docs/
 # runtimes); gcloud's v5e accelerator types are v5litepod-N.
@@ -257,7 +254,8 @@ if [[ $SETUP == 1 ]]; then
   SETUP_CMD+=" && python3 -m uv venv -q --clear --python $(quote "$PYTHON_VERSION") .venv"
   SETUP_CMD+=" && python3 -m uv pip install -q --python .venv/bin/python"
   SETUP_CMD+=" -r requirements-tpu.txt -r requirements-gcs.txt -e $(quote ".[tpu,gcs]")"
-  SETUP_CMD+=" && .venv/bin/python -c $(quote "import sys, dllm_rl; assert sys.version_info >= (3, 11), sys.version")"
+  CHECK_VENV="import sys, dllm_rl; assert sys.version_info >= (3, 11), sys.version"
+  SETUP_CMD+=" && .venv/bin/python -c $(quote "$CHECK_VENV")"
   for node in "${NODES[@]}"; do
     run gcloud compute tpus tpu-vm ssh "$node" "${GCLOUD_LOCATION[@]}" --worker=all \
         --command "$SETUP_CMD"

@@ -276,7 +276,7 @@ def test_slurm_tasks_get_their_share_of_the_nodes_cores(sandbox, tmp_path):
   tasks (or --cpus-per-task), so host work and reward workers do not share one core."""
   env = dict(sandbox, SLURM_JOB_ID="7", SLURM_JOB_NODELIST="g1", SLURM_JOB_NUM_NODES="1",
              SLURM_CPUS_ON_NODE="96")
-  args = ["--dry-run", "--config", "c.py", "--workdir", "/w"]
+  args = ["--dry-run", "--config", "configs/tiny_cpu.py", "--workdir", "/w"]
   for extra, cpus in (([], "96"), (["--procs", "per-gpu"], "12"),
                       (["--cpus-per-task", "10"], "10")):
     res = run_script(SLURM, [*args, *extra], env, tmp_path)
@@ -293,13 +293,12 @@ def test_slurm_inside_an_allocation_takes_its_gpus_per_node(sandbox, tmp_path, a
   for 8 would leave srun unable to create the step."""
   env = dict(sandbox, SLURM_JOB_ID="5", SLURM_JOB_NODELIST="g[1-2]", SLURM_JOB_NUM_NODES="2",
              SLURM_GPUS_PER_NODE=allocated)
-  res = run_script(SLURM, ["--dry-run", "--procs", "per-gpu", "--config", "c.py", "--workdir",
-                           "/w"], env, tmp_path)
+  args = ["--dry-run", "--config", "configs/tiny_cpu.py", "--workdir", "/w"]
+  res = run_script(SLURM, [*args, "--procs", "per-gpu"], env, tmp_path)
   assert res.returncode == 0, res.stderr
   srun = commands(res.stdout)[1]
   assert {"--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--gpus-per-node=4"} <= set(srun)
-  res = run_script(SLURM, ["--dry-run", "--gpus-per-node", "2", "--config", "c.py", "--workdir",
-                           "/w"], env, tmp_path)  # the flag still wins
+  res = run_script(SLURM, [*args, "--gpus-per-node", "2"], env, tmp_path)  # the flag still wins
   assert "--gpus-per-node=2" in commands(res.stdout)[1]
 
 
@@ -596,6 +595,8 @@ GPU_LEASE = os.path.join(REPO, "launch", "gpu_lease.sh")
     (GPU_LEASE, ["0", "09"], {}, "'09' is not a whole number of seconds"),
     (GPU_LEASE, ["1", "2", "3"], {}, "got 3 arguments"),
     (GPU_LEASE, ["1", "0"], {"GPU_LEASE_PARTS": "sampler foo"}, "GPU_LEASE_PARTS: unknown part"),
+    (GPU_LEASE, ["1", "0"], {"GPU_LEASE_DETERMINISTIC": "true"},  # ran without it, silently
+     "GPU_LEASE_DETERMINISTIC must be 0 or 1, got 'true'"),
 ])
 def test_gpu_scripts_reject_bad_settings_before_running_anything(tmp_path, script, args, env,
                                                                  message):

@@ -110,3 +110,70 @@ def test_slurm_names_the_variable_of_a_bad_numeric_setting(tmp_path, env, args, 
                    {**_tools(tmp_path), **env}, tmp_path)
   assert res.returncode == 2 and message in res.stderr, res.stderr
   assert not _called(tmp_path) and not res.stdout
+
+
+@pytest.mark.parametrize("script, allocation", [(TPU, False), (SLURM, False), (SLURM, True)])
+@pytest.mark.parametrize("dry", [True, False])
+@pytest.mark.parametrize("config", ["configs/nosuch.py", "configs/nosuch.py:tiny"])
+def test_a_config_file_that_is_not_there_stops_dry_and_real_runs(tmp_path, script, allocation,
+                                                                 dry, config):
+  """The file of --config FILE or FILE:ARG is named before anything is created, queued or
+  started: a dry run skipped the check (and printed commands the workers could not run)."""
+  env = recording_tools(tmp_path, {tool: f"touch '{tmp_path}/called-{tool}'; echo ACTIVE"
+                                   for tool in ("gcloud", "sbatch", "srun", "scontrol")})
+  if allocation:
+    env.update(SLURM_JOB_ID="7", SLURM_JOB_NODELIST="g1", SLURM_JOB_NUM_NODES="1")
+  args = TPU_ARGS if script == TPU else ["--workdir", "/w"]
+  res = run_script(script, [*(["--dry-run"] if dry else []), *args, "--config", config], env,
+                   tmp_path)
+  assert res.returncode == 2, (res.stdout, res.stderr)
+  assert f"config file {REPO}/configs/nosuch.py not found (--config {config})" in res.stderr
+  assert not res.stdout and not _called(tmp_path)
+
+
+def test_a_config_folder_is_named_for_what_it_is(tmp_path):
+  res = run_script(SLURM, ["--dry-run", "--config", "configs", "--workdir", "/w"],
+                   _tools(tmp_path), tmp_path)
+  assert res.returncode == 2 and f"config file {REPO}/configs is a folder" in res.stderr, (
+      res.stderr)
+  assert not res.stdout
+
+
+@pytest.mark.parametrize("var, value, message", [
+    ("SLURM_CPUS_ON_NODE", "abc", "SLURM_CPUS_ON_NODE (the node's cores; --cpus-per-task"),
+    ("SLURM_CPUS_ON_NODE", "08", "SLURM_CPUS_ON_NODE (the node's cores; --cpus-per-task"),
+    ("SLURM_JOB_ID", "x1", "SLURM_JOB_ID (the port is 20000 + it % 10000 unless --port)"),
+    ("SLURM_JOB_NUM_NODES", "two", "SLURM_JOB_NUM_NODES (the allocation's; --nodes"),
+    ("SLURM_GPUS_PER_NODE", "h100:four", "SLURM_GPUS_PER_NODE (the allocation's;"
+                                         " --gpus-per-node")])
+@pytest.mark.parametrize("dry", [True, False])
+def test_slurm_names_a_bad_number_from_the_allocation(tmp_path, var, value, message, dry):
+  """The allocation's numbers, read unchecked: "abc" cores crashed the script (an unbound
+  variable under set -u), "08" was bad octal; a bad node count was blamed on --nodes (or
+  DLLM_NODES), which the user had not given. Each is named, srun never started."""
+  env = recording_tools(tmp_path, {tool: f"touch '{tmp_path}/called-{tool}'; echo g1"
+                                   for tool in ("srun", "scontrol")})
+  env.update({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "g1", "SLURM_JOB_NUM_NODES": "1",
+              "SLURM_CPUS_ON_NODE": "96", var: value})
+  res = run_script(SLURM, [*(["--dry-run"] if dry else []), "--config", "configs/tiny_cpu.py",
+                           "--workdir", "/w"], env, tmp_path)
+  assert res.returncode == 2, (res.stdout, res.stderr)
+  assert f"{message}" in res.stderr and f"got '{value.split(':')[-1]}'" in res.stderr, (
+      res.stderr)
+  assert not res.stdout and not _called(tmp_path)
+  # a flag (or its DLLM_ variable) given instead, the allocation's value is not read
+  fix = {"SLURM_CPUS_ON_NODE": ["--cpus-per-task", "4"], "SLURM_JOB_ID": ["--port", "20001"],
+         "SLURM_JOB_NUM_NODES": ["--nodes", "1"], "SLURM_GPUS_PER_NODE": ["--gpus-per-node", "8"]}
+  res = run_script(SLURM, ["--dry-run", "--config", "configs/tiny_cpu.py", "--workdir", "/w",
+                           *fix[var]], env, tmp_path)
+  assert res.returncode == 0, res.stderr
+
+
+def test_tpu_refuses_a_slice_count_bash_cannot_hold(tmp_path):
+  """--slices 99999999999999999999 passed the old check and wrapped in bash arithmetic: the
+  loop naming the slices ran on (the script hung before printing anything)."""
+  res = run_script(TPU, ["--dry-run", *TPU_ARGS, "--slices", "99999999999999999999"],
+                   _tools(tmp_path), tmp_path)
+  assert res.returncode == 2, (res.stdout, res.stderr)
+  assert ("--slices (or TPU_SLICES): expected a whole number >= 1, got '99999999999999999999'"
+          in res.stderr) and not res.stdout

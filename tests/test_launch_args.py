@@ -1,0 +1,125 @@
+"""launch/*.sh: arguments that are there but wrong (a flag where a value goes, a flag given twice,
+a launcher flag after ``--``, a config outside what the workers get), each refused, naming it,
+before anything is created, submitted or started."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_launch import GPU_CHECK, REPO, SLURM, TPU, recording_tools, run_script
+
+TPU_ARGS = ["--name", "n", "--zone", "z", "--workdir", "gs://b/r"]
+SLURM_ARGS = ["--config", "configs/tiny_cpu.py", "--workdir", "/w"]
+
+
+def _tools(tmp_path, python=None):
+  """An environment whose gcloud and sbatch touch ``called-TOOL``; the config check runs with
+  ``python`` (default: none here, so the check is left to the workers, as on a laptop without
+  the checkout's venv: the launcher's own checks must hold without it)."""
+  env = recording_tools(tmp_path, {tool: f"touch '{tmp_path}/called-{tool}'"
+                                   for tool in ("gcloud", "sbatch")})
+  python = python or str(tmp_path / "no-python")
+  env.update(DLLM_LOCAL_PYTHON=python, DLLM_PYTHON=python)
+  return env
+
+
+def _refused(res, tmp_path, message):
+  assert res.returncode == 2, (res.stdout, res.stderr)
+  assert message in res.stderr, res.stderr
+  assert not res.stdout and not list(tmp_path.glob("called-*"))
+
+
+@pytest.mark.parametrize("script, args", [
+    (TPU, ["--name", "n", "--zone", "z", "--workdir", "--dry-run"]),
+    (SLURM, ["--config", "configs/tiny_cpu.py", "--workdir", "--dry-run"])])
+def test_a_flag_where_a_value_goes_is_refused(tmp_path, script, args):
+  """`--workdir --dry-run` took --dry-run for the workdir and ran for real: gcloud ssh'd to the
+  workers, sbatch queued the job."""
+  res = run_script(script, args, _tools(tmp_path), tmp_path)
+  _refused(res, tmp_path, "--workdir needs a value, not the flag '--dry-run'")
+
+
+@pytest.mark.parametrize("script, args, message", [
+    (TPU, [*TPU_ARGS, "--name", "m"], "--name given twice ('n', then 'm'): give it once"),
+    (TPU, [*TPU_ARGS, "--workdir", "gs://b/other"], "--workdir given twice ('gs://b/r', then"),
+    (SLURM, [*SLURM_ARGS, "--nodes", "2", "--nodes", "4"], "--nodes given twice ('2', then '4')"),
+    (SLURM, [*SLURM_ARGS, "--config", "configs/wd1.py"], "--config given twice")])
+def test_a_value_flag_given_twice_is_refused(tmp_path, script, args, message):
+  """Which one was meant? The last one won silently: a second --workdir pasted onto a command
+  ran in a folder the first one did not name. --env stays repeatable."""
+  _refused(run_script(script, args, _tools(tmp_path), tmp_path), tmp_path, message)
+
+
+def test_tpu_env_stays_repeatable(tmp_path):
+  res = run_script(TPU, ["--dry-run", *TPU_ARGS, "--env", "A=1", "--env", "B=2"],
+                   _tools(tmp_path), tmp_path)
+  assert res.returncode == 0 and "A=1 B=2 " in res.stdout, res.stderr
+
+
+@pytest.mark.parametrize("script, args", [(TPU, TPU_ARGS), (SLURM, SLURM_ARGS)])
+@pytest.mark.parametrize("after, message", [
+    ("--dry-run", "--dry-run after '--' would go to dllm_rl.main, not stop the launch"),
+    ("--config=configs/wd1.py", "--config=configs/wd1.py after '--': give --config before"),
+    ("--workdir", "--workdir after '--': give --workdir before"),
+    ("--workdir=/elsewhere", "--workdir=/elsewhere after '--': give --workdir before")])
+def test_a_launcher_flag_after_the_separator_is_refused(tmp_path, script, args, after, message):
+  """`-- --dry-run` ran for real (dllm_rl.main got --dry-run); `-- --config=OTHER` ran OTHER
+  on the workers while the launcher had checked its own config (absl keeps the last --config),
+  and `-- --workdir=OTHER` wrote elsewhere than the launcher said. With no Python here to check
+  the overrides, nothing caught them before the workers."""
+  res = run_script(script, [*args, "--", "--config.rl.steps=5", after], _tools(tmp_path),
+                   tmp_path)
+  _refused(res, tmp_path, message)
+
+
+def test_config_overrides_after_the_separator_still_pass(tmp_path):
+  res = run_script(TPU, ["--dry-run", *TPU_ARGS, "--", "--config.rl.steps=5",
+                         "--config.task.name=workdir"], _tools(tmp_path), tmp_path)
+  assert res.returncode == 0, res.stderr
+
+
+def test_tpu_refuses_a_config_outside_the_checkout(tmp_path):
+  """`--config ../x.py` exists here but not on the workers (they get this checkout's copy):
+  the run failed after the slices were created and set up."""
+  shutil.copy(os.path.join(REPO, "configs", "tiny_cpu.py"), tmp_path / "mine.py")
+  outside = os.path.relpath(tmp_path / "mine.py", REPO)
+  res = run_script(TPU, [*TPU_ARGS, "--create", "--config", outside],
+                   _tools(tmp_path, sys.executable), tmp_path)
+  _refused(res, tmp_path, f"--config {outside}: {tmp_path}/mine.py is outside the checkout")
+
+
+def test_slurm_names_a_dllm_repo_that_is_no_checkout(tmp_path):
+  """A stale DLLM_REPO: bash's "launch/common.sh: No such file or directory", status 1."""
+  env = {**_tools(tmp_path), "DLLM_REPO": str(tmp_path / "gone")}
+  res = run_script(SLURM, SLURM_ARGS, env, tmp_path)
+  _refused(res, tmp_path, f"DLLM_REPO={tmp_path}/gone is not a dllm_rl checkout (no "
+                          "dllm_rl/main.py there)")
+
+
+@pytest.mark.parametrize("fraction", ["0.0", ".000", "0"])
+def test_slurm_refuses_a_memory_fraction_of_zero(tmp_path, fraction):
+  """(0, 1] as the message says: 0.0 passed, and every process would have preallocated no GPU
+  memory, after the queue."""
+  res = run_script(SLURM, [*SLURM_ARGS, "--mem-fraction", fraction], _tools(tmp_path), tmp_path)
+  _refused(res, tmp_path, f"must be in (0, 1], got '{fraction}'")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--limit", "5"], "unknown option '--limit': OUT_DIR is the only argument"),
+    (["out", "extra"], "got 2 arguments: OUT_DIR is the only one")])
+def test_gpu_check_takes_one_out_dir_and_no_options(tmp_path, args, message):
+  """An option was taken for OUT_DIR (mkdir failed on it: status 1) and a second argument was
+  dropped while the benchmarks ran: status 2 now, nothing run or made."""
+  marker = tmp_path / "ran"
+  python = tmp_path / "python"
+  python.write_text(f"#!/bin/sh\ntouch '{marker}'\n")
+  python.chmod(0o755)
+  res = subprocess.run(["bash", GPU_CHECK, *args], env={**os.environ, "PYTHON": str(python)},
+                       capture_output=True, text=True, timeout=30, cwd=tmp_path)
+  assert res.returncode == 2 and message in res.stderr, res.stderr
+  assert sorted(os.listdir(tmp_path)) == ["python"]
