@@ -159,20 +159,63 @@ whole_number TPU_POLL_SECONDS "$POLL_S"
 whole_number TPU_POLL_TRIES "$POLL_TRIES" 1
 whole_number TPU_FAIL_GRACE_SECONDS "$FAIL_GRACE_S"
 launcher_flags_before_separator ${OVERRIDES[@]+"${OVERRIDES[@]}"}
+if [[ $CREATE == 0 ]]; then  # they say what --create makes: without it they did nothing, silently
+  for flag in --accelerator-type --runtime-version; do
+    ! given "$flag" >/dev/null || die "$flag applies only with --create (the slice $NAME is" \
+        "used as it was created)"
+  done
+  [[ $SPOT == 0 ]] || die "--spot applies only with --create (the slice $NAME is used as it was" \
+      "created)"
+fi
 [[ $CONFIG != /* ]] || die "--config $CONFIG: name it relative to the checkout (the workers read" \
     "it from their copy of it, --remote-dir)"
 [[ $WORKDIR == gs://* ]] || echo "tpu_pod.sh: warning: --workdir=$WORKDIR is not gs://...;" \
     "every worker then writes its own local copy" >&2
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# What --setup's tarball leaves out of this checkout (not what .gitignore keeps out of the
+# repository): repository data, environments and caches wherever they are; at the top, run
+# directories (checkpoints), wheels and builds.
+LEFT_OUT_ANYWHERE=(.git .venv __pycache__ .pytest_cache .import_linter_cache '*.egg-info')
+LEFT_OUT_AT_TOP=(runs 'workdir*' .whl build)
+left_out() {  # NAME DEPTH: whether a folder NAME, DEPTH folders below the top, is left out
+  local pattern
+  for pattern in "${LEFT_OUT_ANYWHERE[@]}"; do
+    # shellcheck disable=SC2053  # the pattern is meant to match as a glob
+    [[ $1 != $pattern ]] || return 0
+  done
+  if [[ $2 == 0 ]]; then
+    for pattern in "${LEFT_OUT_AT_TOP[@]}"; do
+      # shellcheck disable=SC2053
+      [[ $1 != $pattern ]] || return 0
+    done
+  fi
+  return 1
+}
 LOCAL_PYTHON=${DLLM_LOCAL_PYTHON:-$REPO/.venv/bin/python}  # runs the config check (preflight)
 CONFIG_FILE=$(config_file "$REPO" "$CONFIG")  # FILE of FILE:ARG
 config_file_exists "$CONFIG_FILE" "$CONFIG"
-# The workers read it from their copy of this checkout (--setup's tarball): ../x.py is not there.
-CONFIG_DIR=$(cd "$(dirname "$CONFIG_FILE")" && pwd -P)
-[[ $CONFIG_DIR/ == "$(cd "$REPO" && pwd -P)"/* ]] || die "--config $CONFIG:" \
-    "$CONFIG_DIR/${CONFIG_FILE##*/} is outside the checkout, which is what the workers get:" \
+# The workers read it from their copy of this checkout (--setup's tarball): ../x.py is not there,
+# nor a file in a folder the tarball leaves out, nor the target of a link to either.
+CONFIG_REAL=$CONFIG_FILE
+if [[ -L $CONFIG_FILE ]]; then
+  CONFIG_REAL=$(readlink -f "$CONFIG_FILE") || die "--config $CONFIG: cannot resolve the link"
+fi
+CONFIG_DIR=$(cd "$(dirname "$CONFIG_REAL")" && pwd -P)
+REPO_REAL=$(cd "$REPO" && pwd -P)
+[[ $CONFIG_DIR/ == "$REPO_REAL"/* ]] || die "--config $CONFIG:" \
+    "$CONFIG_DIR/${CONFIG_REAL##*/} is outside the checkout, which is what the workers get:" \
     "move it into the checkout"
+CONFIG_REL=$CONFIG_DIR/
+CONFIG_REL=${CONFIG_REL#"$REPO_REAL"/}
+IFS=/ read -r -a CONFIG_PARTS <<< "$CONFIG_REL"
+for i in "${!CONFIG_PARTS[@]}"; do
+  if left_out "${CONFIG_PARTS[$i]}" "$i"; then
+    die "--config $CONFIG: $CONFIG_DIR/${CONFIG_REAL##*/} is in ${CONFIG_PARTS[$i]}/, which" \
+        "--setup's tarball leaves out: the workers would not have it; move it elsewhere in" \
+        "the checkout"
+  fi
+done
 [[ $DRY_RUN == 1 ]] || command -v gcloud >/dev/null \
     || die "gcloud not found (install the Google Cloud CLI)"
 # The config and the overrides, checked here before any slice is created or reached (a typo'd
@@ -240,10 +283,10 @@ fi
 
 if [[ $SETUP == 1 ]]; then
   TARBALL=${TMPDIR:-/tmp}/dllm_rl-$NAME.tgz
-  # Not what .gitignore keeps out of the repository: run directories (checkpoints), wheels, caches.
-  run tar -czf "$TARBALL" --exclude=.git --exclude=.venv --exclude=__pycache__ \
-      --exclude=./runs --exclude='./workdir*' --exclude=./.whl --exclude=./build \
-      --exclude=.pytest_cache --exclude=.import_linter_cache --exclude='*.egg-info' -C "$REPO" .
+  EXCLUDES=()
+  for name in "${LEFT_OUT_ANYWHERE[@]}"; do EXCLUDES+=("--exclude=$name"); done
+  for name in "${LEFT_OUT_AT_TOP[@]}"; do EXCLUDES+=("--exclude=./$name"); done
+  run tar -czf "$TARBALL" "${EXCLUDES[@]}" -C "$REPO" .
   for node in "${NODES[@]}"; do
     run gcloud compute tpus tpu-vm scp "$TARBALL" "$node:dllm_rl.tgz" "${GCLOUD_LOCATION[@]}" \
         --worker=all

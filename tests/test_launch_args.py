@@ -83,6 +83,15 @@ def test_config_overrides_after_the_separator_still_pass(tmp_path):
   assert res.returncode == 0, res.stderr
 
 
+@pytest.mark.parametrize("flag", [["--accelerator-type", "v4-8"], ["--runtime-version", "v"],
+                                  ["--spot"]])
+def test_tpu_refuses_a_create_flag_without_create(tmp_path, flag):
+  """They say what --create makes; without it the slice is used as it is, and they did
+  nothing (the user meant a Spot or a v4 slice)."""
+  res = run_script(TPU, [*TPU_ARGS, *flag], _tools(tmp_path), tmp_path)
+  _refused(res, tmp_path, f"{flag[0]} applies only with --create (the slice n is used")
+
+
 def test_tpu_refuses_a_config_outside_the_checkout(tmp_path):
   """`--config ../x.py` exists here but not on the workers (they get this checkout's copy):
   the run failed after the slices were created and set up."""
@@ -91,6 +100,42 @@ def test_tpu_refuses_a_config_outside_the_checkout(tmp_path):
   res = run_script(TPU, [*TPU_ARGS, "--create", "--config", outside],
                    _tools(tmp_path, sys.executable), tmp_path)
   _refused(res, tmp_path, f"--config {outside}: {tmp_path}/mine.py is outside the checkout")
+
+
+@pytest.mark.parametrize("folder", ["workdir-launch-test-{pid}", "runs/launch-test-{pid}",
+                                    "launch-test-{pid}/__pycache__"])
+def test_tpu_refuses_a_config_in_a_folder_the_tarball_leaves_out(tmp_path, folder):
+  """A config under runs/ or workdir*/ (or any __pycache__) is here but not in --setup's
+  tarball: the workers' dllm_rl.main could not find it, after the slices were created."""
+  top = folder.format(pid=os.getpid()).split("/")[0]
+  made = not os.path.exists(os.path.join(REPO, top))
+  where = os.path.join(REPO, folder.format(pid=os.getpid()))
+  try:
+    os.makedirs(where)
+    shutil.copy(os.path.join(REPO, "configs", "tiny_cpu.py"), os.path.join(where, "mine.py"))
+    config = os.path.relpath(os.path.join(where, "mine.py"), REPO)
+    res = run_script(TPU, [*TPU_ARGS, "--dry-run", "--config", config],
+                     _tools(tmp_path, sys.executable), tmp_path)
+  finally:
+    shutil.rmtree(os.path.join(REPO, top) if made else where)
+  left_out = os.path.basename(where) if "__pycache__" in folder else top
+  _refused(res, tmp_path, f"is in {left_out}/, which --setup's tarball leaves out")
+
+
+def test_tpu_refuses_a_config_linked_to_a_file_outside_the_checkout(tmp_path):
+  """The tarball carries a link as a link: one to a file outside the checkout dangles on the
+  workers."""
+  shutil.copy(os.path.join(REPO, "configs", "tiny_cpu.py"), tmp_path / "mine.py")
+  folder = os.path.join(REPO, f".launch-test-{os.getpid()}")
+  try:
+    os.makedirs(folder)
+    os.symlink(tmp_path / "mine.py", os.path.join(folder, "link.py"))
+    config = os.path.relpath(os.path.join(folder, "link.py"), REPO)
+    res = run_script(TPU, [*TPU_ARGS, "--dry-run", "--config", config],
+                     _tools(tmp_path, sys.executable), tmp_path)
+  finally:
+    shutil.rmtree(folder)
+  _refused(res, tmp_path, f"--config {config}: {tmp_path}/mine.py is outside the checkout")
 
 
 def test_slurm_names_a_dllm_repo_that_is_no_checkout(tmp_path):
