@@ -13,20 +13,25 @@ from __future__ import annotations
 
 from collections import Counter
 from fractions import Fraction
+from typing import Union
 
 import numpy as np
 
 from dllm_rl.tasks.base import TASKS, Example, Task, VerifyResult, malformed
 from dllm_rl.tasks.safe_arith import ATOM_PREC, PREC, ParseError, join, parse_expression
 
+Value = Union[int, Fraction]
+_OPS = ("+", "-", "*", "/")  # rng.permutation(4) indexes them
 
-def combine(lhs: tuple[Fraction, str, int], op: str,
-            rhs: tuple[Fraction, str, int]) -> tuple[Fraction, str, int] | None:
+
+def combine(lhs: tuple[Value, str, int], op: str,
+            rhs: tuple[Value, str, int]) -> tuple[Value, str, int] | None:
   """(value, text, precedence) of ``lhs op rhs``; None for inexact/zero division.
 
-  Parentheses are added only where needed under left-to-right evaluation with
-  the usual precedence (``safe_arith.join``: the right operand of '-' or '/' keeps them at
-  equal precedence), so the text is its own canonical form.
+  Values are integers (``int``, or integral ``Fraction``: every value ``sample`` builds is an
+  integer, division being exact). Parentheses are added only where needed under
+  left-to-right evaluation with the usual precedence (``safe_arith.join``: the right operand
+  of '-' or '/' keeps them at equal precedence), so the text is its own canonical form.
   """
   (a, at, ap), (b, bt, bp) = lhs, rhs
   if op == "+":
@@ -36,10 +41,22 @@ def combine(lhs: tuple[Fraction, str, int], op: str,
   elif op == "*":
     value = a * b
   else:
-    if b == 0 or (a / b).denominator != 1:
+    if b == 0 or a % b:
       return None
-    value = a / b
+    value = a // b
   return value, join(at, ap, op, bt, bp), PREC[op]
+
+
+def two_distinct(rng: np.random.Generator, m: int) -> tuple[int, int]:
+  """Two distinct indices in [0, m), m >= 2: the pair ``rng.choice(m, size=2, replace=False)``
+  gives, from the same draws (numpy 2's Floyd sampling: one in [0, m-2], none when m = 2, one
+  in [0, m-1], taken as m-1 when it repeats the first; then the pair's shuffle, one draw in
+  [0, 1]), at half its cost (no array set-up)."""
+  a = int(rng.integers(m - 1)) if m > 2 else 0
+  b = int(rng.integers(m))
+  if b == a:
+    b = m - 1
+  return (a, b) if rng.integers(2) else (b, a)
 
 
 @TASKS.register("countdown")
@@ -64,22 +81,22 @@ class CountdownTask(Task):
     self.max_target = int(max_target)
 
   def sample(self, rng: np.random.Generator) -> Example | None:
-    numbers = [int(x) for x in rng.integers(1, self.max_number + 1, size=self.num_numbers)]
-    items = [(Fraction(x), str(x), ATOM_PREC) for x in numbers]
+    numbers = rng.integers(1, self.max_number + 1, size=self.num_numbers).tolist()
+    items = [(x, str(x), ATOM_PREC) for x in numbers]
     while len(items) > 1:
-      i, j = (int(k) for k in rng.choice(len(items), size=2, replace=False))
-      # Random op order; '/' is skipped when the division is not exact.
-      for op in rng.permutation(list("+-*/")):
-        node = combine(items[i], str(op), items[j])
+      i, j = two_distinct(rng, len(items))
+      # Random op order; '/' is skipped when the division is not exact ('+' never fails).
+      # rng.permutation(4) draws as rng.permutation(list("+-*/")) did: one shuffle of 4.
+      for o in rng.permutation(4).tolist():
+        node = combine(items[i], _OPS[o], items[j])
         if node is not None:
           break
       items = [it for k, it in enumerate(items) if k not in (i, j)] + [node]
     value, expr, _ = items[0]
-    if value.denominator != 1 or not 1 <= value <= self.max_target:
+    if not 1 <= value <= self.max_target:
       return None
-    target = int(value)
-    prompt = ",".join(map(str, numbers)) + f">{target}="
-    return Example(prompt=prompt, answer=expr, meta={"numbers": numbers, "target": target})
+    prompt = ",".join(map(str, numbers)) + f">{value}="
+    return Example(prompt=prompt, answer=expr, meta={"numbers": numbers, "target": value})
 
   def canonical(self, example: Example) -> str:
     """Sorted numbers and target: reorderings of the numbers are the same instance."""
