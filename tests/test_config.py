@@ -519,6 +519,26 @@ def test_a_generated_task_too_small_for_the_sizes_names_keys_count_and_options(t
   assert "of the 256 requested" in str(test) and "file" not in str(err.value)
 
 
+def test_countdown_at_the_default_sizes_fails_at_once_naming_what_to_raise(tmp_path):
+  """--config.task.name=countdown at the default sizes: its default options (3 numbers in
+  [1, 20], target <= 100) have 14,593 training instances, fewer than 20,000 + 256, so the run
+  stops before any draw (was ~2 min: 814k draws to give up on the last rare instances) with
+  the count and the options to raise, with their values; the test split (256) is fine."""
+  from dllm_rl.train.context import build_context
+  c = base_config()
+  c.task.name, c.task.options = "countdown", {}
+  c.data.batch_size = c.rl.batch_prompts = c.eval.batch_size = 8
+  start = time.monotonic()
+  with pytest.raises(ConfigError) as err:
+    build_context(validate(c), str(tmp_path / "w"))
+  assert time.monotonic() - start < 10.0
+  assert err.value.key == "task.train_size" and not getattr(err.value, "errors", None)
+  assert ("task 'countdown': its options give only 14593 distinct 'train' instances, fewer than"
+          " the 20256 requested (task.train_size + task.val_size = 20000 + 256): lower it or"
+          " raise task.options.max_number (now 20) or task.options.max_target (now 100) or set"
+          " task.options.num_numbers=4 (now 3) for more distinct instances") in str(err.value)
+
+
 @pytest.mark.parametrize("body, expected", [
     ("  c.rl.lr = undefined_name\n", r", line 6: NameError: name 'undefined_name' is not defined"),
     ("  c.rl.lr = 'abc'\n", r", line 6: TypeError: Could not override field 'lr'.*"),

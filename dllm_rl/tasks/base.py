@@ -80,7 +80,8 @@ class Task(abc.ABC):
   (seed, split), keeps those whose ``split_of(split_key)`` is the requested
   split, and drops duplicates (by canonical string). It gives up with a
   ValueError after ``max_draws(n)`` draws, or sooner, after ``stall_draws()`` draws in a row
-  that found no new instance (the split is exhausted: ``stall_draws``).
+  that found no new instance (the split is exhausted: ``stall_draws``), or before any draw
+  when the task counts the split's instances (``split_size``) and n is more.
   """
 
   name: str = ""
@@ -139,6 +140,12 @@ class Task(abc.ABC):
     one (seeds 0-19), so it stops none of them."""
     return self.max_draws(100)
 
+  def split_size(self, split: str) -> int | None:
+    """How many distinct instances ``split`` has, where the task counts them; None where it
+    does not. ``generate`` asked for more gives up at once, before drawing."""
+    check_split(split)
+    return None
+
   def enlarge_hint(self) -> str:
     """The end of the config error for a split with too few instances: what gives more."""
     options = " or ".join(f"task.options.{o}" for o in self.size_options) or "task.options"
@@ -149,6 +156,10 @@ class Task(abc.ABC):
     split_idx = check_split(split)
     if n < 0 or seed < 0:
       raise ValueError(f"n and seed must be >= 0, got n={n}, seed={seed}")
+    size = self.split_size(split)
+    if size is not None and n > size:
+      raise ValueError(f"task {self.name!r}: its options give only {size} distinct {split!r}"
+                       f" instances, fewer than the {n} requested")
     rng = np.random.default_rng([seed, split_idx])
     seen: set[str] = set()
     out: list[Example] = []

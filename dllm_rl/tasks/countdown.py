@@ -11,17 +11,24 @@ just scores 0.
 
 from __future__ import annotations
 
+import functools
+import itertools
+import math
 from collections import Counter
 from fractions import Fraction
-from typing import Union
+from typing import Iterator, Union
 
 import numpy as np
 
-from dllm_rl.tasks.base import TASKS, Example, Task, VerifyResult, malformed
+from dllm_rl.tasks.base import TASKS, Example, Task, VerifyResult, check_split, malformed, split_of
 from dllm_rl.tasks.safe_arith import ATOM_PREC, PREC, ParseError, join, parse_expression
 
 Value = Union[int, Fraction]
 _OPS = ("+", "-", "*", "/")  # rng.permutation(4) indexes them
+# Options with at most this many multisets of numbers (by num_numbers) have their instances
+# counted, in a second at most (3 numbers up to 38, 4 up to 13): a split asked for more than it
+# has fails at once, not after the hundreds of thousands of draws that find its rarest ones.
+COUNT_LIMIT = {3: 10_000, 4: 2_000}
 
 
 def combine(lhs: tuple[Value, str, int], op: str,
@@ -57,6 +64,51 @@ def two_distinct(rng: np.random.Generator, m: int) -> tuple[int, int]:
   if b == a:
     b = m - 1
   return (a, b) if rng.integers(2) else (b, a)
+
+
+def instance_key(numbers, target: int) -> str:
+  """The canonical string of an instance: its numbers sorted, '>', the target."""
+  return ",".join(map(str, sorted(numbers))) + f">{target}"
+
+
+def _results(a: int, b: int) -> tuple[int, ...]:
+  """``a op b`` for the ops ``combine`` accepts (division only when exact)."""
+  exact = b != 0 and a % b == 0
+  return (a + b, a - b, a * b, a // b) if exact else (a + b, a - b, a * b)
+
+
+def instance_keys(num_numbers: int, max_number: int, max_target: int) -> Iterator[str]:
+  """The canonical strings (``instance_key``) of every instance ``sample`` can draw: a
+  multiset of ``num_numbers`` numbers in [1, max_number] with a target in [1, max_target]
+  that some expression over the numbers (each once; + - * and exact /, any order and grouping)
+  equals. ``sample`` reaches each: it combines any two items with any op that succeeds."""
+  memo: dict[tuple[int, ...], set[int]] = {}
+
+  def values(items: tuple[int, ...]) -> set[int]:
+    if len(items) == 1:
+      return set(items)
+    if items not in memo:
+      out: set[int] = set()
+      for i, j in itertools.permutations(range(len(items)), 2):
+        rest = [x for k, x in enumerate(items) if k != i and k != j]
+        for v in _results(items[i], items[j]):
+          out |= values(tuple(sorted(rest + [v])))
+      memo[items] = out
+    return memo[items]
+
+  for numbers in itertools.combinations_with_replacement(range(1, max_number + 1), num_numbers):
+    for target in sorted(values(numbers)):
+      if 1 <= target <= max_target:
+        yield instance_key(numbers, target)
+
+
+def count_instances(num_numbers: int, max_number: int, max_target: int,
+                    test_fraction: float) -> dict[str, int]:
+  """How many of ``instance_keys`` fall in each split (``split_of``)."""
+  counts = {"train": 0, "test": 0}
+  for key in instance_keys(num_numbers, max_number, max_target):
+    counts[split_of(key, test_fraction)] += 1
+  return counts
 
 
 @TASKS.register("countdown")
@@ -100,8 +152,31 @@ class CountdownTask(Task):
 
   def canonical(self, example: Example) -> str:
     """Sorted numbers and target: reorderings of the numbers are the same instance."""
-    nums = sorted(example.meta["numbers"])
-    return ",".join(map(str, nums)) + f">{example.meta['target']}"
+    return instance_key(example.meta["numbers"], example.meta["target"])
+
+  @functools.cached_property
+  def _split_sizes(self) -> dict[str, int] | None:
+    multisets = math.comb(self.max_number + self.num_numbers - 1, self.num_numbers)
+    if multisets > COUNT_LIMIT[self.num_numbers]:
+      return None
+    return count_instances(self.num_numbers, self.max_number, self.max_target,
+                           self.test_fraction)
+
+  def split_size(self, split: str) -> int | None:
+    """Counted (``count_instances``) when the options have at most ``COUNT_LIMIT`` multisets
+    of numbers: those with few enough instances for a config's sizes to exceed them."""
+    check_split(split)
+    return None if self._split_sizes is None else self._split_sizes[split]
+
+  def enlarge_hint(self) -> str:
+    """The options that give more instances, with their values: a larger max_number, a larger
+    max_target (while below the largest value the numbers reach), 4 numbers (from 3)."""
+    largest = max(self.max_number ** self.num_numbers, self.num_numbers * self.max_number)
+    larger = [f"task.options.max_number (now {self.max_number})"]
+    if self.max_target < largest:
+      larger.append(f"task.options.max_target (now {self.max_target})")
+    four = " or set task.options.num_numbers=4 (now 3)" if self.num_numbers == 3 else ""
+    return f"raise {' or '.join(larger)}{four} for more distinct instances"
 
   def verify(self, example: Example, completion: str) -> VerifyResult:
     return grade_expression(completion.strip(), example.meta["numbers"], example.meta["target"])

@@ -81,6 +81,29 @@ def test_an_exhausted_split_gives_up_after_stall_draws_not_the_whole_budget():
                                  " distinct instances")
 
 
+def test_a_split_larger_than_its_counted_size_fails_before_any_draw():
+  """A task that counts a split's instances (``split_size``) is not drawn from for more than
+  that: the error names the count and the request; up to the count it draws as before."""
+  from dllm_rl.tasks.arithmetic import ArithmeticTask
+
+  class Counted(ArithmeticTask):
+    draws = 0
+
+    def sample(self, rng):
+      Counted.draws += 1
+      return super().sample(rng)
+
+    def split_size(self, split):
+      return 50
+
+  with pytest.raises(ValueError, match=r"task 'arithmetic': its options give only 50 distinct"
+                     r" 'test' instances, fewer than the 51 requested"):
+    Counted(num_digits=1, test_fraction=0.5).generate("test", 51, 0)
+  assert Counted.draws == 0
+  assert Counted(num_digits=1, test_fraction=0.5).generate("test", 20, 0) == ArithmeticTask(
+      num_digits=1, test_fraction=0.5).generate("test", 20, 0)
+
+
 def test_unknown_name_and_kwargs():
   with pytest.raises(ValueError, match="unknown task 'arithmetik'.*Did you mean 'arithmetic'"):
     make_task("arithmetik")

@@ -9,7 +9,7 @@ import pytest
 
 from dllm_rl.tasks import CharTokenizer, make_task
 from dllm_rl.tasks.countdown import combine
-from dllm_rl.tasks.base import Example
+from dllm_rl.tasks.base import Example, split_of
 from dllm_rl.tasks.safe_arith import parse_expression
 
 
@@ -175,3 +175,44 @@ def test_two_distinct_draws_as_rng_choice():
     for m in [2, 3, 4, 5, 9] * 40:
       assert two_distinct(ours, m) == tuple(numpy_rng.choice(m, size=2, replace=False).tolist())
     assert ours.bit_generator.state == numpy_rng.bit_generator.state
+
+
+@pytest.mark.parametrize("options", [(3, 4, 30), (4, 2, 100)])
+def test_counted_instances_are_those_sample_draws(options):
+  """instance_keys lists exactly what 6,000 draws find (all of them, at these sizes), and
+  count_instances splits them as generate does."""
+  from dllm_rl.tasks.countdown import count_instances, instance_keys
+  task = make_task("countdown", num_numbers=options[0], max_number=options[1],
+                   max_target=options[2], test_fraction=0.5)
+  rng = np.random.default_rng(0)
+  drawn = {task.canonical(ex) for ex in (task.sample(rng) for _ in range(6000)) if ex}
+  keys = list(instance_keys(*options))
+  assert len(keys) == len(set(keys)) and set(keys) == drawn
+  counts = count_instances(*options, test_fraction=0.5)
+  assert counts == {s: sum(split_of(k, 0.5) == s for k in keys) for s in ("train", "test")}
+  assert {s: task.split_size(s) for s in counts} == counts
+
+
+def test_a_split_larger_than_the_options_give_fails_before_drawing():
+  """The defaults (3 numbers in [1, 20], target <= 100) have 14,593 training instances: the
+  main run's 20,000 + 256 fail before any draw (were 814k draws, ~2 min: the rarest instances
+  trickle in), and the hint names the options that give more, with their values."""
+  from dllm_rl.tasks.countdown import CountdownTask
+
+  class Counted(CountdownTask):
+    draws = 0
+
+    def sample(self, rng):
+      Counted.draws += 1
+      return super().sample(rng)
+
+  task = Counted()
+  with pytest.raises(ValueError, match="task 'countdown': its options give only 14593 distinct"
+                     " 'train' instances, fewer than the 20256 requested"):
+    task.generate("train", 20256, 0)
+  assert Counted.draws == 0 and len(task.generate("test", 256, 1)) == 256
+  assert task.enlarge_hint() == (
+      "raise task.options.max_number (now 20) or task.options.max_target (now 100) or set"
+      " task.options.num_numbers=4 (now 3) for more distinct instances")
+  hint = make_task("countdown", num_numbers=4, max_number=2, max_target=16).enlarge_hint()
+  assert hint == "raise task.options.max_number (now 2) for more distinct instances"  # 2**4
