@@ -105,7 +105,7 @@ def main(argv):
 def run():
   """Console-script entry point (pyproject.toml)."""
   _overrides.clear()  # a second call in one process (tests) starts from none
-  app.run(main, flags_parser=cli.flags_parser(_overrides))
+  app.run(main, flags_parser=cli.flags_parser(_overrides, module=sys.modules[__name__]))
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ def main(argv):
 
 def run():
   """Console-script entry point (pyproject.toml)."""
-  app.run(main, flags_parser=cli.flags_parser(_overrides))
+  app.run(main, flags_parser=cli.flags_parser(_overrides, module=sys.modules[__name__]))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,16 @@
-"""pyproject.toml: every console script names a callable, every pinned runtime requirement is a
-dependency, and the version is the package's."""
+"""pyproject.toml: every console script names a callable (whose ``--help`` is its module's
+from any folder), every pinned runtime requirement is a dependency, and the version is the
+package's."""
 
 import ast
 import importlib.util
 import os
 import re
+import subprocess
+import sys
 import tomllib
+
+import pytest
 
 import dllm_rl
 
@@ -56,3 +61,35 @@ def test_pinned_requirements_are_dependencies():
 def test_version_is_the_packages():
   assert _project()["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "dllm_rl.__version__"}
   assert re.fullmatch(r"\d+\.\d+\.\d+", dllm_rl.__version__)
+
+
+def _defined_flags(tree: ast.Module) -> list[str]:
+  """The absl flags a module defines at its top level (``flags.DEFINE_*("name", ...)``)."""
+  names = []
+  for node in ast.walk(tree):
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        and node.func.attr.startswith("DEFINE_") and node.args
+        and isinstance(node.args[0], ast.Constant)):
+      names.append(node.args[0].value)
+  return names
+
+
+@pytest.mark.parametrize("script", sorted(_project()["project"]["scripts"]))
+def test_console_script_help_is_its_modules(script, tmp_path):
+  """``dllm-rl --help`` as pip's launcher runs it (``__main__`` is the launcher, with no
+  docstring; ``sys.argv[0]`` the script), from a folder outside the checkout: the module's
+  docstring and its own flags, exit 0 (absl's usage printed ``USAGE: dllm-rl [flags]``
+  alone for the main, plan and study scripts)."""
+  module, attr = _project()["project"]["scripts"][script].split(":")
+  with open(importlib.util.find_spec(module).origin) as f:
+    tree = ast.parse(f.read())
+  launcher = (f"import sys; sys.argv[0] = {script!r}; from {module} import {attr};"
+              f" sys.exit({attr}())")
+  proc = subprocess.run([sys.executable, "-c", launcher, "--help"], cwd=tmp_path,
+                        capture_output=True, text=True, timeout=60,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  first = next(l for l in ast.get_docstring(tree).splitlines() if l.strip())
+  assert first.strip() in proc.stdout, proc.stdout[:500]
+  for name in _defined_flags(tree):
+    assert re.search(rf"--(\[no\])?{name}:", proc.stdout), (name, proc.stdout[-1500:])

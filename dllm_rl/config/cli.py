@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from types import ModuleType
 from typing import Callable, NoReturn
 
 import ml_collections
@@ -56,14 +57,31 @@ def split_overrides(argv: list[str], aliases: tuple[str, ...] = ()) -> tuple[lis
   return rest, overrides
 
 
-def flags_parser(sink: list, aliases: tuple[str, ...] = ()) -> Callable[[list[str]], list[str]]:
+def usage(module: ModuleType, *, full: bool = False) -> str:
+  """The help of the entry point ``module``: its docstring, then its own flags (every flag,
+  absl's and JAX's too, with ``full``). absl's ``app.usage`` prints ``__main__``'s docstring
+  and the flags filed under ``sys.argv[0]``: right for ``python -m dllm_rl.main``, but a
+  console script's ``__main__`` is pip's launcher, which has no docstring, and the module's
+  flags are filed under its name, so ``dllm-rl --help`` printed ``USAGE: dllm-rl [flags]``
+  alone."""
+  doc = module.__doc__ or f"\nUSAGE: {sys.argv[0]} [flags]\n"
+  listed = flags.FLAGS.get_help() if full else flags.FLAGS.module_help(module)
+  return f"{doc}\nflags:\n{listed}\n" if listed else f"{doc}\n"
+
+
+def flags_parser(sink: list, aliases: tuple[str, ...] = (), *, module: ModuleType | None = None,
+                 ) -> Callable[[list[str]], list[str]]:
   """An ``app.run(..., flags_parser=...)`` that sets the config overrides aside into ``sink``
-  and parses the remaining flags with absl (an absl flag error also exits with status 2)."""
+  and parses the remaining flags with absl (an absl flag error also exits with status 2).
+  ``-h`` / ``--help`` print :func:`usage` of ``module`` (the entry point's own module, which
+  a console script's ``__main__`` is not; default ``__main__``) and exit 0."""
 
   def parse(argv: list[str]) -> list[str]:
     asked = [a for a in argv[1:] if a in HELP]
     if asked:  # absl's own --help exits with status 1 (a failed run's) and knows no -h
-      app.usage(shorthelp=asked[0] != "--helpfull", writeto_stdout=True, exitcode=0)
+      sys.stdout.write(usage(module or sys.modules["__main__"], full=asked[0] == "--helpfull"))
+      sys.stdout.flush()
+      sys.exit(0)
     rest, overrides = split_overrides(argv, aliases)
     sink.extend(overrides)
     try:

@@ -128,7 +128,8 @@ def main(argv):
 
 def run():
   """Console-script entry point (pyproject.toml)."""
-  app.run(main, flags_parser=cli.flags_parser(_overrides, aliases=("--set=",)))
+  app.run(main, flags_parser=cli.flags_parser(_overrides, aliases=("--set=",),
+                                              module=sys.modules[__name__]))
 
 
 if __name__ == "__main__":
