@@ -93,3 +93,26 @@ def test_console_script_help_is_its_modules(script, tmp_path):
   assert first.strip() in proc.stdout, proc.stdout[:500]
   for name in _defined_flags(tree):
     assert re.search(rf"--(\[no\])?{name}:", proc.stdout), (name, proc.stdout[-1500:])
+
+
+def test_an_installed_copy_inside_another_repository_records_no_commit(tmp_path):
+  """A study records the code's git commit (``provenance.git_commit``); an installed copy in
+  a project's ``.venv`` sits inside that project's git repository, whose commit is not this
+  code's: "n/a" there, the commit in a checkout whose ``dllm_rl/`` it is."""
+  from dllm_rl.study import provenance
+  repo = tmp_path / "project"
+  installed = repo / ".venv" / "lib" / "site-packages" / "dllm_rl"
+  for folder in (installed, repo / "dllm_rl"):
+    folder.mkdir(parents=True)
+    (folder / "__init__.py").write_text("")
+  (repo / ".gitignore").write_text(".venv/\n")
+  git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+  subprocess.run([*git, "init", "-q"], check=True)
+  subprocess.run([*git, "add", "-A"], check=True)
+  subprocess.run([*git, "commit", "-qm", "c"], check=True)
+  head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], check=True, capture_output=True,
+                        text=True).stdout.strip()
+  assert provenance.commit_of(str(installed)) == "n/a"
+  assert provenance.commit_of(str(repo / "dllm_rl")) == head
+  (repo / "dllm_rl" / "__init__.py").write_text("x = 1\n")
+  assert provenance.commit_of(str(repo / "dllm_rl")) == head + "+dirty"

@@ -28,15 +28,26 @@ def machine() -> str:
 def git_commit() -> str:
   """The git commit of the code that runs (``+dirty`` with uncommitted changes to the package
   or the configs: edits to docs or tests do not change a run), or "n/a" outside a git
-  checkout. Read once per process (the study calls it when it starts): a process keeps the
-  code it imported, so a commit made while it runs is not its code."""
-  here = os.path.dirname(os.path.abspath(__file__))
+  checkout (:func:`commit_of`). Read once per process (the study calls it when it starts): a
+  process keeps the code it imported, so a commit made while it runs is not its code."""
+  return commit_of(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def commit_of(package: str) -> str:
+  """The commit of the checkout whose ``dllm_rl/`` folder is ``package`` (``+dirty`` as
+  :func:`git_commit` says), or "n/a" when ``package`` is no checkout's ``dllm_rl/``: an
+  installed wheel, also one in a virtual environment inside another git repository (a
+  project's ``.venv``), whose commit is not this code's."""
+  def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=package, check=True, capture_output=True,
+                          text=True, timeout=10).stdout.strip()
+
   try:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, check=True,
-                          capture_output=True, text=True, timeout=10).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
-                            ":/dllm_rl", ":/configs"], cwd=here, check=True,
-                           capture_output=True, text=True, timeout=10).stdout.strip()
+    top = git("rev-parse", "--show-toplevel")
+    if os.path.realpath(os.path.join(top, "dllm_rl")) != os.path.realpath(package):
+      return "n/a"
+    head = git("rev-parse", "--short", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ":/dllm_rl", ":/configs")
   except (OSError, subprocess.SubprocessError):
     return "n/a"
   return head + ("+dirty" if dirty else "")
