@@ -65,6 +65,18 @@ def test_slice_names():
   assert topology.cpu_device_count("cpu:8") == 8 and topology.cpu_device_count("v5p-8") is None
 
 
+def test_a_tpu_topology_without_libtpu_names_the_install_of_an_installed_package(monkeypatch):
+  """Without libtpu a TPU topology is an error naming how to get it, also for an install from a
+  wheel, which has no requirements-tpu.txt: the package's ``tpu`` extra."""
+  from jax.experimental import topologies
+
+  def no_libtpu(**_):
+    raise RuntimeError("JAX TPU support not installed")
+  monkeypatch.setattr(topologies, "get_topology_desc", no_libtpu)
+  with pytest.raises(ValueError, match=r"v5p-8.*libtpu.*pip install \"dllm-rl\[tpu\]\""):
+    topology.get_topology("v5p-8")
+
+
 def test_largest_buffers_from_hlo():
   hlo = ("  %p = bf16[4,8]{1,0} parameter(0)\n"
          "  %big = f32[16,1024]{1,0} dot(%p, %p)\n"

@@ -2,8 +2,8 @@
 
 * ``v4-N`` / ``v5p-N`` (N TensorCores, 2 per chip: ``v5p-64`` is 32 chips, ``v5p:2x4x4``),
   ``v5e-N`` / ``v6e-N`` (N chips), or an explicit ``v5p:2x4x4``: compile-only TPU devices
-  from ``jax.experimental.topologies`` (needs libtpu: ``pip install -r requirements-tpu.txt``;
-  no TPU is touched).
+  from ``jax.experimental.topologies`` (needs libtpu: ``pip install "dllm-rl[tpu]"``, in a
+  checkout ``pip install -r requirements-tpu.txt``; no TPU is touched).
 * ``h100-N`` / ``h200-N`` (N GPUs, 8 per host: ``h100-16`` is 2 hosts): compile-only CUDA
   devices from JAX's CUDA plugin and a GPU target config (dllm_rl.parallel.gpu_target),
   compiled by the real XLA GPU compiler (needs ``pip install "jax[cuda12]==<this jax>"`` and
@@ -181,7 +181,8 @@ def get_topology(name: str, *, device_memory_gib: float | None = None,
                                            **extra).devices
   except (RuntimeError, ValueError, NotImplementedError) as err:
     raise ValueError(f"topology {name!r} ({tpu_name}): libtpu could not describe it ({err});"
-                     " install it with `pip install -r requirements-tpu.txt`") from err
+                     ' install it with `pip install "dllm-rl[tpu]"` (from a checkout:'
+                     " `pip install -r requirements-tpu.txt`; no TPU needed)") from err
   hbm, flops, _ = TPU_CHIPS[gen]
   chips = slices * math.prod(int(d) for d in tpu_name.split(":")[1].split("x"))
   per_chip = len(devices) / chips  # devices per chip (cores exposed separately on some)
