@@ -351,6 +351,40 @@ def test_a_damaged_step_silences_only_the_closed_loop_callbacks(monkeypatch):
   assert not log.filter(record(sibling.exc_value)) and log.filter(record(real.exc_value))
 
 
+@pytest.mark.filterwarnings("error:coroutine .* was never awaited:RuntimeWarning")
+def test_a_damaged_step_s_reads_that_never_started_are_closed(tmp_path):
+  """Orbax closes a failed restore's event loop with the step's other reads still scheduled
+  (those spawned last): each such coroutine, collected later, warned "coroutine ... was never
+  awaited" (a later test's check of its own save caught one in a whole-suite run). The
+  fall-back closes them; the previous step reads as before."""
+  import asyncio
+  import gc
+
+  async def read_array():
+    return 0
+
+  async def read_all():
+    asyncio.gather(read_array(), read_array())  # the other reads, scheduled as orbax's
+    asyncio.get_running_loop().stop()  # the loop ends before they start
+    raise ValueError("DATA_LOSS: truncated")
+
+  def read(step):
+    if step == 2:
+      return "step 2"
+    loop = asyncio.new_event_loop()  # orbax's run_sync: closed with tasks pending
+    try:
+      return loop.run_until_complete(read_all())
+    finally:
+      loop.close()
+
+  with Checkpointer(str(tmp_path / "ckpt"), keep=2, async_save=False) as ckpt:
+    assert ckpt.first_readable(read, [3, 2]) == (2, "step 2")
+  with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always")
+    gc.collect()
+  assert [str(w.message) for w in said if "never awaited" in str(w.message)] == []
+
+
 def test_a_failed_array_read_is_said_with_its_cause_not_its_spec():
   """Orbax's "Encountered error while reading array index" carries tensorstore's spec
   (kilobytes) and not the damage: the short reason cuts the spec and says its cause."""

@@ -53,6 +53,7 @@ damaged step is deleted only when the run saves that step again (a fresh copy re
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import inspect
@@ -238,6 +239,24 @@ def _quiet_closed_loop_callbacks() -> None:
   hook.quiet_closed_loop = True
   sys.unraisablehook = hook
   _filter_once("asyncio", _SiblingReadFailures)
+
+
+def _close_dropped_reads(err: BaseException) -> None:
+  """Closes the reads of a damaged step that orbax's event loop never started: orbax closes
+  the loop of a failed restore with the other arrays' reads still scheduled (those spawned
+  last), and each such coroutine, collected later, warned "coroutine ... was never awaited"
+  (at a later save, or at exit). The loops are those whose ``run_until_complete`` ``err``
+  (or its cause) passed through, once closed; their pending tasks can never run."""
+  seen: set[int] = set()
+  while err is not None and id(err) not in seen:
+    seen.add(id(err))
+    for frame, _ in traceback.walk_tb(err.__traceback__):
+      loop = frame.f_locals.get("self") if frame.f_code.co_name == "run_until_complete" else None
+      if isinstance(loop, asyncio.AbstractEventLoop) and loop.is_closed():
+        for task in asyncio.all_tasks(loop):
+          if inspect.iscoroutine(coro := task.get_coro()):
+            _close_coroutine(coro, 0)  # only one never started
+    err = err.__cause__ or err.__context__
 
 
 def _filter_once(logger: str, kind: type[logging.Filter]) -> None:
@@ -538,6 +557,7 @@ class Checkpointer:
       except Exception as e:  # orbax/tensorstore/json errors of a damaged step  # noqa: BLE001
         failures.append((candidate, short_reason(e)))  # tensorstore: KBs of spec
         self._damaged.add(candidate)
+        _close_dropped_reads(e)
         continue
       said = (self.directory, tuple(s for s, _ in failures), candidate)
       if failures and said not in _WARNED_FALL_BACKS:
