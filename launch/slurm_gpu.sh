@@ -209,6 +209,9 @@ if [[ -n ${SLURM_JOB_ID:-} ]]; then
   srun_step "$SLURM_JOB_NODELIST" "${PORT:-$((20000 + SLURM_JOB_ID % 10000))}"
 else
   [[ $DRY_RUN == 1 ]] || command -v sbatch >/dev/null || die "sbatch not found (not a SLURM host?)"
+  # sbatch --export splits its value at commas: DLLM_REPO would reach the job cut short
+  [[ $REPO != *,* ]] || die "the checkout's path $REPO has a comma, which sbatch --export cannot" \
+      "pass on: use a path without one (a link to it will do)"
   # The config and the overrides, checked before the job waits in the queue (hours, may be).
   [[ ! -f $CONFIG_FILE ]] || preflight "$PYTHON" "$REPO" "$CONFIG" 1 \
       ${OVERRIDES[@]+"${OVERRIDES[@]}"}

@@ -167,6 +167,12 @@ if [[ $CREATE == 0 ]]; then  # they say what --create makes: without it they did
   [[ $SPOT == 0 ]] || die "--spot applies only with --create (the slice $NAME is used as it was" \
       "created)"
 fi
+# --setup unpacks the checkout into it and rebuilds its .venv (uv venv --clear): home itself
+# would get the checkout's files and lose a ~/.venv of its own
+case ${REMOTE_DIR%/} in
+  ''|.|'~'|'$HOME') die "--remote-dir '$REMOTE_DIR': name a folder of its own (--setup" \
+      "unpacks the checkout there and rebuilds its .venv), e.g. dllm_rl" ;;
+esac
 [[ $CONFIG != /* ]] || die "--config $CONFIG: name it relative to the checkout (the workers read" \
     "it from their copy of it, --remote-dir)"
 [[ $WORKDIR == gs://* ]] || echo "tpu_pod.sh: warning: --workdir=$WORKDIR is not gs://...;" \

@@ -138,6 +138,28 @@ def test_tpu_refuses_a_config_linked_to_a_file_outside_the_checkout(tmp_path):
   _refused(res, tmp_path, f"--config {config}: {tmp_path}/mine.py is outside the checkout")
 
 
+@pytest.mark.parametrize("remote", [".", "./", "~", "/", "$HOME"])
+def test_tpu_refuses_home_as_the_remote_dir(tmp_path, remote):
+  """--setup unpacks the checkout into --remote-dir and rebuilds its .venv with
+  `uv venv --clear`: home itself would get the checkout's files and lose its own ~/.venv."""
+  res = run_script(TPU, [*TPU_ARGS, "--setup", "--remote-dir", remote], _tools(tmp_path),
+                   tmp_path)
+  _refused(res, tmp_path, f"--remote-dir '{remote}': name a folder of its own")
+
+
+def test_slurm_refuses_a_checkout_path_with_a_comma(tmp_path):
+  """sbatch --export=ALL,DLLM_REPO=PATH splits PATH at its commas: the job would get a
+  DLLM_REPO cut short and fail after waiting in the queue."""
+  repo = tmp_path / "runs,2"
+  shutil.copytree(os.path.join(REPO, "launch"), repo / "launch")
+  (repo / "dllm_rl").mkdir()
+  (repo / "dllm_rl" / "main.py").write_text("")
+  (repo / "configs").mkdir()
+  shutil.copy(os.path.join(REPO, "configs", "tiny_cpu.py"), repo / "configs" / "tiny_cpu.py")
+  res = run_script(str(repo / "launch" / "slurm_gpu.sh"), SLURM_ARGS, _tools(tmp_path), tmp_path)
+  _refused(res, tmp_path, f"the checkout's path {repo} has a comma")
+
+
 def test_slurm_names_a_dllm_repo_that_is_no_checkout(tmp_path):
   """A stale DLLM_REPO: bash's "launch/common.sh: No such file or directory", status 1."""
   env = {**_tools(tmp_path), "DLLM_REPO": str(tmp_path / "gone")}
