@@ -34,7 +34,7 @@ import json
 import os
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from dllm_rl.config import cli
 from dllm_rl.config.defaults import get_config as default_config
@@ -105,7 +105,7 @@ def main(argv):
 def run():
   """Console-script entry point (pyproject.toml)."""
   _overrides.clear()  # a second call in one process (tests) starts from none
-  app.run(main, flags_parser=cli.flags_parser(_overrides, module=sys.modules[__name__]))
+  cli.run_app(main, _overrides, sys.modules[__name__])
 
 
 if __name__ == "__main__":

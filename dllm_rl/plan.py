@@ -14,7 +14,7 @@ unless JAX_PLATFORMS is set).
 import os
 import sys
 
-from absl import app, flags
+from absl import flags
 
 from dllm_rl.config import cli
 from dllm_rl.errors import ConfigError, each, raise_all
@@ -88,7 +88,7 @@ def main(argv):
 
 def run():
   """Console-script entry point (pyproject.toml)."""
-  app.run(main, flags_parser=cli.flags_parser(_overrides, module=sys.modules[__name__]))
+  cli.run_app(main, _overrides, sys.modules[__name__])
 
 
 if __name__ == "__main__":

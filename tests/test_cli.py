@@ -3,6 +3,7 @@ bad ``--config.KEY=VALUE`` overrides with the same lines and exit with status 2,
 anything runs."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -61,10 +62,14 @@ def test_study_names_an_unknown_study_of_a_list(tmp_path):
     ["-m", "dllm_rl.study", "stability"],                            # no --workdir
     ["-m", "dllm_rl.study", "stabilty", "--workdir=W"]])             # an unknown study
 def test_a_usage_error_exits_2_as_a_config_error_does(args, tmp_path):
+  """Status 2 and one ``error:`` line, as a flag error gives: absl printed its usage text
+  first (the module's docstring and every flag's help, 36 lines for dllm_rl.main)."""
   proc = subprocess.run([sys.executable, *args], cwd=tmp_path, capture_output=True, text=True,
                         timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT))
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr
+  assert len([line for line in proc.stderr.splitlines() if line.startswith("error: ")]) == 1
+  assert not re.search(r"^\s+--\w+: ", proc.stderr, re.M), proc.stderr  # no flag help
   assert not os.path.exists(tmp_path / "W")
 
 

@@ -28,9 +28,27 @@ HELP = ("-h", "-help", "--help", "--helpshort", "--helpfull", "-?")  # usage, st
 
 
 def usage_error(message: str) -> app.UsageError:
-  """absl's UsageError (the usage text, then ``message``) exiting with status 2, as a config
-  error and an absl flag error (:func:`flags_parser`) do; status 1 is a failed run's."""
+  """A UsageError exiting with status 2, as a config error and an absl flag error
+  (:func:`flags_parser`) do (status 1 is a failed run's); :func:`run_app` prints it."""
   return app.UsageError(message, exitcode=EXIT_CONFIG)
+
+
+def run_app(main: Callable[[list[str]], object], sink: list, module: ModuleType,
+            aliases: tuple[str, ...] = ()) -> None:
+  """``app.run(main)`` for the entry point ``module`` (:func:`flags_parser`'s overrides into
+  ``sink``, its help), where a :func:`usage_error` prints one ``error:`` line and where the
+  usage is, as a flag error does: absl printed its usage text first (the module's docstring
+  and flags under ``python -m``, a bare ``USAGE: dllm-rl [flags]`` under a console script)
+  and the message last."""
+
+  def checked(argv: list[str]):
+    try:
+      return main(argv)
+    except app.UsageError as err:
+      print(f"error: {err}\nPass --help to see the usage.", file=sys.stderr)
+      sys.exit(err.exitcode)
+
+  app.run(checked, flags_parser=flags_parser(sink, aliases, module=module))
 
 
 def fail(errors: list[ConfigError]) -> NoReturn:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from dllm_rl.config import cli
 from dllm_rl.config import testbeds
@@ -128,8 +128,7 @@ def main(argv):
 
 def run():
   """Console-script entry point (pyproject.toml)."""
-  app.run(main, flags_parser=cli.flags_parser(_overrides, aliases=("--set=",),
-                                              module=sys.modules[__name__]))
+  cli.run_app(main, _overrides, sys.modules[__name__], aliases=("--set=",))
 
 
 if __name__ == "__main__":
