@@ -185,17 +185,12 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 LEFT_OUT_ANYWHERE=(.git .venv __pycache__ .pytest_cache .import_linter_cache '*.egg-info')
 LEFT_OUT_AT_TOP=(runs 'workdir*' .whl build)
 left_out() {  # NAME DEPTH: whether a folder NAME, DEPTH folders below the top, is left out
-  local pattern
-  for pattern in "${LEFT_OUT_ANYWHERE[@]}"; do
+  local pattern patterns=("${LEFT_OUT_ANYWHERE[@]}")
+  [[ $2 != 0 ]] || patterns+=("${LEFT_OUT_AT_TOP[@]}")
+  for pattern in "${patterns[@]}"; do
     # shellcheck disable=SC2053  # the pattern is meant to match as a glob
     [[ $1 != $pattern ]] || return 0
   done
-  if [[ $2 == 0 ]]; then
-    for pattern in "${LEFT_OUT_AT_TOP[@]}"; do
-      # shellcheck disable=SC2053
-      [[ $1 != $pattern ]] || return 0
-    done
-  fi
   return 1
 }
 LOCAL_PYTHON=${DLLM_LOCAL_PYTHON:-$REPO/.venv/bin/python}  # runs the config check (preflight)

@@ -30,10 +30,10 @@ MATH_VERIFY_TIMEOUT_S = 1
 
 # A number: optional sign (not right after a word character, '.' or ')'), digit
 # groups joined by commas and optional decimals, or a bare decimal part (".5"), then an
-# optional "/denominator", itself a sign, then digits with optional decimals or a bare decimal
-# part ("1/2.5" is 0.4, "1/.5" is 2, "1/-2" is -0.5), its thousands grouped by commas too ("1/2,000" is 0.0005;
-# groups of exactly three digits, not followed by a digit or '/': "1/2,3/4" is two fractions,
-# "1/2,0001" is 0.5 then 1). The first character picks the branch and every later part is
+# optional "/denominator", itself an optional sign, then digits with optional decimals or a
+# bare decimal part ("1/2.5" is 0.4, "1/.5" is 2, "1/-2" is -0.5), its thousands grouped by
+# commas too ("1/2,000" is 0.0005; groups of exactly three digits, not followed by a digit or
+# '/': "1/2,3/4" is two fractions, "1/2,0001" is 0.5 then 1). The first character picks the branch and every later part is
 # optional, so matching never backtracks far; commas that are not thousands separators
 # split the match (``_numbers``). A '.' with no digit after it (a full stop, "...") is no
 # number, and a run of digits right after a '.' that follows a digit ("1.2.3") starts none.

@@ -404,10 +404,8 @@ def run_phase(phase_cls: type[Phase], ctx: Context) -> dict:
           ckpt.close()  # waits for the write
           logger.flush()
           raise Preempted(name, step)
-    except BaseException:  # an error or a stop: the bar's last line before its message
+    finally:  # on an error or a stop too: the bar's last line before its message
       bar.close()
-      raise
-    bar.close()
     clock.close(state)
     ckpt.wait()
     report = phase.test(state)
