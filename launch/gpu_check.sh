@@ -46,13 +46,26 @@ done
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 1  # absolute: the script cd's below
 cd "$(dirname "$0")/.." || exit 1
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt" 2>&1 || true
+# Each part's summary (its limit, whether it was cut, its log's last 25 lines) goes to
+# NAME.summary, and summary.txt is rebuilt from them: once each, in the parts' order. (It was
+# appended to: a rerun with the same OUT_DIR, as gpu_lease.sh's on a warm machine, replaced
+# the logs but added another copy of every part's summary.)
+SECTIONS="staircase sampler rl_step_mfu moe study_stability study_steprs"
+summarize() {
+  local name
+  for name in $SECTIONS; do
+    [ ! -f "$OUT/$name.summary" ] || cat "$OUT/$name.summary"
+  done > "$OUT/summary.txt"
+}
 run() {  # run NAME SECONDS CMD...
   local name=$1 secs=$2; shift 2
-  echo "== $name (limit ${secs}s)" | tee -a "$OUT/summary.txt"
+  echo "== $name (limit ${secs}s)" | tee "$OUT/$name.summary"
+  summarize
   timeout -k 45 "$secs" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
-  [ $rc -eq 124 ] && echo "   $name: cut at ${secs}s" | tee -a "$OUT/summary.txt"
-  tail -n 25 "$OUT/$name.log" | tee -a "$OUT/summary.txt"
+  [ $rc -eq 124 ] && echo "   $name: cut at ${secs}s" | tee -a "$OUT/$name.summary"
+  tail -n 25 "$OUT/$name.log" | tee -a "$OUT/$name.summary"
+  summarize
 }
 # The study's arms (shell patterns) and extra flags (e.g. --config.KEY=VALUE for a dry run).
 STABILITY_ARMS=${GPU_CHECK_STABILITY_ARMS:-'grpo@*,stabledrl@*,clip_only@*,selfnorm_only@*'}

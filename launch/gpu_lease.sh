@@ -47,10 +47,12 @@ done
 cd "$(dirname "$0")/.." || exit 1
 STATE=${GPU_LEASE_STATE:-/tmp/gpu_lease}
 mkdir -p "$STATE"
+# (less checkpoints, caches and the runs' empty lock files, dllm_rl.train.modes.LOCK_FILE)
 pack() {  # what the parts wrote so far, into $OUT (the device tool brings it back)
   [ -n "${OUT:-}" ] || return 0
   tar czf "$OUT/gpu_lease.tgz" --exclude='*checkpoint*' --exclude='llada_1b' \
     --exclude='*.safetensors' --exclude='ckpt*' --exclude='xla_cache*' --exclude='jax_cache' \
+    --exclude='.dllm_rl.lock' \
     -C "$(dirname "$STATE")" "$(basename "$STATE")"
   cp "$STATE/env.txt" "$OUT/"
   cat "$STATE"/*/summary.txt > "$OUT/summary.txt" 2>/dev/null

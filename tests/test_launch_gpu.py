@@ -1,0 +1,54 @@
+"""launch/gpu_lease.sh and gpu_check.sh over a stub Python (no GPU, no jax): what a lease call
+packs and summarizes, call after call on the same state (a warm machine keeps /tmp)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tarfile
+
+from tests.test_launch import REPO
+
+
+def _lease(tmp_path, out_name):
+  """One gpu_lease.sh call (no study, the staircase benchmark alone) from a copy of launch/ (a
+  checkout's .whl/ would be installed over /tmp/site), its state in tmp_path/state."""
+  repo = tmp_path / "repo"
+  if not repo.exists():
+    shutil.copytree(os.path.join(REPO, "launch"), repo / "launch")
+    stub = tmp_path / "py"
+    stub.write_text("#!/bin/sh\necho stub \"$@\"\n")
+    stub.chmod(0o755)
+  out = tmp_path / out_name
+  out.mkdir()
+  env = {**os.environ, "PYTHON": str(tmp_path / "py"), "OUT": str(out),
+         "GPU_LEASE_STATE": str(tmp_path / "state"), "GPU_CHECK_PARTS": "staircase"}
+  res = subprocess.run(["bash", str(repo / "launch" / "gpu_lease.sh"), "0", "5"], env=env,
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+  assert res.returncode == 0, res.stderr
+  return out
+
+
+def test_a_second_lease_call_summarizes_each_part_once(tmp_path):
+  """gpu_check.sh appended to its summary.txt, which a second call on the same state kept: the
+  summary brought back held every part once per call so far."""
+  _lease(tmp_path, "out1")
+  out = _lease(tmp_path, "out2")
+  for summary in (out / "summary.txt", tmp_path / "state" / "bench" / "summary.txt"):
+    text = summary.read_text()
+    assert text.count("== staircase (limit 5s)") == 1, text
+    assert text.count("stub -m dllm_rl.benchmarks.staircase") == 1, text
+
+
+def test_the_packed_state_leaves_out_the_runs_lock_files(tmp_path):
+  """A run's workdir keeps its (empty) .dllm_rl.lock: it came back in gpu_lease.tgz."""
+  run_dir = tmp_path / "state" / "study_check" / "study" / "sft"
+  run_dir.mkdir(parents=True)
+  (run_dir / ".dllm_rl.lock").touch()
+  (run_dir / "summary.json").write_text("{}")
+  out = _lease(tmp_path, "out")
+  with tarfile.open(out / "gpu_lease.tgz") as tgz:
+    names = tgz.getnames()
+  assert "state/study_check/study/sft/summary.json" in names, names
+  assert not [n for n in names if n.endswith(".lock")], names
