@@ -29,17 +29,18 @@ OUT=${1:-${OUT:-/tmp/gpu_check}}
 LIMIT=${GPU_CHECK_LIMIT_S:-540}
 PY=${PYTHON:-python}
 PARTS=" ${GPU_CHECK_PARTS:-staircase sampler rl_step_mfu moe} "
+# shellcheck source=launch/common.sh
+source "$(dirname "$0")/common.sh" || exit 1  # whole_number (its die: below); run is ours
 # Checked before anything runs: a typo would otherwise spend a lease doing nothing.
-bad() { echo "gpu_check.sh: $*" >&2; exit 2; }
+die() { echo "gpu_check.sh: $*" >&2; exit 2; }
 # (an option was taken for OUT_DIR, and mkdir failed on it; a second argument was dropped)
-[[ $OUT != -* ]] || bad "unknown option '$OUT': OUT_DIR is the only argument, and the" \
+[[ $OUT != -* ]] || die "unknown option '$OUT': OUT_DIR is the only argument, and the" \
     "settings are GPU_CHECK_* variables (see --help)"
-[ $# -le 1 ] || bad "got $# arguments: OUT_DIR is the only one (see --help)"
-# no leading 0: bash arithmetic reads 08 as octal
-[[ $LIMIT =~ ^[1-9][0-9]*$ ]] || bad "GPU_CHECK_LIMIT_S must be whole seconds > 0, got '$LIMIT'"
+[ $# -le 1 ] || die "got $# arguments: OUT_DIR is the only one (see --help)"
+whole_number "GPU_CHECK_LIMIT_S (seconds)" "$LIMIT" 1
 for name in $PARTS; do
   case $name in staircase|sampler|rl_step_mfu|moe|study) ;;
-    *) bad "GPU_CHECK_PARTS: unknown part '$name' (staircase, sampler, rl_step_mfu, moe," \
+    *) die "GPU_CHECK_PARTS: unknown part '$name' (staircase, sampler, rl_step_mfu, moe," \
            "study; separated by spaces)" ;;
   esac
 done
@@ -57,7 +58,7 @@ summarize() {
     [ ! -f "$OUT/$name.summary" ] || cat "$OUT/$name.summary"
   done > "$OUT/summary.txt"
 }
-run() {  # run NAME SECONDS CMD...
+run() {  # run NAME SECONDS CMD... (common.sh's run, which only prints and runs, is not used)
   local name=$1 secs=$2; shift 2
   echo "== $name (limit ${secs}s)" | tee "$OUT/$name.summary"
   summarize

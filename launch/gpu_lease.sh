@@ -27,13 +27,16 @@ set -u
 case ${1:-} in -h|--help) sed -n '2,/^set -u/{/^#/p}' "$0" | cut -c3-; exit 0 ;; esac
 STUDY_S=${1:-400}
 BENCH_S=${2:-150}
+# shellcheck source=launch/common.sh
+source "$(dirname "$0")/common.sh" || exit 1  # whole_number (its die: usage, below)
 # Checked before anything runs (a typo would otherwise spend the lease doing nothing).
 usage() { echo "usage: bash launch/gpu_lease.sh STUDY_S BENCH_S (whole seconds); $1" >&2; exit 2; }
+die() { usage "$*"; }
 [ $# -le 2 ] || usage "got $# arguments"
-for secs in "$STUDY_S" "$BENCH_S"; do
-  # no leading 0: bash arithmetic reads 08 as octal (an error after the install)
-  [[ $secs =~ ^(0|[1-9][0-9]*)$ ]] || usage "'$secs' is not a whole number of seconds"
-done
+# (no leading 0: bash arithmetic reads 08 as octal, an error after the install; nor 10 digits
+# or more, which the arithmetic wraps)
+whole_number "STUDY_S (seconds)" "$STUDY_S"
+whole_number "BENCH_S (seconds)" "$BENCH_S"
 # (anything but 1 ran without deterministic ops, silently: "true" too)
 [[ ${GPU_LEASE_DETERMINISTIC:-0} =~ ^[01]$ ]] \
   || usage "GPU_LEASE_DETERMINISTIC must be 0 or 1, got '$GPU_LEASE_DETERMINISTIC'"

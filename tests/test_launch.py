@@ -590,9 +590,15 @@ GPU_LEASE = os.path.join(REPO, "launch", "gpu_lease.sh")
 
 @pytest.mark.parametrize("script, args, env, message", [
     (GPU_CHECK, [], {"GPU_CHECK_PARTS": "sampler,staircase"}, "unknown part 'sampler,staircase'"),
-    (GPU_CHECK, [], {"GPU_CHECK_LIMIT_S": "9m"}, "GPU_CHECK_LIMIT_S must be whole seconds"),
-    (GPU_LEASE, ["520s", "0"], {}, "'520s' is not a whole number of seconds"),
-    (GPU_LEASE, ["0", "09"], {}, "'09' is not a whole number of seconds"),
+    (GPU_CHECK, [], {"GPU_CHECK_LIMIT_S": "9m"},
+     "GPU_CHECK_LIMIT_S (seconds): expected a whole number >= 1, got '9m'"),
+    (GPU_CHECK, [], {"GPU_CHECK_LIMIT_S": "0"}, "expected a whole number >= 1, got '0'"),
+    # ten digits: bash arithmetic wrapped it (the shares of the limit came out negative)
+    (GPU_CHECK, [], {"GPU_CHECK_LIMIT_S": "99999999999999999999"},
+     "GPU_CHECK_LIMIT_S (seconds): expected a whole number >= 1, got '99999999999999999999'"),
+    (GPU_LEASE, ["520s", "0"], {}, "STUDY_S (seconds): expected a whole number >= 0, got '520s'"),
+    (GPU_LEASE, ["0", "09"], {}, "BENCH_S (seconds): expected a whole number >= 0, got '09'"),
+    (GPU_LEASE, ["0", "99999999999999999999"], {}, "BENCH_S (seconds): expected a whole"),
     (GPU_LEASE, ["1", "2", "3"], {}, "got 3 arguments"),
     (GPU_LEASE, ["1", "0"], {"GPU_LEASE_PARTS": "sampler foo"}, "GPU_LEASE_PARTS: unknown part"),
     (GPU_LEASE, ["1", "0"], {"GPU_LEASE_DETERMINISTIC": "true"},  # ran without it, silently
