@@ -44,6 +44,7 @@
 #                          data.batch_size: configs/llada_gpu.py has 8 prompts, one node of 8)
 #   --gpus-per-node G      GPUs per node               [DLLM_GPUS_PER_NODE] the allocation's
 #                          (SLURM_GPUS_PER_NODE, which sbatch/salloc --gpus-per-node set), else 8
+#                          (of one GPU type: TYPE:N,TYPE:N, several types, is refused)
 #   --procs per-node|per-gpu  one process per node (it sees all the node's GPUs) or per GPU
 #                                                      [DLLM_PROCS] per-node
 #   --port P               coordinator port            [DLLM_PORT] 20000 + SLURM_JOB_ID % 10000
@@ -61,20 +62,33 @@
 #   -h, --help             this text
 # Everything after `--` goes to dllm_rl.main in every process (e.g. --config.rl.steps=500).
 # The checkout is this script's parent directory (or DLLM_REPO, which submission sets, since
-# sbatch runs a spooled copy of the script).
+# sbatch runs a spooled copy of the script; a DLLM_REPO naming another checkout than the one
+# this script is in is used, and said on stderr).
 set -euo pipefail
 
 usage() { sed -n '/^# Run dllm_rl/,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 die() { echo "slurm_gpu.sh: $*" >&2; exit 2; }
 
+# --help needs no checkout (a copy of this script, sbatch's spooled one, has none beside it):
+# before the checkout is looked for, wherever it is among the options
+for arg in "$@"; do
+  case $arg in --) break ;; -h|--help) usage; exit 0 ;; esac
+done
+
 # The checkout: DLLM_REPO (submission sets it: sbatch runs a spooled copy of this script), else
 # this script's parent folder, else the folder sbatch was called from.
+HERE=$(dirname "${BASH_SOURCE[0]}")/..  # the checkout this script is in, if it is in one
 if [[ -n ${DLLM_REPO:-} ]]; then
   REPO=$DLLM_REPO
   [[ -f $REPO/dllm_rl/main.py && -f $REPO/launch/common.sh ]] || die "DLLM_REPO=$REPO is not a" \
       "dllm_rl checkout (no dllm_rl/main.py there): unset it, or name the checkout"
-elif [[ -f $(dirname "${BASH_SOURCE[0]}")/../dllm_rl/main.py ]]; then
-  REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  # another checkout than this script's (a DLLM_REPO left exported from an earlier one): said
+  if [[ -f $HERE/dllm_rl/main.py && $(cd "$REPO" && pwd -P) != "$(cd "$HERE" && pwd -P)" ]]; then
+    echo "slurm_gpu.sh: note: using the checkout DLLM_REPO=$REPO, not $(cd "$HERE" && pwd)" \
+        "where this script is (unset DLLM_REPO to use that one)" >&2
+  fi
+elif [[ -f $HERE/dllm_rl/main.py ]]; then
+  REPO=$(cd "$HERE" && pwd)
 elif [[ -f ${SLURM_SUBMIT_DIR:-.}/dllm_rl/main.py ]]; then
   REPO=$SLURM_SUBMIT_DIR
 else
@@ -86,8 +100,7 @@ source "$REPO/launch/common.sh"  # quote, run, need, whole_number, ...
 CONFIG=${DLLM_CONFIG:-}
 WORKDIR=${DLLM_WORKDIR:-}
 NODES=${DLLM_NODES:-${SLURM_JOB_NUM_NODES:-1}}
-GPUS_PER_NODE=${DLLM_GPUS_PER_NODE:-${SLURM_GPUS_PER_NODE:-8}}
-GPUS_PER_NODE=${GPUS_PER_NODE##*:}  # "h100:4" (--gpus-per-node=TYPE:N) -> 4
+GPUS_PER_NODE=${DLLM_GPUS_PER_NODE:-${SLURM_GPUS_PER_NODE:-8}}  # its TYPE: read off below
 PROCS=${DLLM_PROCS:-per-node}
 PORT=${DLLM_PORT:-}
 CPUS_PER_TASK=${DLLM_CPUS_PER_TASK:-}
@@ -134,6 +147,16 @@ set_by() {  # FLAG VAR SLURM_VAR: what set FLAG's value (FLAG, VAR, else SLURM_V
   else echo "$3 (the allocation's; $1 overrides it)"; fi
 }
 whole_number "$(set_by --nodes DLLM_NODES SLURM_JOB_NUM_NODES)" "$NODES" 1
+if ! given --gpus-per-node >/dev/null; then
+  # sbatch --gpus-per-node=TYPE:N,TYPE:N (N of each type per node) was read as the last N: one
+  # run's processes (one JAX job, compiled for one GPU) need GPUs of one type
+  GPUS_VAR=SLURM_GPUS_PER_NODE
+  [[ -z ${DLLM_GPUS_PER_NODE:-} ]] || GPUS_VAR=DLLM_GPUS_PER_NODE
+  [[ $GPUS_PER_NODE != *,* ]] || die "$GPUS_VAR=$GPUS_PER_NODE lists GPUs of several types:" \
+      "a run needs GPUs of one type; allocate one (e.g. --gpus-per-node=${GPUS_PER_NODE%%,*})," \
+      "or give --gpus-per-node G"
+  GPUS_PER_NODE=${GPUS_PER_NODE##*:}  # "h100:4" (--gpus-per-node=TYPE:N) -> 4
+fi
 whole_number "$(set_by --gpus-per-node DLLM_GPUS_PER_NODE SLURM_GPUS_PER_NODE)" \
     "$GPUS_PER_NODE" 1
 [[ $MEM_FRACTION =~ ^(0?\.[0-9]*[1-9][0-9]*|1(\.0*)?)$ ]] || die "--mem-fraction (or" \

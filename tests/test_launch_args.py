@@ -147,15 +147,20 @@ def test_tpu_refuses_home_as_the_remote_dir(tmp_path, remote):
   _refused(res, tmp_path, f"--remote-dir '{remote}': name a folder of its own")
 
 
+def _checkout(where):
+  """A minimal checkout at ``where``: launch/, dllm_rl/main.py and configs/tiny_cpu.py."""
+  shutil.copytree(os.path.join(REPO, "launch"), where / "launch")
+  (where / "dllm_rl").mkdir()
+  (where / "dllm_rl" / "main.py").write_text("")
+  (where / "configs").mkdir()
+  shutil.copy(os.path.join(REPO, "configs", "tiny_cpu.py"), where / "configs" / "tiny_cpu.py")
+
+
 def test_slurm_refuses_a_checkout_path_with_a_comma(tmp_path):
   """sbatch --export=ALL,DLLM_REPO=PATH splits PATH at its commas: the job would get a
   DLLM_REPO cut short and fail after waiting in the queue."""
   repo = tmp_path / "runs,2"
-  shutil.copytree(os.path.join(REPO, "launch"), repo / "launch")
-  (repo / "dllm_rl").mkdir()
-  (repo / "dllm_rl" / "main.py").write_text("")
-  (repo / "configs").mkdir()
-  shutil.copy(os.path.join(REPO, "configs", "tiny_cpu.py"), repo / "configs" / "tiny_cpu.py")
+  _checkout(repo)
   res = run_script(str(repo / "launch" / "slurm_gpu.sh"), SLURM_ARGS, _tools(tmp_path), tmp_path)
   _refused(res, tmp_path, f"the checkout's path {repo} has a comma")
 
@@ -190,3 +195,50 @@ def test_gpu_check_takes_one_out_dir_and_no_options(tmp_path, args, message):
                        capture_output=True, text=True, timeout=30, cwd=tmp_path)
   assert res.returncode == 2 and message in res.stderr, res.stderr
   assert sorted(os.listdir(tmp_path)) == ["python"]
+
+
+@pytest.mark.parametrize("variable", ["SLURM_GPUS_PER_NODE", "DLLM_GPUS_PER_NODE"])
+def test_slurm_refuses_gpus_of_several_types(tmp_path, variable):
+  """An allocation of `--gpus-per-node=a100:2,v100:2` (2 of each type per node) was read as 2
+  GPUs per node (the last count): srun asked for 2 untyped GPUs, and one run would have mixed
+  two GPU generations. --gpus-per-node still overrides it."""
+  env = recording_tools(tmp_path, {tool: f"touch '{tmp_path}/called-{tool}'"
+                                   for tool in ("srun", "scontrol", "sbatch")})
+  env.update(SLURM_JOB_ID="5", SLURM_JOB_NODELIST="g[1-2]", SLURM_JOB_NUM_NODES="2",
+             DLLM_PYTHON=str(tmp_path / "no-python"), **{variable: "a100:2,v100:2"})
+  res = run_script(SLURM, SLURM_ARGS, env, tmp_path)
+  _refused(res, tmp_path, f"{variable}=a100:2,v100:2 lists GPUs of several types: a run needs "
+                          "GPUs of one type; allocate one (e.g. --gpus-per-node=a100:2)")
+  res = run_script(SLURM, ["--dry-run", *SLURM_ARGS, "--gpus-per-node", "2"], env, tmp_path)
+  assert res.returncode == 0 and "--gpus-per-node=2" in res.stdout, res.stderr
+
+
+@pytest.mark.parametrize("args", [["--help"], ["-h"], ["--config", "c.py", "--help"]])
+def test_slurm_help_needs_no_checkout(tmp_path, args):
+  """A copy of the script (as sbatch spools one) with no checkout beside it: --help said
+  "cannot find the dllm_rl checkout: set DLLM_REPO" (status 2) instead of the usage."""
+  shutil.copy(SLURM, tmp_path / "slurm_gpu.sh")
+  res = run_script(str(tmp_path / "slurm_gpu.sh"), args, _tools(tmp_path), tmp_path)
+  assert res.returncode == 0 and not res.stderr, res.stderr
+  assert res.stdout.startswith("Run dllm_rl on several GPU nodes") and "\nOptions" in res.stdout
+
+
+def test_slurm_says_when_dllm_repo_names_another_checkout(tmp_path):
+  """A DLLM_REPO left exported from another checkout was used silently: the job ran that
+  checkout's code and configs. Now one line on stderr names it; none when DLLM_REPO is this
+  script's own checkout (through a link too), as in the submitted job (a spooled copy)."""
+  _checkout(tmp_path / "other")
+  env = {**_tools(tmp_path), "DLLM_REPO": str(tmp_path / "other")}
+  res = run_script(SLURM, ["--dry-run", *SLURM_ARGS], env, tmp_path)
+  assert res.returncode == 0, res.stderr
+  notes = [line for line in res.stderr.splitlines() if "note: using the checkout" in line]
+  assert notes == [f"slurm_gpu.sh: note: using the checkout DLLM_REPO={tmp_path}/other, not "
+                   f"{REPO} where this script is (unset DLLM_REPO to use that one)"], res.stderr
+  assert f"--chdir={tmp_path}/other " in res.stdout
+  os.symlink(REPO, tmp_path / "link")
+  for repo in (REPO, str(tmp_path / "link")):
+    res = run_script(SLURM, ["--dry-run", *SLURM_ARGS], {**env, "DLLM_REPO": repo}, tmp_path)
+    assert res.returncode == 0 and "note: using the checkout" not in res.stderr, res.stderr
+  shutil.copy(SLURM, tmp_path / "spooled.sh")  # sbatch's copy: in no checkout
+  res = run_script(str(tmp_path / "spooled.sh"), ["--dry-run", *SLURM_ARGS], env, tmp_path)
+  assert res.returncode == 0 and "note: using the checkout" not in res.stderr, res.stderr
