@@ -59,6 +59,9 @@ def main(argv):
   if _SLICES.value < 1 or (_SLICES.value > 1 and (n is not None or gpu is not None)):
     problems.append(ConfigError("--slices", f"{_SLICES.value}: must be >= 1, and 1 unless"
                                 f" --topology is a TPU slice (multislice), got {_TOPOLOGY.value}"))
+  elif _SLICES.value > topology.MAX_SLICES:
+    problems.append(ConfigError("--slices", f"{_SLICES.value}: at most {topology.MAX_SLICES}"
+                                " (dllm_rl.parallel.topology.MAX_SLICES)"))
   if _JSON.value:  # found before the compile, which takes minutes at 8B
     problems += planner.json_path_problems(_JSON.value)
 

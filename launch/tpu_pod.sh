@@ -77,6 +77,7 @@
 #   --create                 create the slice first
 #   --spot                   with --create: a Spot slice
 #   --slices N               TPU multislice: N slices of --accelerator-type  [TPU_SLICES] 1
+#                            (at most 1024, as python -m dllm_rl.plan --slices)
 #                            (NAME is then the queued resource, the slices NAME-0 ..)
 #   --setup                  copy this checkout to every worker and build its venv (step 2)
 #   --env VAR=VALUE          set VAR for the run on every worker (step 4; repeatable), e.g.
@@ -155,6 +156,12 @@ done
 [[ $PYTHON_VERSION =~ ^3\.(1[1-9]|[2-9][0-9])(\.[0-9]+)?$ ]] \
     || die "--python-version $PYTHON_VERSION: dllm_rl needs Python >= 3.11 (e.g. 3.11, 3.12)"
 whole_number "--slices (or TPU_SLICES)" "$SLICES" 1
+# dllm_rl.parallel.topology.MAX_SLICES, the planner's bound (a test checks they agree): ~5x the
+# largest multislice job made public; a mistyped count built a name per slice, then started a
+# gcloud session per slice at once
+MAX_SLICES=1024
+[[ $SLICES -le $MAX_SLICES ]] || die "--slices (or TPU_SLICES) $SLICES: at most $MAX_SLICES" \
+    "slices (the planner's bound, dllm_rl.parallel.topology.MAX_SLICES)"
 whole_number TPU_POLL_SECONDS "$POLL_S"
 whole_number TPU_POLL_TRIES "$POLL_TRIES" 1
 whole_number TPU_FAIL_GRACE_SECONDS "$FAIL_GRACE_S"

@@ -104,3 +104,14 @@ def test_plan_flags_are_checked_before_the_compile(tmp_path):
       " got cpu:0",
       f"error: --json: {tmp_path}/a_file is not an existing folder"]
   assert json_path_problems(str(tmp_path)) and not json_path_problems(f"{tmp_path}/plan.json")
+
+
+def test_plan_caps_the_slices():
+  """The bound launch/tpu_pod.sh --slices keeps too: 10^8 slices would be described device by
+  device before the compile."""
+  proc = subprocess.run([sys.executable, "-m", "dllm_rl.plan", "--config=configs/tiny_cpu.py",
+                         "--topology=v5p-8", "--slices=100000000"], cwd=ROOT, capture_output=True,
+                        text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 2 and proc.stderr.splitlines()[-1] == (
+      "error: --slices: 100000000: at most 1024 (dllm_rl.parallel.topology.MAX_SLICES)"), \
+      proc.stderr[-2000:]

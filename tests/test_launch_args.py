@@ -242,3 +242,15 @@ def test_slurm_says_when_dllm_repo_names_another_checkout(tmp_path):
   shutil.copy(SLURM, tmp_path / "spooled.sh")  # sbatch's copy: in no checkout
   res = run_script(str(tmp_path / "spooled.sh"), ["--dry-run", *SLURM_ARGS], env, tmp_path)
   assert res.returncode == 0 and "note: using the checkout" not in res.stderr, res.stderr
+
+
+def test_tpu_caps_the_slices_at_the_planners_bound(tmp_path):
+  """A 9-digit --slices passed the number check and built a slice name each (then a gcloud
+  session each) before anything failed: the bound is the planner's, topology.MAX_SLICES."""
+  from dllm_rl.parallel import topology
+  most, env = topology.MAX_SLICES, _tools(tmp_path)
+  for slices in (most + 1, 999999999):
+    res = run_script(TPU, [*TPU_ARGS, "--dry-run", "--slices", str(slices)], env, tmp_path)
+    _refused(res, tmp_path, f"--slices (or TPU_SLICES) {slices}: at most {most} slices")
+  with open(TPU) as f:  # the script's own number (a dry run of 1024 slices takes seconds)
+    assert f"\nMAX_SLICES={most}\n" in f.read()

@@ -42,6 +42,11 @@ _CORES_PER_CHIP = {"v4": 2, "v5p": 2, "v5e": 1, "v6e": 1}  # what N counts in "v
 CPU_DEFAULT_MEMORY_GIB = 80.0
 CPU_DEFAULT_PEAK_TFLOPS = 989.0
 GPUS_PER_HOST = 8  # h100-N with N > 8: N / 8 hosts of 8 (an HGX / DGX node)
+# The most TPU slices of a multislice run (python -m dllm_rl.plan --slices, launch/tpu_pod.sh
+# --slices, which keeps the same number): about 5x the largest multislice job made public (199
+# v5e-256 slices, 50,944 chips, in 2023). A mistyped count (--slices 100000000) would otherwise
+# build one device, or one slice name and gcloud session, per slice before anything failed.
+MAX_SLICES = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +162,8 @@ def get_topology(name: str, *, device_memory_gib: float | None = None,
   if slices < 1 or (slices > 1 and (cpu_device_count(name) is not None
                                     or gpu_topology_name(name) is not None)):
     raise ValueError(f"{slices} slices of {name!r}: multislice is a TPU topology's (slices >= 1)")
+  if slices > MAX_SLICES:
+    raise ValueError(f"{slices} slices of {name!r}: at most {MAX_SLICES} (MAX_SLICES)")
 
   n = cpu_device_count(name)
   if n is not None:

@@ -107,6 +107,8 @@ def test_multislice_is_a_tpu_topology_s():
       topology.get_topology(name, slices=2)
   with pytest.raises(ValueError, match="slices >= 1"):
     topology.get_topology("v5p-8", slices=0)
+  with pytest.raises(ValueError, match=f"at most {topology.MAX_SLICES} .MAX_SLICES."):
+    topology.get_topology("v5p-8", slices=topology.MAX_SLICES + 1)  # before libtpu is asked
 
 
 @needs_libtpu
