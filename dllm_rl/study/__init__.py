@@ -3,5 +3,6 @@
 ``arms.py`` (what each study runs), ``stats.py`` (pure statistics), ``runner.py``
 (SFT once per seed, then every arm from that checkpoint through ``dllm_rl.train.modes``),
 ``plots.py`` (PNG curves with seed bands, grad-norm spikes), ``report.py``
-(docs/results.md from the study JSON), ``__main__.py`` (the command).
+(docs/results.md from the study JSON; its tables: ``report_tables.py``), ``__main__.py``
+(the command).
 """

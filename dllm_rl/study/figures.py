@@ -1,8 +1,8 @@
 """Per-arm figures of a study record (the JSON a study writes): an arm's runs in seed order,
 t-intervals over its seeds, paired differences between two arms of the same seeds, its
-collapses and spikes, and how the report writes them. Shared by the report's tables and
-verdicts (:mod:`dllm_rl.study.report`) and its control lines
-(:mod:`dllm_rl.study.report_controls`)."""
+collapses and spikes, and how the report writes them. Shared by the report's tables
+(:mod:`dllm_rl.study.report_tables`), its verdicts (:mod:`dllm_rl.study.report`) and its
+control lines (:mod:`dllm_rl.study.report_controls`)."""
 
 from __future__ import annotations
 

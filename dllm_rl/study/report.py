@@ -1,12 +1,14 @@
-"""docs/results.md from the study JSON: tables (mean ± 95% t-interval across seeds),
-plots, the exact command, the machine, the wall time, and one verdict per claim (the files
-beside it: :mod:`dllm_rl.study.report_files`)."""
+"""docs/results.md from the study JSON: tables (mean ± 95% t-interval across seeds:
+:mod:`dllm_rl.study.report_tables`), plots, the exact command, the machine, the wall time, and
+one verdict per claim, computed here from the tables' numbers (the control lines:
+:mod:`dllm_rl.study.report_controls`; the files beside it: :mod:`dllm_rl.study.report_files`)."""
 
 from __future__ import annotations
 
 import collections
 
 from dllm_rl.study import figures as fig
+from dllm_rl.study import report_tables as tables
 from dllm_rl.study import stats
 from dllm_rl.study.multiplicity import multiplicity_note
 from dllm_rl.study.report_controls import grpo_control_verdicts, low_lr_control_verdicts
@@ -27,97 +29,6 @@ def seeds_label(study: dict) -> str:
 MIN_EFFECT = 0.02
 # Centered GRPO "did not narrow" the policy: it keeps ≥ 90% of the start's distinct answers.
 NARROWING = 0.9
-
-
-def _group(a: dict) -> str:
-  from dllm_rl.study.arms import STRESS_LABEL
-  return {"stress": STRESS_LABEL}.get(a.get("group", "main"), a.get("group", "main"))
-
-
-def stability_table(study: dict) -> str:
-  rows = ["| arm | group | held-out test acc. (end) | val acc. start → final | collapsed (seeds)"
-          " | grad-norm spikes (> 5× median) | \\|log ρ̂\\| first inner step p50 / p90 / p99 / max"
-          " | \\|log ρ̂\\| all inner steps p50 / p90 / p99 / max | bypass fraction (A < 0,"
-          " ρ̂ > 1 + ε) |", "|" + " --- |" * 9]
-  for a in study["arms"]:
-    n = a["name"]
-    st = lambda key: fig.interval(study, n, lambda r: r["stats"][key])
-    quantile = lambda name: fig.fmt_g(fig.interval(study, n,
-                                                   lambda r: fig.abs_log_ratio(r, name)))
-    q = lambda when: " / ".join(quantile(f"{k}_{when}") for k in ("p50", "p90", "p99", "max"))
-    rows.append(
-        f"| {n} | {_group(a)} | {fig.fmt(fig.interval(study, n, fig.held_out_accuracy))} |"
-        f" {fig.fmt(st('start_val_accuracy'))}"
-        f" → {fig.fmt(st('final_val_accuracy'))} | {fig.collapsed(study, n)} |"
-        f" {fig.fmt(st('grad_spikes'), 1)} | {q('first')} | {q('all')} |"
-        f" {fig.fmt(st('bypass_fraction_mean'), 4)} |")
-  return "\n".join(rows)
-
-
-def _distinct(r):
-  return r["summary"].get("rl_distinct_correct")
-
-
-def _diversity(r):
-  return r["summary"].get("rl_diversity")
-
-
-def _sft_pass(k):
-  return lambda s: (s.get("sft_pass_at_k") or {}).get(str(k))
-
-
-def _sft_of(study: dict, arm: str, get) -> dict:
-  """Mean ± t-interval over the arm's seeds of get(their SFT start's summary) (one value
-  when the testbed shares one start)."""
-  runs = fig.runs(study, arm)[:1] if study.get("shared_sft") else fig.runs(study, arm)
-  return stats.t_interval(list(map(fig.of_sft(study, get), runs)))
-
-
-def _late(key: str):
-  """get(run) → the mean of the per-step metric ``key`` over the second half of the run's RL
-  steps (None where the records lack it: runs older than the metric)."""
-  def get(r):
-    steps = r.get("steps") or []
-    last = max((x["step"] for x in steps), default=0)
-    vals = [x[key] for x in steps if x["step"] > last / 2 and x.get(key) is not None]
-    return sum(vals) / len(vals) if vals else None
-  return get
-
-
-def steprs_table(study: dict) -> str:
-  """One row per arm, after a row for the SFT start (what exploration is measured
-  against): greedy accuracy, pass@k at T = 1, distinct correct answers per prompt and
-  distinct answers (correct or not) in the 8 samples, validation accuracy, the seeds whose
-  run collapsed, and over the second half of RL the step's mean |A| and the policy's
-  entropy (:data:`STEPRS_NOTE`)."""
-  rows = ["| arm | group | greedy test acc. | pass@1 (T = 1) | pass@4 | pass@8 |"
-          " distinct correct answers / prompt | distinct answers in 8 samples |"
-          " val acc. start → final | collapsed (seeds) | mean \\|A\\|, 2nd half |"
-          " entropy, 2nd half | β_end |",
-          "|" + " --- |" * 13]
-  first = study["arms"][0]["name"] if study["arms"] else None
-  start = _sft_of(study, first, lambda s: s.get("sft_accuracy")) if first else {"mean": None}
-  if start["mean"] is not None:
-    sft = lambda get, digits=3: fig.fmt(_sft_of(study, first, get), digits)
-    rows.append(f"| SFT start | — | {fig.fmt(start)} | {sft(_sft_pass(1))} |"
-                f" {sft(_sft_pass(4))} |"
-                f" {sft(_sft_pass(8))} | — | {sft(lambda s: s.get('sft_diversity'), 2)} |"
-                f" {sft(lambda s: s.get('sft_val_accuracy'))} | — | — | — | — |")
-  for a in study["arms"]:
-    n = a["name"]
-    st = lambda key: fig.interval(study, n, lambda r: r["stats"][key])
-    beta = fig.interval(study, n, lambda r: r["overrides"].get("rl.beta_end")) \
-        if "steprs" in n else {"mean": None, "half_width": None}
-    mean = lambda get, digits=3: fig.fmt(fig.interval(study, n, get), digits)
-    rows.append(f"| {n} | {_group(a)} | {mean(fig.held_out_accuracy)} |"
-                f" {mean(fig.pass_at(1))} | {mean(fig.pass_at(4))} |"
-                f" {mean(fig.pass_at(8))} | {mean(_distinct, 2)} |"
-                f" {mean(_diversity, 2)} |"
-                f" {fig.fmt(st('start_val_accuracy'))} → {fig.fmt(st('final_val_accuracy'))} |"
-                f" {fig.collapsed(study, n)} | {mean(_late('adv_abs_mean'))} |"
-                f" {mean(_late('entropy'))} |"
-                f" {fig.fmt(beta, 2) if beta['mean'] is not None else '—'} |")
-  return "\n".join(rows)
 
 
 def _stuck_note(study: dict, arms: tuple[str, ...]) -> str:
@@ -244,7 +155,7 @@ def stability_verdicts(study: dict) -> list[tuple[str, str, str]]:
                 f" {fig.collapsed(study, grpo)}, StableDRL {fig.collapsed(study, name)}")
     if verdict != "reproduced":
       evidence += f". Likely reason: {_stability_reason(study, name, grpo, collapses)}"
-    out.append((f"{name} vs {grpo} ({_group(a)})", verdict, evidence))
+    out.append((f"{name} vs {grpo} ({tables.group(a)})", verdict, evidence))
   return out
 
 
@@ -340,7 +251,7 @@ def _steprs_reason(study: dict, arm: str = "steprs", opposite: bool = False,
   study's numbers (the first that apply, joined). ``opposite``: the verdict found the arm
   decidedly lower, which no seed-to-seed spread explains."""
   base8 = fig.interval(study, "centered", fig.pass_at(8))["mean"]
-  distinct = fig.interval(study, "centered", _distinct)["mean"]
+  distinct = fig.interval(study, "centered", tables.distinct)["mean"]
   reasons = []
   if base8 is not None and base8 > 0.95:
     reasons.append(f"centered GRPO's pass@8 is already {base8:.3f} (no headroom)")
@@ -356,20 +267,20 @@ def _steprs_reason(study: dict, arm: str = "steprs", opposite: bool = False,
                      " per prompt (its training answers do) and RL at this length did not"
                      " find others, so exploration has not yet had anything to reward")
     # else: distinct > pass@8, so some prompts get several correct answers: not the reason
-  kept = fig.interval(study, "centered", _diversity)["mean"]
-  start = _sft_of(study, "centered", lambda s: s.get("sft_diversity"))["mean"]
+  kept = fig.interval(study, "centered", tables.diversity)["mean"]
+  start = tables.sft_of(study, "centered", lambda s: s.get("sft_diversity"))["mean"]
   if kept is not None and start and kept >= NARROWING * start:
     p1 = fig.interval(study, "centered", fig.pass_at(1))["mean"]
-    p1_start = _sft_of(study, "centered", _sft_pass(1))
+    p1_start = tables.sft_of(study, "centered", tables.sft_pass(1))
     moved = (f", and its pass@1 at T = 1 is {p1:.3f} against the start's"
              f" {p1_start['mean']:.3f}" if p1 is not None and p1_start["mean"] is not None
              else "")
     reasons.append(f"centered GRPO kept {kept:.2f} distinct answers in 8 samples (the SFT start"
                    f" {start:.2f}){moved}: RL at this length did not narrow the sampling"
                    " policy, so there was no lost exploration for StepRS to recover")
-  narrower = fig.paired_difference(study, arm, "centered", _diversity)
+  narrower = fig.paired_difference(study, arm, "centered", tables.diversity)
   if narrower["half_width"] is not None and narrower["mean"] + narrower["half_width"] < 0:
-    ours, theirs = (fig.interval(study, a, _diversity)["mean"] for a in (arm, "centered"))
+    ours, theirs = (fig.interval(study, a, tables.diversity)["mean"] for a in (arm, "centered"))
     reasons.append(f"{arm} narrowed the sampling policy more than centered GRPO ({ours:.2f}"
                    f" against {theirs:.2f} distinct answers in 8 samples; paired"
                    f" {fig.fmt(narrower, 2)}): its weights did not keep the exploration they are"
@@ -410,7 +321,7 @@ def steprs_verdicts(study: dict) -> list[tuple[str, str, str]]:
   for arm, base, metric in STEPRS_COMPARISONS:
     if arm not in names or base not in names:
       continue
-    get = _distinct if metric == "distinct" else fig.pass_at(8)
+    get = tables.distinct if metric == "distinct" else fig.pass_at(8)
     p = fig.paired_difference(study, arm, base, get)
     verdict = stats.verdict(p, MIN_EFFECT if metric != "distinct" else 0.1, f"{arm}'s {metric}")
     evidence = f"{metric} {arm} − {base} {fig.fmt_paired(p)}"
@@ -419,20 +330,6 @@ def steprs_verdicts(study: dict) -> list[tuple[str, str, str]]:
       evidence += f". Likely reason: {_steprs_reason(study, arm, lower, base)}"
     out.append((f"{arm} vs {base}, {metric}", verdict, evidence))
   return out
-
-
-def baselines_table(study: dict) -> str:
-  rows = ["| arm | held-out test acc. (end) | gain over the SFT start (per seed) | pass@1 (T = 1)"
-          " | pass@8 | val acc. start → final |", "|" + " --- |" * 6]
-  for a in study["arms"]:
-    n = a["name"]
-    mean = lambda get: fig.fmt(fig.interval(study, n, get))
-    st = lambda key: mean(lambda r: r["stats"][key])
-    rows.append(f"| {n} | {mean(fig.held_out_accuracy)} |"
-                f" {fig.fmt_paired(fig.gain_over_start(study, n))} |"
-                f" {mean(fig.pass_at(1))} | {mean(fig.pass_at(8))} |"
-                f" {st('start_val_accuracy')} → {st('final_val_accuracy')} |")
-  return "\n".join(rows)
 
 
 def baselines_verdicts(study: dict) -> list[tuple[str, str, str]]:
@@ -447,21 +344,6 @@ def baselines_verdicts(study: dict) -> list[tuple[str, str, str]]:
                 f"test accuracy {n} − SFT {fig.fmt_paired(gain)}"))
   return out
 
-
-RATIO_NOTE = ("|log ρ̂| columns: quantiles of |log ρ̂| over the batch's sequences at each RL"
-              " step (at the first inner step θ = θ_old, so they are pure estimator noise), the"
-              " median over steps of each per-step quantile, and the largest value of the run;"
-              " mean ± t-interval over seeds.")
-
-STEPRS_NOTE = ("mean |A| and entropy: each RL step's mean |advantage| over the batch's"
-               " B·G·L completion positions, those after a completion's first EOS counting as 0"
-               " (the advantage mass per position: the step's size at a given lr, and lower for"
-               " an arm whose completions are shorter) and the policy's mean predictive entropy"
-               " (nats)"
-               " at the scored positions, averaged over the second half of the RL steps; mean ±"
-               " t-interval over seeds.")
-
-TABLE_NOTES = {"stability": RATIO_NOTE, "steprs": STEPRS_NOTE}
 
 CAVEATS = {
     "stability": (
@@ -496,9 +378,9 @@ def _stability_report_verdicts(study: dict) -> list[tuple[str, str, str]]:
 
 
 # study → (table, verdicts)
-REPORTS = {"stability": (stability_table, _stability_report_verdicts),
-           "steprs": (steprs_table, steprs_verdicts),
-           "baselines": (baselines_table, baselines_verdicts)}
+REPORTS = {"stability": (tables.stability_table, _stability_report_verdicts),
+           "steprs": (tables.steprs_table, steprs_verdicts),
+           "baselines": (tables.baselines_table, baselines_verdicts)}
 
 
 def _mean_step_ms(study: dict) -> float:
@@ -614,8 +496,8 @@ def render(studies: list[dict], meta: dict, image_dir_rel: str) -> str:
     out += [""]
     table, verdicts_of = REPORTS[name]
     out += [table(study), ""]
-    if name in TABLE_NOTES:
-      out += [TABLE_NOTES[name], ""]
+    if name in tables.TABLE_NOTES:
+      out += [tables.TABLE_NOTES[name], ""]
     out += [f"![{name} curves]({image_dir_rel}/{name}_curves.png)", ""]
     if name == "stability":
       out += [f"![{name} grad-norm spikes]({image_dir_rel}/{name}_spikes.png)", ""]

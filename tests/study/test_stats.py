@@ -295,7 +295,8 @@ def test_steprs_verdicts_compare_pass_at_8_and_distinct_answers():
 
 
 def test_steprs_report_names_a_policy_rl_did_not_narrow_and_shows_the_start():
-  from dllm_rl.study.report import steprs_table, steprs_verdicts
+  from dllm_rl.study.report import steprs_verdicts
+  from dllm_rl.study.report_tables import steprs_table
   def run(arm, s, p8, diversity):
     return {"arm": arm, "seed": s, "overrides": {},
             "summary": {"rl_accuracy": 0.6, "rl_pass_at_k": {"1": 0.33, "4": 0.7, "8": p8},
@@ -443,7 +444,8 @@ def test_seeds_to_decide_is_the_least_n_whose_interval_excludes_zero():
 
 
 def test_baselines_verdicts_pair_each_arm_with_its_seeds_sft_start():
-  from dllm_rl.study.report import baselines_table, baselines_verdicts
+  from dllm_rl.study.report import baselines_verdicts
+  from dllm_rl.study.report_tables import baselines_table
   sft = {"0": {"sft_accuracy": 0.30}, "1": {"sft_accuracy": 0.40}, "2": {"sft_accuracy": 0.35}}
   runs = [{"arm": "wd1", "seed": s, "summary": {"rl_accuracy": a},
            "stats": {"start_val_accuracy": 0.3, "final_val_accuracy": 0.5}}
@@ -575,7 +577,8 @@ def test_runs_without_validation_after_step_0_are_not_judged_not_counted_as_not_
   final_val_accuracy None. The report counted them "0/5 collapsed" and reasoned "GRPO did not
   collapse in any seed"; now the column, the evidence and the reason say not judged."""
   from dllm_rl.study import figures as fig
-  from dllm_rl.study.report import stability_table, stability_verdicts
+  from dllm_rl.study.report import stability_verdicts
+  from dllm_rl.study.report_tables import stability_table
   grpo = [0.30, 0.40, 0.35, 0.20, 0.25]
   study = _study({"grpo@a": grpo, "stabledrl@a": grpo})
   study["size"] = {"rl_steps": 3, "eval_every": 20}
