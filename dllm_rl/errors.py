@@ -69,18 +69,24 @@ REFUSED_WRITE_ERRNOS = DISK_ERRNOS + RIGHTS_ERRNOS
 _TENSORSTORE_ERRNO = re.compile(r"\[os_error_code='(\d+)'\]")
 
 
-def refused_write(err: BaseException | None) -> int | None:
-  """The errno of a write the disk or the folder refused (`REFUSED_WRITE_ERRNOS`) that
-  ``err``, its cause or its context is: an OSError, or tensorstore's ValueError naming the OS
+def refused_errno(err: BaseException) -> int | None:
+  """The errno of a write the disk or the folder refused (`REFUSED_WRITE_ERRNOS`) that ``err``
+  itself is, not its cause or context: an OSError, or tensorstore's ValueError naming the OS
   error; None for anything else."""
+  code = err.errno if isinstance(err, OSError) else None
+  if code is None and isinstance(err, ValueError):
+    found = _TENSORSTORE_ERRNO.search(str(err))
+    code = int(found.group(1)) if found else None
+  return code if code in REFUSED_WRITE_ERRNOS else None
+
+
+def refused_write(err: BaseException | None) -> int | None:
+  """:func:`refused_errno` of ``err``, else of its cause or its context (the first that is a
+  refused write, down the chain); None for anything else."""
   seen: set[int] = set()
   while err is not None and id(err) not in seen:
     seen.add(id(err))
-    code = err.errno if isinstance(err, OSError) else None
-    if code is None and isinstance(err, ValueError):
-      found = _TENSORSTORE_ERRNO.search(str(err))
-      code = int(found.group(1)) if found else None
-    if code in REFUSED_WRITE_ERRNOS:
+    if (code := refused_errno(err)) is not None:
       return code
     err = err.__cause__ or err.__context__
   return None

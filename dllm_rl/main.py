@@ -38,7 +38,7 @@ from absl import flags, logging
 
 from dllm_rl.config import cli
 from dllm_rl.config.defaults import get_config as default_config
-from dllm_rl.errors import DISK_ERRNOS, RIGHTS_ERRNOS, ConfigError
+from dllm_rl.errors import DISK_ERRNOS, ConfigError, refused_errno
 from dllm_rl.paths import BackendMissing
 
 _CONFIG = flags.DEFINE_string("config", None,
@@ -50,10 +50,12 @@ _overrides: list[tuple[str, str]] = []
 def _refused_write(err: OSError, workdir: str) -> bool:
   """Whether ``err`` is a write in ``workdir`` that the disk or the folder's rights refused
   (outside a checkpoint save, which names its step: CheckpointWriteError); no rights count
-  only for a file in the workdir (an input's is not a write)."""
-  if err.errno in DISK_ERRNOS:
+  only for a file in the workdir (an input's is not a write). ``err``'s own errno decides, not
+  its cause's (:func:`dllm_rl.errors.refused_errno`)."""
+  code = refused_errno(err)
+  if code in DISK_ERRNOS:
     return True
-  if err.errno not in RIGHTS_ERRNOS or not isinstance(err.filename, (str, bytes)):
+  if code is None or not isinstance(err.filename, (str, bytes)):  # rights: where it wrote
     return False
   inside = os.path.abspath(os.fsdecode(err.filename)) + os.sep
   return inside.startswith(os.path.abspath(workdir) + os.sep)

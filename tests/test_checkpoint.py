@@ -456,10 +456,11 @@ def test_a_failed_write_is_named_and_the_earlier_steps_stand(tmp_path, monkeypat
 
 def test_a_refused_write_is_found_in_an_oserror_or_tensorstore_s_text():
   """Full, over quota, read-only or no rights: the errno of an OSError, of tensorstore's
-  ValueError ("... [os_error_code='28']"), or of either as a cause; anything else is None."""
+  ValueError ("... [os_error_code='28']"), or of either as a cause; anything else is None.
+  ``refused_errno`` reads the error itself only (dllm_rl.main's check)."""
   import errno
 
-  from dllm_rl.errors import refused_write
+  from dllm_rl.errors import refused_errno, refused_write
   tensorstore = ValueError('RESOURCE_EXHAUSTED: Error writing local file "/w/8/_sharding":'
                            " Failed to write 15439 bytes to file 18: No space left on device"
                            " [os_error_code='28']")
@@ -473,6 +474,8 @@ def test_a_refused_write_is_found_in_an_oserror_or_tensorstore_s_text():
   assert refused_write(tensorstore) == errno.ENOSPC and refused_write(wrapped) == errno.EACCES
   assert refused_write(OSError(errno.EIO, "Input/output error")) is None
   assert refused_write(ValueError("DATA_LOSS: [os_error_code='5']")) is None
+  assert refused_errno(tensorstore) == errno.ENOSPC and refused_errno(wrapped) is None
+  assert refused_errno(wrapped.__cause__) == errno.EACCES
 
 
 def test_orbax_s_tracebacks_of_a_refused_write_are_dropped_and_no_others(tmp_path):

@@ -422,6 +422,10 @@ def test_a_write_the_full_disk_refuses_outside_a_checkpoint_is_one_error_line(tm
       " rerun the same command to resume from the newest"]
   with pytest.raises(OSError, match="Input/output error"):
     _main_raising(OSError(errno.EIO, "Input/output error"), tmp_path, monkeypatch, capsys)
+  raised_after = OSError(errno.EIO, "Input/output error")  # its own errno decides, not its cause's
+  raised_after.__cause__ = full
+  with pytest.raises(OSError, match="Input/output error"):
+    _main_raising(raised_after, tmp_path, monkeypatch, capsys)
 
 
 def _main_raising(err: OSError, workdir, monkeypatch, capsys) -> tuple[int, str]:
