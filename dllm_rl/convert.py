@@ -180,11 +180,11 @@ def main(argv: list[str] | None = None) -> int:
       from dllm_rl.models import convert
 
       one_process("import")
-      try:  # a file there or on the way, a checkpoint there: named as the flag, before reading
-        convert.check_new_import_dir(args.out)
-      except (FileExistsError, NotADirectoryError) as err:
+      try:  # the library checks --out before it reads the source: named here as the flag
+        stats = convert.import_hf(args.hf_dir, args.out, dtype=args.dtype)
+      except convert.OutputFolderError as err:  # a file there or on the way, a checkpoint there
         raise ConfigError("--out", str(err)) from None
-      _report("import", convert.import_hf(args.hf_dir, args.out, dtype=args.dtype))
+      _report("import", stats)
     elif args.command == "export":
       _export(args)
     else:

@@ -61,7 +61,7 @@ def _meta(cfg: ModelConfig, ids: hf.TokenIds, family: str, hf_config: dict, sour
 
 def import_hf(hf_dir: str, out_dir: str, *, dtype: str = "float32", mesh=None) -> dict[str, Any]:
   """HF folder → imported checkpoint in ``out_dir``; returns timing stats. ``out_dir`` is
-  checked before anything is read (:func:`check_new_import_dir`)."""
+  checked before anything is read (:func:`check_new_import_dir`: an OutputFolderError)."""
   check_new_import_dir(out_dir)
   hf_config = hf.read_hf_config(hf_dir)
   t0 = time.perf_counter()
@@ -79,33 +79,47 @@ def import_hf(hf_dir: str, out_dir: str, *, dtype: str = "float32", mesh=None) -
           "total_s": time.perf_counter() - t0}
 
 
+class OutputFolderError(OSError):
+  """An output folder that a conversion will not write, found before anything is read
+  (:func:`check_new_folder` and the checks built on it). Raised as one of the two kinds below,
+  so that a caller may catch FileExistsError / NotADirectoryError, and a command line this
+  type alone to name its flag (``--out``: the source's own errors are not this)."""
+
+
+class FolderTaken(OutputFolderError, FileExistsError):
+  """The output folder is a file, or already holds a checkpoint."""
+
+
+class FolderBlocked(OutputFolderError, NotADirectoryError):
+  """A file stands on the way to the output folder."""
+
+
 def check_new_folder(folder: str) -> None:
-  """FileExistsError when ``folder`` (an output folder to be made) is a file;
-  NotADirectoryError when a file stands on the way to it."""
+  """FolderTaken (a FileExistsError) when ``folder`` (an output folder to be made) is a file;
+  FolderBlocked (a NotADirectoryError) when a file stands on the way to it."""
   if os.path.exists(folder) and not os.path.isdir(folder):
-    raise FileExistsError(f"{folder} is a file, not a folder; name a new folder")
+    raise FolderTaken(f"{folder} is a file, not a folder; name a new folder")
   above = os.path.dirname(os.path.abspath(folder))
   while not os.path.exists(above):
     above = os.path.dirname(above)
   if not os.path.isdir(above):
-    raise NotADirectoryError(f"{folder}: {above} is a file, not a folder")
+    raise FolderBlocked(f"{folder}: {above} is a file, not a folder")
 
 
 def check_new_import_dir(out_dir: str) -> None:
-  """FileExistsError when ``out_dir`` already holds a checkpoint (imported, HF, or the
-  ``params/`` of an import cut short before its model.json: its step would be kept and the
-  new model.json written beside it, describing another model) or is a file;
-  NotADirectoryError when a file stands on the way to it."""
+  """FolderTaken (a FileExistsError) when ``out_dir`` already holds a checkpoint (imported,
+  HF, or the ``params/`` of an import cut short before its model.json: its step would be kept
+  and the new model.json written beside it, describing another model) or is a file;
+  FolderBlocked (a NotADirectoryError) when a file stands on the way to it."""
   check_new_folder(out_dir)
   if os.path.exists(os.path.join(out_dir, "model.json")):
-    raise FileExistsError(f"{out_dir} already holds an imported checkpoint; use a new folder")
+    raise FolderTaken(f"{out_dir} already holds an imported checkpoint; use a new folder")
   if os.path.exists(os.path.join(out_dir, "params")):
-    raise FileExistsError(f"{out_dir} holds params/ without model.json: an unfinished import"
-                          " (cut short, or its write failed); delete the folder or use a new"
-                          " one")
+    raise FolderTaken(f"{out_dir} holds params/ without model.json: an unfinished import"
+                      " (cut short, or its write failed); delete the folder or use a new one")
   if _holds_hf(out_dir):  # one folder, one checkpoint: which would load is not obvious
-    raise FileExistsError(f"{out_dir} holds an HF checkpoint (config.json / safetensors); "
-                          "import into a new folder")
+    raise FolderTaken(f"{out_dir} holds an HF checkpoint (config.json / safetensors); "
+                      "import into a new folder")
 
 
 def extra_files(hf_dir: str) -> list[str]:
@@ -128,18 +142,19 @@ def copy_files(files: list[str], out_dir: str) -> None:
 
 
 def check_new_hf_dir(hf_dir: str) -> None:
-  """FileExistsError when ``hf_dir`` already holds an HF checkpoint (never overwritten) or is a
-  file; NotADirectoryError when a file stands on the way to it."""
+  """FolderTaken (a FileExistsError) when ``hf_dir`` already holds an HF checkpoint (never
+  overwritten) or is a file; FolderBlocked (a NotADirectoryError) when a file stands on the
+  way to it."""
   check_new_folder(hf_dir)
   if _holds_hf(hf_dir):
     if not os.path.isfile(os.path.join(hf_dir, "config.json")):  # written last by an export
-      raise FileExistsError(f"{hf_dir} holds *.safetensors without config.json: an unfinished"
-                            " export (its write failed or was cut short); delete the folder"
-                            " or use a new one")
-    raise FileExistsError(f"{hf_dir} already holds an HF checkpoint; use a new folder")
+      raise FolderTaken(f"{hf_dir} holds *.safetensors without config.json: an unfinished"
+                        " export (its write failed or was cut short); delete the folder or use"
+                        " a new one")
+    raise FolderTaken(f"{hf_dir} already holds an HF checkpoint; use a new folder")
   if os.path.isfile(os.path.join(hf_dir, "model.json")):
-    raise FileExistsError(f"{hf_dir} holds a `convert import` checkpoint (model.json), which"
-                          " would load instead of the export; use a new folder")
+    raise FolderTaken(f"{hf_dir} holds a `convert import` checkpoint (model.json), which would"
+                      " load instead of the export; use a new folder")
 
 
 def _holds_hf(folder: str) -> bool:

@@ -298,8 +298,10 @@ def test_an_import_cut_short_is_never_completed_with_another_models_description(
   os.remove(cut / "model.json")
   (tmp_path / "file").write_text("")
   monkeypatch.setattr(hf, "load_checkpoint", lambda *a, **k: pytest.fail("the source was read"))
-  with pytest.raises(FileExistsError, match="holds params/ without model.json: an unfinished"):
+  with pytest.raises(FileExistsError, match="holds params/ without model.json: an unfinished"
+                     ) as taken:
     convert.import_hf(SDAR, str(cut))
+  assert isinstance(taken.value, convert.OutputFolderError)  # the type the CLI names as --out
   assert not (cut / "model.json").exists()
   file = tmp_path / "file"
   for out, said in ((cut, f"{cut} holds params/ without model.json"),
