@@ -106,7 +106,7 @@ def main(argv):
   bed = testbeds.testbed(testbed)
   if (problem := arms_lib.unmatched(names, _ARMS.value, bed.get_config())) is not None:
     cli.fail([ConfigError("--arms", problem)])
-  command = "python -m dllm_rl.study " + " ".join(sys.argv[1:])
+  command = arguments.command_line(sys.argv)  # as typed: dllm-rl-study or python -m
   results = _RESULTS.value or os.path.join(_WORKDIR.value, "results.md")
   from dllm_rl.train.resilience import EXIT_PREEMPTED, NonFiniteError, Preempted
   from dllm_rl.train.validate import validate
