@@ -278,11 +278,20 @@ def _say_changes(phase: Phase, meta: dict, limit: int = 12) -> None:
         f" {layout_errors.said_changes(changes, limit)}", file=sys.stderr, flush=True)
 
 
+def _show(bar, shown: dict, record: dict, fields) -> None:
+  """Put ``record``'s values on the progress ``bar``'s ``fields`` (``shown``: the newest value of
+  each metric so far, updated)."""
+  shown.update(record)
+  bar.set_postfix(postfix(shown, fields), refresh=False)
+
+
 def _log_window(logger: MetricsLogger, phase: Phase, step: int, window: list, skipped,
-                guard: StepGuard, state, clock: _StepClock, timer: StepTimer) -> dict:
+                guard: StepGuard, state, clock: _StepClock, timer: StepTimer, bar,
+                shown: dict) -> int:
   """Log the metrics line of the steps in ``window`` (their mean, ``skipped_steps``,
-  throughput) at ``step``; returns it. ``skipped``: the skip count read at this step, or
-  None (read here: raises after too many non-finite updates in a row)."""
+  throughput) at ``step`` and show it on the progress bar (:func:`_show`); returns its skip
+  count. ``skipped``: the skip count read at this step, or None (read here: raises after too
+  many non-finite updates in a row)."""
   logged = mean_metrics(window)  # blocks on the device: the window's time is real
   if skipped is None:
     skipped = guard.skipped(state.opt_state, step)
@@ -290,7 +299,8 @@ def _log_window(logger: MetricsLogger, phase: Phase, step: int, window: list, sk
   clock.flush()
   logged.update(timer.metrics(rollout=phase.rollout_timing))
   logger.log(step, logged, phase=phase.name)
-  return logged
+  _show(bar, shown, logged, phase.postfix)
+  return skipped
 
 
 def _log_val(logger: MetricsLogger, phase: Phase, step: int, val: dict) -> None:
@@ -370,25 +380,20 @@ def run_phase(phase_cls: type[Phase], ctx: Context) -> dict:
         window.append(metrics)
         bar.update(1)
         if step % phase.log_every == 0:
-          logged = _log_window(logger, phase, step, window, skipped, guard, state, clock, timer)
-          window, skipped = [], logged["skipped_steps"]
-          shown.update(logged)
-          bar.set_postfix(postfix(shown, phase.postfix), refresh=False)
+          window, skipped = [], _log_window(logger, phase, step, window, skipped, guard, state,
+                                            clock, timer, bar, shown)
         if phase.eval_every and step % phase.eval_every == 0:
           val = clock.paused(state, lambda: phase.evaluate(state, step))
           _log_val(logger, phase, step, val)
           phase.evaluated(val)
-          shown.update({f"val_{k}": v for k, v in val.items()})
-          bar.set_postfix(postfix(shown, phase.postfix), refresh=False)
+          _show(bar, shown, {f"val_{k}": v for k, v in val.items()}, phase.postfix)
         if samples_every and step % samples_every == 0:  # every host: SFT's may sample
           logger.log_samples(step, clock.paused(state, lambda: phase.samples(state, step)),
                              phase=name)
         finished = phase.stopped or step >= phase.steps
         if finished and window:  # the last steps since the previous line get theirs too
-          logged = _log_window(logger, phase, step, window, skipped, guard, state, clock, timer)
-          window, skipped = [], logged["skipped_steps"]
-          shown.update(logged)
-          bar.set_postfix(postfix(shown, phase.postfix), refresh=False)
+          window, skipped = [], _log_window(logger, phase, step, window, skipped, guard, state,
+                                            clock, timer, bar, shown)
         save, stop = guard.poll(step)  # step- or time-based save; a stop signal (all hosts agree)
         if finished or save:
           if skipped is None:
