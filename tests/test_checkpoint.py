@@ -562,6 +562,56 @@ def test_a_step_folder_that_cannot_be_made_leaves_no_thread_waiting(tmp_path, mo
   assert [str(w.message) for w in said if "never awaited" in str(w.message)] == []
 
 
+@pytest.mark.filterwarnings("error:coroutine .* was never awaited:RuntimeWarning")
+def test_a_save_that_cannot_make_its_folder_leaves_another_checkpointer_s_save_alone(
+    tmp_path, monkeypatch):
+  """Two Checkpointers in one process: the second's asynchronous save is in flight (the
+  creation of its step folder held back) when the first's save fails because its step folder
+  cannot be made. Only the failed save's waiting commit threads are released: the other save
+  still commits and restores (its commit threads were cancelled too, and its step was lost
+  without a word)."""
+  import errno
+  import threading
+
+  from orbax.checkpoint._src.futures import future
+
+  from dllm_rl.infra.checkpoint import CheckpointWriteError
+  real_makedirs = os.makedirs
+  refused, held = str(tmp_path / "refused") + os.sep, str(tmp_path / "held") + os.sep
+  reached, go_on = threading.Event(), threading.Event()
+
+  def makedirs(path, *args, **kwargs):
+    path = os.fspath(path)
+    if ".orbax-checkpoint-tmp" in path and path.startswith(refused):
+      raise PermissionError(errno.EACCES, "Permission denied", path)
+    if ".orbax-checkpoint-tmp" in path and path.startswith(held):
+      reached.set()
+      go_on.wait(timeout=120.0)  # a bound against a hang, not a timing
+    return real_makedirs(path, *args, **kwargs)
+
+  with Checkpointer(held, keep=1, async_save=True) as other, \
+       Checkpointer(refused, keep=1, async_save=True) as failing:
+    monkeypatch.setattr(os, "makedirs", makedirs)
+    try:
+      other.save(1, {"w": jnp.arange(3.0)}, {"at": 1})
+      assert reached.wait(timeout=120.0)  # its folder is being made: its commit waits for it
+      with pytest.raises(CheckpointWriteError, match=r"^saving checkpoint step 2 in .*refused"
+                                                     " failed .*Permission denied"):
+        failing.save(2, {"w": jnp.ones(3)}, {"at": 2})
+        failing.wait()
+    finally:
+      go_on.set()
+    other.wait()
+    monkeypatch.undo()
+  # the failed save's threads were released (else they waited 300 s), and ended at its close
+  assert [t for t in threading.enumerate()
+          if isinstance(t, future._SignalingThread) and t.is_alive()] == []
+  with Checkpointer(held, keep=1, read_only=True) as reader:
+    restored, meta = reader.restore({"w": jnp.zeros(3)})
+  assert meta == {"at": 1}
+  np.testing.assert_array_equal(restored["w"], np.arange(3.0))
+
+
 def test_a_damaged_step_that_cannot_be_deleted_is_a_write_error(tmp_path, monkeypatch):
   """Replacing a damaged step in a folder made read-only (or without our rights): its
   deletion's PermissionError is the one-line CheckpointWriteError naming the step and the

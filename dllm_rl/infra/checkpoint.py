@@ -281,13 +281,52 @@ class _RefusedWriteLogs(logging.Filter):
                 and refused_write(record.exc_info[1]) is not None)
 
 
-def _release_stalled_commits() -> None:
-  """A save whose step folder could not be made (no rights, a full disk) leaves orbax's other
+def _save_mark() -> tuple[frozenset[threading.Thread], int] | None:
+  """Taken as a save begins: orbax's live commit threads (``_SignalingThread``, orbax 0.12)
+  and the newest operation id it has issued; None with another orbax (nothing is tracked,
+  and a stalled save's threads wait out its timeout, as before)."""
+  try:
+    from orbax.checkpoint._src.futures import future, synchronization
+    kind = future._SignalingThread
+    newest = int(synchronization.OperationIdGenerator.get_current_operation_id())
+  except (ImportError, AttributeError, TypeError, ValueError):
+    return None
+  return frozenset(t for t in threading.enumerate() if isinstance(t, kind)), newest
+
+
+def _threads_of_save(mark: tuple[frozenset[threading.Thread], int] | None
+                     ) -> list[threading.Thread]:
+  """Orbax's commit threads of the save begun at ``mark`` (`_save_mark`), as it returns or
+  fails: those started since, holding an operation id issued since. Orbax issues one id per
+  save, process-wide, in its blocking part, which starts each thread of the save under it:
+  another save's threads (in flight before it, or begun after it) hold another id. The
+  blocking parts of two saves never overlap (orbax's signal contract is keyed by the current
+  id: two Python threads saving at once would mix their signals already)."""
+  if mark is None:
+    return []
+  from orbax.checkpoint._src.futures import future
+  seen, newest = mark
+
+  def issued_since(thread: threading.Thread) -> bool:
+    try:
+      return int(getattr(thread, "_operation_id", None)) > newest
+    except (TypeError, ValueError):
+      return False
+
+  return [t for t in threading.enumerate()
+          if isinstance(t, future._SignalingThread) and t not in seen and issued_since(t)]
+
+
+def _release_stalled_commits(threads: Sequence[threading.Thread]) -> None:
+  """A save whose step folder could not be made (no rights, a full disk) leaves its other
   commit threads waiting for the "folder made" signal until orbax's coordination timeout
-  (300 s), and the process cannot exit before they end: cancel each and give it its signals,
-  so that it ends at once without writing (`_close_released` then closes the coroutines it
-  never ran). Only with orbax's in-process signals (a single process; orbax 0.12's
-  ``_SignalingThread``): elsewhere other hosts wait on them too."""
+  (300 s), and the process cannot exit before they end: cancel each of ``threads`` (that
+  save's, `_threads_of_save`) still alive and give it its signals, under the save's own
+  operation id, so that it ends at once without writing (`_close_released` then closes the
+  coroutines it never ran). Another save's threads, of this or another Checkpointer (or any
+  other user of orbax in the process), are left alone. Only with orbax's in-process signals
+  (a single process; orbax 0.12's ``_SignalingThread``): elsewhere other hosts wait on them
+  too."""
   try:  # another orbax's internals: its threads wait out its timeout, as before
     from orbax.checkpoint._src.futures import future, signaling_client
     thread_type = future._SignalingThread
@@ -297,7 +336,7 @@ def _release_stalled_commits() -> None:
     return
   if not in_process:
     return
-  for thread in threading.enumerate():
+  for thread in threads:
     if isinstance(thread, thread_type) and thread.is_alive():
       thread.cancel()
       future.set_signals(thread._receive_signals, operation_id=thread._operation_id)
@@ -440,11 +479,14 @@ class Checkpointer:
     self._manager = ocp.CheckpointManager(self.directory, options=options)
     self._damaged: set[int] = set()  # steps this process found unreadable
     self._writing: int | None = None  # the step of the newest save (its write may be pending)
+    self._commit_threads: list[threading.Thread] = []  # orbax's, of the newest save
 
-  def _write_failed(self, err: Exception, what: str = "saving") -> CheckpointWriteError:
+  def _write_failed(self, err: Exception, what: str = "saving",
+                    threads: Sequence[threading.Thread] = ()) -> CheckpointWriteError:
     """The error to raise for ``err``, a failed write of step ``self._writing`` (``what``:
-    "saving" it, "replacing damaged"); the save's stalled threads are released."""
-    _release_stalled_commits()
+    "saving" it, "replacing damaged"); ``threads``, orbax's commit threads of the failed
+    save, are released when stalled (`_release_stalled_commits`)."""
+    _release_stalled_commits(threads)
     reason, code = short_reason(err), refused_write(err)
     if code is not None and os.strerror(code) not in reason:  # tensorstore's, cut short
       reason = f"[Errno {code}] {os.strerror(code)}; {reason}"
@@ -476,7 +518,7 @@ class Checkpointer:
       try:
         self._manager.delete(step)
       except _WRITE_ERRORS as err:  # a folder made read-only, or without our rights
-        raise self._write_failed(err, "replacing damaged") from err
+        raise self._write_failed(err, "replacing damaged") from err  # no commit stalled
       self._damaged.discard(step)
     if step in self._manager.all_steps():
       _log.warning("Checkpoint step %d already exists in %s; not overwriting.", step,
@@ -490,8 +532,9 @@ class Checkpointer:
     arrays = _nest(entries, [_to_storable(x, e["kind"]) for x, e in zip(leaves, entries)])
     layout = {"format": _LAYOUT_FORMAT, "leaves": entries}
     self._writing = step
+    mark = _save_mark()
     try:
-      return self._manager.save(
+      started = self._manager.save(
           step,
           args=ocp.args.Composite(
               state=ocp.args.StandardSave(arrays),
@@ -500,8 +543,11 @@ class Checkpointer:
           ),
           force=True,  # The caller decides when to save (no CheckpointManager policy).
       )
-    except _WRITE_ERRORS as err:
-      raise self._write_failed(err) from err
+    except _WRITE_ERRORS as err:  # this save's, or the previous one's raised by its wait
+      threads = self._commit_threads + _threads_of_save(mark)
+      raise self._write_failed(err, threads=threads) from err
+    self._commit_threads = _threads_of_save(mark)  # the previous save's ended before it
+    return started
 
   def restore(self, abstract_state: Any, step: int | None = None, *,
               leave_out: Sequence[str] = ()) -> tuple[Any, dict[str, Any]]:
@@ -625,7 +671,8 @@ class Checkpointer:
     try:
       self._manager.wait_until_finished()
     except _WRITE_ERRORS as err:
-      raise self._write_failed(err) from err
+      raise self._write_failed(err, threads=self._commit_threads) from err
+    self._commit_threads = []  # all ended
 
   def close(self) -> None:
     """Waits for pending saves (as :meth:`wait`) and releases orbax resources."""
