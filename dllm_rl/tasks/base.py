@@ -80,8 +80,9 @@ class Task(abc.ABC):
   (seed, split), keeps those whose ``split_of(split_key)`` is the requested
   split, and drops duplicates (by canonical string). It gives up with a
   ValueError after ``max_draws(n)`` draws, or sooner, after ``stall_draws()`` draws in a row
-  that found no new instance (the split is exhausted: ``stall_draws``), or before any draw
-  when the task counts the split's instances (``split_size``) and n is more.
+  that found no new instance (the split is exhausted, or holds only instances too rare to
+  find: ``stall_draws``), or before any draw when the task counts the split's instances
+  (``split_size``) and n is more.
   """
 
   name: str = ""
@@ -133,11 +134,18 @@ class Task(abc.ABC):
 
   def stall_draws(self) -> int:
     """Draws in a row without a new instance after which ``generate`` gives up: the draws
-    ``max_draws`` allows 100 instances (21,000 at test_fraction 0.1). When every new instance
-    is at least as likely as ``max_draws`` assumes (one in 20 / min(test_fraction,
-    1 - test_fraction) draws), so many draws without one have a chance below e**-100: the
-    split is exhausted. The shipped configs and study testbeds never went 400 draws without
-    one (seeds 0-19), so it stops none of them."""
+    ``max_draws`` allows 100 instances (21,000 at test_fraction 0.1). Were every instance the
+    split has left at least as likely as ``max_draws`` assumes (one in 20 / min(test_fraction,
+    1 - test_fraction) draws), so many draws without one would have a chance below e**-100:
+    the split would be exhausted. The generated tasks hold rarer instances at all but their
+    smallest options (one draw in: arithmetic's |ops| * 10**(2 * num_digits); chain's
+    num_numbers equal operands 10**(num_digits * num_numbers); sum_split's (target, x) pairs of
+    a middle target ~2 * 10**(2 * num_digits); sudoku's and countdown's more), so near a
+    split's end the give-up may leave a few rare instances undrawn: its message says so ("or
+    only ones too rare to find"; where the task counts the split, ``split_size``, how many are
+    left), and a bound that found them all would take millions of draws (minutes). The shipped
+    configs and study testbeds never went 400 draws without one (seeds 0-19), so it stops none
+    of them."""
     return self.max_draws(100)
 
   def split_size(self, split: str) -> int | None:
@@ -178,8 +186,11 @@ class Task(abc.ABC):
       out.append(ex)
       since_new = 0
     if len(out) < n:
-      why = (f"none new in the last {since_new} of {draws} draws, so its options give no more"
-             if since_new >= stall else f"its budget of {budget} draws ran out")
+      why = f"its budget of {budget} draws ran out"
+      if since_new >= stall:  # rarer instances may be left (``stall_draws``)
+        rest = ("its options give no more, or only ones too rare to find" if size is None else
+                f"the other {size - len(out)} of its {size} are too rare to find")
+        why = f"none new in the last {since_new} of {draws} draws: {rest}"
       raise ValueError(f"task {self.name!r}: found only {len(out)} distinct {split!r} "
                        f"instances of the {n} requested ({why})")
     return out

@@ -57,9 +57,11 @@ def test_every_generated_task_keeps_the_task_contract(name):
 
 
 def test_an_exhausted_split_gives_up_after_stall_draws_not_the_whole_budget():
-  """1-digit addition has ~50 training instances at test_fraction 0.5: asked for 2000,
-  generation stops ``stall_draws()`` (5,000) draws after the last new one, not after
-  ``max_draws(2000)`` (81,000); the message names the task, the count found and why."""
+  """1-digit addition has ~50 training instances at test_fraction 0.5: asked for 2000 by a task
+  that does not count them (``split_size`` None), generation stops ``stall_draws()`` (5,000)
+  draws after the last new one, not after ``max_draws(2000)`` (81,000); the message names the
+  task, the count found and why, without claiming more than it knows (rarer instances could be
+  left)."""
   from dllm_rl.tasks.arithmetic import ArithmeticTask
 
   class Counted(ArithmeticTask):
@@ -69,16 +71,20 @@ def test_an_exhausted_split_gives_up_after_stall_draws_not_the_whole_budget():
       Counted.draws += 1
       return super().sample(rng)
 
+    def split_size(self, split):
+      return None
+
   task = Counted(num_digits=1, test_fraction=0.5)
   assert task.stall_draws() == 5_000 and task.max_draws(2000) == 81_000
   with pytest.raises(ValueError, match=r"task 'arithmetic': found only (\d+) distinct 'train' "
-                     r"instances of the 2000 requested \(none new in the last 5000 of") as err:
+                     r"instances of the 2000 requested \(none new in the last 5000 of \d+ draws:"
+                     r" its options give no more, or only ones too rare to find\)$") as err:
     task.generate("train", 2000, 0)
   found = int(err.value.args[0].split("found only ")[1].split()[0])
   assert 35 < found < 65 and 5_000 < Counted.draws < 6_000
   assert Counted.draws == int(str(err.value).split(" of ")[2].split()[0])
-  assert task.enlarge_hint() == ("change task.options.num_digits or task.options.ops for more"
-                                 " distinct instances")
+  assert Task.enlarge_hint(task) == ("change task.options.num_digits or task.options.ops for"
+                                     " more distinct instances")
 
 
 def test_a_split_larger_than_its_counted_size_fails_before_any_draw():
