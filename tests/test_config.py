@@ -497,26 +497,33 @@ def test_a_data_file_smaller_than_the_split_names_the_sizes(tmp_path, sizes, key
   assert keys == (["task.train_size", "task.test_size"] if sizes == (30, 20, 50) else [key])
 
 
-def test_a_generated_task_too_small_for_the_sizes_names_keys_count_and_options(tmp_path):
+def test_a_generated_task_too_small_for_the_sizes_names_keys_count_and_options(tmp_path,
+                                                                              monkeypatch):
   """1-digit addition (100 instances) at the default sizes (20000 + 256, 256): both size
-  keys named, with the count found and the options that enlarge the task, not a file. The
-  give-up is the stall (at test_fraction 0.5, 5,000 draws past the last new instance), not
-  max_draws' 811,000 (0.1: 21,000 against ~4M)."""
+  keys named, with the count of each split's instances and the options that enlarge the task
+  (with their values), not a file, before any draw (the splits are counted: was the stall,
+  5,000 draws past the last new instance at test_fraction 0.5, and a count found, not the
+  count there is)."""
+  from dllm_rl.tasks.arithmetic import ArithmeticTask
   from dllm_rl.train.context import build_context
+  draws = []
+  sample = ArithmeticTask.sample
+  monkeypatch.setattr(ArithmeticTask, "sample", lambda self, rng: draws.append(1) or sample(
+      self, rng))
   c = base_config()
   c.task.name, c.task.options = "arithmetic", {"num_digits": 1, "test_fraction": 0.5}
   c.data.batch_size = c.rl.batch_prompts = c.eval.batch_size = 8
-  start = time.monotonic()
   with pytest.raises(ConfigError) as err:
     build_context(validate(c), str(tmp_path / "w"))
-  assert time.monotonic() - start < 10.0  # was ~12 s on an idle core
+  assert not draws
   train, test = err.value.errors
   assert train.key == "task.train_size" and test.key == "task.test_size"
-  assert re.search(r"task 'arithmetic': found only \d+ distinct 'train' instances of the 20256"
-                   r" requested \(none new in the last 5000 of \d+ draws.*\(task\.train_size \+"
-                   r" task\.val_size = 20000 \+ 256\): lower it or change task\.options\."
-                   r"num_digits or task\.options\.ops", str(train))
-  assert "of the 256 requested" in str(test) and "file" not in str(err.value)
+  assert ("task 'arithmetic': its options give only 49 distinct 'train' instances, fewer than"
+          " the 20256 requested (task.train_size + task.val_size = 20000 + 256): lower it or"
+          " raise task.options.num_digits (now 1) or add '-' or '*' to task.options.ops (now"
+          " '+') for more distinct instances") in str(train)
+  assert "only 51 distinct 'test' instances, fewer than the 256 requested" in str(test)
+  assert "file" not in str(err.value)
 
 
 def test_countdown_at_the_default_sizes_fails_at_once_naming_what_to_raise(tmp_path,

@@ -108,7 +108,7 @@ def chain() -> ml_collections.ConfigDict:
   blocks of 16 (24 denoising steps, 2 tokens a step), SFT stopped at validation accuracy
   0.25 (RL headroom), then the embedded default's RL at lr 2e-5 (not 2e-4) on 4 prompts ×
   8 completions a rollout batch. Six one-digit numbers have 5,005 distinct multisets, so the
-  training set is 4,000 of the ~4,500 outside the test split. The warm-up escapes its
+  training set is 4,000 of the 4,509 outside the test split. The warm-up escapes its
   plateau only after ~1,500 steps (docs/study.md "Testbeds"), too long to repeat per seed: the
   study shares seed 0's SFT start across seeds (``shared_sft``). Evaluation sizes are small
   (64 validation / 64 test prompts, pass@k from 8 samples) because sampling dominates an
@@ -118,7 +118,7 @@ def chain() -> ml_collections.ConfigDict:
   c.unlock()
   c.task.name = "chain"
   c.task.options = ml_collections.ConfigDict({"num_numbers": 6, "num_digits": 1})
-  c.task.train_size = 4000       # of ~4,500 distinct training multisets (5,005 in all)
+  c.task.train_size = 4000       # of the 4,509 training multisets (5,005 in all)
   c.data.prompt_len = 16         # "8+6+5+2+3+0=" is 12 characters
   c.data.completion_len = 48     # the 38-character scratchpad + EOS fill
   c.sampler.block_len = 16
@@ -159,7 +159,7 @@ def sum_split() -> ml_collections.ConfigDict:
   and seed 0 reached the target at step 3950 (6000 allowed; 2-digit addends: with 3 digits
   validation was 0.008 after 2000 steps). The study shares seed 0's SFT start across seeds
   (``shared_sft``) to fit its arms in one session on 2 cores. Targets 0–198 give 10,000
-  (target, x) pairs, ~9,000 of them training-split: 6,000 are trained on."""
+  (target, x) pairs, 9,092 of them training-split: 6,000 are trained on."""
   c = defaults.get_config()
   c.unlock()
   c.task.name = "sum_split"

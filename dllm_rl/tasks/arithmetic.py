@@ -10,15 +10,23 @@ digits are written least-significant first, which is easier for tiny models to
 produce left to right: 123+456=579 → ``"975"``. A negative result keeps its sign
 first, then the reversed digits of its magnitude: 12-345=-333 → ``"-333"``,
 5-20=-15 → ``"-51"``.
+
+Instances are the |ops| * 10**(2 * num_digits) triples (a, op, b), all equally likely; each
+split's are counted (``split_size``) up to 2 digits (at most 30,000); from 3 digits (10**6 per
+op, ~1 s to hash at every run's start) they are not, and a request past a split's end is
+stopped by ``Task.stall_draws``.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+from typing import Iterator
 
 import numpy as np
 
-from dllm_rl.tasks.base import TASKS, Example, Task, VerifyResult, malformed
+from dllm_rl.tasks.base import (MAX_COUNTED_KEYS, TASKS, Example, Task, VerifyResult, check_split,
+                                count_splits, malformed)
 
 _ANSWER_RE = re.compile(r"-?[0-9]+")
 _OPS = "+-*"
@@ -39,6 +47,20 @@ def parse_answer(text: str, reverse: bool) -> int | None:
   sign = -1 if text.startswith("-") else 1
   digits = text.lstrip("-")
   return sign * int(digits[::-1] if reverse else digits)
+
+
+def instance_key(a: int, op: str, b: int) -> str:
+  """The canonical string of an instance: ``"12+345"``."""
+  return f"{a}{op}{b}"
+
+
+def instance_keys(num_digits: int, ops: str) -> Iterator[str]:
+  """The canonical strings of every instance ``sample`` can draw (each once)."""
+  hi = 10**num_digits
+  for op in ops:
+    for a in range(hi):
+      for b in range(hi):
+        yield instance_key(a, op, b)
 
 
 def apply_op(a: int, op: str, b: int) -> int:
@@ -91,7 +113,32 @@ class ArithmeticTask(Task):
 
   def canonical(self, example: Example) -> str:
     m = example.meta
-    return f"{m['a']}{m['op']}{m['b']}"
+    return instance_key(m["a"], m["op"], m["b"])
+
+  @functools.cached_property
+  def _split_sizes(self) -> dict[str, int] | None:
+    if len(self.ops) * 100**self.num_digits > MAX_COUNTED_KEYS:
+      return None
+    return count_splits(instance_keys(self.num_digits, self.ops), self.test_fraction)
+
+  def split_size(self, split: str) -> int | None:
+    """Counted (``instance_keys``) up to 2 digits; None from 3 (module docstring)."""
+    check_split(split)
+    return None if self._split_sizes is None else self._split_sizes[split]
+
+  def enlarge_hint(self) -> str:
+    """The options that give more instances, with their values: more digits (up to 18), the
+    ops ``ops`` leaves out."""
+    larger = []
+    if self.num_digits < 18:
+      larger.append(f"raise task.options.num_digits (now {self.num_digits})")
+    missing = "".join(op for op in _OPS if op not in self.ops)
+    if missing:
+      larger.append(f"add {' or '.join(map(repr, missing))} to task.options.ops"
+                    f" (now {self.ops!r})")
+    if not larger:
+      return super().enlarge_hint()
+    return f"{' or '.join(larger)} for more distinct instances"
 
   def verify(self, example: Example, completion: str) -> VerifyResult:
     text = completion.strip()

@@ -24,16 +24,28 @@ well-formed chain whose steps are all correct sums, whose first sum and added nu
 prompt's operands exactly once each, and whose last sum is the total.
 ``distinct_correct`` then counts the distinct orders a policy finds (StepRS's exploration
 measure). Numbers are read by value, so zero padding is optional in a completion.
+
+Instances are the multisets of operands (C(10**num_digits + num_numbers - 1, num_numbers)), a
+multiset as likely as its orders are many: num_numbers equal operands one draw in
+10**(num_digits * num_numbers). Each split's are counted (``split_size``) where the options
+give at most ``MAX_COUNTED_KEYS`` multisets (6 one-digit numbers: 5,005); beyond (the defaults, 4
+three-digit numbers: 4.2e10) they are not, and a request past a split's end is stopped by
+``Task.stall_draws``.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
+import math
 import re
 from collections import Counter
+from typing import Iterator
 
 import numpy as np
 
-from dllm_rl.tasks.base import TASKS, Example, Task, VerifyResult, malformed
+from dllm_rl.tasks.base import (MAX_COUNTED_KEYS, TASKS, Example, Task, VerifyResult, check_split,
+                                count_splits, malformed)
 
 _STEP_RE = re.compile(r"([0-9]+)\+([0-9]+)=([0-9]+)")
 
@@ -52,6 +64,18 @@ def _step_text(i: int, s: int, x: int, t: int, num_digits: int) -> str:
   (an operand) and ``x`` padded to ``num_digits``, the running sums to one digit more."""
   width = num_digits + 1
   return f"{_rev(s, num_digits if i == 0 else width)}+{_rev(x, num_digits)}={_rev(t, width)}"
+
+
+def instance_key(operands) -> str:
+  """The canonical string of an instance: its operands sorted, joined by '+'."""
+  return "+".join(map(str, sorted(operands)))
+
+
+def instance_keys(num_numbers: int, num_digits: int) -> Iterator[str]:
+  """The canonical strings of every instance ``sample`` can draw: each multiset of
+  ``num_numbers`` operands in [0, 10**num_digits), once."""
+  for operands in itertools.combinations_with_replacement(range(10**num_digits), num_numbers):
+    yield instance_key(operands)
 
 
 def chain_answer(operands: list[int], num_digits: int) -> str:
@@ -106,7 +130,28 @@ class ChainTask(Task):
 
   def canonical(self, example: Example) -> str:
     """Sorted operands: reorderings of the operands are the same instance."""
-    return "+".join(map(str, sorted(example.meta["operands"])))
+    return instance_key(example.meta["operands"])
+
+  @functools.cached_property
+  def _split_sizes(self) -> dict[str, int] | None:
+    multisets = math.comb(10**self.num_digits + self.num_numbers - 1, self.num_numbers)
+    if multisets > MAX_COUNTED_KEYS:
+      return None
+    return count_splits(instance_keys(self.num_numbers, self.num_digits), self.test_fraction)
+
+  def split_size(self, split: str) -> int | None:
+    """Counted (``instance_keys``) where the options give at most ``MAX_COUNTED_KEYS`` multisets;
+    None beyond (module docstring)."""
+    check_split(split)
+    return None if self._split_sizes is None else self._split_sizes[split]
+
+  def enlarge_hint(self) -> str:
+    """The options that give more instances, with their values (each up to 9)."""
+    larger = [f"task.options.{option} (now {value})" for option, value in
+              (("num_numbers", self.num_numbers), ("num_digits", self.num_digits)) if value < 9]
+    if not larger:
+      return super().enlarge_hint()
+    return f"raise {' or '.join(larger)} for more distinct instances"
 
   def verify(self, example: Example, completion: str) -> VerifyResult:
     return grade_chain(completion.strip(), example.meta["operands"], self._max_chars,

@@ -8,15 +8,26 @@ cells equal to the stored solution (a dense diagnostic, not the reward).
 
 Generation cost grows with ``num_holes`` (unique puzzles get rare): about
 0.1 ms per puzzle at 6 holes, about 3 ms at 12.
+
+Instances are the uniquely solvable puzzles (``count_puzzles``: 4,608 with 1 hole, most with
+8, 2,961,024; 25,728 with 12), each one draw in at least 288 times its grid's number of unique
+hole patterns. Each split's are counted (``split_size``) where there are at most
+``MAX_COUNTED_KEYS`` (1-3 and 11-12 holes); with 4-10 holes (522,624 puzzles or more, 0.5-3 s to
+hash at every run's start) they are not, and a request past a split's end is stopped by
+``Task.stall_draws``.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import re
+from typing import Iterator
 
 import numpy as np
 
-from dllm_rl.tasks.base import TASKS, Example, Task, VerifyResult, malformed
+from dllm_rl.tasks.base import (MAX_COUNTED_KEYS, TASKS, Example, Task, VerifyResult, check_split,
+                                count_splits, malformed)
 
 SIZE = 4
 BOX = 2
@@ -28,8 +39,11 @@ NUM_CELLS = SIZE * SIZE
 _BASE_GRIDS = (((1, 2, 3, 4), (3, 4, 1, 2), (2, 1, 4, 3), (4, 3, 2, 1)),
                ((1, 2, 3, 4), (3, 4, 1, 2), (2, 3, 4, 1), (4, 1, 2, 3)))
 _BASE_WEIGHTS = (96 / 288, 192 / 288)
+_CLASS_SIZES = (96, 192)  # the two classes' sizes: _BASE_WEIGHTS * 288
+MOST_PUZZLES_HOLES = 8  # the num_holes with the most unique puzzles (``count_puzzles``)
 _PATTERN_TRIES = 64
 _POPCOUNT = [bin(m).count("1") for m in range(1 << (SIZE + 1))]
+_HOLE_COUNTS = np.array([bin(m).count("1") for m in range(1 << NUM_CELLS)])  # per hole mask
 _SOLUTION_RE = re.compile(r"[1-4]{16}")
 # Units (rows, columns, boxes) as lists of cell indices.
 _UNITS = ([[r * SIZE + c for c in range(SIZE)] for r in range(SIZE)] +
@@ -128,6 +142,68 @@ def count_solutions(cells: list[int], limit: int = 2) -> int:
   return search(blanks)
 
 
+@functools.lru_cache(maxsize=1)
+def all_grids() -> tuple[tuple[int, ...], ...]:
+  """The 288 valid full grids, row-major, digits 1..4 (row by row, each row a permutation
+  that clashes with no row above it in a column or box)."""
+  grids: list[tuple[int, ...]] = [()]
+  for _ in range(SIZE):
+    grids = [g + row for g in grids for row in itertools.permutations(range(1, SIZE + 1))
+             if _no_clash(g + row)]
+  return tuple(grids)
+
+
+def _no_clash(cells: tuple[int, ...]) -> bool:
+  """Whether the first rows ``cells`` hold no digit twice in a column or box."""
+  for unit in _UNITS:
+    filled = [cells[i] for i in unit if i < len(cells)]
+    if len(set(filled)) < len(filled):
+      return False
+  return True
+
+
+def _ambiguous(grids: np.ndarray) -> np.ndarray:
+  """bool [len(grids), 2**16]: [i, m] iff another valid grid equals ``grids[i]`` outside the
+  blanks of hole mask m (bit c: cell c blank), i.e. that puzzle has a second solution. Each
+  other grid marks the mask of the cells where they differ, then every superset of a marked
+  mask is marked (more blanks keep the second solution)."""
+  every = np.array(all_grids(), dtype=np.int8)
+  bits = np.int64(1) << np.arange(NUM_CELLS, dtype=np.int64)
+  differ = ((grids[:, None, :] != every[None, :, :]) * bits).sum(-1)  # [len(grids), 288]
+  out = np.zeros((len(grids), 1 << NUM_CELLS), dtype=bool)
+  out[np.repeat(np.arange(len(grids)), len(every)), differ.ravel()] = True
+  out[:, 0] = False  # marked by the grid itself only (grids differ somewhere)
+  for b in range(NUM_CELLS):
+    view = out.reshape(len(grids), -1, 2, 1 << b)  # [..., 1, :]: the masks with bit b
+    view[:, :, 1] |= view[:, :, 0]
+  return out
+
+
+@functools.lru_cache(maxsize=None)
+def count_puzzles(num_holes: int) -> int:
+  """How many uniquely solvable puzzles have ``num_holes`` blanks: the two base grids' unique
+  hole patterns, weighted by their classes' sizes (96, 192). Every grid of a class has as many:
+  a symmetry of ``random_grid`` maps a grid's puzzle with blanks H to its image's puzzle with
+  the blanks moved alike, and a second solution to a second solution."""
+  base = np.array(_BASE_GRIDS, dtype=np.int8).reshape(len(_BASE_GRIDS), NUM_CELLS)
+  unique = ~_ambiguous(base)[:, _HOLE_COUNTS == num_holes]
+  return int(sum(size * int(row.sum()) for size, row in zip(_CLASS_SIZES, unique)))
+
+
+def puzzle_keys(num_holes: int) -> Iterator[str]:
+  """Every puzzle ``sample`` can draw with ``num_holes`` blanks, each once (row-major, '0' for
+  a blank): each valid grid with each hole pattern that leaves it the only solution (a
+  puzzle's one solution names its grid, so no two are equal)."""
+  grids = np.array(all_grids(), dtype=np.int8)
+  masks = np.flatnonzero(_HOLE_COUNTS == num_holes)
+  holes = ((masks[:, None] >> np.arange(NUM_CELLS)) & 1).astype(bool)  # [patterns, 16]
+  unique = ~_ambiguous(grids)[:, masks]  # [288, patterns]
+  for grid, keep in zip(grids, unique):
+    text = np.where(holes[keep], ord("0"), grid + ord("0")).astype(np.uint8).tobytes()
+    for start in range(0, len(text), NUM_CELLS):
+      yield text[start:start + NUM_CELLS].decode("ascii")
+
+
 @TASKS.register("sudoku")
 class SudokuTask(Task):
   """Uniquely solvable 4×4 sudoku with ``num_holes`` blanks (1..12)."""
@@ -162,6 +238,27 @@ class SudokuTask(Task):
 
   def canonical(self, example: Example) -> str:
     return example.meta["puzzle"]
+
+  @functools.cached_property
+  def _split_sizes(self) -> dict[str, int] | None:
+    if count_puzzles(self.num_holes) > MAX_COUNTED_KEYS:
+      return None
+    return count_splits(puzzle_keys(self.num_holes), self.test_fraction)
+
+  def split_size(self, split: str) -> int | None:
+    """Counted (``puzzle_keys``) where ``count_puzzles`` is at most ``MAX_COUNTED_KEYS`` (1-3 and
+    11-12 holes); None beyond (module docstring)."""
+    check_split(split)
+    return None if self._split_sizes is None else self._split_sizes[split]
+
+  def enlarge_hint(self) -> str:
+    """Unique puzzles grow in number up to ``MOST_PUZZLES_HOLES`` holes, then shrink: the way
+    to move num_holes, with its value."""
+    if self.num_holes == MOST_PUZZLES_HOLES:
+      return super().enlarge_hint()
+    way = "raise" if self.num_holes < MOST_PUZZLES_HOLES else "lower"
+    return (f"{way} task.options.num_holes (now {self.num_holes}; {MOST_PUZZLES_HOLES} give the"
+            " most puzzles) for more distinct instances")
 
   def verify(self, example: Example, completion: str) -> VerifyResult:
     text = completion.strip()

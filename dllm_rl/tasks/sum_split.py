@@ -18,15 +18,22 @@ any answer. Validation examples are training-split targets with answers not trai
 A completion is correct iff it is two digit strings of at most ``num_digits`` digits joined by
 ``+`` whose values sum to T; the parsed answer is ``"x+y"`` by value (zero padding optional),
 so ``distinct_correct`` counts distinct (x, y) pairs.
+
+A split holds the (T, x) pairs of its targets: counted (``split_size``) from the targets, each
+hashed once, up to 5 digits (199,999 targets); beyond, not (a request past a split's end is
+stopped by ``Task.stall_draws``). A pair of a middle target is one draw in
+~2 * 10**(2 * num_digits).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
 
-from dllm_rl.tasks.base import TASKS, Example, Task, VerifyResult, malformed
+from dllm_rl.tasks.base import (MAX_COUNTED_KEYS, TASKS, Example, Task, VerifyResult, check_split,
+                                malformed, split_of)
 
 
 @TASKS.register("sum_split")
@@ -71,6 +78,27 @@ class SumSplitTask(Task):
 
   def split_key(self, example: Example) -> str:
     return str(example.meta["target"])
+
+  @functools.cached_property
+  def _split_sizes(self) -> dict[str, int] | None:
+    if 2 * self._hi + 1 > MAX_COUNTED_KEYS:
+      return None
+    counts = {"train": 0, "test": 0}
+    for target in range(2 * self._hi + 1):
+      counts[split_of(str(target), self.test_fraction)] += self.num_answers(target)
+    return counts
+
+  def split_size(self, split: str) -> int | None:
+    """The (T, x) pairs of the split's targets, where the options give at most
+    ``MAX_COUNTED_KEYS`` targets; None beyond (module docstring)."""
+    check_split(split)
+    return None if self._split_sizes is None else self._split_sizes[split]
+
+  def enlarge_hint(self) -> str:
+    """More digits give more instances (up to 9)."""
+    if self.num_digits >= 9:
+      return super().enlarge_hint()
+    return f"raise task.options.num_digits (now {self.num_digits}) for more distinct instances"
 
   def verify(self, example: Example, completion: str) -> VerifyResult:
     text = completion.strip()

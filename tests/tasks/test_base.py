@@ -2,6 +2,7 @@
 
 import inspect
 import json
+import re
 
 import pytest
 
@@ -85,6 +86,22 @@ def test_an_exhausted_split_gives_up_after_stall_draws_not_the_whole_budget():
   assert Counted.draws == int(str(err.value).split(" of ")[2].split()[0])
   assert Task.enlarge_hint(task) == ("change task.options.num_digits or task.options.ops for"
                                      " more distinct instances")
+
+
+def test_a_counted_split_whose_last_instances_are_too_rare_says_how_many_are_left():
+  """2-digit addition at test_fraction 0.5 draws each of its 10**4 instances one draw in
+  10**4, rarer than ``stall_draws`` (5,000) supports: asked for all 4,981 training ones, it
+  gives up with a few left, and says how many of the count (``split_size``) are left, not
+  that the options give no more (the old message, false here)."""
+  task = make_task("arithmetic", num_digits=2, test_fraction=0.5)
+  size = task.split_size("train")
+  assert size == 4981 and task.stall_draws() == 5_000
+  with pytest.raises(ValueError, match=rf"found only (\d+) distinct 'train' instances of the"
+                     rf" {size} requested \(none new in the last 5000 of \d+ draws: the other"
+                     rf" (\d+) of its {size} are too rare to find\)$") as err:
+    task.generate("train", size, 0)
+  found, left = (int(x) for x in re.search(r"only (\d+) .* other (\d+) ", str(err.value)).groups())
+  assert found + left == size and 0 < left < 20
 
 
 def test_a_split_larger_than_its_counted_size_fails_before_any_draw():
