@@ -500,10 +500,9 @@ def test_a_data_file_smaller_than_the_split_names_the_sizes(tmp_path, sizes, key
 def test_a_generated_task_too_small_for_the_sizes_names_keys_count_and_options(tmp_path,
                                                                               monkeypatch):
   """1-digit addition (100 instances) at the default sizes (20000 + 256, 256): both size
-  keys named, with the count of each split's instances and the options that enlarge the task
-  (with their values), not a file, before any draw (the splits are counted: was the stall,
-  5,000 draws past the last new instance at test_fraction 0.5, and a count found, not the
-  count there is)."""
+  keys named, with each split's count and the options that enlarge the task (with their
+  values), not a file, before any draw (the splits are counted; was the stall, 5,000 draws
+  past the last new instance, and a count found, not the count there is)."""
   from dllm_rl.tasks.arithmetic import ArithmeticTask
   from dllm_rl.train.context import build_context
   draws = []
