@@ -4,7 +4,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import ml_collections
 import pytest
@@ -335,7 +334,7 @@ def test_bad_task_option_is_reported():
     ("--config.sft.stepz=3", "stepz"),
 ])
 def test_cli_fails_fast_naming_the_key(tmp_path, override, key):
-  t0 = time.time()
+  """Refused before anything runs: nothing is written to the workdir (no timing asserted)."""
   proc = subprocess.run(
       [sys.executable, "-m", "dllm_rl.main", "--config=configs/tiny_cpu.py",
        f"--workdir={tmp_path}", override],
@@ -343,8 +342,7 @@ def test_cli_fails_fast_naming_the_key(tmp_path, override, key):
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert proc.returncode != 0
   assert key in proc.stderr
-  assert time.time() - t0 < 60
-  assert not os.path.exists(tmp_path / "checkpoints")
+  assert not list(tmp_path.iterdir()), list(tmp_path.iterdir())
 
 
 # --- every error at once, overrides on the embedded default, no traceback (issue 11) ---
