@@ -36,6 +36,8 @@ arrays are copied to host before `save` returns (the caller may donate/overwrite
 errors raised by the background write surface in `wait`, `close` or the next `save`. A write
 the disk or the folder refuses (full, read-only, no rights) is `CheckpointWriteError`, its
 step and folder named; orbax's logged tracebacks of it are dropped (`_RefusedWriteLogs`).
+The commit threads and unrun coroutines orbax leaves behind when a save's step folder cannot
+be made, or a damaged step's read fails, are released and closed by `orbax_threads`.
 
 Readers: ``Checkpointer(directory, read_only=True)`` neither creates the folder nor cleans
 uncommitted tmp folders (a training run may be writing one) and refuses to save;
@@ -53,10 +55,8 @@ damaged step is deleted only when the run saves that step again (a fresh copy re
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
-import inspect
 import json
 import logging
 import os
@@ -72,6 +72,7 @@ import orbax.checkpoint as ocp
 
 from dllm_rl import paths
 from dllm_rl.errors import refused_write, short_reason
+from dllm_rl.infra import orbax_threads
 
 _LAYOUT_FORMAT = "dllm_rl.infra.checkpoint/1"
 
@@ -241,24 +242,6 @@ def _quiet_closed_loop_callbacks() -> None:
   _filter_once("asyncio", _SiblingReadFailures)
 
 
-def _close_dropped_reads(err: BaseException) -> None:
-  """Closes the reads of a damaged step that orbax's event loop never started: orbax closes
-  the loop of a failed restore with the other arrays' reads still scheduled (those spawned
-  last), and each such coroutine, collected later, warned "coroutine ... was never awaited"
-  (at a later save, or at exit). The loops are those whose ``run_until_complete`` ``err``
-  (or its cause) passed through, once closed; their pending tasks can never run."""
-  seen: set[int] = set()
-  while err is not None and id(err) not in seen:
-    seen.add(id(err))
-    for frame, _ in traceback.walk_tb(err.__traceback__):
-      loop = frame.f_locals.get("self") if frame.f_code.co_name == "run_until_complete" else None
-      if isinstance(loop, asyncio.AbstractEventLoop) and loop.is_closed():
-        for task in asyncio.all_tasks(loop):
-          if inspect.iscoroutine(coro := task.get_coro()):
-            _close_coroutine(coro, 0)  # only one never started
-    err = err.__cause__ or err.__context__
-
-
 def _filter_once(logger: str, kind: type[logging.Filter]) -> None:
   """Adds a ``kind`` filter to the logger named ``logger`` unless it has one."""
   log = logging.getLogger(logger)
@@ -279,107 +262,6 @@ class _RefusedWriteLogs(logging.Filter):
   def filter(self, record: logging.LogRecord) -> bool:
     return not (record.exc_info and record.pathname.startswith(_ORBAX_DIR)
                 and refused_write(record.exc_info[1]) is not None)
-
-
-def _save_mark() -> tuple[frozenset[threading.Thread], int] | None:
-  """Taken as a save begins: orbax's live commit threads (``_SignalingThread``, orbax 0.12)
-  and the newest operation id it has issued; None with another orbax (nothing is tracked,
-  and a stalled save's threads wait out its timeout, as before)."""
-  try:
-    from orbax.checkpoint._src.futures import future, synchronization
-    kind = future._SignalingThread
-    newest = int(synchronization.OperationIdGenerator.get_current_operation_id())
-  except (ImportError, AttributeError, TypeError, ValueError):
-    return None
-  return frozenset(t for t in threading.enumerate() if isinstance(t, kind)), newest
-
-
-def _threads_of_save(mark: tuple[frozenset[threading.Thread], int] | None
-                     ) -> list[threading.Thread]:
-  """Orbax's commit threads of the save begun at ``mark`` (`_save_mark`), as it returns or
-  fails: those started since, holding an operation id issued since. Orbax issues one id per
-  save, process-wide, in its blocking part, which starts each thread of the save under it:
-  another save's threads (in flight before it, or begun after it) hold another id. The
-  blocking parts of two saves never overlap (orbax's signal contract is keyed by the current
-  id: two Python threads saving at once would mix their signals already)."""
-  if mark is None:
-    return []
-  from orbax.checkpoint._src.futures import future
-  seen, newest = mark
-
-  def issued_since(thread: threading.Thread) -> bool:
-    try:
-      return int(getattr(thread, "_operation_id", None)) > newest
-    except (TypeError, ValueError):
-      return False
-
-  return [t for t in threading.enumerate()
-          if isinstance(t, future._SignalingThread) and t not in seen and issued_since(t)]
-
-
-def _release_stalled_commits(threads: Sequence[threading.Thread]) -> None:
-  """A save whose step folder could not be made (no rights, a full disk) leaves its other
-  commit threads waiting for the "folder made" signal until orbax's coordination timeout
-  (300 s), and the process cannot exit before they end: cancel each of ``threads`` (that
-  save's, `_threads_of_save`) still alive and give it its signals, under the save's own
-  operation id, so that it ends at once without writing (`_close_released` then closes the
-  coroutines it never ran). Another save's threads, of this or another Checkpointer (or any
-  other user of orbax in the process), are left alone. Only with orbax's in-process signals
-  (a single process; orbax 0.12's ``_SignalingThread``): elsewhere other hosts wait on them
-  too."""
-  try:  # another orbax's internals: its threads wait out its timeout, as before
-    from orbax.checkpoint._src.futures import future, signaling_client
-    thread_type = future._SignalingThread
-    in_process = isinstance(signaling_client.get_signaling_client(),
-                            signaling_client.ThreadSafeKeyValueSignalingClient)
-  except (ImportError, AttributeError):
-    return
-  if not in_process:
-    return
-  for thread in threads:
-    if isinstance(thread, thread_type) and thread.is_alive():
-      thread.cancel()
-      future.set_signals(thread._receive_signals, operation_id=thread._operation_id)
-      _RELEASED.append(thread)
-
-
-_RELEASED: list[threading.Thread] = []  # commit threads `_release_stalled_commits` cancelled
-
-
-def _close_released() -> None:
-  """Closes the coroutines that the commit threads `_release_stalled_commits` cancelled hold
-  and never ran (each would warn "coroutine ... was never awaited" when collected, a dozen
-  lines at exit), once each thread has ended."""
-  while _RELEASED:
-    thread = _RELEASED.pop()
-    threading.Thread.join(thread, timeout=5.0)  # orbax's join re-raises its CancelledError
-    if not thread.is_alive():  # ended without running its target (Thread.run drops a run one)
-      _close_unstarted(getattr(thread, "_target", None))
-
-
-def _close_unstarted(fn, depth: int = 0) -> None:
-  """Closes the coroutines, not yet started, that callable ``fn`` holds in its closure (a few
-  levels of wrapped callables deep), and the unstarted coroutines passed to them as
-  arguments first (closing the outer one would drop those unclosed)."""
-  for cell in getattr(fn, "__closure__", None) or ():
-    try:
-      value = cell.cell_contents
-    except ValueError:  # an empty cell
-      continue
-    if inspect.iscoroutine(value):
-      _close_coroutine(value, depth)
-    elif callable(value) and depth < 4:
-      _close_unstarted(value, depth + 1)
-
-
-def _close_coroutine(coro, depth: int) -> None:
-  if inspect.getcoroutinestate(coro) != inspect.CORO_CREATED:
-    return
-  for arg in (coro.cr_frame.f_locals.values() if depth < 6 else ()):
-    for item in (arg if isinstance(arg, (list, tuple)) else (arg,)):
-      if inspect.iscoroutine(item):
-        _close_coroutine(item, depth + 1)
-  coro.close()
 
 
 class CheckpointError(FileNotFoundError):
@@ -485,8 +367,8 @@ class Checkpointer:
                     threads: Sequence[threading.Thread] = ()) -> CheckpointWriteError:
     """The error to raise for ``err``, a failed write of step ``self._writing`` (``what``:
     "saving" it, "replacing damaged"); ``threads``, orbax's commit threads of the failed
-    save, are released when stalled (`_release_stalled_commits`)."""
-    _release_stalled_commits(threads)
+    save, are released when stalled (`orbax_threads.release_stalled_commits`)."""
+    orbax_threads.release_stalled_commits(threads)
     reason, code = short_reason(err), refused_write(err)
     if code is not None and os.strerror(code) not in reason:  # tensorstore's, cut short
       reason = f"[Errno {code}] {os.strerror(code)}; {reason}"
@@ -532,7 +414,7 @@ class Checkpointer:
     arrays = _nest(entries, [_to_storable(x, e["kind"]) for x, e in zip(leaves, entries)])
     layout = {"format": _LAYOUT_FORMAT, "leaves": entries}
     self._writing = step
-    mark = _save_mark()
+    mark = orbax_threads.save_mark()
     try:
       started = self._manager.save(
           step,
@@ -544,9 +426,10 @@ class Checkpointer:
           force=True,  # The caller decides when to save (no CheckpointManager policy).
       )
     except _WRITE_ERRORS as err:  # this save's, or the previous one's raised by its wait
-      threads = self._commit_threads + _threads_of_save(mark)
+      threads = self._commit_threads + orbax_threads.threads_of_save(mark)
       raise self._write_failed(err, threads=threads) from err
-    self._commit_threads = _threads_of_save(mark)  # the previous save's ended before it
+    # the previous save's threads ended before it
+    self._commit_threads = orbax_threads.threads_of_save(mark)
     return started
 
   def restore(self, abstract_state: Any, step: int | None = None, *,
@@ -603,7 +486,7 @@ class Checkpointer:
       except Exception as e:  # orbax/tensorstore/json errors of a damaged step  # noqa: BLE001
         failures.append((candidate, short_reason(e)))  # tensorstore: KBs of spec
         self._damaged.add(candidate)
-        _close_dropped_reads(e)
+        orbax_threads.close_dropped_reads(e)
         continue
       said = (self.directory, tuple(s for s, _ in failures), candidate)
       if failures and said not in _WARNED_FALL_BACKS:
@@ -683,7 +566,7 @@ class Checkpointer:
         self._manager.close()
       raise
     finally:
-      _close_released()
+      orbax_threads.close_released()
     self._manager.close()
 
   def __enter__(self) -> Checkpointer:
