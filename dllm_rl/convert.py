@@ -128,7 +128,7 @@ def _export(args) -> None:
     one_process("export --ckpt")
     try:  # a file there, or on the way there: named as the flag before anything is read
       convert.check_new_hf_dir(args.hf_dir)
-    except (FileExistsError, NotADirectoryError) as err:
+    except convert.OutputFolderError as err:
       raise ConfigError("--hf_dir", str(err)) from None
     if (args.phase, args.step) != (AUTO, LATEST):
       raise ValueError("--phase / --step choose a checkpoint of a --workdir run; --ckpt has one")
@@ -157,7 +157,7 @@ def _roundtrip(args) -> int:
 
   try:
     convert.check_new_folder(args.tmp)
-  except (FileExistsError, NotADirectoryError) as err:
+  except convert.OutputFolderError as err:
     raise ConfigError("--tmp", str(err)) from None
   os.makedirs(args.tmp, exist_ok=True)
   work = tempfile.mkdtemp(prefix="roundtrip_", dir=args.tmp)

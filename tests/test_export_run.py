@@ -117,6 +117,20 @@ def test_cli_bad_input_exits_2_naming_it(tmp_path, capsys):
   assert not os.path.exists(os.path.join(out, "model.safetensors"))
 
 
+def test_roundtrip_tmp_and_export_ckpt_hf_dir_that_are_files_are_named_as_the_flag(tmp_path,
+                                                                                  capsys):
+  """`convert roundtrip --tmp` and `convert export --ckpt ... --hf_dir` on a file, or under
+  one, exit 2 naming the flag, before the source (here absent) is read."""
+  a_file, nowhere = str(tmp_path / "a_file"), str(tmp_path / "nowhere")
+  open(a_file, "w").close()
+  for command, flag, source in (("roundtrip", "--tmp", "--hf_dir"),
+                                ("export", "--hf_dir", "--ckpt")):
+    for folder, why in ((a_file, f"{a_file} is a file, not a folder; name a new folder"),
+                        (f"{a_file}/out", f"{a_file}/out: {a_file} is a file, not a folder")):
+      assert convert_cli.main([command, source, nowhere, flag, folder]) == 2
+      assert capsys.readouterr().err == f"error: {flag}: {why}\n"
+
+
 def test_convert_export_joins_the_launchs_processes_before_anything_else(tmp_path, monkeypatch,
                                                                           capsys):
   """export --workdir initialises jax.distributed from the environment first (as dllm_rl.main

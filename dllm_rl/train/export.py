@@ -143,7 +143,7 @@ def check_new_peft_dir(peft_dir: str, out_dir: str) -> None:
   for folder in (peft_dir, base_dir):
     try:
       convert.check_new_hf_dir(folder)
-    except (FileExistsError, NotADirectoryError) as err:
+    except convert.OutputFolderError as err:
       raise ConfigError("--peft_dir", str(err)) from None
 
 
@@ -270,7 +270,7 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
   try:
     try:
       convert.check_new_hf_dir(out_dir)
-    except (FileExistsError, NotADirectoryError) as err:
+    except convert.OutputFolderError as err:
       raise ConfigError("--hf_dir", str(err)) from None
     if peft_dir is not None:
       check_new_peft_dir(peft_dir, out_dir)
