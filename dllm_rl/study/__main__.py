@@ -82,9 +82,9 @@ _PREFETCH = flags.DEFINE_bool("prefetch", None, "Compile the arms' RL programs i
 
 def main(argv):
   if len(argv) != 2:
-    raise cli.usage_error("usage: python -m dllm_rl.study NAME --workdir=DIR; NAME: "
-                        f"{', '.join(arms_lib.STUDIES.names())}, a comma-separated list of"
-                        " them, or all")
+    raise cli.usage_error(f"usage: {arguments.program(argv[0])} NAME --workdir=DIR; NAME: "
+                          f"{', '.join(arms_lib.STUDIES.names())}, a comma-separated list of"
+                          " them, or all")  # the program as typed: dllm-rl-study or python -m
   name = argv[1]
   names = arms_lib.STUDIES.names() if name == "all" else name.split(",")
   for n in names:
