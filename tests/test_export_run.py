@@ -131,6 +131,30 @@ def test_roundtrip_tmp_and_export_ckpt_hf_dir_that_are_files_are_named_as_the_fl
       assert capsys.readouterr().err == f"error: {flag}: {why}\n"
 
 
+def test_a_folder_holding_another_models_tokenizer_files_is_refused(tmp_path):
+  """A tokenizer or generation file left in the folder by another model would load with the
+  export: a chat_template.jinja wins over the export's tokenizer_config.json template (so the
+  export's prompts were another model's), a tokenizer.json over a source's vocab.json +
+  merges.txt. Before, the export wrote beside it and said nothing. Other files (notes, a
+  README) stay allowed."""
+  scratch_run_checkpoints(tmp_path / "w", {"rl": [3]})
+  out = tmp_path / "hf"
+  out.mkdir()
+  (out / "chat_template.jinja").write_text("{{ messages[-1].content }} ASSISTANT:")
+  (out / "modeling_llada.py").write_text("")
+  (out / "notes.txt").write_text("x")
+  with pytest.raises(convert_cli.ConfigError, match=(
+      r"^--hf_dir: .*/hf holds chat_template.jinja, modeling_llada.py: read with the weights,"
+      r" a file that another model left there would load with this export, .*; delete them or"
+      r" use a new folder$")):
+    export_run(str(tmp_path / "w"), str(out))
+  assert sorted(os.listdir(out)) == ["chat_template.jinja", "modeling_llada.py", "notes.txt"]
+  for name in ("chat_template.jinja", "modeling_llada.py"):
+    os.remove(out / name)
+  export_run(str(tmp_path / "w"), str(out))  # a README or notes beside it: written
+  assert (out / "notes.txt").read_text() == "x" and (out / "config.json").is_file()
+
+
 def test_convert_export_joins_the_launchs_processes_before_anything_else(tmp_path, monkeypatch,
                                                                           capsys):
   """export --workdir initialises jax.distributed from the environment first (as dllm_rl.main

@@ -143,8 +143,9 @@ def copy_files(files: list[str], out_dir: str) -> None:
 
 def check_new_hf_dir(hf_dir: str) -> None:
   """FolderTaken (a FileExistsError) when ``hf_dir`` already holds an HF checkpoint (never
-  overwritten) or is a file; FolderBlocked (a NotADirectoryError) when a file stands on the
-  way to it."""
+  overwritten), the tokenizer or generation files of one (:func:`read_beside_weights`: they
+  would load with the export), or is a file; FolderBlocked (a NotADirectoryError) when a file
+  stands on the way to it."""
   check_new_folder(hf_dir)
   if _holds_hf(hf_dir):
     if not os.path.isfile(os.path.join(hf_dir, "config.json")):  # written last by an export
@@ -155,6 +156,32 @@ def check_new_hf_dir(hf_dir: str) -> None:
   if os.path.isfile(os.path.join(hf_dir, "model.json")):
     raise FolderTaken(f"{hf_dir} holds a `convert import` checkpoint (model.json), which would"
                       " load instead of the export; use a new folder")
+  stale = read_beside_weights(hf_dir)
+  if stale:
+    raise FolderTaken(f"{hf_dir} holds {', '.join(stale)}: read with the weights, a file that"
+                      " another model left there would load with this export, which writes its"
+                      " own model's files only; delete them or use a new folder")
+
+
+# The files of an HF folder read with its weights (tokenizer, chat template, generation
+# config; transformers' remote code), besides config.json and the safetensors: an export
+# writes those of its own model, so one left in its folder by another model (one the export
+# does not overwrite) would load with the export, e.g. a chat_template.jinja that wins over
+# its tokenizer_config.json's template, or a tokenizer.json over its vocab.json + merges.txt.
+READ_WITH_WEIGHTS = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                     "vocab.json", "merges.txt", "tokenizer.model", "special_tokens_map.json",
+                     "added_tokens.json", "generation_config.json")
+_CODE_PREFIXES = ("modeling_", "configuration_", "tokenization_", "generation_")
+
+
+def read_beside_weights(folder: str) -> list[str]:
+  """The files of ``folder`` that a loader reads beside an HF checkpoint's weights
+  (:data:`READ_WITH_WEIGHTS`, and remote-code ``modeling_*.py`` files and the like), sorted;
+  [] when the folder does not exist."""
+  if not os.path.isdir(folder):
+    return []
+  return sorted(n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n)) and (
+      n in READ_WITH_WEIGHTS or (n.endswith(".py") and n.startswith(_CODE_PREFIXES))))
 
 
 def _holds_hf(folder: str) -> bool:
