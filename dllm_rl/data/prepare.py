@@ -287,8 +287,11 @@ def prepare(name: str, out: str, *, sources: Mapping[str, Source] | None = None,
       raise DataError(f"{name} {split}: no usable row in {source.describe()} (dropped: "
                       f"{dropped[split] or 'none'})")
     converted[split] = records
+  # the files as the printed flags and dataset.json name them: a local folder's absolute path,
+  # since a run starts from a checkout's root (its --config=configs/...), not from here
+  root = out if paths.is_url(out) else os.fspath(dest)
   for split, records in converted.items():
-    files[split] = paths.join(out, f"{split}.jsonl")
+    files[split] = paths.join(root, f"{split}.jsonl")
     write_jsonl(files[split], records)
     rows[split] = len(records)
   task = make_task(rec.task, **{f"{split}_file": path for split, path in files.items()})
@@ -299,5 +302,5 @@ def prepare(name: str, out: str, *, sources: Mapping[str, Source] | None = None,
   manifest = {"dataset": name, "task": rec.task, "files": files, "rows": rows,
               "dropped": dropped, "sources": {s: src.describe() for s, src in splits.items()},
               "config": config_overrides(rec.task, files), "note": rec.note}
-  paths.resolve(paths.join(out, MANIFEST)).write_text(json.dumps(manifest, indent=2) + "\n")
+  paths.resolve(paths.join(root, MANIFEST)).write_text(json.dumps(manifest, indent=2) + "\n")
   return manifest

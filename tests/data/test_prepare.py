@@ -147,6 +147,25 @@ def test_the_printed_flags_start_from_a_config_of_the_task(tmp_path):
   assert prep.config_overrides("sudoku_jsonl", files)[0] == "--config.task.name=sudoku_jsonl"
 
 
+def test_a_relative_out_folder_is_named_by_its_absolute_path(tmp_path, monkeypatch, capsys):
+  """The printed flags are run from a checkout's root (their --config=configs/...), not from
+  the folder `prepare` ran in: a relative --out is named by its absolute path there and in
+  dataset.json. Before, `--out data/gsm8k` printed train_file=data/gsm8k/train.jsonl, which
+  the run, started elsewhere, did not find."""
+  train = _jsonl(tmp_path, "train", ROWS["gsm8k"])
+  test = _jsonl(tmp_path, "test", ROWS["gsm8k"][:2])
+  monkeypatch.chdir(tmp_path)
+  assert cli.main(["prepare", "gsm8k", "--out", "data/gsm8k", "--source", f"train={train}",
+                   "--source", f"test={test}", "--cache-dir", str(tmp_path / "cache")]) == 0
+  out = tmp_path / "data" / "gsm8k"
+  printed = capsys.readouterr().out
+  assert f"--config.task.options.train_file={out / 'train.jsonl'} " in printed
+  assert f"train: 5 rows -> {out / 'train.jsonl'}" in printed
+  manifest = json.loads((out / "dataset.json").read_text())
+  assert manifest["files"] == {"train": str(out / "train.jsonl"),
+                               "test": str(out / "test.jsonl")}
+
+
 def test_countdown_keeps_three_numbers_and_reads_d1s_test_file(tmp_path):
   manifest = prep.prepare("countdown", str(tmp_path / "cd"), sources={
       "train": prep.parse_source("train=" + _jsonl(tmp_path, "cd", ROWS["countdown"]))[1],
