@@ -251,6 +251,8 @@ class JsonlTask(Task):
           record = json.loads(text)
         except json.JSONDecodeError as err:
           raise _BadRecord(invalid_json(err)) from err
+        except ValueError as err:  # an integer of over 4,300 digits (Python's int limit)
+          raise _BadRecord(f"invalid JSON value ({err})") from err
         if not isinstance(record, dict):
           raise _BadRecord(f"expected a JSON object, got {type(record).__name__}")
         fields, answer, meta = self._fields(record)

@@ -147,6 +147,9 @@ def test_countdown_and_sudoku(tmp_path):
     ("gsm8k", GSM8K[:3], '{"question": "", "answer": "#### 5"}', "'question' is empty"),
     ("math500", MATH, '{"problem": "p"}', "'answer' or 'solution'"),
     ("math500", MATH, '{"problem": "p", "solution": "no box"}', "boxed"),
+    # json's ValueError for an integer over 4,300 digits: was raised bare, no file:line
+    ("countdown_jsonl", COUNTDOWN, '{"nums": [1, 2], "target": 1' + "0" * 5000 + "}",
+     r"invalid JSON value \(Exceeds the limit \(4300 digits\)"),
     ("countdown_jsonl", COUNTDOWN, '{"nums": [1, true], "target": 3}', "'nums'"),
     ("countdown_jsonl", COUNTDOWN, '{"nums": [1, 2], "target": "3"}', "'target' must be int"),
     ("countdown_jsonl", COUNTDOWN, '{"nums": [1, 2], "target": 3, "solution": "1*2"}',
