@@ -5,8 +5,8 @@ One JSON object per line (blank lines are ignored):
 * ``gsm8k``: ``{"question", "answer"}``, the answer a worked solution ending in
   ``#### x``. SFT target: the whole answer; reference: x.
 * ``math500``: ``{"problem", "answer"}`` or ``{"problem", "solution"}`` (with
-  ``\\boxed{}``). SFT target: ``\\boxed{answer}``, else the solution; reference:
-  the answer, else the solution's last boxed body. Checked by math-verify in a
+  ``\\boxed{}``; a null one is missing). SFT target: ``\\boxed{answer}``, else the solution;
+  reference: the answer, else the solution's last boxed body. Checked by math-verify in a
   worker process with a hard timeout (``verify_timeout`` seconds).
 * ``countdown_jsonl``: ``{"nums": [...], "target": n}`` and optionally
   ``"solution"`` (an expression, checked at load). SFT target: the solution or "".
@@ -498,16 +498,18 @@ class Math500Task(JsonlTask):
   @classmethod
   def _fields(cls, record):
     problem = _field(record, "problem", str)
-    if "answer" in record:
+    # a null answer or solution is none (a data frame's missing cell, as pandas writes it)
+    if record.get("answer") is not None:
       reference = _field(record, "answer", str).strip()
       answer = "\\boxed{" + reference + "}"
-    elif "solution" in record:
+    elif record.get("solution") is not None:
       answer = _field(record, "solution", str)
       reference = verifiers.last_boxed(answer)
       if not reference or not reference.strip():
         raise _BadRecord("field 'solution' has no non-empty \\boxed{...} answer")
     else:
-      raise _BadRecord(f"needs field 'answer' or 'solution' (fields: {sorted(record)})")
+      raise _BadRecord(f"needs field 'answer' or 'solution' (fields: {sorted(record)}; a"
+                       " null one counts as missing)")
     return {"question": problem.strip()}, answer, {"reference": reference}
 
   def _d1_reward(self, example, completion, correct):

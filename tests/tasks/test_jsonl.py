@@ -117,6 +117,18 @@ def test_math500(tmp_path):
       make_task("math500", test_file=task.test_file, verify_timeout=bad)
 
 
+def test_a_null_math_answer_is_missing_and_the_solution_is_read(tmp_path):
+  """A data frame written by pandas (to_json lines=True) holds null for a missing cell: a MATH
+  row with a null answer and a boxed solution is the solution's, as `dllm-rl-data prepare`
+  reads it; before, it stopped the load ("field 'answer' must be str, got NoneType")."""
+  rows = [{"problem": "Simplify $\\sqrt{8}$.", "answer": None,
+           "solution": "We get $\\boxed{2\\sqrt{2}}$."},
+          {"problem": "What is $1+1$?", "answer": "2", "solution": None}]
+  task = make_task("math500", test_file=_write(tmp_path / "m.jsonl", rows), verify_timeout=0)
+  exs = {e.meta["reference"]: e.answer for e in task.generate("test", -1, 0)}
+  assert exs == {"2\\sqrt{2}": rows[0]["solution"], "2": "\\boxed{2}"}
+
+
 def test_countdown_and_sudoku(tmp_path):
   cd = make_task("countdown_jsonl", train_file=_write(tmp_path / "c.jsonl", COUNTDOWN),
                  test_file=_write(tmp_path / "c_test.jsonl", COUNTDOWN[:1]))
@@ -147,6 +159,8 @@ def test_countdown_and_sudoku(tmp_path):
     ("gsm8k", GSM8K[:3], '{"question": "", "answer": "#### 5"}', "'question' is empty"),
     ("math500", MATH, '{"problem": "p"}', "'answer' or 'solution'"),
     ("math500", MATH, '{"problem": "p", "solution": "no box"}', "boxed"),
+    ("math500", MATH, '{"problem": "p", "answer": null, "solution": null}',
+     "'answer' or 'solution' .*a null one counts as missing"),
     # json's ValueError for an integer over 4,300 digits: was raised bare, no file:line
     ("countdown_jsonl", COUNTDOWN, '{"nums": [1, 2], "target": 1' + "0" * 5000 + "}",
      r"invalid JSON value \(Exceeds the limit \(4300 digits\)"),
