@@ -167,6 +167,40 @@ def test_test_prompts_that_are_also_training_prompts_are_named(tmp_path):
                       r" check task.options.train_file and test_file", same), same
 
 
+def test_repeated_evaluation_prompts_are_named(tmp_path):
+  """A data file with duplicated records (two files joined, a record written twice): each
+  copy of a test prompt counted in the test accuracy, and the validation split, carved from the
+  train file, held training prompts; both were silent. Named with the first copy's file:line
+  and the line it repeats; nothing for files without duplicates."""
+  import json
+
+  from dllm_rl.tasks import make_task
+  from dllm_rl.train.context import duplicate_notes
+
+  def write(name, numbers):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps({"question": f"What is {i}+1?", "answer": f"#### {i + 1}"})
+                            + "\n" for i in numbers))
+    return str(path)
+
+  task = make_task("gsm8k", train_file=write("train.jsonl", range(8)),
+                   test_file=write("test.jsonl", [0, 1, 2, 3]))
+  splits = task.generate("train", -1, 0), task.generate("test", -1, 0)
+  assert duplicate_notes(task, splits[0][:6], splits[0][6:], splits[1]) == []
+  train = write("dup_train.jsonl", [0, 1, 2, 3, 0, 1, 2, 3])
+  task = make_task("gsm8k", train_file=train, test_file=write("dup_test.jsonl", [5, 6, 5, 5]))
+  test = sorted(task.generate("test", -1, 0), key=lambda ex: ex.source)
+  train_all = sorted(task.generate("train", -1, 0), key=lambda ex: ex.source)
+  val_note, test_note = duplicate_notes(task, train_all[:4], train_all[4:6], test)
+  assert val_note == (f"2 of the 2 validation prompts are also training prompts (the first:"
+                      f" {train}:5, as {train}:1): the train file repeats records, so the"
+                      " validation accuracy is not held out; drop the duplicates from"
+                      " task.options.train_file")
+  assert test_note == (f"2 of the 4 test prompts repeat another of the split (the first:"
+                       f" {tmp_path}/dup_test.jsonl:3, as {tmp_path}/dup_test.jsonl:1): each"
+                       " copy counts in the test accuracy; drop the duplicates from the data file")
+
+
 def test_a_mesh_that_leaves_devices_idle_is_named():
   from dllm_rl.parallel.mesh import make_mesh
   assert mesh_notes(make_mesh({"data": -1, "fsdp": 1, "tensor": 1})) == []

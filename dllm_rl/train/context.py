@@ -236,6 +236,40 @@ def overlap_notes(task: Task, train: list, test: list) -> list[str]:
           " task.options.train_file and test_file"]
 
 
+def duplicate_notes(task: Task, train: list, val: list, test: list) -> list[str]:
+  """A line for each evaluation split that repeats prompts (by the task's canonical string; a
+  data file with duplicated records, two files joined): the validation split's prompts that
+  are also training prompts (both come from the train file), and each of the validation and
+  test splits' prompts that repeat an earlier one of the same split, whose copies each count
+  in its accuracy. The generated tasks' splits hold distinct instances: never."""
+  notes, seen = [], {task.canonical(ex): ex for ex in train}
+  shared = [ex for ex in val if task.canonical(ex) in seen]
+  if shared:
+    earlier = seen[task.canonical(shared[0])]
+    notes.append(f"{len(shared)} of the {len(val)} validation prompts are also training"
+                 f" prompts (the first: {_where(shared[0])}, as {_where(earlier)}):"
+                 " the train file repeats records, so the validation accuracy is not held out;"
+                 " drop the duplicates from task.options.train_file")
+  for name, examples in (("validation", val), ("test", test)):
+    first, repeats = {}, []
+    for ex in examples:
+      key = task.canonical(ex)
+      if key in first:
+        repeats.append((ex, first[key]))
+      first.setdefault(key, ex)
+    if repeats:
+      ex, earlier = repeats[0]
+      notes.append(f"{len(repeats)} of the {len(examples)} {name} prompts repeat another of the"
+                   f" split (the first: {_where(ex)}, as {_where(earlier)}): each copy counts in"
+                   f" the {name} accuracy; drop the duplicates from the data file")
+  return notes
+
+
+def _where(example) -> str:
+  """Where ``example`` comes from (file:line), else its prompt's start."""
+  return example.source or repr(example.prompt[:60])
+
+
 def lora_notes(model_cfg: transformer.ModelConfig) -> list[str]:
   """A line when ``lora.rank`` exceeds min(inputs, outputs) of an adapted projection
   (:func:`dllm_rl.models.lora.rank_bounds`): its update A·B cannot reach that rank, so the
@@ -508,7 +542,7 @@ def build_context(config, workdir: str, mesh=None) -> Context:
   check_lora_targets(model_cfg)
   notes = (length_notes(config, hf.max_length if hf else None) + lora_notes(model_cfg)
            + sampler_notes(config, model_cfg) + family_notes(config, hf.family if hf else None)
-           + overlap_notes(task, [*train, *val], test))
+           + overlap_notes(task, [*train, *val], test) + duplicate_notes(task, train, val, test))
   splits = {}
   for name, examples in (("train", train), ("validation", val), ("test", test)):
     try:  # every split's, at once: each names the value that fits it (a too-short
