@@ -66,16 +66,22 @@ def _steps_for(length: int, limit: int, block_len: int, steps: int) -> str:
 
 
 def _check_no_mask(what: str, seqs: Sequence[Sequence[int]], examples: Sequence[Example],
-                   mask_id: int) -> None:
+                   tokenizer: CharTokenizer) -> None:
   """ValueError naming the first example whose ``what`` encodes to the mask id (its text
   holds the tokenizer's mask token): the samplers would take it for a position to fill and
-  SFT would train the model to write it."""
+  SFT would train the model to write it. The message quotes the token's text, since a
+  config.json whose mask id is an ordinary token of the tokenizer beside it (the two from
+  different models) puts it in plain text."""
+  mask_id = tokenizer.mask_id
   for b, ids in enumerate(seqs):
     if mask_id in ids:
       ex = examples[b]
+      text = tokenizer.decode([mask_id], stop_at_eos=False)
       raise ValueError(f"{ex.source or f'example {b}'}: the {what} holds the mask token (id"
-                       f" {mask_id}) in {getattr(ex, what)[:60]!r}: a model reads it as a"
-                       " position to fill; remove it from the data")
+                       f" {mask_id}, {text!r}) in {getattr(ex, what)[:60]!r}: a model reads it"
+                       " as a position to fill; remove it from the data (where that text is"
+                       " no mask token, model.hf_checkpoint's config.json names another"
+                       " mask_token_id than its tokenizer's: files of two models?)")
 
 
 def encode_examples(examples: Sequence[Example], tokenizer: CharTokenizer,
@@ -107,7 +113,7 @@ def encode_examples(examples: Sequence[Example], tokenizer: CharTokenizer,
   check_fit("answer", [len(a) for a in answers], completion_len, examples,
             multiple=completion_multiple, steps=sampler_steps)
   for what, seqs in (("prompt", prompts), ("answer", answers)):
-    _check_no_mask(what, seqs, examples, tokenizer.mask_id)
+    _check_no_mask(what, seqs, examples, tokenizer)
   prompt_BP = np.full((n, prompt_len), tokenizer.pad_id, np.int32)
   prompt_valid_BP = np.zeros((n, prompt_len), bool)
   completion_BL = np.full((n, completion_len), tokenizer.eos_id, np.int32)

@@ -142,7 +142,15 @@ def test_a_prompt_or_answer_holding_the_mask_token_is_named(tmp_path):
   for bad, what in ((Example("1+<|mdm_mask|>=", "2", source="d.jsonl:7"), "prompt"),
                     (Example("1+1=", "<|mdm_mask|>", source="d.jsonl:7"), "answer")):
     with pytest.raises(ValueError, match=rf"^d\.jsonl:7: the {what} holds the mask token"
-                                         r" \(id 126\)"):
+                                         r" \(id 126, '<\|mdm_mask\|>'\)"):
       encode_examples([good, bad], tok, prompt_len=16, completion_len=16)
+  # config.json's mask id is the tokenizer's "a" (config.json and tokenizer of two models):
+  # the message shows the text, not only an id that plain text cannot seem to hold
+  other = HFTokenizer.from_dir(str(tmp_path / "llada_tiny"), mask_id=10, eos_id=125, pad_id=125)
+  with pytest.raises(ValueError, match=r"^d\.jsonl:1: the prompt holds the mask token \(id 10,"
+                                       r" 'a'\) in 'a\+1=': .*config.json names another"
+                                       r" mask_token_id than its tokenizer's"):
+    encode_examples([Example("a+1=", "2", source="d.jsonl:1")], other, prompt_len=16,
+                    completion_len=16)
   assert encode_examples([good], tok, prompt_len=16, completion_len=16)["prompt_BP"].shape == (
       1, 16)
