@@ -123,7 +123,8 @@ class CodeTask(JsonlTask):
     if not all(isinstance(c, str) and c.strip() for c in cases):
       raise _BadRecord("field 'test_cases' must hold non-empty strings (assert lines or test"
                        " bodies)")
-    solution = _field(record, "solution", str) if "solution" in record else ""
+    # optional: a null one is none (a data frame's missing cell)
+    solution = _field(record, "solution", str) if record.get("solution") is not None else ""
     return {"question": question.strip()}, fenced(solution) if solution else "", {
         "test_cases": list(cases)}
 

@@ -571,7 +571,7 @@ class CountdownJsonlTask(JsonlTask):
       raise _BadRecord(f"field 'nums' must be >= 2 integers in [0, 10**9), got {nums!r}")
     target = _field(record, "target", int)
     solution = ""
-    if "solution" in record:
+    if record.get("solution") is not None:  # optional: a null one is none
       solution = _field(record, "solution", str).strip()
       check = verifiers.countdown_reward(solution, nums, target)
       if not check.correct:

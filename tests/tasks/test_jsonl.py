@@ -117,16 +117,24 @@ def test_math500(tmp_path):
       make_task("math500", test_file=task.test_file, verify_timeout=bad)
 
 
-def test_a_null_math_answer_is_missing_and_the_solution_is_read(tmp_path):
+def test_a_null_field_is_missing(tmp_path):
   """A data frame written by pandas (to_json lines=True) holds null for a missing cell: a MATH
   row with a null answer and a boxed solution is the solution's, as `dllm-rl-data prepare`
-  reads it; before, it stopped the load ("field 'answer' must be str, got NoneType")."""
+  reads it, and a null optional solution (Countdown, code) is none; before, each stopped the
+  load ("field 'answer' must be str, got NoneType")."""
   rows = [{"problem": "Simplify $\\sqrt{8}$.", "answer": None,
            "solution": "We get $\\boxed{2\\sqrt{2}}$."},
           {"problem": "What is $1+1$?", "answer": "2", "solution": None}]
   task = make_task("math500", test_file=_write(tmp_path / "m.jsonl", rows), verify_timeout=0)
   exs = {e.meta["reference"]: e.answer for e in task.generate("test", -1, 0)}
   assert exs == {"2\\sqrt{2}": rows[0]["solution"], "2": "\\boxed{2}"}
+  # the optional solution of Countdown and code: null is none (was "must be str, got NoneType")
+  countdown = make_task("countdown_jsonl", test_file=_write(tmp_path / "c.jsonl", [
+      {"nums": [4, 4, 2], "target": 10, "solution": None}, COUNTDOWN[0]]))
+  assert sorted(e.answer for e in countdown.generate("test", -1, 0)) == ["", "3*5+7"]
+  code = make_task("code", test_file=_write(tmp_path / "code.jsonl", [
+      {"question": "Write f.", "test_cases": ["assert f() == 1"], "solution": None}]))
+  assert code.generate("test", -1, 0)[0].answer == ""
 
 
 def test_countdown_and_sudoku(tmp_path):
