@@ -11,7 +11,9 @@ come from the caller (the checkpoint's ``config.json``), never from constants he
 The chat template is rendered like ``transformers`` does: Jinja2 in an
 immutable sandbox, ``trim_blocks`` and ``lstrip_blocks``, with ``messages``,
 ``add_generation_prompt=True``, the special-token strings, ``raise_exception``,
-``strftime_now`` and a ``tojson`` filter. Template text such as ``<|eot_id|>``
+``strftime_now``, a ``tojson`` filter and the ``{% generation %}`` block (transformers'
+assistant-mask tag: its body as written). A template that does not compile is a ValueError
+naming its file. Template text such as ``<|eot_id|>``
 is then encoded as the special token it names, so ``encode`` never adds
 BOS/EOS itself (``add_special_tokens=False``): the template decides.
 """
@@ -72,8 +74,30 @@ def _template_source(path: str, config: dict) -> str | None:
   return source
 
 
-def _compile_template(source: str):
-  """Compiles ``source`` in an immutable Jinja2 sandbox configured like transformers."""
+def _generation_extension():
+  """The ``{% generation %}...{% endgeneration %}`` tag of transformers' chat templates (it
+  marks the assistant's tokens for a training mask): rendered as its body, as transformers
+  does when it tracks nothing. Without it such a template does not compile."""
+  from jinja2 import nodes
+  from jinja2.ext import Extension
+
+  class Generation(Extension):
+    tags = {"generation"}
+
+    def parse(self, parser):
+      lineno = next(parser.stream).lineno
+      body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+      return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller):
+      return caller()
+
+  return Generation
+
+
+def _compile_template(source: str, where: str = "the chat template"):
+  """Compiles ``source`` in an immutable Jinja2 sandbox configured like transformers;
+  ValueError naming ``where`` (its file) when it does not compile."""
   import jinja2
   from jinja2 import sandbox
   from jinja2.ext import loopcontrols
@@ -89,11 +113,16 @@ def _compile_template(source: str):
     return datetime.datetime.now().strftime(fmt)
 
   env = sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                              extensions=[loopcontrols])
+                                              extensions=[loopcontrols, _generation_extension()])
   env.filters["tojson"] = tojson
   env.globals["raise_exception"] = raise_exception
   env.globals["strftime_now"] = strftime_now
-  return env.from_string(source)
+  try:
+    return env.from_string(source)
+  except jinja2.exceptions.TemplateError as err:  # syntax, an unknown filter or tag
+    line = getattr(err, "lineno", None)
+    raise ValueError(f"{where} does not compile as Jinja ({type(err).__name__}: {err}"
+                     + (f", template line {line})" if line else ")")) from err
 
 
 def _load_tokenizer_json(tok_path: str):
@@ -143,7 +172,9 @@ class HFTokenizer:
   def __init__(self, tokenizer, *, mask_id: int, eos_id: int, pad_id: int,
                chat_template: str | None = None,
                special_tokens: dict[str, Any] | None = None,
-               stop_ids: Sequence[int] = ()):
+               stop_ids: Sequence[int] = (), template_file: str = ""):
+    """``template_file``: where ``chat_template`` was read, named by the ValueError of a
+    template that does not compile."""
     ids = {"mask_id": mask_id, "eos_id": eos_id, "pad_id": pad_id}
     ids.update({f"stop_ids[{i}]": s for i, s in enumerate(stop_ids)})
     for name, value in ids.items():
@@ -160,7 +191,8 @@ class HFTokenizer:
                            self._pad_id + 1, *(s + 1 for s in self._stop_ids))
     self._special_tokens = dict(special_tokens or {})
     self.chat_template = chat_template
-    self._template = _compile_template(chat_template) if chat_template else None
+    self._template = (_compile_template(chat_template, f"{template_file or 'the'} chat template")
+                      if chat_template else None)
 
   @classmethod
   def from_dir(cls, path: str, *, mask_id: int, eos_id: int, pad_id: int,
@@ -185,9 +217,11 @@ class HFTokenizer:
       tokenizer = _load_tokenizer_json(tok_path)
     else:
       tokenizer = _build_from_vocab(path, config, special)
+    jinja_path = os.path.join(path, TEMPLATE_FILE)
     return cls(tokenizer, mask_id=mask_id, eos_id=eos_id, pad_id=pad_id,
                chat_template=_template_source(path, config), special_tokens=special,
-               stop_ids=stop_ids)
+               stop_ids=stop_ids,
+               template_file=jinja_path if os.path.isfile(jinja_path) else f"{config_path}'s")
 
   @property
   def vocab_size(self) -> int:

@@ -327,8 +327,11 @@ def _encode(examples, tokenizer, config, split: str) -> dict:
     examples = [dataclasses.replace(ex, prompt=chat_prompt(ex.prompt, tokenizer, system))
                 for ex in examples]
   except TemplateError as err:
-    if not system:
-      raise
+    if not system:  # the template's raise_exception, an undefined name, the sandbox
+      raise ConfigError("model.hf_checkpoint", f"its chat template fails on a prompt of the"
+                        f" {split} split of task {config.task.name!r} (one user turn):"
+                        f" {type(err).__name__}: {err} (data.system_prompt gives each prompt a"
+                        " system turn)") from err
     raise ConfigError("data.system_prompt", f"the chat template of model.hf_checkpoint "
                       f"rejects a system turn: {err}") from err
   try:

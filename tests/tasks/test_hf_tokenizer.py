@@ -132,6 +132,52 @@ def test_template_is_sandboxed(tmp_path):
     _load(tmp_path, raw).format_prompt("x")
 
 
+def test_a_template_that_needs_a_system_turn_names_the_checkpoint(tmp_path):
+  """A template that rejects one user turn (its raise_exception) stopped the run with a Jinja
+  traceback; it is a ConfigError on model.hf_checkpoint naming the split and the key that adds
+  a system turn."""
+  raw = _save(tmp_path, template="{% if messages[0]['role'] != 'system' %}"
+                                 "{{ raise_exception('System message required') }}{% endif %}"
+                                 "{{ messages[-1]['content'] }}")
+  tok = _load(tmp_path, raw)
+  config = tiny_run_config("eval", {"data.prompt_len": 32})
+  with pytest.raises(ConfigError, match=r"^config\.model\.hf_checkpoint: its chat template fails"
+                                        r" on a prompt of the test split of task 'arithmetic'"
+                                        r" \(one user turn\): TemplateError: System message"
+                                        r" required \(data\.system_prompt gives"):
+    _encode([Example(prompt="hi", answer="")], tok, config, "test")
+  config.data.system_prompt = "Be brief."
+  encoded = _encode([Example(prompt="hi", answer="")], tok, config, "test")
+  assert encoded["prompt_BP"].shape == (1, 32)
+
+
+def test_a_template_that_does_not_compile_names_its_file(tmp_path):
+  """A syntax error or an unknown filter was a bare Jinja traceback at load; a ValueError
+  naming the file it came from (chat_template.jinja wins over tokenizer_config.json)."""
+  raw = _save(tmp_path, template="{% for m in messages %}{{ m['content'] }}{% endfor")
+  with pytest.raises(ValueError, match=rf"^{tmp_path}/tokenizer_config.json's chat template does"
+                                       r" not compile as Jinja \(TemplateSyntaxError: unexpected"
+                                       r" end of template.*, template line 1\)$"):
+    _load(tmp_path, raw)
+  (tmp_path / "chat_template.jinja").write_text("\n{{ messages[0].content | shout }}")
+  with pytest.raises(ValueError, match=rf"^{tmp_path}/chat_template.jinja chat template does not"
+                                       r" compile as Jinja \(TemplateAssertionError: No filter"
+                                       r" named 'shout'.*, template line 2\)$"):
+    _load(tmp_path, raw)
+
+
+def test_the_generation_tag_renders_its_body(tmp_path):
+  """transformers' {% generation %} block (assistant-token masks in training templates) is
+  its body, as transformers renders it; it did not compile ("unknown tag 'generation'")."""
+  raw = _save(tmp_path, template="{% for m in messages %}{% if m['role'] == 'assistant' %}"
+                                 "{% generation %}A:{{ m['content'] }}{% endgeneration %}"
+                                 "{% else %}U:{{ m['content'] }}{% endif %}{% endfor %}"
+                                 "{% if add_generation_prompt %}|A:{% endif %}")
+  assert _load(tmp_path, raw).format_prompt("hi") == "U:hi|A:"
+  tok = _load(tmp_path, raw)
+  assert tok._template.render(messages=[{"role": "assistant", "content": "x"}]) == "A:x"
+
+
 def test_missing_files_are_named(tmp_path):
   with pytest.raises(FileNotFoundError, match="nowhere"):
     HFTokenizer.from_dir(str(tmp_path / "nowhere"), mask_id=3, eos_id=1, pad_id=0)
