@@ -227,7 +227,7 @@ class JsonlTask(Task):
       raise ValueError(f"task {self.name!r}: {path}: {problem}")
     lines = raw.removeprefix(codecs.BOM_UTF8).splitlines()  # a leading BOM: see not_jsonl
     first = next((i for i, data in enumerate(lines, start=1) if data.strip()), 0)
-    out, skipped = [], 0
+    out, skipped, first_skip = [], 0, ""
     for line_no, data in enumerate(lines, start=1):
       if not data.strip():
         continue
@@ -265,13 +265,15 @@ class JsonlTask(Task):
         if self.on_error == "raise":
           raise ValueError(f"task {self.name!r}: {where}") from None
         skipped += 1
+        first_skip = first_skip or where
         if len(self.skip_reasons) < _MAX_SKIP_REASONS:
           self.skip_reasons.append(where)
         continue
       out.append(Example(prompt=self._prompt(fields), answer=answer,
                          meta={**meta, "key": self._key(fields)}, source=f"{path}:{line_no}"))
-    if skipped:
-      logging.warning("task %r: skipped %d malformed line(s) of %s", self.name, skipped, path)
+    if skipped:  # the first one's line and problem: which lines, not only how many
+      logging.warning("task %r: skipped %d malformed line(s) of %s (on_error='skip'; the first:"
+                      " %s)", self.name, skipped, path, first_skip)
     self.skipped += skipped
     return out
 

@@ -180,7 +180,7 @@ def test_countdown_and_sudoku(tmp_path):
     ("sudoku_jsonl", SUDOKU, '{"puzzle": "0034341221404301", "solution": "1234341221434312"}',
      "not a valid grid"),
 ])
-def test_malformed_lines(tmp_path, name, records, bad, what):
+def test_malformed_lines(tmp_path, caplog, name, records, bad, what):
   path = _write(tmp_path / "data.jsonl", records, extra_lines=["", bad])
   line = len(records) + 2  # the blank line is counted, not reported
   with pytest.raises(ValueError, match=rf"data\.jsonl:{line}: .*{what}"):
@@ -188,6 +188,10 @@ def test_malformed_lines(tmp_path, name, records, bad, what):
   task = make_task(name, train_file=path, test_file=path, on_error="skip")
   assert task.skipped == 1  # the file is read once, though it serves both splits
   assert task.skip_reasons[0].startswith(f"{path}:{line}: ")
+  # the warning names the first skipped line and its problem (it gave only the count)
+  (warning,) = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+  assert warning.startswith(f"task {name!r}: skipped 1 malformed line(s) of {path}"
+                            f" (on_error='skip'; the first: {path}:{line}: ")
   assert len(task.generate("train", -1, 0)) == len(records)
 
 
