@@ -325,14 +325,50 @@ def weight_files(ckpt_dir: str) -> tuple[dict[str, str], str]:
 MISMATCH_HINT = "(config.json and the weights come from different models?)"
 
 
-def _check_tensors(files: dict[str, str], source: str, family: str, plan: list[Tensor]) -> None:
+def _tied_head(family: str, cfg: ModelConfig) -> tuple[str, str] | None:
+  """(the output head's HF name, the embedding's) of a ``family`` model with tied embeddings
+  (``cfg.tie_embeddings``): the head the untied layout would hold; None when untied."""
+  if not cfg.tie_embeddings:
+    return None
+  entries = FAMILIES[family].tensors(dataclasses.replace(cfg, tie_embeddings=False))
+  by_path = {entry[1]: entry[0] for entry in entries if len(entry) == 3}
+  return by_path[("lm_head",)], by_path[("embed",)]
+
+
+def _drop_tied_head(files: dict[str, str], extra: list[str], family: str,
+                    cfg: ModelConfig) -> list[str]:
+  """``extra`` (tensors the model does not use) without the output head of a model whose
+  config.json ties it to the embedding, when the folder holds it as a copy of the embedding
+  (a trainer or converter that saves both: transformers ties them and loads it); a head that
+  differs from the embedding is a ValueError (the weights were trained untied). Reads those
+  two tensors only."""
+  tied = _tied_head(family, cfg)
+  if tied is None or tied[0] not in extra:
+    return extra
+  head, embed = tied
+  with open_safetensors(files[head]) as fh, open_safetensors(files[embed]) as fe:
+    same = np.array_equal(fh.get_tensor(head), fe.get_tensor(embed))
+  if not same:
+    raise ValueError(f"tensor {head!r} in {files[head]} differs from the embedding {embed!r},"
+                     f" but config.json ties them ({_TIE_KEY.get(family, 'tie_word_embeddings')}"
+                     " true), so the model would drop it: weights trained untied need"
+                     f" {_TIE_KEY.get(family, 'tie_word_embeddings')} false in config.json")
+  return [name for name in extra if name != head]
+
+
+_TIE_KEY = {"llada": "weight_tying"}  # config.json's key; the others: tie_word_embeddings
+
+
+def _check_tensors(files: dict[str, str], source: str, family: str, plan: list[Tensor],
+                   cfg: ModelConfig) -> None:
   """Names, shapes and dtypes from the headers, before any tensor is read (``files``: from
-  :func:`weight_files`, which found every file)."""
+  :func:`weight_files`, which found every file); a tied model's copy of its embedding as the
+  output head is let be (:func:`_drop_tied_head`, which reads those two)."""
   wanted = {t.name for t in plan}
   for name in sorted(wanted):
     if name not in files:
       raise ValueError(f"tensor {name!r} is missing from {source} {MISMATCH_HINT}")
-  extra = sorted(set(files) - wanted)
+  extra = _drop_tied_head(files, sorted(set(files) - wanted), family, cfg)
   if extra:
     raise ValueError(f"{source} has {len(extra)} unexpected tensor(s) that the {family} model "
                      f"with this config.json does not use: {extra[:10]} {MISMATCH_HINT}")
@@ -360,7 +396,7 @@ def check_tensors(files: dict[str, str], source: str, family: str, cfg: ModelCon
   safetensors headers (``files``, ``source``: from :func:`weight_files`): names, shapes and
   dtypes, no tensor data read. A ValueError names the first tensor that differs."""
   shapes = nnx.to_pure_dict(abstract_model(cfg)[1])
-  _check_tensors(files, source, family, tensor_table(family, cfg, shapes))
+  _check_tensors(files, source, family, tensor_table(family, cfg, shapes), cfg)
 
 
 def _place(view: np.ndarray, sharding, dtype) -> jax.Array:
@@ -416,7 +452,7 @@ def load_checkpoint(ckpt_dir: str, *, mesh: jax.sharding.Mesh | None = None,
   graphdef, abstract = abstract_model(cfg)
   shapes, shardings = nnx.to_pure_dict(abstract), nnx.to_pure_dict(param_shardings(abstract, mesh))
   plan = tensor_table(family, cfg, shapes)
-  _check_tensors(files, source, family, plan)
+  _check_tensors(files, source, family, plan, cfg)
   values = shapes  # the pure dict of shapes, filled in place with placed arrays
   _load_params(plan, files, values, shardings, np.dtype(cfg.param_dtype))
   nnx.replace_by_pure_dict(abstract, values)

@@ -129,6 +129,35 @@ def test_bfloat16_import_and_tied_embeddings(tmp_path):
     assert np.array_equal(a, b)
 
 
+def test_a_tied_models_copy_of_its_embedding_as_head_loads(tmp_path):
+  """A tied checkpoint (SDAR-1.7B / 4B: tie_word_embeddings) saved by a trainer that writes
+  lm_head.weight too, as a copy of the embedding, is one transformers loads: it loads, its
+  logits those of the folder without the copy. It was refused as an unexpected tensor. A head
+  that differs is named with the config.json key (trained untied)."""
+  def tie(out, head):
+    c = hf.read_hf_config(str(out))
+    (out / "config.json").write_text(json.dumps({**c, "tie_word_embeddings": True}))
+    tensors = _tensors(out / "model.safetensors")
+    if head is None:
+      del tensors["lm_head.weight"]
+    else:
+      tensors["lm_head.weight"] = head(tensors["model.embed_tokens.weight"])
+    safetensors.numpy.save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return str(out)
+
+  clean = tie(_copy_fixture("sdar", tmp_path / "clean"), None)
+  copy = tie(_copy_fixture("sdar", tmp_path / "copy"), lambda e: e.copy())
+  ref, got = hf.load_checkpoint(clean), hf.load_checkpoint(copy)
+  assert got.model_cfg.tie_embeddings
+  for a, b in zip(jax.tree.leaves(ref.params), jax.tree.leaves(got.params)):
+    assert np.array_equal(a, b)
+  differs = tie(_copy_fixture("sdar", tmp_path / "differs"), lambda e: e * 2)
+  with pytest.raises(ValueError, match=r"tensor 'lm_head.weight' in .*differs from the embedding"
+                                       r" 'model.embed_tokens.weight', but config.json ties them"
+                                       r" \(tie_word_embeddings true\)"):
+    hf.load_checkpoint(differs)
+
+
 def _run_cli(*args):
   proc = subprocess.run([sys.executable, "-m", "dllm_rl.convert", *args], cwd=ROOT,
                         capture_output=True, text=True, timeout=120,
