@@ -42,6 +42,8 @@ def _cases(tmp_path):
   gz.write_bytes(gzip.compress(_gsm8k(tmp_path).read_bytes()))
   parquet = tmp_path / "train.parquet"  # a Parquet file starts and ends with "PAR1"
   parquet.write_bytes(b"PAR1\x15\x04\x15\x80\x01" + bytes(range(256)) + b"PAR1")
+  empty = tmp_path / "empty.jsonl"  # was "has only 0 ...: lower it", a size no run takes
+  empty.write_text("\n\n")
   array = tmp_path / "array.json"  # the 40 rows as one JSON array, pretty-printed
   array.write_text(json.dumps([json.loads(r) for r in rows], indent=2))
   (tmp_path / "long").mkdir()  # 60 rows, a question of 142 characters on line 58
@@ -100,6 +102,11 @@ def _cases(tmp_path):
         rf" object on its own line \(jq -c '\.\[\]' {re.escape(str(array))}\) or convert it"
         rf" with dllm-rl-data prepare gsm8k --out DIR --source train={re.escape(str(array))}"
         r" \(docs/data\.md\), then give DIR/train\.jsonl"]),
+      ("an empty data file", [f"--workdir={w}", *gsm8k, f"--config.task.options.test_file={empty}"],
+       [r"error: config\.task\.train_size: .*has only 40.*",  # the 40 rows: too few as well
+        rf"error: config\.task\.options\.test_file: task 'gsm8k': asked for 256 'test' examples but"
+        rf" {re.escape(str(empty))} holds no record: the file is empty \(blank lines at most\);"
+        r" give a file with records"]),
       ("a data file that is a directory", [f"--workdir={w}", *gsm8k,
                                            f"--config.task.options.train_file={tmp_path}"],
        [rf"error: config\.task\.options: task 'gsm8k': data file '{re.escape(str(tmp_path))}'"
@@ -220,7 +227,7 @@ def _file(tmp_path):
 NAMES = ["data file smaller than train_size", "mode=rl with neither an SFT nor an HF checkpoint",
          "mode=eval with neither a checkpoint nor an HF model", "a data file that is not UTF-8",
          "a gzip-compressed data file", "a Parquet data file",
-         "a data file that is one JSON array",
+         "a data file that is one JSON array", "an empty data file",
          "a data file that is a directory", "a prompt longer than data.prompt_len",
          "prompts longer than data.prompt_len in two splits",
          "a JSONL task without model.hf_checkpoint", "a truncated model.safetensors",

@@ -65,6 +65,16 @@ _NOT_TEXT = (
 )
 
 
+class NoRecords(ValueError):
+  """A data file that holds no record (empty, or every line skipped): a smaller split size
+  does not help, so callers name the file's option (``option``: "train_file" / "test_file")
+  rather than the size."""
+
+  def __init__(self, message: str, option: str):
+    super().__init__(message)
+    self.option = option
+
+
 class _BadRecord(ValueError):
   """A line that does not hold a valid record (message says what is wrong)."""
 
@@ -194,6 +204,7 @@ class JsonlTask(Task):
                        f" >= 0 (0 = verify in-process), got {verify_timeout!r}")
     self.skipped = 0
     self.skip_reasons: list[str] = []
+    self._file_skips: dict[str, tuple[int, str]] = {}  # path → (lines skipped, the first)
     paths = dict.fromkeys(p for p in (self.train_file, self.test_file) if p)
     self._records = {path: self._load(path) for path in paths}  # each file read once
     self._timed: TimedVerifier | None = None
@@ -275,6 +286,7 @@ class JsonlTask(Task):
       logging.warning("task %r: skipped %d malformed line(s) of %s (on_error='skip'; the first:"
                       " %s)", self.name, skipped, path, first_skip)
     self.skipped += skipped
+    self._file_skips[path] = (skipped, first_skip)
     return out
 
   @classmethod
@@ -328,6 +340,14 @@ class JsonlTask(Task):
     if n < -1 or seed < 0:
       raise ValueError(f"n must be >= -1 and seed >= 0, got n={n}, seed={seed}")
     pool, source = self._pool(split)
+    file = self.test_file if split == "test" and self.test_file else self.train_file
+    if n > 0 and not self._records[file]:  # not "has only 0": why the file gave none
+      skipped, first = self._file_skips[file]
+      why = (f"each of its {skipped} line(s) was skipped as malformed (on_error='skip'; the"
+             f" first: {first})" if skipped else "the file is empty (blank lines at most)")
+      raise NoRecords(f"task {self.name!r}: asked for {n} {split!r} examples but {file} holds"
+                      f" no record: {why}",
+                      "test_file" if file == self.test_file else "train_file")
     if n > len(pool):
       raise ValueError(f"task {self.name!r}: asked for {n} {split!r} examples but "
                        f"{source} has only {len(pool)}")

@@ -416,8 +416,11 @@ def _generate(task, split: str, n: int, seed: int, key: str, asked: str):
   """``task.generate``; too few examples (a small data file, a generated task's options that
   make fewer distinct instances) → a ConfigError naming the size keys and what else to change
   (``Task.enlarge_hint``)."""
+  from dllm_rl.tasks.jsonl import NoRecords
   try:
     return task.generate(split, n, seed)
+  except NoRecords as err:  # an empty data file: no smaller size helps
+    raise ConfigError(f"task.options.{err.option}", f"{err}; give a file with records") from err
   except ValueError as err:
     raise ConfigError(key, f"{err} ({asked}): lower it or {task.enlarge_hint()}") from err
 

@@ -195,6 +195,27 @@ def test_malformed_lines(tmp_path, caplog, name, records, bad, what):
   assert len(task.generate("train", -1, 0)) == len(records)
 
 
+def test_a_file_without_records_says_why(tmp_path):
+  """An empty file, or one whose every line was skipped: NoRecords naming the file and why
+  (the first skipped line), not "has only 0", whose fix was a smaller size."""
+  from dllm_rl.tasks.jsonl import NoRecords
+  empty = tmp_path / "empty.jsonl"
+  empty.write_bytes(codecs.BOM_UTF8 + b"\r\n\n")
+  task = make_task("gsm8k", train_file=str(empty))
+  assert task.generate("test", 0, 0) == []
+  with pytest.raises(NoRecords, match=rf"asked for 2 'test' examples but {empty} holds no record:"
+                                      r" the file is empty \(blank lines at most\)$") as err:
+    task.generate("test", 2, 0)
+  assert err.value.option == "train_file"
+  bad = _write(tmp_path / "bad.jsonl", [], extra_lines=['{"question": "q"}', "{"])
+  task = make_task("gsm8k", train_file=str(empty), test_file=bad, on_error="skip")
+  with pytest.raises(NoRecords, match=rf"holds no record: each of its 2 line\(s\) was skipped as"
+                                      rf" malformed \(on_error='skip'; the first: {bad}:1: missing"
+                                      r" field 'answer'") as err:
+    task.generate("test", 1, 0)
+  assert err.value.option == "test_file"
+
+
 def test_a_line_that_is_not_utf8_is_named_or_skipped_like_a_malformed_line(tmp_path):
   path = tmp_path / "latin1.jsonl"
   lines = [json.dumps(r).encode() for r in GSM8K[:12]]
