@@ -26,6 +26,7 @@ from dllm_rl.sampling.configs import sampler_config
 from dllm_rl.sampling.sampler import SamplerConfig
 from dllm_rl.tasks import data as data_lib
 from dllm_rl.tasks.base import Task
+from dllm_rl.tasks.jsonl import NoRecords
 from dllm_rl.tasks.prompts import chat_prompt
 from dllm_rl.train.checkpoint_choice import PHASES
 from dllm_rl.train.evaluation import Decoding, EvalOptions, Split
@@ -416,7 +417,6 @@ def _generate(task, split: str, n: int, seed: int, key: str, asked: str):
   """``task.generate``; too few examples (a small data file, a generated task's options that
   make fewer distinct instances) → a ConfigError naming the size keys and what else to change
   (``Task.enlarge_hint``)."""
-  from dllm_rl.tasks.jsonl import NoRecords
   try:
     return task.generate(split, n, seed)
   except NoRecords as err:  # an empty data file: no smaller size helps
