@@ -21,16 +21,29 @@ SETSID = shutil.which("setsid")
 
 def _read_until_exit(proc: subprocess.Popen, fd: int, timeout: float) -> tuple[int | None, str]:
   """(exit status of ``proc``, or None after ``timeout`` s; what it wrote to the terminal
-  ``fd``), the terminal drained as it goes so the child never blocks on it."""
+  ``fd``), the terminal drained as it goes so the child never blocks on it, and after it
+  exits: its last words (the trap's message just before ``exit 130``) may reach the terminal
+  after the last read before the exit was seen, on a loaded machine."""
   out, status, deadline = b"", None, time.monotonic() + timeout
   while status is None and time.monotonic() < deadline:
-    if select.select([fd], [], [], 0.05)[0]:
-      try:
-        out += os.read(fd, 4096)
-      except OSError:  # the terminal's last process is gone
-        pass
     status = proc.poll()
+    out += _drain(fd, 0.05 if status is None else 0.5)
   return status, out.decode(errors="replace")
+
+
+def _drain(fd: int, wait: float) -> bytes:
+  """What the terminal ``fd`` holds, waiting up to ``wait`` s for each piece; stops when it
+  is quiet that long, or at its end (the last process holding it gone)."""
+  out = b""
+  while select.select([fd], [], [], wait)[0]:
+    try:
+      piece = os.read(fd, 4096)
+    except OSError:  # EIO: the terminal's last process is gone and all it wrote was read
+      break
+    if not piece:
+      break
+    out += piece
+  return out
 
 
 @pytest.mark.skipif(SETSID is None, reason="no setsid (util-linux) to give bash a terminal")
