@@ -126,12 +126,12 @@ def test_hostile_completions_score_zero_quickly():
       "3/0+5+7",
       "open('/etc/passwd').read()",
   ]
-  start = time.perf_counter()
+  start = time.thread_time()  # CPU time: a loaded box's waits for a CPU are not counted
   for text in hostile:
     r = task.verify(ex, text)
     assert (r.reward, r.correct, r.parsed) == (0.0, False, None), text
     assert r.info["reason"].startswith("parse error")
-  assert time.perf_counter() - start < 3.0  # catches super-linear blow-ups, not speed
+  assert time.thread_time() - start < 3.0  # catches super-linear blow-ups, not speed
 
 
 def test_validation():

@@ -21,7 +21,10 @@ from dllm_rl.tasks.timed_verifier import TimedVerifier
 PROPERTY = settings(derandomize=True, database=None, deadline=None, max_examples=200,
                     suppress_health_check=[HealthCheck.too_slow,
                                            HealthCheck.function_scoped_fixture])
-BOUND_S = 1.0  # per call; the real cost is micro- to milliseconds
+# Per call, in CPU time of the calling thread (time.thread_time): the real cost is micro- to
+# milliseconds; a super-linear blow-up costs CPU time whatever the load, while wall-clock time
+# also counts a loaded box's waits for a CPU (33 times the CPU time with 32 busy processes).
+BOUND_S = 1.0
 
 ARITH = st.text(alphabet="0123456789+-*/() ", max_size=240)
 CODE = st.sampled_from([
@@ -51,21 +54,21 @@ def no_code_execution(monkeypatch):
 
 
 def _timed(fn, *args):
-  t0 = time.perf_counter()
+  t0 = time.thread_time()
   out = fn(*args)
-  assert time.perf_counter() - t0 < BOUND_S, f"{fn.__name__} took too long on {args!r:.80}"
+  assert time.thread_time() - t0 < BOUND_S, f"{fn.__name__} took too long on {args!r:.80}"
   return out
 
 
 @PROPERTY
 @given(text=st.one_of(ARITH, ANY_TEXT))
 def test_parser_returns_or_raises_parse_error_only(text, no_code_execution):
-  t0 = time.perf_counter()
+  t0 = time.thread_time()
   try:
     parsed = parse_expression(text)
   except ParseError:
     parsed = None
-  assert time.perf_counter() - t0 < BOUND_S
+  assert time.thread_time() - t0 < BOUND_S
   if parsed is not None:
     assert all(0 <= x < 10**9 for x in parsed.literals)
     assert parse_expression(parsed.canonical) == parsed  # same value, literals; a fixed point
@@ -98,10 +101,11 @@ def math_checker():
           suppress_health_check=[HealthCheck.too_slow])
 @given(text=ANY_TEXT)
 def test_math_answers_are_bounded_by_the_hard_timeout(text, math_checker):
+  math_checker.start()._worker.wait_ready(120.0)  # a restart's start-up is not on the clock
   t0 = time.perf_counter()
   result = math_checker(text, "\\frac{1}{2}")
   assert isinstance(result, VerifyResult) and 0.0 <= result.reward <= 1.0
-  assert time.perf_counter() - t0 < 30.0  # 3 s limit + a worker restart on a loaded CI box
+  assert time.perf_counter() - t0 < 30.0  # the 3 s limit and a kill, on a loaded CI box
 
 
 JSON_VALUE = st.recursive(
@@ -123,9 +127,9 @@ def test_jsonl_loaders_skip_or_name_the_bad_line(lines, task, tmp_path_factory,
                                                  no_code_execution):
   path = tmp_path_factory.mktemp("jsonl") / "data.jsonl"
   path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-  t0 = time.perf_counter()
+  t0 = time.thread_time()
   loaded = task(train_file=str(path), on_error="skip", verify_timeout=0)
-  assert time.perf_counter() - t0 < BOUND_S * (1 + len(lines))
+  assert time.thread_time() - t0 < BOUND_S * (1 + len(lines))
   assert loaded.skipped + len(loaded._records[str(path)]) <= len(lines)
   try:
     task(train_file=str(path), on_error="raise", verify_timeout=0)

@@ -184,18 +184,18 @@ def test_hostile_inputs_are_rejected_quickly():
       "1+" * 99 + "1" + "\x00",
       "[1]*10**9",
   ]
-  start = time.perf_counter()
+  start = time.thread_time()  # CPU time: a loaded box's waits for a CPU are not counted
   for text in hostile:
     with pytest.raises(ParseError):
       parse_expression(text)
-  assert time.perf_counter() - start < 3.0  # catches super-linear blow-ups, not speed
+  assert time.thread_time() - start < 3.0  # catches super-linear blow-ups, not speed
 
 
 def test_large_but_legal_expression_is_fast():
   text = "*".join(["999999999"] * 20)  # 199 characters
-  start = time.perf_counter()
+  start = time.thread_time()  # CPU time: a loaded box's waits for a CPU are not counted
   assert parse_expression(text).value == 999999999**20
-  assert time.perf_counter() - start < 3.0  # catches super-linear blow-ups, not speed
+  assert time.thread_time() - start < 3.0  # catches super-linear blow-ups, not speed
 
 
 def test_never_uses_eval():

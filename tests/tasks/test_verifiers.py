@@ -336,9 +336,16 @@ def test_closed_answer_span_is_d1s_findall_in_linear_time():
     text = "".join(rng.choice(pieces) for _ in range(rng.randrange(8)))
     found = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
     assert V.closed_answer_span(text) == (found[-1] if found else None), text
-  start = time.monotonic()
+  start = time.thread_time()  # CPU time (_cpu_s): no super-linear blow-up
   assert V.closed_answer_span("<answer>" * 100_000) is None
-  assert time.monotonic() - start < 1.0
+  assert _cpu_s(start) < 1.0
+
+
+def _cpu_s(start: float) -> float:
+  """This thread's CPU seconds since ``start`` (``time.thread_time()``): what a super-linear
+  blow-up costs, whatever the load; wall-clock time also counts the waits for a CPU, 33 times
+  the CPU time on a 2-core box running 32 busy processes (3.3 s for 0.1 s of work)."""
+  return time.thread_time() - start
 
 
 def _hostile(canary_name):
@@ -356,14 +363,14 @@ def test_gsm8k_signs_separators_and_dots_stay_linear():
                ".5" * 30_000, "\u202f000" * 16_000, "1\u00a0" * 30_000, "1 000" * 12_000,
                "-.-" * 20_000, "#### " + "\u20131\u2009" * 12_000, "a.-" * 20_000,
                "1/." * 20_000, "/.5" * 20_000, "1/2." * 15_000, "1.5/2.5" * 8_500]:
-    start = time.monotonic()
+    start = time.thread_time()
     r = V.gsm8k_result(text, "#### 5")
-    assert time.monotonic() - start < 3.0, text[:40]  # no super-linear blow-up
+    assert _cpu_s(start) < 3.0, text[:40]  # no super-linear blow-up
     assert r.reward == 0.0 and not r.correct
   for text in ["." * 60_000 + "5", "a." * 30_000 + "5", "a.." * 20_000 + "5"]:
-    start = time.monotonic()
+    start = time.thread_time()
     r = V.gsm8k_result(text, "#### 5")  # an ellipsis or a glued full stop is no decimal point
-    assert time.monotonic() - start < 3.0, text[:40]
+    assert _cpu_s(start) < 3.0, text[:40]
     assert r.correct, text[:40]
 
 
@@ -373,9 +380,9 @@ def test_gsm8k_fractions_stay_linear():
                "\\frac{1}{-2}" * 2_500, "-\\frac{1,000}{-2{,}000}" * 1_300,
                "x\\frac{1}{2}" * 2_500, "1 " * 15_000, "- " * 15_000, "\\frac{" * 5_000,
                "\\frac{" + "1," * 15_000, "1" * 30_000 + "\\frac"]:
-    start = time.monotonic()
+    start = time.thread_time()
     r = V.gsm8k_result(text, "#### 5")
-    assert time.monotonic() - start < 3.0, text[:40]  # no super-linear blow-up
+    assert _cpu_s(start) < 3.0, text[:40]  # no super-linear blow-up
     assert r.reward == 0.0 and not r.correct
 
 
@@ -387,9 +394,9 @@ def test_hostile_completions_are_cheap_and_inert(tmp_path, monkeypatch):
             lambda s: V.sudoku_result(s, "0034341221404301", "1234341221434321")]
   for text in _hostile(canary.name):
     for check in checks:
-      start = time.monotonic()
+      start = time.thread_time()
       r = check(text)
-      assert time.monotonic() - start < 3.0, text[:40]  # no super-linear blow-up
+      assert _cpu_s(start) < 3.0, text[:40]  # no super-linear blow-up
       assert r.reward == 0.0 and not r.correct
   assert not canary.exists()
 
@@ -399,9 +406,12 @@ def test_hostile_math_under_the_hard_timeout(tmp_path, monkeypatch):
   canary = tmp_path / "pwned"
   with T.TimedVerifier(V.math_result, 5.0, preload=("math_verify",)) as timed:
     for text in _hostile(canary.name) + ["\\boxed{9^{9^{9^{9}}}}", "\\boxed{10^{10^{10}}}"]:
+      timed.start()._worker.wait_ready(120.0)  # start-up (a restart's too) is not on the clock
       start = time.monotonic()
       r = timed(text, "5")
-      assert time.monotonic() - start < 8.0, text[:40]  # the 5 s deadline, not math-verify
+      # Wall clock, as the deadline is: no call outlives the 5 s deadline by more than a kill
+      # and a restart's spawn, with room for a loaded 2-core CI box (8 s failed there).
+      assert time.monotonic() - start < 15.0, text[:40]
       assert r.reward == 0.0 and not r.correct, text[:40]
     assert timed("\\boxed{5}", "5").correct  # still serving after all that
   assert not canary.exists()
@@ -414,7 +424,7 @@ def test_timeout_kills_and_restarts():
   start = time.monotonic()
   r = timed(60)
   elapsed = time.monotonic() - start
-  assert 0.5 <= elapsed < 2.0
+  assert 0.5 <= elapsed < 5.0  # the deadline, then a kill and a spawn on a loaded CI box
   assert r.reward == 0.0 and not r.correct and r.info["reason"] == "timeout"
   assert timed.timeouts == 1 and timed.restarts == 1
   assert timed(0.01) is None and timed._worker.proc.pid != pid
@@ -429,6 +439,7 @@ def test_timeout_on_a_slow_real_verifier():
     assert timed("\\boxed{\\frac{2}{4}}", "0.5").correct
   # math-verify's own 1 s limit would stop this comparison later; the hard limit first.
   with T.TimedVerifier(V.math_result, 0.3, preload=("math_verify",)) as timed:
+    timed.start()._worker.wait_ready(120.0)  # importing math_verify is not on the clock
     start = time.monotonic()
     r = timed("\\boxed{9^{9^{9}}}", "5")
     assert r.info["reason"] == "timeout" and time.monotonic() - start < 10.0  # loaded CI box
