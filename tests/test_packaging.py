@@ -95,7 +95,7 @@ def test_console_script_help_is_its_modules(script, tmp_path):
     assert re.search(rf"--(\[no\])?{name}:", proc.stdout), (name, proc.stdout[-1500:])
 
 
-def test_an_installed_copy_inside_another_repository_records_no_commit(tmp_path):
+def test_an_installed_copy_inside_another_repository_records_no_commit(tmp_path, monkeypatch):
   """A study records the code's git commit (``provenance.git_commit``); an installed copy in
   a project's ``.venv`` sits inside that project's git repository, whose commit is not this
   code's: "n/a" there, the commit in a checkout whose ``dllm_rl/`` it is."""
@@ -107,9 +107,12 @@ def test_an_installed_copy_inside_another_repository_records_no_commit(tmp_path)
     (folder / "__init__.py").write_text("")
   (repo / ".gitignore").write_text(".venv/\n")
   git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
-  subprocess.run([*git, "init", "-q"], check=True)
-  subprocess.run([*git, "add", "-A"], check=True)
-  subprocess.run([*git, "commit", "-qm", "c"], check=True)
+  # git's own variables left out: under `git bisect run` (GIT_DIR set) `init` reinitialised
+  # the outer repository (its core.bare set) and the commit landed on its HEAD
+  for name in [k for k in os.environ if k.startswith("GIT_")]:
+    monkeypatch.delenv(name)
+  for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "c"]):
+    subprocess.run([*git, *args], check=True)
   head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], check=True, capture_output=True,
                         text=True).stdout.strip()
   assert provenance.commit_of(str(installed)) == "n/a"
