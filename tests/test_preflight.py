@@ -49,6 +49,20 @@ def test_the_flags_dllm_rl_main_takes_pass():
   assert "'extra' is neither" in _messages(problems(TPU_CONFIG, 1, ["extra"]))[0]
 
 
+def test_absl_s_logging_flags_leave_the_process_s_logging_levels_alone():
+  """Checking ``--verbosity=1`` parsed it on a copy of absl's flags, yet put the root logger at
+  DEBUG for the rest of the process (JAX's exit then logged to pytest's closed stream), and
+  ``--logger_levels`` set the named logger's level."""
+  import logging
+  named = logging.getLogger("dllm_rl.test_preflight_probe")
+  root_level, named_level = logging.root.level, named.level
+  for flag in (["--verbosity=1"], ["--logger_levels=dllm_rl.test_preflight_probe:DEBUG"],
+               ["--verbosity=-1", "--logger_levels=brand.new.logger:DEBUG"]):
+    assert problems(TPU_CONFIG, 1, flag) == [], flag
+    assert (logging.root.level, named.level) == (root_level, named_level), flag
+    assert logging.getLogger("brand.new.logger").level == logging.NOTSET, flag
+
+
 def test_main_flags_are_dllm_rl_mains_own():
   """MAIN_FLAGS (the config layer may not import dllm_rl.main) names every flag main defines;
   read in a subprocess: absl's flags are process-global (tests/test_architecture.py)."""

@@ -18,7 +18,9 @@ compiles.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 import sys
 
 from absl import flags
@@ -38,10 +40,29 @@ class Unchecked(Exception):
   """The config file imports a package (not dllm_rl's) this Python lacks: not checkable here."""
 
 
+@contextlib.contextmanager
+def _logging_levels_kept():
+  """Restores every logger's level on exit: parsing absl's logging flags sets them on the
+  process's loggers even on a copy of the flags (``--verbosity=1`` puts the root logger at
+  DEBUG, ``--logger_levels=NAME:LEVEL`` that logger), which a check must not."""
+  manager = logging.root.manager
+  before = {name: lg.level for name, lg in list(manager.loggerDict.items())
+            if isinstance(lg, logging.Logger)}
+  root = logging.root.level
+  try:
+    yield
+  finally:
+    logging.root.setLevel(root)
+    for name, lg in list(manager.loggerDict.items()):
+      if isinstance(lg, logging.Logger):
+        lg.setLevel(before.get(name, logging.NOTSET))
+
+
 def _flag_problems(rest: list[str]) -> list[ConfigError]:
   """The arguments in ``rest`` (no ``--config.`` override) that the workers' ``dllm_rl.main``
-  would refuse, as its absl parser (on a copy of the flags: none is set here) reads them:
-  absl's own flags (``--alsologtostderr``, ``--verbosity=1``) pass, as a help flag does."""
+  would refuse, as its absl parser (on a copy of the flags: none is set here, and the logging
+  levels absl's flags set are restored) reads them: absl's own flags (``--alsologtostderr``,
+  ``--verbosity=1``) pass, as a help flag does."""
   rest = [arg for arg in rest if arg not in HELP]  # main prints its usage for those
   if not rest:
     return []
@@ -51,7 +72,8 @@ def _flag_problems(rest: list[str]) -> list[ConfigError]:
       parser[name] = flags.Flag(flags.ArgumentParser(), flags.ArgumentSerializer(), name, None,
                                 "dllm_rl.main's")
   try:
-    extra = parser(["dllm_rl.main", *rest])[1:]
+    with _logging_levels_kept():
+      extra = parser(["dllm_rl.main", *rest])[1:]
   except flags.UnrecognizedFlagError as e:
     extra = [e.flagvalue or f"--{e.flagname}"]
   except flags.Error as e:
