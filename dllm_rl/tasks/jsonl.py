@@ -94,6 +94,18 @@ def _field(record: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -
   return value
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+  """A JSON object's (key, value) pairs as a dict; _BadRecord naming a key given twice, of
+  which json would keep the last value without a word."""
+  out: dict[str, Any] = {}
+  for key, value in pairs:
+    if key in out:
+      raise _BadRecord(f"duplicate key {key!r} in a JSON object (json would keep only its last"
+                       " value): keep one")
+    out[key] = value
+  return out
+
+
 def surrogate_problem(value: Any, where: str = "the line") -> str | None:
   """Where ``value`` (a parsed JSON value) holds an unpaired UTF-16 surrogate: a ``\\ud800``
   escape without its pair, which JSON parses but which is no Unicode text (a tokenizer and a
@@ -259,7 +271,9 @@ class JsonlTask(Task):
           raise _BadRecord("starts with a UTF-8 byte-order mark (files joined together?):"
                            " remove it")
         try:
-          record = json.loads(text)
+          record = json.loads(text, object_pairs_hook=_unique_keys)
+        except _BadRecord:
+          raise
         except json.JSONDecodeError as err:
           raise _BadRecord(invalid_json(err)) from err
         except ValueError as err:  # an integer of over 4,300 digits (Python's int limit)

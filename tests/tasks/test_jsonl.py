@@ -172,6 +172,11 @@ def test_countdown_and_sudoku(tmp_path):
     # json's ValueError for an integer over 4,300 digits: was raised bare, no file:line
     ("countdown_jsonl", COUNTDOWN, '{"nums": [1, 2], "target": 1' + "0" * 5000 + "}",
      r"invalid JSON value \(Exceeds the limit \(4300 digits\)"),
+    # json kept the last of a key given twice without a word
+    ("gsm8k", GSM8K, '{"question": "q", "answer": "#### 1", "answer": "#### 2"}',
+     r"duplicate key 'answer' in a JSON object"),
+    ("countdown_jsonl", COUNTDOWN, '{"nums": [1, 2], "target": 3, "x": {"a": 1, "a": 2}}',
+     r"duplicate key 'a'"),
     ("countdown_jsonl", COUNTDOWN, '{"nums": [1, true], "target": 3}', "'nums'"),
     ("countdown_jsonl", COUNTDOWN, '{"nums": [1, 2], "target": "3"}', "'target' must be int"),
     ("countdown_jsonl", COUNTDOWN, '{"nums": [1, 2], "target": 3, "solution": "1*2"}',
