@@ -80,12 +80,29 @@ def _text(row: Mapping[str, Any], *keys: str) -> str | None:
   return None
 
 
+def _required_text(row: Mapping[str, Any], key: str, hint: str = "") -> str:
+  """``row[key]``, non-blank text; else Skip saying which: missing (or null), empty, or of
+  another type (named, then ``hint``: what the field should hold)."""
+  value = row.get(key)
+  if value is None:
+    raise Skip(f"no '{key}'")
+  if not isinstance(value, str):
+    raise Skip(f"'{key}' is {type(value).__name__}, not text{hint}")
+  if not value.strip():
+    raise Skip(f"'{key}' is empty")
+  return value
+
+
+_GSM8K_ANSWER = (" (a GSM8K answer is the worked solution ending in '#### x', the SFT target;"
+                 " a bare final answer x can be given as the text '#### x')")
+
+
 def gsm8k_record(row: Mapping[str, Any]) -> dict:
-  """``{"question", "answer"}``, the answer ending in ``#### x``."""
-  question, answer = _text(row, "question"), _text(row, "answer")
-  if question is None or answer is None:
-    raise Skip("no 'question' or 'answer'")
-  return {"question": question, "answer": answer}
+  """``{"question", "answer"}``, the answer ending in ``#### x``. An answer that is not text
+  (a bare number) is dropped with its type named, not rewritten: the whole answer is the
+  task's SFT target, which a number alone is not."""
+  return {"question": _required_text(row, "question"),
+          "answer": _required_text(row, "answer", _GSM8K_ANSWER)}
 
 
 def math_record(row: Mapping[str, Any]) -> dict:

@@ -108,6 +108,22 @@ def test_gsm8k_from_a_saved_dataset_is_read_by_the_task(tmp_path, capsys):
   assert {f: (out / f).read_text() for f in before} == before
 
 
+def test_a_gsm8k_row_whose_answer_is_a_number_is_dropped_naming_the_type(tmp_path):
+  """A numeric answer was counted as "no 'question' or 'answer'", though both were there."""
+  rows = [*ROWS["gsm8k"][:2], {"question": "q", "answer": 42}, {"question": "q", "answer": " "},
+          {"answer": "#### 1"}]
+  records, dropped = prep.convert_rows(rows, RECIPES["gsm8k"], "train")
+  assert records == ROWS["gsm8k"][:2]
+  assert dropped == {"'answer' is int, not text (a GSM8K answer is the worked solution ending in"
+                     " '#### x', the SFT target; a bare final answer x can be given as the text"
+                     " '#### x')": 1, "'answer' is empty": 1, "no 'question'": 1}
+  numbers = _jsonl(tmp_path, "n", [{"question": "q", "answer": 7}])  # read by datasets as int64
+  with pytest.raises(prep.DataError, match=r"no usable row .*'answer' is int, not text"):
+    prep.prepare("gsm8k", str(tmp_path / "g"), sources={
+        "train": prep.Source(_jsonl(tmp_path, "t", ROWS["gsm8k"]), local=True),
+        "test": prep.Source(numbers, local=True)})
+
+
 def test_math_keeps_answers_and_boxed_solutions_and_says_what_it_dropped(tmp_path):
   manifest = prep.prepare("math", str(tmp_path / "math"), sources={
       "train": prep.parse_source("train=" + _saved(tmp_path, "m", ROWS["math"]))[1],
