@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import time
@@ -64,6 +65,9 @@ def import_hf(hf_dir: str, out_dir: str, *, dtype: str = "float32", mesh=None) -
   checked before anything is read (:func:`check_new_import_dir`: an OutputFolderError)."""
   check_new_import_dir(out_dir)
   hf_config = hf.read_hf_config(hf_dir)
+  problem = tokenizer_problem(hf_dir)
+  if problem:  # weights alone have a documented use (load_pretrained's logits on token ids)
+    logging.warning("%s", problem)
   t0 = time.perf_counter()
   cfg, ids, _, params, family = hf.load_checkpoint(hf_dir, mesh=mesh, dtype=dtype)  # LoadedModel
   jax.block_until_ready(params)
@@ -77,6 +81,25 @@ def import_hf(hf_dir: str, out_dir: str, *, dtype: str = "float32", mesh=None) -
     json.dump(meta, f, indent=2)
   return {"family": family, "bytes": tensor_bytes(hf_dir), "load_s": t1 - t0,
           "total_s": time.perf_counter() - t0}
+
+
+# The tokenizer layouts HFTokenizer.from_dir reads (a tokenizer_config.json beside either).
+TOKENIZER_LAYOUTS = (("tokenizer.json",), ("vocab.json", "merges.txt"))
+
+
+def tokenizer_problem(hf_dir: str) -> str | None:
+  """What an import of the HF folder ``hf_dir`` lacks when it holds no tokenizer files (none
+  of :data:`TOKENIZER_LAYOUTS`) and what that means; None when it holds them. Not an error:
+  ``dllm_rl.load_pretrained`` reads weights alone (logits and ``generate`` on token ids); its
+  ``model.tokenizer`` and a run from the folder (``model.hf_checkpoint``) need them."""
+  if any(all(os.path.isfile(os.path.join(hf_dir, n)) for n in layout)
+         for layout in TOKENIZER_LAYOUTS):
+    return None
+  looked = ", or ".join(" + ".join(layout) for layout in TOKENIZER_LAYOUTS)
+  return (f"{hf_dir} holds no tokenizer files (looked for {looked}): the import holds the"
+          " weights alone, which dllm_rl.load_pretrained reads for logits and generate on token"
+          " ids, but its model.tokenizer and a run from it (model.hf_checkpoint) fail; copy the"
+          " model's tokenizer files into the folder and import again")
 
 
 class OutputFolderError(OSError):

@@ -190,6 +190,25 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
   assert "config.json" in capsys.readouterr().err
 
 
+def test_an_import_without_tokenizer_files_warns_naming_the_folder_and_files(tmp_path, caplog):
+  """It said nothing: the missing tokenizer was found by the run (or model.tokenizer) only.
+  Weights alone are a documented use (load_pretrained's logits on token ids): a warning."""
+  bare = _copy_fixture("llada", tmp_path / "bare")
+  assert convert_cli.main(["import", "--hf_dir", str(bare), "--out", str(tmp_path / "a")]) == 0
+  (warning,) = [r.getMessage() for r in caplog.records if "tokenizer" in r.getMessage()]
+  assert warning.startswith(f"{bare} holds no tokenizer files (looked for tokenizer.json, or"
+                            " vocab.json + merges.txt): the import holds the weights alone")
+  assert convert.load_imported(str(tmp_path / "a")).family == "llada"  # imported all the same
+  caplog.clear()
+  for layout in convert.TOKENIZER_LAYOUTS:
+    folder = _copy_fixture("llada", tmp_path / layout[-1])
+    for name in layout:
+      (folder / name).write_text("{}")
+    assert convert.tokenizer_problem(str(folder)) is None
+  convert.import_hf(str(folder), str(tmp_path / "b"))
+  assert not [r for r in caplog.records if "tokenizer" in r.getMessage()]
+
+
 def _truncate(path):
   os.truncate(path, os.path.getsize(path) // 2)  # an interrupted download
 
