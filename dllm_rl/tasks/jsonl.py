@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import hashlib
 import json
 import logging
 import threading
@@ -44,6 +45,8 @@ from dllm_rl.tasks.sudoku import is_valid_solution
 ON_ERROR = ("raise", "skip")
 MATH_VERIFY_TIMEOUT = 5.0  # seconds per math-verify grading, in a worker (MATH, GSM8K by it)
 _MAX_SKIP_REASONS = 20
+_PARSED: dict[tuple, tuple] = {}  # what JsonlTask._parse found, by the file's bytes (_load)
+_PARSED_MAX = 2  # a run's train and test file
 _DECOMPRESS = "decompress it ({}) and give the decompressed file"
 _CONVERT = "convert it to JSON Lines with {convert}"
 _UTF16 = "UTF-16 text (it starts with a UTF-16 byte-order mark)"
@@ -248,9 +251,27 @@ class JsonlTask(Task):
     problem = not_jsonl(raw, path, convert)
     if problem:  # the whole file, whatever on_error says: no line of it is a record
       raise ValueError(f"task {self.name!r}: {path}: {problem}")
+    # what the lines give depends on the bytes and on these alone: a task built again on the
+    # same file (validation, then the run) takes the records parsed, and the warning given,
+    # by the first
+    key = (type(self), self.on_error, self.prompt_template, split, path,
+           hashlib.blake2b(raw, digest_size=16).digest())
+    if key not in _PARSED:
+      _PARSED[key] = self._parse(path, raw, convert)
+      while len(_PARSED) > _PARSED_MAX:
+        del _PARSED[next(iter(_PARSED))]  # the oldest
+    out, skipped, first_skip, reasons = _PARSED[key]
+    self.skip_reasons += reasons[:_MAX_SKIP_REASONS - len(self.skip_reasons)]
+    self.skipped += skipped
+    self._file_skips[path] = (skipped, first_skip)
+    return out
+
+  def _parse(self, path: str, raw: bytes, convert: str) -> tuple[list[Example], int, str, list]:
+    """The records of the file ``path`` (its bytes ``raw``), the number of lines skipped, the
+    first skipped line and the first few (``where: what``); warns when lines were skipped."""
     lines = raw.removeprefix(codecs.BOM_UTF8).splitlines()  # a leading BOM: see not_jsonl
     first = next((i for i, data in enumerate(lines, start=1) if data.strip()), 0)
-    out, skipped, first_skip = [], 0, ""
+    out, skipped, first_skip, reasons = [], 0, "", []
     for line_no, data in enumerate(lines, start=1):
       if not data.strip():
         continue
@@ -291,17 +312,15 @@ class JsonlTask(Task):
           raise ValueError(f"task {self.name!r}: {where}") from None
         skipped += 1
         first_skip = first_skip or where
-        if len(self.skip_reasons) < _MAX_SKIP_REASONS:
-          self.skip_reasons.append(where)
+        if len(reasons) < _MAX_SKIP_REASONS:
+          reasons.append(where)
         continue
       out.append(Example(prompt=self._prompt(fields), answer=answer,
                          meta={**meta, "key": self._key(fields)}, source=f"{path}:{line_no}"))
     if skipped:  # the first one's line and problem: which lines, not only how many
       logging.warning("task %r: skipped %d malformed line(s) of %s (on_error='skip'; the first:"
                       " %s)", self.name, skipped, path, first_skip)
-    self.skipped += skipped
-    self._file_skips[path] = (skipped, first_skip)
-    return out
+    return out, skipped, first_skip, reasons
 
   @classmethod
   def _fields(cls, record: Mapping[str, Any]) -> tuple[dict, str, dict]:

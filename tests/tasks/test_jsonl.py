@@ -200,6 +200,32 @@ def test_malformed_lines(tmp_path, caplog, name, records, bad, what):
   assert len(task.generate("train", -1, 0)) == len(records)
 
 
+def test_a_task_built_again_on_the_same_file_warns_once(tmp_path, caplog, monkeypatch):
+  """Validation and the run each build the task: the on_error='skip' warning came twice and
+  each parsed the file; the second now takes the first's records, while the bytes match."""
+  from dllm_rl.tasks import jsonl
+  path = _write(tmp_path / "data.jsonl", GSM8K[:12], extra_lines=["{"])
+  a, b = (make_task("gsm8k", train_file=path, on_error="skip") for _ in range(2))
+  assert [r.getMessage() for r in caplog.records].count(
+      f"task 'gsm8k': skipped 1 malformed line(s) of {path} (on_error='skip'; the first:"
+      f" {path}:13: invalid JSON (Expecting property name enclosed in double quotes at column"
+      " 2))") == 1
+  assert a.skipped == b.skipped == 1 and a.skip_reasons == b.skip_reasons
+  assert b.skip_reasons[0].startswith(f"{path}:13: invalid JSON")
+  assert a.generate("train", -1, 0) == b.generate("train", -1, 0)
+  parsed = []
+  parse = jsonl.JsonlTask._parse
+  monkeypatch.setattr(jsonl.JsonlTask, "_parse",
+                      lambda self, *args: parsed.append(args[0]) or parse(self, *args))
+  make_task("gsm8k", train_file=path, on_error="skip")
+  assert parsed == []  # read, not parsed again
+  # other options or other bytes: parsed again
+  make_task("gsm8k", train_file=path, on_error="skip", prompt_template="Q: {question}")
+  _write(tmp_path / "data.jsonl", GSM8K[:11], extra_lines=["{"])
+  assert len(make_task("gsm8k", train_file=path, on_error="skip").generate("train", -1, 0)) == 11
+  assert parsed == [path, path]
+
+
 def test_a_file_without_records_says_why(tmp_path):
   """An empty file, or one whose every line was skipped: NoRecords naming the file and why
   (the first skipped line), not "has only 0", whose fix was a smaller size."""
