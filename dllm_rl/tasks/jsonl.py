@@ -264,7 +264,7 @@ class JsonlTask(Task):
     self.skip_reasons += reasons[:_MAX_SKIP_REASONS - len(self.skip_reasons)]
     self.skipped += skipped
     self._file_skips[path] = (skipped, first_skip)
-    return out
+    return list(out)  # the cached list stays as parsed whatever a caller does with this one
 
   def _parse(self, path: str, raw: bytes, convert: str) -> tuple[list[Example], int, str, list]:
     """The records of the file ``path`` (its bytes ``raw``), the number of lines skipped, the
