@@ -159,6 +159,17 @@ def _build_from_vocab(path: str, config: dict, special: dict[str, Any]):
                              os.path.join(path, bpe.MERGES_FILE), specs)
 
 
+def _unk_id(tokenizer, special: set[int]) -> int | None:
+  """The id of ``tokenizer``'s unknown token (its model's ``unk_token``, or a Unigram
+  model's ``unk_id`` read from its JSON), None without one or when it is one of
+  ``special``."""
+  name = getattr(tokenizer.model, "unk_token", None)
+  unk = tokenizer.token_to_id(name) if name else None
+  if unk is None and type(tokenizer.model).__name__ == "Unigram":
+    unk = json.loads(tokenizer.to_str()).get("model", {}).get("unk_id")
+  return None if unk is None or int(unk) in special else int(unk)
+
+
 class HFTokenizer:
   """``tokenizers.Tokenizer`` with caller-given special ids and an optional chat template.
 
@@ -189,6 +200,7 @@ class HFTokenizer:
     self._known = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
     self._vocab_size = max(self._known, self._mask_id + 1, self._eos_id + 1,
                            self._pad_id + 1, *(s + 1 for s in self._stop_ids))
+    self._unk_id = _unk_id(tokenizer, {self._mask_id, self._eos_id, self._pad_id})
     self._special_tokens = dict(special_tokens or {})
     self.chat_template = chat_template
     self._template = (_compile_template(chat_template, f"{template_file or 'the'} chat template")
@@ -238,6 +250,33 @@ class HFTokenizer:
   @property
   def mask_id(self) -> int:
     return self._mask_id
+
+  @property
+  def unk_id(self) -> int | None:
+    """The id the tokenizer gives text its vocabulary lacks (its model's unknown token: a
+    WordPiece, WordLevel, Unigram or non-byte-level BPE one); None without one (byte-level
+    BPE encodes every character) or when it is the MASK, EOS or PAD id."""
+    return self._unk_id
+
+  def unknown_chars(self, text: str) -> list[str]:
+    """The characters of ``text`` that became :attr:`unk_id`, distinct, in order of
+    appearance: those of each span the tokenizer's offsets give an unknown token that (once
+    normalized) appear in no token of the vocabulary, or the whole span when none does (a word
+    a WordPiece vocabulary cannot split). Empty without an unknown token."""
+    if self._unk_id is None:
+      return []
+    enc = self._tok.encode(text, add_special_tokens=False)
+    spans = [text[start:end] for tok, (start, end) in zip(enc.ids, enc.offsets)
+             if tok == self._unk_id]
+    if not spans:
+      return []
+    vocab = set("".join(self._tok.get_vocab(with_added_tokens=True)))
+    norm = self._tok.normalizer.normalize_str if self._tok.normalizer else (lambda c: c)
+    found: list[str] = []
+    for span in spans:
+      lacking = [c for c in span if not set(norm(c)) <= vocab]
+      found += [c for c in dict.fromkeys(lacking or [span]) if c not in found]
+    return found
 
   def format_prompt(self, text: str, system: str = "") -> str:
     """``text`` as one user turn of the chat template (after a system turn when

@@ -215,3 +215,29 @@ def test_a_template_without_a_system_role_names_the_key(tmp_path):
     _encode([Example(prompt="hi", answer="")], tok, config, "test")
   config.data.system_prompt = ""
   assert _encode([Example(prompt="hi", answer="")], tok, config, "test")["prompt_BP"].shape == (1, 32)
+
+
+def test_the_unknown_token_and_the_characters_that_became_it(tok_dir):
+  """unk_id: the model's unknown token (BPE, WordPiece, Unigram), None for byte-level BPE
+  (every character encodes); unknown_chars: the characters of the text that became it (a
+  WordPiece word it cannot split: the characters in no vocabulary token, after the
+  normalizer), which the data checks name (train/context.unknown_token_notes)."""
+  from tokenizers import normalizers
+  path, raw = tok_dir
+  assert _load(path, raw).unk_id is None and _load(path, raw).unknown_chars("日本€") == []
+  bpe = Tokenizer(models.BPE(vocab={**{c: i for i, c in enumerate("abc ")}, "<u>": 9},
+                             merges=[], unk_token="<u>"))
+  tok = HFTokenizer(bpe, mask_id=20, eos_id=21, pad_id=22)
+  assert tok.unk_id == 9 and tok.encode("abé c€é") == [0, 1, 9, 3, 2, 9, 9]
+  assert tok.unknown_chars("abé c€é") == ["é", "€"] and tok.unknown_chars("ab c") == []
+  wordpiece = Tokenizer(models.WordPiece(vocab={"[UNK]": 0, "ab": 1, "c": 2, "é": 3},
+                                         unk_token="[UNK]"))
+  wordpiece.pre_tokenizer = pre_tokenizers.Whitespace()
+  wordpiece.normalizer = normalizers.Lowercase()
+  tok = HFTokenizer(wordpiece, mask_id=20, eos_id=21, pad_id=22)
+  assert tok.unknown_chars("AB abx é zz Abc") == ["x", "z", "Abc"]  # "Abc": no "##c" piece
+  unigram = Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0), ("b", -1.0)], unk_id=0,
+                                     byte_fallback=False))
+  tok = HFTokenizer(unigram, mask_id=20, eos_id=21, pad_id=22)
+  assert tok.unk_id == 0 and tok.unknown_chars("abxa") == ["x"]
+  assert HFTokenizer(unigram, mask_id=20, eos_id=0, pad_id=22).unk_id is None  # the EOS id
