@@ -224,3 +224,50 @@ def test_a_study_arm_is_quiet_about_its_testbeds_own_settings_not_about_its_over
   base.rl.beta_end = 4.0  # an override: not in the testbed's keys
   assert [line.split("=")[0] for line in unread_settings(base, quiet={"estimator.spg_block_len"})
           ] == ["config.rl.beta_end"]
+
+
+def test_characters_the_tokenizer_lacks_are_named(tmp_path):
+  """A tokenizer with an unknown token (the fixture's BPE: <|unk|>, printable ASCII only)
+  turned the data's other characters into it silently: a line per split naming how many
+  examples hold it, the first one's file:line and the characters it lacks, before anything
+  compiles; the answers count where SFT trains on them (the train split); nothing for clean
+  data."""
+  import json
+
+  from dllm_rl.train.context import build_context
+  source = hf_fixture_with_tokenizer(tmp_path)
+
+  def write(name, n, odd=None, start=0):  # the test files' problems: 100 on, held out
+    records = [{"question": f"What is {i}+1?", "answer": f"#### {i + 1}"}
+               for i in range(start, start + n)]
+    for line, record in (odd or {}).items():
+      records[line - 1].update(record)
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+  def notes(mode, train, test):
+    config = tiny_run_config(mode, {
+        "model.hf_checkpoint": str(source), "task.name": "gsm8k", "task.options": {},
+        "task.train_size": 30, "task.val_size": 2, "task.test_size": 8,
+        "data.prompt_len": 32, "data.completion_len": 24, "sampler.block_len": 24,
+        "sampler.steps": 24, "data.batch_size": 8, "rl.batch_prompts": 8})
+    config.task.options.train_file, config.task.options.test_file = train, test
+    return build_context(config, str(tmp_path / "w")).notes
+
+  clean = write("clean.jsonl", 32)
+  assert notes("sft", clean, write("clean_test.jsonl", 8, start=100)) == ()
+  train = write("train.jsonl", 32, {4: {"question": "What is 4€ + 1 (½)?"},
+                                    9: {"answer": "fünf\n#### 10"}})
+  test = write("test.jsonl", 8, {2: {"question": "What is 2 − 1 ≈ 1?"}}, start=100)
+  assert notes("sft", train, test) == (
+      f"2 of the 30 train examples hold the tokenizer's unknown token (id 127) in their prompt"
+      f" or answer: text its vocabulary lacks, which the model never sees (the first:"
+      f" {train}:4, lacking '€', '½'); replace those characters in the data",
+      f"1 of the 8 test examples hold the tokenizer's unknown token (id 127) in their prompt:"
+      f" text its vocabulary lacks, which the model never sees (the first: {test}:2, lacking"
+      " '−', '≈'); replace those characters in the data")
+  (line,) = notes("rl", train, write("clean_test.jsonl", 8, start=100))  # no answer trained on
+  assert line.startswith("1 of the 30 train examples hold the tokenizer's unknown token (id"
+                         " 127) in their prompt: ")
+  assert f"(the first: {train}:4, lacking '€', '½')" in line

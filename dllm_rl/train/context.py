@@ -266,6 +266,31 @@ def duplicate_notes(task: Task, train: list, val: list, test: list) -> list[str]
   return notes
 
 
+def unknown_token_notes(tokenizer, split: str, examples: list, encoded: dict, *,
+                        answers: bool, system: str = "") -> list[str]:
+  """A line when encoded prompts (and, ``answers``: answers, those SFT trains on) of the
+  ``split`` hold the tokenizer's unknown token (:attr:`HFTokenizer.unk_id`; a byte-level BPE,
+  like the built-in CharTokenizer, has none): characters its vocabulary lacks, silently lost.
+  Counts the examples in one pass over ``encoded`` (:func:`_encode`'s arrays) and names the
+  first one (file:line, else its prompt's start) with the characters it lacks (at most 8)."""
+  unk = getattr(tokenizer, "unk_id", None)
+  if unk is None or not examples:
+    return []
+  held = ((encoded["prompt_BP"] == unk) & encoded["prompt_valid_BP"]).any(-1)
+  if answers:
+    held |= (encoded["completion_BL"] == unk).any(-1)
+  if not held.any():
+    return []
+  ex = examples[int(np.argmax(held))]
+  texts = [chat_prompt(ex.prompt, tokenizer, system)] + [ex.answer] * answers
+  chars = list(dict.fromkeys(c for text in texts for c in tokenizer.unknown_chars(text)))
+  said = ", ".join(map(repr, chars[:8])) + (f" and {len(chars) - 8} more" * (len(chars) > 8))
+  return [f"{int(held.sum())} of the {len(examples)} {split} examples hold the tokenizer's"
+          f" unknown token (id {unk}) in their prompt{' or answer' * answers}: text its"
+          f" vocabulary lacks, which the model never sees (the first: {_where(ex)}, lacking"
+          f" {said or '?'}); replace those characters in the data"]
+
+
 def _where(example) -> str:
   """Where ``example`` comes from (file:line), else its prompt's start."""
   return example.source or repr(example.prompt[:60])
@@ -556,6 +581,10 @@ def build_context(config, workdir: str, mesh=None) -> Context:
       splits[name] = Split(examples, _encode(examples, tokenizer, config, name))
     except ConfigError as err:
       errors.append(err)
+      continue
+    notes += unknown_token_notes(  # the answers SFT trains on: the train split's (_encode)
+        tokenizer, name, examples, splits[name].arrays, system=config.data.system_prompt,
+        answers=name == "train" and config.mode in ("sft", "pipeline"))
   raise_all(errors)
   return Context(
       config=config, workdir=workdir, task=task, tokenizer=tokenizer,
