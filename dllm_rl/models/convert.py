@@ -33,7 +33,7 @@ from dllm_rl.infra.checkpoint import Checkpointer
 from dllm_rl.models import hf
 from dllm_rl.models.transformer import ModelConfig, abstract_params_sharded
 from dllm_rl.parallel.mesh import make_mesh
-from dllm_rl.tasks.hf_tokenizer import HFTokenizer
+from dllm_rl.tasks.hf_tokenizer import TOKENIZER_LAYOUTS, HFTokenizer
 
 FORMAT = "dllm_rl.hf_import/1"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack")
@@ -83,15 +83,12 @@ def import_hf(hf_dir: str, out_dir: str, *, dtype: str = "float32", mesh=None) -
           "total_s": time.perf_counter() - t0}
 
 
-# The tokenizer layouts HFTokenizer.from_dir reads (a tokenizer_config.json beside either).
-TOKENIZER_LAYOUTS = (("tokenizer.json",), ("vocab.json", "merges.txt"))
-
-
 def tokenizer_problem(hf_dir: str) -> str | None:
   """What an import of the HF folder ``hf_dir`` lacks when it holds no tokenizer files (none
-  of :data:`TOKENIZER_LAYOUTS`) and what that means; None when it holds them. Not an error:
-  ``dllm_rl.load_pretrained`` reads weights alone (logits and ``generate`` on token ids); its
-  ``model.tokenizer`` and a run from the folder (``model.hf_checkpoint``) need them."""
+  of ``hf_tokenizer.TOKENIZER_LAYOUTS``, those the tokenizer reads) and what that means; None
+  when it holds them. Not an error: ``dllm_rl.load_pretrained`` reads weights alone (logits
+  and ``generate`` on token ids); its ``model.tokenizer`` and a run from the folder
+  (``model.hf_checkpoint``) need them."""
   if any(all(os.path.isfile(os.path.join(hf_dir, n)) for n in layout)
          for layout in TOKENIZER_LAYOUTS):
     return None

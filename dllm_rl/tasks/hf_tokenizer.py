@@ -27,9 +27,13 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from dllm_rl.tasks.bpe_tokenizer import MERGES_FILE, VOCAB_FILE
+
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 TEMPLATE_FILE = "chat_template.jinja"
+# The tokenizer files ``HFTokenizer.from_dir`` reads (a tokenizer_config.json beside either).
+TOKENIZER_LAYOUTS = ((TOKENIZER_FILE,), (VOCAB_FILE, MERGES_FILE))
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
                  "cls_token", "mask_token")
 

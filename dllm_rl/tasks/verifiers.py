@@ -28,18 +28,18 @@ MAX_NUMBER_DIGITS = 64
 # thread only; the hard limit is TimedVerifier's.
 MATH_VERIFY_TIMEOUT_S = 1
 
-# A number: optional sign (not right after a word character, '.' or ')'), digit
-# groups joined by commas and optional decimals, or a bare decimal part (".5"), then an
-# optional "/denominator", itself an optional sign, then digits with optional decimals or a
-# bare decimal part ("1/2.5" is 0.4, "1/.5" is 2, "1/-2" is -0.5), its thousands grouped by
-# commas too ("1/2,000" is 0.0005; groups of exactly three digits, not followed by a digit or
-# '/': "1/2,3/4" is two fractions, "1/2,0001" is 0.5 then 1). The first character picks the branch and every later part is
-# optional, so matching never backtracks far; commas that are not thousands separators
-# split the match (``_numbers``). A '.' with no digit after it (a full stop, "...") is no
-# number, and a run of digits right after a '.' that follows a digit ("1.2.3") starts none.
-# After a full stop glued to a letter or after an ellipsis, the digits (or a sign and
-# digits) do start one, led by a digit: "apples.5" and "wait...5" are 5, not 0.5 (the
-# second alternative; both lookbehinds are two characters wide).
+# A number: optional sign (not right after a word character, '.' or ')'), digit groups joined by
+# commas and optional decimals, or a bare decimal part (".5"), then an optional "/denominator",
+# itself an optional sign, then digits with optional decimals or a bare decimal part ("1/2.5" is
+# 0.4, "1/.5" is 2, "1/-2" is -0.5), its thousands grouped by commas too ("1/2,000" is 0.0005;
+# groups of exactly three digits, not followed by a digit or '/': "1/2,3/4" is two fractions,
+# "1/2,0001" is 0.5 then 1). The first character picks the branch and every later part is optional,
+# so matching never backtracks far; commas that are not thousands separators split the match
+# (``_numbers``). A '.' with no digit after it (a full stop, "...") is no number, and a run of
+# digits right after a '.' that follows a digit ("1.2.3") starts none. After a full stop glued to a
+# letter or after an ellipsis, the digits (or a sign and digits) do start one, led by a digit:
+# "apples.5" and "wait...5" are 5, not 0.5 (the second alternative; both lookbehinds are two
+# characters wide).
 _GROUPED = r"\d{1,3}(?:,\d{3})+"  # digits in comma-separated groups of three
 _PLAIN = r"\d+(?:\.\d+)?|\.\d+"  # digits with optional decimals, or a bare decimal part
 _DENOMINATOR = rf"(?:/-?(?:{_GROUPED}(?![\d/])(?:\.\d+)?|{_PLAIN}))?"
