@@ -19,14 +19,13 @@ stopped by ``Task.stall_draws``.
 
 from __future__ import annotations
 
-import functools
 import re
 from typing import Iterator
 
 import numpy as np
 
-from dllm_rl.tasks.base import (MAX_COUNTED_KEYS, TASKS, Example, Task, VerifyResult, check_split,
-                                count_splits, malformed)
+from dllm_rl.tasks.base import (MAX_COUNTED_KEYS, TASKS, Example, Task, VerifyResult, count_splits,
+                                malformed)
 
 _ANSWER_RE = re.compile(r"-?[0-9]+")
 _OPS = "+-*"
@@ -115,16 +114,12 @@ class ArithmeticTask(Task):
     m = example.meta
     return instance_key(m["a"], m["op"], m["b"])
 
-  @functools.cached_property
-  def _split_sizes(self) -> dict[str, int] | None:
+  def count_split_sizes(self) -> dict[str, int] | None:
+    """Each split's number of instances, counted (``instance_keys``) up to 2 digits; None from 3
+    (module docstring)."""
     if len(self.ops) * 100**self.num_digits > MAX_COUNTED_KEYS:
       return None
     return count_splits(instance_keys(self.num_digits, self.ops), self.test_fraction)
-
-  def split_size(self, split: str) -> int | None:
-    """Counted (``instance_keys``) up to 2 digits; None from 3 (module docstring)."""
-    check_split(split)
-    return None if self._split_sizes is None else self._split_sizes[split]
 
   def enlarge_hint(self) -> str:
     """The options that give more instances, with their values: more digits (up to 18), the

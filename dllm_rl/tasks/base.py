@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import hashlib
 import inspect
 from typing import Any, Iterable, Mapping
@@ -162,11 +163,22 @@ class Task(abc.ABC):
     return self.max_draws(100)
 
   def split_size(self, split: str) -> int | None:
-    """How many distinct instances ``split`` has, where the task counts them; None where it
-    does not. ``generate`` asked for more gives up at once, before drawing. The generated
-    tasks count theirs when their options give at most ``MAX_COUNTED_KEYS`` split keys to hash
-    (countdown: ``countdown.COUNT_LIMIT`` multisets of numbers)."""
+    """How many distinct instances ``split`` has, where the task counts them
+    (``count_split_sizes``, once per task); None where it does not. ``generate`` asked for
+    more gives up at once, before drawing."""
     check_split(split)
+    sizes = self._split_sizes
+    return None if sizes is None else sizes[split]
+
+  @functools.cached_property
+  def _split_sizes(self) -> dict[str, int] | None:
+    return self.count_split_sizes()
+
+  def count_split_sizes(self) -> dict[str, int] | None:
+    """Each split's number of distinct instances (``{"train": ..., "test": ...}``), where the
+    task counts them; None (this default) where it does not. The generated tasks count theirs
+    when their options give at most ``MAX_COUNTED_KEYS`` split keys to hash (countdown:
+    ``countdown.COUNT_LIMIT`` multisets of numbers)."""
     return None
 
   def enlarge_hint(self) -> str:

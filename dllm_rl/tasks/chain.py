@@ -35,7 +35,6 @@ three-digit numbers: 4.2e10) they are not, and a request past a split's end is s
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import re
@@ -44,8 +43,8 @@ from typing import Iterator
 
 import numpy as np
 
-from dllm_rl.tasks.base import (MAX_COUNTED_KEYS, TASKS, Example, Task, VerifyResult, check_split,
-                                count_splits, malformed)
+from dllm_rl.tasks.base import (MAX_COUNTED_KEYS, TASKS, Example, Task, VerifyResult, count_splits,
+                                malformed)
 
 _STEP_RE = re.compile(r"([0-9]+)\+([0-9]+)=([0-9]+)")
 
@@ -132,18 +131,13 @@ class ChainTask(Task):
     """Sorted operands: reorderings of the operands are the same instance."""
     return instance_key(example.meta["operands"])
 
-  @functools.cached_property
-  def _split_sizes(self) -> dict[str, int] | None:
+  def count_split_sizes(self) -> dict[str, int] | None:
+    """Each split's number of instances, counted (``instance_keys``) where the options give at most
+    ``MAX_COUNTED_KEYS`` multisets; None beyond (module docstring)."""
     multisets = math.comb(10**self.num_digits + self.num_numbers - 1, self.num_numbers)
     if multisets > MAX_COUNTED_KEYS:
       return None
     return count_splits(instance_keys(self.num_numbers, self.num_digits), self.test_fraction)
-
-  def split_size(self, split: str) -> int | None:
-    """Counted (``instance_keys``) where the options give at most ``MAX_COUNTED_KEYS`` multisets;
-    None beyond (module docstring)."""
-    check_split(split)
-    return None if self._split_sizes is None else self._split_sizes[split]
 
   def enlarge_hint(self) -> str:
     """The options that give more instances, with their values (each up to 9)."""

@@ -11,7 +11,6 @@ just scores 0.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from collections import Counter
@@ -20,7 +19,7 @@ from typing import Iterator, Union
 
 import numpy as np
 
-from dllm_rl.tasks.base import TASKS, Example, Task, VerifyResult, check_split, malformed, split_of
+from dllm_rl.tasks.base import TASKS, Example, Task, VerifyResult, malformed, split_of
 from dllm_rl.tasks.safe_arith import ATOM_PREC, PREC, ParseError, join, parse_expression
 
 Value = Union[int, Fraction]
@@ -154,19 +153,15 @@ class CountdownTask(Task):
     """Sorted numbers and target: reorderings of the numbers are the same instance."""
     return instance_key(example.meta["numbers"], example.meta["target"])
 
-  @functools.cached_property
-  def _split_sizes(self) -> dict[str, int] | None:
+  def count_split_sizes(self) -> dict[str, int] | None:
+    """Each split's number of instances, counted (``count_instances``) when the options have at most
+    ``COUNT_LIMIT`` multisets of numbers: those with few enough instances for a config's sizes to
+    exceed them."""
     multisets = math.comb(self.max_number + self.num_numbers - 1, self.num_numbers)
     if multisets > COUNT_LIMIT[self.num_numbers]:
       return None
     return count_instances(self.num_numbers, self.max_number, self.max_target,
                            self.test_fraction)
-
-  def split_size(self, split: str) -> int | None:
-    """Counted (``count_instances``) when the options have at most ``COUNT_LIMIT`` multisets
-    of numbers: those with few enough instances for a config's sizes to exceed them."""
-    check_split(split)
-    return None if self._split_sizes is None else self._split_sizes[split]
 
   def enlarge_hint(self) -> str:
     """The options that give more instances, with their values: a larger max_number, a larger

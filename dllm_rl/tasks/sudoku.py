@@ -26,8 +26,8 @@ from typing import Iterator
 
 import numpy as np
 
-from dllm_rl.tasks.base import (MAX_COUNTED_KEYS, TASKS, Example, Task, VerifyResult, check_split,
-                                count_splits, malformed)
+from dllm_rl.tasks.base import (MAX_COUNTED_KEYS, TASKS, Example, Task, VerifyResult, count_splits,
+                                malformed)
 
 SIZE = 4
 BOX = 2
@@ -239,17 +239,12 @@ class SudokuTask(Task):
   def canonical(self, example: Example) -> str:
     return example.meta["puzzle"]
 
-  @functools.cached_property
-  def _split_sizes(self) -> dict[str, int] | None:
+  def count_split_sizes(self) -> dict[str, int] | None:
+    """Each split's number of instances, counted (``puzzle_keys``) where ``count_puzzles`` is at
+    most ``MAX_COUNTED_KEYS`` (1-3 and 11-12 holes); None beyond (module docstring)."""
     if count_puzzles(self.num_holes) > MAX_COUNTED_KEYS:
       return None
     return count_splits(puzzle_keys(self.num_holes), self.test_fraction)
-
-  def split_size(self, split: str) -> int | None:
-    """Counted (``puzzle_keys``) where ``count_puzzles`` is at most ``MAX_COUNTED_KEYS`` (1-3 and
-    11-12 holes); None beyond (module docstring)."""
-    check_split(split)
-    return None if self._split_sizes is None else self._split_sizes[split]
 
   def enlarge_hint(self) -> str:
     """Unique puzzles grow in number up to ``MOST_PUZZLES_HOLES`` holes, then shrink: the way

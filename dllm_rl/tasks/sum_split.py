@@ -27,13 +27,12 @@ stopped by ``Task.stall_draws``). A pair of a middle target is one draw in
 
 from __future__ import annotations
 
-import functools
 import re
 
 import numpy as np
 
-from dllm_rl.tasks.base import (MAX_COUNTED_KEYS, TASKS, Example, Task, VerifyResult, check_split,
-                                malformed, split_of)
+from dllm_rl.tasks.base import (MAX_COUNTED_KEYS, TASKS, Example, Task, VerifyResult, malformed,
+                                split_of)
 
 
 @TASKS.register("sum_split")
@@ -79,20 +78,15 @@ class SumSplitTask(Task):
   def split_key(self, example: Example) -> str:
     return str(example.meta["target"])
 
-  @functools.cached_property
-  def _split_sizes(self) -> dict[str, int] | None:
+  def count_split_sizes(self) -> dict[str, int] | None:
+    """Each split's number of instances, the (T, x) pairs of the split's targets, where the options
+    give at most ``MAX_COUNTED_KEYS`` targets; None beyond (module docstring)."""
     if 2 * self._hi + 1 > MAX_COUNTED_KEYS:
       return None
     counts = {"train": 0, "test": 0}
     for target in range(2 * self._hi + 1):
       counts[split_of(str(target), self.test_fraction)] += self.num_answers(target)
     return counts
-
-  def split_size(self, split: str) -> int | None:
-    """The (T, x) pairs of the split's targets, where the options give at most
-    ``MAX_COUNTED_KEYS`` targets; None beyond (module docstring)."""
-    check_split(split)
-    return None if self._split_sizes is None else self._split_sizes[split]
 
   def enlarge_hint(self) -> str:
     """More digits give more instances (up to 9)."""
