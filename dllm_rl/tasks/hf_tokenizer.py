@@ -58,13 +58,14 @@ def _read_json(path: str) -> dict:
   return data
 
 
-def _template_source(path: str, config: dict) -> str | None:
+def _template_source(path: str, config: dict) -> tuple[str | None, str]:
   """The chat template text: chat_template.jinja, else tokenizer_config's
-  ``chat_template`` (a string, or a list of {"name", "template"} → "default")."""
+  ``chat_template`` (a string, or a list of {"name", "template"} → "default"); and where it
+  was read (the file, or the config's), for the error of a template that does not compile."""
   jinja_path = os.path.join(path, TEMPLATE_FILE)
   if os.path.isfile(jinja_path):
     with open(jinja_path, encoding="utf-8") as f:
-      return f.read()
+      return f.read(), jinja_path
   source = config.get("chat_template")
   if isinstance(source, list):
     named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
@@ -75,7 +76,7 @@ def _template_source(path: str, config: dict) -> str | None:
   if source is not None and not isinstance(source, str):
     raise ValueError(f"{os.path.join(path, CONFIG_FILE)}: chat_template must be a "
                      f"string, got {type(source).__name__}")
-  return source
+  return source, f"{os.path.join(path, CONFIG_FILE)}'s"
 
 
 def _generation_extension():
@@ -233,11 +234,10 @@ class HFTokenizer:
       tokenizer = _load_tokenizer_json(tok_path)
     else:
       tokenizer = _build_from_vocab(path, config, special)
-    jinja_path = os.path.join(path, TEMPLATE_FILE)
+    template, template_file = _template_source(path, config)
     return cls(tokenizer, mask_id=mask_id, eos_id=eos_id, pad_id=pad_id,
-               chat_template=_template_source(path, config), special_tokens=special,
-               stop_ids=stop_ids,
-               template_file=jinja_path if os.path.isfile(jinja_path) else f"{config_path}'s")
+               chat_template=template, special_tokens=special, stop_ids=stop_ids,
+               template_file=template_file)
 
   @property
   def vocab_size(self) -> int:
