@@ -231,9 +231,8 @@ def overlap_notes(task: Task, train: list, test: list) -> list[str]:
   shared = [ex for ex in test if task.canonical(ex) in seen]
   if not shared:
     return []
-  where = shared[0].source or repr(shared[0].prompt[:60])
   return [f"{len(shared)} of the {len(test)} test prompts are also training prompts (the"
-          f" first: {where}): the test accuracy is not held out; check"
+          f" first: {_where(shared[0])}): the test accuracy is not held out; check"
           " task.options.train_file and test_file"]
 
 
@@ -364,7 +363,7 @@ def _encode(examples, tokenizer, config, split: str) -> dict:
     return data_lib.encode_examples(
         examples, tokenizer, config.data.prompt_len, config.data.completion_len,
         # only SFT trains on answers, those of the train split (validation and test: prompts)
-        truncate_answers=split != "train" or config.mode not in ("sft", "pipeline"),
+        truncate_answers=split != "train" or config.mode not in SFT_MODES,
         # data.completion_len is a multiple of the block length (Dream's one block: its length)
         completion_multiple=1 if config.sampler.kind == "dream" else config.sampler.block_len,
         sampler_steps=config.sampler.steps)
@@ -584,7 +583,7 @@ def build_context(config, workdir: str, mesh=None) -> Context:
       continue
     notes += unknown_token_notes(  # the answers SFT trains on: the train split's (_encode)
         tokenizer, name, examples, splits[name].arrays, system=config.data.system_prompt,
-        answers=name == "train" and config.mode in ("sft", "pipeline"))
+        answers=name == "train" and config.mode in SFT_MODES)
   raise_all(errors)
   return Context(
       config=config, workdir=workdir, task=task, tokenizer=tokenizer,
