@@ -46,6 +46,22 @@ def _with(mode="pipeline", **updates):
       "sampler__stop_at_eos": False}, "sampler.stop_at_eos"),  # Dream runs all its steps
     ({"model__prompt_block_causal": False}, "model.prompt_block_causal"),  # no blocks
     ({"estimator__attention_impl": "reference"}, "estimator.attention_impl"),  # no staircase
+    ({"estimator__trajectory_shrink": 8}, "estimator.trajectory_shrink"),  # the ELBO's passes
+    ({"model__experts_per_token": 2}, "model.experts_per_token"),  # a dense model
+    ({"model__moe_dispatch": "tiled"}, "model.moe_dispatch"),
+    ({"model__first_dense_layers": 1}, "model.first_dense_layers"),
+    ({"model__n_experts": 4, "model__experts_per_token": 2, "model__moe_hidden": 16,
+      "model__mlp_hidden": 64}, "model.mlp_hidden"),  # every layer's MLP is experts
+    ({"lora__rank": 4, "model__param_dtype": "bfloat16"}, "model.param_dtype"),  # base_dtype's
+    ({"eval__checkpoint_step": 500}, "eval.checkpoint_step"),  # mode=eval's
+    ({"eval__phase": "sft"}, "eval.phase"),
+    ({"log__samples_every": 0, "log__num_samples": 8}, "log.num_samples"),
+    ({"log__wandb_entity": "team"}, "log.wandb_entity"),  # no W&B project: no W&B run
+    ({"log__wandb_name": "run-1"}, "log.wandb_name"),
+    ({"distributed__initialize": "never", "distributed__local_device_ids": "0"},
+     "distributed.local_device_ids"),
+    ({"distributed__initialize": "never", "distributed__num_processes": 2},
+     "distributed.num_processes"),
 ])
 def test_a_setting_the_run_does_not_read_is_named(updates, key):
   lines = unread_settings(_with(**updates))
@@ -63,6 +79,18 @@ def test_settings_the_run_reads_and_other_modes_are_quiet():
   assert unread_settings(_with(mode="rl", sft__eval_every=0)) == []  # RL reads no SFT key
   assert unread_settings(_with(profile__steps="2:4")) == []
   assert unread_settings(_with(sampler__kind="dream", sampler__eps=0.01)) == []
+  assert unread_settings(_with(estimator__name="trajectory", estimator__trajectory_shrink=8,
+                               estimator__reduction="sum", rl__loss="grpo_token")) == []
+  moe = dict(model__n_experts=4, model__experts_per_token=2, model__moe_hidden=16,
+             model__moe_dispatch="tiled")
+  assert unread_settings(_with(**moe, model__first_dense_layers=1, model__mlp_hidden=64)) == []
+  assert unread_settings(_with(lora__rank=4, lora__base_dtype="float32")) == []
+  assert unread_settings(_with(mode="eval", eval__phase="sft", eval__checkpoint_step=5)) == []
+  assert unread_settings(_with(log__wandb_project="p", log__wandb_entity="t",
+                               log__wandb_name="n", log__num_samples=8)) == []
+  assert unread_settings(_with(distributed__initialize="explicit",
+                               distributed__num_processes=2, distributed__process_id=1,
+                               distributed__local_device_ids="0")) == []
   assert unread_settings(_with(mode="sft", profile__steps="2:4")) == [
       "config.profile.steps='2:4' is not read: a trace of RL steps: an SFT or eval run writes none"]
 

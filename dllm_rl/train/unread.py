@@ -4,7 +4,10 @@ nothing, so the run says so before anything compiles (one warning per key on std
 An estimator reads only its own options (``coupled`` is the 1/t ELBO's, ``spg_beta`` SPG's
 block estimator's), a loss only its own (``clip_C`` is StableDRL's), an advantage only its
 own (``beta_end`` is StepRS's); with ``model.hf_checkpoint`` the model's size keys are its
-config.json's (``model.d_model`` and the rest of :data:`HF_ARCHITECTURE`). A value the run
+config.json's (``model.d_model`` and the rest of :data:`HF_ARCHITECTURE`); a dense model reads
+no MoE option (:data:`MOE_OPTIONS`), a LoRA run no ``model.param_dtype``, a training run no
+``eval.phase``, a run without a W&B project no ``log.wandb_entity``, one process
+(``distributed.initialize=never``) no process key (:data:`DISTRIBUTED_PROCESS`). A value the run
 ignores is not an error (a sweep may set a key for every arm, or a config file for several
 losses), but a user who set ``rl.beta_end=4`` with centered advantages must not believe
 StepRS ran. ``dllm_rl.train.validate`` rejects the
@@ -31,6 +34,12 @@ HF_ARCHITECTURE = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
                    "qkv_bias", "logit_shift", "init_std", "n_experts", "experts_per_token",
                    "moe_hidden", "n_shared_experts", "n_expert_groups", "topk_groups",
                    "routed_scaling", "first_dense_layers", "rotary_dim")
+# The MoE options a dense model (model.n_experts = 0) does not read (the expert axis of a dense
+# model is an error: dllm_rl.train.validate).
+MOE_OPTIONS = ("experts_per_token", "moe_hidden", "n_shared_experts", "n_expert_groups",
+               "topk_groups", "routed_scaling", "first_dense_layers", "moe_dispatch")
+# The process keys of config.distributed (dllm_rl.parallel.distributed.plan).
+DISTRIBUTED_PROCESS = ("coordinator_address", "num_processes", "process_id", "local_device_ids")
 _MODES = {"estimator": ("rl", "pipeline"), "rl": ("rl", "pipeline"),
           "sft": ("sft", "pipeline")}  # the modes that read a section (others: every mode)
 
@@ -102,9 +111,34 @@ RULES: tuple[tuple[str, Callable[[ml_collections.ConfigDict], bool], str], ...] 
     ("lora.alpha", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
     ("lora.targets", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
     ("lora.base_dtype", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
-) + tuple((f"model.{name}", lambda c: not c.model.hf_checkpoint,
-           "with model.hf_checkpoint the architecture comes from its config.json")
-          for name in HF_ARCHITECTURE)
+    ("model.param_dtype", lambda c: not c.lora.rank,
+     "with LoRA (lora.rank > 0) the frozen base is stored in lora.base_dtype and the adapters"
+     " in float32"),
+    ("estimator.trajectory_shrink", lambda c: c.estimator.name == "trajectory",
+     "an option of estimator.name=trajectory"),
+    ("model.mlp_hidden", lambda c: c.model.n_experts == 0 or c.model.first_dense_layers > 0
+     or bool(c.model.hf_checkpoint),
+     "the dense SwiGLU's width: with model.n_experts > 0 and model.first_dense_layers = 0 every"
+     " layer's MLP is routed experts (model.moe_hidden)"),
+) + tuple((f"model.{name}", lambda c: c.model.n_experts > 0 or bool(c.model.hf_checkpoint),
+           "an option of a mixture-of-experts model (model.n_experts > 0): this model is dense")
+          for name in MOE_OPTIONS) + (
+    ("eval.phase", lambda c: c.mode == "eval",
+     "which weights mode=eval scores: a training run evaluates the weights it trains"),
+    ("eval.checkpoint_step", lambda c: c.mode == "eval",
+     "which weights mode=eval scores: a training run evaluates the weights it trains"),
+    ("log.num_samples", lambda c: c.log.samples_every > 0,
+     "the completions logged every log.samples_every steps, and log.samples_every is 0 (off)"),
+    ("log.wandb_entity", lambda c: bool(c.log.wandb_project),
+     "read only with log.wandb_project set (\"\" = no W&B run)"),
+    ("log.wandb_name", lambda c: bool(c.log.wandb_project),
+     "read only with log.wandb_project set (\"\" = no W&B run)"),
+) + tuple((f"distributed.{name}", lambda c: c.distributed.initialize != "never",
+           "distributed.initialize=never runs one process, on every local device")
+          for name in DISTRIBUTED_PROCESS) + tuple(
+    (f"model.{name}", lambda c: not c.model.hf_checkpoint,
+     "with model.hf_checkpoint the architecture comes from its config.json")
+    for name in HF_ARCHITECTURE)
 
 
 def _value(config: ml_collections.ConfigDict, key: str):
