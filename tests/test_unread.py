@@ -46,6 +46,7 @@ def _with(mode="pipeline", **updates):
       "sampler__stop_at_eos": False}, "sampler.stop_at_eos"),  # Dream runs all its steps
     ({"model__prompt_block_causal": False}, "model.prompt_block_causal"),  # no blocks
     ({"estimator__attention_impl": "reference"}, "estimator.attention_impl"),  # no staircase
+    ({"sampler__threshold": 0.9, "sampler__steps": 4}, "sampler.steps"),  # block_len's cap
     ({"estimator__trajectory_shrink": 8}, "estimator.trajectory_shrink"),  # the ELBO's passes
     ({"model__experts_per_token": 2}, "model.experts_per_token"),  # a dense model
     ({"model__moe_dispatch": "tiled"}, "model.moe_dispatch"),
@@ -85,6 +86,9 @@ def test_settings_the_run_reads_and_other_modes_are_quiet():
              model__moe_dispatch="tiled")
   assert unread_settings(_with(**moe, model__first_dense_layers=1, model__mlp_hidden=64)) == []
   assert unread_settings(_with(lora__rank=4, lora__base_dtype="float32")) == []
+  assert unread_settings(_with(sampler__steps=4)) == []  # 4 steps for the one block of 8
+  assert unread_settings(_with(sampler__threshold=0.9, data__completion_len=16,
+                               sampler__steps=16)) == []  # the steps threshold mode runs
   assert unread_settings(_with(mode="eval", eval__phase="sft", eval__checkpoint_step=5)) == []
   assert unread_settings(_with(log__wandb_project="p", log__wandb_entity="t",
                                log__wandb_name="n", log__num_samples=8)) == []

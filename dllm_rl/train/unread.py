@@ -104,6 +104,10 @@ RULES: tuple[tuple[str, Callable[[ml_collections.ConfigDict], bool], str], ...] 
     ("sampler.stop_at_eos", lambda c: c.sampler.kind != "dream" or c.model.block_size,
      "the masked and block samplers' early stop: Dream's sampler (sampler.kind=dream) runs"
      " all its steps, as officially"),
+    ("sampler.steps", lambda c: c.sampler.threshold == 0
+     or c.sampler.steps == c.data.completion_len,
+     "with sampler.threshold > 0 a block runs until it is complete, up to sampler.block_len"
+     " steps (as sampler.steps = data.completion_len says)"),
     ("model.prompt_block_causal", lambda c: c.model.block_size > 0,
      "how a block-diffusion model's prompt attends (model.block_size > 0)"),
     ("estimator.attention_impl", lambda c: c.model.block_size > 0,
