@@ -170,6 +170,20 @@ def test_auto_detection(env, cloud_tpu_vm, kind):
     assert p.kwargs == {}  # jax.distributed.initialize() detects everything itself
 
 
+def test_a_single_process_says_it_does_not_read_local_device_ids():
+  """local_device_ids limits a process's devices through jax.distributed.initialize only: a
+  run that auto-detects no multi-host environment used every local device silently."""
+  assert "local_device_ids" not in plan().reason
+  for env in ({}, {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "4"}):  # no cluster; salloc, no srun
+    p = plan(env, local_device_ids="0,1")
+    assert p.kind == "single" and p.kwargs == {}
+    assert p.reason.endswith("; config.distributed.local_device_ids='0,1' is not read: a single"
+                             " process sees every local device (limit them with"
+                             " CUDA_VISIBLE_DEVICES, or size config.mesh without -1 to use a"
+                             " prefix of them)"), p.reason
+  assert "local_device_ids" not in plan(SLURM_STEP, local_device_ids="0").reason  # cluster
+
+
 def test_auto_with_explicit_config_values_uses_them():
   p = plan(SLURM_STEP, coordinator_address="n0:5", num_processes=2, process_id=1)
   assert p.kind == "explicit"

@@ -282,7 +282,8 @@ def plan(dist_cfg: Any, env: Mapping[str, str] | None = None,
     if not missing:
       return Plan("cluster", cluster_kwargs, f"auto: SLURM step with {env['SLURM_NTASKS']} tasks")
     return Plan("single", {}, f"auto: SLURM allocation of {env['SLURM_NTASKS']} tasks but not "
-                f"inside an srun step (missing {', '.join(missing)}): single process")
+                f"inside an srun step (missing {', '.join(missing)}): single process"
+                + _unread_device_ids(dist_cfg))
 
   world = _count(env, "OMPI_COMM_WORLD_SIZE")
   if world > 1:
@@ -293,7 +294,20 @@ def plan(dist_cfg: Any, env: Mapping[str, str] | None = None,
                         f"{ENV_NUM_PROCESSES} and {ENV_PROCESS_ID}")
     return Plan("cluster", cluster_kwargs, f"auto: Open MPI world of {world} ranks")
 
-  return Plan("single", {}, "auto: no multi-host environment detected")
+  return Plan("single", {}, "auto: no multi-host environment detected"
+              + _unread_device_ids(dist_cfg))
+
+
+def _unread_device_ids(dist_cfg: Any) -> str:
+  """What a single process (no ``jax.distributed``) makes of ``local_device_ids``: nothing,
+  said in the plan's reason ("" when it is unset): only ``jax.distributed.initialize`` limits a
+  process to some of its devices."""
+  ids = str(_get(dist_cfg, "local_device_ids", "") or "").strip()
+  if not ids:
+    return ""
+  return (f"; config.distributed.local_device_ids={ids!r} is not read: a single process sees"
+          " every local device (limit them with CUDA_VISIBLE_DEVICES, or size config.mesh"
+          " without -1 to use a prefix of them)")
 
 
 def enable_cpu_collectives() -> None:
