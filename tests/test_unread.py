@@ -78,6 +78,11 @@ def test_settings_the_run_reads_and_other_modes_are_quiet():
   assert unread_settings(_with(mode="sft", rl__beta_end=4.0)) == []
   assert unread_settings(_with(mode="sft", lora__alpha=32.0)) != []
   assert unread_settings(_with(mode="rl", sft__eval_every=0)) == []  # RL reads no SFT key
+  # SFT reads the staircase attention of a block model's one estimator key (ESTIMATOR_KEYS)
+  assert [line.split("=")[0] for line in unread_settings(
+      _with(mode="sft", estimator__attention_impl="reference"))] == [
+          "config.estimator.attention_impl"]
+  assert unread_settings(_with(mode="eval", estimator__attention_impl="reference")) == []
   assert unread_settings(_with(profile__steps="2:4")) == []
   assert unread_settings(_with(sampler__kind="dream", sampler__eps=0.01)) == []
   assert unread_settings(_with(estimator__name="trajectory", estimator__trajectory_shrink=8,

@@ -40,8 +40,10 @@ MOE_OPTIONS = ("experts_per_token", "moe_hidden", "n_shared_experts", "n_expert_
                "topk_groups", "routed_scaling", "first_dense_layers", "moe_dispatch")
 # The process keys of config.distributed (dllm_rl.parallel.distributed.plan).
 DISTRIBUTED_PROCESS = ("coordinator_address", "num_processes", "process_id", "local_device_ids")
+# The modes that read a section or a key (a key's own entry first; others: every mode). The
+# staircase attention also serves a block model's SFT (dllm_rl.train.sft_step.ESTIMATOR_KEYS).
 _MODES = {"estimator": ("rl", "pipeline"), "rl": ("rl", "pipeline"),
-          "sft": ("sft", "pipeline")}  # the modes that read a section (others: every mode)
+          "sft": ("sft", "pipeline"), "estimator.attention_impl": ("sft", "rl", "pipeline")}
 
 # (key, whether the run reads it, who does): a key is checked only where its value differs
 # from the schema's default.
@@ -165,10 +167,12 @@ def set_keys(config: ml_collections.ConfigDict) -> set[str]:
 def unread_settings(config: ml_collections.ConfigDict, quiet=()) -> list[str]:
   """One line per key of :data:`RULES` set away from its default that ``config``'s choices
   do not read: ``config.KEY=VALUE is not read: WHO reads it``. The ``estimator`` and ``rl``
-  keys are judged in the modes that train with RL only, the ``sft`` keys in those that train
-  SFT (a run of another mode reads none of them). ``quiet``: keys not to report (a study's
+  keys are judged in the modes that train with RL only (``estimator.attention_impl`` in those
+  that train), the ``sft`` keys in those that train SFT (a run of another mode reads none of
+  them). ``quiet``: keys not to report (a study's
   testbed sets some for the arms that read them)."""
   judged = set_keys(config) - set(quiet)
   return [f"config.{key}={_value(config, key)!r} is not read: {who}" for key, reads, who in RULES
-          if key in judged and config.mode in _MODES.get(key.split(".")[0], (config.mode,))
+          if key in judged
+          and config.mode in _MODES.get(key, _MODES.get(key.split(".")[0], (config.mode,)))
           and not reads(config)]
