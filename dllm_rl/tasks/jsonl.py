@@ -97,14 +97,18 @@ def _field(record: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -
   return value
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-  """A JSON object's (key, value) pairs as a dict; _BadRecord naming a key given twice, of
-  which json would keep the last value without a word."""
+class DuplicateKey(_BadRecord):
+  """A JSON object that gives a key twice (:func:`unique_keys`)."""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+  """A JSON object's (key, value) pairs as a dict, json's ``object_pairs_hook``: DuplicateKey
+  naming a key given twice, of which json would keep the last value without a word."""
   out: dict[str, Any] = {}
   for key, value in pairs:
     if key in out:
-      raise _BadRecord(f"duplicate key {key!r} in a JSON object (json would keep only its last"
-                       " value): keep one")
+      raise DuplicateKey(f"duplicate key {key!r} in a JSON object (json would keep only its"
+                         " last value): keep one")
     out[key] = value
   return out
 
@@ -292,7 +296,7 @@ class JsonlTask(Task):
           raise _BadRecord("starts with a UTF-8 byte-order mark (files joined together?):"
                            " remove it")
         try:
-          record = json.loads(text, object_pairs_hook=_unique_keys)
+          record = json.loads(text, object_pairs_hook=unique_keys)
         except _BadRecord:
           raise
         except json.JSONDecodeError as err:

@@ -442,3 +442,34 @@ def test_a_cut_line_reads_the_same_to_prepare_and_to_the_task(tmp_path):
   with pytest.raises(ValueError) as err:
     make_task("gsm8k", train_file=str(path))
   assert str(err.value).endswith(what), str(err.value)
+
+
+def test_a_key_given_twice_in_a_local_source_is_named_with_its_line(tmp_path):
+  """The trainer's JSONL reader refuses an object that gives a key twice (FILE:LINE and the
+  key); prepare passed such a .jsonl source to datasets, whose error named neither ("cannot read
+  FILE (DatasetGenerationError: An error occurred while generating the dataset)"), and a .json
+  array's record kept the key's last value without a word. Both are now named as the reader
+  names them: the line, or the array record and its line."""
+  good = '{"question": "q", "answer": "#### 1"}'
+  twice = '{"question": "q", "answer": "#### 1", "answer": "#### 2"}'
+  nested = '{"question": "q", "answer": "#### 1", "meta": {"id": 1, "id": 2}}'
+  what = ("duplicate key {!r} in a JSON object (json would keep only its last value):"
+          " keep one")
+  cases = {"rows.jsonl": (f"{good}\n{twice}\n", ":2: ", "answer"),
+           "nested.jsonl": (f"{good}\n\n{nested}\n", ":3: ", "id"),
+           "array.json": (f"[\n  {good},\n  {good}, {twice}\n]\n",
+                          ": record 2 of its JSON array (line 3): ", "answer"),
+           "lines.json": (f"{good}\n{twice}\n", ":2: ", "answer"),
+           "object.json": ('{\n  "question": "q",\n  "question": "r"\n}\n',
+                           ": its JSON object: ", "question")}
+  for name, (text, where, key) in cases.items():
+    (tmp_path / name).write_text(text)
+    with pytest.raises(prep.DataError) as err:
+      prep.load_rows(prep.parse_source(f"train={tmp_path / name}")[1],
+                     cache_dir=str(tmp_path / "cache"))
+    assert str(err.value) == f"{tmp_path / name}{where}{what.format(key)}"
+  with pytest.raises(ValueError) as err:  # the trainer's reader: the same line, the same words
+    make_task("gsm8k", train_file=str(tmp_path / "rows.jsonl"))
+  assert str(err.value).endswith(f"{tmp_path / 'rows.jsonl'}:2: {what.format('answer')}")
+  (tmp_path / "fine.json").write_text(f"[{good},\n{good}]")
+  prep.check_json_file(str(tmp_path / "fine.json"))
