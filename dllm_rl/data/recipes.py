@@ -166,6 +166,25 @@ def _strings(value: Any) -> list[str] | None:
   return None
 
 
+def _required_strings(row: Mapping[str, Any], key: str) -> list[str]:
+  """``row[key]``, a non-empty list of non-blank texts; else Skip saying which: missing (or
+  null), not a list (its type named), empty, or holding an item that is blank or not text (its
+  type named). The reasons name no item's index: each is one count of the manifest's."""
+  value = row.get(key)
+  if value is None:
+    raise Skip(f"no '{key}'")
+  if not isinstance(value, (list, tuple)):
+    raise Skip(f"'{key}' is {type(value).__name__}, not a list of text")
+  if not value:
+    raise Skip(f"'{key}' is empty")
+  for item in value:
+    if not isinstance(item, str):
+      raise Skip(f"'{key}' holds an item that is {type(item).__name__}, not text")
+    if not item.strip():
+      raise Skip(f"'{key}' holds an empty item")
+  return list(value)
+
+
 # MBPP's prompt (Austin et al. 2021, "Program Synthesis with Large Language Models", 2.1).
 _MBPP_QUESTION = ("You are an expert Python programmer, and here is your task: {text} Your code"
                   " should pass these tests:\n\n{tests}")
@@ -195,12 +214,11 @@ def _layout(row: Mapping[str, Any], kind: str, field: str) -> None:
 
 
 def acecode_record(row: Mapping[str, Any]) -> dict:
-  """AceCode-89K (``question``, ``test_cases``): the ``code`` task's record as it is."""
+  """AceCode-89K (``question``, ``test_cases``): the ``code`` task's record as it is; a row
+  without a usable question, or test cases, is dropped naming which (the question first)."""
   _layout(row, "AceCode", "test_cases")
-  question, cases = _text(row, "question"), _strings(row.get("test_cases"))
-  if question is None or cases is None:
-    raise Skip("no 'question' or no non-empty 'test_cases'")
-  return {"question": question, "test_cases": cases}
+  return {"question": _required_text(row, "question"),
+          "test_cases": _required_strings(row, "test_cases")}
 
 
 def humaneval_record(row: Mapping[str, Any]) -> dict:

@@ -308,7 +308,7 @@ def test_code_sets_become_problems_whose_references_pass_their_own_tests(tmp_pat
   assert _read(tmp_path / "ace" / "train.jsonl") == [
       {"question": "Write add(a, b).", "test_cases": ["assert add(1, 2) == 3",
                                                     "assert add(0, 0) == 0"]}]
-  assert manifest["dropped"]["train"] == {"no 'question' or no non-empty 'test_cases'": 1}
+  assert manifest["dropped"]["train"] == {"'test_cases' is empty": 1}
   he = _read(tmp_path / "ace" / "test.jsonl")[0]
   assert he["test_cases"] == [ROWS["humaneval"][0]["test"] + "\ncheck(add)"]
   assert "```python\ndef add(a, b):" in he["question"]
@@ -473,3 +473,21 @@ def test_a_key_given_twice_in_a_local_source_is_named_with_its_line(tmp_path):
   assert str(err.value).endswith(f"{tmp_path / 'rows.jsonl'}:2: {what.format('answer')}")
   (tmp_path / "fine.json").write_text(f"[{good},\n{good}]")
   prep.check_json_file(str(tmp_path / "fine.json"))
+
+
+def test_an_acecode_row_is_dropped_naming_the_field_it_lacks():
+  """An AceCode row without a usable question or test cases was counted as "no 'question' or
+  no non-empty 'test_cases'", whichever it lacked: the reason now names the field and what is
+  wrong with it (the question first), one count per reason in the manifest."""
+  good = ROWS["acecode"][0]
+  rows = [good, {**good, "question": None}, {**good, "question": " "},
+          {**good, "test_cases": None}, {**good, "test_cases": "assert f()"},
+          {**good, "test_cases": []}, {**good, "test_cases": ["assert f()", " "]},
+          {**good, "test_cases": ["assert f()", 3]}, {**good, "test_cases": ["x", " "]},
+          {**good, "question": "", "test_cases": []}]
+  records, dropped = prep.convert_rows(rows, RECIPES["acecode"], "train")
+  assert records == [{"question": good["question"], "test_cases": good["test_cases"]}]
+  assert dropped == {"no 'question'": 1, "'question' is empty": 2, "no 'test_cases'": 1,
+                     "'test_cases' is str, not a list of text": 1, "'test_cases' is empty": 1,
+                     "'test_cases' holds an empty item": 2,
+                     "'test_cases' holds an item that is int, not text": 1}
