@@ -159,13 +159,6 @@ def sudoku_record(row: Mapping[str, Any]) -> dict:
   return {"puzzle": _grid(puzzle), "solution": _grid(solution)}
 
 
-def _strings(value: Any) -> list[str] | None:
-  if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) and v.strip()
-                                                        for v in value):
-    return list(value)
-  return None
-
-
 def _required_strings(row: Mapping[str, Any], key: str) -> list[str]:
   """``row[key]``, a non-empty list of non-blank texts; else Skip saying which: missing (or
   null), not a list (its type named), empty, or holding an item that is blank or not text (its
@@ -226,9 +219,7 @@ def humaneval_record(row: Mapping[str, Any]) -> dict:
   prompt's imports and helpers (:func:`prompt_context`), the test body, then
   ``check(entry_point)``."""
   _layout(row, "HumanEval", "entry_point")
-  prompt, test, entry = _text(row, "prompt"), _text(row, "test"), _text(row, "entry_point")
-  if prompt is None or test is None or entry is None:
-    raise Skip("no 'prompt', 'test' or 'entry_point'")
+  prompt, test, entry = (_required_text(row, key) for key in ("prompt", "test", "entry_point"))
   context = prompt_context(prompt, entry.strip())
   record = {"question": _HUMANEVAL_QUESTION.format(prompt=prompt),
             "test_cases": [f"{context}\n\n{test}\ncheck({entry.strip()})".lstrip()]}
@@ -242,9 +233,10 @@ def mbpp_record(row: Mapping[str, Any]) -> dict:
   ``test_imports``, ``code``): one case per assert, the set-up before each; the question is
   the MBPP paper's prompt."""
   _layout(row, "MBPP", "test_list")
-  text, asserts = _text(row, "text", "prompt"), _strings(row.get("test_list"))
-  if text is None or asserts is None:
-    raise Skip("no 'text' / 'prompt' or no non-empty 'test_list'")
+  text = _text(row, "text", "prompt")
+  if text is None:
+    raise Skip("no 'text' / 'prompt' (or an empty one)")
+  asserts = _required_strings(row, "test_list")
   imports = row.get("test_imports") or []
   setup = "\n".join([*(imports if isinstance(imports, list) else [str(imports)]),
                      str(row.get("test_setup_code") or "")]).strip()

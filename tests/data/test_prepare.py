@@ -491,3 +491,18 @@ def test_an_acecode_row_is_dropped_naming_the_field_it_lacks():
                      "'test_cases' is str, not a list of text": 1, "'test_cases' is empty": 1,
                      "'test_cases' holds an empty item": 2,
                      "'test_cases' holds an item that is int, not text": 1}
+
+
+def test_a_humaneval_or_mbpp_row_is_dropped_naming_the_field_it_lacks():
+  """HumanEval's "no 'prompt', 'test' or 'entry_point'" and MBPP's "no 'text' / 'prompt' or
+  no non-empty 'test_list'" named three and two fields for a row that lacked one: each reason
+  now names the one, as AceCode's do."""
+  he, mb = ROWS["humaneval"][0], ROWS["mbpp"][0]
+  _, dropped = prep.convert_rows([{**he, "test": None}, {**he, "prompt": " "},
+                                  {**he, "entry_point": 0}], RECIPES["humaneval"], "test")
+  assert dropped == {"no 'test'": 1, "'prompt' is empty": 1, "'entry_point' is int, not text": 1}
+  _, dropped = prep.convert_rows([{**mb, "prompt": ""}, {**mb, "test_list": []},
+                                  {**mb, "test_list": ["assert 1", None]}], RECIPES["mbpp"],
+                                 "test")
+  assert dropped == {"no 'text' / 'prompt' (or an empty one)": 1, "'test_list' is empty": 1,
+                     "'test_list' holds an item that is NoneType, not text": 1}
