@@ -47,6 +47,10 @@ MATH_VERIFY_TIMEOUT = 5.0  # seconds per math-verify grading, in a worker (MATH,
 _MAX_SKIP_REASONS = 20
 _PARSED: dict[tuple, tuple] = {}  # what JsonlTask._parse found, by the file's bytes (_load)
 _PARSED_MAX = 2  # a run's train and test file
+# A file of more bytes than this (its records take ~4x in memory) has its records kept for one
+# later build only (validation, then the run); kept after it, they would outlive every task
+# that uses them for the process's lifetime. What its warning said is kept like a small file's.
+_PARSED_KEEP_BYTES = 64 << 20
 _DECOMPRESS = "decompress it ({}) and give the decompressed file"
 _CONVERT = "convert it to JSON Lines with {convert}"
 _UTF16 = "UTF-16 text (it starts with a UTF-16 byte-order mark)"
@@ -257,22 +261,28 @@ class JsonlTask(Task):
       raise ValueError(f"task {self.name!r}: {path}: {problem}")
     # what the lines give depends on the bytes and on these alone: a task built again on the
     # same file (validation, then the run) takes the records parsed, and the warning given,
-    # by the first
+    # by the first (the records shared, not copied: the cache holds no second copy)
     key = (type(self), self.on_error, self.prompt_template, split, path,
            hashlib.blake2b(raw, digest_size=16).digest())
-    if key not in _PARSED:
-      _PARSED[key] = self._parse(path, raw, convert)
-      while len(_PARSED) > _PARSED_MAX:
-        del _PARSED[next(iter(_PARSED))]  # the oldest
-    out, skipped, first_skip, reasons = _PARSED[key]
+    parsed = _PARSED.pop(key, None)  # put back as the newest
+    hit = parsed is not None and parsed[0] is not None
+    if not hit:  # not parsed yet, or a large file whose records a build took: warned already
+      parsed = self._parse(path, raw, convert, parsed is None)  # warn: not yet
+    out, skipped, first_skip, reasons = parsed
+    large = len(raw) > _PARSED_KEEP_BYTES  # taken once: the records are left to the tasks
+    _PARSED[key] = (None, skipped, first_skip, reasons) if hit and large else parsed
+    while len(_PARSED) > _PARSED_MAX:
+      del _PARSED[next(iter(_PARSED))]  # the least recently built
     self.skip_reasons += reasons[:_MAX_SKIP_REASONS - len(self.skip_reasons)]
     self.skipped += skipped
     self._file_skips[path] = (skipped, first_skip)
     return list(out)  # the cached list stays as parsed whatever a caller does with this one
 
-  def _parse(self, path: str, raw: bytes, convert: str) -> tuple[list[Example], int, str, list]:
+  def _parse(self, path: str, raw: bytes, convert: str,
+             warn: bool = True) -> tuple[list[Example], int, str, list]:
     """The records of the file ``path`` (its bytes ``raw``), the number of lines skipped, the
-    first skipped line and the first few (``where: what``); warns when lines were skipped."""
+    first skipped line and the first few (``where: what``); warns when lines were skipped
+    (``warn``: not already)."""
     lines = raw.removeprefix(codecs.BOM_UTF8).splitlines()  # a leading BOM: see not_jsonl
     first = next((i for i, data in enumerate(lines, start=1) if data.strip()), 0)
     out, skipped, first_skip, reasons = [], 0, "", []
@@ -321,7 +331,7 @@ class JsonlTask(Task):
         continue
       out.append(Example(prompt=self._prompt(fields), answer=answer,
                          meta={**meta, "key": self._key(fields)}, source=f"{path}:{line_no}"))
-    if skipped:  # the first one's line and problem: which lines, not only how many
+    if skipped and warn:  # the first one's line and problem: which lines, not only how many
       logging.warning("task %r: skipped %d malformed line(s) of %s (on_error='skip'; the first:"
                       " %s)", self.name, skipped, path, first_skip)
     return out, skipped, first_skip, reasons

@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import lzma
+import os
 import re
 import zipfile
 
@@ -398,3 +399,41 @@ def test_option_errors(tmp_path):
     task.generate("validation", 1, 0)
   with pytest.raises(ValueError, match="n must be"):
     task.generate("train", -2, 0)
+
+
+def test_a_large_files_records_are_not_held_past_the_build_that_takes_them(tmp_path, caplog,
+                                                                            monkeypatch):
+  """The parse cache held the records of the last two files for the process's lifetime (a
+  file's records take ~4x its bytes), after every task built on them was gone. A file over
+  _PARSED_KEEP_BYTES now has its records kept for one later build (validation, then the run:
+  parsed once), then left to the tasks; a build after that parses it again, and its skipped
+  lines are still warned about once. A small file's records stay cached, shared with the
+  tasks (not a second copy)."""
+  import gc
+  import weakref
+  from dllm_rl.tasks import jsonl
+  path = _write(tmp_path / "data.jsonl", GSM8K[:12], extra_lines=["{"])
+  parsed = []
+  parse = jsonl.JsonlTask._parse
+  monkeypatch.setattr(jsonl.JsonlTask, "_parse",
+                      lambda self, *args: parsed.append(args[0]) or parse(self, *args))
+  small = make_task("gsm8k", train_file=path, on_error="skip")
+  again = make_task("gsm8k", train_file=path, on_error="skip")
+  assert parsed == [path] and again._records[path][0] is small._records[path][0]  # shared
+  monkeypatch.setattr(jsonl, "_PARSED_KEEP_BYTES", os.path.getsize(path) - 1, raising=False)
+  jsonl._PARSED.clear()
+  caplog.clear()
+  first = make_task("gsm8k", train_file=path, on_error="skip")  # validation
+  record = weakref.ref(first._records[path][0])
+  del first
+  gc.collect()
+  assert record() is not None  # kept for the next build
+  second = make_task("gsm8k", train_file=path, on_error="skip")  # the run: not parsed again
+  assert parsed == [path, path] and second._records[path][0] is record()
+  del second, small, again
+  gc.collect()
+  assert record() is None  # no longer held once the tasks are gone
+  third = make_task("gsm8k", train_file=path, on_error="skip")
+  assert parsed == [path] * 3 and third.skipped == 1 and len(third.generate("train", -1, 0)) == 12
+  assert third.skip_reasons[0].startswith(f"{path}:13: invalid JSON")
+  assert sum("skipped 1 malformed line(s)" in r.getMessage() for r in caplog.records) == 1
