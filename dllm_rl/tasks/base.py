@@ -96,7 +96,7 @@ class Task(abc.ABC):
   ValueError after ``max_draws(n)`` draws, or sooner, after ``stall_draws()`` draws in a row
   that found no new instance (the split is exhausted, or holds only instances too rare to
   find: ``stall_draws``), or before any draw when the task counts the split's instances
-  (``split_size``) and n is more.
+  (``split_size``), or bounds them (``split_size_bound``), and n is more.
   """
 
   name: str = ""
@@ -181,6 +181,13 @@ class Task(abc.ABC):
     ``countdown.COUNT_LIMIT`` multisets of numbers)."""
     return None
 
+  def split_size_bound(self) -> int | None:
+    """A sound upper bound on each split's number of distinct instances (both splits'
+    together bound either) where the task does not count them (``split_size`` None) but can
+    bound them without drawing; None (this default) where it cannot. ``generate`` asked for
+    more gives up at once; a request within it is left to the draws (``stall_draws``)."""
+    return None
+
   def enlarge_hint(self) -> str:
     """The end of the config error for a split with too few instances: what gives more."""
     options = " or ".join(f"task.options.{o}" for o in self.size_options) or "task.options"
@@ -195,6 +202,11 @@ class Task(abc.ABC):
     if size is not None and n > size:
       raise ValueError(f"task {self.name!r}: its options give only {size} distinct {split!r}"
                        f" instances, fewer than the {n} requested")
+    bound = self.split_size_bound() if size is None else None
+    if bound is not None and n > bound:
+      raise ValueError(f"task {self.name!r}: its options give at most {bound} distinct"
+                       f" instances in both splits together, fewer than the {n} {split!r}"
+                       " instances requested")
     rng = np.random.default_rng([seed, split_idx])
     seen: set[str] = set()
     out: list[Example] = []

@@ -28,6 +28,12 @@ _OPS = ("+", "-", "*", "/")  # rng.permutation(4) indexes them
 # counted, in a second at most (3 numbers up to 38, 4 up to 13): a split asked for more than it
 # has fails at once, not after the hundreds of thousands of draws that find its rarest ones.
 COUNT_LIMIT = {3: 10_000, 4: 2_000}
+# At most this many distinct positive values (targets) come from one multiset of num_numbers
+# numbers (``instance_keys``' ``values``): two values u, v give at most six (u+v, u*v, u-v,
+# v-u, u/v, v/u), of which at most four are positive (u-v and v-u are opposites; u/v and v/u
+# are both exact only when |u| = |v|, and then equal). 3 numbers: 3 pairs to combine first,
+# 6 results each, then 4 positive at most: 72; 4 numbers: 6 pairs, 6 results, then 72 each.
+MAX_TARGETS = {3: 3 * 6 * 4, 4: 6 * 6 * 3 * 6 * 4}
 
 
 def combine(lhs: tuple[Value, str, int], op: str,
@@ -162,6 +168,15 @@ class CountdownTask(Task):
       return None
     return count_instances(self.num_numbers, self.max_number, self.max_target,
                            self.test_fraction)
+
+  def split_size_bound(self) -> int:
+    """A bound on the instances of both splits together, for options too large to count:
+    each multiset of numbers with at most min(max_target, ``MAX_TARGETS``) targets. It is
+    5-10x the count at the largest counted sizes (3 numbers in [1, 38]; 4 in [1, 13]: 2-30x),
+    so it stops only a request far too large; one within it is left to the draws
+    (``stall_draws``)."""
+    multisets = math.comb(self.max_number + self.num_numbers - 1, self.num_numbers)
+    return multisets * min(self.max_target, MAX_TARGETS[self.num_numbers])
 
   def enlarge_hint(self) -> str:
     """The options that give more instances, with their values: a larger max_number, a larger

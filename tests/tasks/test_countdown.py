@@ -216,3 +216,31 @@ def test_a_split_larger_than_the_options_give_fails_before_drawing():
       " task.options.num_numbers=4 (now 3) for more distinct instances")
   hint = make_task("countdown", num_numbers=4, max_number=2, max_target=16).enlarge_hint()
   assert hint == "raise task.options.max_number (now 2) for more distinct instances"  # 2**4
+
+
+@pytest.mark.parametrize("options, bound", [((3, 39, 5), 10660 * 5),
+                                            ((4, 14, 10**4), 2380 * 2592)])
+def test_a_request_above_the_bound_of_uncounted_options_fails_before_drawing(options, bound):
+  """Options with too many multisets to count (split_size None) left a request past the split's
+  end to the draws, stopped only by stall_draws (seconds to minutes): one above a sound bound
+  on both splits' instances (each multiset reaches at most min(max_target, MAX_TARGETS)
+  targets) now fails before any draw; the bound holds where the count is known."""
+  from dllm_rl.tasks.countdown import MAX_TARGETS, CountdownTask, count_instances
+
+  class Undrawn(CountdownTask):
+    def sample(self, rng):
+      raise AssertionError("drew")
+
+  task = Undrawn(*options)
+  assert task.split_size("train") is None and task.split_size_bound() == bound
+  for split in ("train", "test"):
+    with pytest.raises(ValueError, match=f"task 'countdown': its options give at most {bound}"
+                       f" distinct instances in both splits together, fewer than the"
+                       f" {bound + 1} '{split}' instances requested"):
+      task.generate(split, bound + 1, 0)
+  with pytest.raises(AssertionError, match="drew"):  # within the bound: drawn
+    task.generate("train", bound, 0)
+  assert MAX_TARGETS == {3: 72, 4: 2592}
+  for counted in ((3, 20, 100), (3, 12, 4), (4, 8, 60), (4, 5, 10**6)):  # sound where known
+    small = CountdownTask(*counted)
+    assert sum(count_instances(*counted, 0.1).values()) <= small.split_size_bound()
