@@ -104,6 +104,33 @@ def test_sampler_accuracy_flags_are_checked_before_the_speed_part(tmp_path, caps
     assert message in capsys.readouterr().err
 
 
+
+def test_sampler_accuracy_takes_the_runs_overrides_and_names_a_checkpoint_they_miss(
+    tmp_path, monkeypatch, capsys):
+  """A run trained with --config.model.* overrides could not be measured: the benchmark took
+  no --config words, and the checkpoint's ConfigError ("pass --config.model.d_model=...") came
+  as a traceback after the speed part. Its overrides now apply to --accuracy-config, and a
+  checkpoint the config does not describe is named with them before anything runs."""
+  from dllm_rl.benchmarks import sampler
+  from tests.helpers import scratch_run_checkpoints
+  scratch_run_checkpoints(tmp_path, {"rl": [2]})  # d_model 64, as configs/tiny_cpu.py
+  base = ["--accuracy-config", TINY, "--accuracy-workdir", str(tmp_path)]
+  measured = []
+  monkeypatch.setattr(sampler, "accuracy", lambda args: measured.append(args.accuracy_cfg))
+  for argv, message in [
+      ([*base, "--config.model.d_model=32"], "its rl2 checkpoint was trained with"
+       " model.d_model=64 (--accuracy-config: 32): pass --config.model.d_model=64"),
+      ([*base, "--config.rl.stepz=1"], "config.rl.stepz: unknown key"),
+      (["--checkpoint", str(tmp_path), "--config.seed=1"],
+       "--config.seed=1: --config.KEY=VALUE overrides apply to --accuracy-config")]:
+    with pytest.raises(SystemExit) as exit_:
+      sampler.main(argv)
+    assert exit_.value.code == 2
+    assert message in " ".join(capsys.readouterr().err.split())
+  assert not measured
+  sampler.main([*base, "--config.eval.batch_size=7"])
+  assert [c.eval.batch_size for c in measured] == [7]
+
 def test_sampler_benchmark_counts_the_cache_refreshes():
   """Its own FLOP count ignored ``--cache-refresh`` (dual at refresh 2: half the work):
   the benchmark now uses dllm_rl/train/flops.py's, which counts every refresh forward."""

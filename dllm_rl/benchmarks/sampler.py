@@ -5,7 +5,7 @@ HF LLaDA checkpoint folder.
         [--batch 16 --prompt 32 --gen 128 --steps 64 --block 32] [--repeats 5]
         [--official-llada LLaDA_REPO --official-modeling dLLM-RL_REPO
          --official-python /tmp/torchvenv/bin/python]
-        [--accuracy-config configs/tiny_cpu.py --accuracy-workdir WORKDIR]
+        [--accuracy-config configs/tiny_cpu.py --accuracy-workdir WORKDIR [--config.KEY=VALUE ...]]
         [--out results.json]
 
 Speed: greedy ``low_confidence`` with ``stop_at_eos`` off (the official code does not stop
@@ -33,6 +33,9 @@ Accuracy: with ``--accuracy-config`` (e.g. the embedded default, configs/tiny_cp
 workdir holding its trained checkpoint (``python -m dllm_rl.main --config=... --workdir=...``),
 the held-out greedy test accuracy of each cache mode on the same checkpoint, at the config's
 sampler shape and, with ``--accuracy-block-lens``, at other block lengths. Asserts nothing.
+``--config.KEY=VALUE`` words apply to ``--accuracy-config`` as to ``dllm_rl.main`` (the
+training run's overrides: a checkpoint trained at other model sizes is named before the speed
+part, with the overrides that fit it).
 """
 
 from __future__ import annotations
@@ -264,14 +267,11 @@ def speed(args) -> dict:
 def accuracy(args) -> dict:
   import dataclasses
 
-  from dllm_rl.config import load_config_file
   from dllm_rl.train import evaluation
   from dllm_rl.train.context import build_context
   from dllm_rl.train.eval_mode import label, load_policy, resolve_target
-  from dllm_rl.train.validate import validate
 
-  config = load_config_file(args.accuracy_config)
-  validate(config)
+  config = args.accuracy_cfg  # loaded, overridden and checked by _check_accuracy_flags
   ctx = build_context(config, args.accuracy_workdir)
   ref = resolve_target(config, args.accuracy_workdir)  # eval.phase / eval.checkpoint_step
   ref, graphdef, params = load_policy(ctx, ref)
@@ -293,29 +293,57 @@ def accuracy(args) -> dict:
   return out
 
 
-def _check_accuracy_flags(ap, args) -> None:
-  """``ap.error`` for an --accuracy-config that does not load or validate, a missing
-  --accuracy-workdir, or an --accuracy-block-lens value not dividing the completion."""
-  from dllm_rl.config import load_config_file
+def _check_accuracy_flags(ap, args, overrides: list[str]) -> None:
+  """``ap.error`` for an --accuracy-config that does not load or validate with the
+  ``--config.KEY=VALUE`` ``overrides``, a missing --accuracy-workdir, a checkpoint there that
+  the config does not describe (other model sizes: named with the overrides that fit it), or an
+  --accuracy-block-lens value not dividing the completion. Sets ``args.accuracy_cfg``."""
+  from dllm_rl.config import cli, load_config_file
+  from dllm_rl.config.overrides import apply_overrides
   from dllm_rl.errors import ConfigError
+  from dllm_rl.train import layout_errors
+  from dllm_rl.train.eval_mode import resolve_target
   from dllm_rl.train.validate import validate
 
   if not os.path.isdir(args.accuracy_workdir):
     ap.error(f"--accuracy-workdir {args.accuracy_workdir}: not a folder (the config's run)")
   try:
-    config = validate(load_config_file(args.accuracy_config))
+    config = load_config_file(args.accuracy_config)
   except (ConfigError, OSError) as err:
     ap.error(f"--accuracy-config {args.accuracy_config}: {err}")
+  errors = apply_overrides(config, cli.split_overrides(overrides)[1])
+  try:
+    validate(config)
+  except ConfigError as err:
+    errors += getattr(err, "errors", [err])
+  if errors:
+    ap.error(f"--accuracy-config {args.accuracy_config}: " + "; ".join(map(str, errors)))
   l = config.data.completion_len
   for block_len in args.accuracy_block_lens:
     if l % block_len:
       ap.error(f"--accuracy-block-lens: {block_len} does not divide the config's "
                f"data.completion_len {l}")
+  try:
+    ref = resolve_target(config, args.accuracy_workdir)
+  except ConfigError as err:
+    ap.error(f"--accuracy-workdir {args.accuracy_workdir}: {err}")
+  trained = ref and layout_errors.saved_config(ref.directory, ref.step)
+  changes = layout_errors.config_changes(trained, config) if trained else []
+  if changes:
+    said = ", ".join(f"{k}={was!r} (--accuracy-config: {now!r})" for k, was, now in changes)
+    fix = " ".join(f"--config.{k}={layout_errors.flag_text(was)}" for k, was, _ in changes)
+    ap.error(f"--accuracy-workdir {args.accuracy_workdir}: its {ref.label} checkpoint was"
+             f" trained with {said}: pass {fix} (or the --config file it was trained with)")
+  args.accuracy_cfg = config
 
 
 def main(argv=None) -> None:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  overrides = [a for a in argv if a.startswith("--config.")]
   ap = argparse.ArgumentParser(prog="python -m dllm_rl.benchmarks.sampler",
-                               description=__doc__.splitlines()[0])
+                               description=__doc__.splitlines()[0],
+                               epilog="Any --config.KEY=VALUE applies to --accuracy-config (the"
+                                      " overrides its run was trained with).")
   ap.add_argument("--checkpoint", help="HF LLaDA folder (written first with --init-random)")
   ap.add_argument("--init-random", action="store_true")
   ap.add_argument("--d-model", type=int, default=256)
@@ -344,7 +372,10 @@ def main(argv=None) -> None:
   ap.add_argument("--accuracy-workdir", default="")
   ap.add_argument("--accuracy-block-lens", type=int, nargs="*", default=[])
   ap.add_argument("--out", default="")
-  args = ap.parse_args(argv)
+  args = ap.parse_args([a for a in argv if not a.startswith("--config.")])
+  if overrides and not args.accuracy_config:
+    ap.error(f"{overrides[0]}: --config.KEY=VALUE overrides apply to --accuracy-config;"
+             " give it (and --accuracy-workdir)")
   if bool(args.official_llada) != bool(args.official_modeling):
     ap.error("--official-llada and --official-modeling go together")
   check_flags(ap, args, positive=("d-model", "layers", "heads", "mlp", "batch", "prompt", "gen",
@@ -355,7 +386,7 @@ def main(argv=None) -> None:
   if args.accuracy_config and not args.accuracy_workdir:
     ap.error("--accuracy-config needs --accuracy-workdir (the run folder of its checkpoint)")
   if args.accuracy_config:  # found before the speed part's minutes
-    _check_accuracy_flags(ap, args)
+    _check_accuracy_flags(ap, args, overrides)
   check_model_sizes(ap, args)
   if args.gen % args.block or args.steps % (args.gen // args.block):
     ap.error(f"--gen {args.gen} must be a multiple of --block {args.block}, and --steps "

@@ -74,7 +74,7 @@ def layout_error(err: LayoutMismatch, trained, config) -> ConfigError:
   if not changes:
     return ConfigError("model", f"this config's model does not fit the checkpoint: {err}")
   said = ", ".join(f"{k}={was!r} (this config: {now!r})" for k, was, now in changes)
-  fix = " ".join(f"--config.{k}={_flag(was)}" for k, was, _ in changes)
+  fix = " ".join(f"--config.{k}={flag_text(was)}" for k, was, _ in changes)
   note = ""
   if any(k == "lora.rank" and was == 0 for k, was, _ in changes):
     note = (" A LoRA phase continues the LoRA adapters of its workdir: a full-fine-tuned"
@@ -89,7 +89,7 @@ def layout_error(err: LayoutMismatch, trained, config) -> ConfigError:
                      f" --config file it was trained with).{note} ({err})")
 
 
-def _flag(value: Any) -> str:
+def flag_text(value: Any) -> str:
   """``value`` as a --config override's text."""
   if isinstance(value, list):
     return ",".join(str(v) for v in value)
@@ -169,4 +169,4 @@ def trained_with_other(meta: dict, config, keys, what: str, whose: str,
     return []
   key, was, _ = changes[0]
   return [f"{what} ({said_changes(changes)}): pass the {whose} values"
-          f" (e.g. --config.{key}={_flag(was)}) to {purpose}"]
+          f" (e.g. --config.{key}={flag_text(was)}) to {purpose}"]
