@@ -226,3 +226,16 @@ def test_official_llada_driver_says_its_usage(monkeypatch, capsys, argv, code, m
   assert "SOURCE_DIR CHECKPOINT_DIR THREADS" in (out.out if code == 0 else out.err)
   if message:
     assert out.err.rstrip().endswith(message), out.err
+
+
+@pytest.mark.parametrize("name", ["block_elbo", "faults", "gpu_compile", "grouped_matmul",
+                                  "rl_step_mfu", "sampler", "scale_out", "staircase"])
+def test_help_describes_the_benchmark_in_its_whole_first_sentence(capsys, name):
+  """``--help`` showed the docstring's first line: the sampler's read "... (and the official
+  LLaDA ``generate``) on an", its sentence cut where the line wrapped."""
+  bench = importlib.import_module(f"dllm_rl.benchmarks.{name}")
+  with pytest.raises(SystemExit) as exit_:
+    bench.main(["--help"])
+  assert exit_.value.code == 0
+  first = " ".join(bench.__doc__.split("\n\n")[0].split())
+  assert first.endswith(".") and first in " ".join(capsys.readouterr().out.split()), first

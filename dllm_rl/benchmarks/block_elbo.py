@@ -16,7 +16,8 @@ import argparse
 import sys
 import time
 
-from dllm_rl.benchmarks.common import check_flags, check_lengths, check_pallas_backend
+from dllm_rl.benchmarks.common import (check_flags, check_lengths, check_pallas_backend,
+                                      description)
 
 
 def _time(fn, *args, repeats: int):
@@ -31,7 +32,7 @@ def _time(fn, *args, repeats: int):
 
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(prog="python -m dllm_rl.benchmarks.block_elbo",
-                               description=__doc__.splitlines()[0])
+                               description=description(__doc__))
   ap.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 4096])
   ap.add_argument("--block", type=int, default=32)
   ap.add_argument("--prompt", type=int, default=64)

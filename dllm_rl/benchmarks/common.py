@@ -7,6 +7,12 @@ import statistics
 import time
 
 
+def description(doc: str) -> str:
+  """A module docstring's first paragraph on one line: its ``--help`` description (the first
+  line alone cut a sentence that wraps, e.g. the sampler's "... on an")."""
+  return " ".join(doc.split("\n\n")[0].split())
+
+
 def matmul_peak(n: int = 1024, repeats: int = 7, dtype=None) -> float:
   """Median FLOP/s of a jitted n×n×n matmul (``dtype`` inputs, float32 accumulation;
   float32 by default) on the default device."""

@@ -41,6 +41,8 @@ import sys
 import tempfile
 import time
 
+from dllm_rl.benchmarks.common import description
+
 # Keys (of summary.json and of the metric records) that differ from run to run: wall times,
 # throughput, MFU, memory and the plot paths.
 TIMING = ("seconds", "per_second", "plot", "mfu", "memory_gib")
@@ -242,7 +244,7 @@ def main(argv=None) -> None:
   argv = list(sys.argv[1:] if argv is None else argv)
   overrides = [a for a in argv if a.startswith("--config.")]
   parser = argparse.ArgumentParser(
-      prog="python -m dllm_rl.benchmarks.faults", description=__doc__.split("\n")[0],
+      prog="python -m dllm_rl.benchmarks.faults", description=description(__doc__),
       epilog="Any --config.KEY=VALUE goes to every run (python -m dllm_rl.main's overrides),"
              " e.g. tiny sizes; a fault kind with a space is one argument: --kinds"
              " 'sigterm rollout' 'nan reward'.")

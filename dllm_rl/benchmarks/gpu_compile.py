@@ -31,7 +31,7 @@ import re
 import sys
 import tempfile
 
-from dllm_rl.benchmarks.common import check_flags, kernel_tiles
+from dllm_rl.benchmarks.common import check_flags, description, kernel_tiles
 from dllm_rl.parallel.gpu_target import GPUS, cuda_topology_desc, plugin_found, setup_error
 
 LAYOUT = dict(batch=1, heads=4, kv_heads=2, prompt=64, completion=96, block=32, front_pad=3)
@@ -173,7 +173,7 @@ def _own_tiles(mesh, impl: str) -> int:
 
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(prog="python -m dllm_rl.benchmarks.gpu_compile",
-                               description=__doc__.splitlines()[0])
+                               description=description(__doc__))
   ap.add_argument("--gpu", default="h100", choices=sorted(GPUS))
   ap.add_argument("--impl", nargs="+", default=list(IMPLS), choices=IMPLS)
   ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])

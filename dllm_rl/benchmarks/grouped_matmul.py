@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 
-from dllm_rl.benchmarks.common import check_flags, fmt_mem, measure
+from dllm_rl.benchmarks.common import check_flags, description, fmt_mem, measure
 
 
 def _reference(x_RD, w_EDF, sizes_E):
@@ -37,7 +37,7 @@ def _reference(x_RD, w_EDF, sizes_E):
 
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(prog="python -m dllm_rl.benchmarks.grouped_matmul",
-                               description=__doc__.split("\n")[0])
+                               description=description(__doc__))
   ap.add_argument("--rows", type=int, default=8192)
   ap.add_argument("--experts", type=int, default=64)
   ap.add_argument("--d-model", type=int, default=512)

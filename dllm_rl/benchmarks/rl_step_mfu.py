@@ -22,13 +22,13 @@ import statistics
 import sys
 import time
 
-from dllm_rl.benchmarks.common import (check_flags, check_model_sizes, matmul_peak,
-                                      sharded_rl_step)
+from dllm_rl.benchmarks.common import (check_flags, check_model_sizes, description,
+                                      matmul_peak, sharded_rl_step)
 
 
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(prog="python -m dllm_rl.benchmarks.rl_step_mfu",
-                               description=__doc__.splitlines()[0])
+                               description=description(__doc__))
   ap.add_argument("--d-model", type=int, default=2048)
   ap.add_argument("--layers", type=int, default=16)
   ap.add_argument("--heads", type=int, default=16)

@@ -49,7 +49,7 @@ import sys
 import tempfile
 import time
 
-from dllm_rl.benchmarks.common import check_flags, check_model_sizes, matmul_peak
+from dllm_rl.benchmarks.common import check_flags, check_model_sizes, description, matmul_peak
 
 MODES = ("none", "prefix", "dual")
 
@@ -341,7 +341,7 @@ def main(argv=None) -> None:
   argv = list(sys.argv[1:] if argv is None else argv)
   overrides = [a for a in argv if a.startswith("--config.")]
   ap = argparse.ArgumentParser(prog="python -m dllm_rl.benchmarks.sampler",
-                               description=__doc__.splitlines()[0],
+                               description=description(__doc__),
                                epilog="Any --config.KEY=VALUE applies to --accuracy-config (the"
                                       " overrides its run was trained with).")
   ap.add_argument("--checkpoint", help="HF LLaDA folder (written first with --init-random)")

@@ -18,12 +18,12 @@ import sys
 import tempfile
 import time
 
-from dllm_rl.benchmarks.common import check_flags
+from dllm_rl.benchmarks.common import check_flags, description
 
 
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(prog="python -m dllm_rl.benchmarks.scale_out",
-                               description=__doc__.splitlines()[0])
+                               description=description(__doc__))
   ap.add_argument("--devices", type=int, default=8)
   ap.add_argument("--steps", type=int, default=10)
   args = ap.parse_args(argv)

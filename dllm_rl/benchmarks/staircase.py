@@ -31,6 +31,7 @@ from dllm_rl.benchmarks.common import (
     check_flags,
     check_lengths,
     check_pallas_backend,
+    description,
     fmt_mem,
     kernel_tiles,
     measure,
@@ -59,7 +60,7 @@ def _max_error(out, ref) -> str:
 
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(prog="python -m dllm_rl.benchmarks.staircase",
-                               description=__doc__.splitlines()[0])
+                               description=description(__doc__))
   ap.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 4096])
   ap.add_argument("--impl", nargs="+", default=["auto"],
                   choices=["auto", "pallas", "mosaic_gpu", "interpret"],
