@@ -201,7 +201,7 @@ def _print(testbed: str, quick: bool, argv: list[str]) -> None:
     for group in ("main", None):
       e = estimate(testbed, studies, quick, group)
       print(f"{testbed} {'quick' if quick else 'full'} {'+'.join(studies)}"
-            f" ({group or 'every'} arms): {e.params / 1e6:.1f}M params, SFT"
+            f" ({group or 'all'} arms): {e.params / 1e6:.1f}M params, SFT"
             f" {e.flops['sft'] / 1e15:.2f} PFLOP, arm {e.flops['arm'] / 1e15:.2f} PFLOP, total"
             f" {e.flops['total'] / 1e15:.1f} PFLOP = {e.seconds / 60:.1f} min at"
             f" {e.mfu:.0%} of {e.peak / 1e12:.0f} TFLOP/s")

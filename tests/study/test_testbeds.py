@@ -101,6 +101,14 @@ def test_gpu_profile_flop_estimate_counts_the_sft_start_and_each_main_arm():
   assert "grpo@lr1e-5" in at_lr and "grpo@lr3e-5" not in at_lr
 
 
+def test_sizing_names_each_line_s_arms_in_plain_words(capsys):
+  """``python -m dllm_rl.study.sizing gpu --quick`` printed "(every arms)" for the lines that
+  count every arm."""
+  sizing._print("gpu", True, [])
+  groups = [line.split("(")[1].split(")")[0] for line in capsys.readouterr().out.splitlines()]
+  assert groups == ["main arms", "all arms"] * 2, groups
+
+
 @pytest.mark.slow  # the gpu profile only: chain is the same task and code path, smaller
 @pytest.mark.parametrize("name", ["gpu"])
 def test_testbed_runs_sft_then_an_arm_and_the_study_records_it(name, tmp_path):
