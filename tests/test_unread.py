@@ -238,6 +238,31 @@ def test_repeated_evaluation_prompts_are_named(tmp_path):
                        " copy counts in the test accuracy; drop the duplicates from the data file")
 
 
+
+def test_the_first_shared_or_repeated_prompt_is_the_first_in_its_file(tmp_path):
+  """The splits are shuffled, and the notes named the first shared / repeated prompt of the
+  shuffled split (a test file whose 12 lines all repeat the train file was named by a line in
+  its middle); they name the earliest line of the file now."""
+  import json
+
+  from dllm_rl.tasks import make_task
+  from dllm_rl.train.context import duplicate_notes, overlap_notes
+
+  def write(name, numbers):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps({"question": f"What is {i}+1?", "answer": f"#### {i + 1}"})
+                            + "\n" for i in numbers))
+    return str(path)
+
+  train, test = write("train.jsonl", range(12)), write("test.jsonl", [*range(12), *range(12)])
+  task = make_task("gsm8k", train_file=train, test_file=test)
+  test_split = task.generate("test", -1, 0)
+  assert test_split[0].source != f"{test}:1"  # shuffled: what the notes named before
+  (line,) = overlap_notes(task, task.generate("train", -1, 0), test_split)
+  assert f"(the first: {test}:1)" in line, line
+  (line,) = duplicate_notes(task, [], [], test_split)
+  assert f"(the first: {test}:13, as {test}:1)" in line, line
+
 def test_a_mesh_that_leaves_devices_idle_is_named():
   from dllm_rl.parallel.mesh import make_mesh
   assert mesh_notes(make_mesh({"data": -1, "fsdp": 1, "tensor": 1})) == []

@@ -226,9 +226,10 @@ def family_notes(config, family: str | None) -> list[str]:
 def overlap_notes(task: Task, train: list, test: list) -> list[str]:
   """A line when test prompts are also training prompts (by the task's canonical string; a
   ``test_file`` that repeats ``train_file``, or data sets that share problems): the reported
-  accuracy would not be held out. The generated tasks split by that string: never."""
+  accuracy would not be held out. The generated tasks split by that string: never. The first
+  shared prompt is named by its file:line, the earliest in the test file."""
   seen = {task.canonical(ex) for ex in train}
-  shared = [ex for ex in test if task.canonical(ex) in seen]
+  shared = [ex for ex in _in_file_order(test) if task.canonical(ex) in seen]
   if not shared:
     return []
   return [f"{len(shared)} of the {len(test)} test prompts are also training prompts (the"
@@ -242,8 +243,10 @@ def duplicate_notes(task: Task, train: list, val: list, test: list) -> list[str]
   are also training prompts (both come from the train file), and each of the validation and
   test splits' prompts that repeat an earlier one of the same split, whose copies each count
   in its accuracy. The generated tasks' splits hold distinct instances: never."""
-  notes, seen = [], {task.canonical(ex): ex for ex in train}
-  shared = [ex for ex in val if task.canonical(ex) in seen]
+  notes, seen = [], {}
+  for ex in _in_file_order(train):
+    seen.setdefault(task.canonical(ex), ex)
+  shared = [ex for ex in _in_file_order(val) if task.canonical(ex) in seen]
   if shared:
     earlier = seen[task.canonical(shared[0])]
     notes.append(f"{len(shared)} of the {len(val)} validation prompts are also training"
@@ -252,7 +255,7 @@ def duplicate_notes(task: Task, train: list, val: list, test: list) -> list[str]
                  " drop the duplicates from task.options.train_file")
   for name, examples in (("validation", val), ("test", test)):
     first, repeats = {}, []
-    for ex in examples:
+    for ex in _in_file_order(examples):
       key = task.canonical(ex)
       if key in first:
         repeats.append((ex, first[key]))
@@ -271,7 +274,8 @@ def unknown_token_notes(tokenizer, split: str, examples: list, encoded: dict, *,
   ``split`` hold the tokenizer's unknown token (:attr:`HFTokenizer.unk_id`; a byte-level BPE,
   like the built-in CharTokenizer, has none): characters its vocabulary lacks, silently lost.
   Counts the examples in one pass over ``encoded`` (:func:`_encode`'s arrays) and names the
-  first one (file:line, else its prompt's start) with the characters it lacks (at most 8)."""
+  first one in its file (file:line, else its prompt's start) with the characters it lacks (at
+  most 8)."""
   unk = getattr(tokenizer, "unk_id", None)
   if unk is None or not examples:
     return []
@@ -280,7 +284,7 @@ def unknown_token_notes(tokenizer, split: str, examples: list, encoded: dict, *,
     held |= (encoded["completion_BL"] == unk).any(-1)
   if not held.any():
     return []
-  ex = examples[int(np.argmax(held))]
+  ex = _in_file_order([examples[i] for i in np.flatnonzero(held)])[0]
   texts = [chat_prompt(ex.prompt, tokenizer, system)] + [ex.answer] * answers
   chars = list(dict.fromkeys(c for text in texts for c in tokenizer.unknown_chars(text)))
   said = ", ".join(map(repr, chars[:8])) + (f" and {len(chars) - 8} more" * (len(chars) > 8))
@@ -288,6 +292,16 @@ def unknown_token_notes(tokenizer, split: str, examples: list, encoded: dict, *,
           f" unknown token (id {unk}) in their prompt{' or answer' * answers}: text its"
           f" vocabulary lacks, which the model never sees (the first: {_where(ex)}, lacking"
           f" {said or '?'}); replace those characters in the data"]
+
+
+def _in_file_order(examples: list) -> list:
+  """``examples`` sorted by where they were read (file, then line number), so that a note's
+  "first" is the first in its file, not in the split's shuffled order; examples without a
+  ``source`` (the generated tasks) keep their order, after those with one."""
+  def key(ex):
+    path, _, line = ex.source.rpartition(":")
+    return (not ex.source, path, int(line) if line.isdigit() else 0)
+  return sorted(examples, key=key)
 
 
 def _where(example) -> str:
