@@ -81,12 +81,20 @@ jax.grad(lambda w: (x @ w).astype(jnp.float32).sum())(x).block_until_ready()" 2>
     || { echo "XLA rejected --xla_gpu_deterministic_ops: running without it";
          export XLA_FLAGS="${XLA_FLAGS% --xla_gpu_deterministic_ops=true}"; }
 fi
-"$PYTHON" - > "$STATE/env.txt" 2>&1 <<'EOF'
+# A Python without the stack (PYTHON unset on a machine whose python3 lacks jax, no .whl/)
+# ran every part into an ImportError and still exited 0: stop here, before the lease's time.
+if ! "$PYTHON" - > "$STATE/env.txt" 2>&1 <<'EOF'
 import platform, jax, flax, optax, chex, orbax.checkpoint, ml_collections, numpy
 print("python", platform.python_version(), "jax", jax.__version__, "flax", flax.__version__,
       "optax", optax.__version__, "chex", chex.__version__, "numpy", numpy.__version__)
 print("devices", jax.devices())
 EOF
+then
+  echo "gpu_lease.sh: PYTHON=$PYTHON cannot import the stack (jax, flax, optax, chex, orbax," \
+    "ml_collections, numpy): $(tail -n 1 "$STATE/env.txt"); set PYTHON, or carry .whl/" >&2
+  pack
+  exit 3
+fi
 echo "XLA_FLAGS=${XLA_FLAGS:-}" >> "$STATE/env.txt"
 cat "$STATE/env.txt"
 nproc >> "$STATE/env.txt"; lscpu | grep -m1 "Model name" >> "$STATE/env.txt"

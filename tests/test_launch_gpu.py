@@ -52,3 +52,22 @@ def test_the_packed_state_leaves_out_the_runs_lock_files(tmp_path):
     names = tgz.getnames()
   assert "state/study_check/study/sft/summary.json" in names, names
   assert not [n for n in names if n.endswith(".lock")], names
+
+
+def test_a_python_without_the_stack_stops_the_lease_before_any_part(tmp_path):
+  """PYTHON unset on a machine whose python3 lacks jax (and no .whl/): every part failed on its
+  import and the call exited 0 after spending its limits. It stops at the version probe now
+  (status 3), naming PYTHON and the import that failed; no part runs."""
+  shutil.copytree(os.path.join(REPO, "launch"), tmp_path / "repo" / "launch")
+  stub = tmp_path / "py"
+  stub.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'jax'\"\nexit 1\n")
+  stub.chmod(0o755)
+  env = {**os.environ, "PYTHON": str(stub), "OUT": str(tmp_path / "out"),
+         "GPU_LEASE_STATE": str(tmp_path / "state")}
+  (tmp_path / "out").mkdir()
+  res = subprocess.run(["bash", str(tmp_path / "repo" / "launch" / "gpu_lease.sh"), "5", "5"],
+                       env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+  assert res.returncode == 3, (res.stdout, res.stderr)
+  assert f"PYTHON={stub} cannot import the stack" in res.stderr, res.stderr
+  assert "No module named 'jax'" in res.stderr, res.stderr
+  assert sorted(os.listdir(tmp_path / "state")) == ["env.txt"]  # no study_check, no bench
