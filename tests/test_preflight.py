@@ -108,3 +108,15 @@ def test_a_config_importing_a_package_this_python_lacks_is_not_checked_here(tmp_
   config.write_text("from dllm_rl.config import no_such_name  # noqa\n")
   assert main([str(config), "1"]) == 2
   assert "error: --config=" in capsys.readouterr().err
+
+
+def test_help_prints_the_usage_and_succeeds(capsys):
+  """``--help`` was read as a missing CONFIG: the usage on stderr with status 2, where every
+  other entry point prints it and exits 0."""
+  for flag in ("--help", "-h"):
+    assert main([flag]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("usage: python -m dllm_rl.config.preflight CONFIG SLICES")
+    assert "mesh.data" in out.out and not out.err
+  assert main([]) == 2
+  assert capsys.readouterr().err.startswith("usage:")

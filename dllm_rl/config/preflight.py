@@ -106,10 +106,15 @@ def problems(path: str, slices: int, argv: list[str]) -> list[ConfigError]:
   return errors
 
 
+USAGE = "usage: python -m dllm_rl.config.preflight CONFIG SLICES [--config.KEY=VALUE ...]"
+
+
 def main(argv: list[str]) -> int:
+  if argv[:1] and argv[0] in HELP:  # as every entry point: the usage on stdout, status 0
+    print(f"{USAGE}\n\n{__doc__}")
+    return 0
   if len(argv) < 2 or not argv[1].isdigit() or int(argv[1]) < 1:
-    print("usage: python -m dllm_rl.config.preflight CONFIG SLICES [--config.KEY=VALUE ...]",
-          file=sys.stderr)
+    print(USAGE, file=sys.stderr)
     return EXIT_CONFIG
   try:
     errors = problems(argv[0], int(argv[1]), argv[2:])
