@@ -24,8 +24,9 @@ from dllm_rl import paths
 from dllm_rl.errors import short_reason
 from dllm_rl.data.recipes import RECIPES, Recipe, Skip, Source
 from dllm_rl.tasks import make_task
-from dllm_rl.tasks.jsonl import (DuplicateKey, invalid_json, not_jsonl, not_utf8,
-                                 record_problem, surrogate_problem, unique_keys)
+from dllm_rl.tasks.jsonl_base import record_problem
+from dllm_rl.tasks.jsonl_lines import (DuplicateKey, invalid_json, not_jsonl, not_utf8,
+                                       surrogate_problem, unique_keys)
 
 MANIFEST = "dataset.json"
 _BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -108,8 +109,8 @@ def _array_line(text: str, index: int) -> int:
 
 def _name_duplicate(path: str, text: str, err: DuplicateKey) -> None:
   """DataError naming the record of the ``.json`` source ``path`` (its text ``text``) that
-  gives a key twice (``err``, :func:`dllm_rl.tasks.jsonl.unique_keys`): its index in the array
-  and the line it starts on. A text that is not one JSON value is checked line by line
+  gives a key twice (``err``, :func:`dllm_rl.tasks.jsonl_lines.unique_keys`): its index in the
+  array and the line it starts on. A text that is not one JSON value is checked line by line
   (JSON Lines of arrays: the line), else left to ``datasets``' own error."""
   try:
     value = json.loads(text)
@@ -157,8 +158,8 @@ def _check_json_lines(path: str) -> bool:
 def check_json_file(path: str) -> None:
   """DataError naming the ``.json`` source ``path`` and the record (its index in the array
   and the line it starts on) that holds an unpaired UTF-16 surrogate escape such as
-  ``"\\ud800"`` (:func:`dllm_rl.tasks.jsonl.surrogate_problem`), which ``datasets`` would
-  drop without a word, or gives a key twice, of which it would keep the last value. A
+  ``"\\ud800"`` (:func:`dllm_rl.tasks.jsonl_lines.surrogate_problem`), which ``datasets``
+  would drop without a word, or gives a key twice, of which it would keep the last value. A
   ``.json`` file of JSON Lines is checked line by line, never read whole
   (:func:`_check_json_lines`); a file that parses neither way is left to ``datasets``' own
   error."""

@@ -30,7 +30,8 @@ from typing import Any, Mapping
 
 from dllm_rl.tasks import code_exec
 from dllm_rl.tasks.base import TASKS, VerifyResult, malformed
-from dllm_rl.tasks.jsonl import JsonlTask, _BadRecord, _field
+from dllm_rl.tasks.jsonl_base import JsonlTask
+from dllm_rl.tasks.jsonl_lines import BadRecord, record_field
 
 MAX_CASES = 1000
 
@@ -77,7 +78,7 @@ def code_result(completion: str, cases: list[str], exec_weight: float, format_we
 @TASKS.register("code")
 class CodeTask(JsonlTask):
   """Python problems with test cases (module docstring). Options beyond
-  :class:`~dllm_rl.tasks.jsonl.JsonlTask`'s: ``exec_weight`` (2.0), ``format_weight`` (0.5),
+  :class:`~dllm_rl.tasks.jsonl_base.JsonlTask`'s: ``exec_weight`` (2.0), ``format_weight`` (0.5),
   ``case_timeout`` (seconds per test case, 5.0 as DiffuCoder's)."""
 
   name = "code"
@@ -116,15 +117,15 @@ class CodeTask(JsonlTask):
 
   @classmethod
   def _fields(cls, record: Mapping[str, Any]):
-    question = _field(record, "question", str)
-    cases = _field(record, "test_cases", list)
+    question = record_field(record, "question", str)
+    cases = record_field(record, "test_cases", list)
     if not cases or len(cases) > MAX_CASES:
-      raise _BadRecord(f"field 'test_cases' must hold 1 to {MAX_CASES} cases, got {len(cases)}")
+      raise BadRecord(f"field 'test_cases' must hold 1 to {MAX_CASES} cases, got {len(cases)}")
     if not all(isinstance(c, str) and c.strip() for c in cases):
-      raise _BadRecord("field 'test_cases' must hold non-empty strings (assert lines or test"
-                       " bodies)")
+      raise BadRecord("field 'test_cases' must hold non-empty strings (assert lines or test"
+                      " bodies)")
     # optional: a null one is none (a data frame's missing cell)
-    solution = _field(record, "solution", str) if record.get("solution") is not None else ""
+    solution = record_field(record, "solution", str) if record.get("solution") is not None else ""
     return {"question": question.strip()}, fenced(solution) if solution else "", {
         "test_cases": list(cases)}
 

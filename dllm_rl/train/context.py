@@ -26,7 +26,7 @@ from dllm_rl.sampling.configs import sampler_config
 from dllm_rl.sampling.sampler import SamplerConfig
 from dllm_rl.tasks import data as data_lib
 from dllm_rl.tasks.base import Task
-from dllm_rl.tasks.jsonl import NoRecords
+from dllm_rl.tasks.jsonl_base import NoRecords
 from dllm_rl.tasks.prompts import chat_prompt
 from dllm_rl.train.checkpoint_choice import PHASES
 from dllm_rl.train.evaluation import Decoding, EvalOptions, Split

@@ -13,7 +13,7 @@ import zipfile
 import pytest
 
 from dllm_rl.tasks import TASKS, make_task
-from dllm_rl.tasks.jsonl import ON_ERROR
+from dllm_rl.tasks.jsonl_base import ON_ERROR
 
 GSM8K = [{"question": f"Tom has {i} apples and buys {i + 2} more. How many now?",
           "answer": f"{i}+{i + 2}=<<{i}+{i + 2}={2 * i + 2}>>{2 * i + 2}\n#### {2 * i + 2:,}"}
@@ -204,7 +204,7 @@ def test_malformed_lines(tmp_path, caplog, name, records, bad, what):
 def test_a_task_built_again_on_the_same_file_warns_once(tmp_path, caplog, monkeypatch):
   """Validation and the run each build the task: the on_error='skip' warning came twice and
   each parsed the file; the second now takes the first's records, while the bytes match."""
-  from dllm_rl.tasks import jsonl
+  from dllm_rl.tasks import jsonl_base
   path = _write(tmp_path / "data.jsonl", GSM8K[:12], extra_lines=["{"])
   a, b = (make_task("gsm8k", train_file=path, on_error="skip") for _ in range(2))
   assert [r.getMessage() for r in caplog.records].count(
@@ -215,8 +215,8 @@ def test_a_task_built_again_on_the_same_file_warns_once(tmp_path, caplog, monkey
   assert b.skip_reasons[0].startswith(f"{path}:13: invalid JSON")
   assert a.generate("train", -1, 0) == b.generate("train", -1, 0)
   parsed = []
-  parse = jsonl.JsonlTask._parse
-  monkeypatch.setattr(jsonl.JsonlTask, "_parse",
+  parse = jsonl_base.JsonlTask._parse
+  monkeypatch.setattr(jsonl_base.JsonlTask, "_parse",
                       lambda self, *args: parsed.append(args[0]) or parse(self, *args))
   make_task("gsm8k", train_file=path, on_error="skip")
   assert parsed == []  # read, not parsed again
@@ -230,7 +230,7 @@ def test_a_task_built_again_on_the_same_file_warns_once(tmp_path, caplog, monkey
 def test_a_file_without_records_says_why(tmp_path):
   """An empty file, or one whose every line was skipped: NoRecords naming the file and why
   (the first skipped line), not "has only 0", whose fix was a smaller size."""
-  from dllm_rl.tasks.jsonl import NoRecords
+  from dllm_rl.tasks.jsonl_base import NoRecords
   empty = tmp_path / "empty.jsonl"
   empty.write_bytes(codecs.BOM_UTF8 + b"\r\n\n")
   task = make_task("gsm8k", train_file=str(empty))
@@ -411,17 +411,17 @@ def test_a_large_files_records_are_not_held_past_the_build_that_takes_them(tmp_p
   tasks (not a second copy)."""
   import gc
   import weakref
-  from dllm_rl.tasks import jsonl
+  from dllm_rl.tasks import jsonl_base
   path = _write(tmp_path / "data.jsonl", GSM8K[:12], extra_lines=["{"])
   parsed = []
-  parse = jsonl.JsonlTask._parse
-  monkeypatch.setattr(jsonl.JsonlTask, "_parse",
+  parse = jsonl_base.JsonlTask._parse
+  monkeypatch.setattr(jsonl_base.JsonlTask, "_parse",
                       lambda self, *args: parsed.append(args[0]) or parse(self, *args))
   small = make_task("gsm8k", train_file=path, on_error="skip")
   again = make_task("gsm8k", train_file=path, on_error="skip")
   assert parsed == [path] and again._records[path][0] is small._records[path][0]  # shared
-  monkeypatch.setattr(jsonl, "_PARSED_KEEP_BYTES", os.path.getsize(path) - 1, raising=False)
-  jsonl._PARSED.clear()
+  monkeypatch.setattr(jsonl_base, "_PARSED_KEEP_BYTES", os.path.getsize(path) - 1, raising=False)
+  jsonl_base._PARSED.clear()
   caplog.clear()
   first = make_task("gsm8k", train_file=path, on_error="skip")  # validation
   record = weakref.ref(first._records[path][0])
