@@ -11,7 +11,7 @@ import pytest
 
 from dllm_rl.models import convert
 
-from dllm_rl.train import context as setup
+from dllm_rl.train import context as setup, hf_source
 from dllm_rl.config import load_config_file
 from dllm_rl.models import hf
 from dllm_rl.parallel.mesh import make_mesh
@@ -36,8 +36,8 @@ def _one_rl_update(path, mesh):
   that config's optimizer (lr 2e-6, wd 0.1, clip 0.2) on a masked-token loss."""
   config = load_config_file(os.path.join(ROOT, "configs", "llada_tpu.py"))
   assert config.rl.lr == 2e-6
-  model_cfg, _, _ = setup.hf_model_config(path, config.model.dtype, config.model.param_dtype)
-  graphdef, params = setup.load_hf_params(path, model_cfg, mesh)
+  model_cfg, _, _ = hf_source.hf_model_config(path, config.model.dtype, config.model.param_dtype)
+  graphdef, params = hf_source.load_hf_params(path, model_cfg, mesh)
   optimizer, _ = rl_optimizer(config.rl)
   state, _ = init_state_sharded(params, optimizer, jax.random.key(0), mesh)
   tokens = jax.random.randint(jax.random.key(1), (8, 16), 0, model_cfg.vocab_size)

@@ -1,5 +1,5 @@
 """SDAR-8B-Chat's architecture (Qwen3-8B sizes) through the real loading code: an HF folder
-holding only config.json, read by ``programs.model_and_tokens`` (context.hf_model_config), gives
+holding only config.json, read by ``programs.model_and_tokens`` (hf_source.hf_model_config), gives
 the 8B ModelConfig and its parameter count; every program of configs/sdar_tpu.py lowers from
 abstract shapes on cpu:8 (compiling them takes minutes: the v5p-64 plan is in docs/scale.md)."""
 

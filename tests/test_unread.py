@@ -212,7 +212,7 @@ def test_repeated_evaluation_prompts_are_named(tmp_path):
   import json
 
   from dllm_rl.tasks import make_task
-  from dllm_rl.train.context import duplicate_notes
+  from dllm_rl.train.run_notes import duplicate_notes
 
   def write(name, numbers):
     path = tmp_path / name
@@ -246,7 +246,7 @@ def test_the_first_shared_or_repeated_prompt_is_the_first_in_its_file(tmp_path):
   import json
 
   from dllm_rl.tasks import make_task
-  from dllm_rl.train.context import duplicate_notes, overlap_notes
+  from dllm_rl.train.run_notes import duplicate_notes, overlap_notes
 
   def write(name, numbers):
     path = tmp_path / name

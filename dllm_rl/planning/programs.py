@@ -24,7 +24,7 @@ from dllm_rl.models import lora, transformer
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.parallel.shard import batch_sharding, replicated, state_shardings
 from dllm_rl.sampling.configs import sampler_config
-from dllm_rl.train import context as setup
+from dllm_rl.train import context as setup, hf_source
 from dllm_rl.types import SequenceBatch
 
 
@@ -40,10 +40,10 @@ def model_and_tokens(config):
   the character tokenizer's ids."""
   if config.model.hf_checkpoint:
     m = config.model
-    folder = setup.checkpoint_folder(m.hf_checkpoint, config_only=True)
-    model_cfg, ids, family = setup.hf_model_config(folder, m.dtype, m.param_dtype,
-                                                   **setup.hf_run_options(m))
-    setup.check_block_size(folder, family, ids, m.block_size)  # as the run checks it
+    folder = hf_source.checkpoint_folder(m.hf_checkpoint, config_only=True)
+    model_cfg, ids, family = hf_source.hf_model_config(folder, m.dtype, m.param_dtype,
+                                                       **hf_source.hf_run_options(m))
+    hf_source.check_block_size(folder, family, ids, m.block_size)  # as the run checks it
     return model_cfg, ids.mask_id, ids.eos_id if ids.eos_id is not None else ids.pad_id
   from dllm_rl.tasks import CharTokenizer
   tok = CharTokenizer()

@@ -1,10 +1,13 @@
-"""Builds what every mode needs from a validated config: task, data, model, I/O."""
+"""Builds what every mode needs from a validated config: task, data, model, I/O.
+
+A Hugging Face checkpoint is read by :mod:`dllm_rl.train.hf_source`; the notes printed before
+anything compiles come from :mod:`dllm_rl.train.run_notes`."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import ml_collections
@@ -30,6 +33,10 @@ from dllm_rl.tasks.jsonl_base import NoRecords
 from dllm_rl.tasks.prompts import chat_prompt
 from dllm_rl.train.checkpoint_choice import PHASES
 from dllm_rl.train.evaluation import Decoding, EvalOptions, Split
+from dllm_rl.train.hf_source import (check_local_source, checkpoint_folder, hf_run_options,
+                                     load_hf_params, load_hf_source)
+from dllm_rl.train.run_notes import (duplicate_notes, family_notes, length_notes, lora_notes,
+                                     overlap_notes, sampler_notes, unknown_token_notes)
 
 
 @dataclasses.dataclass
@@ -57,273 +64,6 @@ class Context:
   def decoding(self) -> Decoding:
     """Task, tokenizer, sampler config and mesh: what evaluation needs."""
     return Decoding(self.task, self.tokenizer, self.sampler_cfg, self.mesh)
-
-
-@dataclasses.dataclass
-class HFSource:
-  """What a Hugging Face checkpoint directory provides before any weight is read."""
-
-  model_cfg: transformer.ModelConfig
-  token_ids: Any
-  family: str
-  tokenizer: Any
-  max_length: tuple[str, int] | None = None  # config.json's longest sequence (hf.max_length)
-
-
-class HFArchitecture(NamedTuple):
-  """What a checkpoint folder's config.json says before any weight is read."""
-
-  model_cfg: transformer.ModelConfig
-  token_ids: Any  # models.hf.TokenIds
-  family: str
-
-
-def checkpoint_folder(spec: str, *, config_only: bool = False) -> str:
-  """The local folder of ``model.hf_checkpoint``: a local folder, a gs:// folder staged to the
-  local cache, or a hub id fetched into the hub cache (:mod:`dllm_rl.infra.weights`);
-  ``config_only``: what planning reads (config.json). Anything unavailable is a ConfigError
-  naming the key and how to fetch it."""
-  from dllm_rl.infra import weights
-  from dllm_rl.paths import BackendMissing
-
-  try:
-    return weights.resolve_checkpoint(spec, config_only=config_only)
-  except (weights.WeightsUnavailable, BackendMissing) as err:
-    raise ConfigError("model.hf_checkpoint", str(err)) from err
-
-
-def hf_run_options(model: ml_collections.ConfigDict) -> dict:
-  """The ``config.model`` keys a run keeps with an HF checkpoint beyond the dtypes (its
-  config.json gives the rest): keyword arguments of :func:`hf_model_config` /
-  :func:`load_hf_source`, one list for the run and the planner."""
-  return {"scan_layers": model.scan_layers, "remat": model.remat,
-          "moe_dispatch": model.moe_dispatch}
-
-
-def hf_model_config(path: str, dtype: str, param_dtype: str, *, scan_layers: bool = False,
-                    remat: str = "none", moe_dispatch: str = "auto") -> HFArchitecture:
-  """The architecture of a HF checkpoint dir or of its ``convert import`` output (its
-  config.json, or the copy in model.json), compute in ``dtype`` and parameters (hence the
-  optimizer moments) stored in ``param_dtype`` whatever the file holds; ``scan_layers`` /
-  ``remat`` / ``moe_dispatch`` as ``config.model`` asks."""
-  from dllm_rl.models import convert, hf
-
-  if not os.path.isdir(path):
-    raise ConfigError("model.hf_checkpoint", f"{path!r} is not a directory")
-  try:
-    hf_config = convert.source_hf_config(path)
-    family = hf.detect_family(hf_config)
-    model_cfg, ids = hf.model_config_from_hf(hf_config, dtype=dtype, param_dtype=param_dtype)
-  except (ValueError, KeyError, FileNotFoundError) as err:
-    text = str(err)  # a message naming a file of the folder (its config.json) names it once
-    raise ConfigError("model.hf_checkpoint",
-                      text if text.startswith(path) else f"{path}: {text}") from err
-  model_cfg = dataclasses.replace(model_cfg, scan_layers=scan_layers, remat=remat,
-                                  moe_dispatch=moe_dispatch)
-  return HFArchitecture(model_cfg, ids, family)
-
-
-def load_hf_params(path: str, model_cfg: transformer.ModelConfig, mesh):
-  """(graphdef, params) of a HF checkpoint dir or of its ``convert import`` output,
-  placed on their shardings and cast to ``model_cfg.param_dtype`` (fp32 master
-  weights from a bf16 file); the graphdef computes in ``model_cfg.dtype``. Weights the
-  folder's config.json does not describe (a folder changed since the run checked it) are a
-  ConfigError on ``model.hf_checkpoint``."""
-  from dllm_rl.models import convert, hf
-
-  param_dtype = np.dtype(model_cfg.param_dtype).name
-  if convert.is_imported(path):
-    params = convert.load_imported(path, mesh=mesh, param_dtype=param_dtype).params
-  else:
-    try:
-      params = hf.load_checkpoint(path, mesh=mesh, dtype=np.dtype(model_cfg.dtype).name,
-                                  param_dtype=param_dtype).params
-    except ValueError as err:
-      raise ConfigError("model.hf_checkpoint", str(err)) from err
-  graphdef, _ = transformer.abstract_model(model_cfg)  # this run's compute dtype
-  return graphdef, params
-
-
-def check_block_size(path: str, family: str, ids, block_size: int) -> None:
-  """``model.block_size`` against the checkpoint at ``path`` (``family``, its token ``ids``):
-  an SDAR checkpoint's own block size, 0 for a bidirectional LLaDA or Dream one; a
-  ConfigError naming the key otherwise (the run, the evaluation and the plan check alike)."""
-  if family == "sdar" and ids.block_size != block_size:
-    raise ConfigError("model.block_size", f"{path} is a block-diffusion (SDAR) checkpoint with"
-                      f" block_size={ids.block_size}; set model.block_size={ids.block_size}"
-                      f" (got {block_size})")
-  if family in ("llada", "dream") and block_size:
-    raise ConfigError("model.block_size", f"{path} is a bidirectional"
-                      f" {'LLaDA' if family == 'llada' else 'Dream'} checkpoint: use 0")
-
-
-def load_hf_source(path: str, dtype: str, block_size: int = 0,
-                   param_dtype: str = "float32", *, scan_layers: bool = False,
-                   remat: str = "none", moe_dispatch: str = "auto") -> HFSource:
-  """Architecture, token ids and tokenizer of a HF checkpoint dir, or of its
-  ``python -m dllm_rl.convert import`` output (weights are read later, onto the mesh, by
-  :func:`init_params`; an HF folder's safetensors headers are read now, so a truncated or
-  missing file, or a tensor whose name or shape config.json does not describe, is a
-  ConfigError before anything is built)."""
-  from dllm_rl.models import hf
-  from dllm_rl.models.convert import is_imported, load_tokenizer, source_hf_config
-
-  model_cfg, ids, family = hf_model_config(path, dtype, param_dtype, scan_layers=scan_layers,
-                                           remat=remat, moe_dispatch=moe_dispatch)
-  if not is_imported(path):
-    try:  # a truncated download, a missing shard, a tensor config.json does not describe
-      # (the headers' names and shapes only, no tensor data), named before the build
-      hf.check_tensors(*hf.weight_files(path), family, model_cfg)
-    except (ValueError, FileNotFoundError) as err:
-      raise ConfigError("model.hf_checkpoint", str(err)) from err
-  check_block_size(path, family, ids, block_size)
-  try:
-    tokenizer = load_tokenizer(path, ids)
-  except (ValueError, FileNotFoundError) as err:
-    raise ConfigError("model.hf_checkpoint", f"tokenizer: {err}") from err
-  if tokenizer.vocab_size > model_cfg.vocab_size:
-    raise ConfigError("model.hf_checkpoint", f"{path}: tokenizer has {tokenizer.vocab_size} ids,"
-                      f" the model's embedding only {model_cfg.vocab_size}")
-  return HFSource(model_cfg, ids, family, tokenizer, hf.max_length(source_hf_config(path)))
-
-
-def length_notes(config, max_length: tuple[str, int] | None) -> list[str]:
-  """A line when the run's sequences (``data.prompt_len + data.completion_len``) are longer
-  than ``max_length`` (:func:`dllm_rl.models.hf.max_length` of ``model.hf_checkpoint``): RoPE
-  runs past it, but no position there was trained."""
-  p, c = config.data.prompt_len, config.data.completion_len
-  if max_length is None or p + c <= max_length[1]:
-    return []
-  key, limit = max_length
-  return [f"config.data.prompt_len + config.data.completion_len = {p} + {c} = {p + c} is longer"
-          f" than model.hf_checkpoint's maximum sequence length {limit} ({key} in its"
-          " config.json): RoPE runs past it, but the model was never trained there"]
-
-
-def sampler_notes(config, model_cfg: transformer.ModelConfig) -> list[str]:
-  """A line when a Dream model (its logit shift) decodes with the masked sampler: LLaDA's
-  schedule and untempered confidences, not Dream's own ``diffusion_generate``."""
-  if not model_cfg.logit_shift or config.model.block_size or config.sampler.kind == "dream":
-    return []
-  return ["a Dream model (its logit shift) with config.sampler.kind='masked' decodes"
-          " with LLaDA's rules (an even schedule, untempered confidences);"
-          " --config.sampler.kind=dream --config.sampler.block_len=<data.completion_len> is"
-          " Dream's own diffusion_generate (configs/dream_tpu.py)"]
-
-
-def family_notes(config, family: str | None) -> list[str]:
-  """A line when an LLaDA2 checkpoint runs bidirectionally (``model.block_size`` 0): its
-  official ``generate`` decodes it block-causally, in blocks of ``block_length`` (32), and
-  config.json holds no block size to check against (:func:`check_block_size`)."""
-  if family != "llada2" or config.model.block_size:
-    return []
-  return ["an LLaDA2 checkpoint with model.block_size=0 attends bidirectionally, while its"
-          " official generate decodes it block-causally in blocks of 32:"
-          " --config.model.block_size=32 --config.model.prompt_block_causal=true is that"
-          " (configs/llada2_tpu.py)"]
-
-
-def overlap_notes(task: Task, train: list, test: list) -> list[str]:
-  """A line when test prompts are also training prompts (by the task's canonical string; a
-  ``test_file`` that repeats ``train_file``, or data sets that share problems): the reported
-  accuracy would not be held out. The generated tasks split by that string: never. The first
-  shared prompt is named by its file:line, the earliest in the test file."""
-  seen = {task.canonical(ex) for ex in train}
-  shared = [ex for ex in _in_file_order(test) if task.canonical(ex) in seen]
-  if not shared:
-    return []
-  return [f"{len(shared)} of the {len(test)} test prompts are also training prompts (the"
-          f" first: {_where(shared[0])}): the test accuracy is not held out; check"
-          " task.options.train_file and test_file"]
-
-
-def duplicate_notes(task: Task, train: list, val: list, test: list) -> list[str]:
-  """A line for each evaluation split that repeats prompts (by the task's canonical string; a
-  data file with duplicated records, two files joined): the validation split's prompts that
-  are also training prompts (both come from the train file), and each of the validation and
-  test splits' prompts that repeat an earlier one of the same split, whose copies each count
-  in its accuracy. The generated tasks' splits hold distinct instances: never."""
-  notes, seen = [], {}
-  for ex in _in_file_order(train):
-    seen.setdefault(task.canonical(ex), ex)
-  shared = [ex for ex in _in_file_order(val) if task.canonical(ex) in seen]
-  if shared:
-    earlier = seen[task.canonical(shared[0])]
-    notes.append(f"{len(shared)} of the {len(val)} validation prompts are also training"
-                 f" prompts (the first: {_where(shared[0])}, as {_where(earlier)}):"
-                 " the train file repeats records, so the validation accuracy is not held out;"
-                 " drop the duplicates from task.options.train_file")
-  for name, examples in (("validation", val), ("test", test)):
-    first, repeats = {}, []
-    for ex in _in_file_order(examples):
-      key = task.canonical(ex)
-      if key in first:
-        repeats.append((ex, first[key]))
-      first.setdefault(key, ex)
-    if repeats:
-      ex, earlier = repeats[0]
-      notes.append(f"{len(repeats)} of the {len(examples)} {name} prompts repeat another of the"
-                   f" split (the first: {_where(ex)}, as {_where(earlier)}): each copy counts in"
-                   f" the {name} accuracy; drop the duplicates from the data file")
-  return notes
-
-
-def unknown_token_notes(tokenizer, split: str, examples: list, encoded: dict, *,
-                        answers: bool, system: str = "") -> list[str]:
-  """A line when encoded prompts (and, ``answers``: answers, those SFT trains on) of the
-  ``split`` hold the tokenizer's unknown token (:attr:`HFTokenizer.unk_id`; a byte-level BPE,
-  like the built-in CharTokenizer, has none): characters its vocabulary lacks, silently lost.
-  Counts the examples in one pass over ``encoded`` (:func:`_encode`'s arrays) and names the
-  first one in its file (file:line, else its prompt's start) with the characters it lacks (at
-  most 8)."""
-  unk = getattr(tokenizer, "unk_id", None)
-  if unk is None or not examples:
-    return []
-  held = ((encoded["prompt_BP"] == unk) & encoded["prompt_valid_BP"]).any(-1)
-  if answers:
-    held |= (encoded["completion_BL"] == unk).any(-1)
-  if not held.any():
-    return []
-  ex = _in_file_order([examples[i] for i in np.flatnonzero(held)])[0]
-  texts = [chat_prompt(ex.prompt, tokenizer, system)] + [ex.answer] * answers
-  chars = list(dict.fromkeys(c for text in texts for c in tokenizer.unknown_chars(text)))
-  said = ", ".join(map(repr, chars[:8])) + (f" and {len(chars) - 8} more" * (len(chars) > 8))
-  return [f"{int(held.sum())} of the {len(examples)} {split} examples hold the tokenizer's"
-          f" unknown token (id {unk}) in their prompt{' or answer' * answers}: text its"
-          f" vocabulary lacks, which the model never sees (the first: {_where(ex)}, lacking"
-          f" {said or '?'}); replace those characters in the data"]
-
-
-def _in_file_order(examples: list) -> list:
-  """``examples`` sorted by where they were read (file, then line number), so that a note's
-  "first" is the first in its file, not in the split's shuffled order; examples without a
-  ``source`` (the generated tasks) keep their order, after those with one."""
-  def key(ex):
-    path, _, line = ex.source.rpartition(":")
-    return (not ex.source, path, int(line) if line.isdigit() else 0)
-  return sorted(examples, key=key)
-
-
-def _where(example) -> str:
-  """Where ``example`` comes from (file:line), else its prompt's start."""
-  return example.source or repr(example.prompt[:60])
-
-
-def lora_notes(model_cfg: transformer.ModelConfig) -> list[str]:
-  """A line when ``lora.rank`` exceeds min(inputs, outputs) of an adapted projection
-  (:func:`dllm_rl.models.lora.rank_bounds`): its update A·B cannot reach that rank, so the
-  surplus only costs memory and lowers α/r."""
-  if not model_cfg.lora_rank:
-    return []
-  bounds = lora.rank_bounds(transformer.abstract_model(model_cfg)[1])
-  over = {name: b for name, b in sorted(bounds.items()) if model_cfg.lora_rank > b}
-  if not over:
-    return []
-  said = ", ".join(f"{name} ({b})" for name, b in over.items())
-  return [f"config.lora.rank={model_cfg.lora_rank} is above the rank the adapters of {said}"
-          f" can use, min(inputs, outputs) of the weight: their update (α/r)·A·B cannot pass"
-          f" it, so the surplus costs memory and lowers α/r; lora.rank={min(over.values())}"
-          " or less uses all of it"]
 
 
 def model_config(config, vocab_size: int) -> transformer.ModelConfig:
@@ -497,17 +237,6 @@ def check_checkpoint_folders(workdir: str) -> None:
       raise ConfigError("--workdir", f"{path} is a file, not a folder: the run keeps its"
                         " checkpoints there (checkpoints/<phase>/<step>/); move the file"
                         " away, or use another --workdir")
-
-
-def check_local_source(m) -> None:
-  """``model.hf_checkpoint`` a local path (``m``: config.model): a ConfigError when it is no
-  folder or its config.json is missing or bad (e.g. a run's --workdir given), before --workdir
-  is created. A gs:// folder or a hub id is fetched after the workdir's checks."""
-  from dllm_rl import paths
-  from dllm_rl.infra import weights
-  spec = m.hf_checkpoint
-  if spec and not paths.is_url(spec) and weights.hub_id(os.path.expanduser(spec)) is None:
-    hf_model_config(checkpoint_folder(spec), m.dtype, m.param_dtype)
 
 
 def prepare_workdir(config, workdir: str):

@@ -46,7 +46,8 @@ from dllm_rl.parallel.distributed import is_primary, raise_agreed
 from dllm_rl.parallel.mesh import make_mesh, slice_count
 from dllm_rl.tasks.tokenizer import CharTokenizer
 from dllm_rl.train import lora_checkpoint, run_checkpoints
-from dllm_rl.train.context import checkpoint_folder, hf_model_config, model_config
+from dllm_rl.train.context import model_config
+from dllm_rl.train.hf_source import checkpoint_folder, hf_model_config
 from dllm_rl.train.run_checkpoints import AUTO, LATEST, CheckpointRef
 
 PROVENANCE_FILE = "dllm_rl_export.json"  # never copied from a source (convert._SKIP)

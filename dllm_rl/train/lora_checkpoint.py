@@ -26,7 +26,7 @@ from dllm_rl.errors import ConfigError
 from dllm_rl.infra.checkpoint import Checkpointer, LayoutMismatch
 from dllm_rl.models import convert, hf_fingerprint, lora, transformer
 from dllm_rl.parallel.distributed import agree_any
-from dllm_rl.train import context as setup
+from dllm_rl.train import hf_source
 from dllm_rl.train import layout_errors
 
 _log = logging.getLogger(__name__)
@@ -173,7 +173,7 @@ def _verdict(recorded: dict, spec: str) -> tuple[str, dict | None, str]:
   fingerprint, that folder); UNKNOWN where they cannot be fingerprinted (their load says
   why)."""
   try:
-    folder = setup.checkpoint_folder(spec)
+    folder = hf_source.checkpoint_folder(spec)
   except (ConfigError, OSError, ValueError):  # unavailable here: every process still agrees
     return hf_fingerprint.UNKNOWN, None, spec
   now = base_fingerprint(folder)
@@ -225,7 +225,7 @@ def base_params(config, model_cfg, mesh) -> nnx.State:
   """The frozen base of a LoRA run (``model_cfg`` with adapters) rebuilt from its pointer: the
   HF checkpoint's weights, or the seed's init (with the run's key, so the same numbers)."""
   if config.model.hf_checkpoint:
-    folder = setup.checkpoint_folder(config.model.hf_checkpoint)
-    return setup.load_hf_params(folder, model_cfg, mesh)[1]
+    folder = hf_source.checkpoint_folder(config.model.hf_checkpoint)
+    return hf_source.load_hf_params(folder, model_cfg, mesh)[1]
   key = jax.random.fold_in(jax.random.key(config.seed), 0)
   return lora.split_adapters(transformer.init_params_sharded(model_cfg, key, mesh)[1])[1]

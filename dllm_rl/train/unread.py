@@ -25,7 +25,7 @@ import ml_collections
 from dllm_rl.config.schema import base_config
 
 _STEPRS = ("steprs", "steprs_rms_matched", "steprs_mass_matched")
-# The model keys an HF checkpoint's config.json replaces (dllm_rl.train.context.hf_model_config
+# The model keys an HF checkpoint's config.json replaces (dllm_rl.train.hf_source.hf_model_config
 # keeps only the dtypes and hf_run_options: scan_layers, remat, moe_dispatch; block_size is
 # checked against the checkpoint, prompt_block_causal (block models) and logits_chunk are read
 # by the samplers and scorers).

@@ -15,7 +15,7 @@ import pytest
 import dllm_rl
 from dllm_rl.config import ConfigError
 from dllm_rl.infra import weights
-from dllm_rl.train.context import checkpoint_folder
+from dllm_rl.train.hf_source import checkpoint_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LLADA = os.path.join(ROOT, "tests", "fixtures", "llada_tiny")

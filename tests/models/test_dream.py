@@ -263,7 +263,7 @@ def test_export_refuses_a_model_without_dream_features(loaded, tmp_path):
 
 def test_checkpoint_folder_with_an_unsupported_option_is_a_config_error(tmp_path):
   from dllm_rl.config import ConfigError
-  from dllm_rl.train.context import hf_model_config
+  from dllm_rl.train.hf_source import hf_model_config
   shutil.copytree(FIXTURE, tmp_path / "d")
   (tmp_path / "d" / "config.json").chmod(0o644)
   (tmp_path / "d" / "config.json").write_text(json.dumps(_config_json(use_sliding_window=True)))

@@ -139,7 +139,8 @@ def test_rules_split_experts_over_the_expert_axis_and_leave_it_out_at_size_1():
 
 def test_mesh_expert_must_divide_the_experts_and_names_its_key():
   from dllm_rl.config.schema import base_config
-  from dllm_rl.train.context import check_expert_axis, hf_model_config
+  from dllm_rl.train.context import check_expert_axis
+  from dllm_rl.train.hf_source import hf_model_config
   from dllm_rl.train.validate import validate
   from tests.helpers import set_dotted
   moe_keys = {"model.n_layers": 2, "model.qk_norm": True, "model.n_experts": 8,

@@ -344,7 +344,7 @@ def test_config_keys_build_the_moe_and_bad_values_name_their_key():
       validate(set_dotted(base_config(), {**moe_keys, **bad}))
     assert err.value.key == key
   # the dispatch is a run option, not architecture: kept with an HF checkpoint's config.json
-  from dllm_rl.train.context import hf_model_config
+  from dllm_rl.train.hf_source import hf_model_config
   arch = hf_model_config(TINY, "float32", "float32", moe_dispatch="ragged_dot")
   assert arch.model_cfg.moe_dispatch == "ragged_dot"
   assert hf.config_differences(hf.read_hf_config(TINY), arch.model_cfg, arch.token_ids) == []
@@ -504,7 +504,7 @@ def test_an_llada2_checkpoint_run_bidirectionally_is_said():
   LLaDA2 checkpoint (its official generate decodes blocks of 32, block-causally) is a note
   naming the setting that matches it; a block model, or another family, says nothing."""
   from dllm_rl.config.schema import base_config
-  from dllm_rl.train.context import family_notes
+  from dllm_rl.train.run_notes import family_notes
   config = base_config()
   assert config.model.block_size == 0
   (line,) = family_notes(config, "llada2")

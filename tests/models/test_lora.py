@@ -179,7 +179,8 @@ def test_a_rank_above_a_projections_dimensions_is_said():
   the projections it exceeds and the rank that uses all of them; rank 64 says nothing."""
   from dllm_rl.config.defaults import get_config
   from dllm_rl.models import lora as lora_lib
-  from dllm_rl.train.context import lora_notes, model_config
+  from dllm_rl.train.context import model_config
+  from dllm_rl.train.run_notes import lora_notes
   c = get_config()
   c.lora.rank, c.lora.targets = 100, ("q", "down")
   line, = lora_notes(lora_lib.configure(model_config(c, 20), c.lora))

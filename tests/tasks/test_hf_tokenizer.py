@@ -221,7 +221,7 @@ def test_the_unknown_token_and_the_characters_that_became_it(tok_dir):
   """unk_id: the model's unknown token (BPE, WordPiece, Unigram), None for byte-level BPE
   (every character encodes); unknown_chars: the characters of the text that became it (a
   WordPiece word it cannot split: the characters in no vocabulary token, after the
-  normalizer), which the data checks name (train/context.unknown_token_notes)."""
+  normalizer), which the data checks name (train/run_notes.unknown_token_notes)."""
   from tokenizers import normalizers
   path, raw = tok_dir
   assert _load(path, raw).unk_id is None and _load(path, raw).unknown_chars("日本€") == []
