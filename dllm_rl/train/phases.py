@@ -278,29 +278,39 @@ def _say_changes(phase: Phase, meta: dict, limit: int = 12) -> None:
         f" {layout_errors.said_changes(changes, limit)}", file=sys.stderr, flush=True)
 
 
-def _show(bar, shown: dict, record: dict, fields) -> None:
-  """Put ``record``'s values on the progress ``bar``'s ``fields`` (``shown``: the newest value of
-  each metric so far, updated)."""
-  shown.update(record)
-  bar.set_postfix(postfix(shown, fields), refresh=False)
+@dataclasses.dataclass(frozen=True)
+class _Reporter:
+  """Where a phase's step loop reports, fixed for the loop: the metrics ``logger`` and the
+  progress ``bar`` (``shown``: the newest value of each metric so far, for the bar's fields
+  ``Phase.postfix``), with the ``guard`` that reads the skip counters and the ``clock`` whose
+  timer gives the throughput."""
 
+  phase: Phase
+  logger: MetricsLogger
+  bar: Any
+  guard: StepGuard
+  clock: _StepClock
+  shown: dict = dataclasses.field(default_factory=dict)
 
-def _log_window(logger: MetricsLogger, phase: Phase, step: int, window: list, skipped,
-                guard: StepGuard, state, clock: _StepClock, timer: StepTimer, bar,
-                shown: dict) -> int:
-  """Log the metrics line of the steps in ``window`` (their mean, ``skipped_steps``,
-  throughput) at ``step`` and show it on the progress bar (:func:`_show`); returns its skip
-  count. ``skipped``: the skip count read at this step, or None (read here: raises after too
-  many non-finite updates in a row)."""
-  logged = mean_metrics(window)  # blocks on the device: the window's time is real
-  if skipped is None:
-    skipped = guard.skipped(state.opt_state, step)
-  logged["skipped_steps"] = skipped
-  clock.flush()
-  logged.update(timer.metrics(rollout=phase.rollout_timing))
-  logger.log(step, logged, phase=phase.name)
-  _show(bar, shown, logged, phase.postfix)
-  return skipped
+  def show(self, record: dict) -> None:
+    """Put ``record``'s values on the progress bar's fields (``shown`` updated)."""
+    self.shown.update(record)
+    self.bar.set_postfix(postfix(self.shown, self.phase.postfix), refresh=False)
+
+  def log_window(self, step: int, window: list, skipped, state) -> int:
+    """Log the metrics line of the steps in ``window`` (their mean, ``skipped_steps``,
+    throughput) at ``step`` and show it on the progress bar (:meth:`show`); returns its skip
+    count. ``skipped``: the skip count read at this step, or None (read here: raises after too
+    many non-finite updates in a row)."""
+    logged = mean_metrics(window)  # blocks on the device: the window's time is real
+    if skipped is None:
+      skipped = self.guard.skipped(state.opt_state, step)
+    logged["skipped_steps"] = skipped
+    self.clock.flush()
+    logged.update(self.clock.timer.metrics(rollout=self.phase.rollout_timing))
+    self.logger.log(step, logged, phase=self.phase.name)
+    self.show(logged)
+    return skipped
 
 
 def _log_val(logger: MetricsLogger, phase: Phase, step: int, val: dict) -> None:
@@ -364,7 +374,7 @@ def run_phase(phase_cls: type[Phase], ctx: Context) -> dict:
       _log_val(logger, phase, 0, phase.evaluate(state, 0))
     bar = progress(phase.steps, desc=name, initial=step,
                    disable=not (config.log.progress and is_primary()))
-    shown: dict = {}  # the newest value of each metric, for the bar's fields
+    reporter = _Reporter(phase, logger, bar, guard, clock)
     finished = phase.stopped or step >= phase.steps
     try:
       while not finished:
@@ -380,20 +390,18 @@ def run_phase(phase_cls: type[Phase], ctx: Context) -> dict:
         window.append(metrics)
         bar.update(1)
         if step % phase.log_every == 0:
-          window, skipped = [], _log_window(logger, phase, step, window, skipped, guard, state,
-                                            clock, timer, bar, shown)
+          window, skipped = [], reporter.log_window(step, window, skipped, state)
         if phase.eval_every and step % phase.eval_every == 0:
           val = clock.paused(state, lambda: phase.evaluate(state, step))
           _log_val(logger, phase, step, val)
           phase.evaluated(val)
-          _show(bar, shown, {f"val_{k}": v for k, v in val.items()}, phase.postfix)
+          reporter.show({f"val_{k}": v for k, v in val.items()})
         if samples_every and step % samples_every == 0:  # every host: SFT's may sample
           logger.log_samples(step, clock.paused(state, lambda: phase.samples(state, step)),
                              phase=name)
         finished = phase.stopped or step >= phase.steps
         if finished and window:  # the last steps since the previous line get theirs too
-          window, skipped = [], _log_window(logger, phase, step, window, skipped, guard, state,
-                                            clock, timer, bar, shown)
+          window, skipped = [], reporter.log_window(step, window, skipped, state)
         save, stop = guard.poll(step)  # step- or time-based save; a stop signal (all hosts agree)
         if finished or save:
           if skipped is None:
