@@ -15,7 +15,7 @@ from safetensors import safe_open
 
 import dllm_rl
 from dllm_rl import convert as convert_cli
-from dllm_rl.models import hf
+from dllm_rl.models import hf, hf_export
 from dllm_rl.parallel import distributed
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.tasks.tokenizer import CharTokenizer
@@ -248,10 +248,10 @@ def test_a_failed_write_leaves_no_config_json_and_no_loadable_folder(tmp_path):
 
 
 def test_a_write_failed_in_process_0_stops_the_others_naming_the_folder(monkeypatch):
-  """hf.Process0Writes.agree: process 0's own error where it failed; where it failed in
+  """hf_export.Process0Writes.agree: process 0's own error where it failed; where it failed in
   another process (process 0), a ConfigError naming --hf_dir and the folder."""
   from dllm_rl.parallel import distributed
-  writes = hf.Process0Writes("/out/hf")
+  writes = hf_export.Process0Writes("/out/hf")
   writes.agree()  # nothing failed
   assert writes(lambda: 1 / 0) is None and writes(lambda: 7) is None  # none after a failure
   with pytest.raises(ZeroDivisionError):
@@ -259,7 +259,7 @@ def test_a_write_failed_in_process_0_stops_the_others_naming_the_folder(monkeypa
   monkeypatch.setattr(distributed, "agree_any", lambda flags: np.array([True]))
   with pytest.raises(convert_cli.ConfigError, match=r"^--hf_dir: process 0 failed to write the"
                      r" export folder /out/hf \(its own error says why\)"):
-    hf.Process0Writes("/out/hf").agree()
+    hf_export.Process0Writes("/out/hf").agree()
 
 
 def test_a_failed_config_json_write_leaves_no_partial_config_json(tmp_path):
@@ -268,9 +268,9 @@ def test_a_failed_config_json_write_leaves_no_partial_config_json(tmp_path):
   as an unfinished export."""
   path = tmp_path / "config.json"
   with pytest.raises(TypeError):
-    hf._write_json(str(path), {"a": 1, "z": object()})
+    hf_export._write_json(str(path), {"a": 1, "z": object()})
   assert not path.exists()
-  hf._write_json(str(path), {"b": [1, 2], "a": 1})
+  hf_export._write_json(str(path), {"b": [1, 2], "a": 1})
   assert path.read_text() == '{\n  "a": 1,\n  "b": [\n    1,\n    2\n  ]\n}\n'
 
 
@@ -281,14 +281,15 @@ def test_process_0_write_failures_are_agreed_per_file_and_gigabyte_not_per_tenso
   interval, one per tensor as well."""
   scratch_run_checkpoints(tmp_path / "w", {"rl": [3]})
   calls = []
-  agree = hf.Process0Writes.agree
-  monkeypatch.setattr(hf.Process0Writes, "agree", lambda self: calls.append(1) or agree(self))
+  agree = hf_export.Process0Writes.agree
+  monkeypatch.setattr(hf_export.Process0Writes, "agree",
+                      lambda self: calls.append(1) or agree(self))
   export_run(str(tmp_path / "w"), str(tmp_path / "hf"))
   assert len(calls) == 2
   with safe_open(str(tmp_path / "hf" / "model.safetensors"), "np") as f:
     tensors = len(list(f.keys()))
   calls.clear()
-  monkeypatch.setattr(hf, "_AGREE_EVERY_BYTES", 1)
+  monkeypatch.setattr(hf_export, "_AGREE_EVERY_BYTES", 1)
   export_run(str(tmp_path / "w"), str(tmp_path / "hf2"))
   assert tensors > 2 and len(calls) == tensors + 1
 

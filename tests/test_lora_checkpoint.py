@@ -113,14 +113,14 @@ def test_a_failed_merged_export_leaves_no_peft_folder(tmp_path, monkeypatch):
   from dllm_rl.train import export
   _run(tmp_path / "w")
 
-  write = export.hf.export_checkpoint
+  write = export.hf_export.export_checkpoint
 
   def full_disk(*args, **kw):  # the merged folder's weights; the PEFT base's are written
     if args[4] == str(tmp_path / "hf"):
       raise OSError(28, "No space left on device")
     return write(*args, **kw)
 
-  monkeypatch.setattr(export.hf, "export_checkpoint", full_disk)
+  monkeypatch.setattr(export.hf_export, "export_checkpoint", full_disk)
   with pytest.raises(OSError, match="No space left"):
     export_run(str(tmp_path / "w"), str(tmp_path / "hf"), peft_dir=str(tmp_path / "peft"))
   assert not (tmp_path / "peft").exists()

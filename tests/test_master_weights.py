@@ -13,7 +13,7 @@ from dllm_rl.models import convert
 
 from dllm_rl.train import context as setup, hf_source
 from dllm_rl.config import load_config_file
-from dllm_rl.models import hf
+from dllm_rl.models import hf, hf_export
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.parallel.shard import init_state_sharded
 from dllm_rl.train.rl_loop import rl_optimizer
@@ -27,7 +27,7 @@ def bf16_checkpoint(tmp_path_factory):
   """The tiny LLaDA fixture re-written as a bfloat16 HF checkpoint (as LLaDA-8B ships)."""
   out = tmp_path_factory.mktemp("llada_bf16")
   cfg, ids, _, params, family = hf.load_checkpoint(FIXTURE, dtype="bfloat16")
-  hf.export_checkpoint(params, cfg, ids, family, str(out), dtype="bfloat16")
+  hf_export.export_checkpoint(params, cfg, ids, family, str(out), dtype="bfloat16")
   return str(out)
 
 

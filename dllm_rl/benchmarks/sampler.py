@@ -70,7 +70,7 @@ def write_random_checkpoint(path: str, args) -> None:
   """A random LLaDA-architecture HF folder (mask = vocab − 1, EOS = pad = vocab − 2)."""
   import jax
 
-  from dllm_rl.models import hf
+  from dllm_rl.models import hf, hf_export
   from dllm_rl.models import transformer as T
 
   cfg = T.ModelConfig(vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers,
@@ -80,7 +80,7 @@ def write_random_checkpoint(path: str, args) -> None:
   _, params = T.init_model(cfg, jax.random.key(args.seed))
   ids = hf.TokenIds(mask_id=args.vocab - 1, eos_id=args.vocab - 2, pad_id=args.vocab - 2,
                     bos_id=None, block_size=None)
-  hf.export_checkpoint(params, cfg, ids, "llada", path)
+  hf_export.export_checkpoint(params, cfg, ids, "llada", path)
   print(f"wrote a random LLaDA checkpoint ({T.count_params(params) / 1e6:.2f}M params) to {path}")
 
 

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dllm_rl.infra.checkpoint import Checkpointer
-from dllm_rl.models import hf
+from dllm_rl.models import hf, hf_export
 from dllm_rl.models.transformer import ModelConfig, abstract_params_sharded
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.tasks.hf_tokenizer import TOKENIZER_LAYOUTS, HFTokenizer
@@ -306,9 +306,9 @@ def export_hf(ckpt_dir: str, hf_dir: str, *, dtype: str | None = None,
   t0 = time.perf_counter()
   cfg, ids, _, params, family, hf_config = load_imported(ckpt_dir)
   t1 = time.perf_counter()
-  hf.export_checkpoint(params, cfg, ids, family, hf_dir, hf_config=hf_config,
-                       max_shard_bytes=max_shard_bytes, dtype=dtype,
-                       side_files=lambda d: copy_files(source_files(ckpt_dir), d))
+  hf_export.export_checkpoint(params, cfg, ids, family, hf_dir, hf_config=hf_config,
+                              max_shard_bytes=max_shard_bytes, dtype=dtype,
+                              side_files=lambda d: copy_files(source_files(ckpt_dir), d))
   t2 = time.perf_counter()
   return {"family": family, "bytes": tensor_bytes(hf_dir), "restore_s": t1 - t0,
           "write_s": t2 - t1, "total_s": time.perf_counter() - t0}

@@ -16,14 +16,15 @@ The architecture and token ids come from the config saved in the checkpoint:
   head_dim) is refused with the fields that differ.
 
 Only the parameters are read (no optimizer state), placed on one device by default and
-written by process 0 (``hf.export_checkpoint``). In a multi-process export (``convert``
-initialises ``jax.distributed`` from the DLLM_* / cluster environment, as ``dllm_rl.main``
-does) they are split over every process's devices, each tensor gathered in turn, and process 0
-alone writes the folder; the others wait until it is written. A problem with the output
-folders found in any process stops every process (:func:`agreed`), and so does a write that
-fails in process 0 (a full disk), at the next agreement (``hf.Process0Writes``). config.json
-is written last: a folder without one is an unfinished export. ``dllm_rl_export.json``
-records the run, phase and step (SFT steps, RL rollout batches) the folder came from.
+written by process 0 (``hf_export.export_checkpoint``). In a multi-process export
+(``convert`` initialises ``jax.distributed`` from the DLLM_* / cluster environment, as
+``dllm_rl.main`` does) they are split over every process's devices, each tensor gathered in
+turn, and process 0 alone writes the folder; the others wait until it is written. A problem
+with the output folders found in any process stops every process (:func:`agreed`), and so
+does a write that fails in process 0 (a full disk), at the next agreement
+(``hf_export.Process0Writes``). config.json is written last: a folder without one is an
+unfinished export. ``dllm_rl_export.json`` records the run, phase and step (SFT steps, RL
+rollout batches) the folder came from.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from flax import nnx
 from dllm_rl import paths
 from dllm_rl.errors import ConfigError
 from dllm_rl.infra.checkpoint import LayoutMismatch
-from dllm_rl.models import convert, hf, lora, peft
+from dllm_rl.models import convert, hf, hf_export, lora, peft
 from dllm_rl.models.transformer import ModelConfig, abstract_model
 from dllm_rl.parallel.distributed import is_primary, raise_agreed
 from dllm_rl.parallel.mesh import make_mesh, slice_count
@@ -107,7 +108,7 @@ def run_source(config, hf_source: str | None = None) -> ExportSource:
                     bos_id=None, block_size=m.block_size or None)
   family = scratch_family(model_cfg, m.block_size)
   hf_config = hf.FAMILIES[family].to_config(model_cfg, ids)
-  diffs = hf.config_differences(hf_config, model_cfg, ids)
+  diffs = hf_export.config_differences(hf_config, model_cfg, ids)
   if diffs:  # named as config keys, with the values config.json can hold
     key = {name: f"model.{name}" if name in m else name for name, _, _ in diffs}
     named = "; ".join(f"{key[name]}: config.json {want!r} vs model {got!r}"
@@ -212,9 +213,9 @@ def write_peft_base(params, source: ExportSource, out_dir: str) -> str:
   transformers cannot load (:func:`base_unloadable`); returns its absolute path."""
   base = jax.tree.map(lambda x: x, abstract_model(source.model_cfg)[1])
   nnx.replace_by_pure_dict(base, lora.merge_pure(nnx.to_pure_dict(params), 0.0))
-  hf.export_checkpoint(base, source.model_cfg, source.token_ids, source.family, out_dir,
-                       hf_config=source.hf_config, dtype="float32",
-                       side_files=lambda d: write_source_files(source, d, source.texts))
+  hf_export.export_checkpoint(base, source.model_cfg, source.token_ids, source.family, out_dir,
+                              hf_config=source.hf_config, dtype="float32",
+                              side_files=lambda d: write_source_files(source, d, source.texts))
   return os.path.abspath(out_dir)
 
 
@@ -314,10 +315,11 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
            PROVENANCE_FILE: json.dumps(provenance(ref, source, dtype), indent=2) + "\n"}
   t1 = time.perf_counter()
   # process 0 writes; the others return once it has written the whole folder, or raise
-  # with it when a write fails there (hf.Process0Writes)
-  hf.export_checkpoint(merged, source.model_cfg, source.token_ids, source.family, out_dir,
-                       hf_config=source.hf_config, max_shard_bytes=max_shard_bytes, dtype=dtype,
-                       side_files=lambda d: write_source_files(source, d, texts))
+  # with it when a write fails there (hf_export.Process0Writes)
+  hf_export.export_checkpoint(merged, source.model_cfg, source.token_ids, source.family, out_dir,
+                              hf_config=source.hf_config, max_shard_bytes=max_shard_bytes,
+                              dtype=dtype,
+                              side_files=lambda d: write_source_files(source, d, texts))
   t2 = time.perf_counter()
   # the adapters after the merged folder: a failure writing that (a full disk) leaves no
   # finished-looking PEFT folder whose merged --hf_dir is missing

@@ -18,7 +18,7 @@ import pytest
 from flax import nnx
 from safetensors import safe_open
 
-from dllm_rl.models import convert, hf, layers, logprob
+from dllm_rl.models import convert, hf, hf_export, layers, logprob
 from dllm_rl.models import transformer as T
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -192,14 +192,14 @@ def test_kv_cache_window_equals_the_unwindowed_rows(cached):
 
 def test_export_reproduces_the_checkpoint_bytes(loaded, tmp_path):
   cfg, ids, _, params, family = loaded
-  hf.export_checkpoint(params, cfg, ids, family, str(tmp_path / "one"),
-                       hf_config=hf.read_hf_config(FIXTURE))
+  hf_export.export_checkpoint(params, cfg, ids, family, str(tmp_path / "one"),
+                              hf_config=hf.read_hf_config(FIXTURE))
   for name in ("model.safetensors", "config.json"):
     with open(os.path.join(FIXTURE, name), "rb") as a, open(tmp_path / "one" / name, "rb") as b:
       assert a.read() == b.read(), name
   # A config.json built from the family's keys (to_config) describes the same model.
-  files = hf.export_checkpoint(params, cfg, ids, family, str(tmp_path / "sharded"),
-                               max_shard_bytes=100_000)
+  files = hf_export.export_checkpoint(params, cfg, ids, family, str(tmp_path / "sharded"),
+                                      max_shard_bytes=100_000)
   assert sum(f.endswith(".safetensors") for f in files) > 1
   assert convert.compare_tensors(FIXTURE, str(tmp_path / "sharded")) == []
   cfg2, ids2, _, params2, family2 = hf.load_checkpoint(str(tmp_path / "sharded"))
@@ -244,7 +244,7 @@ def test_detected_by_model_type_and_tied_head_is_supported(loaded, tmp_path):
   del pure["lm_head"]
   _, params = T.abstract_model(cfg)
   nnx.replace_by_pure_dict(params, pure)
-  hf.export_checkpoint(params, cfg, ids, "dream", str(tmp_path))
+  hf_export.export_checkpoint(params, cfg, ids, "dream", str(tmp_path))
   with safe_open(str(tmp_path / "model.safetensors"), framework="numpy") as f:
     assert len(list(f.keys())) == 26 and "lm_head.weight" not in f.keys()
   cfg2, ids2, _, params2, _ = hf.load_checkpoint(str(tmp_path))
@@ -258,7 +258,7 @@ def test_export_refuses_a_model_without_dream_features(loaded, tmp_path):
   plain = T.ModelConfig(**{**cfg.__dict__, "logit_shift": False})
   _, params = T.abstract_model(plain)  # refused before any value is read
   with pytest.raises(ValueError, match="logit_shift"):
-    hf.export_checkpoint(params, plain, ids, "dream", str(tmp_path))
+    hf_export.export_checkpoint(params, plain, ids, "dream", str(tmp_path))
 
 
 def test_checkpoint_folder_with_an_unsupported_option_is_a_config_error(tmp_path):

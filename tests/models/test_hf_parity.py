@@ -20,7 +20,7 @@ from safetensors import safe_open
 
 from dllm_rl import convert as convert_cli
 from dllm_rl.models import convert
-from dllm_rl.models import hf
+from dllm_rl.models import hf, hf_export
 from dllm_rl.models import transformer as T
 from dllm_rl.parallel.mesh import make_mesh
 from dllm_rl.parallel.shard import param_shardings
@@ -91,16 +91,16 @@ def test_model_config_and_token_ids_come_from_config_json():
 def test_export_import_round_trip_is_exact(family, tmp_path):
   src = FIXTURES[family]
   cfg, ids, _, params, _ = hf.load_checkpoint(src)
-  hf.export_checkpoint(params, cfg, ids, family, str(tmp_path / "one"),
-                       hf_config=hf.read_hf_config(src))
+  hf_export.export_checkpoint(params, cfg, ids, family, str(tmp_path / "one"),
+                              hf_config=hf.read_hf_config(src))
   # safetensors tensors and whole files (header + data), and config.json, byte for byte.
   for name in ("model.safetensors", "config.json"):
     with open(os.path.join(src, name), "rb") as a, open(tmp_path / "one" / name, "rb") as b:
       assert a.read() == b.read(), name
   assert convert.compare_tensors(src, str(tmp_path / "one")) == []
   # Sharded export with a config built from the family's keys; re-import is exact.
-  files = hf.export_checkpoint(params, cfg, ids, family, str(tmp_path / "sharded"),
-                               max_shard_bytes=100_000)
+  files = hf_export.export_checkpoint(params, cfg, ids, family, str(tmp_path / "sharded"),
+                                      max_shard_bytes=100_000)
   assert sum(f.endswith(".safetensors") for f in files) > 1
   assert os.path.isfile(tmp_path / "sharded" / "model.safetensors.index.json")
   assert convert.compare_tensors(src, str(tmp_path / "sharded")) == []
@@ -120,7 +120,7 @@ def test_bfloat16_import_and_tied_embeddings(tmp_path):
   # weight_tying=true: no separate LM-head tensor is written or expected.
   tied = T.ModelConfig(**{**cfg32.__dict__, "tie_embeddings": True})
   _, params = T.init_model(tied, jax.random.key(0))
-  hf.export_checkpoint(params, tied, ids, "llada", str(tmp_path))
+  hf_export.export_checkpoint(params, tied, ids, "llada", str(tmp_path))
   assert hf.read_hf_config(str(tmp_path))["weight_tying"] is True
   assert "model.transformer.ff_out.weight" not in _tensors(tmp_path / "model.safetensors")
   cfg2, _, _, params2, _ = hf.load_checkpoint(str(tmp_path))
@@ -342,4 +342,4 @@ def test_a_built_config_json_has_every_key_the_official_code_reads(family):
   written = {"transformers_version", "torch_dtype"}  # by transformers / export_checkpoint
   missing = set(fixture) - set(built) - _DEFAULTED[family] - written
   assert not missing, f"{family}: to_config leaves out {sorted(missing)}"
-  assert hf.config_differences(built, cfg, ids) == []
+  assert hf_export.config_differences(built, cfg, ids) == []

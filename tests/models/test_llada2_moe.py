@@ -20,7 +20,7 @@ import safetensors.numpy
 from flax import nnx
 from safetensors import safe_open
 
-from dllm_rl.models import convert, hf, layers, moe
+from dllm_rl.models import convert, hf, hf_export, layers, moe
 from dllm_rl.models import transformer as T
 from dllm_rl.parallel.constraints import under_mesh
 from dllm_rl.parallel.mesh import make_mesh
@@ -162,14 +162,14 @@ def test_unsupported_options_are_named(key, value):
 
 def test_export_import_round_trip_is_exact(tiny, tmp_path):
   cfg, ids, _, params, family = tiny
-  hf.export_checkpoint(params, cfg, ids, family, str(tmp_path / "one"),
-                       hf_config=hf.read_hf_config(TINY))
+  hf_export.export_checkpoint(params, cfg, ids, family, str(tmp_path / "one"),
+                              hf_config=hf.read_hf_config(TINY))
   for name in ("model.safetensors", "config.json"):
     with open(os.path.join(TINY, name), "rb") as a, open(tmp_path / "one" / name, "rb") as b:
       assert a.read() == b.read(), name
   # Sharded, config.json built from the family's keys; re-import gives the same model.
-  files = hf.export_checkpoint(params, cfg, ids, family, str(tmp_path / "sharded"),
-                               max_shard_bytes=200_000)
+  files = hf_export.export_checkpoint(params, cfg, ids, family, str(tmp_path / "sharded"),
+                                      max_shard_bytes=200_000)
   assert sum(f.endswith(".safetensors") for f in files) > 1
   assert convert.compare_tensors(TINY, str(tmp_path / "sharded")) == []
   cfg2, ids2, _, params2, family2 = hf.load_checkpoint(str(tmp_path / "sharded"))
@@ -347,7 +347,7 @@ def test_config_keys_build_the_moe_and_bad_values_name_their_key():
   from dllm_rl.train.hf_source import hf_model_config
   arch = hf_model_config(TINY, "float32", "float32", moe_dispatch="ragged_dot")
   assert arch.model_cfg.moe_dispatch == "ragged_dot"
-  assert hf.config_differences(hf.read_hf_config(TINY), arch.model_cfg, arch.token_ids) == []
+  assert hf_export.config_differences(hf.read_hf_config(TINY), arch.model_cfg, arch.token_ids) == []
 
 
 def test_partial_rotary_leaves_the_tail_unrotated():
