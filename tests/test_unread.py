@@ -1,5 +1,5 @@
 """Settings the run's own choices never read are said before anything compiles
-(dllm_rl.train.unread): the shipped configs and the embedded default set none."""
+(dllm_rl.config.unread): the shipped configs and the embedded default set none."""
 
 import glob
 import os
@@ -10,7 +10,7 @@ import pytest
 from dllm_rl.config import base_config, load_config_file
 from dllm_rl.config.defaults import get_config
 from dllm_rl.train.modes import mesh_notes
-from dllm_rl.train.unread import RULES, unread_settings
+from dllm_rl.config.unread import RULES, unread_settings
 from tests.helpers import ROOT, hf_fixture_with_tokenizer, tiny_run_config
 
 
@@ -275,7 +275,7 @@ def test_a_study_arm_is_quiet_about_its_testbeds_own_settings_not_about_its_over
   does not read it, and says nothing of it (the study runner's quiet keys); an arm's or the
   user's override that the run does not read is still named."""
   from dllm_rl.config import testbeds
-  from dllm_rl.train.unread import set_keys
+  from dllm_rl.config.unread import set_keys
   base = testbeds.testbed("chain").get_config()
   base.unlock()
   base.mode, base.estimator.name = "rl", "elbo"

@@ -29,7 +29,7 @@ def base_config() -> ml_collections.ConfigDict:
   # the Hugging Face cache; dllm_rl/infra/weights.py). When set, the
   # architecture, the weights, the token ids (mask, EOS, pad) and the tokenizer come from it
   # and the size keys below are ignored (set away from their defaults: a "not read" warning,
-  # dllm_rl/train/unread.py HF_ARCHITECTURE).
+  # dllm_rl/config/unread.py HF_ARCHITECTURE).
   m.hf_checkpoint = ""
   m.vocab_size = 0        # 0 = the task tokenizer's vocabulary size
   m.d_model = 64

@@ -425,7 +425,7 @@ def run_arm(arm: Arm, seed: int, sft_dir: str, workdir: str, size: Size, overrid
   config = make_config(run_overrides, base)
   # the testbed's own settings serve the arms that read them (e.g. spg_block_len): no warning
   # for an arm that does not; the arm's and the user's overrides are still checked
-  from dllm_rl.train.unread import set_keys
+  from dllm_rl.config.unread import set_keys
   quiet = set_keys(make_config({}, base)) - set(run_overrides)
   from dllm_rl.train.resilience import NonFiniteError
   try:

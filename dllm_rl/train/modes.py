@@ -14,8 +14,8 @@ import time
 
 from dllm_rl import paths
 from dllm_rl.config.choices import RUN_MODES
+from dllm_rl.config.unread import unread_settings
 from dllm_rl.errors import ConfigError
-from dllm_rl.train.unread import unread_settings
 from dllm_rl.registry import Registry
 
 RUNNERS: Registry = Registry("mode")
@@ -216,7 +216,7 @@ def run(config, workdir: str, *, quiet_unread=()) -> dict:
   SIGTERM / SIGINT during training save a checkpoint after the current step and raise
   ``dllm_rl.train.resilience.Preempted`` (no summary is written); during ``eval`` the first
   signal raises it at once (nothing to save); see that module.
-  ``quiet_unread``: keys whose "not read" warning (dllm_rl.train.unread) is not printed."""
+  ``quiet_unread``: keys whose "not read" warning (dllm_rl.config.unread) is not printed."""
   from dllm_rl.parallel.distributed import initialize
   from dllm_rl.train.context import build_context, prepare_workdir
   from dllm_rl.train.validate import validate

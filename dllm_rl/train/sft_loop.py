@@ -117,7 +117,7 @@ class SFTPhase(Phase):
 def below_target(summary: dict, target: float) -> str | None:
   """The warning for a warm-up that ended below ``sft.target_accuracy`` (> 0) at its last
   validation, i.e. ran out of ``sft.steps`` before the early stop; None when it reached the
-  target, no target is set, or no validation ran (dllm_rl.train.unread says so)."""
+  target, no target is set, or no validation ran (dllm_rl.config.unread says so)."""
   val = summary.get("sft_val_accuracy")
   if not 0 < target or val is None or val >= target:
     return None
