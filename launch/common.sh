@@ -82,7 +82,8 @@ config_file_exists() {
 # fraction of a second: keys, types, mesh.data against SLICES) before anything is created or
 # queued; problems stop the script (status 2). A PYTHON that cannot run the check here (missing,
 # no dllm_rl to import, or a config file importing a package it lacks: any status but 0 and 2)
-# leaves the checks to the workers, saying so and why (the check's last line).
+# leaves the checks to the workers, saying so and why (the check's last line). On status 0 what
+# the check said (its warnings: a setting the run does not read) is shown, and the launch goes on.
 # Usage: preflight PYTHON REPO CONFIG SLICES OVERRIDES...
 preflight() {
   local python=$1 repo=$2 config=$3 slices=$4 said status=0
@@ -90,7 +91,7 @@ preflight() {
   said=$(cd "$repo" && "$python" -m dllm_rl.config.preflight "$config" "$slices" "$@" 2>&1) \
       || status=$?
   case $status in
-    0) ;;
+    0) [[ -z $said ]] || echo "$said" >&2 ;;
     2) echo "$said" >&2
        die "$config with these overrides: see the errors above ($python -m" \
            "dllm_rl.config.preflight); nothing was created or submitted" ;;

@@ -177,3 +177,17 @@ def test_tpu_refuses_a_slice_count_bash_cannot_hold(tmp_path):
   assert res.returncode == 2, (res.stdout, res.stderr)
   assert ("--slices (or TPU_SLICES): expected a whole number >= 1, got '99999999999999999999'"
           in res.stderr) and not res.stdout
+
+
+@pytest.mark.parametrize("script, args", [
+    (TPU, ["--dry-run", *TPU_ARGS]),
+    (SLURM, ["--dry-run", "--config", "configs/llada_gpu.py", "--workdir", "/w"])])
+def test_a_setting_the_run_does_not_read_is_shown_at_launch(tmp_path, script, args):
+  """The check's warning (a no-op key: dllm_rl.config.unread) is shown on stderr and the launch
+  goes on (before, common.sh dropped what the check said on status 0: a 64-chip pod learnt
+  it from the workers' logs)."""
+  res = run_script(script, [*args, "--", "--config.rl.beta_end=4.0"], _tools(tmp_path), tmp_path)
+  assert res.returncode == 0 and commands(res.stdout), res.stderr
+  assert ("warning: config.rl.beta_end=4.0 is not read: the steprs advantages' schedule"
+          in res.stderr.splitlines()), res.stderr
+  assert not _called(tmp_path)

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from dllm_rl.config.preflight import main, problems
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -120,3 +122,19 @@ def test_help_prints_the_usage_and_succeeds(capsys):
     assert "mesh.data" in out.out and not out.err
   assert main([]) == 2
   assert capsys.readouterr().err.startswith("usage:")
+
+
+def test_a_setting_the_run_does_not_read_is_warned_with_status_0(capsys):
+  """The workers' run says a no-op setting (dllm_rl.config.unread) only once the machines are
+  up; the launch check said nothing of it. Now its line, as the run prints it, on stderr and
+  status 0 (the launch goes on); none where the config's choices read the key, nor beside a
+  problem (status 2: the errors alone)."""
+  line = "warning: config.rl.beta_end=4.0 is not read: the steprs advantages' schedule"
+  assert main([TPU_CONFIG, "1", "--config.rl.beta_end=4.0"]) == 0
+  out = capsys.readouterr()
+  assert out.err.splitlines() == [line] and not out.out, out
+  assert main([TPU_CONFIG, "1", "--config.rl.advantage=steprs", "--config.rl.beta_end=4.0"]) == 0
+  assert not capsys.readouterr().err
+  with pytest.raises(SystemExit) as stop:
+    main([TPU_CONFIG, "2", "--config.rl.beta_end=4.0"])  # mesh.data 1 over 2 slices
+  assert stop.value.code == 2 and "warning:" not in capsys.readouterr().err

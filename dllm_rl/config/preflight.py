@@ -8,7 +8,11 @@ type, the other arguments are flags ``dllm_rl.main`` takes (absl's own, such as
 of the slice count — the mesh's data axis alone spans the slices (``dllm_rl.parallel.mesh``),
 which the workers would otherwise find only after the slices were created, set up and staged.
 Every problem is printed as ``error: config.<key>: ...`` and the status is 2; 0 when all is
-well. ``CONFIG`` may be ``FILE:ARG`` (``get_config("ARG")``), read as ``dllm_rl.main`` reads it.
+well. A config with no problem that sets a key its own choices do not read gets the line the
+workers' run prints (``warning: config.<key>=<value> is not read: ...``,
+:mod:`dllm_rl.config.unread`) on stderr, status still 0: the launch goes on, but the user learns
+it before any machine starts. ``CONFIG`` may be ``FILE:ARG`` (``get_config("ARG")``), read as
+``dllm_rl.main`` reads it.
 A config file importing a package this Python lacks (one installed on the workers only, say)
 cannot be checked here: a ``note:`` says so and the status is 3 (:data:`EXIT_UNCHECKED`), which
 the launchers take as "the workers check it"; dllm_rl's own missing modules are problems. The
@@ -28,6 +32,7 @@ from absl import flags
 from dllm_rl.config.cli import EXIT_CONFIG, HELP, config_line, fail, split_overrides
 from dllm_rl.config.overrides import apply_overrides
 from dllm_rl.config.schema import load_config_file
+from dllm_rl.config.unread import unread_settings
 from dllm_rl.errors import ConfigError
 
 # dllm_rl.main's own flags beside absl's (dllm_rl.config may not import dllm_rl.main;
@@ -85,6 +90,12 @@ def _flag_problems(rest: list[str]) -> list[ConfigError]:
 def problems(path: str, slices: int, argv: list[str]) -> list[ConfigError]:
   """The problems of config file ``path`` under the ``--config.`` overrides in ``argv`` for a
   run on ``slices`` TPU slices (empty when there are none)."""
+  return check(path, slices, argv)[0]
+
+
+def check(path: str, slices: int, argv: list[str]) -> tuple[list[ConfigError], list[str]]:
+  """(:func:`problems`, the warnings): with no problem, one line per setting the run's choices
+  do not read (:func:`dllm_rl.config.unread.unread_settings`, as the workers' run says it)."""
   rest, overrides = split_overrides(argv)
   errors = _flag_problems(rest)
   try:
@@ -103,7 +114,7 @@ def problems(path: str, slices: int, argv: list[str]) -> list[ConfigError]:
         "data axis alone spans the slices; set --config.mesh.data to a multiple of it (and "
         "check the plan: python -m dllm_rl.plan --topology=TYPE --slices="
         f"{slices} with the same overrides)"))
-  return errors
+  return errors, ([] if errors else unread_settings(config))
 
 
 USAGE = "usage: python -m dllm_rl.config.preflight CONFIG SLICES [--config.KEY=VALUE ...]"
@@ -117,7 +128,7 @@ def main(argv: list[str]) -> int:
     print(USAGE, file=sys.stderr)
     return EXIT_CONFIG
   try:
-    errors = problems(argv[0], int(argv[1]), argv[2:])
+    errors, warnings = check(argv[0], int(argv[1]), argv[2:])
   except Unchecked as e:
     print(f"note: {e}", file=sys.stderr)
     return EXIT_UNCHECKED
@@ -127,6 +138,8 @@ def main(argv: list[str]) -> int:
     return EXIT_CONFIG
   if errors:
     fail(errors)
+  for line in warnings:  # the launch goes on: status 0
+    print(f"warning: {line}", file=sys.stderr)
   return 0
 
 
