@@ -6,6 +6,7 @@ import pytest
 
 from dllm_rl.config import ConfigError, base_config
 from dllm_rl.config.defaults import get_config
+from dllm_rl.config.unread import unread_settings
 from dllm_rl.train.validate import validate
 from tests.helpers import set_dotted
 
@@ -63,3 +64,21 @@ def test_a_derived_check_still_reports_its_own_problem(updates, keys):
   """Against valid keys it reports as before; a value wrong whatever the bound (a negative
   warm-up, a non-positive sampler.steps) is still its own error beside the other key's."""
   assert _problems(set_dotted(base_config(), updates)) == keys
+
+
+def test_coupled_pairs_are_checked_only_where_coupled_is_read():
+  """An odd ``estimator.num_samples`` with ``estimator.coupled`` was a "pairs" error under any
+  estimator and mode, though only the 1/t ELBO of an RL run reads ``coupled`` (elsewhere the
+  run warns that it is not read: dllm_rl.config.unread): spg_block draws K = 3 samples, and
+  an SFT run scores with no estimator."""
+  odd = {"estimator.coupled": True, "estimator.num_samples": 3}
+  for mode in ("rl", "pipeline"):
+    assert _problems(set_dotted(base_config(), {"mode": mode, **odd, "estimator.name": "elbo"})
+                     ) == ["estimator.num_samples"], mode
+  for updates, said in (({"mode": "rl", "estimator.name": "spg_block"}, ["estimator.coupled"]),
+                        ({"mode": "rl", "estimator.name": "mean_field"},  # one draw
+                         ["estimator.num_samples", "estimator.coupled"]),
+                        ({"mode": "sft", "estimator.name": "elbo"}, [])):
+    config = set_dotted(base_config(), {**odd, **updates})
+    assert _problems(config) == [], updates
+    assert [line.split("=")[0][len("config."):] for line in unread_settings(config)] == said

@@ -9,8 +9,8 @@ import pytest
 
 from dllm_rl.config import base_config, load_config_file
 from dllm_rl.config.defaults import get_config
+from dllm_rl.config.unread import RULES, is_read, unread_settings
 from dllm_rl.train.modes import mesh_notes
-from dllm_rl.config.unread import RULES, unread_settings
 from tests.helpers import ROOT, hf_fixture_with_tokenizer, tiny_run_config
 
 
@@ -65,9 +65,11 @@ def _with(mode="pipeline", **updates):
      "distributed.num_processes"),
 ])
 def test_a_setting_the_run_does_not_read_is_named(updates, key):
-  lines = unread_settings(_with(**updates))
+  config = _with(**updates)
+  lines = unread_settings(config)
   assert [line.split("=")[0] for line in lines] == [f"config.{key}"], lines
   assert " is not read: " in lines[0]
+  assert not is_read(config, key)  # what validate asks (the coupled pairs check)
 
 
 def test_settings_the_run_reads_and_other_modes_are_quiet():

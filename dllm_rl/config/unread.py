@@ -164,15 +164,29 @@ def set_keys(config: ml_collections.ConfigDict) -> set[str]:
           and not (key in hf_keys and _value(config, key) == _value(tiny, key))}
 
 
+def _in_mode(config: ml_collections.ConfigDict, key: str) -> bool:
+  """Whether ``config.mode`` reads ``key``'s section (:data:`_MODES`; others: every mode)."""
+  return config.mode in _MODES.get(key, _MODES.get(key.split(".")[0], (config.mode,)))
+
+
+def is_read(config: ml_collections.ConfigDict, key: str) -> bool:
+  """Whether ``config``'s choices read ``key`` (a key of :data:`RULES`): its mode reads the
+  key's section (``estimator`` and ``rl`` the modes that train with RL, ``sft`` those that
+  train SFT, ``estimator.attention_impl`` those that train) and each of its rules says so (a
+  key may have several: ``model.experts_per_token`` is an MoE option and a size key).
+  ``dllm_rl.train.validate`` checks a value against another only where it is read (an odd
+  ``estimator.num_samples`` with ``estimator.coupled`` only for the 1/t ELBO)."""
+  return _in_mode(config, key) and all(reads(config) for k, reads, _ in RULES if k == key)
+
+
 def unread_settings(config: ml_collections.ConfigDict, quiet=()) -> list[str]:
-  """One line per key of :data:`RULES` set away from its default that ``config``'s choices
-  do not read: ``config.KEY=VALUE is not read: WHO reads it``. The ``estimator`` and ``rl``
-  keys are judged in the modes that train with RL only (``estimator.attention_impl`` in those
-  that train), the ``sft`` keys in those that train SFT (a run of another mode reads none of
-  them). ``quiet``: keys not to report (a study's
+  """One line per rule of :data:`RULES` whose key ``config`` sets away from its default and
+  its choices do not read (:func:`is_read`): ``config.KEY=VALUE is not read: WHO reads it``.
+  The ``estimator`` and ``rl`` keys are judged in the modes that train with RL only
+  (``estimator.attention_impl`` in those that train), the ``sft`` keys in those that train SFT
+  (a run of another mode reads none of them). ``quiet``: keys not to report (a study's
   testbed sets some for the arms that read them)."""
   judged = set_keys(config) - set(quiet)
-  return [f"config.{key}={_value(config, key)!r} is not read: {who}" for key, reads, who in RULES
-          if key in judged
-          and config.mode in _MODES.get(key, _MODES.get(key.split(".")[0], (config.mode,)))
-          and not reads(config)]
+  return [f"config.{key}={_value(config, key)!r} is not read: {who}"
+          for key, reads, who in RULES
+          if key in judged and _in_mode(config, key) and not reads(config)]

@@ -16,6 +16,7 @@ import ml_collections
 from dllm_rl import tasks
 from dllm_rl.config.choices import EVAL_PHASES, LR_SCHEDULES, RL_MODES, RUN_MODES, SFT_MODES
 from dllm_rl.config.schema import base_config
+from dllm_rl.config.unread import is_read
 from dllm_rl.diffusion import estimators
 from dllm_rl.config.overrides import did_you_mean
 from dllm_rl.errors import ConfigError, raise_all
@@ -344,9 +345,12 @@ def _estimator(config, check: "_Checks") -> None:
   """``estimator`` and the combinations it must make with the model and the loss."""
   x, r, s = config.estimator, config.rl, config.sampler
   check(x.num_samples > 0, "estimator.num_samples", "must be positive")
-  check(not x.coupled or x.num_samples % 2 == 0, "estimator.num_samples",
-         f"coupled masks come in pairs: needs an even number, got {x.num_samples}",
-         given=("estimator.num_samples",))
+  # only where the run reads estimator.coupled (the 1/t ELBO, in RL): elsewhere it is unread,
+  # which dllm_rl.config.unread says, and num_samples is not drawn in pairs
+  check(not x.coupled or x.num_samples % 2 == 0 or not is_read(config, "estimator.coupled"),
+        "estimator.num_samples",
+        f"coupled masks come in pairs: needs an even number, got {x.num_samples}",
+        given=("estimator.num_samples",))
   check(0 <= x.prompt_mask_prob < 1, "estimator.prompt_mask_prob", "must be in [0, 1)")
   check(0 < x.t_eps < 1, "estimator.t_eps", "must be in (0, 1)")
   check(x.reduction in estimators.REDUCTIONS, "estimator.reduction",
