@@ -29,8 +29,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("name", help=f"one of: {', '.join(sorted(RECIPES))}")
   p.add_argument("--out", required=True, help="output folder (local or gs://)")
   p.add_argument("--source", action="append", default=[], metavar="SPLIT=PATH",
-                 help="read SPLIT (train / test) from a local .jsonl/.json/.csv/.parquet file, "
-                      "a save_to_disk folder, or another hub data set org/name[:config][@split]")
+                 help="read SPLIT (train / test; test only for an evaluation-only set) from "
+                      "a local .jsonl/.json/.csv/.parquet file, a save_to_disk folder, or "
+                      "another hub data set org/name[:config][@split]")
   p.add_argument("--limit", type=int, default=None, help="keep at most N rows per split")
   p.add_argument("--cache-dir", default=None, help="datasets cache (default: HF_DATASETS_CACHE)")
   p = sub.add_parser("weights", help="fetch a checkpoint into the local cache; print its folder")

@@ -5,7 +5,8 @@ the config keys to pass), written through :mod:`dllm_rl.paths` (``out`` may be g
 Rows are read with the Hugging Face ``datasets`` library: a hub data set, a builder over
 files (JSON, CSV), or a local override (``--source SPLIT=PATH``: a ``.jsonl`` / ``.json`` /
 ``.csv`` / ``.parquet`` file or a ``save_to_disk`` folder; or another hub id, e.g.
-``--source train=qwedsacf/competition_math``). Each row is converted by the recipe, checked by
+``--source train=qwedsacf/competition_math``; an evaluation-only set takes no train split:
+:func:`check_splits`). Each row is converted by the recipe, checked by
 the task's own line checks, and the written files are read back by the task before the
 command reports success, so what it writes is what the trainer reads.
 """
@@ -43,6 +44,24 @@ def recipe(name: str) -> Recipe:
   if name not in RECIPES:
     raise DataError(f"unknown data set {name!r}; available: {', '.join(sorted(RECIPES))}")
   return RECIPES[name]
+
+
+def check_splits(name: str, sources: Mapping[str, Source]) -> None:
+  """DataError when ``sources`` gives a split the recipe ``name`` does not have: an
+  evaluation-only set (``math500``, ``humaneval``, ``mbpp``) takes no train file, which it
+  would have written unfiltered beside the test set; the message names the recipe of the same
+  task that has a train split (its converter and training filter apply there)."""
+  rec = recipe(name)
+  extra = sorted(set(sources) - set(rec.splits))
+  if not extra:
+    return
+  split = extra[0]
+  others = sorted(other for other, r in RECIPES.items() if r.task == rec.task
+                  and split in r.splits)
+  hint = (f"; for {split} data of task {rec.task}, use `dllm-rl-data prepare {others[0]}"
+          f" --source {split}=PATH`" if others else "")
+  raise DataError(f"--source {split}=...: {name} is evaluation only (it has only a "
+                  f"{' and '.join(sorted(rec.splits))} split, for mode=eval){hint}")
 
 
 _LOCAL_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".arrow", ".txt", ".gz", ".zip")
@@ -311,6 +330,7 @@ def prepare(name: str, out: str, *, sources: Mapping[str, Source] | None = None,
             limit: int | None = None, cache_dir: str | None = None) -> dict:
   """Writes the data set ``name`` under ``out`` (module doc) and returns its manifest."""
   rec = recipe(name)
+  check_splits(name, sources or {})
   splits = {**rec.splits, **(sources or {})}
   paths.check_backend(out)
   dest = paths.resolve(out)

@@ -16,6 +16,9 @@ code sets: DiffuCoder's AceCode, and HumanEval / MBPP to evaluate on):
 | humaneval | code | none (evaluation only) | openai/openai_humaneval test, 164 |
 | mbpp | code | none (evaluation only) | google-research-datasets/mbpp (sanitized) test, 257 |
 
+The evaluation-only sets take no ``--source train=``: training data of their task goes
+through ``math`` or ``acecode`` (:func:`dllm_rl.data.prepare.check_splits`).
+
 StableDRL (configs/math_spg_snis.yaml) trains MATH on qwedsacf/competition_math (all 12,500
 problems, MATH-500's included): ``--source train=qwedsacf/competition_math``.
 

@@ -148,6 +148,22 @@ def test_math500_is_test_only(tmp_path):
   assert not os.path.exists(tmp_path / "m" / "train.jsonl")
 
 
+@pytest.mark.parametrize("name, instead", [("math500", "math"), ("humaneval", "acecode"),
+                                           ("mbpp", "acecode")])
+def test_an_evaluation_only_set_refuses_a_train_source(tmp_path, capsys, name, instead):
+  """`prepare math500 --source train=FILE` wrote FILE's rows as train.jsonl, without the
+  training filter of `prepare math` (a 1,500-character problem kept), although the docs list
+  math500 as evaluation only: it stops now, before writing, naming the recipe to use."""
+  train = _jsonl(tmp_path, "t", ROWS["math"])
+  assert cli.main(["prepare", name, "--out", str(tmp_path / "o"), "--source",
+                   f"train={train}", "--source", f"test={train}"]) == cli.EXIT_ERROR
+  assert capsys.readouterr().err == (
+      f"error: --source train=...: {name} is evaluation only (it has only a test split, for"
+      f" mode=eval); for train data of task {RECIPES[name].task}, use `dllm-rl-data prepare"
+      f" {instead} --source train=PATH`\n")
+  assert not os.path.exists(tmp_path / "o")
+
+
 def test_the_printed_flags_start_from_a_config_of_the_task(tmp_path):
   """The embedded default's arithmetic options and 0.1M model do not fit GSM8K: the flags
   `prepare` prints name the repo's config of the task when it writes a train file."""
