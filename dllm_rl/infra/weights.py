@@ -19,7 +19,8 @@ A spec is read as a hub id only when it is not a URL, no file or folder of that 
 it is exactly two names joined by one ``/`` (letters, digits, ``.``, ``_``, ``-``), so a
 mistyped local path that looks like ``org/name`` reaches the hub and fails there with a message
 that says it was neither. Anything that cannot be had raises :class:`WeightsUnavailable` saying
-how to get it (``dllm-rl-data weights SPEC`` or ``hf download ID``).
+how to get it (without network: ``hf download ID --local-dir DIR`` elsewhere, then the folder
+copied here).
 """
 
 from __future__ import annotations
@@ -63,6 +64,24 @@ def hub_id(spec: str) -> tuple[str, str | None] | None:
 def fetch_command(spec: str) -> str:
   """The command that puts ``spec`` where :func:`resolve_checkpoint` finds it offline."""
   return f"dllm-rl-data weights {spec}"
+
+
+def how_to_fetch(repo: str, revision: str | None, cache: str) -> str:
+  """What to do when the hub repository ``repo`` cannot be had here (``cache``: this machine's
+  hub cache): fetch it on a machine with network and bring it here, as a folder given
+  instead of the id or as the hub cache's folder. Running ``dllm-rl-data weights`` again
+  here, offline, would fail the same way."""
+  revision_flag = f" --revision {revision}" if revision else ""
+  return (f"on a machine with network run `hf download {repo}{revision_flag} --local-dir DIR`,"
+          " copy DIR here and give that folder instead of the id, or copy the hub cache's "
+          f"models--{repo.replace('/', '--')} folder from there into {cache} here; or give a "
+          "gs:// URL")
+
+
+def _shown_cache() -> str:
+  """The hub cache folder huggingface_hub uses here (its default spelled out)."""
+  default = os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface", "hub")
+  return os.path.expanduser(hub_cache() or default)
 
 
 def _listing(root) -> dict[str, tuple[int, int]]:
@@ -250,17 +269,21 @@ def from_hub(repo: str, revision: str | None = None, *, config_only: bool = Fals
                       local_files_only=local_only,
                       allow_patterns=list(CONFIG_PATTERNS if config_only else WEIGHT_PATTERNS))
   except Exception as err:  # network stacks raise many types; every one means "not here"
-    why = ("is not in the hub cache (HF_HUB_OFFLINE=1)" if local_only else
-           f"could not be downloaded ({short_reason(err)})")
-    revision_flag = f" --revision {revision}" if revision else ""
+    cache = _shown_cache()
+    why = (f"is not in the hub cache ({cache}; HF_HUB_OFFLINE=1 downloads nothing). With "
+           f"network here: `HF_HUB_OFFLINE=0 {fetch_command(spec)}`. Without, "
+           if local_only else
+           f"could not be downloaded ({short_reason(err)}). Without network here, ")
     raise WeightsUnavailable(
-        f"{spec!r} is not a local folder, and as a Hugging Face hub id it {why}. Fetch it with "
-        f"`{fetch_command(spec)}` (or `hf download {repo}{revision_flag}`) on a machine with "
-        "network, or give a local folder / gs:// URL") from err
-  if not config_only and not _complete(folder):
-    raise WeightsUnavailable(f"{spec!r}: the hub cache holds an incomplete snapshot ({folder} "
-                             f"has no config.json or no *.safetensors); fetch it with "
-                             f"`{fetch_command(spec)}`")
+        f"{spec!r} is not a local folder, and as a Hugging Face hub id it {why}"
+        f"{how_to_fetch(repo, revision, cache)}") from err
+  if not config_only and not _complete(folder):  # (a download that failed keeps the cache's)
+    online = "HF_HUB_OFFLINE=0 " if local_only else ""
+    raise WeightsUnavailable(
+        f"{spec!r}: the hub cache holds an incomplete snapshot ({folder} has no config.json or "
+        f"no *.safetensors; *.bin weights are not read). With network here: `{online}"
+        f"{fetch_command(spec)}` fetches the rest. Without, "
+        f"{how_to_fetch(repo, revision, _shown_cache())}")
   return folder
 
 

@@ -301,6 +301,22 @@ def test_weights_and_list_commands(tmp_path, fake_gcs, monkeypatch, capsys):
   assert len(listed) == 8 and listed[5].startswith("math500 (task math500): test: HuggingFaceH4")
 
 
+def test_the_weights_command_offline_does_not_send_the_user_back_to_itself(
+    tmp_path, monkeypatch, capsys):
+  """`dllm-rl-data weights ID` with HF_HUB_OFFLINE=1 and ID not cached said "Fetch it with
+  `dllm-rl-data weights ID`": the command that failed. It names the way to fetch it here and
+  the way to bring it from a machine with network."""
+  monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  assert cli.main(["weights", "org/absent"]) == cli.EXIT_ERROR
+  err = capsys.readouterr().err
+  assert err.startswith("error: 'org/absent' is not a local folder") and err.count("\n") == 1
+  assert "with `dllm-rl-data weights org/absent`" not in err, err
+  assert "`HF_HUB_OFFLINE=0 dllm-rl-data weights org/absent`" in err, err
+  assert "`hf download org/absent --local-dir DIR`, copy DIR here" in err, err
+  assert f"models--org--absent folder from there into {tmp_path / 'hub'} here" in err, err
+
+
 def test_a_missing_local_file_is_not_looked_up_on_the_hub(tmp_path, monkeypatch):
   """data/train.jsonl that does not exist was tried as a hub id (40 s of retries offline,
   then a network error): a data file's extension, a path prefix or an existing parent folder

@@ -5,6 +5,7 @@ gs:// store of tests/fake_gcs.py."""
 
 import json
 import os
+import re
 import socket
 import subprocess
 from datetime import datetime, timezone
@@ -69,13 +70,26 @@ def test_a_hub_id_resolves_from_the_cache_offline(offline_hub):
 
 
 def test_a_hub_id_not_in_the_cache_offline_says_how_to_fetch_it(offline_hub):
+  """Offline, `dllm-rl-data weights ID` told the user to fetch ID with `dllm-rl-data weights
+  ID`, the command that had just failed: it says how to download here (HF_HUB_OFFLINE=0) and
+  how to bring the files from a machine with network (a folder, or the hub cache's)."""
+  how = (r"on a machine with network run `hf download org/{0} --local-dir DIR`, copy DIR "
+         r"here and give that folder instead of the id, or copy the hub cache's "
+         rf"models--org--{{0}} folder from there into {re.escape(str(offline_hub))} here; or give "
+         r"a gs:// URL$")
   with pytest.raises(weights.WeightsUnavailable,
                      match=r"'org/absent' is not a local folder, and as a Hugging Face hub id it "
-                           r"is not in the hub cache \(HF_HUB_OFFLINE=1\)\. Fetch it with "
-                           r"`dllm-rl-data weights org/absent` \(or `hf download org/absent`\)"):
+                           rf"is not in the hub cache \({re.escape(str(offline_hub))}; "
+                           r"HF_HUB_OFFLINE=1 downloads nothing\)\. With network here: "
+                           r"`HF_HUB_OFFLINE=0 "
+                           r"dllm-rl-data weights org/absent`\. Without, "
+                           + how.format("absent")):
     weights.resolve_checkpoint("org/absent")
   _hub_cache(offline_hub, "org/partial", {"config.json": b"{}"})
-  with pytest.raises(weights.WeightsUnavailable, match="incomplete snapshot"):
+  with pytest.raises(weights.WeightsUnavailable,
+                     match=r"incomplete snapshot .*With network here: `HF_HUB_OFFLINE=0 "
+                           r"dllm-rl-data weights org/partial` fetches the rest\. Without, "
+                           + how.format("partial")):
     weights.resolve_checkpoint("org/partial")
   # planning reads config.json only: the partial snapshot is enough
   assert os.path.isfile(os.path.join(
@@ -84,6 +98,7 @@ def test_a_hub_id_not_in_the_cache_offline_says_how_to_fetch_it(offline_hub):
 
 def test_a_download_failure_is_named_and_only_loader_files_are_asked_for(tmp_path, monkeypatch):
   monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+  monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
   calls = []
 
   def no_network(repo, **kwargs):
@@ -92,8 +107,10 @@ def test_a_download_failure_is_named_and_only_loader_files_are_asked_for(tmp_pat
 
   with pytest.raises(weights.WeightsUnavailable,
                      match=r"could not be downloaded \(OSError: \[Errno 101\] Network is unreachable\)\. "
-                           r"Fetch it with `dllm-rl-data weights org/m@abc` \(or `hf download "
-                           r"org/m --revision abc`\)"):
+                           r"Without network here, on a machine with network run `hf download "
+                           r"org/m --revision abc --local-dir DIR`, copy DIR here and give that "
+                           r"folder instead of the id, or copy the hub cache's models--org--m "
+                           rf"folder from there into {re.escape(str(tmp_path / 'hub'))} here"):
     weights.resolve_checkpoint("org/m@abc", download=no_network)
   (repo, kwargs), = calls
   assert repo == "org/m" and kwargs["revision"] == "abc" and not kwargs["local_files_only"]
