@@ -26,8 +26,8 @@ from dllm_rl.errors import short_reason
 from dllm_rl.data.recipes import RECIPES, Recipe, Skip, Source
 from dllm_rl.tasks import make_task
 from dllm_rl.tasks.jsonl_base import record_problem
-from dllm_rl.tasks.jsonl_lines import (DuplicateKey, invalid_json, not_jsonl, not_utf8,
-                                       surrogate_problem, unique_keys)
+from dllm_rl.tasks.jsonl_lines import (BadRecord, invalid_json, json_int, load_json, not_jsonl,
+                                       not_utf8, surrogate_problem, unique_keys)
 
 MANIFEST = "dataset.json"
 _BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -105,11 +105,14 @@ def check_utf8(path: str) -> None:
 
 
 _JSON_SPACE = " \t\n\r"
+# JSON as it is laid out, whatever its values: any integer (no int() of its digits, which
+# fails over 4,300 of them), a key given twice (the last value kept)
+_LENIENT = json.JSONDecoder(parse_int=str)
 
 
 def _array_starts(text: str) -> Iterator[tuple[int, int]]:
   """(line, offset) at which each record of ``text``, a valid JSON array, starts, in order."""
-  decoder, pos = json.JSONDecoder(), text.index("[") + 1
+  pos = text.index("[") + 1
   line, counted = 1, 0
   while True:
     while text[pos] in _JSON_SPACE + ",":
@@ -118,7 +121,7 @@ def _array_starts(text: str) -> Iterator[tuple[int, int]]:
       return
     line, counted = line + text.count("\n", counted, pos), pos
     yield line, pos
-    pos = decoder.raw_decode(text, pos)[1]
+    pos = _LENIENT.raw_decode(text, pos)[1]
 
 
 def _array_line(text: str, index: int) -> int:
@@ -126,33 +129,34 @@ def _array_line(text: str, index: int) -> int:
   return next(itertools.islice(_array_starts(text), index, None))[0]
 
 
-def _name_duplicate(path: str, text: str, err: DuplicateKey) -> None:
+def _name_record(path: str, text: str, err: BadRecord) -> None:
   """DataError naming the record of the ``.json`` source ``path`` (its text ``text``) that
-  gives a key twice (``err``, :func:`dllm_rl.tasks.jsonl_lines.unique_keys`): its index in the
-  array and the line it starts on. A text that is not one JSON value is checked line by line
-  (JSON Lines of arrays: the line), else left to ``datasets``' own error."""
+  ``err`` is about (:func:`dllm_rl.tasks.jsonl_lines.load_json`: a key given twice, an
+  integer over Python's limit): its index in the array and the line it starts on. A text that
+  is not one JSON value is checked line by line (JSON Lines of arrays: the line), else left to
+  ``datasets``' own error."""
   try:
-    value = json.loads(text)
+    value = _LENIENT.decode(text)
   except json.JSONDecodeError:
     _check_json_lines(path)
     return
   if not isinstance(value, list):
     raise DataError(f"{path}: its JSON object: {err}")
-  strict = json.JSONDecoder(object_pairs_hook=unique_keys)
+  strict = json.JSONDecoder(object_pairs_hook=unique_keys, parse_int=json_int)
   for index, (line, pos) in enumerate(_array_starts(text)):
     try:
       strict.raw_decode(text, pos)
-    except DuplicateKey as found:
+    except BadRecord as found:
       raise DataError(f"{path}: record {index} of its JSON array (line {line}): {found}"
                       ) from None
 
 
 def _check_json_lines(path: str) -> bool:
   """DataError naming ``path`` and the line of the first record of a JSON Lines file that
-  holds an unpaired surrogate escape or gives a key twice; read a line at a time (``\\n``
-  ends a line, as for ``datasets``: a U+2028 inside a string does not). False when the first
-  line that is not blank is not JSON (not JSON Lines); a later line that is not JSON is left
-  to ``datasets``."""
+  holds an unpaired surrogate escape, gives a key twice or an integer of over 4,300 digits
+  (Python's limit); read a line at a time (``\\n`` ends a line, as for ``datasets``: a
+  U+2028 inside a string does not). False when the first line that is not blank is not JSON
+  (not JSON Lines); a later line that is not JSON is left to ``datasets``."""
   first = True
   with open(path, "rb") as f:
     for line_no, line in enumerate(f, start=1):
@@ -160,8 +164,8 @@ def _check_json_lines(path: str) -> bool:
       if not line.strip():
         continue
       try:
-        row = json.loads(line, object_pairs_hook=unique_keys)
-      except DuplicateKey as err:
+        row = load_json(line)
+      except BadRecord as err:
         raise DataError(f"{path}:{line_no}: {err}") from None
       except json.JSONDecodeError:
         if first:
@@ -178,10 +182,10 @@ def check_json_file(path: str) -> None:
   """DataError naming the ``.json`` source ``path`` and the record (its index in the array
   and the line it starts on) that holds an unpaired UTF-16 surrogate escape such as
   ``"\\ud800"`` (:func:`dllm_rl.tasks.jsonl_lines.surrogate_problem`), which ``datasets``
-  would drop without a word, or gives a key twice, of which it would keep the last value. A
-  ``.json`` file of JSON Lines is checked line by line, never read whole
-  (:func:`_check_json_lines`); a file that parses neither way is left to ``datasets``' own
-  error."""
+  would drop without a word, gives a key twice, of which it would keep the last value, or an
+  integer of over 4,300 digits, which it would fail on without the line. A ``.json`` file of
+  JSON Lines is checked line by line, never read whole (:func:`_check_json_lines`); a file
+  that parses neither way is left to ``datasets``' own error."""
   with open(path, "rb") as f:
     head = next((line for line in f if line.strip()), b"")
   if not head.removeprefix(codecs.BOM_UTF8).lstrip().startswith(b"[") and _check_json_lines(
@@ -190,9 +194,9 @@ def check_json_file(path: str) -> None:
   with open(path, encoding="utf-8") as f:
     text = f.read().removeprefix("\ufeff")
   try:
-    value = json.loads(text, object_pairs_hook=unique_keys)
-  except DuplicateKey as err:
-    _name_duplicate(path, text, err)
+    value = load_json(text)
+  except BadRecord as err:
+    _name_record(path, text, err)
     return
   except json.JSONDecodeError:  # JSON Lines of arrays, or neither
     _check_json_lines(path)
@@ -210,8 +214,9 @@ def check_local_file(path: str, ext: str) -> None:
   its extension says, before ``datasets`` reads it (whose own errors name neither the file's
   kind nor the line): a compressed file or archive (what to do), an empty file, a byte that is
   not UTF-8 (its line), for ``.jsonl`` a line that is not JSON (its line and column), and for
-  ``.jsonl`` and ``.json`` an unpaired surrogate escape or a key given twice in an object (its
-  line, or its array record), as the trainer's JSONL reader refuses them."""
+  ``.jsonl`` and ``.json`` an unpaired surrogate escape, a key given twice in an object or an
+  integer of over 4,300 digits (its line, or its array record), as the trainer's JSONL reader
+  refuses them."""
   with open(path, "rb") as f:
     head = f.read(8)
   problem = not_jsonl(head, path, "--source SPLIT={}")
@@ -234,9 +239,8 @@ def check_local_file(path: str, ext: str) -> None:
         break  # one row is enough: datasets' CSV / JSON readers name their own problems
       text = line.rstrip(b"\r\n")  # a cut line is an unterminated string, not a control character
       try:
-        row = json.loads(text.removeprefix(codecs.BOM_UTF8) if line_no == 1 else text,
-                         object_pairs_hook=unique_keys)
-      except DuplicateKey as err:
+        row = load_json(text.removeprefix(codecs.BOM_UTF8) if line_no == 1 else text)
+      except BadRecord as err:
         raise DataError(f"{path}:{line_no}: {err}") from None
       except json.JSONDecodeError as err:
         raise DataError(f"{path}:{line_no}: {invalid_json(err)}") from None

@@ -2,8 +2,9 @@
 
 A file whose first bytes say it is not JSON Lines text at all (:func:`not_jsonl`), a line that
 is not UTF-8 (:func:`not_utf8`) or not JSON (:func:`invalid_json`), a JSON object with a key
-given twice or an unpaired surrogate (:func:`surrogate_problem`), and a record's field of the
-wrong type (:func:`record_field`): each as a message that says what is wrong and what to do.
+given twice (:func:`unique_keys`), an integer over Python's limit (:func:`json_int`) or an
+unpaired surrogate (:func:`surrogate_problem`), and a record's field of the wrong type
+(:func:`record_field`): each as a message that says what is wrong and what to do.
 :func:`parse_line` reads one line by these checks; the tasks (:mod:`dllm_rl.tasks.jsonl_base`)
 name the file and line and raise or skip it, and ``dllm-rl-data prepare`` checks the files it
 writes by the same functions.
@@ -70,6 +71,22 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
                          " last value): keep one")
     out[key] = value
   return out
+
+
+def json_int(digits: str) -> int:
+  """A JSON integer literal's value, json's ``parse_int``: BadRecord "invalid JSON value (...)"
+  for one of over 4,300 digits (Python's int conversion limit), where json raises a bare
+  ValueError that is no JSONDecodeError and carries no position."""
+  try:
+    return int(digits)
+  except ValueError as err:
+    raise BadRecord(f"invalid JSON value ({err})") from None
+
+
+def load_json(text: str | bytes) -> Any:
+  """``text`` parsed as JSON, by :func:`unique_keys` and :func:`json_int` (BadRecord for a key
+  given twice or an integer over Python's limit; JSONDecodeError for text that is not JSON)."""
+  return json.loads(text, object_pairs_hook=unique_keys, parse_int=json_int)
 
 
 def surrogate_problem(value: Any, where: str = "the line") -> str | None:
@@ -155,13 +172,9 @@ def parse_line(data: bytes, path: str, convert: str, *, first: bool) -> dict:
     raise BadRecord("starts with a UTF-8 byte-order mark (files joined together?):"
                     " remove it")
   try:
-    record = json.loads(text, object_pairs_hook=unique_keys)
-  except BadRecord:
-    raise
+    record = load_json(text)
   except json.JSONDecodeError as err:
     raise BadRecord(invalid_json(err)) from err
-  except ValueError as err:  # an integer of over 4,300 digits (Python's int limit)
-    raise BadRecord(f"invalid JSON value ({err})") from err
   if not isinstance(record, dict):
     raise BadRecord(f"expected a JSON object, got {type(record).__name__}")
   return record

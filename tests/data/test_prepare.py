@@ -507,6 +507,35 @@ def test_a_key_given_twice_in_a_local_source_is_named_with_its_line(tmp_path):
   prep.check_json_file(str(tmp_path / "fine.json"))
 
 
+def test_an_integer_over_pythons_limit_is_named_with_its_line(tmp_path):
+  """An integer literal of over 4,300 digits made json raise a bare ValueError (Python's int
+  conversion limit) in prepare's pre-read check: "cannot read FILE (ValueError: Exceeds the
+  limit ...)", no line, where the trainer's reader says FILE:LINE: invalid JSON value (...).
+  prepare names it the same way: the line, or the array record and its line."""
+  good = '{"question": "q", "answer": "#### 1"}'
+  big = '{"question": "q", "answer": "#### 1", "n": [1, ' + "7" * 4301 + "]}"
+  what = ("invalid JSON value (Exceeds the limit (4300 digits) for integer string conversion:"
+          " value has 4301 digits")
+  cases = {"rows.jsonl": (f"{good}\n\n{big}\n", ":3: "),
+           "array.json": (f"[\n  {good},\n  {good}, {big}\n]\n",
+                          ": record 2 of its JSON array (line 3): "),
+           "lines.json": (f"{good}\n{big}\n", ":2: "),
+           "object.json": ('{\n  "question": "q",\n  "n": ' + "7" * 4301 + "\n}\n",
+                           ": its JSON object: ")}
+  for name, (text, where) in cases.items():
+    (tmp_path / name).write_text(text)
+    with pytest.raises(prep.DataError) as err:
+      prep.load_rows(prep.parse_source(f"train={tmp_path / name}")[1],
+                     cache_dir=str(tmp_path / "cache"))
+    assert str(err.value).startswith(f"{tmp_path / name}{where}{what}"), str(err.value)
+  with pytest.raises(ValueError) as err:  # the trainer's reader: the same line, the same words
+    make_task("gsm8k", train_file=str(tmp_path / "rows.jsonl"))
+  assert f"{tmp_path / 'rows.jsonl'}:3: {what}" in str(err.value), str(err.value)
+  # an array whose long integers are within the limit is read as it is
+  (tmp_path / "fine.json").write_text(f"[{good[:-1]}, \"n\": {'7' * 4300}}},\n{good}]")
+  prep.check_json_file(str(tmp_path / "fine.json"))
+
+
 def test_an_acecode_row_is_dropped_naming_the_field_it_lacks():
   """An AceCode row without a usable question or test cases was counted as "no 'question' or
   no non-empty 'test_cases'", whichever it lacked: the reason now names the field and what is
