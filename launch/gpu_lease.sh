@@ -67,22 +67,10 @@ if [ -d .whl ]; then
     --target /tmp/site .whl/*.whl || exit 3
   export PYTHONPATH=/tmp/site:$PWD
 fi
-# GPU_LEASE_DETERMINISTIC=1: XLA's deterministic GPU ops, so that a later lease retrains the
-# same SFT start (a lease keeps nothing: an SFT start retrained on 2026-12-04 reached test
-# 0.469 against the first's 0.320 at the same step). Checked first: a flag XLA does not know
-# aborts every jax program, so it is dropped, and said so, if a tiny program fails with it.
-# The program is a bf16 matmul and its gradient: deterministic mode changes how XLA picks
-# GEMM kernels (compiling for an absent H100 with the flag, no GEMM config was found:
-# docs/gpu.md "Next lease"), so a GPU whose GEMMs it cannot compile drops the flag here too.
-if [ "${GPU_LEASE_DETERMINISTIC:-0}" = 1 ]; then
-  export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_deterministic_ops=true"
-  "$PYTHON" -c "import jax, jax.numpy as jnp; x = jnp.ones((256, 256), jnp.bfloat16)
-jax.grad(lambda w: (x @ w).astype(jnp.float32).sum())(x).block_until_ready()" 2>/dev/null \
-    || { echo "XLA rejected --xla_gpu_deterministic_ops: running without it";
-         export XLA_FLAGS="${XLA_FLAGS% --xla_gpu_deterministic_ops=true}"; }
-fi
 # A Python without the stack (PYTHON unset on a machine whose python3 lacks jax, no .whl/)
 # ran every part into an ImportError and still exited 0: stop here, before the lease's time.
+# Probed first, without the deterministic-ops flag below: its check read a failed import as
+# "XLA rejected --xla_gpu_deterministic_ops".
 if ! "$PYTHON" - > "$STATE/env.txt" 2>&1 <<'EOF'
 import platform, jax, flax, optax, chex, orbax.checkpoint, ml_collections, numpy
 print("python", platform.python_version(), "jax", jax.__version__, "flax", flax.__version__,
@@ -94,6 +82,24 @@ then
     "ml_collections, numpy): $(tail -n 1 "$STATE/env.txt"); set PYTHON, or carry .whl/" >&2
   pack
   exit 3
+fi
+# GPU_LEASE_DETERMINISTIC=1: XLA's deterministic GPU ops, so that a later lease retrains the
+# same SFT start (a lease keeps nothing: an SFT start retrained on 2026-12-04 reached test
+# 0.469 against the first's 0.320 at the same step). Checked before any part: a flag XLA does
+# not know aborts every jax program, so it is dropped, and said so with the program's last
+# error line, if a tiny program fails with it (the stack imported above, so not for a missing
+# jax). The program is a bf16 matmul and its gradient: deterministic mode changes how XLA
+# picks GEMM kernels (compiling for an absent H100 with the flag, no GEMM config was found:
+# docs/gpu.md "Next lease"), so a GPU whose GEMMs it cannot compile drops the flag here too.
+if [ "${GPU_LEASE_DETERMINISTIC:-0}" = 1 ]; then
+  export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_deterministic_ops=true"
+  "$PYTHON" -c "import jax, jax.numpy as jnp; x = jnp.ones((256, 256), jnp.bfloat16)
+jax.grad(lambda w: (x @ w).astype(jnp.float32).sum())(x).block_until_ready()" \
+    > "$STATE/deterministic.txt" 2>&1 \
+    || { WHY=$(tail -n 1 "$STATE/deterministic.txt")
+         echo "XLA failed a bf16 matmul with --xla_gpu_deterministic_ops ($WHY): running" \
+           "without it" >> "$STATE/env.txt"  # (printed with env.txt below)
+         export XLA_FLAGS="${XLA_FLAGS% --xla_gpu_deterministic_ops=true}"; }
 fi
 echo "XLA_FLAGS=${XLA_FLAGS:-}" >> "$STATE/env.txt"
 cat "$STATE/env.txt"
