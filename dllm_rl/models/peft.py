@@ -30,12 +30,10 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
 
 
-def _lookup(tree: dict, path: tuple):
-  for p in path:
-    tree = tree.get(p) if isinstance(tree, dict) else None
-    if tree is None:
-      return None
-  return tree
+def _adapter(pure: dict, path: tuple) -> dict | None:
+  """The adapter (``{"a", "b"}``) of the parameter at ``path`` of ``pure``; None where the
+  parameter has none (its sibling ``<name>_lora`` is absent)."""
+  return hf.lookup(pure, path[:-1]).get(f"{path[-1]}{lora.SUFFIX}")
 
 
 def peft_tensors(pure: dict, model_cfg: ModelConfig, family: str) -> dict[str, np.ndarray]:
@@ -59,7 +57,7 @@ def _fused_pair(pure: dict, paths: list[tuple]) -> tuple[np.ndarray, np.ndarray]
   that have an adapter (None when none has): their A stacked, their B block-diagonal, so
   B·A is exactly each part's own update in its rows (rank n·r; a part without an adapter
   gets zero rows, ``in``-layout parts hold prod(shape[1:]) rows)."""
-  adapters = [_lookup(pure, (*p[:-1], f"{p[-1]}{lora.SUFFIX}")) for p in paths]
+  adapters = [_adapter(pure, p) for p in paths]
   a_list = [np.asarray(x["a"], np.float32) for x in adapters if x is not None]
   if not a_list:
     return None
@@ -67,7 +65,7 @@ def _fused_pair(pure: dict, paths: list[tuple]) -> tuple[np.ndarray, np.ndarray]
   cols, at, blocks = rank * len(a_list), 0, []
   for path, adapter in zip(paths, adapters):
     if adapter is None:
-      blocks.append(np.zeros((math.prod(np.shape(_lookup(pure, path))[1:]), cols), np.float32))
+      blocks.append(np.zeros((math.prod(np.shape(hf.lookup(pure, path))[1:]), cols), np.float32))
       continue
     b = np.asarray(adapter["b"], np.float32)
     block = np.zeros((math.prod(b.shape[1:]), cols), np.float32)
