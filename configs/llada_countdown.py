@@ -16,9 +16,10 @@ closed ``<answer>`` expression uses each number once and hits the target (safe p
 eval), 0.1 for any other closed ``<answer>`` span and 0 without one (d1's ``compute_score``;
 the preset's ``task.options.format_score``; StableDRL's ``compute_score_countdown`` gives the
 same values but also accepts an equation that uses only some of the numbers). Data:
-``dllm-rl-data prepare countdown`` (d1: Jiayi-Pan/Countdown-Tasks-3to4, 3-number instances, for training; d1's 256-problem
-countdown_cd3_test.jsonl for testing; StableDRL's yaml points its loader at that test file,
-which d1 keeps for evaluation). What you should see: as configs/llada_tpu.py.
+``dllm-rl-data prepare countdown`` (d1: Jiayi-Pan/Countdown-Tasks-3to4, 3-number instances,
+for training; d1's 256-problem countdown_cd3_test.jsonl for testing; StableDRL's yaml points its
+loader at that test file, which d1 keeps for evaluation). What you should see: as
+configs/llada_tpu.py.
 """
 
 import os

@@ -1,4 +1,5 @@
-"""Tests for dllm_rl.infra.checkpoint: round trips of real training-state pytrees, retention, errors."""
+"""Tests for dllm_rl.infra.checkpoint: round trips of real training-state pytrees, retention,
+errors."""
 
 from __future__ import annotations
 

@@ -221,7 +221,8 @@ def test_unknown_registry_name_lists_choices():
 def test_unknown_and_mistyped_keys():
   c = base_config()
   c.sft.stepz = 3
-  with pytest.raises(ConfigError, match=r"config\.sft\.stepz: unknown key; did you mean sft\.steps"):
+  with pytest.raises(ConfigError,
+                     match=r"config\.sft\.stepz: unknown key; did you mean sft\.steps"):
     validate(c)
   c = base_config()
   with pytest.raises(TypeError):

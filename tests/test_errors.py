@@ -48,7 +48,8 @@ def _cases(tmp_path):
   array.write_text(json.dumps([json.loads(r) for r in rows], indent=2))
   (tmp_path / "long").mkdir()  # 60 rows, a question of 142 characters on line 58
   lines = _gsm8k(tmp_path / "long", n=60).read_text().splitlines(keepends=True)
-  lines[57] = json.dumps({**json.loads(lines[57]), "question": "What is " + "1+" * 66 + "1?"}) + "\n"
+  lines[57] = json.dumps({**json.loads(lines[57]),
+                          "question": "What is " + "1+" * 66 + "1?"}) + "\n"
   long_prompt = tmp_path / "long" / "long_prompt.jsonl"
   long_prompt.write_text("".join(lines))
   (tmp_path / "longer").mkdir()  # 8 rows, a question of 182 characters on line 3

@@ -125,8 +125,9 @@ def test_sft_step_matches_xla():
 
 
 def test_rl_step_pass_counts():
-  """K draws per estimate (one for mean_field, K + 1 with full_mask_term), ℓ̂_old once or μ times (antithetic),
-  ℓ̂_ref μ times with a KL, μ updates at 3× the estimate; block_elbo on P + 2L."""
+  """K draws per estimate (one for mean_field, K + 1 with full_mask_term), ℓ̂_old once or μ
+  times (antithetic), ℓ̂_ref μ times with a KL, μ updates at 3× the estimate; block_elbo on
+  P + 2L."""
   c = _rl_config(num_samples=3)
   c.rl.inner_steps = 2
   s, p, l = 4, 48, 16

@@ -7,15 +7,14 @@ answer (reward 1), the odd ones that answer shifted by one position (reward 0). 
 changes numbers (masks, key streams, reductions, the order of operations of a loss, the
 optimizer) fails here.
 
-The figures were measured on the 8 simulated CPU devices of ``conftest.py`` (jax 0.10.2,
-x86-64 with AVX-512) at 83c0dab, before the package was re-laid out (issue 17), and re-measured when the
-default's RL schedule became a warm-up + cosine decay at lr 2e-4 (the second inner update of
-each step runs at the scheduled lr, so every figure moved by ~1–2 %); they are
-pinned to a relative 1e-4 (the entropies re-measured when ``entropy`` left out the draws
-that mask nothing, which had counted 0: 2.795 / 2.950 before, the loss and grad norms
-unchanged): another CPU's float rounding may move them by ~1e-6, a changed
-computation by far more. Change them only for a deliberate change of numbers, and say why in
-the commit.
+The figures were measured on the 8 simulated CPU devices of ``conftest.py`` (jax 0.10.2, x86-64 with
+AVX-512) at 83c0dab, before the package was re-laid out (issue 17), and re-measured when the
+default's RL schedule became a warm-up + cosine decay at lr 2e-4 (the second inner update of each
+step runs at the scheduled lr, so every figure moved by ~1–2 %); they are pinned to a relative 1e-4
+(the entropies re-measured when ``entropy`` left out the draws that mask nothing, which had counted
+0: 2.795 / 2.950 before, the loss and grad norms unchanged): another CPU's float rounding may move
+them by ~1e-6, a changed computation by far more. Change them only for a deliberate change of
+numbers, and say why in the commit.
 """
 
 import jax

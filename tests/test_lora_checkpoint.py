@@ -62,7 +62,8 @@ def test_checkpoint_holds_adapters_and_restores_onto_the_base(tmp_path):
       ckpt.restore_part(full, "params", 1)
     restored, _ = restore_checkpoint(ckpt, fresh)
   for part in ("params", "opt_state"):  # adapters from the file, the base from the template
-    for a, b in zip(jax.tree.leaves(getattr(trained, part)), jax.tree.leaves(getattr(restored, part))):
+    for a, b in zip(jax.tree.leaves(getattr(trained, part)),
+                    jax.tree.leaves(getattr(restored, part))):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 

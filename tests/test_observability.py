@@ -1,4 +1,5 @@
-"""Tests for dllm_rl.infra.observability: JSONL records, resume append, NaN round trip, TB, plots."""
+"""Tests for dllm_rl.infra.observability: JSONL records, resume append, NaN round trip, TB,
+plots."""
 
 from __future__ import annotations
 

@@ -116,7 +116,8 @@ def test_a_url_without_its_backend_package_is_named(monkeypatch):
   real = importlib.util.find_spec
   monkeypatch.setattr(importlib.util, "find_spec",
                       lambda name, *a: None if name == "gcsfs" else real(name, *a))
-  with pytest.raises(P.BackendMissing, match=r"gs://b/run: gs:// paths need the gcsfs package.*\[gcs\]"):
+  with pytest.raises(P.BackendMissing,
+                     match=r"gs://b/run: gs:// paths need the gcsfs package.*\[gcs\]"):
     P.check_backend("gs://b/run")
   P.check_backend("/tmp/run")
   P.check_backend("memory://run")

@@ -20,7 +20,8 @@ def _write(tmp_path, config, step=20):
 def test_the_record_is_read_back_for_its_step_and_config(tmp_path):
   config = tiny_run_config("sft")
   _write(tmp_path, config)
-  assert (tmp_path / "sft_summary.json").exists() and not (tmp_path / "sft_summary.json.tmp").exists()
+  assert (tmp_path / "sft_summary.json").exists()
+  assert not (tmp_path / "sft_summary.json.tmp").exists()
   assert phase_record.read(str(tmp_path), "sft", 20, config, UNRELATED) == SUMMARY
   assert phase_record.read(str(tmp_path), "sft", 30, config, UNRELATED) is None  # trained on
   assert phase_record.read(str(tmp_path), "sft", None, config, UNRELATED) is None  # no checkpoint

@@ -184,8 +184,8 @@ def _tpu_available():
   return True
 
 
-needs_libtpu = pytest.mark.skipif(not _tpu_available(),
-                                  reason="libtpu not installed (pip install -r requirements-tpu.txt)")
+needs_libtpu = pytest.mark.skipif(
+    not _tpu_available(), reason="libtpu not installed (pip install -r requirements-tpu.txt)")
 
 
 @needs_libtpu

@@ -347,7 +347,8 @@ def test_resume_equals_uninterrupted_run(tmp_path, monkeypatch, sft_run):
 
 
 def test_eval_mode_without_checkpoint_is_a_clear_error(tmp_path):
-  with pytest.raises(ConfigError, match="^config.model.hf_checkpoint: eval mode needs a checkpoint"):
+  with pytest.raises(ConfigError,
+                     match="^config.model.hf_checkpoint: eval mode needs a checkpoint"):
     run.run(_with_mode("eval"), str(tmp_path))
 
 

@@ -77,7 +77,8 @@ def test_sdar_8b_programs_lower_from_abstract_shapes_on_cpu8(tmp_path):
   config.estimator.attention_impl = "auto"
   progs, mesh, model_cfg = programs.build_programs(config, jax.devices("cpu")[:8])
   assert [p.name for p in progs] == ["rl_step", "rollout_sampler", "greedy_sampler"]
-  assert model_cfg.n_layers == 2 and dict(mesh.shape) == {"data": 1, "fsdp": 8, "expert": 1, "tensor": 1}
+  assert model_cfg.n_layers == 2
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 8, "expert": 1, "tensor": 1}
   for p in progs:
     text = p.fn.lower(*p.args).as_text()
     assert "151936x4096" in text, p.name  # the 8B embedding reaches every program

@@ -101,7 +101,8 @@ def _reference(root: str, overrides: list[str]) -> dict:
     raise SystemExit("\n".join([f"the uninterrupted reference run failed (status {rc}); see "
                                 f"{root}/reference.log", *errors]))
   config = json.loads(json.load(open(_newest_meta(ref, "rl")))["config"])
-  return {"dir": ref, "records": _records(ref), "summary": _untimed(os.path.join(ref, "summary.json")),
+  return {"dir": ref, "records": _records(ref),
+          "summary": _untimed(os.path.join(ref, "summary.json")),
           "steps": config["rl"]["steps"], "save_every": config["checkpoint"]["save_every"],
           "inner_steps": config["rl"]["inner_steps"], "seconds": time.time() - t0}
 

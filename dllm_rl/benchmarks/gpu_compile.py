@@ -5,19 +5,18 @@
 
 Needs JAX's CUDA plugin (``pip install "jax[cuda12]==<this jax version>"``), no GPU: the plugin
 builds a compile-only device from a GPU target config, written from a few device facts per
-GPU (``GPUS`` in dllm_rl.parallel.gpu_target), and compiles for it; ``JAX_PLATFORMS=cpu`` keeps the plugin
-from looking for a GPU. For each ``--impl`` ("pallas": Triton, "mosaic_gpu"), ``--head-dims``
-value and ``--tiles`` value (block_q = block_k; default: each kernel's own tiles) it compiles
-the forward and the forward+backward (``jax.grad``) of ``staircase_attention`` at a small fixed
-layout (B 1, H 4, K 2, prompt 64, block 32, completion 96: N 256, bfloat16, 3 front-padded
-keys, prompt_block_causal), the whole pipeline included (Mosaic GPU: MLIR to PTX and ptxas
-for sm_90a; Triton: XLA's Triton compile). One row per (impl, head dim, tiles, program,
-kernel): "ok" or the first line of the error. Mosaic GPU kernels add ptxas's registers per
-thread, spill store/load bytes and the shared memory per block (Mosaic GPU's scratch plus
-ptxas's static bytes), read from the kernel's dumps (``MOSAIC_GPU_DUMP_TO``); Triton rows
-give the program's Triton kernel count. A failing combination prints its error and the others
-still compile. Nothing runs: speed, run-time behaviour (TMA, kernel load, races) and numerics
-are not checked.
+GPU (``GPUS`` in dllm_rl.parallel.gpu_target), and compiles for it; ``JAX_PLATFORMS=cpu`` keeps
+the plugin from looking for a GPU. For each ``--impl`` ("pallas": Triton, "mosaic_gpu"),
+``--head-dims`` value and ``--tiles`` value (block_q = block_k; default: each kernel's own
+tiles) it compiles the forward and the forward+backward (``jax.grad``) of ``staircase_attention`` at
+a small fixed layout (B 1, H 4, K 2, prompt 64, block 32, completion 96: N 256, bfloat16, 3
+front-padded keys, prompt_block_causal), the whole pipeline included (Mosaic GPU: MLIR to PTX and
+ptxas for sm_90a; Triton: XLA's Triton compile). One row per (impl, head dim, tiles, program,
+kernel): "ok" or the first line of the error. Mosaic GPU kernels add ptxas's registers per thread,
+spill store/load bytes and the shared memory per block (Mosaic GPU's scratch plus ptxas's static
+bytes), read from the kernel's dumps (``MOSAIC_GPU_DUMP_TO``); Triton rows give the program's Triton
+kernel count. A failing combination prints its error and the others still compile. Nothing runs:
+speed, run-time behaviour (TMA, kernel load, races) and numerics are not checked.
 
 Exit status: 0 when everything compiled, 1 when something failed (2: a bad flag, or no CUDA
 plugin / JAX_PLATFORMS is not cpu, before anything compiles).

@@ -208,12 +208,14 @@ def base_config() -> ml_collections.ConfigDict:
   x.stratified = False    # elbo: stratified t
   x.prompt_mask_prob = 0.0
   x.t_eps = 1e-3
-  x.reduction = "mean"    # mean_field, elbo, trajectory: sum (an estimate of log π) | mean (/ length)
+  x.reduction = "mean"    # mean_field, elbo, trajectory: sum (an estimate of log π) |
+                          # mean (/ length)
   x.spg_beta = 1.5
   x.spg_omega = 0.5
   x.spg_block_len = 32
   x.trajectory_shrink = 1  # trajectory: distinct denoising steps per forward pass (TraceRL shrink)
-  x.attention_impl = "auto"  # block_elbo staircase attention: auto | pallas | mosaic_gpu | interpret | reference
+  x.attention_impl = "auto"  # block_elbo staircase attention: auto | pallas | mosaic_gpu |
+                             # interpret | reference
 
   c.eval = e = ml_collections.ConfigDict()
   e.batch_size = 128

@@ -72,9 +72,9 @@ def countdown() -> ml_collections.ConfigDict:
   answer itself takes two blocks), SFT stopped at validation accuracy 0.25 (RL headroom;
   not yet shown reachable: one seed was still at 0 at step 1300, docs/study.md "Testbeds"),
   then the embedded default's RL (StableDRL, centered, lr 2e-4 with its cosine decay but no
-  warm-up, μ = 2) on 4 prompts × 8 completions a rollout batch. Evaluation sizes are small (64 validation / 64 test prompts,
-  pass@k from 8 samples) because sampling dominates an arm's time on 2 CPU cores. Sizing and
-  measured times: docs/study.md "Testbeds"."""
+  warm-up, μ = 2) on 4 prompts × 8 completions a rollout batch. Evaluation sizes are small
+  (64 validation / 64 test prompts, pass@k from 8 samples) because sampling dominates an
+  arm's time on 2 CPU cores. Sizing and measured times: docs/study.md "Testbeds"."""
   c = defaults.get_config()
   c.unlock()
   _countdown_task(c)

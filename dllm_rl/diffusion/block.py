@@ -123,7 +123,8 @@ def block_elbo_loop(logits_fn, seqs: SequenceBatch, key, cfg: EstimatorConfig,
     ent_num = jnp.zeros(seqs.completion_BL.shape[:1], jnp.float32)
     for blk in range(l // bs):
       end = (blk + 1) * bs
-      noisy = jnp.where(masked_KBL[k, :, blk * bs:end], mask_id, seqs.completion_BL[:, blk * bs:end])
+      noisy = jnp.where(masked_KBL[k, :, blk * bs:end], mask_id,
+                        seqs.completion_BL[:, blk * bs:end])
       comp = jnp.concatenate([seqs.completion_BL[:, :blk * bs], noisy], axis=1)
       tokens = jnp.concatenate([prompt_BP, comp], axis=1)
       positions = jnp.concatenate([p_pos, c_pos[:, :end]], axis=1)

@@ -58,7 +58,8 @@ class EstimatorConfig:
   """Static options (from ``config.estimator``); each estimator reads what it needs."""
 
   num_samples: int = 1        # K Monte-Carlo draws of (t, mask)
-  antithetic: bool = False    # θ and θ_old share masks (RL step); False = official independent masks
+  antithetic: bool = False    # θ and θ_old share masks (RL step); False = official
+                              # independent masks
   coupled: bool = False       # elbo: complementary mask pairs (m, 1 − m)
   full_mask_term: bool = False  # elbo: + ½ log p(o_i | whole completion masked) per token
   stratified: bool = False    # elbo: t_k = (k + u_k) / K
@@ -69,11 +70,14 @@ class EstimatorConfig:
   spg_omega: float = 0.5      # spg_block: EUBO weight ω for negative advantages
   spg_block_len: int = 32     # spg_block: block length of the block-wise masking
   block_size: int = 0         # block_elbo, trajectory: model.block_size (0 = bidirectional model)
-  attention_impl: str = "auto"  # block_elbo: staircase attention auto | pallas | mosaic_gpu | interpret | reference
+  attention_impl: str = "auto"  # block_elbo: staircase attention auto | pallas | mosaic_gpu |
+                                # interpret | reference
   prompt_block_causal: bool = False  # block_elbo: block-causal prompt attention (SDAR)
   logits_chunk: int = 0       # rows per vocabulary slab of the scorer (config.model.logits_chunk)
-  trajectory_shrink: int = 1  # trajectory: distinct denoising steps per forward pass (TraceRL shrink)
-  num_states: int = 0         # trajectory: the sampler's step budget S over all blocks (SamplerConfig.max_steps)
+  trajectory_shrink: int = 1  # trajectory: distinct denoising steps per forward pass
+                              # (TraceRL shrink)
+  num_states: int = 0         # trajectory: the sampler's step budget S over all blocks
+                              # (SamplerConfig.max_steps)
 
   @classmethod
   def from_config(cls, est_cfg, block_size: int = 0, prompt_block_causal: bool = False,

@@ -173,4 +173,5 @@ trajectory = ESTIMATORS.register("trajectory")(Estimator(
     doc="""TraceRL (arXiv 2509.06949) trajectory-aware estimate: token o_j committed at
 step t is scored as log π_θ(o_j | q, τ_{<t}) in the state it was committed from, one
 forward per group of ``trajectory_shrink`` distinct steps (the group's first state; block
-models: per block, every block's group k in one staircase pass); ℓ̂ = Σ_j of these (``reduction="sum"``) or their mean. Exact: no key, log ρ̂ = 0 at θ = θ_old."""))
+models: per block, every block's group k in one staircase pass); ℓ̂ = Σ_j of these
+(``reduction="sum"``) or their mean. Exact: no key, log ρ̂ = 0 at θ = θ_old."""))

@@ -35,7 +35,8 @@ from typing import Callable
 from dllm_rl import paths
 from dllm_rl.errors import short_reason
 
-HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?$")
+HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)"
+                    r"(?:@(?P<revision>[\w./-]+))?$")
 MARKER = ".dllm_rl_staged.json"
 # What a loader reads from a hub repository (no *.bin / *.pth duplicates of the safetensors).
 WEIGHT_PATTERNS = ("*.json", "*.safetensors", "*.py", "*.txt", "*.model", "*.jinja", "*.tiktoken")

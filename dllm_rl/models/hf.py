@@ -85,7 +85,8 @@ def detect_family(hf_config: dict) -> str:
   for fam in FAMILIES.values():
     if hf_config.get("model_type") == fam.model_type:
       return fam.name
-  supported = ", ".join(f"{f.architecture} (model_type {f.model_type!r})" for f in FAMILIES.values())
+  supported = ", ".join(f"{f.architecture} (model_type {f.model_type!r})"
+                        for f in FAMILIES.values())
   raise ValueError(f"unsupported architecture: config.json has architectures={archs!r}, "
                    f"model_type={hf_config.get('model_type')!r}; supported: {supported}")
 

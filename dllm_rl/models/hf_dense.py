@@ -47,7 +47,8 @@ def _llada_parse(c: dict) -> tuple[dict, TokenIds]:
 
 
 def _llada_config(m: ModelConfig, ids: TokenIds) -> dict:
-  c = {k: (ok[0] if default is _MISSING else default) for k, (ok, default) in _LLADA_OPTIONS.items()}
+  c = {k: (ok[0] if default is _MISSING else default)
+       for k, (ok, default) in _LLADA_OPTIONS.items()}
   c.update(architectures=["LLaDAModelLM"], model_type="llada",
            auto_map={"AutoConfig": "configuration_llada.LLaDAConfig",
                      "AutoModel": "modeling_llada.LLaDAModelLM",

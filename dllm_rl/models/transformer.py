@@ -179,13 +179,15 @@ class Transformer(nnx.Module):
     check_moe(cfg)
     self.cfg = cfg
     self.embed = nnx.Param(
-        cfg.init_std * jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model), cfg.param_dtype),
+        cfg.init_std * jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model),
+                                         cfg.param_dtype),
         logical_axes=("vocab", "embed"))
     self.blocks = nnx.List([Block(cfg, rngs, cfg.is_moe_layer(i)) for i in range(cfg.n_layers)])
     self.final_norm = layers.RMSNorm(cfg.d_model, eps=cfg.rms_norm_eps, param_dtype=cfg.param_dtype)
     if not cfg.tie_embeddings:
       self.lm_head = nnx.Param(
-          cfg.init_std * jax.random.normal(rngs.params(), (cfg.d_model, cfg.vocab_size), cfg.param_dtype),
+          cfg.init_std * jax.random.normal(rngs.params(), (cfg.d_model, cfg.vocab_size),
+                                           cfg.param_dtype),
           logical_axes=("embed", "vocab"))
 
   def __call__(self, tokens_BN: jax.Array, positions_BN: jax.Array,
@@ -221,7 +223,8 @@ class Transformer(nnx.Module):
     x = jnp.take(self.embed[...], tokens_BN, axis=0).astype(cfg.dtype)
     cos, sin = layers.rope_tables(positions_BN, cfg.rotary_dim or cfg.head_dim, cfg.rope_theta)
     if mask_BNM is not None and not isinstance(mask_BNM, layers.StaircaseSpec):
-      mask_BNM = jnp.broadcast_to(mask_BNM, (tokens_BN.shape[0], tokens_BN.shape[1], mask_BNM.shape[-1]))
+      mask_BNM = jnp.broadcast_to(
+          mask_BNM, (tokens_BN.shape[0], tokens_BN.shape[1], mask_BNM.shape[-1]))
     return x, cos, sin, mask_BNM
 
   def routing(self, tokens_BN: jax.Array, positions_BN: jax.Array,

@@ -126,7 +126,8 @@ def table(topo, results: dict) -> str:
            f" {'% mem':>6} {'TFLOP':>9} {'s @40%':>8} {'XLA TF/dev':>10} {'compile s':>9}"]
   for name, r in results.items():
     if r.get("compile_error"):
-      lines.append(f"{name:<16} {'-':>8} {'-':>8} {_size(r['temp_bytes'])} {'>' + _size(r['peak_bytes_per_device']).strip():>8}"
+      lines.append(f"{name:<16} {'-':>8} {'-':>8} {_size(r['temp_bytes'])}"
+                   f" {'>' + _size(r['peak_bytes_per_device']).strip():>8}"
                    f" {100 * r['peak_bytes_per_device'] / hbm:6.1f}  compiler: out of memory")
       continue
     lines.append(f"{name:<16} {_size(r['argument_bytes'])} {_size(r['output_bytes'])}"
@@ -188,7 +189,8 @@ def plan(config, topo, only: list[str] | None = None) -> tuple[dict, list[str]]:
     elif r["peak_bytes_per_device"] > FIT_FRACTION * topo.hbm_bytes_per_device:
       buffers = ", ".join(f"{n} {s} {b / 1024 ** 3:.2f} GiB" for n, s, b in largest_buffers(hlo()))
       problem = (f"{program.name} does not fit: peak {r['peak_bytes_per_device'] / 1024 ** 3:.2f}"
-                 f" GiB per device > {FIT_FRACTION:.0%} of {topo.hbm_bytes_per_device / 1024 ** 3:.1f}"
+                 f" GiB per device > {FIT_FRACTION:.0%} of"
+                 f" {topo.hbm_bytes_per_device / 1024 ** 3:.1f}"
                  f" GiB; largest buffers: {buffers}")
     if problem:
       fixes = remedies(config, program.name, batch_size_divisor(mesh))

@@ -113,8 +113,9 @@ def build_programs(config, devices) -> tuple[list[Program], object, transformer.
     step_cfg = step_config(config, sampler_cfg, mask_id, eos_id)
     fn = make_rl_step(graphdef, optimizer, schedule, step_cfg, mesh=mesh,
                       state_sharding=sharding)
-    hyper = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated(mesh)),
-                         StepHyper.of(r.lr, r))  # traced, as in the RL loop
+    hyper = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated(mesh)),
+        StepHyper.of(r.lr, r))  # traced, as in the RL loop
     b, g = r.batch_prompts, r.group_size
     batch = _batch(mesh, {"prompt_BP": ((b, p), jnp.int32), "prompt_valid_BP": ((b, p), bool),
                           "completion_BGL": ((b, g, l), jnp.int32),

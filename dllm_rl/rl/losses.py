@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 
 from dllm_rl.registry import Registry
-from dllm_rl.rl.spg_loss import spg_loss, spg_loss_tokens, spg_surrogate  # noqa: F401  (public here too)
+from dllm_rl.rl.spg_loss import (spg_loss, spg_loss_tokens,  # noqa: F401  (public here too)
+                                  spg_surrogate)
 from dllm_rl.rl.wd1_loss import wd1_loss, wd1_weights  # noqa: F401  (public here too)
 
 LOSSES: Registry = Registry("policy loss")

@@ -7,8 +7,8 @@
   ``max_new_tokens`` mask ids; exactly ``steps`` full forwards; each step decides every masked
   position of the whole row from the per-position logits (:mod:`dllm_rl.sampling.dream_ops`):
   ``origin`` (each masked position unmasked with probability 1 − s/t), or the k most confident
-  under ``maskgit_plus`` / ``topk_margin`` / ``entropy`` (k = int(batch-mean mask count × (1 − s/t)),
-  all remaining at the last step), positions sampled instead when ``alg_temp`` > 0;
+  under ``maskgit_plus`` / ``topk_margin`` / ``entropy`` (k = int(batch-mean mask count ×
+  (1 − s/t)), all remaining at the last step), positions sampled instead when ``alg_temp`` > 0;
 * ``alg="confidence_threshold"`` (the DARE / Fast-dLLM addition, batch 1): ``masks / steps``
   positions a step by max probability, the first always and the rest only above ``threshold``,
   the rejected carried on, extra steps until the carry is spent (:func:`denoise_threshold`);

@@ -30,7 +30,8 @@ def _propose(logits_BLV, key, temperature):
 
 
 def descending_rank(conf_BL):
-  """Rank of each position by descending confidence (0 = most confident; ties: lower index first)."""
+  """Rank of each position by descending confidence (0 = most confident; ties: lower index
+  first)."""
   order = jnp.argsort(-conf_BL, axis=-1, stable=True)
   return jnp.argsort(order, axis=-1, stable=True)
 

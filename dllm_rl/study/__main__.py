@@ -8,9 +8,10 @@ NAME: ``stability``, ``steprs``, ``baselines``, a comma-separated list of them
 per-step records, per-arm summaries), ``DIR/<study>_curves.png`` (stability also
 ``_spikes.png``), and
 ``--results`` (default ``DIR/results.md``, plots and JSON copied to ``DIR/results/``; pass
-``--results=docs/results.md`` to replace the committed report) from that JSON. ``--config.KEY=VALUE`` (or the older spelling
-``--set=KEY=VALUE``) overrides a config key of every run (e.g. tiny sizes for tests; a key every chosen arm sets
-itself, such as ``rl.lr``, is refused: the arms' lrs follow the testbed's base config), parsed
+``--results=docs/results.md`` to replace the committed report) from that JSON.
+``--config.KEY=VALUE`` (or the older spelling ``--set=KEY=VALUE``) overrides a config key of
+every run (e.g. tiny sizes for tests; a key every chosen arm sets itself, such as ``rl.lr``,
+is refused: the arms' lrs follow the testbed's base config), parsed
 as ``python -m dllm_rl.main`` parses it (dllm_rl.config.cli: every problem printed, exit
 status 2). ``--testbed`` (``arithmetic``, the embedded default; ``countdown``; ``chain``;
 ``chain_orders``; ``sum_split``; ``gpu``, also spelled ``--scale=gpu``: every one is in

@@ -220,7 +220,8 @@ def ablation_verdicts(study: dict) -> list[tuple[str, str, str]]:
                     " GRPO's clip, both on shared masks)", "no claim",
                     f"test accuracy StableDRL − GRPO, both with shared masks"
                     f" {fig.fmt_paired(q)}; collapsed: StableDRL"
-                    f" {fig.collapsed(study, a['name'])}, GRPO {fig.collapsed(study, grpo_shared)}"))
+                    f" {fig.collapsed(study, a['name'])},"
+                    f" GRPO {fig.collapsed(study, grpo_shared)}"))
     elif prefix == NO_EUBO:
       p = fig.paired_difference(study, a["name"], full, fig.held_out_accuracy)
       out.append((f"{a['name']} vs {full} (control)", "no claim",

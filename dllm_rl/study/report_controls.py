@@ -44,9 +44,9 @@ def grpo_control_verdicts(study: dict) -> list[tuple[str, str, str]]:
   term, shared masks): against GRPO at the same lr (does the change prevent GRPO's collapse?)
   and StableDRL against it (is StableDRL's gain more than the change gives?): the paired
   test-accuracy difference, the collapses, a run's largest pre-clip grad norm and its steps
-  with gradient 0 (means over seeds), and the bypass fraction. Not the spike count: a spike is relative to
-  the run's median non-zero norm, and a KL term's gradient is non-zero after a collapse, where
-  GRPO's alone is 0, so the two arms' medians are over different steps."""
+  with gradient 0 (means over seeds), and the bypass fraction. Not the spike count: a spike is
+  relative to the run's median non-zero norm, and a KL term's gradient is non-zero after a
+  collapse, where GRPO's alone is 0, so the two arms' medians are over different steps."""
   names = {a["name"] for a in study["arms"]}
   out = []
   for a in study["arms"]:

@@ -506,7 +506,8 @@ def _prefetcher(name: str, arms: list[Arm], workdir: str, seeds: range, size: Si
   jobs = [(f"{name} {a.name}", make_config(arm_run_overrides(seed, size, overrides, a.overrides),
                                            base))
           for a in todo if a.calibrate_from is None]
-  jobs = [(label, c) for label, c in jobs if not c.model.hf_checkpoint]  # not covered: precompile.py
+  # an HF checkpoint's arms are not covered here: precompile.py
+  jobs = [(label, c) for label, c in jobs if not c.model.hf_checkpoint]
   if not jobs:
     return None
   from dllm_rl.parallel.distributed import initialize

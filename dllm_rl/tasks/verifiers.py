@@ -66,7 +66,8 @@ _GROUP_SEPARATOR_RE = re.compile(
 # the usual typographic stand-in for a minus. The em dash, figure dash and hyphens U+2010 /
 # U+2011 are never minus signs and stay as they are.
 _MINUS_SIGNS = str.maketrans(dict.fromkeys("\u2212\ufe63\uff0d\u2013", "-"))
-_LATEX_NOISE_RE = re.compile(r"\\text\s*\{[^{}]*\}|\\mathrm\s*\{[^{}]*\}|\\[$%,;!]|\{,\}|\\left|\\right")
+_LATEX_NOISE_RE = re.compile(r"\\text\s*\{[^{}]*\}|\\mathrm\s*\{[^{}]*\}|\\[$%,;!]|\{,\}"
+                             r"|\\left|\\right")
 _SUDOKU_SEPARATORS_RE = re.compile(r"[\s|,]")
 
 

@@ -259,11 +259,12 @@ def export_run(workdir: str, out_dir: str, *, phase: str = AUTO, step: int = LAT
   step) → HF folder ``out_dir``; returns timing stats and the checkpoint's label. ``hf_source``:
   the folder to read the run's ``model.hf_checkpoint`` from (config.json, tokenizer files, a
   LoRA run's base) when it has moved. Raises ConfigError (``out_dir`` holds a checkpoint, is
-  a file or lies under one: named ``--hf_dir``), FileNotFoundError / NoCheckpoint (no such checkpoint, listing the saved ones), ValueError (a
-  model the HF layout cannot describe; a ConfigError for a source that cannot be read, a
-  ``peft_dir`` that is taken: :func:`check_new_peft_dir`, or a ``workdir`` that is no run's
-  folder: :func:`check_run_folder`). In a multi-process export every process calls it (the
-  module docstring); the folder checks' error stops them all."""
+  a file or lies under one: named ``--hf_dir``), FileNotFoundError / NoCheckpoint (no such
+  checkpoint, listing the saved ones), ValueError (a model the HF layout cannot describe; a
+  ConfigError for a source that cannot be read, a ``peft_dir`` that is taken:
+  :func:`check_new_peft_dir`, or a ``workdir`` that is no run's folder: :func:`check_run_folder`).
+  In a multi-process export every process calls it (the module docstring); the folder checks' error
+  stops them all."""
   if peft_dir is not None and jax.process_count() > 1:  # written from process 0's host arrays
     raise ConfigError("--peft_dir", "the PEFT folder is a single-process export"
                       f" ({jax.process_count()} processes here): export the merged --hf_dir"

@@ -27,12 +27,12 @@ Where the count comes from:
 
 * ``rl_step`` (dllm_rl/rl/step.py): B·G sequences; one likelihood estimate costs
   K forwards (``elbo``, ``spg_block``: K = ``estimator.num_samples`` draws on
-  [prompt P | completion L], one more for ``elbo``'s ``full_mask_term``; ``block_elbo``: K staircase passes on N = P + 2L;
-  ``mean_field``: one forward whatever K; ``trajectory``: K = ceil(S / shrink) state passes
-  on [prompt P | completion L], or for a block model K = ceil(S_b / shrink) staircase passes
-  on N = P + 2L, S_b the steps of one block), the head on the L completion rows the
-  estimators score. Per rollout batch: ℓ̂_old once (``antithetic`` False) or μ times
-  (``antithetic`` True), ℓ̂_ref μ times when ``rl.kl_coef > 0``, and μ =
+  [prompt P | completion L], one more for ``elbo``'s ``full_mask_term``; ``block_elbo``: K
+  staircase passes on N = P + 2L; ``mean_field``: one forward whatever K; ``trajectory``:
+  K = ceil(S / shrink) state passes on [prompt P | completion L], or for a block model
+  K = ceil(S_b / shrink) staircase passes on N = P + 2L, S_b the steps of one block), the head on
+  the L completion rows the estimators score. Per rollout batch: ℓ̂_old once (``antithetic`` False)
+  or μ times (``antithetic`` True), ℓ̂_ref μ times when ``rl.kl_coef > 0``, and μ =
   ``rl.inner_steps`` updates at 3 × the estimate.
 * ``sft_step`` (dllm_rl/train/sft_step.py): ``data.batch_size`` sequences, 3 × one
   forward (N = P + L, or P + 2L for a block model), head on the L completion rows.
@@ -52,7 +52,8 @@ from dllm_rl.sampling.configs import sampler_config
 def layer_matmul_params(m: ModelConfig, layer: int = 0) -> int:
   """Weights layer ``layer`` multiplies each row by: q, k, v, o projections and the
   SwiGLU MLP, or for an MoE layer the router and the active (routed + shared) experts."""
-  attn = m.d_model * (m.n_heads + 2 * m.n_kv_heads) * m.head_dim + m.n_heads * m.head_dim * m.d_model
+  attn = (m.d_model * (m.n_heads + 2 * m.n_kv_heads) * m.head_dim
+          + m.n_heads * m.head_dim * m.d_model)
   if m.is_moe_layer(layer):
     active = m.experts_per_token + m.n_shared_experts
     return attn + m.d_model * m.n_experts + 3 * m.d_model * m.moe_hidden * active

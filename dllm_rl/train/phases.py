@@ -48,9 +48,10 @@ from dllm_rl.train.lora_checkpoint import base_pointer, restore_checkpoint, save
 from dllm_rl.train.resilience import Preempted, StepGuard, window_to_meta
 from dllm_rl.train.throughput import ProfileWindow, StepTimer
 
+# (logged key, key of the test report)
 TEST_METRICS = (("test_accuracy", "accuracy"), ("test_sample_accuracy", "sample_accuracy"),
                 ("test_diversity", "diversity"), ("test_distinct_correct", "distinct_correct"),
-                ("test_malformed_fraction", "malformed_fraction"))  # logged key, key of the test report
+                ("test_malformed_fraction", "malformed_fraction"))
 
 
 def checkpoint_dir(workdir: str, phase: str) -> str:

@@ -1,13 +1,13 @@
 """Preemption, time-based checkpoints and non-finite steps: what the SFT and RL loops ask
 after every step.
 
-Signals. :func:`handle_signals` (installed by ``dllm_rl.train.modes.run`` around the whole run) turns
-the first SIGTERM or SIGINT into a *stop request*: the loop finishes the step in progress,
-saves a checkpoint at that step, flushes metrics and TensorBoard and raises :class:`Preempted`;
-``dllm_rl.main`` then exits with status :data:`EXIT_PREEMPTED` (75, ``EX_TEMPFAIL``: "rerun
-to resume"). A second signal exits at once with status 128 + signal number (143 for SIGTERM,
-130 for SIGINT), without saving. The time to stop is bounded by one step plus one checkpoint
-write.
+Signals. :func:`handle_signals` (installed by ``dllm_rl.train.modes.run`` around the whole
+run) turns the first SIGTERM or SIGINT into a *stop request*: the loop finishes the step in
+progress, saves a checkpoint at that step, flushes metrics and TensorBoard and raises
+:class:`Preempted`; ``dllm_rl.main`` then exits with status :data:`EXIT_PREEMPTED` (75,
+``EX_TEMPFAIL``: "rerun to resume"). A second signal exits at once with status 128 + signal number
+(143 for SIGTERM, 130 for SIGINT), without saving. The time to stop is bounded by one step plus one
+checkpoint write.
 
 Multi-host. All processes must save the same step. After every step :meth:`StepGuard.poll`
 combines, across processes, (a) a signal received by any process, (b) JAX's preemption sync

@@ -322,7 +322,8 @@ class RLPhase(Phase):
     self.graphdef = transformer.abstract_model(ctx.model_cfg)[0]
     self.optimizer, self.schedule = rl_optimizer(r, lora_only=ctx.model_cfg.lora_rank > 0)
     self.base_accuracy = None  # the starting policy's training accuracy: its first rollouts
-    self.last_rollout = None  # (examples, batch, completions_BGL, correct_BG, rewards_BG): last step
+    # (examples, batch, completions_BGL, correct_BG, rewards_BG) of the last step
+    self.last_rollout = None
     self.rollout_tokens = r.batch_prompts * r.group_size * ctx.sampler_cfg.completion_len
     self.widths: frozenset[int] = frozenset()  # prompt widths this process has compiled
     mc = ctx.model_cfg  # MoE layers: router load statistics every log_every steps
@@ -381,7 +382,8 @@ class RLPhase(Phase):
     if self.base_accuracy is None:
       self.base_accuracy = float(np.mean(correct))
     self.last_rollout = (examples, batch, completions, correct, rewards)  # samples(): host arrays
-    if self.moe_layers and step % self.log_every == 0:  # before the update: the policy that rolled out
+    # before the update: the policy that rolled out
+    if self.moe_layers and step % self.log_every == 0:
       m = config.model
       routing = router_metrics(self.graphdef, state.params, rollout.prompt_BP,
                                rollout.prompt_valid_BP, rollout.completion_BGL,

@@ -182,7 +182,8 @@ def _sampler(config, check: "_Checks") -> None:
   num_blocks = max(d.completion_len // s.block_len, 1) if s.block_len > 0 else 0
   if s.block_len > 0 and d.completion_len > 0:
     check(d.completion_len % s.block_len == 0, "sampler.block_len",
-           f"data.completion_len={d.completion_len} is not a multiple of sampler.block_len={s.block_len}")
+           f"data.completion_len={d.completion_len} is not a multiple of"
+           f" sampler.block_len={s.block_len}")
     multiple = f"{s.steps} must be a positive multiple of the number of blocks ({num_blocks})"
     check(s.steps > 0, "sampler.steps", multiple)
     check(s.steps <= 0 or s.steps % num_blocks == 0, "sampler.steps", multiple,

@@ -1,12 +1,13 @@
 """``load_pretrained(path) -> Pretrained``: any supported checkpoint, one stable API.
 
     import dllm_rl
-    model = dllm_rl.load_pretrained("path/to/LLaDA-8B-Instruct")   # HF folder, `convert import` output,
-                                                                    # gs:// folder or hub id
+    # an HF folder, `convert import` output, gs:// folder or hub id
+    model = dllm_rl.load_pretrained("path/to/LLaDA-8B-Instruct")
     model.family, model.config, model.token_ids.mask_id
-    logits_BLV = model.logits(input_ids_BL)                         # what the official forward returns
-    out_BN = model.generate(prompt_BP, gen_length=128, steps=128, block_length=32)  # official kwargs
-    tok = model.tokenizer                                           # the folder's tokenizer
+    logits_BLV = model.logits(input_ids_BL)  # what the official forward returns
+    # the official generator's keywords
+    out_BN = model.generate(prompt_BP, gen_length=128, steps=128, block_length=32)
+    tok = model.tokenizer                    # the folder's tokenizer
     prompt_BP = np.array([tok.encode(tok.format_prompt("What is 2 + 3?"))])
     print(tok.decode(out_BN[0, prompt_BP.shape[1]:]))
 

@@ -213,7 +213,8 @@ def test_sudoku_restores_leading_zeros_and_drops_invalid_grids(tmp_path):
   csv = tmp_path / "sudoku.csv"
   csv.write_text(ROWS["sudoku"])
   manifest = prep.prepare("sudoku", str(tmp_path / "s"), cache_dir=str(tmp_path / "cache"),
-                          sources={s: prep.parse_source(f"{s}={csv}")[1] for s in ("train", "test")})
+                          sources={s: prep.parse_source(f"{s}={csv}")[1]
+                                   for s in ("train", "test")})
   assert _read(tmp_path / "s" / "train.jsonl")[0] == {"puzzle": "0034341221404301",
                                                       "solution": "1234341221434321"}
   assert manifest["rows"]["train"] == 2 and sum(manifest["dropped"]["train"].values()) == 1
@@ -239,7 +240,8 @@ def test_problems_are_one_error_line(tmp_path, capsys):
     return lines[0]
 
   assert error("prepare", "gsm9k", "--out", str(tmp_path)) == (
-      "error: unknown data set 'gsm9k'; available: acecode, countdown, gsm8k, humaneval, math, math500, mbpp, sudoku")
+      "error: unknown data set 'gsm9k'; available: acecode, countdown, gsm8k, humaneval, math,"
+      " math500, mbpp, sudoku")
   assert "expected train=PATH or test=PATH" in error("prepare", "gsm8k", "--out", str(tmp_path),
                                                      "--source", "dev=x")
   assert "neither a local file / folder nor a hub data set id" in error(

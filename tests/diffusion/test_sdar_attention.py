@@ -34,7 +34,8 @@ def sdar():
   _, ids, graphdef, params, family = hf.load_checkpoint(FIXTURE)
   assert family == "sdar" and ids.block_size == BS
   e = np.load(os.path.join(FIXTURE, "expected.npz"))
-  return graphdef, params, jnp.asarray(e["input_ids"], jnp.int32), e["logits"], e["attention_mask"][0]
+  return (graphdef, params, jnp.asarray(e["input_ids"], jnp.int32), e["logits"],
+          e["attention_mask"][0])
 
 
 def _forward(graphdef, params, tokens, positions, mask):

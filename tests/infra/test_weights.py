@@ -106,7 +106,8 @@ def test_a_download_failure_is_named_and_only_loader_files_are_asked_for(tmp_pat
     raise OSError("[Errno 101] Network is unreachable\nmore detail")
 
   with pytest.raises(weights.WeightsUnavailable,
-                     match=r"could not be downloaded \(OSError: \[Errno 101\] Network is unreachable\)\. "
+                     match=r"could not be downloaded \(OSError: \[Errno 101\] Network is"
+                           r" unreachable\)\. "
                            r"Without network here, on a machine with network run `hf download "
                            r"org/m --revision abc --local-dir DIR`, copy DIR here and give that "
                            r"folder instead of the id, or copy the hub cache's models--org--m "

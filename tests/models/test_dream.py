@@ -303,7 +303,8 @@ def test_config_model_keys_build_a_dream_shaped_model():
   assert cfg.qkv_bias and cfg.logit_shift
   attn = layers.Attention(cfg, nnx.Rngs(params=0))
   graphdef, params = nnx.split(attn, nnx.Param)
-  for name, heads, axes in (("q_bias", cfg.n_heads, "heads"), ("k_bias", cfg.n_kv_heads, "kv_heads"),
+  for name, heads, axes in (("q_bias", cfg.n_heads, "heads"),
+                            ("k_bias", cfg.n_kv_heads, "kv_heads"),
                             ("v_bias", cfg.n_kv_heads, "kv_heads")):
     bias = getattr(attn, name)
     assert bias.shape == (heads, cfg.head_dim) and not np.any(bias[...])

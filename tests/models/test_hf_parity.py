@@ -283,7 +283,8 @@ def test_errors_name_the_problem(tmp_path):
   c = hf.read_hf_config(str(out))
   (out / "config.json").write_text(json.dumps({**c, "architectures": ["GPT2LMHeadModel"],
                                                "model_type": "gpt2"}))
-  with pytest.raises(ValueError, match=r"GPT2LMHeadModel.*supported: LLaDAModelLM.*SDARForCausalLM"):
+  with pytest.raises(ValueError,
+                     match=r"GPT2LMHeadModel.*supported: LLaDAModelLM.*SDARForCausalLM"):
     hf.load_checkpoint(str(out))
   for key, value in (("alibi", True), ("include_bias", True), ("layer_norm_type", "default"),
                      ("block_type", "sequential")):

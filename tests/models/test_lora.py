@@ -45,7 +45,8 @@ def _randomise_b(params, key):
     if lora.is_adapter(v) and path[-1].key == "b":
       return v.replace(0.1 * jax.random.normal(next(keys), v[...].shape, v[...].dtype))
     return v
-  return jax.tree_util.tree_map_with_path(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  return jax.tree_util.tree_map_with_path(one, params,
+                                          is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def _sft_opt(lr=1e-2):

@@ -8,7 +8,8 @@ from flax import nnx
 
 from dllm_rl.models import transformer as T
 
-TINY = dict(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, head_dim=8, mlp_hidden=48)
+TINY = dict(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, head_dim=8,
+            mlp_hidden=48)
 
 
 def _forward(cfg, tokens, positions=None, mask=None, seed=0):

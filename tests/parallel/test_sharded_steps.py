@@ -158,7 +158,8 @@ def test_checkpoint_restores_onto_another_mesh(tmp_path):
       a, b = jax.random.key_data(a), jax.random.key_data(b)
     np.testing.assert_array_equal(jax.device_get(a), jax.device_get(b))
   embed = restored.params["embed"][...]
-  assert embed.sharding.mesh.shape == mesh_b.shape and tuple(embed.sharding.spec) == ("tensor", "fsdp")
+  assert embed.sharding.mesh.shape == mesh_b.shape
+  assert tuple(embed.sharding.spec) == ("tensor", "fsdp")
 
 
 def test_mesh_shapes():

@@ -248,7 +248,8 @@ def test_steprs_binary_identity_with_a_beta_per_state(schedule):
   got = np.asarray(adv.steprs(r, u, -1.0, 6.0, schedule))
   beta = np.asarray(adv.beta_schedule(u, -1.0, 6.0, schedule))
   p_hat = r.mean(-1)[:, None, None]
-  want = np.asarray(adv.rs_weight(beta, np.broadcast_to(p_hat, beta.shape))) * (r[..., None] - p_hat)
+  want = (np.asarray(adv.rs_weight(beta, np.broadcast_to(p_hat, beta.shape)))
+          * (r[..., None] - p_hat))
   np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-6)
   assert len(np.unique(np.round(beta, 5))) >= 2  # the test really uses several β
 

@@ -28,7 +28,8 @@ def _lik(token_BGL):
 def _batch(seed):
   """Per-token log-probs (0 off the action, as every estimator returns them), the action
   mask (first EOS at varying positions) and centered rewards' advantages."""
-  mask = np.arange(L)[None, None, :] < np.array([[6, 2, 4, 1], [3, 6, 5, 6], [1, 1, 2, 6]])[..., None]
+  first_eos = np.array([[6, 2, 4, 1], [3, 6, 5, 6], [1, 1, 2, 6]])
+  mask = np.arange(L)[None, None, :] < first_eos[..., None]
   token = jnp.where(mask, -jnp.abs(_rand(seed, (B, G, L))), 0.0)
   rewards = np.asarray(jax.random.bernoulli(jax.random.key(seed + 1), 0.5, (B, G)), np.float32)
   adv = rewards - rewards.mean(-1, keepdims=True)

@@ -125,7 +125,8 @@ def test_kl_estimators():
   assert float(losses.kl_penalty(logp, logp)) == 0.0
   np.testing.assert_allclose(losses.kl_penalty(logp, ref, "k1"), 0.5)
   np.testing.assert_allclose(losses.kl_penalty(logp, ref, "k2"), 0.25)
-  np.testing.assert_allclose(losses.kl_penalty(logp, ref, "k3"), (np.exp(-1) + 1 - 1) / 2, rtol=1e-6)
+  np.testing.assert_allclose(losses.kl_penalty(logp, ref, "k3"), (np.exp(-1) + 1 - 1) / 2,
+                             rtol=1e-6)
   with pytest.raises(ValueError, match="k4"):
     losses.kl_penalty(logp, ref, "k4")
 
@@ -138,8 +139,9 @@ def _lik(token_BGL, eubo_BGL=None):
 
 
 def _stabledrl_numpy(elbo, eubo, old_seq, adv, mask, omega, C=5.0):
-  """The official spg_snis loss per group: −Σ_i w_i Σ_k A_ik ℓ̂^SPG_ik, w = softmax(min(log ρ̂, log C))
-  with log ρ̂ from the ELBO; ℓ̂^SPG = ELBO if A > 0 else ω·EUBO + (1 − ω)·ELBO; mean over groups."""
+  """The official spg_snis loss per group: −Σ_i w_i Σ_k A_ik ℓ̂^SPG_ik,
+  w = softmax(min(log ρ̂, log C)) with log ρ̂ from the ELBO; ℓ̂^SPG = ELBO if A > 0 else
+  ω·EUBO + (1 − ω)·ELBO; mean over groups."""
   elbo, eubo, adv = (np.asarray(x, np.float64) for x in (elbo, eubo, adv))
   log_rho = np.minimum(np.where(mask, elbo, 0).sum(-1) - old_seq, np.log(C))
   w = np.exp(log_rho - log_rho.max(-1, keepdims=True))

@@ -1,4 +1,5 @@
-"""The jitted RL step: 2-step smoke test per loss, actions end at EOS, noise schemes, KL, metrics."""
+"""The jitted RL step: 2-step smoke test per loss, actions end at EOS, noise schemes, KL,
+metrics."""
 
 import dataclasses
 
@@ -175,7 +176,8 @@ def test_actions_end_at_the_first_eos():
   np.testing.assert_array_equal(valid.sum(-1), lengths)
   np.testing.assert_array_equal(valid, np.arange(L)[None, :] < lengths[:, None])
   np.testing.assert_array_equal(np.asarray(seqs.completion_BL)[~valid], EOS)  # canonical fill
-  np.testing.assert_array_equal(completion_lengths(batch.completion_BGL, EOS), lengths.reshape(B, G))
+  np.testing.assert_array_equal(completion_lengths(batch.completion_BGL, EOS),
+                                lengths.reshape(B, G))
   # SPG picks blocks among ceil(len / block) and scores only action tokens
   masks = spg_block_masks(jax.random.key(0), seqs, num_samples=16, block_len=4)
   used_blocks = -(-lengths // 4)

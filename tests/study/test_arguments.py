@@ -109,7 +109,8 @@ def test_a_workdir_that_is_a_file_is_refused_up_front(tmp_path):
   (tmp_path / "a_file").write_text("")
   assert folder_problem(str(tmp_path)) is None
   assert folder_problem(str(tmp_path / "new" / "w")) is None
-  assert folder_problem(str(tmp_path / "a_file")) == f"{tmp_path / 'a_file'} is a file, not a folder"
+  assert (folder_problem(str(tmp_path / "a_file"))
+          == f"{tmp_path / 'a_file'} is a file, not a folder")
   with pytest.raises(ConfigError, match=r"^--workdir: .*a_file is a file, not a folder$"):
     study(["stability"], str(tmp_path / "a_file"), 1, True, {},
           str(tmp_path / "a_file" / "results.md"), "test")

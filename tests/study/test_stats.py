@@ -190,12 +190,15 @@ def test_grpo_control_lines_pair_each_control_with_grpo_and_stabledrl_at_its_lr(
       "grpo_kl@a vs grpo@a (control: GRPO with and without the KL term (β = 0.04))",
       "stabledrl@a vs grpo_kl@a (control: StableDRL against GRPO with the KL term (β = 0.04))"]
   assert all(x[1] == "no claim" for x in v)
-  assert "with − without the KL term (β = 0.04) 0.170" in v[0][2] and "4 up, 0 down, 1 tied" in v[0][2]
-  assert "collapsed: 1/5 with, 5/5 without; a run's largest pre-clip grad norm (mean over seeds) 20 and 300;" in v[0][2]
+  assert "with − without the KL term (β = 0.04) 0.170" in v[0][2]
+  assert "4 up, 0 down, 1 tied" in v[0][2]
+  assert ("collapsed: 1/5 with, 5/5 without; a run's largest pre-clip grad norm (mean over seeds)"
+          " 20 and 300;") in v[0][2]
   assert "its steps with gradient 0 (mean over seeds) 0.0 and 120.0" in v[0][2]
   assert "StableDRL − GRPO with the KL term (β = 0.04) 0.100" in v[1][2]
   assert "collapsed: StableDRL 0/5, GRPO with the KL term (β = 0.04) 1/5" in v[1][2]
-  assert "a run's largest pre-clip grad norm (mean over seeds) 2 and 20; its steps with gradient 0 (mean over seeds) 0.0 and 0.0" in v[1][2]
+  assert ("a run's largest pre-clip grad norm (mean over seeds) 2 and 20; its steps with"
+          " gradient 0 (mean over seeds) 0.0 and 0.0") in v[1][2]
   assert "bypass fraction (A < 0, ρ̂ > 1 + ε) 1.00% and 1.00%" in v[0][2]
   # shared masks: the same two lines, named by what the arm changes
   study = _study({"grpo@a": grpo, "grpo_antithetic@a": kl, "stabledrl@a": full})
@@ -317,7 +320,8 @@ def test_steprs_report_names_a_policy_rl_did_not_narrow_and_shows_the_start():
   table = steprs_table(study).splitlines()
   assert table[2] == ("| SFT start | — | 0.250 | 0.260 | 0.660 | 0.860 | — | 7.80 | 0.390 | — |"
                       " — | — | — |")
-  assert table[3].startswith("| centered | main | 0.600 ± 0.000 |") and "| 7.40 ± 0.00 |" in table[3]
+  assert table[3].startswith("| centered | main | 0.600 ± 0.000 |")
+  assert "| 7.40 ± 0.00 |" in table[3]
   assert table[3].endswith("| 0/4 | n/a | n/a | — |")  # no per-step metrics recorded
   # mean |A| and entropy over the second half of the RL steps (steps 3-4 of 4: 0.2 and 0.4)
   steps = [{"step": t, "adv_abs_mean": 0.1 * t, "entropy": 1.0 - 0.1 * t} for t in range(5)]

@@ -211,7 +211,8 @@ def test_the_trainer_verifies_code_completions_at_once_with_the_same_results(tmp
   log = tmp_path / "spans"
   log.mkdir()
   case = ("import os, time\nt0 = time.time()\ntime.sleep(0.5)\n"
-          f"open(os.path.join({str(log)!r}, str(os.getpid())), 'w').write(f'{{t0}} {{time.time()}}')"
+          f"open(os.path.join({str(log)!r}, str(os.getpid())), 'w')"
+          ".write(f'{t0} {time.time()}')"
           "\nassert f() == {i}")
   records = [{"question": f"q{i}", "test_cases": [case.replace("{i}", str(i))]} for i in range(2)]
   task = make_task("code", test_file=_write(tmp_path / "t.jsonl", records))

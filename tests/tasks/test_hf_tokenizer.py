@@ -115,8 +115,9 @@ def test_template_sources(tmp_path):
   raw = _save(tmp_path / "a", template=None)
   assert _load(tmp_path / "a", raw).format_prompt("hi {x}") == "hi {x}"
   (tmp_path / "b").mkdir()
-  raw = _save(tmp_path / "b", template=[{"name": "tool_use", "template": "T"},
-                                        {"name": "default", "template": "D{{ messages[0].content }}"}])
+  raw = _save(tmp_path / "b",
+              template=[{"name": "tool_use", "template": "T"},
+                        {"name": "default", "template": "D{{ messages[0].content }}"}])
   assert _load(tmp_path / "b", raw).format_prompt("hi") == "Dhi"
   (tmp_path / "b" / "chat_template.jinja").write_text("J{{ messages[0]['content'] }}")
   assert _load(tmp_path / "b", raw).format_prompt("hi") == "Jhi"
@@ -214,7 +215,8 @@ def test_a_template_without_a_system_role_names_the_key(tmp_path):
                                         "rejects a system turn: System role not supported"):
     _encode([Example(prompt="hi", answer="")], tok, config, "test")
   config.data.system_prompt = ""
-  assert _encode([Example(prompt="hi", answer="")], tok, config, "test")["prompt_BP"].shape == (1, 32)
+  encoded = _encode([Example(prompt="hi", answer="")], tok, config, "test")
+  assert encoded["prompt_BP"].shape == (1, 32)
 
 
 def test_the_unknown_token_and_the_characters_that_became_it(tok_dir):

@@ -53,7 +53,8 @@ def test_gsm8k_loading_and_determinism(tmp_path):
       f"Q: {r['question']}\nA:" for r in GSM8K[:30])
   assert len(task.generate("test", -1, seed=0)) == 10
   assert task.generate("train", 0, seed=0) == []
-  with pytest.raises(ValueError, match=r"asked for 11 'test' examples but .*test.jsonl has only 10"):
+  with pytest.raises(ValueError,
+                     match=r"asked for 11 'test' examples but .*test.jsonl has only 10"):
     task.generate("test", 11, seed=0)
   ex = next(e for e in full if e.prompt.startswith("Q: Tom has 20 apples"))
   assert ex.answer == GSM8K[19]["answer"] and ex.meta["reference"] == "42"
@@ -114,7 +115,8 @@ def test_math500(tmp_path):
                                        r"not read"):
     make_task("math500", train_file=task.test_file, test_file=task.test_file, test_fraction=0.2)
   for bad in (-1, float("nan"), float("inf")):
-    with pytest.raises(ValueError, match=r"'math500': verify_timeout must be a finite number of seconds >= 0"):
+    with pytest.raises(ValueError, match=r"'math500': verify_timeout must be a finite number"
+                                         r" of seconds >= 0"):
       make_task("math500", test_file=task.test_file, verify_timeout=bad)
 
 
@@ -307,7 +309,8 @@ THEN = r" \(docs/data\.md\), then give DIR/train\.jsonl"
      r"decompress it \(xz -dk PATH\) and give the decompressed file"),
     ("d.jsonl.zst", lambda b: b"\x28\xb5\x2f\xfd" + b, "zstd-compressed",  # a frame's magic
      r"decompress it \(zstd -d PATH\) and give the decompressed file"),
-    ("d.zip", _zip, "a zip archive", r"extract the \.jsonl file from it \(unzip PATH\) and give it"),
+    ("d.zip", _zip, "a zip archive",
+     r"extract the \.jsonl file from it \(unzip PATH\) and give it"),
     # a Parquet file starts and ends with "PAR1" (the columns and footer between)
     ("train.parquet", lambda b: b"PAR1\x15\x04" + b + b"PAR1", "a Parquet file",
      rf"convert it to JSON Lines with {PREPARE}PATH{THEN}"),

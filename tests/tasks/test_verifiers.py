@@ -187,7 +187,8 @@ def test_gsm8k_correct():
   assert V.gsm8k_correct("#### 0.50", "1/2")
   assert V.gsm8k_correct("#### 1,000,000", "1000000")
   r = V.gsm8k_result("#### 13", reference)
-  assert r.reward == 0.0 and r.parsed == "13" and r.info == {"target": "12", "reason": "wrong value"}
+  assert r.reward == 0.0 and r.parsed == "13"
+  assert r.info == {"target": "12", "reason": "wrong value"}
   with pytest.raises(ValueError, match="no numeric answer"):
     V.gsm8k_result("1", "no number")
 
@@ -296,7 +297,8 @@ def test_sudoku_result():
   assert V.sudoku_result("1234|3412|2143|4321", puzzle, solution).correct
   wrong = "2134341221434321"  # blanks 0 and 1 swapped: 2 of 4 blanks right, invalid columns
   r = V.sudoku_result(wrong, puzzle, solution)
-  assert not r.correct and r.info["cell_accuracy"] == 0.5 and r.info["reason"] == "not a valid sudoku"
+  assert not r.correct and r.info["cell_accuracy"] == 0.5
+  assert r.info["reason"] == "not a valid sudoku"
   r = V.sudoku_result(wrong, puzzle, solution, reward="cell_accuracy")
   assert r.reward == 0.5 and not r.correct
   changed = "1234341221434312"  # last given changed

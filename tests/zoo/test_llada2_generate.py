@@ -53,7 +53,8 @@ def _check(out_BN, data, name, p):
 @pytest.mark.parametrize("shape", ["a", "b", "c"])
 def test_llada20_generate_is_token_exact(v20, data, shape):
   assert v20.generator == "llada2.0"
-  b, p, gen_length, block_length, steps, minimal_topk = (int(v) for v in data[f"v20_{shape}_params"])
+  b, p, gen_length, block_length, steps, minimal_topk = (
+      int(v) for v in data[f"v20_{shape}_params"])
   kwargs = dict(temperature=0.0, block_length=block_length, steps=steps, gen_length=gen_length,
                 minimal_topk=minimal_topk, threshold=float(data[f"v20_{shape}_threshold"]),
                 eos_id=int(data["eos_token_id"]), mask_id=int(data["mask_token_id"]))

@@ -206,7 +206,8 @@ def test_a_mis_shaped_tensor_is_named_and_nothing_is_written(tmp_path):
 
 
 def test_a_generator_that_does_not_fit_the_family_is_refused_before_loading(tmp_path):
-  with pytest.raises(ValueError, match=r"generator='llada2.1' does not fit a llada.*supported: llada"):
+  with pytest.raises(ValueError,
+                     match=r"generator='llada2.1' does not fit a llada.*supported: llada"):
     dllm_rl.load_pretrained(LLADA, generator="llada2.1")
 
 
@@ -225,7 +226,8 @@ def test_dream_logits_are_the_raw_rows_and_ids_come_from_config(dream):
   assert _max_diff(logits, data["logits"]) < 1e-4  # before the shift, as the official forward
   assert _max_diff(logits, data["logits_shifted"]) > 0.5
   assert (dream.family, dream.generator) == ("dream", "dream")
-  assert (dream.token_ids.mask_id, dream.token_ids.eos_id, dream.token_ids.pad_id) == (156, 150, 150)
+  ids = dream.token_ids
+  assert (ids.mask_id, ids.eos_id, ids.pad_id) == (156, 150, 150)
 
 
 def test_dream_diffusion_generate_is_the_official_call(dream):
