@@ -53,7 +53,6 @@ def _with(mode="pipeline", **updates):
     ({"model__first_dense_layers": 1}, "model.first_dense_layers"),
     ({"model__n_experts": 4, "model__experts_per_token": 2, "model__moe_hidden": 16,
       "model__mlp_hidden": 64}, "model.mlp_hidden"),  # every layer's MLP is experts
-    ({"lora__rank": 4, "model__param_dtype": "bfloat16"}, "model.param_dtype"),  # base_dtype's
     ({"eval__checkpoint_step": 500}, "eval.checkpoint_step"),  # mode=eval's
     ({"eval__phase": "sft"}, "eval.phase"),
     ({"log__samples_every": 0, "log__num_samples": 8}, "log.num_samples"),
@@ -93,6 +92,9 @@ def test_settings_the_run_reads_and_other_modes_are_quiet():
              model__moe_dispatch="tiled")
   assert unread_settings(_with(**moe, model__first_dense_layers=1, model__mlp_hidden=64)) == []
   assert unread_settings(_with(lora__rank=4, lora__base_dtype="float32")) == []
+  # a LoRA run stores its base in lora.base_dtype, but `convert export` writes the merged
+  # weights in model.param_dtype unless --dtype says otherwise (dllm_rl.train.export)
+  assert unread_settings(_with(lora__rank=4, model__param_dtype="bfloat16")) == []
   assert unread_settings(_with(sampler__steps=4)) == []  # 4 steps for the one block of 8
   assert unread_settings(_with(sampler__threshold=0.9, data__completion_len=16,
                                sampler__steps=16)) == []  # the steps threshold mode runs

@@ -5,9 +5,10 @@ An estimator reads only its own options (``coupled`` is the 1/t ELBO's, ``spg_be
 block estimator's), a loss only its own (``clip_C`` is StableDRL's), an advantage only its
 own (``beta_end`` is StepRS's); with ``model.hf_checkpoint`` the model's size keys are its
 config.json's (``model.d_model`` and the rest of :data:`HF_ARCHITECTURE`); a dense model reads
-no MoE option (:data:`MOE_OPTIONS`), a LoRA run no ``model.param_dtype``, a training run no
-``eval.phase``, a run without a W&B project no ``log.wandb_entity``, one process
-(``distributed.initialize=never``) no process key (:data:`DISTRIBUTED_PROCESS`). A value the run
+no MoE option (:data:`MOE_OPTIONS`), a training run no ``eval.phase``, a run without a W&B
+project no ``log.wandb_entity``, one process (``distributed.initialize=never``) no process key
+(:data:`DISTRIBUTED_PROCESS`). (A LoRA run stores its frozen base in ``lora.base_dtype``, yet
+reads ``model.param_dtype``: ``convert export`` writes the merged weights in it.) A value the run
 ignores is not an error (a sweep may set a key for every arm, or a config file for several
 losses), but a user who set ``rl.beta_end=4`` with centered advantages must not believe
 StepRS ran. ``dllm_rl.train.validate`` rejects the
@@ -117,9 +118,6 @@ RULES: tuple[tuple[str, Callable[[ml_collections.ConfigDict], bool], str], ...] 
     ("lora.alpha", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
     ("lora.targets", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
     ("lora.base_dtype", lambda c: c.lora.rank > 0, "read only with lora.rank > 0"),
-    ("model.param_dtype", lambda c: not c.lora.rank,
-     "with LoRA (lora.rank > 0) the frozen base is stored in lora.base_dtype and the adapters"
-     " in float32"),
     ("estimator.trajectory_shrink", lambda c: c.estimator.name == "trajectory",
      "an option of estimator.name=trajectory"),
     ("model.mlp_hidden", lambda c: c.model.n_experts == 0 or c.model.first_dense_layers > 0
