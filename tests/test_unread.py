@@ -71,6 +71,27 @@ def test_a_setting_the_run_does_not_read_is_named(updates, key):
   assert not is_read(config, key)  # what validate asks (the coupled pairs check)
 
 
+def test_threshold_modes_steps_error_asks_for_the_value_no_warning_calls_unread():
+  """In threshold mode validation still wants sampler.steps a multiple of the blocks: 16 blocks
+  refused the default 8 ("a positive multiple of the number of blocks (16)"), and the 16 a user
+  then gave was named "not read". The error now asks for data.completion_len, the value the
+  warning accepts."""
+  from dllm_rl.errors import ConfigError
+  from dllm_rl.train.validate import validate
+  for steps in (8, 512):  # not a multiple of the 16 blocks; 32 a block, above block_len 8
+    config = _with(sampler__threshold=0.9, data__completion_len=128, sampler__steps=steps)
+    with pytest.raises(ConfigError) as err:
+      validate(config)
+    (said,) = [str(e) for e in getattr(err.value, "errors", [err.value])
+               if str(e).startswith("config.sampler.steps")]
+    assert said.endswith("with sampler.threshold > 0 nothing else reads it (a block runs until"
+                         " it is complete): set it to data.completion_len = 128"), said
+    config.sampler.steps = 128
+    assert unread_settings(validate(config)) == []
+  with pytest.raises(ConfigError, match=r"number of blocks \(16\)$"):  # no threshold: read
+    validate(_with(data__completion_len=128, sampler__steps=8))
+
+
 def test_settings_the_run_reads_and_other_modes_are_quiet():
   assert unread_settings(_with(rl__advantage="steprs", rl__beta_end=4.0)) == []
   assert unread_settings(_with(rl__loss="grpo", rl__eps=0.3)) == []

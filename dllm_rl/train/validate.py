@@ -184,13 +184,18 @@ def _sampler(config, check: "_Checks") -> None:
     check(d.completion_len % s.block_len == 0, "sampler.block_len",
            f"data.completion_len={d.completion_len} is not a multiple of"
            f" sampler.block_len={s.block_len}")
-    multiple = f"{s.steps} must be a positive multiple of the number of blocks ({num_blocks})"
+    # threshold mode reads the steps nowhere else (dllm_rl.config.unread): the value to give
+    unread = (f"; with sampler.threshold > 0 nothing else reads it (a block runs until it is"
+              f" complete): set it to data.completion_len = {d.completion_len}"
+              if s.threshold > 0 else "")
+    multiple = (f"{s.steps} must be a positive multiple of the number of blocks ({num_blocks})"
+                + unread)
     check(s.steps > 0, "sampler.steps", multiple)
     check(s.steps <= 0 or s.steps % num_blocks == 0, "sampler.steps", multiple,
           given=("sampler.block_len",))  # the number of blocks of a valid block length
     check(s.steps // num_blocks <= s.block_len or s.kind == "dream", "sampler.steps",
            f"{s.steps // num_blocks} steps per block exceed sampler.block_len={s.block_len}"
-           " (some steps would commit nothing)",  # Dream's own sampler allows it
+           " (some steps would commit nothing)" + unread,  # Dream's own sampler allows it
            given=("sampler.block_len",))
   check(s.temperature == 0, "sampler.temperature", f"is not read, got {s.temperature}:"
         " validation and test decode greedily, pass@k samples at eval.temperature and RL"
