@@ -171,10 +171,10 @@ class CountdownTask(Task):
 
   def split_size_bound(self) -> int:
     """A bound on the instances of both splits together, for options too large to count:
-    each multiset of numbers with at most min(max_target, ``MAX_TARGETS``) targets. It is
-    5-10x the count at the largest counted sizes (3 numbers in [1, 38]; 4 in [1, 13]: 2-30x),
-    so it stops only a request far too large; one within it is left to the draws
-    (``stall_draws``)."""
+    each multiset of numbers with at most min(max_target, ``MAX_TARGETS``) targets. At the
+    largest counted sizes it is 4-10x the count for 3 numbers in [1, 38] and 1.2-30x for 4 in
+    [1, 13] (max_target 10 to unbounded), so it stops only a request far too large; one within
+    it is left to the draws (``stall_draws``)."""
     multisets = math.comb(self.max_number + self.num_numbers - 1, self.num_numbers)
     return multisets * min(self.max_target, MAX_TARGETS[self.num_numbers])
 
