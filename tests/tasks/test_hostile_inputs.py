@@ -4,8 +4,11 @@ stay within a time bound (issue 11, item 8)."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import sys
 import time
+import types
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -40,17 +43,41 @@ ANY_TEXT = st.one_of(st.text(max_size=400), ARITH, CODE,
                               max_size=80).map("".join))
 
 
+# The modules whose code the tests below run: each has eval / exec / compile / __import__
+# shadowed (test_the_guard_covers_every_task_module_the_tests_run keeps the list whole).
+GUARDED = ("base", "countdown", "jsonl", "jsonl_base", "jsonl_lines", "prompts", "safe_arith",
+           "sudoku", "timed_verifier", "verifiers")
+
+
 @pytest.fixture
 def no_code_execution(monkeypatch):
   """eval / exec / compile / __import__ raise if the task modules call them (module globals
   shadow the builtins for the code of that module)."""
-  from dllm_rl.tasks import base, countdown, jsonl, safe_arith, sudoku, timed_verifier
-
   def forbidden(*args, **kwargs):
     raise AssertionError("code execution attempted")
-  for module in (base, countdown, jsonl, safe_arith, sudoku, timed_verifier, verifiers):
+  for module in (importlib.import_module(f"dllm_rl.tasks.{name}") for name in GUARDED):
     for name in ("eval", "exec", "compile", "__import__"):
       monkeypatch.setattr(module, name, forbidden, raising=False)
+
+
+def test_the_guard_covers_every_task_module_the_tests_run():
+  """The JSONL tasks' loading and grading moved out of ``jsonl`` (to ``jsonl_base`` and
+  ``jsonl_lines``), and the guard, which named ``jsonl``, no longer covered them: every
+  ``dllm_rl.tasks`` module that the tested tasks' modules reach (through their globals) is
+  guarded."""
+  from dllm_rl.tasks import countdown, jsonl
+  seen, todo = set(), [jsonl, countdown, verifiers]
+  while todo:
+    module = todo.pop()
+    seen.add(module.__name__)
+    for value in vars(module).values():
+      found = (value if isinstance(value, types.ModuleType)
+               else sys.modules.get(getattr(value, "__module__", None) or ""))
+      if (found is not None and found.__name__.startswith("dllm_rl.tasks.")
+          and found.__name__ not in seen):
+        todo.append(found)
+  assert {"dllm_rl.tasks.jsonl_base", "dllm_rl.tasks.jsonl_lines"} <= seen, seen
+  assert sorted(name.split(".")[-1] for name in seen) == sorted(GUARDED)
 
 
 def _timed(fn, *args):
