@@ -172,3 +172,32 @@ def test_sampler_counts():
   prefill = flops.forward_flops(MODEL, p, keys=p + l, head_rows=0, last_rows=0)
   assert flops.sampler_flops(MODEL, block, 2, p) == 2 * (prefill + 8 * step + 3 * write)
   assert flops.sampler_flops(MODEL, cfg, 2, p, blocks=0, steps=0) == 0.0
+
+
+def test_every_registered_estimator_has_a_flop_count():
+  """The registry check a new estimator meets (README "Adding a component"): each name in
+  ESTIMATORS is counted by estimate_flops, which the run's MFU and the study's sizing read."""
+  from dllm_rl.diffusion.estimators import ESTIMATORS
+  missing = sorted(set(ESTIMATORS.names()) - set(flops.COUNTED_ESTIMATORS))
+  assert not missing, [flops.no_flop_count(name) for name in missing]
+  for name in ESTIMATORS.names():
+    assert flops.estimate_flops(MODEL, name, 2, 8, 8) > 0, name
+
+
+def test_a_registered_estimator_without_a_flop_count_is_a_config_error(monkeypatch):
+  """Registered but left out of the FLOP count: validation names estimator.name and the file
+  to fix, before anything compiles (it was a ValueError after SFT, at the first RL step);
+  a mode that scores no estimate (sft) is not stopped."""
+  from dllm_rl.config import ConfigError
+  from dllm_rl.diffusion.estimators import ESTIMATORS
+  from dllm_rl.train.validate import validate
+  monkeypatch.setitem(ESTIMATORS._items, "toy_estimator", ESTIMATORS.get("elbo"))
+  config = get_config()
+  config.estimator.name = "toy_estimator"
+  with pytest.raises(ConfigError, match=r"config\.estimator\.name: estimator 'toy_estimator'"
+                     r" has no FLOP count .* dllm_rl/train/flops\.py"):
+    validate(config)
+  config.mode = "sft"
+  validate(config)
+  with pytest.raises(ValueError, match="has no FLOP count"):
+    flops.estimate_flops(MODEL, "toy_estimator", 1, 8, 8)

@@ -31,6 +31,7 @@ from dllm_rl.registry import unknown_message
 from dllm_rl.rl import advantages, losses
 from dllm_rl.sampling import configs as sampler_configs
 from dllm_rl.sampling import dream_rollout, open_block, remasking
+from dllm_rl.train import flops
 from dllm_rl.train.context import expert_axis_problem, task_options
 from dllm_rl.train.throughput import parse_steps
 from dllm_rl.types import DTYPES
@@ -410,6 +411,10 @@ def _estimator(config, check: "_Checks") -> None:
          f"must be one of {ATTENTION_IMPLS}, got {x.attention_impl!r}")
   check(r.loss != "spg" or x.name == "spg_block", "rl.loss",
          "spg needs estimator.name=spg_block (it uses the EUBO)", given=("estimator.name",))
+  # a registered estimator the FLOP count leaves out: otherwise a ValueError after SFT, at
+  # the first RL step's metrics (an unregistered name is reported by _rl)
+  check(not scores or x.name not in estimators.ESTIMATORS or x.name in flops.COUNTED_ESTIMATORS,
+        "estimator.name", flops.no_flop_count(x.name))
 
 
 def _eval(config, check: "_Checks") -> None:
