@@ -11,6 +11,7 @@ from dllm_rl.diffusion.estimators import EstimatorConfig
 from dllm_rl.models import transformer as T
 from dllm_rl.rl import micro
 from dllm_rl.rl.advantages import AdvantageConfig
+from dllm_rl.rl.losses import LOSSES
 from dllm_rl.rl.step import RolloutBatch, make_rl_step
 from dllm_rl.parallel.shard import init_train_state
 from tests.helpers import EOS, rl_step_config, tiny_model
@@ -39,6 +40,14 @@ CASES = {  # loss, advantage, estimator, estimator options, kl
                         0.01),
 }
 KL_LEVEL = {"coupled_grpo-token-kl": "token"}  # the others: sequence
+
+
+def test_every_registered_loss_has_a_case():
+  """A registry check (README "Adding a component"): a new loss fails here until CASES holds
+  it, so that its micro-batched gradient is checked against the full batch's."""
+  missing = sorted(set(LOSSES.names()) - {loss for loss, *_ in CASES.values()})
+  assert not missing, (f"add a case of rl.loss {missing} to CASES in"
+                       " tests/rl/test_micro_batch.py (with the estimator it needs)")
 
 
 def _batch():

@@ -148,6 +148,14 @@ CASES = [("stabledrl", "centered", None, False), ("grpo", "grpo", None, False),
          ("espo", "leave_one_out", None, False)]
 
 
+def test_every_registered_loss_has_an_eos_case():
+  """A registry check (README "Adding a component"): a new loss fails here until CASES holds
+  it, so that the EOS test below checks it too."""
+  missing = sorted(set(LOSSES.names()) - {loss for loss, *_ in CASES})
+  assert not missing, (f"add a case of rl.loss {missing} to CASES in tests/rl/test_rl_step.py"
+                       " (with the estimator it needs)")
+
+
 @pytest.mark.parametrize("loss, advantage, estimator, dynamic", CASES)
 def test_nothing_after_the_first_eos_changes_loss_gradient_or_metrics(loss, advantage, estimator,
                                                                      dynamic):
