@@ -46,7 +46,7 @@ from dllm_rl.models.logprob import token_log_probs
 from dllm_rl.registry import Registry
 from dllm_rl.types import SequenceBatch
 
-ESTIMATORS: Registry = Registry("likelihood estimator")
+ESTIMATORS: Registry = Registry("likelihood estimator", key="estimator.name")
 
 
 REDUCTIONS = ("sum", "mean")  # per-sequence sum or length-mean

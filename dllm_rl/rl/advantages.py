@@ -354,7 +354,7 @@ class AdvantageFn(Protocol):
     ...
 
 
-ADVANTAGES: Registry[AdvantageFn] = Registry("advantage")
+ADVANTAGES: Registry[AdvantageFn] = Registry("advantage", key="rl.advantage")
 
 
 def checked_output(name: str, adv_BGL, mask_BGL) -> jax.Array:

@@ -31,7 +31,7 @@ from dllm_rl.rl.spg_loss import (spg_loss, spg_loss_tokens,  # noqa: F401  (publ
                                   spg_surrogate)
 from dllm_rl.rl.wd1_loss import wd1_loss, wd1_weights  # noqa: F401  (public here too)
 
-LOSSES: Registry = Registry("policy loss")
+LOSSES: Registry = Registry("policy loss", key="rl.loss")
 CLIP_MODES = ("upper", "symmetric", "none")
 KL_ESTIMATORS = ("k1", "k2", "k3")  # kl_penalty kinds (Schulman)
 KL_LEVELS = ("sequence", "token")  # rl.kl_level: kl_penalty | kl_penalty_tokens

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from dllm_rl.parallel.topk import top_k
 from dllm_rl.registry import Registry
 
-REMASKING: Registry = Registry("remasking policy")
+REMASKING: Registry = Registry("remasking policy", key="sampler.remasking")
 
 
 def confidence(name: str, logits_BLV, x0_BL, key):

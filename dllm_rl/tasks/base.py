@@ -235,7 +235,7 @@ class Task(abc.ABC):
     return out
 
 
-TASKS: Registry[type[Task]] = Registry("task")
+TASKS: Registry[type[Task]] = Registry("task", key="task.name")
 
 
 def check_options(name: str, options: Mapping[str, Any]) -> None:
