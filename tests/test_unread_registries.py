@@ -77,3 +77,22 @@ def test_the_reducible_estimators_are_those_that_read_estimator_reduction():
         f"estimator.name={name}: the estimator.reduction rule of dllm_rl/config/unread.py says"
         f" it is{'' if read else ' not'} read, and REDUCIBLE (dllm_rl/diffusion/estimators.py,"
         f" which validation reads) does{' not' if read else ''} hold {name!r}")
+
+
+def test_an_out_of_tree_component_is_judged_as_any_of_dllm_rls_own(monkeypatch):
+  """A loss registered outside dllm_rl (README "Out-of-tree components") is in no rule: a key
+  some built-in loss reads (rl.eps) is not said to be unread, a key that no choice of loss
+  makes read (rl.beta, read by one advantage only) still is, and a built-in loss is judged
+  as before."""
+  from dllm_rl.config.unread import unread_settings
+  monkeypatch.setitem(LOSSES._items, "my_loss", LOSSES.get("grpo"))
+  monkeypatch.setitem(LOSSES._modules, "my_loss", "my_algo")
+  c = get_config()
+  c.unlock()
+  c.mode, c.rl.loss, c.rl.eps, c.rl.beta, c.rl.clip = "rl", "my_loss", 0.3, 2.0, "symmetric"
+  assert [line.split(" is not read")[0] for line in unread_settings(c)] == [
+      "config.rl.beta=2.0"]
+  assert is_read(c, "rl.eps") and is_read(c, "rl.clip") and not is_read(c, "rl.beta")
+  c.rl.loss = "wd1"
+  assert [line.split(" is not read")[0] for line in unread_settings(c)] == [
+      "config.rl.beta=2.0", "config.rl.clip='symmetric'", "config.rl.eps=0.3"]

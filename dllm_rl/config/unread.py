@@ -18,12 +18,14 @@ that are read but degenerate, such as a threshold with entropy remasking).
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Callable
 
 import ml_collections
 
 from dllm_rl.config.schema import base_config
+from dllm_rl.registry import SELECTED_BY
 
 _STEPRS = ("steprs", "steprs_rms_matched", "steprs_mass_matched")
 # The model keys an HF checkpoint's config.json replaces (dllm_rl.train.hf_source.hf_model_config
@@ -41,6 +43,8 @@ MOE_OPTIONS = ("experts_per_token", "moe_hidden", "n_shared_experts", "n_expert_
                "topk_groups", "routed_scaling", "first_dense_layers", "moe_dispatch")
 # The process keys of config.distributed (dllm_rl.parallel.distributed.plan).
 DISTRIBUTED_PROCESS = ("coordinator_address", "num_processes", "process_id", "local_device_ids")
+# The keys that select a component the rules name (a registry's, dllm_rl.registry.SELECTED_BY).
+COMPONENT_KEYS = ("rl.loss", "rl.advantage", "estimator.name")
 # The modes that read a section or a key (a key's own entry first; others: every mode). The
 # staircase attention also serves a block model's SFT (dllm_rl.train.sft_step.ESTIMATOR_KEYS).
 _MODES = {"estimator": ("rl", "pipeline"), "rl": ("rl", "pipeline"),
@@ -167,14 +171,46 @@ def _in_mode(config: ml_collections.ConfigDict, key: str) -> bool:
   return config.mode in _MODES.get(key, _MODES.get(key.split(".")[0], (config.mode,)))
 
 
+def _rules_read(config: ml_collections.ConfigDict, key: str) -> bool:
+  return _in_mode(config, key) and all(reads(config) for k, reads, _ in RULES if k == key)
+
+
+def _out_of_tree(config: ml_collections.ConfigDict) -> dict[str, list[str]]:
+  """{component key: dllm_rl's own names} for each of :data:`COMPONENT_KEYS` whose name in
+  ``config`` was registered outside dllm_rl (README "Out-of-tree components"): the rules
+  name dllm_rl's components only. A registry not imported, or a name not registered, is
+  judged as the rules say (validation reports an unknown name)."""
+  out = {}
+  for key in COMPONENT_KEYS:
+    registry = SELECTED_BY.get(key)
+    name = _value(config, key)
+    if registry is not None and name in registry and not registry.in_tree(name):
+      out[key] = [n for n in registry.names() if registry.in_tree(n)]
+  return out
+
+
 def is_read(config: ml_collections.ConfigDict, key: str) -> bool:
   """Whether ``config``'s choices read ``key`` (a key of :data:`RULES`): its mode reads the
   key's section (``estimator`` and ``rl`` the modes that train with RL, ``sft`` those that
   train SFT, ``estimator.attention_impl`` those that train) and each of its rules says so (a
   key may have several: ``model.experts_per_token`` is an MoE option and a size key).
   ``dllm_rl.train.validate`` checks a value against another only where it is read (an odd
-  ``estimator.num_samples`` with ``estimator.coupled`` only for the 1/t ELBO)."""
-  return _in_mode(config, key) and all(reads(config) for k, reads, _ in RULES if k == key)
+  ``estimator.num_samples`` with ``estimator.coupled`` only for the 1/t ELBO).
+
+  A loss, advantage or estimator registered outside dllm_rl is in no rule: ``key`` is read
+  when it is with that component replaced by any of dllm_rl's own (it may read what they
+  do: ``rl.eps`` for a loss, never ``rl.beta_end`` with a built-in advantage that ignores it)."""
+  outside = _out_of_tree(config)
+  if not outside:
+    return _rules_read(config, key)
+  swapped = ml_collections.ConfigDict(config.to_dict())
+  for names in itertools.product(*outside.values()):
+    for component, name in zip(outside, names):
+      section, field = component.split(".")
+      swapped[section][field] = name
+    if _rules_read(swapped, key):
+      return True
+  return False
 
 
 def unread_settings(config: ml_collections.ConfigDict, quiet=()) -> list[str]:
@@ -187,4 +223,5 @@ def unread_settings(config: ml_collections.ConfigDict, quiet=()) -> list[str]:
   judged = set_keys(config) - set(quiet)
   return [f"config.{key}={_value(config, key)!r} is not read: {who}"
           for key, reads, who in RULES
-          if key in judged and _in_mode(config, key) and not reads(config)]
+          if key in judged and _in_mode(config, key) and not reads(config)
+          and not is_read(config, key)]
