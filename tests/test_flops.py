@@ -201,3 +201,22 @@ def test_a_registered_estimator_without_a_flop_count_is_a_config_error(monkeypat
   validate(config)
   with pytest.raises(ValueError, match="has no FLOP count"):
     flops.estimate_flops(MODEL, "toy_estimator", 1, 8, 8)
+
+
+def test_an_out_of_tree_estimator_counts_with_its_registered_flop_count(monkeypatch):
+  """An estimator registered outside dllm_rl (README "Out-of-tree components") cannot be added
+  to COUNTED_ESTIMATORS without editing dllm_rl: its module registers its count in
+  FLOP_COUNTS, which validation and estimate_flops read; without one, the error says so."""
+  from dllm_rl.config import ConfigError
+  from dllm_rl.diffusion.estimators import ESTIMATORS
+  from dllm_rl.train.validate import validate
+  monkeypatch.setitem(ESTIMATORS._items, "toy_estimator", ESTIMATORS.get("elbo"))
+  config = get_config()
+  config.estimator.name = "toy_estimator"
+  with pytest.raises(ConfigError, match=r"FLOP_COUNTS\.register\('toy_estimator'\)"):
+    validate(config)
+  monkeypatch.setitem(flops.FLOP_COUNTS._items, "toy_estimator",
+                      lambda m, k, p, l, block: k * flops.forward_flops(m, p + l, head_rows=l))
+  validate(config)
+  assert flops.estimate_flops(MODEL, "toy_estimator", 2, 8, 8) == flops.estimate_flops(
+      MODEL, "elbo", 2, 8, 8)

@@ -46,6 +46,7 @@ import math
 
 from dllm_rl.diffusion.trajectory import num_passes
 from dllm_rl.models.transformer import ModelConfig
+from dllm_rl.registry import Registry
 from dllm_rl.sampling.configs import sampler_config
 
 
@@ -88,6 +89,16 @@ def forward_flops(m: ModelConfig, tokens: float, *, keys: float | None = None,
 # for its time estimate), so validation rejects an estimator left out of it
 # (dllm_rl.train.validate), before anything compiles; a new estimator is added here and there.
 COUNTED_ESTIMATORS = ("mean_field", "elbo", "spg_block", "block_elbo", "trajectory")
+# The counts of estimators registered outside dllm_rl (README "Out-of-tree components"), by the
+# module that registers the estimator: ``FLOP_COUNTS.register("name")(fn)``,
+# ``fn(model_cfg, num_samples, prompt_len, completion_len, block) -> float`` as
+# :func:`estimate_flops` (e.g. ``num_samples * forward_flops(m, p + l, head_rows=l)``).
+FLOP_COUNTS: Registry = Registry("FLOP count")
+
+
+def counted(estimator: str) -> bool:
+  """Whether :func:`estimate_flops` counts ``estimator``."""
+  return estimator in COUNTED_ESTIMATORS or estimator in FLOP_COUNTS
 
 
 def estimate_flops(m: ModelConfig, estimator: str, num_samples: int, prompt_len: int,
@@ -96,6 +107,8 @@ def estimate_flops(m: ModelConfig, estimator: str, num_samples: int, prompt_len:
   ``block``: a block-diffusion model (``trajectory`` then runs staircase passes)."""
   p, l = prompt_len, completion_len
   if estimator not in COUNTED_ESTIMATORS:
+    if estimator in FLOP_COUNTS:
+      return float(FLOP_COUNTS.get(estimator)(m, num_samples, p, l, block))
     raise ValueError(no_flop_count(estimator))
   if estimator == "mean_field":
     return forward_flops(m, p + l, head_rows=l)
@@ -108,7 +121,9 @@ def no_flop_count(estimator: str) -> str:
   """The problem of an estimator :func:`estimate_flops` does not count, and where to fix it."""
   return (f"estimator {estimator!r} has no FLOP count (the run's MFU and the study's sizing"
           " read one): add it to COUNTED_ESTIMATORS and estimate_flops in"
-          " dllm_rl/train/flops.py (how many forwards of which length one estimate costs)")
+          " dllm_rl/train/flops.py (how many forwards of which length one estimate costs), or,"
+          " for an estimator registered outside dllm_rl, register its count beside it with"
+          f" dllm_rl.train.flops.FLOP_COUNTS.register({estimator!r})")
 
 
 def rl_step_flops(config, model_cfg: ModelConfig, *, prompt_len: int | None = None) -> float:

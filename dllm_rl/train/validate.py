@@ -413,7 +413,7 @@ def _estimator(config, check: "_Checks") -> None:
          "spg needs estimator.name=spg_block (it uses the EUBO)", given=("estimator.name",))
   # a registered estimator the FLOP count leaves out: otherwise a ValueError after SFT, at
   # the first RL step's metrics (an unregistered name is reported by _rl)
-  check(not scores or x.name not in estimators.ESTIMATORS or x.name in flops.COUNTED_ESTIMATORS,
+  check(not scores or x.name not in estimators.ESTIMATORS or flops.counted(x.name),
         "estimator.name", flops.no_flop_count(x.name))
 
 
