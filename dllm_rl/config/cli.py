@@ -123,8 +123,8 @@ def load(path: str | None, overrides: list[tuple[str, str]], *,
   try:
     config = load_config_file(path) if path else default()
   except Exception as e:  # noqa: BLE001 - a broken config file: report it, no traceback
-    print(f"error: --config={path}{config_line(e, path)}: {type(e).__name__}: {e}",
-          file=sys.stderr)
+    print(f"error: --config={path}{config_line(e, path)}: {type(e).__name__}: {e}"
+          f"{import_hint(e, path)}", file=sys.stderr)
     sys.exit(EXIT_CONFIG)
   notes: list[str] = []
   errors = apply_overrides(config, overrides, notes)
@@ -148,6 +148,23 @@ def config_line(err: BaseException, path: str) -> str:
   lines = [tb.lineno for tb in traceback.extract_tb(err.__traceback__)
            if os.path.realpath(tb.filename) == target]
   return f", line {lines[-1]}" if lines else ""
+
+
+def import_hint(err: BaseException, path: str) -> str:
+  """For a config file's import of a module that lies beside it (the user's own components,
+  README "Out-of-tree components"): that a config file's folder is not on the import path,
+  as a script's is, and how to put it there; "" otherwise."""
+  name = getattr(err, "name", None)
+  if not isinstance(err, ModuleNotFoundError) or not name:
+    return ""
+  folder = os.path.dirname(os.path.abspath(path if os.path.exists(path)
+                                           else path.rsplit(":", 1)[0]))
+  top = name.partition(".")[0]
+  if not (os.path.isfile(os.path.join(folder, f"{top}.py"))
+          or os.path.isdir(os.path.join(folder, top))):
+    return ""
+  return (f" ({top} is beside the config file, but a config file's folder is not on the"
+          f" import path: run with PYTHONPATH={folder})")
 
 
 def typed_overrides(base: ml_collections.ConfigDict,

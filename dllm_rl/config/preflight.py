@@ -29,7 +29,8 @@ import sys
 
 from absl import flags
 
-from dllm_rl.config.cli import EXIT_CONFIG, HELP, config_line, fail, split_overrides
+from dllm_rl.config.cli import (EXIT_CONFIG, HELP, config_line, fail, import_hint,
+                                split_overrides)
 from dllm_rl.config.overrides import apply_overrides
 from dllm_rl.config.schema import load_config_file
 from dllm_rl.config.unread import unread_settings
@@ -105,7 +106,7 @@ def check(path: str, slices: int, argv: list[str]) -> tuple[list[ConfigError], l
       raise
     raise Unchecked(f"--config={path}{config_line(e, path)}: {type(e).__name__}: {e} (not"
                     f" dllm_rl's: a package {sys.executable} lacks, that the workers may"
-                    " have); not checked here") from e
+                    f" have); not checked here{import_hint(e, path)}") from e
   errors += apply_overrides(config, overrides, [])
   data = config.mesh.data  # -1 (the devices the other axes leave) is resolved on the workers
   if slices > 1 and not errors and data != -1 and (data < 1 or data % slices):
