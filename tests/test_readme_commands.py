@@ -401,8 +401,8 @@ def base_config(module: str, flags: dict):
       return str(err)
   path = flags.get("config")
   if path is None or _is_placeholder(path) or _is_placeholder(
-      os.path.basename(path).split(".")[0]):
-    return default_config()
+      os.path.basename(path).split(".")[0]) or _is_placeholder(path.split("/")[0]):
+    return default_config()  # DIR/my_config.py: a user's file (README "Out-of-tree components")
   try:
     return _config_file(path).copy_and_resolve_references()
   except Exception as err:  # noqa: BLE001 - a broken or missing file: the problem
