@@ -153,3 +153,19 @@ def test_the_study_usage_names_the_program_as_typed(argv0, typed, tmp_path):
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert f"error: usage: {typed} NAME --workdir=DIR; NAME: " in proc.stderr, proc.stderr
   assert os.listdir(tmp_path) == []
+
+
+def test_a_config_files_import_of_a_module_beside_it_names_pythonpath(tmp_path):
+  """README "Out-of-tree components": a config file's folder is not on the import path, so
+  ``import my_algo`` of a module beside it fails; the error says so (a module not beside it,
+  or another error, gets no hint)."""
+  from dllm_rl.config.cli import import_hint
+  (tmp_path / "my_algo.py").write_text("")
+  config = str(tmp_path / "my_config.py")
+  beside = ModuleNotFoundError("No module named 'my_algo'", name="my_algo")
+  assert import_hint(beside, config) == (
+      " (my_algo is beside the config file, but a config file's folder is not on the import"
+      f" path: run with PYTHONPATH={tmp_path})")
+  assert import_hint(beside, config + ":tiny") == import_hint(beside, config)
+  assert import_hint(ModuleNotFoundError("x", name="elsewhere"), config) == ""
+  assert import_hint(ValueError("my_algo"), config) == ""
