@@ -9,7 +9,8 @@ One JSON object per line (blank lines are ignored):
   reference: the answer, else the solution's last boxed body. Checked by math-verify in a
   worker process with a hard timeout (``verify_timeout`` seconds).
 * ``countdown_jsonl``: ``{"nums": [...], "target": n}`` and optionally
-  ``"solution"`` (an expression, checked at load). SFT target: the solution or "".
+  ``"solution"`` (an expression, checked at load). SFT target: the solution or "". Reward
+  (``reward``): the lenient verifier, or d1's ``compute_score`` (the d1 preset's default).
 * ``sudoku_jsonl``: ``{"puzzle": 16 digits 0-4 (0 = blank), "solution": 16
   digits 1-4}``. SFT target: the solution.
 
@@ -107,12 +108,16 @@ class Math500Task(JsonlTask):
 
 @TASKS.register("countdown_jsonl")
 class CountdownJsonlTask(JsonlTask):
-  """Countdown from a file; reward 1 iff each number is used once and the value hits."""
+  """Countdown from a file; ``reward`` "verifier": 1 iff each number is used once and the
+  value hits (a trailing ``= value`` dropped), or d1's ``compute_score`` (``"d1"``, the d1
+  preset's default: :func:`dllm_rl.tasks.verifiers.d1_countdown_result`, where
+  ``3*5+7=22`` for 3, 5, 7 scores the format score, 22 being one number too many)."""
 
   name = "countdown_jsonl"
   recipe = "countdown"
   many_answers = True
   closed_answer = True  # d1's extract_solution
+  rewards = ("verifier", "d1")
   default_question = ("Using the numbers {numbers}, create an equation that equals "
                       "{target}. Use + - * / and each number exactly once. Put the "
                       "equation inside <answer></answer>.")
@@ -121,27 +126,37 @@ class CountdownJsonlTask(JsonlTask):
                prompt_template: str = "{question}", test_fraction: float | None = None,
                verify_timeout: float | None = None, prompt_preset: str = "",
                answer_tag: bool | None = None, format_score: float | None = None,
-               wrong_reward: float = 0.0):
+               wrong_reward: float = 0.0, reward: str | None = None):
     """``format_score``: the reward of a wrong answer given in a closed ``<answer>`` span (d1's
-    and StableDRL's ``compute_score``: 0.1, the d1 preset's default; else 0.0)."""
+    and StableDRL's ``compute_score``: 0.1, the d1 preset's default, and ``reward="d1"``'s
+    without the preset; else 0.0)."""
+    if format_score is not None and not 0.0 <= format_score < 1.0:
+      raise ValueError(f"format_score must be in [0, 1), got {format_score!r}")
+    super().__init__(train_file, test_file, on_error, prompt_template, test_fraction,
+                     verify_timeout, prompt_preset, answer_tag, wrong_reward, reward)
     if format_score is None:
       found = prompts.PROMPT_PRESETS.get(prompt_preset)
       format_score = found.format_scores.get(self.name, 0.0) if found else 0.0
-    if not 0.0 <= format_score < 1.0:
-      raise ValueError(f"format_score must be in [0, 1), got {format_score!r}")
+      format_score = 0.1 if self.reward == "d1" and not found else format_score
     self.format_score = float(format_score)
-    super().__init__(train_file, test_file, on_error, prompt_template, test_fraction,
-                     verify_timeout, prompt_preset, answer_tag, wrong_reward)
 
   def verify(self, example: Example, completion: str) -> VerifyResult:
-    """As the base task's; with ``format_score``, a wrong answer in a closed ``<answer>``
-    span (any text, as d1's) scores it instead of 0 (counted as parsed, not malformed)."""
+    """``reward="d1"``: d1's ``compute_score`` of the whole completion. Otherwise as the base
+    task's; with ``format_score``, a wrong answer in a closed ``<answer>`` span (any text, as
+    d1's) scores it instead of 0 (counted as parsed, not malformed)."""
+    if self.reward == "d1":
+      return verifiers.d1_countdown_result(completion, *self._args(example), self.format_score)
     result = super().verify(example, completion)
     span = verifiers.closed_answer_span(completion) if self.format_score else None
     if result.correct or span is None:
       return result
     return VerifyResult(self.format_score, False, span if result.parsed is None else result.parsed,
                         {**result.info, "format_score": self.format_score})
+
+  def _d1_reward(self, example, completion, correct):
+    """d1's ``compute_score`` (:func:`dllm_rl.tasks.verifiers.d1_countdown_result`)."""
+    return verifiers.d1_countdown_result(completion, *self._args(example),
+                                         self.format_score).reward
 
   @classmethod
   def _fields(cls, record):

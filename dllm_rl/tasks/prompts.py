@@ -65,10 +65,12 @@ PROMPT_PRESETS: dict[str, Preset] = {
     # d1's MATH reward (correctness_reward_func_math, reward_func.py line 242) reads the last
     # \boxed{} anywhere in the completion, not the <answer> span its other tasks read
     # d1's Sudoku reward (sudoku_reward_func) is the share of blank cells filled right; its
-    # GSM8K and MATH rewards add format terms (diffu_grpo_train.py: reward_functions)
+    # GSM8K and MATH rewards add format terms (diffu_grpo_train.py: reward_functions); its
+    # Countdown reward is compute_score (1 / format_score / 0), its eval on the span's equation
     "d1": Preset(answer_tag=frozenset({"gsm8k", "countdown_jsonl", "sudoku_jsonl"}),
                  boxed=frozenset({"math500"}),
-                 rewards={"sudoku_jsonl": "cell_accuracy", "gsm8k": "d1", "math500": "d1"},
+                 rewards={"sudoku_jsonl": "cell_accuracy", "gsm8k": "d1", "math500": "d1",
+                          "countdown_jsonl": "d1"},
                  format_scores={"countdown_jsonl": 0.1},  # compute_score's format_score
                  templates={
         "gsm8k": D1_FORMAT + "\n\n{question}",

@@ -19,6 +19,7 @@ from typing import Sequence
 
 from dllm_rl.tasks.base import VerifyResult, malformed
 from dllm_rl.tasks.countdown import grade_expression
+from dllm_rl.tasks.safe_arith import ParseError, parse_expression
 from dllm_rl.tasks.sudoku import NUM_CELLS, grade_grid
 
 MAX_COMPLETION_CHARS = 65_536
@@ -388,6 +389,61 @@ def countdown_reward(completion: str, numbers: Sequence[int], target: int) -> Ve
   if len(completion) > MAX_COMPLETION_CHARS:
     return malformed(f"completion too long ({len(completion)} characters)")
   return grade_expression(answer_span(completion).split("=", 1)[0].strip(), numbers, target)
+
+
+# d1's (TinyZero's) countdown.py: the characters its evaluate_equation lets through to eval,
+# the integers its validate_equation reads, and compute_score's tolerance (exact here).
+_D1_EQUATION_RE = re.compile(r"^[\d+\-*/().\s]+$")
+_D1_INTEGER_RE = re.compile(r"\d+")
+_D1_TOLERANCE = Fraction(1, 10**5)
+
+
+def d1_countdown_result(completion: str, numbers: Sequence[int], target: int,
+                        format_score: float = 0.1) -> VerifyResult:
+  """d1's and StableDRL's Countdown reward (TinyZero's ``compute_score``, d1's
+  diffu-grpo/reward_func.py @837888f ``countdown_reward_func``), on the stripped body of the
+  last closed ``<answer>...</answer>`` (:func:`closed_answer_span`): no such span, 0; the
+  integers in it (the regex ``\\d+``, so a trailing ``=22`` adds 22) not exactly
+  ``numbers`` as a multiset, ``format_score``; a character other than a digit,
+  ``+ - * / ( ) .`` or whitespace, ``format_score``; else 1.0 iff its value is within 1e-5 of
+  ``target``, ``format_score`` otherwise (one that does not evaluate too).
+
+  d1 evaluates with ``eval``; here the bounded ``safe_arith`` parser, exact fractions and an
+  exact ``|value - target| < 1e-5``: binary ``+ - * /`` and parentheses, as the prompt and the
+  ``verifier`` reward allow. What ``eval`` would also take scores ``format_score`` here: a
+  unary sign (``-3+5+7``), ``**``, ``//``, a decimal point, an expression over
+  ``safe_arith.MAX_CHARS`` characters. Never malformed (``parsed`` is "" without a span, as
+  d1 counts every completion); a completion over ``MAX_COMPLETION_CHARS`` scores 0 unread.
+  """
+  def scored(reward: float, parsed: str, reason: str | None) -> VerifyResult:
+    info = {"target": int(target), "d1_reward": reward}
+    if reason:
+      info["reason"] = reason
+    return VerifyResult(reward, reward == 1.0, parsed, info)
+
+  if len(completion) > MAX_COMPLETION_CHARS:
+    return scored(0.0, "", f"completion too long ({len(completion)} characters)")
+  span = closed_answer_span(completion)
+  if span is None:
+    return scored(0.0, "", "no closed <answer>...</answer>")
+  equation = span.strip()
+  try:  # int() refuses over 4300 digits, as d1's validate_equation does (its except: False)
+    used = sorted(int(n) for n in _D1_INTEGER_RE.findall(equation))
+  except ValueError:
+    used = None
+  if used != sorted(int(x) for x in numbers):
+    return scored(format_score, equation, f"must use each of {sorted(numbers)} exactly once"
+                  f" (d1 reads the integers {used})")
+  if not _D1_EQUATION_RE.match(equation):
+    return scored(format_score, equation, "characters other than digits, + - * / ( ) . and"
+                  " whitespace")
+  try:
+    value, _, canonical = parse_expression(equation)
+  except ParseError as err:
+    return scored(format_score, equation, f"parse error: {err}")
+  if abs(value - int(target)) >= _D1_TOLERANCE:
+    return scored(format_score, canonical, f"wrong value {value}")
+  return scored(1.0, canonical, None)
 
 
 # --- 4×4 sudoku -------------------------------------------------------------

@@ -8,6 +8,7 @@ import pytest
 
 from dllm_rl.config import ConfigError
 from dllm_rl.tasks import CharTokenizer, make_task
+from dllm_rl.tasks import verifiers
 from dllm_rl.tasks.base import check_options
 from dllm_rl.tasks.prompts import D1_FORMAT, D1_SUDOKU, PROMPT_PRESETS, chat_prompt
 from dllm_rl.train.context import build_context
@@ -163,6 +164,46 @@ def test_d1_countdown_gives_a_wrong_tagged_answer_the_format_score(tmp_path):
     _one(tmp_path, "countdown_jsonl", COUNTDOWN, format_score=1.5)
 
 
+@pytest.mark.parametrize("completion, score", [
+    ("<answer>3*5+7</answer>", 1.0),
+    ("<reasoning>\n...\n</reasoning>\n<answer>\n(7 + 3*5)\n</answer>\n", 1.0),
+    ("<answer>3*5+7=22</answer>", 0.1),  # \d+ reads 22 too: [3, 5, 7, 22] is not [3, 5, 7]
+    ("<answer>3*5+7 = 22</answer>", 0.1),
+    ("<answer>x=3*5+7</answer>", 0.1),  # the right numbers, but a letter and '='
+    ("<answer>3*5+7+5</answer>", 0.1),  # 5 twice: the multiset differs
+    ("<answer>3*5</answer>", 0.1),  # 7 unused
+    ("<answer>3+5+7</answer>", 0.1),  # evaluates to 15
+    ("<answer>3*5+7", 0.0),  # no closed span
+    ("3*5+7", 0.0),
+])
+def test_d1_countdown_reward_is_compute_score(tmp_path, completion, score):
+  """d1's compute_score (reward_func.py @837888f; TinyZero's countdown.py), by hand: the last
+  closed <answer> body, stripped; its integers (re \\d+) sorted must be the numbers sorted,
+  else 0.1; only digits, + - * / ( ) . and whitespace, else 0.1; 1.0 iff |value - 22| < 1e-5,
+  else 0.1; no closed span: 0. It is the d1 preset's default reward for countdown_jsonl."""
+  task, ex = _one(tmp_path, "countdown_jsonl", COUNTDOWN, prompt_preset="d1")
+  assert task.reward == "d1"
+  r = task.verify(ex, completion)
+  assert (r.reward, r.correct, r.parsed is not None) == (score, score == 1.0, True), r.info
+  assert task._d1_reward(ex, completion, r.correct) == score
+
+
+def test_countdown_reward_verifier_keeps_the_lenient_reading(tmp_path):
+  """reward="verifier" (the default without the preset) drops an answer's trailing "= value"
+  (verifiers.countdown_reward, unchanged); reward="d1" without the preset is compute_score
+  with its format_score 0.1; an unknown reward is named."""
+  eq = "<answer>3*5+7=22</answer>"
+  for options in ({}, {"prompt_preset": "d1", "reward": "verifier"}):
+    task, ex = _one(tmp_path, "countdown_jsonl", COUNTDOWN, **options)
+    assert task.reward == "verifier" and task.verify(ex, eq).reward == 1.0
+  assert verifiers.countdown_reward(eq, [3, 5, 7], 22).correct  # the checker itself, unchanged
+  task, ex = _one(tmp_path, "countdown_jsonl", COUNTDOWN, reward="d1")
+  assert (task.format_score, task.verify(ex, eq).reward) == (0.1, 0.1)
+  assert task.verify(ex, "<answer>3*5+7</answer>").reward == 1.0
+  with pytest.raises(ValueError, match=r"reward must be one of \('verifier', 'd1'\)"):
+    _one(tmp_path, "countdown_jsonl", COUNTDOWN, reward="exact")
+
+
 def test_the_stabledrl_preset_is_its_math_prompt_graded_by_math_verify(tmp_path):
   """StableDRL @26ad014 (dataloaders/math.py): collate_fn_mixed appends its raw-string
   instruction, doubled backslashes as run, to the problem; reward_mixed grades the whole
@@ -214,9 +255,9 @@ def test_d1_gsm8k_and_math_rewards_are_d1s_sums_as_run(tmp_path):
   assert math.verify(mex, "<answer>\\boxed{1}</answer>").reward == 0.75
   with pytest.raises(ValueError, match=r"reward must be one of \('verifier', 'd1'\), got 'x'"):
     _one(tmp_path, "math500", MATH, reward="x")
-  with pytest.raises(ValueError, match=r"task 'countdown_jsonl' got unknown option\(s\)"
-                                       r" \['reward'\]"):
-    make_task("countdown_jsonl", test_file=_file(tmp_path / "c.jsonl", COUNTDOWN), reward="d1")
+  with pytest.raises(ValueError, match=r"task 'countdown' got unknown option\(s\)"
+                                       r" \['reward'\]"):  # the generated task: no such option
+    make_task("countdown", reward="d1")
 
 
 def test_preset_errors_are_named(tmp_path):

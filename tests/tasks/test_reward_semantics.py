@@ -88,6 +88,23 @@ def test_countdown_value_must_equal_the_target_exactly_not_its_integer_part():
   assert V.countdown_reward("7*2/1", [7, 2, 1], 14).correct
 
 
+@pytest.mark.parametrize("text, numbers, target, score", [
+    ("<answer>1/100001</answer>", [1, 100001], 0, 1.0),  # 9.99990e-06 < 1e-5: d1's 1.0
+    ("<answer>1/100000</answer>", [1, 100000], 0, 0.1),  # exactly 1e-5: not below it
+    ("<answer>3*5+7</answer>", [7, 5, 3], 22, 1.0),  # sorted multisets, any order
+    ("<answer>3*5+7.</answer>", [3, 5, 7], 22, 0.1),  # a decimal point: d1 scores 1.0
+    ("<answer>-3+5*7-10</answer>", [3, 5, 7, 10], 22, 0.1),  # unary minus: d1 scores 1.0
+    ("<answer>3**2+13</answer>", [3, 2, 13], 22, 0.1),  # "**": d1 scores 1.0
+    ("<answer>3*5+7</answer><answer>1</answer>", [3, 5, 7], 22, 0.1),  # the last span only
+    ("<answer>  </answer>", [3, 5, 7], 22, 0.1),  # an empty span is a span
+])
+def test_d1_countdown_reward_edges(text, numbers, target, score):
+  """d1's compute_score by hand, and where the safe parser parts from d1's eval (its unary
+  sign, "**", decimals score the format score here, as the verifier reward rejects them)."""
+  r = V.d1_countdown_result(text, numbers, target, 0.1)
+  assert (r.reward, r.correct) == (score, score == 1.0), r.info
+
+
 # --- 4x4 sudoku -------------------------------------------------------------------------------
 
 def test_a_latin_square_that_breaks_a_box_is_not_a_solution():
