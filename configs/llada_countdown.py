@@ -11,11 +11,14 @@ Hyper-parameters: the official StableDRL Countdown run, JianyuanZhong/StableDRL 
 AdamW lr 1e-6 (G = 16, 256 tokens in 128 steps with blocks of 32, temperature 0.9, SPG block
 ELBO K = 2, prompt masking 0.15, EUBO β 1.5, ω 0.5, C = 5, μ = 2, betas (0.9, 0.99), wd 0.1,
 linear decay over 2000 optimizer updates = 1000 rollout batches × μ, clip 0.2, no KL).
-Prompts: d1's Countdown prompt (the ``<reasoning>/<answer>`` preset); reward 1 iff the last
-closed ``<answer>`` expression uses each number once and hits the target (safe parser, no
-eval), 0.1 for any other closed ``<answer>`` span and 0 without one (d1's ``compute_score``;
-the preset's ``task.options.format_score``; StableDRL's ``compute_score_countdown`` gives the
-same values but also accepts an equation that uses only some of the numbers). Data:
+Prompts: d1's Countdown prompt (the ``<reasoning>/<answer>`` preset); reward d1's
+``compute_score`` (the preset's ``task.options.reward=d1``): 1 iff the last closed ``<answer>``
+body's integers are the numbers, each once (a trailing ``=22`` is one too many), it holds only
+digits, ``+ - * / ( ) .`` and whitespace, and its value is within 1e-5 of the target (safe
+parser, no eval: a unary minus, ``**`` or a decimal point scores 0.1), 0.1 for any other
+closed ``<answer>`` span and 0 without one (the preset's ``task.options.format_score``;
+StableDRL's ``compute_score_countdown`` gives the same values but also accepts an equation that
+uses only some of the numbers). Data:
 ``dllm-rl-data prepare countdown`` (d1: Jiayi-Pan/Countdown-Tasks-3to4, 3-number instances,
 for training; d1's 256-problem countdown_cd3_test.jsonl for testing; StableDRL's yaml points its
 loader at that test file, which d1 keeps for evaluation). What you should see: as
