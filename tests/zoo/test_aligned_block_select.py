@@ -1,0 +1,53 @@
+"""The aligned-block generators' per-step choice and nucleus filter on hand-built inputs.
+
+The token-exact fixtures (test_llada2_generate.py) are LLaDA2 runs at temperature 0: SDAR's
+options (``sequential``, no clamp to the masked count) and the nucleus filter never run there,
+and no fixture confidence sits exactly at the threshold.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+
+from dllm_rl.sampling.aligned_block import AlignedBlockConfig, filter_logits, select
+
+NEG = -jnp.inf
+
+
+def _cfg(**kw):
+  return AlignedBlockConfig(gen_length=8, block_length=8, steps=4, **kw)
+
+
+def test_sequential_takes_k_positions_from_the_first_mask():
+  masked = jnp.array([[False, False, True, True, True, False, True, True]])
+  conf = jnp.where(masked, jnp.array([[0., 0., .1, .2, .3, 0., .9, .8]]), NEG)
+  got = select(conf, masked, 2, cfg=_cfg(sequential=True))
+  np.testing.assert_array_equal(got[0], [0, 0, 1, 1, 0, 0, 0, 0])
+
+
+def test_top_k_clamps_to_the_masked_count_only_for_llada2():
+  """One masked position, k = 3: LLaDA2 writes it alone; SDAR's top-k also takes the two
+  first (−inf, already decoded) positions, as its official code does."""
+  masked = jnp.array([[False, False, False, True, False, False, False, False]])
+  conf = jnp.where(masked, 0.5, NEG)
+  np.testing.assert_array_equal(select(conf, masked, 3, cfg=_cfg())[0], [0, 0, 0, 1, 0, 0, 0, 0])
+  np.testing.assert_array_equal(select(conf, masked, 3, cfg=_cfg(clamp_to_masked=False))[0],
+                                [1, 1, 0, 1, 0, 0, 0, 0])
+
+
+def test_threshold_is_strict():
+  """p > threshold: confidences equal to it count as low (then the top k_t are written)."""
+  masked = jnp.ones((1, 4), bool)
+  conf = jnp.array([[0.5, 0.5, 0.25, 0.75]])
+  np.testing.assert_array_equal(select(conf, masked, 1, cfg=_cfg(threshold=0.5))[0],
+                                [0, 0, 0, 1])
+  np.testing.assert_array_equal(select(conf, masked, 2, cfg=_cfg(threshold=0.5))[0],
+                                [1, 0, 0, 1])
+
+
+def test_nucleus_keeps_tokens_up_to_the_one_that_crosses_top_p():
+  """probs (0.5, 0.3, 0.15, 0.05), top_p 0.7: cumulative 0.5, 0.8 → tokens 0 and 1 stay."""
+  logits = jnp.log(jnp.array([[[0.15, 0.5, 0.05, 0.3]]]))
+  got = np.asarray(filter_logits(logits, top_p=0.7))[0, 0]
+  np.testing.assert_array_equal(np.isfinite(got), [False, True, False, True])
+  got = np.asarray(filter_logits(logits, top_k=3))[0, 0]
+  np.testing.assert_array_equal(np.isfinite(got), [True, True, False, True])
