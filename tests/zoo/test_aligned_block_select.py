@@ -5,10 +5,12 @@ options (``sequential``, no clamp to the masked count) and the nucleus filter ne
 and no fixture confidence sits exactly at the threshold.
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dllm_rl.sampling.aligned_block import AlignedBlockConfig, filter_logits, select
+from dllm_rl.sampling.aligned_block import (AlignedBlockConfig, _decode_blocks, filter_logits,
+                                            select)
 
 NEG = -jnp.inf
 
@@ -51,3 +53,27 @@ def test_nucleus_keeps_tokens_up_to_the_one_that_crosses_top_p():
   np.testing.assert_array_equal(np.isfinite(got), [False, True, False, True])
   got = np.asarray(filter_logits(logits, top_k=3))[0, 0]
   np.testing.assert_array_equal(np.isfinite(got), [True, True, False, True])
+
+
+def _fill(value_of_block):
+  """A ``decode_block`` that writes ``value_of_block(block)`` over the whole block."""
+  def decode_block(x_BN, done_B, nfe_B, block):
+    row_BT = jnp.full((x_BN.shape[0], 4), value_of_block(block), jnp.int32)
+    new_BN = jax.lax.dynamic_update_slice_in_dim(x_BN, row_BT, block * 4, axis=1)
+    return jnp.where(done_B[:, None], x_BN, new_BN), nfe_B + ~done_B
+  return decode_block
+
+
+def test_a_row_stops_after_a_stop_id_in_its_generated_part_only():
+  """Blocks from ``P // block_length`` on; a stop id in the prompt does not end a row, one
+  that a block generates does (after that block)."""
+  stop, mask = 9, 0
+  x = jnp.full((2, 16), mask, jnp.int32).at[:, :6].set(5).at[0, 1].set(stop)
+  got, nfe = _decode_blocks(_fill(lambda blk: 7), x, prompt_len=6, block_length=4,
+                            num_blocks=4, stop_ids=(stop,))
+  np.testing.assert_array_equal(nfe, [3, 3])  # blocks 1, 2, 3: the prompt's stop id is no stop
+  np.testing.assert_array_equal(got[:, 4:], 7)
+  got, nfe = _decode_blocks(_fill(lambda blk: jnp.where(blk == 2, stop, 7)), x, prompt_len=6,
+                            block_length=4, num_blocks=4, stop_ids=(stop,))
+  np.testing.assert_array_equal(nfe, [2, 2])
+  np.testing.assert_array_equal(got[:, 12:], mask)  # block 3 never decoded
