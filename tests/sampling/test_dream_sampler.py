@@ -155,6 +155,13 @@ def test_block_sampler_reproduces_the_official_output(checkpoint, name):
     np.testing.assert_array_equal(h_SBN[s][:, outside_N], h_SBN[s - 1][:, outside_N])
 
 
+def test_block_sampler_scores_by_entropy_whatever_alg_is(checkpoint):
+  """README, "Block sampler": the cached steps rank by entropy whatever ``alg`` names, so
+  ``maskgit_plus`` gives the official entropy run."""
+  out, _ = _official(checkpoint, "k_prefix_entropy", alg="maskgit_plus")
+  np.testing.assert_array_equal(out.sequences_BN, checkpoint[2]["k_prefix_entropy_output"])
+
+
 @pytest.mark.parametrize("dual,threshold", [(True, 1.1), (True, 0.0), (False, 1.1)])
 def test_block_confidence_threshold_takes_one_or_all_per_step(checkpoint, dual, threshold):
   """Block + ``confidence_threshold`` (no official run in the fixture): a threshold above every
