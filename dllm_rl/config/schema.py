@@ -119,7 +119,7 @@ def base_config() -> ml_collections.ConfigDict:
   # eval.temperature, RL rollouts at rl.temperature; any other value is a config error.
   s.temperature = 0.0
   s.remasking = "low_confidence"  # a name in dllm_rl.sampling.remasking.REMASKING
-  s.threshold = 0.0       # > 0: commit every token above this confidence (dynamic; its scale
+  s.threshold = 0.0       # > 0: commit every token at or above this confidence (dynamic; its scale
                           # is the remasking policy's: probabilities for low_confidence)
   s.stop_at_eos = True    # fill after the first committed EOS, skip finished blocks
   # False (official LLaDA generate): propose and score over the whole vocabulary, mask token

@@ -44,7 +44,7 @@ def select_commits(logits_BLV, open_BL, key, k_commit, *, cfg, mask_id: int):
   ``cfg.exclude_mask``), scores it with the registered remasking policy and
   picks the ``k_commit`` most confident open positions (LLaDA
   ``get_num_transfer_tokens`` schedule), or in dynamic mode
-  (``cfg.threshold > 0``, Fast-dLLM) every open position above the threshold
+  (``cfg.threshold > 0``, Fast-dLLM) every open position at or above the threshold
   and at least the most confident one. A picked position whose proposal is the
   mask token is not committed (it stays masked). ``key`` is split into
   (proposal, confidence) keys. Returns (x0_BL, commit_BL).
@@ -57,7 +57,7 @@ def select_commits(logits_BLV, open_BL, key, k_commit, *, cfg, mask_id: int):
   conf_BL = jnp.where(open_BL, confidence(cfg.remasking, logits_BLV, x0_BL, k_conf), _NEG)
   rank_BL = descending_rank(conf_BL)
   if cfg.threshold > 0:
-    picked_BL = (conf_BL > cfg.threshold) | (rank_BL == 0)
+    picked_BL = (conf_BL >= cfg.threshold) | (rank_BL == 0)  # Fast-dLLM: drops only < threshold
   else:
     picked_BL = rank_BL < k_commit
   return x0_BL, open_BL & picked_BL & (x0_BL != mask_id)

@@ -75,6 +75,22 @@ def test_threshold_mode_commits_above_the_threshold_or_the_single_best():
   np.testing.assert_array_equal(commit[0], [0, 0, 1, 0, 0, 0, 0, 0])
 
 
+def test_threshold_mode_commits_a_confidence_equal_to_the_threshold():
+  """Fast-dLLM's ``get_transfer_index`` keeps an open position whose confidence is >= the
+  threshold (it drops only those below it): p = 0.5 exactly (two equal logits) at threshold
+  0.5 commits, beside the most confident position."""
+  row_even = [0.0, 0.0, -1e9, -1e9]  # p(token 0) = 1/2 exactly in float32
+  row_sure = [4.0, 0.0, -1e9, -1e9]
+  logits = jnp.array([[row_even, row_sure, row_even]], jnp.float32)
+  open_ = jnp.array([[True, True, False]])
+  _, commit = select_commits(logits, open_, jax.random.key(0), 0, cfg=_cfg(threshold=0.5),
+                             mask_id=MASK)
+  np.testing.assert_array_equal(commit[0], [1, 1, 0])
+  _, commit = select_commits(logits, open_, jax.random.key(0), 0,
+                             cfg=_cfg(threshold=0.5 + 1e-6), mask_id=MASK)
+  np.testing.assert_array_equal(commit[0], [0, 1, 0])
+
+
 @pytest.mark.parametrize("temperature", [0.5, 1.0])
 def test_proposals_sample_softmax_of_logits_over_temperature(temperature):
   """Gumbel-max at temperature T draws token v with probability ∝ p_v^(1/T)."""
