@@ -9,7 +9,8 @@ One JSON object per line (blank lines are ignored):
   reference: the answer, else the solution's last boxed body. Checked by math-verify in a
   worker process with a hard timeout (``verify_timeout`` seconds).
 * ``countdown_jsonl``: ``{"nums": [...], "target": n}`` and optionally
-  ``"solution"`` (an expression, checked at load). SFT target: the solution or "". Reward
+  ``"solution"`` (an expression, checked at load by the lenient verifier and, under
+  ``reward="d1"``, by d1's ``compute_score`` as well). SFT target: the solution or "". Reward
   (``reward``): the lenient verifier, or d1's ``compute_score`` (the d1 preset's default).
 * ``sudoku_jsonl``: ``{"puzzle": 16 digits 0-4 (0 = blank), "solution": 16
   digits 1-4}``. SFT target: the solution.
@@ -173,6 +174,22 @@ class CountdownJsonlTask(JsonlTask):
         raise BadRecord(f"field 'solution' {solution!r} is wrong: {check.info['reason']}")
     fields = {"numbers": ", ".join(map(str, nums)), "nums": str(list(nums)), "target": target}
     return fields, solution, {"numbers": list(nums), "target": target}
+
+  def _check_target(self, answer, meta):
+    """``reward="d1"``: the solution must be correct by d1's ``compute_score`` too, which reads
+    a trailing ``= value`` as one number too many (the lenient check of ``_fields`` drops it):
+    else SFT would teach what the RL reward scores wrong."""
+    if self.reward != "d1":
+      return
+    # the span d1 reads: answer_tag puts the solution in one (without it, the reward scores the
+    # bare target 0 whatever it holds: a matter of the options, not of this line)
+    check = verifiers.d1_countdown_result(f"<answer>{answer}</answer>", meta["numbers"],
+                                          meta["target"])
+    if not check.correct:
+      raise BadRecord(f"field 'solution' {answer!r} is scored wrong by reward='d1' (d1's"
+                      f" compute_score, the format score only): {check.info['reason']}; write"
+                      " it as d1 reads it (binary + - * / and parentheses, no '= value'), or"
+                      " give the task reward='verifier'")
 
   def _key(self, fields):
     nums = sorted(int(x) for x in fields["numbers"].split(", "))

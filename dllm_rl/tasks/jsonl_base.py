@@ -76,7 +76,8 @@ class JsonlTask(Task):
   ``stabledrl`` preset grades GSM8K by math-verify on the whole completion, as StableDRL does.
 
   Subclasses implement ``_fields(record)`` → (template fields, SFT answer,
-  verifier meta), raising ``BadRecord``; ``_checker()`` and ``_args(example)``
+  verifier meta), raising ``BadRecord`` (and may check the SFT answer against the task's
+  options in ``_check_target``); ``_checker()`` and ``_args(example)``
   name the module-level verifier and its arguments after the completion.
   """
 
@@ -175,8 +176,8 @@ class JsonlTask(Task):
     # what the lines give depends on the bytes and on these alone: a task built again on the
     # same file (validation, then the run) takes the records parsed, and the warning given,
     # by the first (the records shared, not copied: the cache holds no second copy)
-    key = (type(self), self.on_error, self.prompt_template, split, path,
-           hashlib.blake2b(raw, digest_size=16).digest())
+    key = (type(self), self.on_error, self.prompt_template, self.answer_tag, self.reward,
+           split, path, hashlib.blake2b(raw, digest_size=16).digest())
     parsed = _PARSED.pop(key, None)  # put back as the newest
     hit = parsed is not None and parsed[0] is not None
     if not hit:  # not parsed yet, or a large file whose records a build took: warned already
@@ -205,6 +206,8 @@ class JsonlTask(Task):
       try:
         record = parse_line(data, path, convert, first=line_no == first)
         fields, answer, meta = self._fields(record)
+        if answer:  # refused before any compile: an SFT target the reward scores as wrong
+          self._check_target(answer, meta)
         if self.answer_tag and answer:  # an SFT target the reward reads
           answer = "<reasoning>{}</reasoning>\n<answer>{}</answer>".format(
               *self._reasoning_and_answer(answer))
@@ -228,6 +231,11 @@ class JsonlTask(Task):
   @classmethod
   def _fields(cls, record: Mapping[str, Any]) -> tuple[dict, str, dict]:
     raise NotImplementedError
+
+  def _check_target(self, answer: str, meta: Mapping[str, Any]) -> None:
+    """Raises ``BadRecord`` when the SFT target ``answer`` (as the record gives it, before the
+    ``answer_tag`` tags) is one this task's ``reward`` would not score as correct;
+    ``_fields`` checks a record alone, without the options. Nothing by default."""
 
   @classmethod
   def _reasoning_and_answer(cls, answer: str) -> tuple[str, str]:

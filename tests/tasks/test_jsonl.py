@@ -203,6 +203,39 @@ def test_malformed_lines(tmp_path, caplog, name, records, bad, what):
   assert len(task.generate("train", -1, 0)) == len(records)
 
 
+def test_countdown_solution_the_d1_reward_scores_wrong_is_refused(tmp_path):
+  """A stored solution "3*5+7=22" passed the lenient check at load and became an SFT target
+  that reward="d1" (d1's compute_score, the d1 preset's) then scored 0.1, not 1: it is now
+  refused naming file:line and why; the lenient reward still takes it (as its own target)."""
+  rows = COUNTDOWN + [{"nums": [3, 5, 7], "target": 22, "solution": "3*5+7 = 22"}]
+  path = _write(tmp_path / "c.jsonl", rows)
+  lenient = make_task("countdown_jsonl", train_file=path, reward="verifier")
+  ex = next(e for e in lenient.generate("train", -1, 0) if e.answer == "3*5+7 = 22")
+  assert lenient.verify(ex, ex.answer).correct
+  for options in ({"reward": "d1"}, {"prompt_preset": "d1"}):  # built after: not the cached
+    with pytest.raises(ValueError, match=r"c\.jsonl:4: field 'solution' '3\*5\+7 = 22' is"
+                       r" scored wrong by reward='d1' .*must use each of \[3, 5, 7\] exactly"
+                       r" once \(d1 reads the integers \[3, 5, 7, 22\]\)"):
+      make_task("countdown_jsonl", train_file=path, **options)
+  skip = make_task("countdown_jsonl", train_file=path, reward="d1", on_error="skip")
+  assert skip.skipped == 1 and len(skip.generate("train", -1, 0)) == len(COUNTDOWN)
+  d1 = make_task("countdown_jsonl", train_file=_write(tmp_path / "ok.jsonl", COUNTDOWN),
+                 prompt_preset="d1")  # the target as tagged scores 1 by the d1 reward
+  ex = next(e for e in d1.generate("train", -1, 0) if e.answer)
+  assert d1.verify(ex, ex.answer).reward == 1.0
+
+
+def test_the_parsed_records_are_not_shared_across_answer_tag(tmp_path):
+  """The records parsed once per file were shared by a task built with another answer_tag,
+  which changes the SFT target: the second task got the first one's (untagged) targets."""
+  path = _write(tmp_path / "c.jsonl", COUNTDOWN[:1])
+  plain = make_task("countdown_jsonl", train_file=path, test_file=path)
+  tagged = make_task("countdown_jsonl", train_file=path, test_file=path, answer_tag=True)
+  assert plain.generate("test", 1, 0)[0].answer == "3*5+7"
+  assert tagged.generate("test", 1, 0)[0].answer == (
+      "<reasoning></reasoning>\n<answer>3*5+7</answer>")
+
+
 def test_a_task_built_again_on_the_same_file_warns_once(tmp_path, caplog, monkeypatch):
   """Validation and the run each build the task: the on_error='skip' warning came twice and
   each parsed the file; the second now takes the first's records, while the bytes match."""
