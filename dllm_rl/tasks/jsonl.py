@@ -3,7 +3,9 @@
 One JSON object per line (blank lines are ignored):
 
 * ``gsm8k``: ``{"question", "answer"}``, the answer a worked solution ending in
-  ``#### x``. SFT target: the whole answer; reference: x.
+  ``#### x``. SFT target: the whole answer; reference: x. Under ``reward="d1"`` an answer
+  with ``####`` twice is refused (d1 compares with the first's text, the target gives the
+  last's).
 * ``math500``: ``{"problem", "answer"}`` or ``{"problem", "solution"}`` (with
   ``\\boxed{}``; a null one is missing). SFT target: ``\\boxed{answer}``, else the solution;
   reference: the answer, else the solution's last boxed body. Checked by math-verify in a
@@ -52,6 +54,17 @@ class GSM8KTask(JsonlTask):
   def _d1_reward(self, example, completion, correct):
     """d1's five GSM8K functions (:func:`dllm_rl.tasks.verifiers.d1_gsm8k_reward`)."""
     return verifiers.d1_gsm8k_reward(completion, example.meta["hash_answer"])
+
+  def _check_target(self, answer, meta):
+    """``reward="d1"``: the SFT target's final answer (after the last ``####``) must be the
+    text d1's correctness term compares with (after the first), which differ when the answer
+    holds ``####`` twice: its target would earn no correctness from the reward."""
+    final = self._reasoning_and_answer(answer)[1]
+    if self.reward == "d1" and final != meta["hash_answer"]:
+      raise BadRecord(f"field 'answer' holds '####' {answer.count('####')} times: reward='d1'"
+                      f" compares with the text after the first ({meta['hash_answer']!r}), the"
+                      f" SFT target answers the text after the last ({final!r}), which it would"
+                      " score wrong; keep one '#### x', or give the task reward='verifier'")
 
   @classmethod
   def _reasoning_and_answer(cls, answer):

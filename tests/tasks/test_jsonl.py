@@ -225,6 +225,21 @@ def test_countdown_solution_the_d1_reward_scores_wrong_is_refused(tmp_path):
   assert d1.verify(ex, ex.answer).reward == 1.0
 
 
+def test_gsm8k_answer_the_d1_reward_scores_wrong_is_refused(tmp_path):
+  """d1's GSM8K correctness compares with the text after the first '####', the SFT target
+  ends with the text after the last: an answer with two scored its own target 0 of 2.0."""
+  bad = {"question": "q?", "answer": "5+1=6 #### 6\nso #### 7"}
+  path = _write(tmp_path / "g.jsonl", GSM8K[:3] + [bad])
+  assert len(make_task("gsm8k", train_file=path).generate("train", -1, 0)) == 4
+  with pytest.raises(ValueError, match=r"g\.jsonl:4: field 'answer' holds '####' 2 times:"
+                     r" reward='d1' compares with .*\('6\\nso'\).*\('7'\)"):
+    make_task("gsm8k", train_file=path, prompt_preset="d1")
+  d1 = make_task("gsm8k", train_file=_write(tmp_path / "ok.jsonl", GSM8K[:3]),
+                 prompt_preset="d1")
+  ex = d1.generate("train", 1, 0)[0]
+  assert d1.verify(ex, ex.answer).info["d1_reward"] >= 2.0  # correctness credited
+
+
 def test_the_parsed_records_are_not_shared_across_answer_tag(tmp_path):
   """The records parsed once per file were shared by a task built with another answer_tag,
   which changes the SFT target: the second task got the first one's (untagged) targets."""
