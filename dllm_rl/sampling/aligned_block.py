@@ -111,7 +111,13 @@ def select(conf_BT, masked_BT, k, *, cfg: AlignedBlockConfig):
   top_BT = rank_BT < k_B[:, None]
   if cfg.threshold is None:
     return top_BT
-  high_BT = conf_BT > cfg.threshold
+  return _above_or_top(conf_BT, top_BT, k, cfg.threshold)
+
+
+def _above_or_top(conf_BT, top_BT, k, threshold):
+  """bool [B, T]: per row, every position with conf > ``threshold`` (strictly) when there
+  are at least ``k`` of them, else ``top_BT``."""
+  high_BT = conf_BT > threshold
   return jnp.where((high_BT.sum(-1) >= k)[:, None], high_BT, top_BT)
 
 
@@ -202,16 +208,36 @@ class EditingConfig:
     return -(-(prompt_len + self.gen_length) // self.block_length)
 
 
+def select_editing(x0_BT, p_BT, x_BT, prompt_T, *, mask_id: int, cfg: EditingConfig):
+  """(fill_BT, edit_BT) bool [B, T]: one LLaDA2.1 step's choice in a block (official 2.1).
+
+  ``x0_BT``/``p_BT`` are the proposals and their confidences, ``x_BT`` the block's tokens,
+  ``prompt_T`` marks its prompt positions. ``fill``: among the masked positions, every one
+  with p > ``threshold`` (strictly) if there are at least ``num_to_transfer``, else the top
+  min(num_to_transfer, #masked). ``edit``: every non-mask, non-prompt position whose proposal
+  differs from its token and has p > ``editing_threshold`` (strictly).
+  """
+  masked_BT = x_BT == mask_id
+  conf_BT = jnp.where(masked_BT, p_BT, _NEG)
+  k = cfg.num_to_transfer
+  top_BT = descending_rank(conf_BT) < jnp.minimum(k, masked_BT.sum(-1))[:, None]
+  fill_BT = _above_or_top(conf_BT, top_BT, k, cfg.threshold)
+  edit_BT = (~masked_BT & ~prompt_T[None] & (p_BT > cfg.editing_threshold)
+             & (x0_BT != x_BT))
+  return fill_BT, edit_BT
+
+
 def generate_editing(graphdef, params, prompt_BP, key, *, cfg: EditingConfig, mask_id: int):
   """(x_BN, nfe_B) of the LLaDA2.1 official ``generate`` (token editing), jitted and batched.
 
   As :func:`generate` (blocks from position 0, window = blocks ≤ the current one), but
-  each block loops until done: a step writes (a) among the block's masked positions every
-  one with p > ``threshold`` if there are at least ``num_to_transfer``, else the top
-  min(num_to_transfer, #masked), and (b) **edits**: every non-mask, non-prompt position of
-  the block whose proposal differs from its token and has p > ``editing_threshold``. The
-  block ends after a step that started without masks and edited nothing, or once
-  ``max_post_steps`` mask-free steps have run (the check comes before the forward).
+  each block loops until done: a step writes (:func:`select_editing`) (a) among the block's
+  masked positions every one with p > ``threshold`` if there are at least
+  ``num_to_transfer``, else the top min(num_to_transfer, #masked), and (b) **edits**: every
+  non-mask, non-prompt position of the block whose proposal differs from its token and has
+  p > ``editing_threshold``. The block ends after a step that started without masks and
+  edited nothing, or once ``max_post_steps`` mask-free steps have run (the check comes before
+  the forward).
 
   The official 2.1 mask is the 0/1 block-lower-triangular matrix as a float, which SDPA
   *adds* to the scores (it blocks nothing inside the window; allowed keys get +1), so that
@@ -239,13 +265,8 @@ def generate_editing(graphdef, params, prompt_BP, key, *, cfg: EditingConfig, ma
     logits_BTV = jax.lax.dynamic_slice_in_dim(logits_BNV, block * bs, bs, axis=1)
     x0_BT, p_BT = propose(logits_BTV, jax.random.fold_in(key, block * 65536 + it),
                           temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
-    conf_BT = jnp.where(active_BT, p_BT, _NEG)
-    high_BT = (conf_BT > cfg.threshold) & active_BT
-    top_BT = descending_rank(conf_BT) < jnp.minimum(cfg.num_to_transfer, active_BT.sum(-1))[:, None]
-    fill_BT = jnp.where((high_BT.sum(-1) >= cfg.num_to_transfer)[:, None], high_BT, top_BT)
-    prompt_T = block * bs + jnp.arange(bs) < p
-    edit_BT = (~active_BT & ~prompt_T[None] & (p_BT > cfg.editing_threshold)
-               & (x0_BT != x_BT))
+    fill_BT, edit_BT = select_editing(x0_BT, p_BT, x_BT, block * bs + jnp.arange(bs) < p,
+                                      mask_id=mask_id, cfg=cfg)
     write_BT = (fill_BT | edit_BT) & run_B[:, None]
     x_BN = jax.lax.dynamic_update_slice_in_dim(x_BN, jnp.where(write_BT, x0_BT, x_BT),
                                                block * bs, axis=1)
