@@ -85,7 +85,23 @@ def test_llada21_generate_with_editing_is_token_exact(v21, data, shape):
                        editing_threshold=float(data[f"v21_{shape}_editing_threshold"]),
                        max_post_steps=post, num_to_transfer=n_transfer,
                        eos_id=int(data["eos_token_id"]), mask_id=int(data["mask_token_id"]))
+    cfg = aligned_block.EditingConfig(
+        gen_length=gen_length, block_length=block_length,
+        threshold=float(data[f"v21_{shape}_threshold"]),
+        editing_threshold=float(data[f"v21_{shape}_editing_threshold"]),
+        max_post_steps=post, num_to_transfer=n_transfer, stop_ids=(int(data["eos_token_id"]),))
+    _, nfe_B = jax.jit(aligned_block.generate_editing, static_argnums=0,
+                       static_argnames=("cfg", "mask_id"))(
+        v21.graphdef, v21.params, jnp.asarray(data[f"v21_{shape}_prompt"]), jax.random.key(0),
+        cfg=cfg, mask_id=int(data["mask_token_id"]))
   _check(out, data, f"v21_{shape}", p)
+  # The forward count too (when a block ends: post steps, the no-mask-and-no-edit rule): the
+  # official loop decodes every block of a row, ours stops a row at its first EOS (same
+  # tokens), so a row without an EOS counts the official forwards, one with an EOS fewer.
+  nfe_B, want_B = np.asarray(nfe_B), data[f"v21_{shape}_nfe"]
+  full_B = data[f"v21_{shape}_output_len"] == gen_length
+  np.testing.assert_array_equal(nfe_B[full_B], want_B[full_B])
+  assert full_B.any() and (nfe_B[~full_B] < want_B[~full_B]).all()
 
 
 def test_the_two_versions_take_their_own_keywords(v20, v21):
