@@ -74,6 +74,20 @@ def test_each_token_is_scored_in_the_state_it_was_committed_from(logits_fn, shri
   np.testing.assert_allclose(mean.seq_B, want.sum(-1) / np.array([7, 6]), atol=1e-5)
 
 
+@pytest.mark.parametrize("shrink", [1, 2])
+def test_mean_divides_by_the_valid_tokens_not_the_steps_or_scored_tokens(shrink):
+  """A uniform model: every scored token is −log V, so ℓ̂ = −n_scored·log V ("sum") and
+  −n_scored·log V / n_valid ("mean"). Row 0 has 7 valid tokens, 6 of them committed, over 4
+  distinct steps; row 1 has 6 valid tokens over 6 steps."""
+  seqs = _seqs()
+  uniform = lambda tokens, positions, mask: jnp.zeros(tokens.shape + (CFG.vocab_size,))
+  lv = np.log(CFG.vocab_size)
+  for reduction, want in (("sum", [-6 * lv, -6 * lv]), ("mean", [-6 * lv / 7, -lv])):
+    cfg = EstimatorConfig(num_states=S, trajectory_shrink=shrink, reduction=reduction)
+    lik = EST(uniform, seqs, jax.random.key(0), cfg, MASK)
+    np.testing.assert_allclose(lik.seq_B, want, rtol=1e-6)
+
+
 @pytest.mark.parametrize("shrink,passes", [(1, 6), (2, 3), (4, 2), (6, 1), (8, 1)])
 def test_one_forward_pass_per_group_of_states_and_every_token_scored_once(shrink, passes):
   seqs = _seqs()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dllm_rl.diffusion.estimators import ESTIMATORS, EstimatorConfig
-from dllm_rl.diffusion.trajectory import block_state_groups, num_passes
+from dllm_rl.diffusion.trajectory import block_state_groups, num_passes, states_per_block
 from dllm_rl.kernels.block_mask import block_causal_mask
 from dllm_rl.models import transformer as T
 from dllm_rl.rl.step import RolloutBatch, action_mask
@@ -119,6 +119,15 @@ def test_one_staircase_pass_per_group_across_all_blocks(shrink, passes):
   assert num_passes(8, 1, completion_len=8, block_size=BS) == BS
   with pytest.raises(ValueError, match="multiple"):
     num_passes(3, 1, completion_len=8, block_size=BS)
+
+
+def test_a_block_has_at_most_block_size_states_whatever_the_step_budget():
+  """S_b = min(bs, S / nb): a block of bs tokens is committed in at most bs distinct steps,
+  so a budget of 32 steps per block (S = 64 over 2 blocks) still needs bs passes, not 32."""
+  assert states_per_block(64, 8, BS) == BS
+  assert num_passes(64, 1, completion_len=8, block_size=BS) == BS
+  assert num_passes(64, 3, completion_len=8, block_size=BS) == 2
+  assert states_per_block(4, 8, BS) == 2  # a fixed budget below bs per block is kept
 
 
 @pytest.mark.parametrize("threshold", [0.0, 0.3])

@@ -28,6 +28,18 @@ def _seqs(b=2, p=5, l=8, length=(6, 8)):
                        jax.random.randint(k[1], (b, l), 3, V), completion_valid)
 
 
+def test_each_block_is_masked_at_its_own_rate_t_not_1_minus_t():
+  """M_b ~ Bernoulli(t_b): over 256-token blocks the masked fraction of a block is t_b to
+  within a few 1/sqrt(256), and its mean over the draws is E t = (1 + t_eps)/2."""
+  cfg = EstimatorConfig(num_samples=8, block_size=256, t_eps=0.1)
+  seqs = _seqs(b=2, l=1024, length=(1024, 1024))
+  t_KBL, masked_KBL = block_masks(jax.random.key(3), seqs, cfg)
+  t_KBb = np.asarray(t_KBL).reshape(8, 2, 4, 256)[..., 0]
+  frac_KBb = np.asarray(masked_KBL).reshape(8, 2, 4, 256).mean(-1)
+  assert np.abs(frac_KBb - t_KBb).max() < 0.12
+  assert np.abs(frac_KBb - t_KBb).mean() < 0.04
+
+
 def test_block_masks_use_one_rate_per_block_and_only_the_action():
   cfg = EstimatorConfig(num_samples=64, block_size=4, t_eps=0.5)
   seqs = _seqs()

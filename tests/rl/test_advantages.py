@@ -193,6 +193,17 @@ def test_risk_sensitive_gradients_finite():
       np.testing.assert_allclose(np.asarray(g_r), w - w.mean(-1, keepdims=True), atol=1e-6)
 
 
+def test_risk_sensitive_gradients_finite_where_exp_overflows_float32():
+  """β(r − r̄) = 200 > 88: exp overflows float32 on the log-mean-exp's small branch, which
+  the where discards; that branch sees e clipped, so no inf·0 = NaN reaches the gradient."""
+  r = jnp.asarray(_binary(7, b=4, g=6))
+  w = np.random.default_rng(7).normal(size=r.shape).astype(np.float32)
+  grads = jax.jit(jax.grad(lambda x, bt: jnp.sum(adv.risk_sensitive(x, bt) * w), argnums=(0, 1)))
+  for beta in (400.0, -400.0):
+    g_r, g_beta = grads(r, jnp.float32(beta))
+    assert np.isfinite(np.asarray(g_r)).all() and np.isfinite(float(g_beta)), beta
+
+
 # ------------------------------------------------------------ schedules / progress
 
 
