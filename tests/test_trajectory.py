@@ -88,6 +88,21 @@ def test_mean_divides_by_the_valid_tokens_not_the_steps_or_scored_tokens(shrink)
     np.testing.assert_allclose(lik.seq_B, want, rtol=1e-6)
 
 
+def test_entropy_is_the_mean_over_scored_tokens_and_never_committed_stay_masks():
+  """A uniform model's entropy is log V at every scored token, so entropy_B = log V exactly
+  (unscored positions count for nothing); a position never committed (step −1) is a mask in
+  every state even when the completion holds a token there."""
+  seqs = _seqs()
+  uniform = lambda tokens, positions, mask: jnp.zeros(tokens.shape + (CFG.vocab_size,))
+  cfg = EstimatorConfig(num_states=S, trajectory_shrink=1, reduction="sum")
+  lik = EST(uniform, seqs, jax.random.key(0), cfg, MASK)
+  np.testing.assert_allclose(lik.entropy_B, np.log(CFG.vocab_size), rtol=1e-6)
+  seqs = seqs.replace(completion_BL=seqs.completion_BL.at[0, 2].set(7))
+  draws = EST.draw(None, seqs, cfg, MASK)
+  assert (np.asarray(draws["noisy_BL"])[:, 0, 2] == MASK).all()
+  assert not np.asarray(draws["scored_BL"])[:, 0, 2].any()
+
+
 @pytest.mark.parametrize("shrink,passes", [(1, 6), (2, 3), (4, 2), (6, 1), (8, 1)])
 def test_one_forward_pass_per_group_of_states_and_every_token_scored_once(shrink, passes):
   seqs = _seqs()
