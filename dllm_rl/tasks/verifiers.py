@@ -398,6 +398,18 @@ _D1_INTEGER_RE = re.compile(r"\d+")
 _D1_TOLERANCE = Fraction(1, 10**5)
 
 
+def _line_break_outside_parentheses(equation: str) -> bool:
+  """Whether ``equation`` breaks a line (``\\n`` or ``\\r``) outside parentheses, where
+  Python's ``eval`` (d1's ``evaluate_equation``) raises SyntaxError; inside them it joins
+  the lines, as the ``safe_arith`` parser does everywhere."""
+  depth = 0
+  for ch in equation:
+    depth += (ch == "(") - (ch == ")")
+    if ch in "\n\r" and depth <= 0:
+      return True
+  return False
+
+
 def d1_countdown_result(completion: str, numbers: Sequence[int], target: int,
                         format_score: float = 0.1) -> VerifyResult:
   """d1's and StableDRL's Countdown reward (TinyZero's ``compute_score``, d1's
@@ -412,7 +424,8 @@ def d1_countdown_result(completion: str, numbers: Sequence[int], target: int,
   exact ``|value - target| < 1e-5``: binary ``+ - * /`` and parentheses, as the prompt and the
   ``verifier`` reward allow. What ``eval`` would also take scores ``format_score`` here: a
   unary sign (``-3+5+7``), ``**``, ``//``, a decimal point, an expression over
-  ``safe_arith.MAX_CHARS`` characters. Never malformed (``parsed`` is "" without a span, as
+  ``safe_arith.MAX_CHARS`` characters. What ``eval`` refuses scores it too: a line break
+  outside parentheses (``3+5\\n+7``). Never malformed (``parsed`` is "" without a span, as
   d1 counts every completion); a completion over ``MAX_COMPLETION_CHARS`` scores 0 unread.
   """
   def scored(reward: float, parsed: str, reason: str | None) -> VerifyResult:
@@ -437,6 +450,9 @@ def d1_countdown_result(completion: str, numbers: Sequence[int], target: int,
   if not _D1_EQUATION_RE.match(equation):
     return scored(format_score, equation, "characters other than digits, + - * / ( ) . and"
                   " whitespace")
+  if _line_break_outside_parentheses(equation):  # eval's SyntaxError (its except: format)
+    return scored(format_score, equation, "a line break outside parentheses (d1's eval reads"
+                  " the expression as one line)")
   try:
     value, _, canonical = parse_expression(equation)
   except ParseError as err:

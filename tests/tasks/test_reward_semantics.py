@@ -97,6 +97,10 @@ def test_countdown_value_must_equal_the_target_exactly_not_its_integer_part():
     ("<answer>3**2+13</answer>", [3, 2, 13], 22, 0.1),  # "**": d1 scores 1.0
     ("<answer>3*5+7</answer><answer>1</answer>", [3, 5, 7], 22, 0.1),  # the last span only
     ("<answer>  </answer>", [3, 5, 7], 22, 0.1),  # an empty span is a span
+    ("<answer>3*5\n+7</answer>", [3, 5, 7], 22, 0.1),  # eval: SyntaxError (a line break)
+    ("<answer>3*5+\r7</answer>", [3, 5, 7], 22, 0.1),
+    ("<answer>(3*5\n+7)</answer>", [3, 5, 7], 22, 1.0),  # joined inside parentheses
+    ("<answer>\n3*5+7\n</answer>", [3, 5, 7], 22, 1.0),  # stripped
 ])
 def test_d1_countdown_reward_edges(text, numbers, target, score):
   """d1's compute_score by hand, and where the safe parser parts from d1's eval (its unary
