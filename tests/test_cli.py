@@ -169,3 +169,19 @@ def test_a_config_files_import_of_a_module_beside_it_names_pythonpath(tmp_path):
   assert import_hint(beside, config + ":tiny") == import_hint(beside, config)
   assert import_hint(ModuleNotFoundError("x", name="elsewhere"), config) == ""
   assert import_hint(ValueError("my_algo"), config) == ""
+
+
+def test_no_pythonpath_hint_when_the_config_folder_is_on_the_path(tmp_path, monkeypatch):
+  """With the folder on the import path already (PYTHONPATH given, or the working directory
+  under ``python -m``), a module beside the config file that fails to import a submodule of
+  its own is not blamed on the path: no hint."""
+  from dllm_rl.config.cli import import_hint
+  (tmp_path / "my_algo").mkdir()
+  config = str(tmp_path / "my_config.py")
+  missing = ModuleNotFoundError("No module named 'my_algo.helpers'", name="my_algo.helpers")
+  assert import_hint(missing, config).startswith(" (my_algo is beside the config file")
+  monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+  assert import_hint(missing, config) == ""
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(sys, "path", ["", *sys.path[1:]])
+  assert import_hint(missing, config) == ""

@@ -163,6 +163,8 @@ def import_hint(err: BaseException, path: str) -> str:
   if not (os.path.isfile(os.path.join(folder, f"{top}.py"))
           or os.path.isdir(os.path.join(folder, top))):
     return ""
+  if folder in (os.path.abspath(entry or os.getcwd()) for entry in sys.path):
+    return ""  # on the path already: what is missing is something else (e.g. a submodule)
   return (f" ({top} is beside the config file, but a config file's folder is not on the"
           f" import path: run with PYTHONPATH={folder})")
 
