@@ -61,10 +61,11 @@ class GSM8KTask(JsonlTask):
     holds ``####`` twice: its target would earn no correctness from the reward."""
     final = self._reasoning_and_answer(answer)[1]
     if self.reward == "d1" and final != meta["hash_answer"]:
-      raise BadRecord(f"field 'answer' holds '####' {answer.count('####')} times: reward='d1'"
-                      f" compares with the text after the first ({meta['hash_answer']!r}), the"
-                      f" SFT target answers the text after the last ({final!r}), which it would"
-                      " score wrong; keep one '#### x', or give the task reward='verifier'")
+      raise BadRecord(f"field 'answer': the text after its first '####'"
+                      f" ({meta['hash_answer']!r}) is not the text after its last ({final!r}):"
+                      " reward='d1' compares with the first, the SFT target answers the last,"
+                      " which it would score wrong; keep one '#### x', or give the task"
+                      " reward='verifier'")
 
   @classmethod
   def _reasoning_and_answer(cls, answer):

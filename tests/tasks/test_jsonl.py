@@ -231,9 +231,14 @@ def test_gsm8k_answer_the_d1_reward_scores_wrong_is_refused(tmp_path):
   bad = {"question": "q?", "answer": "5+1=6 #### 6\nso #### 7"}
   path = _write(tmp_path / "g.jsonl", GSM8K[:3] + [bad])
   assert len(make_task("gsm8k", train_file=path).generate("train", -1, 0)) == 4
-  with pytest.raises(ValueError, match=r"g\.jsonl:4: field 'answer' holds '####' 2 times:"
-                     r" reward='d1' compares with .*\('6\\nso'\).*\('7'\)"):
+  with pytest.raises(ValueError, match=r"g\.jsonl:4: field 'answer': the text after its first"
+                     r" '####' \('6\\nso'\) is not the text after its last \('7'\)"):
     make_task("gsm8k", train_file=path, prompt_preset="d1")
+  five = {"question": "q?", "answer": "5+1=6 ##### 6"}  # one mark read two ways: '# 6', '6'
+  with pytest.raises(ValueError, match=r"first '####' \('# 6'\) is not the text after its"
+                     r" last \('6'\)"):
+    make_task("gsm8k", train_file=_write(tmp_path / "h.jsonl", GSM8K[:3] + [five]),
+              prompt_preset="d1")
   d1 = make_task("gsm8k", train_file=_write(tmp_path / "ok.jsonl", GSM8K[:3]),
                  prompt_preset="d1")
   ex = d1.generate("train", 1, 0)[0]
