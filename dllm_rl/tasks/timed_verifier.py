@@ -16,11 +16,13 @@ import importlib
 import os
 import pickle
 import resource
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -117,11 +119,21 @@ def _child_pids(pid: int) -> list[int]:
   return children
 
 
-def _terminate(proc: subprocess.Popen, sock: socket.socket) -> None:
+def _terminate(proc: subprocess.Popen, sock: socket.socket, scratch: str) -> None:
   """Kill the worker and what it started: the worker is stopped first (it can start no more),
   then each child is killed with its process group when it leads one (the code task runs each
   test case in a session of its own: killing only the worker would orphan them, and a case
-  that sleeps, using no CPU, would outlive its CPU limit), then the worker."""
+  that sleeps, using no CPU, would outlive its CPU limit), then the worker; then its temporary
+  folder ``scratch`` is removed (a worker killed mid-call leaves what it made there: the code
+  task's per-case folders)."""
+  try:
+    _stop(proc, sock)
+  finally:
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _stop(proc: subprocess.Popen, sock: socket.socket) -> None:
+  """:func:`_terminate`'s kills."""
   sock.close()
   if proc.poll() is None:
     try:
@@ -145,15 +157,24 @@ class _Worker:
 
   def __init__(self, fn: Callable, preload: Sequence[str], max_memory_mb: int):
     parent, child = socket.socketpair()
+    # The worker's temporary files go in a folder of its own, removed with it (TMPDIR).
+    self.scratch = tempfile.mkdtemp(prefix="dllm_rl_verifier_")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
-               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    self.proc = subprocess.Popen(
-        [sys.executable, "-c", _WORKER_CODE, str(child.fileno()), str(max_memory_mb)],
-        pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, env=env)
-    child.close()
+               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               TMPDIR=self.scratch)
+    try:
+      self.proc = subprocess.Popen(
+          [sys.executable, "-c", _WORKER_CODE, str(child.fileno()), str(max_memory_mb)],
+          pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, env=env)
+    except BaseException:
+      shutil.rmtree(self.scratch, ignore_errors=True)
+      parent.close()
+      raise
+    finally:
+      child.close()
     self.sock = parent
     self.ready = False
-    self._finalizer = weakref.finalize(self, _terminate, self.proc, self.sock)
+    self._finalizer = weakref.finalize(self, _terminate, self.proc, self.sock, self.scratch)
     _send(self.sock, (fn, tuple(preload)), None)
 
   def wait_ready(self, timeout: float) -> None:

@@ -322,6 +322,24 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds processes in /proc")
+def test_a_timed_worker_killed_mid_case_leaves_no_temporary_folder(tmp_path, monkeypatch):
+  """A worker killed at its deadline never left its ``with TemporaryDirectory`` block: the
+  case's folder (its source.py) stayed in the temporary folder, one per verify timeout of a
+  run. The worker's temporary files now go in a folder of its own, removed with it."""
+  import functools
+  import tempfile
+
+  from dllm_rl.tasks.timed_verifier import TimedVerifier
+  tmp = tmp_path / "tmp"
+  tmp.mkdir()
+  monkeypatch.setenv("TMPDIR", str(tmp))  # what the worker inherited
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # where this process makes folders
+  with TimedVerifier(functools.partial(code_exec.case_outcome, timeout_s=60.0), 2.0) as timed:
+    timed.start()._worker.wait_ready(60.0)
+    assert timed("", "import time; time.sleep(60)").info["reason"] == "timeout"
+  assert sorted(os.listdir(tmp)) == []
+
+
 def test_a_timed_worker_killed_on_its_deadline_kills_the_cases_it_started(tmp_path):
   """task.options.verify_timeout: the worker killed at its deadline takes its running test
   cases (each in a session of its own) and what they started with it; a sleeping case uses
