@@ -26,8 +26,8 @@ from dllm_rl.errors import short_reason
 from dllm_rl.data.recipes import RECIPES, Recipe, Skip, Source
 from dllm_rl.tasks import make_task
 from dllm_rl.tasks.jsonl_base import record_problem
-from dllm_rl.tasks.jsonl_lines import (BadRecord, invalid_json, json_int, load_json, not_jsonl,
-                                       not_utf8, surrogate_problem, unique_keys)
+from dllm_rl.tasks.jsonl_lines import (STRICT_JSON, BadRecord, invalid_json, load_json, not_jsonl,
+                                       not_utf8, surrogate_problem)
 
 MANIFEST = "dataset.json"
 _BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -142,7 +142,7 @@ def _name_record(path: str, text: str, err: BadRecord) -> None:
     return
   if not isinstance(value, list):
     raise DataError(f"{path}: its JSON object: {err}")
-  strict = json.JSONDecoder(object_pairs_hook=unique_keys, parse_int=json_int)
+  strict = json.JSONDecoder(**STRICT_JSON)
   for index, (line, pos) in enumerate(_array_starts(text)):
     try:
       strict.raw_decode(text, pos)

@@ -83,10 +83,15 @@ def json_int(digits: str) -> int:
     raise BadRecord(f"invalid JSON value ({err})") from None
 
 
+# How the data files' JSON is read: a key given twice and an integer over Python's limit are
+# BadRecords (:func:`load_json`; ``json.JSONDecoder(**STRICT_JSON)`` to decode from a position).
+STRICT_JSON = {"object_pairs_hook": unique_keys, "parse_int": json_int}
+
+
 def load_json(text: str | bytes) -> Any:
   """``text`` parsed as JSON, by :func:`unique_keys` and :func:`json_int` (BadRecord for a key
   given twice or an integer over Python's limit; JSONDecodeError for text that is not JSON)."""
-  return json.loads(text, object_pairs_hook=unique_keys, parse_int=json_int)
+  return json.loads(text, **STRICT_JSON)
 
 
 def surrogate_problem(value: Any, where: str = "the line") -> str | None:
